@@ -1,0 +1,17 @@
+"""zephon: exactly reproducible data pipelines and durable RL token capture for LLM training."""
+
+from zephon.io import Dataset
+from zephon.types import SampleBatch, SampleMeta, SampleRecord
+from zephon.work import WorkChunk, WorkSource
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Dataset",
+    "SampleBatch",
+    "SampleMeta",
+    "SampleRecord",
+    "WorkChunk",
+    "WorkSource",
+    "__version__",
+]

@@ -1,0 +1,72 @@
+"""Errors raised by zephon. Every message says what went wrong, where, and how to fix it.
+
+::
+
+    ZephonError
+    ├── ConfigError (ValueError)          wrong option, unknown dataset, bad weight
+    ├── DataError (ValueError)            a record or shard cannot be read
+    │   ├── DataFormatError               malformed line or corrupt shard (names file and line)
+    │   └── MissingFieldError (KeyError)  a record lacks a field (names field and sample id)
+    ├── OperatorError (RuntimeError)      an operator raised; carries its name and the cause
+    ├── ContractError (RuntimeError)      an operator or accumulator broke the contract
+    ├── ReorderError (RuntimeError)       a duplicate or missing micro-batch sequence number
+    └── CheckpointError (ValueError)      a checkpoint is corrupt or from another configuration
+
+Token capture has its own tree in :mod:`zephon.capture.protocols`.
+"""
+
+from __future__ import annotations
+
+
+class ZephonError(Exception):
+    """Base class of every error zephon raises on purpose."""
+
+
+class ConfigError(ZephonError, ValueError):
+    """A configuration value is invalid (the message names the option or key)."""
+
+
+class DataError(ZephonError, ValueError):
+    """Input data cannot be used."""
+
+
+class DataFormatError(DataError):
+    """A shard or record is malformed; the message names the file and line or row."""
+
+
+class MissingFieldError(DataError, KeyError):
+    """A record lacks a field an operator needs; the message names the field and sample id."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class OperatorError(ZephonError, RuntimeError):
+    """An operator raised while processing a micro-batch.
+
+    ``op_name`` names the operator; the original exception is chained as ``__cause__`` and its
+    formatted traceback is kept in ``worker_traceback`` (also for process and Ray workers).
+    """
+
+    def __init__(self, op_name: str, message: str, worker_traceback: str = "") -> None:
+        super().__init__(f"operator {op_name!r} failed: {message}")
+        self.op_name = op_name
+        self.worker_traceback = worker_traceback
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        if self.worker_traceback:
+            return f"{base}\n\nworker traceback:\n{self.worker_traceback}"
+        return base
+
+
+class ContractError(ZephonError, RuntimeError):
+    """An operator or accumulator broke the operator contract (see docs/operators.md)."""
+
+
+class ReorderError(ZephonError, RuntimeError):
+    """The reorder buffer saw a duplicate or a missing sequence number."""
+
+
+class CheckpointError(ZephonError, ValueError):
+    """A checkpoint is corrupt, of an unknown version, or from a different configuration."""

@@ -1,0 +1,84 @@
+"""The operator contract: a serial accumulator plus a stateless, parallel ``process_many``."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from zephon.ops.accumulators import Accumulator, PassthroughAccumulator
+from zephon.types import StreamItem
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpTraits:
+    """What the planner needs to know about an operator.
+
+    ``preserves_cursor_order``: outputs leave in input cursor order. A plan with any operator
+    that does not (packing, shuffling, mixture correction) gets per-lane flush sentinels.
+    ``parallelism``: default worker count. ``runs_in_driver``: the work is trivial, so the
+    runner calls ``process_many`` on the driver thread instead of shipping it to a worker.
+    """
+
+    preserves_cursor_order: bool
+    parallelism: int = 1
+    runs_in_driver: bool = False
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """Runtime facts handed to ``setup`` and ``accumulator``."""
+
+    op_name: str
+    op_index: int
+    worker_index: int = 0
+    num_workers: int = 1
+    deterministic: bool = True
+    runner: str = "inline"
+    seed: int = 0
+    services: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower().removesuffix("_op")
+
+
+class BaseOp:
+    """Base class of every operator. Subclass, implement ``process_many`` and ``traits``.
+
+    ``process_many`` must not depend on anything left over from an earlier call: the runner
+    hands calls to any worker in any order. State across calls belongs in the accumulator.
+    """
+
+    name: str = ""
+
+    def __init__(self, *, name: str | None = None) -> None:
+        self.name = name or self.name or _snake(type(self).__name__)
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        """The accumulator that cuts this operator's micro-batches (default: passthrough)."""
+        return PassthroughAccumulator()
+
+    def setup(self, ctx: OpContext) -> None:
+        """Called once per worker copy before any data arrives."""
+
+    def teardown(self) -> None:
+        """Called once per worker copy when the runner closes."""
+
+    def process_many(self, elems: list[StreamItem]) -> Sequence[StreamItem]:
+        """Transform a micro-batch; return ``SampleRecord`` s (or ``SampleBatch`` es)."""
+        raise NotImplementedError(f"operator {self.name!r} must implement process_many")
+
+    def process_one(self, elem: StreamItem) -> Sequence[StreamItem]:
+        return self.process_many([elem])
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True)
+
+    def config(self) -> Mapping[str, Any]:
+        """Settings that change the output; part of the pipeline fingerprint."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"

@@ -1,0 +1,262 @@
+"""Record identity and the elements that flow through a pipeline.
+
+Every element carries a :class:`SampleMeta`. Its cursor ``(chunk_id, chunk_offset, lineage,
+sample_id)`` totally orders the records of one lane and is their identity: the engine uses it
+to release results in order, to replay after a restore and to account for every base offset
+exactly once (an output or a tombstone closes it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, TypeAlias
+
+SampleId: TypeAlias = tuple[int, int, int]
+"""``(dataset_id, shard_id, index)``: where a sample lives, independent of how it is read."""
+LaneId: TypeAlias = int
+ChunkId: TypeAlias = int
+ChunkOffset: TypeAlias = int
+LineagePath: TypeAlias = tuple[int, ...]
+
+# Reserved tag names. User tags must not start with an underscore.
+TAG_CONTRIBUTORS = "_contributors"
+TAG_TOMBSTONE = "_tombstone"
+TAG_FLUSH_SENTINEL = "_flush_sentinel"
+TAG_BOUNDARY_CID = "_boundary_cid"
+TAG_END_OF_DATA = "_end_of_data"
+TAG_ERROR = "_error"
+TAG_PACKING = "_packing_metadata"
+RESERVED_TAGS = frozenset(
+    {
+        TAG_CONTRIBUTORS,
+        TAG_TOMBSTONE,
+        TAG_FLUSH_SENTINEL,
+        TAG_BOUNDARY_CID,
+        TAG_END_OF_DATA,
+        TAG_ERROR,
+        TAG_PACKING,
+    }
+)
+
+
+class SampleCursor(NamedTuple):
+    """Identity and order of a record within its lane (tuple ordering is the stream order)."""
+
+    chunk_id: ChunkId
+    chunk_offset: ChunkOffset
+    lineage: LineagePath
+    sample_id: SampleId
+
+    def key(self) -> tuple[int, int, tuple[int, ...], tuple[int, int, int]]:
+        """A plain-tuple form, JSON-friendly once lists are accepted back."""
+        return (self.chunk_id, self.chunk_offset, self.lineage, self.sample_id)
+
+    def child(self, index: int) -> SampleCursor:
+        return SampleCursor(self.chunk_id, self.chunk_offset, (*self.lineage, index), self.sample_id)
+
+
+class ContributorRef(NamedTuple):
+    """A base record that contributed to an output; ``is_last_child`` closes its offset."""
+
+    cursor: SampleCursor
+    is_last_child: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SampleMeta:
+    """Identity, position and bookkeeping of one element. Immutable: derive, never mutate."""
+
+    sample_id: SampleId
+    lane_id: LaneId
+    chunk_id: ChunkId
+    chunk_offset: ChunkOffset
+    lineage: LineagePath = ()
+    component_id: int = 0
+    component_counts: Mapping[int, int] | None = None
+    tags: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def cursor(self) -> SampleCursor:
+        return SampleCursor(self.chunk_id, self.chunk_offset, self.lineage, self.sample_id)
+
+    @property
+    def counts(self) -> Mapping[int, int]:
+        """Samples per mixture component this element stands for (``{component: 1}`` at fetch)."""
+        if self.component_counts is None:
+            return {self.component_id: 1}
+        return self.component_counts
+
+    @property
+    def is_tombstone(self) -> bool:
+        return TAG_TOMBSTONE in self.tags
+
+    @property
+    def is_sentinel(self) -> bool:
+        return TAG_FLUSH_SENTINEL in self.tags or TAG_END_OF_DATA in self.tags
+
+    @property
+    def contributors(self) -> tuple[ContributorRef, ...]:
+        """Base records this element accounts for; a 1:1 record closes its own cursor."""
+        refs = self.tags.get(TAG_CONTRIBUTORS)
+        if refs is None:
+            return (ContributorRef(self.cursor, True),)
+        return tuple(refs)
+
+    def with_tags(self, **tags: Any) -> SampleMeta:
+        merged = dict(self.tags)
+        merged.update(tags)
+        return SampleMeta(
+            self.sample_id,
+            self.lane_id,
+            self.chunk_id,
+            self.chunk_offset,
+            self.lineage,
+            self.component_id,
+            self.component_counts,
+            merged,
+        )
+
+    def child(self, index: int, *, is_last_child: bool) -> SampleMeta:
+        """Meta of the ``index``-th output of a fan-out; only the last child closes the parent."""
+        parent_refs = self.contributors
+        refs = tuple(ContributorRef(r.cursor, r.is_last_child and is_last_child) for r in parent_refs)
+        tags = dict(self.tags)
+        tags[TAG_CONTRIBUTORS] = refs
+        return SampleMeta(
+            self.sample_id,
+            self.lane_id,
+            self.chunk_id,
+            self.chunk_offset,
+            (*self.lineage, index),
+            self.component_id,
+            self.component_counts if is_last_child else {},
+            tags,
+        )
+
+
+@dataclass(slots=True)
+class SampleRecord:
+    """One sample: its identity (``meta``) and its data (``payload``, usually a dict)."""
+
+    meta: SampleMeta
+    payload: Any
+
+    @property
+    def lane_id(self) -> LaneId:
+        return self.meta.lane_id
+
+    @property
+    def cursor(self) -> SampleCursor:
+        return self.meta.cursor
+
+
+@dataclass(slots=True)
+class SampleBatch:
+    """Records of one lane that form a training micro-batch."""
+
+    records: list[SampleRecord]
+
+    def __post_init__(self) -> None:
+        if self.records:
+            lane = self.records[0].meta.lane_id
+            for record in self.records:
+                if record.meta.lane_id != lane:
+                    raise ValueError(
+                        f"SampleBatch mixes lanes {lane} and {record.meta.lane_id}; "
+                        "a batch must hold records of a single lane"
+                    )
+
+    @property
+    def meta(self) -> SampleMeta:
+        """The meta of the batch's last record: its cursor is the batch's replay position."""
+        return self.records[-1].meta
+
+    @property
+    def lane_id(self) -> LaneId:
+        return self.records[0].meta.lane_id
+
+    @property
+    def ids(self) -> list[SampleId]:
+        return [r.meta.sample_id for r in self.records]
+
+    @property
+    def chunk_ids(self) -> list[ChunkId]:
+        return [r.meta.chunk_id for r in self.records]
+
+    @property
+    def lineage_paths(self) -> list[LineagePath]:
+        return [r.meta.lineage for r in self.records]
+
+    @property
+    def payloads(self) -> list[Any]:
+        return [r.payload for r in self.records]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[SampleRecord]:
+        return iter(self.records)
+
+
+StreamItem: TypeAlias = SampleRecord | SampleBatch
+
+
+def tombstone_meta(meta: SampleMeta, *, reason: str | None = None) -> SampleMeta:
+    """Meta of a tombstone that closes ``meta``'s contributors without delivering data."""
+    tags: dict[str, Any] = {TAG_TOMBSTONE: True, TAG_CONTRIBUTORS: meta.contributors}
+    if reason is not None:
+        tags[TAG_ERROR] = reason
+    return SampleMeta(
+        meta.sample_id,
+        meta.lane_id,
+        meta.chunk_id,
+        meta.chunk_offset,
+        meta.lineage,
+        meta.component_id,
+        meta.component_counts,
+        tags,
+    )
+
+
+def tombstones_for_record(record: StreamItem, *, reason: str | None = None) -> list[SampleRecord]:
+    """Tombstones for everything ``record`` stands for (one per record of a batch)."""
+    if isinstance(record, SampleBatch):
+        return [SampleRecord(tombstone_meta(r.meta, reason=reason), None) for r in record.records]
+    return [SampleRecord(tombstone_meta(record.meta, reason=reason), None)]
+
+
+def spawn_child(record: SampleRecord, index: int, payload: Any, *, is_last: bool) -> SampleRecord:
+    """One output of a fan-out: child lineage, and only the last child closes the parent."""
+    return SampleRecord(record.meta.child(index, is_last_child=is_last), payload)
+
+
+def flush_sentinel(lane_id: LaneId, boundary_chunk_id: ChunkId) -> SampleRecord:
+    """A per-lane epoch boundary: every accumulator flushes and resets ``lane_id`` here."""
+    meta = SampleMeta(
+        (-1, -1, -1),
+        lane_id,
+        boundary_chunk_id,
+        -1,
+        (),
+        -1,
+        {},
+        {TAG_FLUSH_SENTINEL: True, TAG_BOUNDARY_CID: boundary_chunk_id},
+    )
+    return SampleRecord(meta, None)
+
+
+def is_control(item: StreamItem) -> bool:
+    """Tombstones and sentinels: elements that bypass operators and never reach the consumer."""
+    tags = item.meta.tags
+    return bool(tags) and (
+        TAG_TOMBSTONE in tags or TAG_FLUSH_SENTINEL in tags or TAG_END_OF_DATA in tags
+    )
+
+
+def records_of(items: Sequence[StreamItem]) -> Iterator[SampleRecord]:
+    for item in items:
+        if isinstance(item, SampleBatch):
+            yield from item.records
+        else:
+            yield item
