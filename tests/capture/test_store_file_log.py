@@ -1,0 +1,178 @@
+"""Log primitives of the file store: framing, torn-tail recovery, corruption, locks, ids."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zephon.capture.stores._fsutil import (
+    InvalidRolloutIdError,
+    LogCorruptionError,
+    append_all,
+    frame,
+    open_locked,
+    replace_durable,
+    scan,
+    unlink_durable,
+    validate_rollout_id,
+)
+
+
+def _log(*bodies: bytes) -> bytes:
+    return b"".join(frame(b"E", body) for body in bodies)
+
+
+def test_frame_scan_roundtrip_offsets_and_lines() -> None:
+    bodies = [b'{"a":1}', b'{"b":"x y"}', b"{}"]
+    buf = _log(*bodies)
+    result = scan(buf, offset=0, line=1, path="mem")
+    assert [r.body for r in result.records] == bodies
+    assert [r.line for r in result.records] == [1, 2, 3]
+    assert result.end == len(buf) and result.torn == 0 and result.lines == 3
+    for rec in result.records:
+        assert buf[rec.offset : rec.end] == frame(b"E", rec.body)
+
+
+def test_scan_of_a_tail_continues_offsets_and_line_numbers() -> None:
+    head = _log(b"1", b"2")
+    tail = _log(b"3")
+    result = scan(tail, offset=len(head), line=3, path="mem")
+    assert result.records[0].offset == len(head)
+    assert result.records[0].line == 3
+    assert result.end == len(head) + len(tail)
+
+
+@pytest.mark.parametrize("cut", [1, 5, 11, 30])
+def test_torn_final_line_is_reported_not_raised(cut: int) -> None:
+    good = _log(b'{"a":1}')
+    last = frame(b"E", b'{"payload":"' + b"z" * 40 + b'"}')
+    buf = good + last[:cut]
+    result = scan(buf, offset=0, line=1, path="mem")
+    assert [r.body for r in result.records] == [b'{"a":1}']
+    assert result.end == len(good)
+    assert result.torn == cut
+
+
+def test_final_line_with_bad_checksum_counts_as_torn() -> None:
+    good = _log(b"ok")
+    bad = bytearray(frame(b"E", b"payload"))
+    bad[-3] ^= 0x01
+    result = scan(good + bytes(bad), offset=0, line=1, path="mem")
+    assert len(result.records) == 1
+    assert result.torn == len(bad)
+
+
+def test_corruption_before_the_last_line_names_file_and_line() -> None:
+    bad = bytearray(frame(b"E", b"second"))
+    bad[-3] ^= 0x01
+    buf = _log(b"first") + bytes(bad) + _log(b"third")
+    with pytest.raises(LogCorruptionError, match=r"/x/r1\.log is corrupt at line 2"):
+        scan(buf, offset=0, line=1, path="/x/r1.log")
+
+
+@pytest.mark.parametrize("rid", ["r1", "a.b_c-D9", "x" * 200, "0"])
+def test_safe_rollout_ids_are_accepted(rid: str) -> None:
+    assert validate_rollout_id(rid) == rid
+
+
+@pytest.mark.parametrize("rid", ["", ".", "..", "../x", "a/b", "é", "a b", "x" * 201, "a\x00"])
+def test_unsafe_rollout_ids_are_refused_with_a_clear_message(rid: str) -> None:
+    with pytest.raises(InvalidRolloutIdError, match="rollout id"):
+        validate_rollout_id(rid)
+    assert issubclass(InvalidRolloutIdError, ValueError)
+
+
+def test_append_all_is_readable_after_return(tmp_path: Path) -> None:
+    path = tmp_path / "a.log"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    try:
+        append_all(fd, b"x" * 100_000)
+        append_all(fd, b"y")
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"x" * 100_000 + b"y"
+
+
+def test_open_locked_without_create_returns_none(tmp_path: Path) -> None:
+    assert open_locked(str(tmp_path / "missing.log"), create=False, exclusive=True) is None
+    assert not (tmp_path / "missing.log").exists()
+
+
+_TRY_LOCK = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+flag = fcntl.LOCK_EX if sys.argv[2] == "ex" else fcntl.LOCK_SH
+try:
+    fcntl.flock(fd, flag | fcntl.LOCK_NB)
+    print("got")
+except BlockingIOError:
+    print("blocked")
+"""
+
+
+def _try_lock_in_child(path: Path, mode: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", _TRY_LOCK, str(path), mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return out.stdout.strip()
+
+
+@pytest.mark.timeout(60)
+def test_exclusive_lock_excludes_other_processes(tmp_path: Path) -> None:
+    path = tmp_path / "r.log"
+    fd = open_locked(str(path), create=True, exclusive=True)
+    assert fd is not None
+    try:
+        assert _try_lock_in_child(path, "sh") == "blocked"
+        assert _try_lock_in_child(path, "ex") == "blocked"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        assert _try_lock_in_child(path, "ex") == "got"
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.timeout(60)
+def test_shared_locks_coexist_but_exclude_writers(tmp_path: Path) -> None:
+    path = tmp_path / "r.log"
+    path.write_bytes(b"")
+    fd = open_locked(str(path), create=False, exclusive=False)
+    assert fd is not None
+    try:
+        assert _try_lock_in_child(path, "sh") == "got"
+        assert _try_lock_in_child(path, "ex") == "blocked"
+    finally:
+        os.close(fd)
+
+
+def test_open_locked_follows_a_replaced_file(tmp_path: Path) -> None:
+    path = tmp_path / "r.log"
+    path.write_bytes(b"old")
+    stale = os.open(path, os.O_RDONLY)
+    try:
+        replace_durable(str(tmp_path), str(path), b"new")
+        assert os.fstat(stale).st_nlink == 0  # the detached inode is what lockers must detect
+        fd = open_locked(str(path), create=False, exclusive=True)
+        assert fd is not None
+        assert os.fstat(fd).st_ino == path.stat().st_ino
+        assert os.pread(fd, 10, 0) == b"new"
+        os.close(fd)
+    finally:
+        os.close(stale)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_unlink_durable_reports_whether_it_removed(tmp_path: Path) -> None:
+    path = tmp_path / "r.log"
+    path.write_bytes(b"x")
+    assert unlink_durable(str(tmp_path), str(path)) is True
+    assert unlink_durable(str(tmp_path), str(path)) is False
+    assert not path.exists()
