@@ -1,6 +1,7 @@
 """zephon: exactly reproducible data pipelines and durable RL token capture for LLM training."""
 
 from zephon.io import Dataset
+from zephon.pipeline import Pipeline
 from zephon.types import SampleBatch, SampleMeta, SampleRecord
 from zephon.work import WorkChunk, WorkSource
 
@@ -8,6 +9,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Dataset",
+    "Pipeline",
     "SampleBatch",
     "SampleMeta",
     "SampleRecord",

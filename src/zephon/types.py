@@ -53,7 +53,9 @@ class SampleCursor(NamedTuple):
         return (self.chunk_id, self.chunk_offset, self.lineage, self.sample_id)
 
     def child(self, index: int) -> SampleCursor:
-        return SampleCursor(self.chunk_id, self.chunk_offset, (*self.lineage, index), self.sample_id)
+        return SampleCursor(
+            self.chunk_id, self.chunk_offset, (*self.lineage, index), self.sample_id
+        )
 
 
 class ContributorRef(NamedTuple):
@@ -120,7 +122,9 @@ class SampleMeta:
     def child(self, index: int, *, is_last_child: bool) -> SampleMeta:
         """Meta of the ``index``-th output of a fan-out; only the last child closes the parent."""
         parent_refs = self.contributors
-        refs = tuple(ContributorRef(r.cursor, r.is_last_child and is_last_child) for r in parent_refs)
+        refs = tuple(
+            ContributorRef(r.cursor, r.is_last_child and is_last_child) for r in parent_refs
+        )
         tags = dict(self.tags)
         tags[TAG_CONTRIBUTORS] = refs
         return SampleMeta(
@@ -191,6 +195,11 @@ class SampleBatch:
     @property
     def payloads(self) -> list[Any]:
         return [r.payload for r in self.records]
+
+    @property
+    def payload(self) -> Any:
+        """The records' payloads (so code written for records also reads batches)."""
+        return self.payloads
 
     def __len__(self) -> int:
         return len(self.records)

@@ -1,0 +1,141 @@
+"""Compile an operator chain into stages: who runs each operator, how wide, with which queues."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from zephon.ops import BaseOp, CountingAccumulator, OpContext
+from zephon.options import RuntimeOptions
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An operator as the user configured it."""
+
+    op: BaseOp
+    parallelism: int
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    index: int
+    op_name: str
+    op_type: str
+    runner: str
+    parallelism: int
+    micro_batch: int | None
+    queue_size: int
+    max_inflight: int
+    preserves_cursor_order: bool
+    stalls_sentinels: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The compiled plan, as data (``to_dict``) and as text (``str``)."""
+
+    runner: str
+    deterministic: bool
+    lanes: list[int]
+    canonical_replicas: int
+    dp_rank: int
+    dp_world_size: int
+    flush_every_k_chunks: int
+    monotone: bool
+    stages: list[StagePlan] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        lines = [
+            f"runner={self.runner} deterministic={self.deterministic} "
+            f"lanes={self.lanes} (rank {self.dp_rank}/{self.dp_world_size}, "
+            f"canonical_replicas={self.canonical_replicas})",
+            f"monotone={self.monotone} flush_every_k_chunks={self.flush_every_k_chunks}",
+            f"{'#':>2} {'operator':<18} {'runner':<8} {'workers':>7} {'micro':>6} "
+            f"{'queue':>5} {'inflight':>8} order",
+        ]
+        for s in self.stages:
+            micro = "-" if s.micro_batch is None else str(s.micro_batch)
+            order = "kept" if s.preserves_cursor_order else "changed"
+            if s.stalls_sentinels:
+                order += ", stalls sentinels"
+            lines.append(
+                f"{s.index:>2} {s.op_name:<18} {s.runner:<8} {s.parallelism:>7} {micro:>6} "
+                f"{s.queue_size:>5} {s.max_inflight:>8} {order}"
+            )
+        return "\n".join(lines)
+
+
+def stalls_sentinels(op: BaseOp) -> bool:
+    """Only ``batch(drop_last=True)`` may hold a sentinel back; decided by the instance."""
+    from zephon._ops.batch import BatchOp
+
+    return isinstance(op, BatchOp) and op.drop_last
+
+
+def compile_plan(
+    specs: list[OpSpec], options: RuntimeOptions, lanes: list[int]
+) -> tuple[Plan, list[OpContext]]:
+    """Decide runner, width and queues per operator; return the plan and each op's context."""
+    monotone = all(s.op.traits().preserves_cursor_order for s in specs)
+    k = options.flush_every_k_chunks
+    if k is None:
+        k = 0 if monotone else 8
+    elif k == 0 and not monotone:
+        from zephon.errors import ConfigError
+
+        raise ConfigError(
+            "flush_every_k_chunks=0 is not allowed for a plan with an order-changing operator "
+            "(packing, shuffling, mixture correction): epochs need flush sentinels"
+        )
+    stages: list[StagePlan] = []
+    contexts: list[OpContext] = []
+    for index, spec in enumerate(specs):
+        op = spec.op
+        traits = op.traits()
+        if options.runner == "inline":
+            runner, width = "inline", 1
+        elif traits.runs_in_driver:
+            runner, width = "driver", 1
+        else:
+            runner, width = options.runner, spec.parallelism
+        ctx = OpContext(
+            op_name=op.name,
+            op_index=index,
+            num_workers=width,
+            deterministic=options.deterministic,
+            runner=runner,
+        )
+        contexts.append(ctx)
+        acc = op.accumulator(deterministic=options.deterministic, ctx=ctx)
+        micro = acc.max_batch if isinstance(acc, CountingAccumulator) else None
+        inflight = options.max_inflight or 2 * width
+        stages.append(
+            StagePlan(
+                index=index,
+                op_name=op.name,
+                op_type=type(op).__name__,
+                runner=runner,
+                parallelism=width,
+                micro_batch=micro,
+                queue_size=options.queue_size,
+                max_inflight=inflight,
+                preserves_cursor_order=traits.preserves_cursor_order,
+                stalls_sentinels=stalls_sentinels(op),
+            )
+        )
+    plan = Plan(
+        runner=options.runner,
+        deterministic=options.deterministic,
+        lanes=lanes,
+        canonical_replicas=options.canonical_replicas,
+        dp_rank=options.dp_rank,
+        dp_world_size=options.dp_world_size,
+        flush_every_k_chunks=k,
+        monotone=monotone,
+        stages=stages,
+    )
+    return plan, contexts

@@ -1,0 +1,187 @@
+"""The serial half of running one operator, shared by every runner.
+
+:class:`StageCore` feeds elements to the operator's accumulator, handles control elements
+(tombstones pass through, flush sentinels flush and reset one lane, ``batch(drop_last=True)``
+may hold a sentinel back), and turns everything into sequence-numbered :class:`Task` s. A runner
+executes the tasks that need work (``process_many``) wherever it likes and releases results
+through a :class:`~zephon._engine.reorder.ReorderBuffer`; that is the whole determinism story.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from zephon.errors import ContractError
+from zephon.ops import Accumulator, BaseOp
+from zephon.types import (
+    TAG_BOUNDARY_CID,
+    TAG_FLUSH_SENTINEL,
+    SampleBatch,
+    SampleRecord,
+    StreamItem,
+    is_control,
+)
+
+
+@dataclass(slots=True)
+class Task:
+    """One micro-batch: ``work`` goes through ``process_many``; ``passthrough`` follows it."""
+
+    seq: int
+    work: list[StreamItem]
+    passthrough: list[StreamItem] = field(default_factory=list)
+
+    @property
+    def needs_worker(self) -> bool:
+        return bool(self.work)
+
+
+class UnsupportedElementError(ContractError, TypeError):
+    """``process_many`` returned something that is not a SampleRecord or SampleBatch."""
+
+
+def call_process_many(op: BaseOp, elems: list[StreamItem]) -> list[StreamItem]:
+    """Run ``op.process_many`` and check the contract on its output."""
+    out = op.process_many(elems)
+    if not isinstance(out, list):
+        out = list(out)
+    for item in out:
+        cls = type(item)
+        if (
+            cls is not SampleRecord
+            and cls is not SampleBatch
+            and not isinstance(item, (SampleRecord, SampleBatch))
+        ):
+            raise UnsupportedElementError(
+                f"Unsupported element type {cls.__name__!r} returned by operator {op.name!r}: "
+                "process_many must return SampleRecord objects (or SampleBatch objects after "
+                "batch); rebuild the payload and keep the meta, e.g. "
+                "SampleRecord(elem.meta, new_payload)"
+            )
+    return out
+
+
+def annotate(exc: BaseException, op_name: str) -> BaseException:
+    """Name the operator on an exception raised in a worker, keeping its type and traceback."""
+    if getattr(exc, "zephon_op_name", None) is None:
+        with contextlib.suppress(AttributeError):
+            exc.zephon_op_name = op_name  # type: ignore[attr-defined]
+        tb = "".join(traceback.format_exception(exc)).rstrip()
+        exc.add_note(f"raised in operator {op_name!r}; worker traceback:\n{tb}")
+    return exc
+
+
+class StageCore:
+    """Accumulator handling and sequence numbering for one operator (single-threaded)."""
+
+    def __init__(self, op: BaseOp, accumulator: Accumulator, *, stalls_sentinels: bool) -> None:
+        self.op = op
+        self.acc = accumulator
+        self.stalls_sentinels = stalls_sentinels
+        self._next_seq = 0
+        self._held: dict[int, deque[StreamItem]] = {}
+
+    def _task(self, work: list[StreamItem], passthrough: list[StreamItem] | None = None) -> Task:
+        seq = self._next_seq
+        self._next_seq += 1
+        return Task(seq, work, passthrough if passthrough is not None else [])
+
+    @property
+    def dispatched(self) -> int:
+        return self._next_seq
+
+    def _tasks_for(self, batches: Sequence[list[StreamItem]], out: list[Task]) -> None:
+        for mb in batches:
+            if not mb:
+                continue
+            work = [e for e in mb if not is_control(e)]
+            if len(work) == len(mb):
+                out.append(self._task(mb))
+            else:
+                out.append(self._task(work, [e for e in mb if is_control(e)]))
+
+    def feed(self, items: Sequence[StreamItem]) -> list[Task]:
+        """Push ``items`` (stream order) and return the tasks they make ready."""
+        out: list[Task] = []
+        run_start = 0
+        n = len(items)
+        i = 0
+        while i < n:
+            item = items[i]
+            if not is_control(item):
+                i += 1
+                continue
+            if run_start < i:
+                self._push(items[run_start:i], out)
+            j = i
+            while j < n and is_control(items[j]):
+                j += 1
+            self._control(items[i:j], out)
+            i = j
+            run_start = j
+        if run_start < n:
+            self._push(items[run_start:n] if run_start else items, out)
+        return out
+
+    def _push(self, data: Sequence[StreamItem], out: list[Task]) -> None:
+        self._tasks_for(self.acc.push_many(data), out)
+        if self._held:
+            self._release_held(out)
+
+    def _control(self, controls: Sequence[StreamItem], out: list[Task]) -> None:
+        passthrough: list[StreamItem] = []
+        for item in controls:
+            tags = item.meta.tags
+            if TAG_FLUSH_SENTINEL not in tags:
+                passthrough.append(item)
+                continue
+            lane = item.meta.lane_id
+            if self.stalls_sentinels and (lane in self._held or self.acc.has_pending_data(lane)):
+                self._held.setdefault(lane, deque()).append(item)
+                continue
+            if passthrough:
+                out.append(self._task([], passthrough))
+                passthrough = []
+            self._flush_lane(lane, out)
+            out.append(self._task([], [item]))
+        if passthrough:
+            out.append(self._task([], passthrough))
+
+    def _flush_lane(self, lane: int, out: list[Task]) -> None:
+        self._tasks_for(self.acc.flush(reset=True, lane_id=lane), out)
+        if self.acc.has_pending_data(lane):
+            raise ContractError(
+                f"accumulator of operator {self.op.name!r} still has pending data for lane "
+                f"{lane} after flush(reset=True, lane_id={lane}); a flush sentinel must leave "
+                "the lane as fresh as a new accumulator"
+            )
+
+    def _release_held(self, out: list[Task]) -> None:
+        for lane in list(self._held):
+            queue = self._held[lane]
+            while queue:
+                boundary = int(queue[0].meta.tags[TAG_BOUNDARY_CID])
+                if not self.acc.try_epoch_reset(boundary, lane):
+                    break
+                out.append(self._task([], [queue.popleft()]))
+            if not queue:
+                del self._held[lane]
+
+    def poll(self, now_ns: int) -> list[Task]:
+        """Tasks due by a latency bound (non-deterministic mode only)."""
+        out: list[Task] = []
+        self._tasks_for(self.acc.poll(now_ns), out)
+        return out
+
+    def finish(self) -> list[Task]:
+        """End of stream: flush every lane, then release any held sentinels."""
+        out: list[Task] = []
+        self._tasks_for(self.acc.flush(reset=False, lane_id=None), out)
+        for lane in sorted(self._held):
+            out.append(self._task([], list(self._held[lane])))
+        self._held.clear()
+        return out

@@ -1,0 +1,194 @@
+"""The threads and process runners: a source thread and one driver thread per operator.
+
+Each driver owns its operator's accumulator (so the accumulator is only ever called from one
+thread), dispatches tasks to a worker pool, and releases results in sequence order. Drivers are
+joined by bounded channels: a full channel blocks the producer, so a slow consumer stalls
+everything back to the source (backpressure), which also bounds what is in flight.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from typing import Any
+
+from zephon._engine.pools import WorkerPool
+from zephon._engine.reorder import ReorderBuffer
+from zephon._engine.stage import StageCore, Task, annotate, call_process_many
+from zephon.types import StreamItem
+
+DATA, DONE, END, ERROR, STOP = range(5)
+Message = tuple[Any, ...]
+
+
+class Stopped(Exception):
+    """Raised inside engine threads when the consumer closed the pipeline."""
+
+
+class Channel:
+    """A driver's inbox. Data messages take one of ``capacity`` slots; control ones never block."""
+
+    def __init__(self, capacity: int, stop: threading.Event) -> None:
+        self.capacity = capacity
+        self.queue: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._slots = threading.Semaphore(capacity)
+        self._stop = stop
+
+    def put_data(self, items: list[StreamItem]) -> None:
+        while not self._slots.acquire(timeout=0.1):
+            if self._stop.is_set():
+                raise Stopped
+        if self._stop.is_set():
+            raise Stopped
+        self.queue.put((DATA, items))
+
+    def release(self) -> None:
+        self._slots.release()
+
+    def put(self, message: Message) -> None:
+        self.queue.put(message)
+
+
+class SourceThread(threading.Thread):
+    def __init__(
+        self, feeder: Iterable[list[StreamItem]], out: Channel, stop: threading.Event
+    ) -> None:
+        super().__init__(name="zephon-source", daemon=True)
+        self.feeder = feeder
+        self.out = out
+        self.stop = stop
+
+    def run(self) -> None:
+        try:
+            for items in self.feeder:
+                self.out.put_data(items)
+            self.out.put((END,))
+        except Stopped:
+            pass
+        except BaseException as exc:
+            self.out.put((ERROR, annotate(exc, "source")))
+
+
+class OpDriver(threading.Thread):
+    """Drives one operator: accumulator on this thread, ``process_many`` on the pool."""
+
+    def __init__(
+        self,
+        core: StageCore,
+        pool: WorkerPool | None,
+        inbox: Channel,
+        downstream: Channel,
+        *,
+        deterministic: bool,
+        max_inflight: int,
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(name=f"zephon-driver-{core.op.name}", daemon=True)
+        self.core = core
+        self.pool = pool
+        self.inbox = inbox
+        self.downstream = downstream
+        self.deterministic = deterministic
+        self.max_inflight = max(1, max_inflight)
+        self.stop = stop
+        self.reorder: ReorderBuffer[list[StreamItem]] = ReorderBuffer(deterministic=deterministic)
+        self._passthrough: dict[int, list[StreamItem]] = {}
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        except Stopped:
+            pass
+        except BaseException as exc:
+            self.downstream.put((ERROR, exc))
+
+    def _on_done(self, seq: int) -> Callable[[Future[list[StreamItem]]], None]:
+        def callback(future: Future[list[StreamItem]]) -> None:
+            self.inbox.put((DONE, seq, future))
+
+        return callback
+
+    def _complete(self, seq: int, result: list[StreamItem]) -> None:
+        released = self.reorder.put(seq, result)
+        out: list[StreamItem] = []
+        for part in released:
+            out.extend(part)
+        if out:
+            self.downstream.put_data(out)
+
+    def _start(self, task: Task) -> bool:
+        """Dispatch ``task``; True when it occupies a worker slot."""
+        self.reorder.expect(task.seq)
+        if not task.work:
+            self._complete(task.seq, task.passthrough)
+            return False
+        if self.pool is None:
+            op = self.core.op
+            try:
+                result = call_process_many(op, task.work)
+            except BaseException as exc:
+                raise annotate(exc, op.name) from None
+            result.extend(task.passthrough)
+            self._complete(task.seq, result)
+            return False
+        if task.passthrough:
+            self._passthrough[task.seq] = task.passthrough
+        self.pool.submit(task.work).add_done_callback(self._on_done(task.seq))
+        return True
+
+    def _loop(self) -> None:
+        core = self.core
+        pending_inputs: deque[list[StreamItem]] = deque()
+        ready: deque[Task] = deque()
+        inflight = 0
+        ended = finished = False
+        latency = not self.deterministic
+        while True:
+            while True:
+                while ready and inflight < self.max_inflight:
+                    inflight += self._start(ready.popleft())
+                if ready or not pending_inputs or inflight >= self.max_inflight:
+                    break
+                items = pending_inputs.popleft()
+                self.inbox.release()
+                ready.extend(core.feed(items))
+            if ended and not pending_inputs and not ready and not finished:
+                ready.extend(core.finish())
+                finished = True
+                continue
+            if finished and not ready and inflight == 0:
+                self.reorder.close()
+                self.downstream.put((END,))
+                return
+            timeout = None
+            if latency:
+                deadline = core.acc.next_deadline_ns()
+                if deadline is not None:
+                    timeout = max(0.0, (deadline - time.monotonic_ns()) / 1e9)
+            try:
+                message = self.inbox.queue.get(timeout=timeout)
+            except queue.Empty:
+                ready.extend(core.poll(time.monotonic_ns()))
+                continue
+            kind = message[0]
+            if kind == DATA:
+                pending_inputs.append(message[1])
+            elif kind == DONE:
+                inflight -= 1
+                seq, future = message[1], message[2]
+                result = future.result()  # re-raises the worker's exception, already annotated
+                extra = self._passthrough.pop(seq, None)
+                if extra:
+                    result.extend(extra)
+                self._complete(seq, result)
+            elif kind == END:
+                ended = True
+            elif kind == ERROR:
+                self.downstream.put(message)  # forward unchanged: the consumer raises it
+                return
+            elif kind == STOP:
+                raise Stopped

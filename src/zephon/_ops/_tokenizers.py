@@ -1,0 +1,128 @@
+"""Resolve what users pass as a tokenizer into one batch-encoding interface.
+
+Accepted: ``"bytes"`` (built in, no files), an HF ``tokenizers.Tokenizer``, a path to a
+``tokenizer.json``, a local transformers tokenizer directory, or a transformers tokenizer
+instance (duck-typed through ``backend_tokenizer``; transformers is never imported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from zephon.errors import ConfigError
+
+_BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "[CLS]", "<|startoftext|>")
+_EOS_NAMES = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[SEP]")
+
+
+class BatchEncoder(Protocol):
+    bos_token_id: int | None
+    eos_token_id: int | None
+
+    def encode_many(self, texts: list[str]) -> list[np.ndarray]: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as token ids (0-255), BOS 256, EOS 257: a tokenizer that needs no files."""
+
+    bos_token_id: int | None = 256
+    eos_token_id: int | None = 257
+    vocab_size = 258
+
+    def encode_many(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int32) for t in texts]
+
+
+class HFTokenizer:
+    """An HF ``tokenizers.Tokenizer`` encoding whole micro-batches (GIL released)."""
+
+    def __init__(self, tokenizer: Any, bos: int | None, eos: int | None) -> None:
+        self.tokenizer = tokenizer
+        self.bos_token_id = bos
+        self.eos_token_id = eos
+        self._fast = getattr(tokenizer, "encode_batch_fast", None)
+
+    def encode_many(self, texts: list[str]) -> list[np.ndarray]:
+        encode = self._fast or self.tokenizer.encode_batch
+        encodings = encode(texts, add_special_tokens=False)
+        return [np.array(e.ids, dtype=np.int32) for e in encodings]
+
+
+def _special_id(tokenizer: Any, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        value = value.get("content")
+    if isinstance(value, str):
+        tid = tokenizer.token_to_id(value)
+        return int(tid) if tid is not None else None
+    return None
+
+
+def _guess(tokenizer: Any, names: Sequence[str]) -> int | None:
+    for name in names:
+        tid = tokenizer.token_to_id(name)
+        if tid is not None:
+            return int(tid)
+    return None
+
+
+def _from_file(path: Path) -> HFTokenizer:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    bos = eos = None
+    config = path.parent / "tokenizer_config.json"
+    special = path.parent / "special_tokens_map.json"
+    for cfg_path in (config, special):
+        if cfg_path.is_file():
+            cfg = json.loads(cfg_path.read_text())
+            bos = bos if bos is not None else _special_id(tok, cfg.get("bos_token"))
+            eos = eos if eos is not None else _special_id(tok, cfg.get("eos_token"))
+    if bos is None:
+        bos = _guess(tok, _BOS_NAMES)
+    if eos is None:
+        eos = _guess(tok, _EOS_NAMES)
+    return HFTokenizer(tok, bos, eos)
+
+
+def load_tokenizer(spec: Any) -> BatchEncoder:
+    """Build the encoder for ``spec`` (see the module docstring for what is accepted)."""
+    if isinstance(spec, str) and spec == "bytes":
+        return ByteTokenizer()
+    if isinstance(spec, (str, os.PathLike)):
+        path = Path(spec)
+        if path.is_dir():
+            candidate = path / "tokenizer.json"
+            if not candidate.is_file():
+                raise ConfigError(
+                    f"tokenizer directory {path} has no tokenizer.json; zephon reads fast "
+                    "tokenizers only (save one with tokenizer.save_pretrained(dir))"
+                )
+            return _from_file(candidate)
+        if path.is_file():
+            return _from_file(path)
+        raise ConfigError(
+            f"tokenizer {str(spec)!r} is neither 'bytes', a tokenizer.json file nor a "
+            "directory holding one; zephon never downloads tokenizers"
+        )
+    if hasattr(spec, "encode_batch") and hasattr(spec, "token_to_id"):
+        return HFTokenizer(spec, _guess(spec, _BOS_NAMES), _guess(spec, _EOS_NAMES))
+    backend = getattr(spec, "backend_tokenizer", None)
+    if backend is not None:
+        return HFTokenizer(
+            backend, getattr(spec, "bos_token_id", None), getattr(spec, "eos_token_id", None)
+        )
+    if hasattr(spec, "encode_many"):
+        return spec  # type: ignore[no-any-return]
+    raise ConfigError(
+        f"unsupported tokenizer {type(spec).__name__}: pass 'bytes', a tokenizers.Tokenizer, "
+        "a path to tokenizer.json, a transformers tokenizer directory or a fast transformers "
+        "tokenizer instance"
+    )

@@ -1,0 +1,47 @@
+"""batch: group records of one lane into SampleBatch es of ``microbatch_size``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from zephon.errors import ConfigError
+from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
+from zephon.types import LaneId, SampleBatch, SampleRecord, StreamItem
+
+
+class BatchAccumulator(CountingAccumulator):
+    """Counting accumulator that can release a stalled sentinel without a partial batch."""
+
+    def try_epoch_reset(self, boundary_chunk_id: int, lane_id: LaneId) -> bool:
+        # Equivalent to a fresh accumulator once every pre-boundary record has left.
+        return all(e.meta.chunk_id >= boundary_chunk_id for e in self.pending(lane_id))
+
+
+class BatchOp(BaseOp):
+    """Emits lane-pure batches. ``drop_last=True`` drops each lane's final partial batch
+    (accounted by tombstones) and is the one operator allowed to stall a flush sentinel."""
+
+    name = "batch"
+
+    def __init__(self, microbatch_size: int, *, drop_last: bool = True) -> None:
+        super().__init__()
+        if microbatch_size < 1:
+            raise ConfigError(f"batch: microbatch_size must be >= 1, got {microbatch_size}")
+        self.microbatch_size = microbatch_size
+        self.drop_last = drop_last
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        return BatchAccumulator(self.microbatch_size, None, drop_last=self.drop_last)
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, runs_in_driver=True)
+
+    def config(self) -> Mapping[str, Any]:
+        return {"microbatch_size": self.microbatch_size, "drop_last": self.drop_last}
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        records = [e for e in elems if isinstance(e, SampleRecord)]
+        if len(records) != len(elems):
+            raise ConfigError("batch: input already batched; batch can appear only once")
+        return [SampleBatch(records)]

@@ -1,0 +1,87 @@
+"""fetch: turn sample pointers into rows, reading each shard once per micro-batch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from zephon.errors import DataError
+from zephon.io import Dataset
+from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
+from zephon.types import SampleRecord, StreamItem, tombstone_meta
+
+FETCH_MICRO_BATCH = 64
+FETCH_LATENCY_MS = 5.0
+
+
+class FetchOp(BaseOp):
+    """Reads the payload of each pointer record (implicit first operator of every pipeline).
+
+    ``on_error="skip"`` turns an unreadable row into a tombstone whose reason is counted and
+    reported at the end of iteration, instead of failing the pipeline.
+    """
+
+    name = "fetch"
+
+    def __init__(
+        self,
+        datasets: Sequence[Dataset],
+        *,
+        max_batch: int = FETCH_MICRO_BATCH,
+        on_error: Literal["raise", "skip"] = "raise",
+    ) -> None:
+        super().__init__()
+        self.datasets = list(datasets)
+        self.max_batch = max_batch
+        self.on_error = on_error
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        return CountingAccumulator(self.max_batch, None if deterministic else FETCH_LATENCY_MS)
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, parallelism=2)
+
+    def config(self) -> Mapping[str, Any]:
+        return {"datasets": [d.name for d in self.datasets], "on_error": self.on_error}
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        groups: dict[tuple[int, int], list[int]] = {}
+        for pos, elem in enumerate(elems):
+            ds, shard, _ = elem.meta.sample_id
+            groups.setdefault((ds, shard), []).append(pos)
+        out: list[StreamItem | None] = [None] * len(elems)
+        for (ds, shard), positions in groups.items():
+            indices = [elems[p].meta.sample_id[2] for p in positions]
+            dataset = self.datasets[ds]
+            try:
+                rows: list[Any] = dataset.read(shard, indices)
+            except DataError:
+                if self.on_error == "raise":
+                    raise
+                rows = self._read_one_by_one(dataset, shard, indices)
+            for p, row in zip(positions, rows, strict=True):
+                meta = elems[p].meta
+                if isinstance(row, _Skipped):
+                    out[p] = SampleRecord(
+                        tombstone_meta(meta, reason=f"skipped: {row.reason}"), None
+                    )
+                else:
+                    out[p] = SampleRecord(meta, row)
+        return out  # type: ignore[return-value]
+
+    @staticmethod
+    def _read_one_by_one(dataset: Dataset, shard: int, indices: list[int]) -> list[Any]:
+        rows: list[Any] = []
+        for index in indices:
+            try:
+                rows.append(dataset.read(shard, [index])[0])
+            except DataError as exc:
+                rows.append(_Skipped(str(exc)))
+        return rows
+
+
+class _Skipped:
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason

@@ -1,0 +1,90 @@
+"""map_transform and filter: per-record user functions; dropped records become tombstones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
+from zephon.types import SampleRecord, StreamItem, tombstone_meta
+
+MAP_MICRO_BATCH = 64
+MAP_LATENCY_MS = 3.0
+
+
+def _fn_name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
+class MapTransformOp(BaseOp):
+    """Applies ``fn(payload) -> payload``; ``None`` drops the record (a tombstone closes it)."""
+
+    name = "map_transform"
+
+    def __init__(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        drop_none: bool = True,
+        max_batch: int = MAP_MICRO_BATCH,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(name=name)
+        self.fn = fn
+        self.drop_none = drop_none
+        self.max_batch = max_batch
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        return CountingAccumulator(self.max_batch, None if deterministic else MAP_LATENCY_MS)
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, parallelism=1)
+
+    def config(self) -> Mapping[str, Any]:
+        return {"fn": _fn_name(self.fn), "drop_none": self.drop_none}
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        fn = self.fn
+        out: list[StreamItem] = []
+        for elem in elems:
+            result = fn(elem.payload)
+            if result is None and self.drop_none:
+                out.append(SampleRecord(tombstone_meta(elem.meta, reason="dropped by map"), None))
+            else:
+                out.append(SampleRecord(elem.meta, result))
+        return out
+
+
+class FilterOp(BaseOp):
+    """Keeps records whose payload satisfies ``predicate``; the rest become tombstones."""
+
+    name = "filter"
+
+    def __init__(
+        self,
+        predicate: Callable[[Any], bool],
+        *,
+        max_batch: int = MAP_MICRO_BATCH,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(name=name)
+        self.predicate = predicate
+        self.max_batch = max_batch
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        return CountingAccumulator(self.max_batch, None if deterministic else MAP_LATENCY_MS)
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, parallelism=1)
+
+    def config(self) -> Mapping[str, Any]:
+        return {"predicate": _fn_name(self.predicate)}
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        pred = self.predicate
+        return [
+            elem
+            if pred(elem.payload)
+            else SampleRecord(tombstone_meta(elem.meta, reason="filtered"), None)
+            for elem in elems
+        ]

@@ -1,0 +1,155 @@
+"""tokenize: text field -> ``input_ids`` (numpy int32), one batch call per micro-batch."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+
+from zephon._ops._tokenizers import BatchEncoder, load_tokenizer
+from zephon.errors import ConfigError, MissingFieldError
+from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
+from zephon.types import SampleRecord, StreamItem
+
+TOKENIZE_MICRO_BATCH = 64
+TOKENIZE_LATENCY_MS = 3.0
+SpecialTokens = Literal["bos_eos", "bos", "eos", "none"]
+
+
+class TokenizeOp(BaseOp):
+    """Tokenizes ``field`` into ``output_field``; the rest of the payload is kept.
+
+    The tokenizer is built lazily in each worker on its first micro-batch (HF objects should
+    not cross process boundaries half-initialised). ``special_tokens`` brackets each document
+    with BOS/EOS itself; ``max_length`` truncates (room for the specials is reserved).
+    """
+
+    name = "tokenize"
+
+    def __init__(
+        self,
+        tokenizer: Any = "bytes",
+        *,
+        field: str = "text",
+        output_field: str = "input_ids",
+        special_tokens: SpecialTokens = "bos_eos",
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        max_length: int | None = None,
+        truncation: bool | None = None,
+        max_batch: int = TOKENIZE_MICRO_BATCH,
+    ) -> None:
+        super().__init__()
+        if special_tokens not in ("bos_eos", "bos", "eos", "none"):
+            raise ConfigError(
+                f"tokenize: special_tokens must be 'bos_eos', 'bos', 'eos' or 'none', "
+                f"got {special_tokens!r}"
+            )
+        if truncation is None:
+            truncation = max_length is not None
+        if truncation and max_length is None:
+            raise ConfigError("tokenize: truncation=True needs max_length")
+        n_specials = {"bos_eos": 2, "bos": 1, "eos": 1, "none": 0}[special_tokens]
+        if max_length is not None and max_length <= n_specials:
+            raise ConfigError(
+                f"tokenize: max_length={max_length} leaves no room for content next to "
+                f"{n_specials} special token(s)"
+            )
+        if isinstance(tokenizer, (str, os.PathLike)) and tokenizer != "bytes":
+            load_tokenizer(tokenizer)  # fail fast on a bad path, in the driver
+        self.tokenizer_spec = tokenizer
+        self.field = field
+        self.output_field = output_field
+        self.special_tokens = special_tokens
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.max_length = max_length
+        self.truncation = truncation
+        self.max_batch = max_batch
+        self._encoder: BatchEncoder | None = None
+        self._bos: int | None = None
+        self._eos: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_encoder"] = None  # each worker builds its own
+        return state
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        return CountingAccumulator(self.max_batch, None if deterministic else TOKENIZE_LATENCY_MS)
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, parallelism=os.cpu_count() or 1)
+
+    def config(self) -> Mapping[str, Any]:
+        spec = self.tokenizer_spec
+        return {
+            "tokenizer": spec if isinstance(spec, str) else type(spec).__name__,
+            "field": self.field,
+            "output_field": self.output_field,
+            "special_tokens": self.special_tokens,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "max_length": self.max_length,
+            "truncation": self.truncation,
+        }
+
+    def _load(self) -> BatchEncoder:
+        encoder = load_tokenizer(self.tokenizer_spec)
+        bos = self.bos_token_id if self.bos_token_id is not None else encoder.bos_token_id
+        eos = self.eos_token_id if self.eos_token_id is not None else encoder.eos_token_id
+        if self.special_tokens in ("bos_eos", "bos") and bos is None:
+            raise ConfigError(
+                "tokenize: the tokenizer defines no BOS token; pass bos_token_id=... or "
+                "special_tokens='eos'/'none'"
+            )
+        if self.special_tokens in ("bos_eos", "eos") and eos is None:
+            raise ConfigError(
+                "tokenize: the tokenizer defines no EOS token; pass eos_token_id=... or "
+                "special_tokens='bos'/'none'"
+            )
+        self._bos, self._eos = bos, eos
+        self._encoder = encoder
+        return encoder
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        encoder = self._encoder or self._load()
+        field = self.field
+        texts: list[str] = []
+        for elem in elems:
+            payload = elem.payload
+            try:
+                text = payload[field]
+            except (KeyError, TypeError):
+                fields = sorted(payload) if isinstance(payload, dict) else type(payload).__name__
+                raise MissingFieldError(
+                    f"tokenize: record {elem.meta.sample_id} has no field {field!r} "
+                    f"(fields: {fields})"
+                ) from None
+            if not isinstance(text, str):
+                raise MissingFieldError(
+                    f"tokenize: field {field!r} of record {elem.meta.sample_id} is "
+                    f"{type(text).__name__}, expected str (add decode_text() before tokenize)"
+                )
+            texts.append(text)
+        ids_list = encoder.encode_many(texts)
+        head = [self._bos] if self.special_tokens in ("bos_eos", "bos") else []
+        tail = [self._eos] if self.special_tokens in ("bos_eos", "eos") else []
+        limit = None
+        if self.truncation and self.max_length is not None:
+            limit = self.max_length - len(head) - len(tail)
+        head_arr = np.array(head, dtype=np.int32)
+        tail_arr = np.array(tail, dtype=np.int32)
+        out: list[StreamItem] = []
+        out_field = self.output_field
+        for elem, ids in zip(elems, ids_list, strict=True):
+            if limit is not None and ids.shape[0] > limit:
+                ids = ids[:limit]
+            if head or tail:
+                ids = np.concatenate((head_arr, ids, tail_arr))
+            payload = dict(elem.payload)
+            payload[out_field] = ids
+            out.append(SampleRecord(elem.meta, payload))
+        return out

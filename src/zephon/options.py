@@ -1,0 +1,67 @@
+"""Runtime options: how a pipeline runs. None of them change a rank's batches except the
+topology ones (``canonical_replicas``, ``dp_rank``, ``dp_world_size``, ``mapping``), which only
+choose *which* lanes this rank runs, and ``flush_every_k_chunks``, which sets epoch boundaries.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
+
+from zephon.errors import ConfigError
+
+RunnerName = Literal["inline", "threads", "process"]
+RUNNERS: tuple[str, ...] = ("inline", "threads", "process")
+
+
+def default_workers() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Settings for :meth:`zephon.Pipeline.options`.
+
+    ``runner``: ``"threads"`` (default), ``"inline"`` (everything on the calling thread, the
+    reference) or ``"process"`` (spawned worker processes). ``deterministic=False`` releases
+    micro-batches in completion order and allows latency-bound flushes. ``queue_size`` is the
+    capacity, in micro-batches, of each bounded channel between stages. ``max_inflight`` caps
+    micro-batches in flight per operator (default: 2 x its parallelism).
+    """
+
+    runner: RunnerName = "threads"
+    deterministic: bool = True
+    canonical_replicas: int = 1
+    dp_rank: int = 0
+    dp_world_size: int = 1
+    mapping: Literal["contiguous", "interleaved"] = "contiguous"
+    flush_every_k_chunks: int | None = None
+    queue_size: int = 8
+    max_inflight: int | None = None
+    on_error: Literal["raise", "skip"] = "raise"
+
+    def updated(self, **changes: Any) -> RuntimeOptions:
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown pipeline option(s) {unknown}; known options: {sorted(known)}"
+            )
+        opts = replace(self, **changes)
+        opts.validate()
+        return opts
+
+    def validate(self) -> None:
+        if self.runner not in RUNNERS:
+            raise ConfigError(f"runner must be one of {list(RUNNERS)}, got {self.runner!r}")
+        if self.queue_size < 1:
+            raise ConfigError(f"queue_size must be >= 1, got {self.queue_size}")
+        if self.max_inflight is not None and self.max_inflight < 1:
+            raise ConfigError(f"max_inflight must be >= 1, got {self.max_inflight}")
+        if self.flush_every_k_chunks is not None and self.flush_every_k_chunks < 0:
+            raise ConfigError(
+                f"flush_every_k_chunks must be >= 0 or None, got {self.flush_every_k_chunks}"
+            )
+        if self.on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")

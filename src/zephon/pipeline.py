@@ -1,0 +1,183 @@
+"""The fluent Pipeline builder: a thin list of operator specs handed to the engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
+
+from zephon._engine.engine import Engine, RunStats
+from zephon._engine.plan import OpSpec, Plan
+from zephon._ops.batch import BatchOp
+from zephon._ops.decode_text import DecodeTextOp
+from zephon._ops.fetch import FetchOp
+from zephon._ops.map_transform import FilterOp, MapTransformOp
+from zephon._ops.tokenize import SpecialTokens, TokenizeOp
+from zephon.errors import ConfigError
+from zephon.ops import BaseOp
+from zephon.options import RuntimeOptions
+from zephon.types import StreamItem
+from zephon.work import WorkSource
+
+
+class Pipeline:
+    """A chain of operators over a work source. Iterate it to get records (or batches).
+
+    Every builder method appends one operator and returns the pipeline, so calls chain::
+
+        pipe = (Pipeline(source).decode_text().tokenize("bytes").batch(8)
+                .options(runner="threads"))
+        for batch in pipe: ...
+    """
+
+    def __init__(self, work_source: WorkSource) -> None:
+        if not isinstance(work_source, WorkSource):
+            raise ConfigError(
+                f"Pipeline needs a WorkSource (e.g. StaticMixtureWorkSource), got "
+                f"{type(work_source).__name__}"
+            )
+        self.work_source = work_source
+        self._specs: list[OpSpec] = []
+        self._fetch_parallelism: int | None = None
+        self._fetch_max_batch = 64
+        self._fetch_on_error: Literal["raise", "skip"] | None = None
+        self._options = RuntimeOptions()
+        self.last_stats: RunStats | None = None
+        self._batched = False
+        self._engine: Engine | None = None
+        self._engine_done = True
+
+    # -- builder -------------------------------------------------------------------------
+
+    def _append(self, op: BaseOp, parallelism: int | None) -> Pipeline:
+        if self._batched and not isinstance(op, BatchOp):
+            raise ConfigError(
+                f"{op.name} cannot follow batch(): operators after batch would see SampleBatch "
+                "objects; move it before batch()"
+            )
+        if parallelism is not None and parallelism < 1:
+            raise ConfigError(f"{op.name}: parallelism must be >= 1, got {parallelism}")
+        width = parallelism if parallelism is not None else op.traits().parallelism
+        self._specs.append(OpSpec(op, max(1, width)))
+        return self
+
+    def fetch(
+        self,
+        parallelism: int | None = None,
+        *,
+        max_batch: int = 64,
+        on_error: Literal["raise", "skip"] | None = None,
+    ) -> Pipeline:
+        """Configure the implicit first operator that reads rows for the pointers."""
+        self._fetch_parallelism = parallelism
+        self._fetch_max_batch = max_batch
+        self._fetch_on_error = on_error
+        return self
+
+    def decode_text(self, parallelism: int | None = None, **kwargs: Any) -> Pipeline:
+        """Make text fields ``str``; kwargs: fields, encoding, errors, normalize_newlines..."""
+        return self._append(DecodeTextOp(**kwargs), parallelism)
+
+    def map_transform(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        drop_none: bool = True,
+        parallelism: int | None = None,
+        name: str | None = None,
+    ) -> Pipeline:
+        """Apply ``fn`` to each payload; returning ``None`` drops the record."""
+        return self._append(MapTransformOp(fn, drop_none=drop_none, name=name), parallelism)
+
+    def filter(
+        self,
+        predicate: Callable[[Any], bool],
+        *,
+        parallelism: int | None = None,
+        name: str | None = None,
+    ) -> Pipeline:
+        """Keep records whose payload satisfies ``predicate``."""
+        return self._append(FilterOp(predicate, name=name), parallelism)
+
+    def tokenize(
+        self,
+        tokenizer: Any = "bytes",
+        *,
+        field: str = "text",
+        output_field: str = "input_ids",
+        special_tokens: SpecialTokens = "bos_eos",
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        max_length: int | None = None,
+        truncation: bool | None = None,
+        parallelism: int | None = None,
+    ) -> Pipeline:
+        """Tokenize ``field`` into ``output_field`` (numpy int32 ids)."""
+        op = TokenizeOp(
+            tokenizer,
+            field=field,
+            output_field=output_field,
+            special_tokens=special_tokens,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            max_length=max_length,
+            truncation=truncation,
+        )
+        return self._append(op, parallelism)
+
+    def batch(self, microbatch_size: int, *, drop_last: bool = True) -> Pipeline:
+        """Group each lane's records into ``SampleBatch`` es of ``microbatch_size``."""
+        if self._batched:
+            raise ConfigError("batch() can appear only once in a pipeline")
+        self._append(BatchOp(microbatch_size, drop_last=drop_last), 1)
+        self._batched = True
+        return self
+
+    def add_op(self, op: BaseOp, /, *, parallelism: int | None = None) -> Pipeline:
+        """Append a custom operator (a :class:`zephon.ops.BaseOp` subclass instance)."""
+        if not isinstance(op, BaseOp):
+            raise ConfigError(f"add_op needs a BaseOp instance, got {type(op).__name__}")
+        return self._append(op, parallelism)
+
+    def options(self, **options: Any) -> Pipeline:
+        """Set runtime options (see :class:`zephon.options.RuntimeOptions`); returns self."""
+        self._options = self._options.updated(**options)
+        return self
+
+    # -- running ---------------------------------------------------------------------------
+
+    @property
+    def runtime_options(self) -> RuntimeOptions:
+        return self._options
+
+    def _all_specs(self) -> list[OpSpec]:
+        on_error = self._fetch_on_error or self._options.on_error
+        fetch = FetchOp(
+            self.work_source.datasets, max_batch=self._fetch_max_batch, on_error=on_error
+        )
+        width = self._fetch_parallelism or fetch.traits().parallelism
+        return [OpSpec(fetch, width), *self._specs]
+
+    def explain(self) -> Plan:
+        """The compiled plan: stages, runners, parallelism, queue sizes (``str()`` for text)."""
+        return Engine.explain(self.work_source, self._all_specs(), self._options)
+
+    def operators(self) -> Sequence[BaseOp]:
+        return [s.op for s in self._all_specs()]
+
+    def __iter__(self) -> Iterator[StreamItem]:
+        if not self._engine_done:
+            raise RuntimeError(
+                "this pipeline is already being iterated; finish or close that iterator first"
+            )
+        engine = Engine(self.work_source, self._all_specs(), self._options)
+        self._engine = engine
+        self._engine_done = False
+        self.last_stats = engine.stats
+        try:
+            yield from engine
+        finally:
+            self._engine_done = True
+
+    def stats(self) -> RunStats | None:
+        """What the last (or current) iteration delivered, dropped and skipped."""
+        return self.last_stats
