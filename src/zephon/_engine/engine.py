@@ -50,6 +50,7 @@ class Engine:
         self._pools: list[WorkerPool] = []
         self._inline_ops: list[StageCore] = []
         self._closed = False
+        self.feeder: SourceFeeder | None = None
 
     @classmethod
     def explain(cls, source: WorkSource, specs: list[OpSpec], options: RuntimeOptions) -> Plan:
@@ -74,7 +75,7 @@ class Engine:
 
     def __iter__(self) -> Iterator[StreamItem]:
         mux = LaneMux(self.lanes)
-        feeder = self._feeder()
+        feeder = self.feeder = self._feeder()
         try:
             if self.options.runner == "inline":
                 yield from self._run_inline(feeder, mux)

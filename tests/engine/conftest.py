@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+WORDS = [
+    "data",
+    "token",
+    "lane",
+    "chunk",
+    "batch",
+    "shard",
+    "model",
+    "train",
+    "seed",
+    "pack",
+    "mixture",
+    "replay",
+    "cursor",
+    "engine",
+    "worker",
+    "queue",
+    "order",
+    "epoch",
+    "rank",
+    "é",
+]
+
+
+def make_docs(n: int, seed: int = 0) -> list[dict[str, object]]:
+    rng = random.Random(seed)
+    docs = []
+    for i in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(1, 60))]
+        docs.append({"id": i, "text": " ".join(words) + ("\r\n" if i % 5 == 0 else "")})
+    return docs
+
+
+@pytest.fixture(scope="session")
+def docs() -> list[dict[str, object]]:
+    return make_docs(600)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small byte-level BPE trained locally, saved like a transformers directory."""
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<s>", "</s>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator((str(d["text"]) for d in make_docs(500, seed=1)), trainer)
+    out = tmp_path_factory.mktemp("tok")
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>"})
+    )
+    return out
