@@ -57,7 +57,7 @@ class ReturnsDicts(BaseOp):
 @pytest.mark.parametrize("runner", ["inline", "threads"])
 def test_returning_a_dict_is_a_type_error_naming_the_operator(runner):
     pipe = Pipeline(make_source()).add_op(ReturnsDicts()).options(runner=runner)
-    with pytest.raises(TypeError, match="Unsupported element type 'dict'.*'returns_dicts'"):
+    with pytest.raises(TypeError, match=r"Unsupported element type 'dict'.*'returns_dicts'"):
         list(pipe)
 
 
