@@ -1,0 +1,277 @@
+"""Token capture interfaces: sink, source, lineage resolver, ledger, their errors and installers.
+
+The serving path awaits :meth:`TokenSink.put` before it answers the model request; consumers read
+through :meth:`TokenSource.freeze` and retire exactly the snapshot they consumed. This module
+imports nothing heavy (no FastAPI, Ray, torch or aiohttp) so any transport can implement it.
+
+Optional extensions are separate protocols (``SupportsBeginCall`` ...) because a transport may
+lack them; check with ``isinstance(obj, SupportsBeginCall)`` (they are runtime-checkable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from zephon.capture.records import (
+    CaptureLedgerCommit,
+    ParentResolutionStatus,
+    RolloutRemoval,
+    TokenCaptureSnapshot,
+    TokenEntry,
+)
+
+__all__ = [
+    "CaptureAdmissionRefused",
+    "CaptureHistoryUnrepresentable",
+    "CaptureLedger",
+    "LineageMatch",
+    "LineageResolution",
+    "LineageResolver",
+    "RolloutRetiredError",
+    "SupportsBeginCall",
+    "SupportsCloseAdmissions",
+    "SupportsEngineRefusal",
+    "SupportsRefuseCall",
+    "TokenCaptureFrozenError",
+    "TokenCaptureRequestRefused",
+    "TokenCaptureRetiredError",
+    "TokenSink",
+    "TokenSource",
+    "install_lineage_store",
+    "install_token_sink",
+    "install_token_source",
+    "installed_lineage_store",
+    "installed_token_sink",
+    "installed_token_source",
+]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class CaptureAdmissionRefused(ValueError):
+    """The rollout's capture state cannot safely admit generation for this request.
+
+    Raised before any compute is spent, e.g. admissions were closed for the rollout. Refuse the
+    model request (a 4xx); retrying under the same rollout id will be refused again.
+    """
+
+
+TokenCaptureRequestRefused = CaptureAdmissionRefused
+"""Alias under the name the reference records for this error."""
+
+
+class CaptureHistoryUnrepresentable(ValueError):
+    """The request's history is something capture cannot record (e.g. rewritten model turns)."""
+
+
+class TokenCaptureFrozenError(RuntimeError):
+    """A write arrived after its rollout's capture was frozen.
+
+    The caller drops the late record and must NOT mark the rollout incomplete: completeness was
+    judged at freeze time from the durable intents, and a later mark would change a snapshot that
+    was already handed out, so its conditional retirement would fail.
+    """
+
+
+class TokenCaptureRetiredError(TokenCaptureFrozenError):
+    """A write arrived after its rollout was retired; handle exactly like the frozen error.
+
+    A retired rollout stays fenced until ``delete``. Typical writers are an abandoned attempt that
+    keeps running and a duplicate execution of a finished rollout.
+    """
+
+
+class RolloutRetiredError(LookupError):
+    """A read of a retired rollout (its records are gone; an empty answer would be a lie).
+
+    ``delete`` removes the fence, after which the id reads as unused again.
+    """
+
+
+# --------------------------------------------------------------------------- lineage values
+
+
+@dataclass(frozen=True, slots=True)
+class LineageMatch:
+    """A uniquely verified parent: its call id, exact cumulative tokens and their digest."""
+
+    model_call_id: str
+    cumulative_token_ids: tuple[int, ...]
+    digest: str
+    staging_chain: tuple[str, ...] = ()
+    prev_len: int = 0
+    chain_hash: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LineageResolution:
+    """One immutable request-time parent decision; RESOLVED if and only if ``match`` is set."""
+
+    status: ParentResolutionStatus
+    match: LineageMatch | None = None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.status is ParentResolutionStatus.RESOLVED) != (self.match is not None):
+            raise ValueError(
+                f"LineageResolution.match must be set exactly when status is RESOLVED "
+                f"(status={self.status.value}, match={'set' if self.match else 'None'})"
+            )
+
+
+# --------------------------------------------------------------------------- protocols
+
+
+@runtime_checkable
+class TokenSink(Protocol):
+    """Receives captured entries. ``put`` returns only once the entry is durable and visible.
+
+    Identical bytes for a known call id are a no-op; different bytes fail (and poison the
+    rollout). Any write after freeze raises :class:`TokenCaptureFrozenError`, after retire
+    :class:`TokenCaptureRetiredError`. ``mark_incomplete`` must work after freeze and move the
+    version; it is the durable signal that a call was lost.
+    """
+
+    async def put(self, entry: TokenEntry) -> None: ...
+
+    async def mark_incomplete(self, rollout_id: str, model_call_id: str = "") -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class SupportsBeginCall(Protocol):
+    """Durable pre-dispatch intent; an intent with no entry at freeze masks the rollout."""
+
+    async def begin_call(self, rollout_id: str, model_call_id: str) -> None: ...
+
+
+@runtime_checkable
+class SupportsEngineRefusal(Protocol):
+    """Records that the engine refused a call before generating; resolves its intent."""
+
+    async def record_engine_refusal(
+        self,
+        rollout_id: str,
+        *,
+        model_call_id: str,
+        code: str,
+        parent_call_id: str | None = None,
+        parent_resolution: ParentResolutionStatus | str | None = None,
+    ) -> None: ...
+
+
+@runtime_checkable
+class TokenSource(Protocol):
+    """Where a trajectory builder freezes, reads and retires a rollout's records."""
+
+    async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot: ...
+
+    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool: ...
+
+    async def retire(self, rollout_ids: str | Sequence[str]) -> RolloutRemoval: ...
+
+    async def delete(self, rollout_ids: str | Sequence[str]) -> RolloutRemoval: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class LineageResolver(Protocol):
+    """Read-only request-time parent resolution over committed entries; never guesses."""
+
+    async def resolve(
+        self, rollout_id: str, request_items: list[dict[str, Any]]
+    ) -> LineageResolution: ...
+
+    def is_process_shared(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class CaptureLedger(LineageResolver, Protocol):
+    """Token-free per-rollout metadata for calls whose token data is staged elsewhere.
+
+    After ``retire``, ``record``/``record_failure`` are discarded and ``manifest``/``has_rows``
+    raise :class:`RolloutRetiredError`; ``delete`` removes rows and fence.
+    """
+
+    async def record(self, commit: CaptureLedgerCommit) -> None: ...
+
+    async def record_failure(self, rollout_id: str, model_call_id: str, reason: str) -> None: ...
+
+    async def manifest(self, rollout_id: str) -> dict[str, Any]: ...
+
+    async def has_rows(self, rollout_id: str) -> bool: ...
+
+    async def retire(self, rollout_ids: str | Sequence[str]) -> RolloutRemoval: ...
+
+    async def delete(self, rollout_ids: str | Sequence[str]) -> RolloutRemoval: ...
+
+
+@runtime_checkable
+class SupportsCloseAdmissions(Protocol):
+    """Ledger admission cut: returns the manifest; later ``begin_call`` is refused."""
+
+    async def close_admissions(self, rollout_id: str) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class SupportsRefuseCall(Protocol):
+    """Settles an intent after the worker acknowledged refusing the call before generating."""
+
+    async def refuse_call(self, rollout_id: str, model_call_id: str) -> None: ...
+
+
+# --------------------------------------------------------------------------- installers
+
+_installed: dict[str, Any] = {"sink": None, "source": None, "lineage": None}
+
+
+def _check_members(obj: object, kind: str, members: Iterable[str]) -> None:
+    missing = [m for m in members if not callable(getattr(obj, m, None))]
+    if missing:
+        raise TypeError(
+            f"cannot install {type(obj).__name__} as the {kind}: missing callable "
+            f"{', '.join(missing)}"
+        )
+
+
+def install_token_sink(sink: TokenSink | None) -> None:
+    """Set (or clear with None) the process-wide default sink."""
+    if sink is not None:
+        _check_members(sink, "token sink", ("put", "mark_incomplete", "close"))
+    _installed["sink"] = sink
+
+
+def installed_token_sink() -> TokenSink | None:
+    sink: TokenSink | None = _installed["sink"]
+    return sink
+
+
+def install_token_source(source: TokenSource | None) -> None:
+    """Set (or clear) the caller-owned source of this process; zephon never closes it."""
+    if source is not None:
+        _check_members(source, "token source", ("freeze", "drop", "close"))
+    _installed["source"] = source
+
+
+def installed_token_source() -> TokenSource | None:
+    source: TokenSource | None = _installed["source"]
+    return source
+
+
+def install_lineage_store(store: LineageResolver | None) -> None:
+    """Set (or clear) the process-wide request-time lineage store."""
+    if store is not None:
+        _check_members(store, "lineage store", ("resolve", "close"))
+    _installed["lineage"] = store
+
+
+def installed_lineage_store() -> LineageResolver | None:
+    store: LineageResolver | None = _installed["lineage"]
+    return store

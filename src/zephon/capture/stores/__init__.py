@@ -1,0 +1,43 @@
+"""Capture stores opened by URL: ``open_store("memory://name" | "file:///dir" | ...)``.
+
+Each store implements sink, source, lineage resolver and ledger over one shared backend; two
+stores opened with the same URL are two clients of that backend. Implementations are imported
+lazily so that ``memory://`` never pulls in psycopg.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["STORE_SCHEMES", "open_store", "store_class"]
+
+STORE_SCHEMES: dict[str, str] = {
+    "memory": "zephon.capture.stores._memory:MemoryStore",
+    "file": "zephon.capture.stores._file:FileStore",
+    "sqlite": "zephon.capture.stores._sqlite:SqliteStore",
+    "postgresql": "zephon.capture.stores._postgres:PostgresStore",
+    "postgres": "zephon.capture.stores._postgres:PostgresStore",
+}
+"""URL scheme -> ``"module:Class"``; every class has a ``from_url(url: str)`` classmethod."""
+
+
+def store_class(url: str) -> Any:
+    """The store class for ``url``'s scheme (imported on first use)."""
+    scheme = urlsplit(url).scheme.lower()
+    target = STORE_SCHEMES.get(scheme)
+    if target is None:
+        known = ", ".join(f"{s}://" for s in STORE_SCHEMES)
+        raise ValueError(
+            f"unknown capture store URL {url!r}: scheme {scheme + '://' if scheme else '(none)'}"
+            f" is not one of {known}"
+        )
+    module_name, _, class_name = target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, class_name)
+
+
+def open_store(url: str) -> Any:
+    """Open a new client of the store at ``url`` (``memory://name``, ``file:///dir``, ...)."""
+    return store_class(url).from_url(url)
