@@ -98,6 +98,9 @@ class StageCore:
         for mb in batches:
             if not mb:
                 continue
+            if not any(e.meta.tags for e in mb):  # fast path: plain records only
+                out.append(self._task(mb))
+                continue
             work = [e for e in mb if not is_control(e)]
             if len(work) == len(mb):
                 out.append(self._task(mb))
@@ -112,7 +115,7 @@ class StageCore:
         i = 0
         while i < n:
             item = items[i]
-            if not is_control(item):
+            if not item.meta.tags or not is_control(item):
                 i += 1
                 continue
             if run_start < i:

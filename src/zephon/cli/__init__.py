@@ -1,0 +1,37 @@
+"""The ``zephon`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommand modules; each exposes ``register(subparsers)`` that sets ``func`` on its parser.
+_COMMANDS = ("zephon.cli._demo",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="zephon", description="Exactly reproducible LLM training data and RL token capture"
+    )
+    from zephon import __version__
+
+    parser.add_argument("--version", action="version", version=f"zephon {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMANDS:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    return int(func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
