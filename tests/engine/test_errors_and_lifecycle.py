@@ -177,3 +177,29 @@ def test_explain_returns_plan_as_data_and_text():
     assert data["lanes"] == [2, 3]
     text = str(plan)
     assert "tokenize" in text and "stalls sentinels" in text
+
+
+class FlushesEveryLaneAccumulator(CountingAccumulator):
+    def flush(self, *, reset=False, lane_id=None):
+        return super().flush(reset=reset, lane_id=None)  # ignores lane_id: flushes all lanes
+
+
+class EveryLaneOp(LeakyOp):
+    name = "every_lane"
+
+    def accumulator(self, *, deterministic, ctx):
+        return FlushesEveryLaneAccumulator(7)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+def test_accumulator_that_flushes_other_lanes_at_a_sentinel_is_refused(runner):
+    pipe = (
+        Pipeline(make_source(400, chunk=100))  # lanes interleave mid-chunk
+        .add_op(EveryLaneOp())
+        .options(runner=runner, flush_every_k_chunks=1, canonical_replicas=2)
+    )
+    with pytest.raises(
+        ContractError, match="emitted a lane 1 element at a flush sentinel of lane 0"
+    ):
+        list(pipe)

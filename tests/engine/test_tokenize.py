@@ -15,9 +15,7 @@ TEXTS = ["héllo world", "data lanes and chunks", "x", "seed " * 40]
 
 def tokenize_all(tokenizer, **kwargs) -> list[np.ndarray]:
     rows = [{"text": t} for t in TEXTS]
-    pipe = Pipeline(RangeSource([Dataset.from_records("t", rows)], 2)).tokenize(
-        tokenizer, **kwargs
-    )
+    pipe = Pipeline(RangeSource([Dataset.from_records("t", rows)], 2)).tokenize(tokenizer, **kwargs)
     return [r.payload["input_ids"] for r in pipe.options(runner="inline")]
 
 
@@ -51,8 +49,13 @@ def test_hf_tokenizer_in_every_accepted_form(hf_tokenizer_dir: Path):
         bos_token_id = tok.token_to_id("<s>")
         eos_token_id = tok.token_to_id("</s>")
 
-    for spec in (hf_tokenizer_dir, hf_tokenizer_dir / "tokenizer.json", str(hf_tokenizer_dir), tok,
-                 TransformersLike()):
+    for spec in (
+        hf_tokenizer_dir,
+        hf_tokenizer_dir / "tokenizer.json",
+        str(hf_tokenizer_dir),
+        tok,
+        TransformersLike(),
+    ):
         got = [x.tolist() for x in tokenize_all(spec)]
         assert got == want, spec
 
@@ -75,7 +78,7 @@ def test_bad_tokenizer_path_fails_when_building_the_pipeline(tmp_path: Path):
         )
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ConfigError, match="has no tokenizer.json"):
+    with pytest.raises(ConfigError, match=r"has no tokenizer\.json"):
         Pipeline(RangeSource([Dataset.from_records("t", [{"text": "a"}])], 1)).tokenize(empty)
 
 

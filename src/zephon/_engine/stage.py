@@ -155,7 +155,16 @@ class StageCore:
             out.append(self._task([], passthrough))
 
     def _flush_lane(self, lane: int, out: list[Task]) -> None:
-        self._tasks_for(self.acc.flush(reset=True, lane_id=lane), out)
+        flushed = self.acc.flush(reset=True, lane_id=lane)
+        for mb in flushed:
+            for elem in mb:
+                if elem.meta.lane_id != lane:
+                    raise ContractError(
+                        f"accumulator of operator {self.op.name!r} emitted a lane "
+                        f"{elem.meta.lane_id} element at a flush sentinel of lane {lane}; a "
+                        "sentinel flush must emit and reset that lane only"
+                    )
+        self._tasks_for(flushed, out)
         if self.acc.has_pending_data(lane):
             raise ContractError(
                 f"accumulator of operator {self.op.name!r} still has pending data for lane "
