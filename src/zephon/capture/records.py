@@ -369,7 +369,7 @@ class EngineRefusalRecord(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValueError(
                     f"parent_resolution: {status!r} is not one of root, resolved, unresolved"
                 ) from None
-            object.__setattr__(self, "parent_resolution", status)
+            msgspec.structs.force_setattr(self, "parent_resolution", status)
         if status is ParentResolutionStatus.RESOLVED:
             _require(bool(self.parent_call_id), "parent_call_id", "is required when RESOLVED")
         elif status is not None:
@@ -485,7 +485,7 @@ class RolloutManifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     failures: tuple[ManifestFailure, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = msgspec.to_builtins(self)
+        out: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(self))
         return out
 
     @classmethod
@@ -528,5 +528,5 @@ class RolloutRemoval(msgspec.Struct, frozen=True, kw_only=True):
     changed: tuple[str, ...] = ()
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = msgspec.to_builtins(self)
+        out: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(self))
         return out
