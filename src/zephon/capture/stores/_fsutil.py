@@ -18,15 +18,12 @@ import contextlib
 import errno
 import fcntl
 import os
-import re
 import zlib
 from dataclasses import dataclass
 
-from zephon.errors import ConfigError, DataFormatError
+from zephon.errors import DataFormatError
 
 __all__ = [
-    "MAX_ROLLOUT_ID_LEN",
-    "InvalidRolloutIdError",
     "LogCorruptionError",
     "Record",
     "Scan",
@@ -39,39 +36,12 @@ __all__ = [
     "replace_durable",
     "scan",
     "unlink_durable",
-    "validate_rollout_id",
+    "unlock_fd",
 ]
-
-MAX_ROLLOUT_ID_LEN = 200
-_SAFE_ID = re.compile(r"[A-Za-z0-9._-]+")
-
-
-class InvalidRolloutIdError(ConfigError):
-    """A rollout id cannot name a file safely."""
 
 
 class LogCorruptionError(DataFormatError):
     """A capture log is damaged before its last line (names the file and line)."""
-
-
-def validate_rollout_id(rollout_id: str) -> str:
-    """Accept only ids that are safe file names: ASCII letters, digits, ``.``, ``_``, ``-``."""
-    if not isinstance(rollout_id, str) or not rollout_id:
-        raise InvalidRolloutIdError(
-            f"rollout id must be a non-empty string, got {rollout_id!r}; use letters, digits, "
-            "'.', '_' or '-'"
-        )
-    if (
-        len(rollout_id) > MAX_ROLLOUT_ID_LEN
-        or not _SAFE_ID.fullmatch(rollout_id)
-        or rollout_id in (".", "..")
-    ):
-        raise InvalidRolloutIdError(
-            f"rollout id {rollout_id!r} is not allowed by the file store: use 1-"
-            f"{MAX_ROLLOUT_ID_LEN} ASCII letters, digits, '.', '_' or '-' (not '.' or '..'), "
-            "for example by hashing or percent-free encoding the original key"
-        )
-    return rollout_id
 
 
 def frame(tag: bytes, body: bytes) -> bytes:
@@ -182,6 +152,10 @@ def fsync_dir(path: str) -> None:
 
 def lock_fd(fd: int, exclusive: bool) -> None:
     fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+
+
+def unlock_fd(fd: int) -> None:
+    fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def open_locked(path: str, *, create: bool, exclusive: bool) -> int | None:

@@ -1,0 +1,245 @@
+"""The async store surface shared by the file, sqlite and postgres stores.
+
+A durable store only supplies three blocking primitives, each atomic for one rollout (under a
+file lock or inside one transaction):
+
+* :meth:`DurableStore._transact` - load the rollout's state, let the pure state machine of
+  :mod:`._state` decide, persist the decided events durably, apply them, and return
+  ``then(state)`` (or raise the decision's error only AFTER persisting, so a conflict's
+  poisoning sticks even though the call fails);
+* :meth:`DurableStore._freeze` - the same for ``freeze`` plus reading the snapshot's payloads;
+* :meth:`DurableStore._lineage_entries` - the committed entries, for parent resolution.
+
+Everything else (argument checks, batches of capture keys, the async wrapping) lives here
+once. Blocking work runs in a dedicated thread pool (``offload="thread"``, the default: the
+event loop of a serving process keeps answering while a put waits for fsync) or directly on
+the loop (``offload="inline"``: lowest latency for a single caller, see docs/capture-stores.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import threading
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal, TypeVar
+
+from zephon.capture.protocols import LineageResolution
+from zephon.capture.records import (
+    CaptureLedgerCommit,
+    EngineRefusalRecord,
+    ParentResolutionStatus,
+    RolloutManifest,
+    RolloutRemoval,
+    TokenCaptureSnapshot,
+    TokenEntry,
+    validate_capture_keys,
+    validate_rollout_id,
+)
+from zephon.capture.stores._resolve import has_model_authored_item, resolve_among
+from zephon.capture.stores._state import RolloutState, Transition
+
+__all__ = ["Decide", "DurableStore", "Offload", "parse_offload"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+Offload = Literal["thread", "inline"]
+Decide = Callable[[RolloutState], Transition[Any]]
+
+_EXECUTOR: ThreadPoolExecutor | None = None
+_EXECUTOR_PID = 0
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    """One pool per process for all stores (recreated after fork), separate from the default."""
+    global _EXECUTOR, _EXECUTOR_PID
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None or os.getpid() != _EXECUTOR_PID:
+            _EXECUTOR = ThreadPoolExecutor(
+                max_workers=int(os.environ.get("ZEPHON_CAPTURE_IO_THREADS", "16")),
+                thread_name_prefix="zephon-capture-io",
+            )
+            _EXECUTOR_PID = os.getpid()
+        return _EXECUTOR
+
+
+def parse_offload(value: str | None, url: str) -> Offload:
+    if value in (None, "", "thread"):
+        return "thread"
+    if value == "inline":
+        return "inline"
+    raise ValueError(f"capture store URL {url!r}: offload must be 'thread' or 'inline'")
+
+
+def _keep(state: RolloutState, t: Transition[Any]) -> Any:
+    return t.result
+
+
+class DurableStore:
+    """Sink, source, ledger and lineage view over three blocking primitives (see module doc)."""
+
+    kind = "durable"
+
+    def __init__(self, *, offload: Offload = "thread") -> None:
+        self._offload: Offload = offload
+        self._closed = False
+
+    # -- primitives implemented by each store -----------------------------------------------
+
+    def _transact(
+        self,
+        rollout_id: str,
+        decide: Decide,
+        then: Callable[[RolloutState, Transition[Any]], Any] = _keep,
+        *,
+        write: bool = True,
+    ) -> Any:
+        raise NotImplementedError
+
+    def _freeze(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
+        raise NotImplementedError
+
+    def _lineage_entries(self, rollout_id: str) -> list[TokenEntry]:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        """Release connections or handles (called once)."""
+
+    def describe(self) -> str:
+        return self.kind
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., R], *args: Any) -> R:
+        if self._closed:
+            raise RuntimeError(f"{self.describe()} capture store client is closed")
+        if self._offload == "inline":
+            return fn(*args)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_executor(), functools.partial(fn, *args))
+
+    async def _decide(
+        self,
+        rollout_id: str,
+        decide: Decide,
+        then: Callable[[RolloutState, Transition[Any]], Any] = _keep,
+        *,
+        write: bool = True,
+    ) -> Any:
+        validate_rollout_id(rollout_id)
+        return await self._run(
+            functools.partial(self._transact, rollout_id, decide, then, write=write)
+        )
+
+    # -- sink -------------------------------------------------------------------------------
+
+    async def put(self, entry: TokenEntry) -> None:
+        validate_rollout_id(entry.rollout_id)
+        canonical = entry.canonical_bytes()
+        call_id = entry.model_call_id
+        await self._decide(entry.rollout_id, lambda s: s.put(call_id, canonical))
+
+    async def mark_incomplete(self, rollout_id: str, model_call_id: str = "") -> None:
+        await self._decide(rollout_id, lambda s: s.mark_incomplete(model_call_id))
+
+    async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
+        if not model_call_id:
+            raise ValueError("begin_call needs a non-empty model_call_id")
+        await self._decide(rollout_id, lambda s: s.begin_call(model_call_id))
+
+    async def record_engine_refusal(
+        self,
+        rollout_id: str,
+        *,
+        model_call_id: str,
+        code: str,
+        parent_call_id: str | None = None,
+        parent_resolution: ParentResolutionStatus | str | None = None,
+    ) -> None:
+        record = EngineRefusalRecord(
+            model_call_id=model_call_id,
+            code=code,
+            parent_call_id=parent_call_id,
+            parent_resolution=ParentResolutionStatus(parent_resolution)
+            if parent_resolution is not None
+            else None,
+        )
+        await self._decide(rollout_id, lambda s: s.record_engine_refusal(record))
+
+    # -- source -----------------------------------------------------------------------------
+
+    async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
+        validate_rollout_id(rollout_id)
+        return await self._run(self._freeze, rollout_id, uuid.uuid4().hex)
+
+    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
+        result: bool = await self._decide(rollout_id, lambda s: s.drop(snapshot_id, version))
+        return result
+
+    async def _remove(
+        self, rollout_ids: str | Sequence[str], action: Literal["retire", "delete"]
+    ) -> RolloutRemoval:
+        keys = validate_capture_keys(rollout_ids)
+        changed = []
+        for key in keys:
+            if await self._decide(key, lambda s: s.retire() if action == "retire" else s.delete()):
+                changed.append(key)
+        return RolloutRemoval(action=action, capture_keys=tuple(keys), changed=tuple(changed))
+
+    async def retire(self, rollout_ids: str | Sequence[str]) -> RolloutRemoval:
+        return await self._remove(rollout_ids, "retire")
+
+    async def delete(self, rollout_ids: str | Sequence[str]) -> RolloutRemoval:
+        return await self._remove(rollout_ids, "delete")
+
+    # -- ledger -----------------------------------------------------------------------------
+
+    async def record(self, commit: CaptureLedgerCommit) -> None:
+        await self._decide(commit.rollout_id, lambda s: s.ledger_record(commit))
+
+    async def record_failure(self, rollout_id: str, model_call_id: str, reason: str) -> None:
+        await self._decide(rollout_id, lambda s: s.ledger_record_failure(model_call_id, reason))
+
+    async def manifest(self, rollout_id: str) -> dict[str, Any]:
+        manifest: RolloutManifest = await self._decide(
+            rollout_id, lambda s: s.read_manifest(), write=False
+        )
+        return manifest.to_wire()
+
+    async def has_rows(self, rollout_id: str) -> bool:
+        result: bool = await self._decide(rollout_id, lambda s: s.read_has_rows(), write=False)
+        return result
+
+    async def close_admissions(self, rollout_id: str) -> dict[str, Any]:
+        wire: dict[str, Any] = await self._decide(
+            rollout_id, lambda s: s.close_admissions(), lambda s, _t: s.manifest().to_wire()
+        )
+        return wire
+
+    async def refuse_call(self, rollout_id: str, model_call_id: str) -> None:
+        await self._decide(rollout_id, lambda s: s.refuse_call(model_call_id))
+
+    # -- lineage ----------------------------------------------------------------------------
+
+    async def resolve(
+        self, rollout_id: str, request_items: list[dict[str, Any]]
+    ) -> LineageResolution:
+        validate_rollout_id(rollout_id)
+        if not has_model_authored_item(request_items):
+            if self._closed:
+                raise RuntimeError(f"{self.describe()} capture store client is closed")
+            return resolve_among(request_items, ())
+        entries = await self._run(self._lineage_entries, rollout_id)
+        return resolve_among(request_items, entries)
+
+    def is_process_shared(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close()
