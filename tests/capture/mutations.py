@@ -1,0 +1,343 @@
+"""Reusable mutation harness: break one contract clause of ANY store, expect one check to fail.
+
+Each mutation wraps a store client (black box, so it works for memory, file, sqlite and postgres
+alike) and breaks exactly one clause. Usage from another test module::
+
+    from tests.capture.mutations import assert_mutation_caught, mutation  # noqa: F401 (fixture)
+
+    def test_my_store_mutations(mutation, tmp_path):
+        assert_mutation_caught(lambda: MyStore.from_url(f"file://{tmp_path}"), mutation)
+
+The ``mutation`` fixture is parametrised over :data:`MUTATIONS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import pytest
+
+from zephon.capture.conformance import ConformanceReport, run_conformance
+from zephon.capture.protocols import (
+    RolloutRetiredError,
+    TokenCaptureFrozenError,
+    TokenCaptureRetiredError,
+)
+from zephon.capture.records import (
+    RolloutManifest,
+    RolloutRemoval,
+    TokenEntry,
+    validate_capture_keys,
+)
+
+
+class Wrapper:
+    """Forwards everything to the wrapped client; subclasses override one method."""
+
+    def __init__(self, inner: Any, shared: dict[str, Any]) -> None:
+        self._inner = inner
+        self._shared = shared
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class ReputConflictAccepted(Wrapper):
+    """A different payload for a known call id is silently accepted (never reaches the store)."""
+
+    async def put(self, entry: TokenEntry) -> None:
+        key = (entry.rollout_id, entry.model_call_id)
+        seen = self._shared.setdefault("seen", {})
+        if key in seen and seen[key] != entry.canonical_bytes():
+            return
+        seen[key] = entry.canonical_bytes()
+        await self._inner.put(entry)
+
+
+class WriteAfterFreezeAccepted(Wrapper):
+    async def put(self, entry: TokenEntry) -> None:
+        try:
+            await self._inner.put(entry)
+        except TokenCaptureRetiredError:
+            raise
+        except TokenCaptureFrozenError:
+            return
+
+
+class RetireNotFencing(Wrapper):
+    async def retire(self, rollout_ids: Any) -> RolloutRemoval:
+        keys = tuple(validate_capture_keys(rollout_ids))
+        return RolloutRemoval(action="retire", capture_keys=keys, changed=keys)
+
+
+class DeleteKeepsFence(Wrapper):
+    async def delete(self, rollout_ids: Any) -> RolloutRemoval:
+        keys = tuple(validate_capture_keys(rollout_ids))
+        return RolloutRemoval(action="delete", capture_keys=keys, changed=keys)
+
+
+class DanglingIntentIgnored(Wrapper):
+    async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
+        return None
+
+
+class VersionPinned(Wrapper):
+    """mark_incomplete (or anything) after the first freeze does not move the reported version."""
+
+    async def freeze(self, rollout_id: str) -> Any:
+        snap = await self._inner.freeze(rollout_id)
+        first = self._shared.setdefault("versions", {}).setdefault(rollout_id, snap.version)
+        return msgspec.structs.replace(snap, version=first)
+
+
+class DropIgnoresVersion(Wrapper):
+    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
+        await self._inner.retire([rollout_id])
+        return True
+
+
+class RefusalAfterFreezeMovesSnapshot(Wrapper):
+    async def record_engine_refusal(self, rollout_id: str, **kw: Any) -> None:
+        try:
+            await self._inner.record_engine_refusal(rollout_id, **kw)
+        except TokenCaptureRetiredError:
+            raise
+        except TokenCaptureFrozenError:
+            await self._inner.mark_incomplete(rollout_id, kw["model_call_id"])
+
+
+class PutInvisible(Wrapper):
+    """put 'succeeds' without reaching the shared backend (a client-local buffer)."""
+
+    async def put(self, entry: TokenEntry) -> None:
+        self._shared.setdefault("buffer", []).append(entry)
+
+
+class RetiredErrorUntyped(Wrapper):
+    async def put(self, entry: TokenEntry) -> None:
+        try:
+            await self._inner.put(entry)
+        except TokenCaptureRetiredError as exc:
+            raise RuntimeError(str(exc)) from None
+
+
+class RefusalNotSettling(Wrapper):
+    async def record_engine_refusal(self, rollout_id: str, **kw: Any) -> None:
+        return None
+
+
+class AdmissionsNeverClose(Wrapper):
+    async def close_admissions(self, rollout_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self._inner.manifest(rollout_id)
+        return result
+
+
+class RefuseCallIgnored(Wrapper):
+    async def refuse_call(self, rollout_id: str, model_call_id: str) -> None:
+        return None
+
+
+class RetiredManifestEmpty(Wrapper):
+    async def manifest(self, rollout_id: str) -> dict[str, Any]:
+        try:
+            result: dict[str, Any] = await self._inner.manifest(rollout_id)
+        except RolloutRetiredError:
+            return RolloutManifest(rollout_id=rollout_id).to_wire()
+        return result
+
+
+class UnstableSnapshotId(Wrapper):
+    async def freeze(self, rollout_id: str) -> Any:
+        snap = await self._inner.freeze(rollout_id)
+        n = self._shared["n"] = self._shared.get("n", 0) + 1
+        return msgspec.structs.replace(snap, snapshot_id=f"{snap.snapshot_id}-{n}")
+
+
+class DuplicatedEntries(Wrapper):
+    async def freeze(self, rollout_id: str) -> Any:
+        snap = await self._inner.freeze(rollout_id)
+        return msgspec.structs.replace(snap, entries=snap.entries + snap.entries)
+
+
+class LedgerConflictAccepted(Wrapper):
+    async def record(self, commit: Any) -> None:
+        key = (commit.rollout_id, commit.record.model_call_id)
+        seen = self._shared.setdefault("ledger", {})
+        if key in seen and seen[key] != commit:
+            return
+        seen[key] = commit
+        await self._inner.record(commit)
+
+
+class StaleDropDestroysEvidence(Wrapper):
+    async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
+        ok: bool = await self._inner.drop(rollout_id, snapshot_id=snapshot_id, version=version)
+        if not ok:
+            await self._inner.retire([rollout_id])
+        return ok
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    clause: str
+    expected_check: str
+    wrapper: type[Wrapper]
+
+
+MUTATIONS: dict[str, Mutation] = {
+    m.name: m
+    for m in [
+        Mutation(
+            "reput_conflict_accepted",
+            "different payload for a call id fails and poisons",
+            "conflicting_reput",
+            ReputConflictAccepted,
+        ),
+        Mutation(
+            "write_after_freeze_accepted",
+            "write after freeze raises TokenCaptureFrozenError",
+            "post_freeze_write_safety",
+            WriteAfterFreezeAccepted,
+        ),
+        Mutation(
+            "retire_not_fencing",
+            "retire keeps a fence",
+            "unconditional_retirement",
+            RetireNotFencing,
+        ),
+        Mutation(
+            "delete_keeps_fence",
+            "delete removes records and fence",
+            "delete_clears_retirement",
+            DeleteKeepsFence,
+        ),
+        Mutation(
+            "dangling_intent_ignored",
+            "a dangling intent masks the rollout",
+            "begin_call_custody",
+            DanglingIntentIgnored,
+        ),
+        Mutation(
+            "mark_incomplete_version_pinned",
+            "mark_incomplete moves the version",
+            "mark_incomplete_durability",
+            VersionPinned,
+        ),
+        Mutation(
+            "drop_ignores_version",
+            "drop is conditional on (snapshot_id, version)",
+            "conditional_retirement",
+            DropIgnoresVersion,
+        ),
+        Mutation(
+            "refusal_after_freeze_moves_snapshot",
+            "a late refusal raises or changes nothing",
+            "engine_refusal_after_freeze",
+            RefusalAfterFreezeMovesSnapshot,
+        ),
+        Mutation(
+            "put_invisible_to_fresh_client",
+            "put is visible to every client on return",
+            "put_then_freeze_visibility",
+            PutInvisible,
+        ),
+        Mutation(
+            "retired_error_untyped",
+            "write after retire raises TokenCaptureRetiredError",
+            "conditional_retirement",
+            RetiredErrorUntyped,
+        ),
+        Mutation(
+            "refusal_not_settling_intent",
+            "an engine refusal settles its intent and is reported",
+            "engine_refusal_resolution",
+            RefusalNotSettling,
+        ),
+        Mutation(
+            "admissions_never_close",
+            "close_admissions refuses later begin_call",
+            "ledger_admission_cut",
+            AdmissionsNeverClose,
+        ),
+        Mutation(
+            "refuse_call_ignored",
+            "refuse_call settles the intent",
+            "refuse_call_resolution",
+            RefuseCallIgnored,
+        ),
+        Mutation(
+            "retired_manifest_empty",
+            "manifest of a retired rollout raises RolloutRetiredError",
+            "ledger_retirement",
+            RetiredManifestEmpty,
+        ),
+        Mutation(
+            "unstable_snapshot_id", "freeze is idempotent", "freeze_idempotency", UnstableSnapshotId
+        ),
+        Mutation(
+            "duplicated_entries",
+            "entries are unique per call id",
+            "idempotent_reput",
+            DuplicatedEntries,
+        ),
+        Mutation(
+            "ledger_conflict_accepted",
+            "a conflicting ledger record fails",
+            "ledger_record_visibility",
+            LedgerConflictAccepted,
+        ),
+        Mutation(
+            "stale_drop_destroys_evidence",
+            "a failed drop keeps the evidence",
+            "conditional_retirement",
+            StaleDropDestroysEvidence,
+        ),
+    ]
+}
+
+
+def mutated_factory(factory: Callable[[], Any], mutation: Mutation) -> Callable[[], Any]:
+    """A factory of wrapped clients sharing one mutation state (like clients share a backend)."""
+    shared: dict[str, Any] = {}
+
+    async def make() -> Any:
+        client = factory()
+        if inspect.isawaitable(client):
+            client = await client
+        return mutation.wrapper(client, shared)
+
+    return make
+
+
+async def run_mutation(
+    factory: Callable[[], Any], mutation: Mutation, *, all_checks: bool = False
+) -> ConformanceReport:
+    f = mutated_factory(factory, mutation)
+    checks = None if all_checks else [mutation.expected_check]
+    return await run_conformance(f, f, f, f, checks=checks, raise_on_failure=False)
+
+
+def assert_mutation_caught(
+    factory: Callable[[], Any], mutation: Mutation, *, all_checks: bool = False
+) -> ConformanceReport:
+    """Run the suite on the mutated store; the expected check must fail."""
+    report = asyncio.run(run_mutation(factory, mutation, all_checks=all_checks))
+    failed = [r.name for r in report.failed]
+    assert mutation.expected_check in failed, (
+        f"mutation {mutation.name!r} ({mutation.clause}) was not caught by "
+        f"{mutation.expected_check!r}; failed checks: {failed}"
+    )
+    return report
+
+
+@pytest.fixture(params=sorted(MUTATIONS))
+def mutation(request: pytest.FixtureRequest) -> Mutation:
+    """Parametrised over every mutation; combine with any store factory."""
+    result: Mutation = MUTATIONS[request.param]
+    return result
