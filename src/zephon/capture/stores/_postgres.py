@@ -1,0 +1,102 @@
+"""PostgreSQL capture store (``postgresql://user@host:port/db[?schema=NAME]``), psycopg 3.
+
+The distributed deployment: any number of machines share one database. Each operation is one
+transaction that locks the rollout's row (``SELECT ... FOR UPDATE``; the row is created with
+``INSERT ... ON CONFLICT DO NOTHING`` first when missing), so the state machine's decision is a
+compare-and-set on that row; the primary key on ``(rollout_id, call_id)`` backs it up for the
+entries. A commit returns after the server has flushed its WAL (``synchronous_commit`` on, the
+server default), which is when ``put`` returns.
+
+URL options (removed before connecting): ``schema`` puts the tables in that schema (created if
+missing), ``offload`` is ``thread`` (default) or ``inline``. Everything else is passed to libpq.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from zephon.capture.stores._durable import Offload, parse_offload
+from zephon.capture.stores._sql import Cursor, SqlStore, iter_statements
+from zephon.capture.stores._state import RolloutState
+
+__all__ = ["PostgresStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS capture_rollouts (
+    rollout_id TEXT PRIMARY KEY,
+    state BYTEA NOT NULL
+);
+CREATE TABLE IF NOT EXISTS capture_entries (
+    rollout_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    payload BYTEA NOT NULL,
+    PRIMARY KEY (rollout_id, call_id)
+);
+ALTER TABLE capture_entries ALTER COLUMN payload SET STORAGE EXTERNAL
+"""
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class PostgresStore(SqlStore):
+    """A client (one connection) of a capture database."""
+
+    kind = "postgres"
+    P = "%s"
+
+    def __init__(self, dsn: str, *, schema: str | None = None, offload: Offload = "thread") -> None:
+        super().__init__(offload=offload)
+        import psycopg
+
+        self.schema = schema
+        self._dsn_for_errors = urlsplit(dsn)._replace(netloc=urlsplit(dsn).hostname or "").geturl()
+        options: dict[str, Any] = {}
+        if schema:
+            options["options"] = f"-c search_path={schema}"
+        self._conn = psycopg.connect(dsn, autocommit=True, **options)
+        with self._conn.transaction(), self._conn.cursor() as cur:
+            # Serialise schema creation between clients starting at the same time.
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (zlib.crc32(b"zephon-capture"),))
+            if schema:
+                cur.execute(f"CREATE SCHEMA IF NOT EXISTS {_quote_ident(schema)}")
+            for stmt in iter_statements(_SCHEMA):
+                cur.execute(stmt)
+
+    @classmethod
+    def from_url(cls, url: str) -> PostgresStore:
+        parts = urlsplit(url)
+        if parts.scheme not in ("postgresql", "postgres"):
+            raise ValueError(f"postgres capture store URL {url!r} must start with postgresql://")
+        params = parse_qsl(parts.query, keep_blank_values=True)
+        mine = {k: v for k, v in params if k in ("schema", "offload")}
+        rest = [(k, v) for k, v in params if k not in ("schema", "offload")]
+        dsn = urlunsplit(parts._replace(query=urlencode(rest)))
+        return cls(
+            dsn, schema=mine.get("schema") or None, offload=parse_offload(mine.get("offload"), url)
+        )
+
+    def describe(self) -> str:
+        where = f" schema {self.schema}" if self.schema else ""
+        return f"postgres store {self._dsn_for_errors}{where}"
+
+    @contextmanager
+    def _txn(self, write: bool) -> Iterator[Cursor]:
+        with self._conn.transaction(), self._conn.cursor() as cur:
+            yield cur
+
+    def _lock_row(self, cur: Cursor, rollout_id: str) -> None:
+        cur.execute(
+            "INSERT INTO capture_rollouts (rollout_id, state) VALUES (%s, %s) "
+            "ON CONFLICT (rollout_id) DO NOTHING",
+            (rollout_id, RolloutState.empty(rollout_id).to_json()),
+        )
+
+    def _close(self) -> None:
+        with self._lock:
+            self._conn.close()

@@ -1,0 +1,100 @@
+"""SQLite capture store (``sqlite:///path/to/capture.db``): one file, many local processes.
+
+WAL journal with ``synchronous=FULL`` (a commit is fsynced before it returns), one
+``BEGIN IMMEDIATE`` transaction per write (SQLite's single writer lock orders all writers of
+the database; readers never block), and the two tables of :mod:`._sql`. Safe across processes
+on one machine; do not put the file on a network file system (SQLite's locks are not reliable
+there).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from zephon.capture.stores._durable import Offload, parse_offload
+from zephon.capture.stores._sql import Cursor, SqlStore, iter_statements
+from zephon.capture.stores._state import RolloutState
+
+__all__ = ["SqliteStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS capture_rollouts (
+    rollout_id TEXT PRIMARY KEY,
+    state BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS capture_entries (
+    rollout_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    payload BLOB NOT NULL,
+    PRIMARY KEY (rollout_id, call_id)
+)
+"""
+
+
+class SqliteStore(SqlStore):
+    """A client (one connection) of a capture database file."""
+
+    kind = "sqlite"
+
+    def __init__(self, path: str, *, offload: Offload = "thread", timeout: float = 60.0) -> None:
+        super().__init__(offload=offload)
+        self.path = os.path.abspath(path)
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self._conn = sqlite3.connect(
+            self.path, timeout=timeout, isolation_level=None, check_same_thread=False
+        )
+        self._conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+        mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise RuntimeError(f"sqlite capture store {self.path}: cannot enable WAL (got {mode})")
+        self._conn.execute("PRAGMA synchronous = FULL")
+        with self._txn(True) as cur:
+            for stmt in iter_statements(_SCHEMA):
+                cur.execute(stmt)
+
+    @classmethod
+    def from_url(cls, url: str) -> SqliteStore:
+        """``sqlite:///abs/path.db`` (also ``sqlite:////abs/path.db``; ``?offload=inline``)."""
+        parts = urlsplit(url)
+        if parts.scheme != "sqlite" or parts.netloc not in ("", "localhost") or not parts.path:
+            raise ValueError(f"sqlite capture store URL {url!r} must look like sqlite:///path.db")
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        unknown = set(query) - {"offload"}
+        if unknown:
+            raise ValueError(
+                f"sqlite capture store URL {url!r}: unknown option(s) {sorted(unknown)}"
+            )
+        path = "/" + unquote(parts.path).lstrip("/")
+        return cls(path, offload=parse_offload(query.get("offload"), url))
+
+    def describe(self) -> str:
+        return f"sqlite store {self.path}"
+
+    @contextmanager
+    def _txn(self, write: bool) -> Iterator[Cursor]:
+        cur = self._conn.cursor()
+        cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        try:
+            yield cur
+        except BaseException:
+            self._conn.rollback()
+            raise
+        else:
+            cur.execute("COMMIT")
+        finally:
+            cur.close()
+
+    def _lock_row(self, cur: Cursor, rollout_id: str) -> None:
+        # BEGIN IMMEDIATE already holds the database's write lock; just make the row exist.
+        cur.execute(
+            "INSERT OR IGNORE INTO capture_rollouts (rollout_id, state) VALUES (?, ?)",
+            (rollout_id, RolloutState.empty(rollout_id).to_json()),
+        )
+
+    def _close(self) -> None:
+        with self._lock:
+            self._conn.close()
