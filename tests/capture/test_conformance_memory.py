@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pathlib
 import subprocess
 import sys
 import uuid
@@ -20,6 +21,8 @@ from zephon.capture.conformance import (
 )
 from zephon.capture.stores import open_store
 from zephon.cli._capture import main as capture_main
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _factory() -> object:
@@ -147,7 +150,9 @@ def test_cli_fails_with_exit_code_one_on_a_broken_store(tmp_path: object) -> Non
         "from zephon.cli._capture import main\n"
         "sys.exit(main(['conformance', 'broken://x']))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
     assert proc.returncode == 1, proc.stderr
     assert "unconditional_retirement" in proc.stdout and "failed" in proc.stdout
 
@@ -164,5 +169,7 @@ def test_conformance_and_protocols_import_without_pytest_or_heavy_deps() -> None
         "print(bad)\n"
         "sys.exit(1 if bad else 0)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
