@@ -1,5 +1,6 @@
 """zephon: exactly reproducible data pipelines and durable RL token capture for LLM training."""
 
+from zephon._engine.checkpoint import merge_checkpoints
 from zephon.io import Dataset
 from zephon.pipeline import Pipeline
 from zephon.types import SampleBatch, SampleMeta, SampleRecord
@@ -16,4 +17,5 @@ __all__ = [
     "WorkChunk",
     "WorkSource",
     "__version__",
+    "merge_checkpoints",
 ]

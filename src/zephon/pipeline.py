@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
+from zephon._engine import checkpoint as ckpt
 from zephon._engine.engine import Engine, RunStats
 from zephon._engine.plan import OpSpec, Plan
 from zephon._ops.batch import BatchOp
@@ -45,6 +46,7 @@ class Pipeline:
         self._batched = False
         self._engine: Engine | None = None
         self._engine_done = True
+        self._resume: ckpt.ParsedCheckpoint | None = None
 
     # -- builder -------------------------------------------------------------------------
 
@@ -169,7 +171,8 @@ class Pipeline:
             raise RuntimeError(
                 "this pipeline is already being iterated; finish or close that iterator first"
             )
-        engine = Engine(self.work_source, self._all_specs(), self._options)
+        engine = Engine(self.work_source, self._all_specs(), self._options, self._resume)
+        self._resume = None
         self._engine = engine
         self._engine_done = False
         self.last_stats = engine.stats
@@ -177,6 +180,37 @@ class Pipeline:
             yield from engine
         finally:
             self._engine_done = True
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def checkpoint(self) -> dict[str, Any]:
+        """What this rank has delivered so far, as a small, versioned, JSON-safe dict.
+
+        Call it between batches (it reflects exactly the items you have received). Before the
+        first batch it describes the start (or the pending restore).
+        """
+        engine = self._engine
+        if engine is not None and self._resume is None and engine.feeder is not None:
+            return engine.checkpoint()
+        engine = Engine(self.work_source, self._all_specs(), self._options, self._resume)
+        engine.prepare()
+        return engine.checkpoint()
+
+    def restore(self, state: Mapping[str, Any]) -> Pipeline:
+        """Resume from ``state`` at the next iteration; validated now, applied at ``iter()``.
+
+        The state may come from another number of data-parallel ranks (merged with
+        :func:`zephon.merge_checkpoints`) as long as ``canonical_replicas`` is the same.
+        """
+        if not self._engine_done:
+            raise RuntimeError(
+                "restore() must be called before iterating; this pipeline is being iterated"
+            )
+        parsed = ckpt.parse(state)
+        Engine(self.work_source, self._all_specs(), self._options, parsed)  # validates
+        self._resume = parsed
+        self._engine = None
+        return self
 
     def stats(self) -> RunStats | None:
         """What the last (or current) iteration delivered, dropped and skipped."""

@@ -207,6 +207,12 @@ class SampleBatch:
     def __iter__(self) -> Iterator[SampleRecord]:
         return iter(self.records)
 
+    def to_training(self, **kwargs: Any) -> dict[str, Any]:
+        """Model inputs (input_ids, labels, positions, masks, cu_seqlens); see zephon.training."""
+        from zephon.training import to_training
+
+        return to_training(self, **kwargs)
+
 
 StreamItem: TypeAlias = SampleRecord | SampleBatch
 
@@ -252,6 +258,12 @@ def flush_sentinel(lane_id: LaneId, boundary_chunk_id: ChunkId) -> SampleRecord:
         {},
         {TAG_FLUSH_SENTINEL: True, TAG_BOUNDARY_CID: boundary_chunk_id},
     )
+    return SampleRecord(meta, None)
+
+
+def end_of_data(lane_id: LaneId) -> SampleRecord:
+    """Marks the end of a lane's stream: every accumulator flushes that lane here."""
+    meta = SampleMeta((-1, -1, -1), lane_id, -1, -1, (), -1, {}, {TAG_END_OF_DATA: True})
     return SampleRecord(meta, None)
 
 

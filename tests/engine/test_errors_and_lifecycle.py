@@ -171,9 +171,10 @@ def test_explain_returns_plan_as_data_and_text():
     )
     plan = pipe.explain()
     data = plan.to_dict()
-    assert [s["op_name"] for s in data["stages"]] == ["fetch", "decode_text", "tokenize", "batch"]
-    assert [s["parallelism"] for s in data["stages"]][1:] == [3, 2, 1]
-    assert data["stages"][3]["runner"] == "driver" and data["stages"][3]["micro_batch"] == 16
+    names = [s["op_name"] for s in data["stages"]]
+    assert names == ["fetch", "decode_text", "tokenize", "replay_filter", "batch"]
+    assert [s["parallelism"] for s in data["stages"]][1:] == [3, 2, 1, 1]
+    assert data["stages"][4]["runner"] == "driver" and data["stages"][4]["micro_batch"] == 16
     assert data["lanes"] == [2, 3]
     text = str(plan)
     assert "tokenize" in text and "stalls sentinels" in text

@@ -72,3 +72,28 @@ def test_unknown_sequence_number_is_an_error() -> None:
     rb.dispatch()
     with pytest.raises(ReorderError, match="never dispatched"):
         rb.put(5, 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(min_value=2, max_value=30).flatmap(
+        lambda n: st.tuples(
+            st.permutations(range(n)), st.sets(st.integers(min_value=0, max_value=n - 1))
+        )
+    )
+)
+def test_barriers_never_overtake_earlier_results_in_completion_order(
+    case: tuple[list[int], set[int]],
+) -> None:
+    order, barriers = case
+    rb: ReorderBuffer[int] = ReorderBuffer(deterministic=False)
+    for _ in order:
+        rb.dispatch()
+    released: list[int] = []
+    for seq in order:
+        released.extend(rb.put(seq, seq, barrier=seq in barriers))
+    assert sorted(released) == list(range(len(order)))
+    for b in barriers:
+        # Everything dispatched before a barrier was released before it.
+        assert set(range(b)) <= set(released[: released.index(b)])
+    rb.close()

@@ -6,16 +6,20 @@ import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
+from zephon._engine import checkpoint as ckpt
 from zephon._engine.plan import OpSpec, Plan, compile_plan, stalls_sentinels
 from zephon._engine.pools import ProcessWorkerPool, ThreadWorkerPool, WorkerPool
-from zephon._engine.source import SourceFeeder
+from zephon._engine.source import LaneStart, SourceFeeder
 from zephon._engine.stage import StageCore, Task, annotate, call_process_many
 from zephon._engine.tail import LaneMux
 from zephon._engine.threaded import DATA, END, ERROR, STOP, Channel, OpDriver, SourceThread
-from zephon.errors import ZephonError
+from zephon._ops.batch import BatchOp
+from zephon._ops.replay_filter import ReplayFilterOp
+from zephon.errors import CheckpointError, ZephonError
 from zephon.options import RuntimeOptions
-from zephon.types import StreamItem
+from zephon.types import SampleCursor, StreamItem
 from zephon.work import WorkSource, lanes_for_rank
 
 log = logging.getLogger("zephon")
@@ -33,17 +37,70 @@ class RunStats:
     chunks: int = 0
 
 
+def with_replay_filter(
+    specs: list[OpSpec], targets: dict[int, SampleCursor], *, monotone: bool
+) -> list[OpSpec]:
+    """Insert the replay filter right before ``batch`` (or last without a batch)."""
+    replay = OpSpec(ReplayFilterOp(targets, monotone=monotone), 1)
+    for index, spec in enumerate(specs):
+        if isinstance(spec.op, BatchOp):
+            return [*specs[:index], replay, *specs[index:]]
+    return [*specs, replay]
+
+
+def pipeline_config(
+    source: WorkSource, specs: list[OpSpec], options: RuntimeOptions, k: int
+) -> dict[str, Any]:
+    """Everything that shapes a lane's output; a checkpoint refuses any other."""
+    config: dict[str, Any] = ckpt.to_jsonable(
+        {
+            "source": {
+                "type": type(source).__name__,
+                "fingerprint": getattr(source, "fingerprint", None),
+                "datasets": [
+                    {"name": d.name, "shards": d.shard_count(), "rows": d.total()}
+                    for d in source.datasets
+                ],
+            },
+            "operators": [
+                {"type": type(s.op).__name__, "name": s.op.name, "config": s.op.config()}
+                for s in specs
+            ],
+            "canonical_replicas": options.canonical_replicas,
+            "flush_every_k_chunks": k,
+        }
+    )
+    return config
+
+
 class Engine:
     """One iteration of a pipeline. Not reusable: build a new one per ``iter(pipeline)``."""
 
-    def __init__(self, source: WorkSource, specs: list[OpSpec], options: RuntimeOptions) -> None:
+    def __init__(
+        self,
+        source: WorkSource,
+        specs: list[OpSpec],
+        options: RuntimeOptions,
+        resume: ckpt.ParsedCheckpoint | None = None,
+    ) -> None:
         self.source = source
-        self.specs = specs
         self.options = options
         self.lanes = lanes_for_rank(
             options.dp_rank, options.dp_world_size, options.canonical_replicas, options.mapping
         )
-        self.plan, self.contexts = compile_plan(specs, options, self.lanes)
+        base_plan, _ = compile_plan(specs, options, self.lanes)
+        self.monotone = base_plan.monotone
+        self.config = pipeline_config(source, specs, options, base_plan.flush_every_k_chunks)
+        self.resume = resume
+        targets: dict[int, SampleCursor] = {}
+        if resume is not None:
+            self._check_resume(resume)
+            for lane in self.lanes:
+                lc = resume.lanes[lane]
+                if lc.replay_cursor is not None and not lc.done:
+                    targets[lane] = lc.replay_cursor
+        self.specs = with_replay_filter(specs, targets, monotone=self.monotone)
+        self.plan, self.contexts = compile_plan(self.specs, options, self.lanes)
         self.stats = RunStats()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -51,20 +108,39 @@ class Engine:
         self._inline_ops: list[StageCore] = []
         self._closed = False
         self.feeder: SourceFeeder | None = None
+        self.mux: LaneMux | None = None
+
+    def _check_resume(self, resume: ckpt.ParsedCheckpoint) -> None:
+        diff = ckpt.first_difference(resume.config, self.config)
+        if diff:
+            raise CheckpointError(f"checkpoint was taken with another configuration: {diff}")
+        missing = [lane for lane in self.lanes if lane not in resume.lanes]
+        if missing:
+            raise CheckpointError(
+                f"checkpoint does not describe lanes {missing} of rank "
+                f"{self.options.dp_rank}/{self.options.dp_world_size}; restore from the "
+                "checkpoints of every rank merged with zephon.merge_checkpoints([...])"
+            )
 
     @classmethod
     def explain(cls, source: WorkSource, specs: list[OpSpec], options: RuntimeOptions) -> Plan:
         lanes = lanes_for_rank(
             options.dp_rank, options.dp_world_size, options.canonical_replicas, options.mapping
         )
-        return compile_plan(specs, options, lanes)[0]
+        monotone = compile_plan(specs, options, lanes)[0].monotone
+        return compile_plan(with_replay_filter(specs, {}, monotone=monotone), options, lanes)[0]
 
     def _feeder(self) -> SourceFeeder:
-        lane_sources = [
-            (lane, self.source.clone_for_lane(lane, self.options.canonical_replicas))
-            for lane in self.lanes
-        ]
-        return SourceFeeder(lane_sources, flush_every_k_chunks=self.plan.flush_every_k_chunks)
+        replicas = self.options.canonical_replicas
+        lane_sources = [(lane, self.source.clone_for_lane(lane, replicas)) for lane in self.lanes]
+        starts: dict[int, LaneStart] = {}
+        if self.resume is not None:
+            for lane in self.lanes:
+                lc = self.resume.lanes[lane]
+                starts[lane] = LaneStart(lc.start_chunk_id, lc.source_state)
+        return SourceFeeder(
+            lane_sources, flush_every_k_chunks=self.plan.flush_every_k_chunks, starts=starts
+        )
 
     def _cores(self) -> list[StageCore]:
         cores = []
@@ -73,9 +149,78 @@ class Engine:
             cores.append(StageCore(spec.op, acc, stalls_sentinels=stalls_sentinels(spec.op)))
         return cores
 
+    def _mux(self, feeder: SourceFeeder) -> LaneMux:
+        on_epoch = None if self.monotone else feeder.evict_below
+        resume = self.resume
+        if resume is None:
+            return LaneMux(self.lanes, on_epoch_delivered=on_epoch)
+        lanes = {lane: resume.lanes[lane] for lane in self.lanes}
+        finished = [lane for lane, lc in lanes.items() if lc.done]
+        if resume.tail_lanes == self.lanes:
+            order = [lane for lane in resume.tail_order if lane not in finished]
+            turn = resume.tail_turn
+        else:
+            order = [lane for lane in self.lanes if lane not in finished]
+            counts = [lanes[lane].delivered for lane in order]
+            if counts and len(set(counts)) > 1:
+                log.warning(
+                    "zephon: this checkpoint was not cut at a window boundary (lanes %s "
+                    "delivered %s items): every sample still comes exactly once, but the "
+                    "rest of the current window is grouped into steps differently than in an "
+                    "uninterrupted run. Checkpoint after a multiple of canonical_replicas "
+                    "batches per step to keep global batches identical.",
+                    order,
+                    counts,
+                )
+            turn = counts.index(min(counts)) if counts else 0
+        mux = LaneMux(
+            self.lanes,
+            on_epoch_delivered=on_epoch,
+            replay_cursors={lane: lc.replay_cursor for lane, lc in lanes.items()},
+            delivered={lane: lc.delivered for lane, lc in lanes.items()},
+            finished=finished,
+        )
+        mux.order = order
+        mux._turn = turn % len(order) if order else 0
+        return mux
+
+    def prepare(self) -> None:
+        """Build the source feeder and tail without starting (for a checkpoint before data)."""
+        if self.feeder is None:
+            self.feeder = self._feeder()
+            self.mux = self._mux(self.feeder)
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The consumer-visible state: what has been delivered, per lane (see checkpoint.py)."""
+        feeder, mux = self.feeder, self.mux
+        if feeder is None or mux is None:
+            raise CheckpointError("the engine has not started")
+        mux.settle()
+        lanes = []
+        for lane in self.lanes:
+            start_cid, state, _ = feeder.lane_start(lane)
+            lanes.append(
+                ckpt.LaneCheckpoint(
+                    lane=lane,
+                    start_chunk_id=start_cid,
+                    source_state=state,
+                    replay_cursor=mux.replay_cursor.get(lane),
+                    delivered=mux.delivered[lane],
+                    done=lane in mux.finished_lanes,
+                )
+            )
+        world = {
+            "canonical_replicas": self.options.canonical_replicas,
+            "dp_rank": self.options.dp_rank,
+            "dp_world_size": self.options.dp_world_size,
+            "mapping": self.options.mapping,
+        }
+        return ckpt.build(self.config, world, lanes, self.lanes, mux.order, mux.turn)
+
     def __iter__(self) -> Iterator[StreamItem]:
-        mux = LaneMux(self.lanes)
-        feeder = self.feeder = self._feeder()
+        self.prepare()
+        feeder, mux = self.feeder, self.mux
+        assert feeder is not None and mux is not None
         try:
             if self.options.runner == "inline":
                 yield from self._run_inline(feeder, mux)
@@ -96,11 +241,14 @@ class Engine:
             )
 
     def _deliver(self, mux: LaneMux) -> Iterator[StreamItem]:
+        evict = self.feeder.evict_below if self.monotone and self.feeder else None
         while True:
             item = mux.pop()
             if item is None:
                 return
             self.stats.delivered += 1
+            if evict is not None:
+                evict(item.meta.lane_id, item.meta.chunk_id)
             yield item
 
     # -- inline: everything on the calling thread (the reference runner) --------------------

@@ -17,7 +17,15 @@ class ReorderBuffer(Generic[T]):
     ``close()`` reports sequence numbers that were dispatched but never completed.
     """
 
-    __slots__ = ("_deterministic", "_dispatched", "_next", "_pending", "_seen_unordered")
+    __slots__ = (
+        "_barriers",
+        "_deterministic",
+        "_dispatched",
+        "_floor",
+        "_next",
+        "_pending",
+        "_seen_unordered",
+    )
 
     def __init__(self, *, deterministic: bool = True) -> None:
         self._deterministic = deterministic
@@ -25,6 +33,8 @@ class ReorderBuffer(Generic[T]):
         self._dispatched = 0
         self._pending: dict[int, T] = {}
         self._seen_unordered: set[int] = set()
+        self._barriers: dict[int, T] = {}
+        self._floor = 0  # lowest sequence number not yet released (completion-order mode)
 
     def dispatch(self) -> int:
         """Allocate the next sequence number."""
@@ -47,17 +57,24 @@ class ReorderBuffer(Generic[T]):
             return self._dispatched - self._next
         return self._dispatched - len(self._seen_unordered)
 
-    def put(self, seq: int, result: T) -> list[T]:
-        """Record ``seq``'s result; return the results now releasable, in order."""
+    def put(self, seq: int, result: T, *, barrier: bool = False) -> list[T]:
+        """Record ``seq``'s result; return the results now releasable, in order.
+
+        In completion-order mode a ``barrier`` result (end-of-lane and epoch markers) is held
+        until every earlier sequence number has been released, so markers never overtake the
+        data they close.
+        """
         if not 0 <= seq < self._dispatched:
             raise ReorderError(
                 f"sequence number {seq} was never dispatched (next is {self._dispatched})"
             )
         if not self._deterministic:
-            if seq in self._seen_unordered:
+            if seq in self._seen_unordered or seq in self._barriers:
                 raise ReorderError(f"sequence number {seq} completed twice")
-            self._seen_unordered.add(seq)
-            return [result]
+            if barrier and self._floor < seq:
+                self._barriers[seq] = result
+                return []
+            return self._release_unordered(seq, result)
         if seq < self._next or seq in self._pending:
             raise ReorderError(f"sequence number {seq} completed twice")
         if seq != self._next:
@@ -70,6 +87,19 @@ class ReorderBuffer(Generic[T]):
             released.append(pending.pop(self._next))
             self._next += 1
         return released
+
+    def _release_unordered(self, seq: int, result: T) -> list[T]:
+        released = [result]
+        self._seen_unordered.add(seq)
+        while True:
+            while self._floor in self._seen_unordered:
+                self._floor += 1
+            ready = [s for s in self._barriers if s <= self._floor]
+            if not ready:
+                return released
+            for s in sorted(ready):
+                released.append(self._barriers.pop(s))
+                self._seen_unordered.add(s)
 
     def close(self) -> None:
         """Raise if any dispatched sequence number never completed."""

@@ -4,31 +4,49 @@ Each owned lane has its own work-source clone. Lanes take turns, a slice of ``in
 pointers at a time, so every lane makes progress and the tail's lane round-robin never waits
 long. The interleaving does not affect output: each lane's output depends on its own stream
 only, and the tail merges lanes in strict round-robin.
+
+For checkpoints the feeder remembers, per lane, the work-source state *before* each admitted
+chunk that is still in flight. The oldest one is all a checkpoint needs: restoring that state
+regenerates every in-flight chunk, so no pointer list is ever saved.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+import threading
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from zephon.types import SampleMeta, SampleRecord, StreamItem, flush_sentinel
+from zephon.types import SampleMeta, SampleRecord, StreamItem, end_of_data, flush_sentinel
 from zephon.work import WorkChunk, WorkSource
+
+
+@dataclass(frozen=True)
+class LaneStart:
+    """Where a restored lane resumes: source state and the chunk id it regenerates first."""
+
+    chunk_id: int
+    source_state: Mapping[str, Any] | None
 
 
 @dataclass
 class LaneState:
     lane_id: int
     source: WorkSource
-    next_chunk_id: int = 0
     chunk: WorkChunk | None = None
     chunk_id: int = -1
     position: int = 0
     rows: list[list[int]] | None = None
     exhausted: bool = False
+    # (chunk_id, source state before that chunk) for chunks not yet evicted, oldest first.
+    inflight: deque[tuple[int, dict[str, Any]]] = field(default_factory=deque)
+    # (next chunk id, source state from which that chunk will be generated).
+    frontier: tuple[int, dict[str, Any]] = (0, {})
 
 
 class SourceFeeder:
-    """Yields lists of pointer records (and flush sentinels) in lane round-robin."""
+    """Yields lists of pointer records, flush sentinels and end-of-data markers."""
 
     def __init__(
         self,
@@ -36,44 +54,55 @@ class SourceFeeder:
         *,
         flush_every_k_chunks: int = 0,
         interleave: int = 64,
+        starts: Mapping[int, LaneStart] | None = None,
     ) -> None:
         self.lanes = [LaneState(lane, src) for lane, src in lane_sources]
+        self._by_lane = {lane.lane_id: lane for lane in self.lanes}
         self.flush_every_k_chunks = flush_every_k_chunks
         self.interleave = max(1, interleave)
         self.samples_emitted = 0
         self.chunks_admitted = 0
+        self._lock = threading.Lock()
+        for lane_id, start in (starts or {}).items():
+            lane = self._by_lane[lane_id]
+            if start.source_state is not None:
+                lane.source.load_state_dict(start.source_state)
+            lane.frontier = (start.chunk_id, {})
+        for lane in self.lanes:
+            lane.frontier = (lane.frontier[0], lane.source.state_dict())
+
+    # -- chunk admission -------------------------------------------------------------------
 
     def _advance(self, lane: LaneState) -> bool:
-        """Load the lane's next chunk; False when the lane is exhausted."""
-        chunk = lane.source.next_chunk()
-        if chunk is None or len(chunk) == 0:
-            if chunk is not None:
-                # An empty chunk still consumes a chunk id so ids stay aligned with the source.
-                lane.next_chunk_id += 1
-                return self._advance(lane)
-            lane.exhausted = True
-            return False
-        lane.chunk = chunk
-        lane.chunk_id = lane.next_chunk_id
-        lane.next_chunk_id += 1
-        lane.position = 0
-        lane.rows = chunk.pointers.tolist()
-        self.chunks_admitted += 1
-        return True
+        """Load the lane's next non-empty chunk; False when the lane is exhausted."""
+        while True:
+            cid, before = lane.frontier
+            chunk = lane.source.next_chunk()
+            if chunk is None:
+                with self._lock:
+                    lane.exhausted = True
+                return False
+            after = lane.source.state_dict()
+            with self._lock:
+                lane.frontier = (cid + 1, after)
+                if len(chunk) == 0:
+                    continue  # an empty chunk still consumes its id, keeping ids aligned
+                lane.inflight.append((cid, before))
+            lane.chunk, lane.chunk_id, lane.position = chunk, cid, 0
+            lane.rows = chunk.pointers.tolist()
+            self.chunks_admitted += 1
+            return True
 
     def _slice(self, lane: LaneState) -> list[StreamItem]:
         if lane.chunk is None and not self._advance(lane):
-            return []
+            return [end_of_data(lane.lane_id)]
         rows = lane.rows
         assert rows is not None
         start = lane.position
         stop = min(start + self.interleave, len(rows))
         lane_id, chunk_id = lane.lane_id, lane.chunk_id
         out: list[StreamItem] = [
-            SampleRecord(
-                SampleMeta((r[0], r[1], r[2]), lane_id, chunk_id, offset, (), r[0]),
-                None,
-            )
+            SampleRecord(SampleMeta((r[0], r[1], r[2]), lane_id, chunk_id, offset, (), r[0]), None)
             for offset, r in enumerate(rows[start:stop], start)
         ]
         lane.position = stop
@@ -87,7 +116,7 @@ class SourceFeeder:
         return out
 
     def __iter__(self) -> Iterator[list[StreamItem]]:
-        active = [lane for lane in self.lanes]
+        active = list(self.lanes)
         while active:
             still: list[LaneState] = []
             for lane in active:
@@ -97,3 +126,27 @@ class SourceFeeder:
                 if not lane.exhausted:
                     still.append(lane)
             active = still
+
+    # -- checkpoint support (called from the consumer thread) -----------------------------
+
+    def evict_below(self, lane_id: int, chunk_id: int) -> None:
+        """Forget in-flight chunks of ``lane_id`` below ``chunk_id``: they are delivered."""
+        lane = self._by_lane[lane_id]
+        with self._lock:
+            inflight = lane.inflight
+            while inflight and inflight[0][0] < chunk_id:
+                inflight.popleft()
+
+    def lane_start(self, lane_id: int) -> tuple[int, dict[str, Any], bool]:
+        """(first chunk id to regenerate, source state before it, lane exhausted)."""
+        lane = self._by_lane[lane_id]
+        with self._lock:
+            if lane.inflight:
+                cid, state = lane.inflight[0]
+                return cid, state, False
+            cid, state = lane.frontier
+            return cid, state, lane.exhausted
+
+    def inflight_counts(self) -> dict[int, int]:
+        with self._lock:
+            return {lane.lane_id: len(lane.inflight) for lane in self.lanes}

@@ -19,7 +19,9 @@ from zephon.errors import ContractError
 from zephon.ops import Accumulator, BaseOp
 from zephon.types import (
     TAG_BOUNDARY_CID,
+    TAG_END_OF_DATA,
     TAG_FLUSH_SENTINEL,
+    TAG_TOMBSTONE,
     SampleBatch,
     SampleRecord,
     StreamItem,
@@ -84,6 +86,7 @@ class StageCore:
         self.stalls_sentinels = stalls_sentinels
         self._next_seq = 0
         self._held: dict[int, deque[StreamItem]] = {}
+        self._on_marker = getattr(accumulator, "on_marker", None)
 
     def _task(self, work: list[StreamItem], passthrough: list[StreamItem] | None = None) -> Task:
         seq = self._next_seq
@@ -139,6 +142,14 @@ class StageCore:
         passthrough: list[StreamItem] = []
         for item in controls:
             tags = item.meta.tags
+            if self._on_marker is not None and TAG_TOMBSTONE not in tags:
+                self._on_marker(item)
+            if TAG_END_OF_DATA in tags:
+                if passthrough:
+                    out.append(self._task([], passthrough))
+                    passthrough = []
+                self._end_lane(item, out)
+                continue
             if TAG_FLUSH_SENTINEL not in tags:
                 passthrough.append(item)
                 continue
@@ -153,6 +164,13 @@ class StageCore:
             out.append(self._task([], [item]))
         if passthrough:
             out.append(self._task([], passthrough))
+
+    def _end_lane(self, marker: StreamItem, out: list[Task]) -> None:
+        """A lane's stream ended: emit everything of that lane, then the marker."""
+        lane = marker.meta.lane_id
+        self._tasks_for(self.acc.flush(reset=True, lane_id=lane), out)
+        held = self._held.pop(lane, None)
+        out.append(self._task([], [*(held or ()), marker]))
 
     def _flush_lane(self, lane: int, out: list[Task]) -> None:
         flushed = self.acc.flush(reset=True, lane_id=lane)

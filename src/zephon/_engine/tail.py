@@ -2,58 +2,135 @@
 
 A rank's output is then a function of its lanes' streams only, not of how the engine happened
 to interleave them, which is what lets another number of ranks reproduce the same lanes.
+
+The tail is also where delivery is known, so it keeps what a checkpoint needs per lane: the
+cursor of the last delivered item (the replay cursor), how many items were delivered, and when
+a whole epoch has been delivered (its flush sentinel reached the head of the lane's queue).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from zephon.types import TAG_ERROR, TAG_TOMBSTONE, StreamItem, is_control
+from zephon.types import (
+    TAG_BOUNDARY_CID,
+    TAG_END_OF_DATA,
+    TAG_ERROR,
+    TAG_FLUSH_SENTINEL,
+    TAG_TOMBSTONE,
+    SampleCursor,
+    StreamItem,
+)
+
+EpochCallback = Callable[[int, int], None]
 
 
 class LaneMux:
-    """Buffers delivered items per lane; ``pop`` returns the next item in lane round-robin."""
+    """Buffers items per lane; ``pop`` returns the next one in lane round-robin."""
 
-    def __init__(self, lanes: Sequence[int]) -> None:
-        self.order = list(lanes)
-        self._queues: dict[int, deque[StreamItem]] = {lane: deque() for lane in self.order}
-        self._turn = 0
+    def __init__(
+        self,
+        lanes: Sequence[int],
+        *,
+        on_epoch_delivered: EpochCallback | None = None,
+        replay_cursors: Mapping[int, SampleCursor | None] | None = None,
+        delivered: Mapping[int, int] | None = None,
+        turn: int = 0,
+        finished: Iterable[int] = (),
+    ) -> None:
+        done = set(finished)
+        self.order = [lane for lane in lanes if lane not in done]
+        self._queues: dict[int, deque[StreamItem]] = {lane: deque() for lane in lanes}
+        self._turn = turn % len(self.order) if self.order else 0
         self.ended = False
         self.tombstones = 0
         self.errors: list[str] = []
+        self.finished_lanes: set[int] = done
+        self.replay_cursor: dict[int, SampleCursor | None] = {lane: None for lane in lanes}
+        self.replay_cursor.update(replay_cursors or {})
+        self.delivered: dict[int, int] = {lane: 0 for lane in lanes}
+        self.delivered.update(delivered or {})
+        self._on_epoch = on_epoch_delivered
 
     def add(self, items: Iterable[StreamItem]) -> None:
         queues = self._queues
         for item in items:
-            if is_control(item):
-                tags = item.meta.tags
-                if TAG_TOMBSTONE in tags:
-                    self.tombstones += 1
-                    if TAG_ERROR in tags and str(tags[TAG_ERROR]).startswith("skipped:"):
-                        self.errors.append(str(tags[TAG_ERROR]))
+            tags = item.meta.tags
+            if tags and TAG_TOMBSTONE in tags:
+                self.tombstones += 1
+                if TAG_ERROR in tags and str(tags[TAG_ERROR]).startswith("skipped:"):
+                    self.errors.append(str(tags[TAG_ERROR]))
                 continue
             queues[item.meta.lane_id].append(item)
+
+    def _settle_head(self, lane: int) -> bool:
+        """Consume markers at the head of ``lane``'s queue; False once the lane has ended."""
+        queue = self._queues[lane]
+        while queue:
+            tags = queue[0].meta.tags
+            if not tags or TAG_TOMBSTONE in tags:
+                return True
+            if TAG_FLUSH_SENTINEL in tags:
+                queue.popleft()
+                boundary = int(tags[TAG_BOUNDARY_CID])
+                cursor = self.replay_cursor.get(lane)
+                if cursor is not None and cursor.chunk_id < boundary:
+                    # Everything before the boundary is delivered: nothing to skip there.
+                    self.replay_cursor[lane] = None
+                if self._on_epoch is not None:
+                    self._on_epoch(lane, boundary)
+            elif TAG_END_OF_DATA in tags:
+                queue.popleft()
+                self.finished_lanes.add(lane)
+                return False
+            else:
+                return True
+        return True
+
+    def settle(self) -> None:
+        """Consume markers already at the head of every lane (before a checkpoint)."""
+        for lane in list(self.order):
+            if not self._settle_head(lane):
+                self._remove(lane)
+
+    def _remove(self, lane: int) -> None:
+        index = self.order.index(lane)
+        del self.order[index]
+        if index < self._turn:
+            self._turn -= 1
+        if self.order:
+            self._turn %= len(self.order)
+        else:
+            self._turn = 0
 
     def pop(self) -> StreamItem | None:
         """The next item, or None when the current lane needs more input (or all is done)."""
         while self.order:
             lane = self.order[self._turn]
+            if not self._settle_head(lane):
+                self._remove(lane)
+                continue
             queue = self._queues[lane]
             if queue:
+                item = queue.popleft()
                 self._turn = (self._turn + 1) % len(self.order)
-                return queue.popleft()
+                self.replay_cursor[lane] = item.meta.cursor
+                self.delivered[lane] += 1
+                return item
             if not self.ended:
                 return None
-            # Stream over and this lane is drained: it leaves the rotation.
-            del self.order[self._turn]
-            if self.order:
-                self._turn %= len(self.order)
+            # Stream over without an end marker for this lane (engine stopped): drop it.
+            self._remove(lane)
         return None
 
     @property
+    def turn(self) -> int:
+        return self._turn
+
+    @property
     def done(self) -> bool:
-        return self.ended and not self.order
+        return not self.order
 
     def buffered(self) -> int:
         return sum(len(q) for q in self._queues.values())

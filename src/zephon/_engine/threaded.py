@@ -19,7 +19,13 @@ from typing import Any
 from zephon._engine.pools import WorkerPool
 from zephon._engine.reorder import ReorderBuffer
 from zephon._engine.stage import StageCore, Task, annotate, call_process_many
-from zephon.types import StreamItem
+from zephon.types import TAG_TOMBSTONE, StreamItem
+
+
+def has_marker(items: list[StreamItem]) -> bool:
+    """Whether ``items`` hold a sentinel or end-of-lane marker (not just tombstones)."""
+    return any(TAG_TOMBSTONE not in item.meta.tags for item in items)
+
 
 DATA, DONE, END, ERROR, STOP = range(5)
 Message = tuple[Any, ...]
@@ -112,8 +118,8 @@ class OpDriver(threading.Thread):
 
         return callback
 
-    def _complete(self, seq: int, result: list[StreamItem]) -> None:
-        released = self.reorder.put(seq, result)
+    def _complete(self, seq: int, result: list[StreamItem], *, barrier: bool = False) -> None:
+        released = self.reorder.put(seq, result, barrier=barrier)
         out: list[StreamItem] = []
         for part in released:
             out.extend(part)
@@ -124,7 +130,7 @@ class OpDriver(threading.Thread):
         """Dispatch ``task``; True when it occupies a worker slot."""
         self.reorder.expect(task.seq)
         if not task.work:
-            self._complete(task.seq, task.passthrough)
+            self._complete(task.seq, task.passthrough, barrier=has_marker(task.passthrough))
             return False
         if self.pool is None:
             op = self.core.op

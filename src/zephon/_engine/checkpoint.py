@@ -1,0 +1,251 @@
+"""Checkpoint format: versioned, JSON-safe, small, and checked before it is used.
+
+A checkpoint describes, per lane, where to regenerate from (the work-source state before the
+oldest chunk still in flight, and that chunk's id), the cursor of the last delivered item, how
+many items were delivered and whether the lane is done; plus the tail's round-robin position,
+the world and the configuration it was taken with. Its size depends on the number of lanes,
+never on how far training has gone. Keys are strings (JSON turns integer keys into strings,
+so the format never relies on anything else).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from zephon.errors import CheckpointError
+from zephon.types import SampleCursor
+
+FORMAT = "zephon.pipeline-checkpoint"
+VERSION = 1
+
+
+def to_jsonable(value: Any) -> Any:
+    """Normalise operator/source settings into plain JSON data for fingerprints."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return f"<{type(value).__name__}>"
+
+
+def fingerprint(config: Mapping[str, Any]) -> str:
+    return xxhash.xxh64(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def first_difference(saved: Any, current: Any, path: str = "") -> str | None:
+    """A human description of the first place two configurations differ, or None."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        for key in sorted(set(saved) | set(current)):
+            where = f"{path}.{key}" if path else key
+            if key not in saved:
+                return f"{where}: not in the checkpoint, pipeline has {current[key]!r}"
+            if key not in current:
+                return f"{where}: checkpoint has {saved[key]!r}, pipeline has none"
+            diff = first_difference(saved[key], current[key], where)
+            if diff:
+                return diff
+        return None
+    if isinstance(saved, list) and isinstance(current, list):
+        for i, (a, b) in enumerate(zip(saved, current, strict=False)):
+            diff = first_difference(a, b, f"{path}[{i}]")
+            if diff:
+                return diff
+        if len(saved) != len(current):
+            return f"{path}: checkpoint has {len(saved)} entries, pipeline has {len(current)}"
+        return None
+    if saved != current:
+        return f"{path}: checkpoint has {saved!r}, pipeline has {current!r}"
+    return None
+
+
+def cursor_to_json(cursor: SampleCursor | None) -> list[Any] | None:
+    if cursor is None:
+        return None
+    return [cursor.chunk_id, cursor.chunk_offset, list(cursor.lineage), list(cursor.sample_id)]
+
+
+def cursor_from_json(value: Any, where: str) -> SampleCursor | None:
+    if value is None:
+        return None
+    try:
+        chunk_id, offset, lineage, sample_id = value
+        sid = tuple(int(x) for x in sample_id)
+        if len(sid) != 3:
+            raise ValueError("sample id needs 3 parts")
+        return SampleCursor(int(chunk_id), int(offset), tuple(int(x) for x in lineage), sid)  # type: ignore[arg-type]
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {where} is not a cursor ({value!r}): {exc}") from None
+
+
+@dataclass(frozen=True)
+class LaneCheckpoint:
+    lane: int
+    start_chunk_id: int
+    source_state: Mapping[str, Any] | None
+    replay_cursor: SampleCursor | None
+    delivered: int
+    done: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "start_chunk_id": self.start_chunk_id,
+            "source_state": self.source_state,
+            "replay_cursor": cursor_to_json(self.replay_cursor),
+            "delivered": self.delivered,
+            "done": self.done,
+        }
+
+
+@dataclass(frozen=True)
+class ParsedCheckpoint:
+    config: Mapping[str, Any]
+    canonical_replicas: int
+    lanes: Mapping[int, LaneCheckpoint]
+    tail_lanes: list[int]
+    tail_order: list[int]
+    tail_turn: int
+    world: Mapping[str, Any]
+
+
+def _need(mapping: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(mapping, Mapping) or key not in mapping:
+        raise CheckpointError(
+            f"checkpoint is missing {where}{key!r} (truncated or not a checkpoint)"
+        )
+    value = mapping[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CheckpointError(
+            f"checkpoint {where}{key!r} has type {type(value).__name__}, expected "
+            f"{getattr(kind, '__name__', kind)}"
+        )
+    return value
+
+
+def migrate(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Bring an older checkpoint to the current version (none older exists yet)."""
+    version = state.get("version")
+    if not isinstance(version, int):
+        raise CheckpointError(f"checkpoint has no integer 'version' (got {version!r})")
+    if version > VERSION:
+        raise CheckpointError(
+            f"checkpoint version {version} is newer than this zephon understands ({VERSION}); "
+            "upgrade zephon to restore it"
+        )
+    if version < 1:
+        raise CheckpointError(f"checkpoint version {version} is not a zephon checkpoint version")
+    return state
+
+
+def parse(state: Any) -> ParsedCheckpoint:
+    """Validate a checkpoint (as returned by ``checkpoint()`` or after a JSON round trip)."""
+    if not isinstance(state, Mapping):
+        raise CheckpointError(f"a checkpoint is a dict, got {type(state).__name__}")
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"not a zephon pipeline checkpoint (format={state.get('format')!r})")
+    state = migrate(state)
+    config = _need(state, "config", Mapping, "")
+    if _need(state, "fingerprint", str, "") != fingerprint(config):
+        raise CheckpointError("checkpoint is corrupt: its config does not match its fingerprint")
+    world = _need(state, "world", Mapping, "")
+    replicas = _need(world, "canonical_replicas", int, "world.")
+    lanes_raw = _need(state, "lanes", Mapping, "")
+    lanes: dict[int, LaneCheckpoint] = {}
+    for key, raw in lanes_raw.items():
+        where = f"lanes[{key}]."
+        try:
+            lane = int(key)
+        except ValueError:
+            raise CheckpointError(f"checkpoint lane key {key!r} is not a lane number") from None
+        if not 0 <= lane < replicas:
+            raise CheckpointError(f"checkpoint lane {lane} is outside 0..{replicas - 1}")
+        source_state = raw.get("source_state") if isinstance(raw, Mapping) else None
+        if source_state is not None and not isinstance(source_state, Mapping):
+            raise CheckpointError(f"checkpoint {where}source_state is not a dict")
+        lanes[lane] = LaneCheckpoint(
+            lane=lane,
+            start_chunk_id=_need(raw, "start_chunk_id", int, where),
+            source_state=source_state,
+            replay_cursor=cursor_from_json(raw.get("replay_cursor"), f"{where}replay_cursor"),
+            delivered=_need(raw, "delivered", int, where),
+            done=_need(raw, "done", bool, where),
+        )
+    tail = _need(state, "tail", Mapping, "")
+    return ParsedCheckpoint(
+        config=config,
+        canonical_replicas=replicas,
+        lanes=lanes,
+        tail_lanes=[int(x) for x in _need(tail, "lanes", list, "tail.")],
+        tail_order=[int(x) for x in _need(tail, "order", list, "tail.")],
+        tail_turn=_need(tail, "turn", int, "tail."),
+        world=world,
+    )
+
+
+def build(
+    config: Mapping[str, Any],
+    world: Mapping[str, Any],
+    lanes: Sequence[LaneCheckpoint],
+    tail_lanes: Sequence[int],
+    tail_order: Sequence[int],
+    tail_turn: int,
+) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "fingerprint": fingerprint(config),
+        "config": config,
+        "world": dict(world),
+        "lanes": {str(lc.lane): lc.to_json() for lc in lanes},
+        "tail": {"lanes": list(tail_lanes), "order": list(tail_order), "turn": tail_turn},
+    }
+
+
+def merge_checkpoints(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Merge per-rank checkpoints into one that any world size can restore from.
+
+    Every rank's checkpoint describes its own lanes; the merged one holds them all. The
+    configurations must agree, and every lane must be described exactly once.
+    """
+    if not states:
+        raise CheckpointError("merge_checkpoints needs at least one checkpoint")
+    parsed = [parse(s) for s in states]
+    first = parsed[0]
+    lanes: dict[str, Any] = {}
+    for index, (raw, p) in enumerate(zip(states, parsed, strict=True)):
+        diff = first_difference(first.config, p.config)
+        if diff:
+            raise CheckpointError(f"checkpoint #{index} has another configuration: {diff}")
+        for key, value in raw["lanes"].items():
+            if key in lanes and lanes[key] != value:
+                raise CheckpointError(
+                    f"lane {key} appears in several checkpoints with different states; did "
+                    "every rank take its checkpoint at the same step?"
+                )
+            lanes[key] = value
+    missing = sorted(set(range(first.canonical_replicas)) - {int(k) for k in lanes})
+    if missing:
+        raise CheckpointError(f"merged checkpoints do not cover lanes {missing}")
+    world = {"canonical_replicas": first.canonical_replicas, "merged_from": len(states)}
+    out = {
+        "format": FORMAT,
+        "version": VERSION,
+        "fingerprint": fingerprint(first.config),
+        "config": first.config,
+        "world": world,
+        "lanes": {k: lanes[k] for k in sorted(lanes, key=int)},
+        "tail": {"lanes": [], "order": [], "turn": 0},
+    }
+    return out

@@ -1,0 +1,274 @@
+"""Bin decisions of the packers, for one lane: which record (piece) goes into which bin.
+
+Pure bookkeeping over lengths; payloads are only carried along. Each algorithm object holds one
+lane's open state, takes records in stream order (``add``) and returns the bins that closed;
+``drain`` closes everything (a flush). Decisions depend only on the lane's input order, never on
+timing or on other lanes, which is what makes packing identical for any runner and worker count.
+
+* ``first_fit``: the oldest open bin with room; ``best_fit``: the fullest bin with room. Both
+  keep whole records, at most ``num_bins`` open bins, and evict by ``fifo`` (oldest) or
+  ``fullest`` when a record fits nowhere.
+* ``wrap``: one window filled in stream order; a record crossing the window edge is split there
+  and its remainder starts the next window.
+* ``best_fit_wrap``: a pool of candidates; each bin takes the oldest candidate once it is too
+  old, then the largest candidates that fit, then at most one cut (the head of the smallest
+  candidate that does not fit) to fill the bin exactly.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Literal
+
+from zephon.types import SampleRecord
+
+PackingAlgorithm = Literal["first_fit", "best_fit", "wrap", "best_fit_wrap"]
+FlushStrategy = Literal["fifo", "fullest"]
+ALGORITHMS: tuple[str, ...] = ("first_fit", "best_fit", "wrap", "best_fit_wrap")
+
+Segment = tuple[SampleRecord, int, int, bool]
+"""``(record, start, stop, is_last_segment_of_record)``: tokens ``[start, stop)`` of a record."""
+
+
+class Bin:
+    __slots__ = ("opened", "segments", "used")
+
+    def __init__(self, opened: int) -> None:
+        self.opened = opened
+        self.segments: list[Segment] = []
+        self.used = 0
+
+    def put(self, record: SampleRecord, start: int, stop: int, last: bool) -> None:
+        self.segments.append((record, start, stop, last))
+        self.used += stop - start
+
+
+class Limits:
+    """The knobs every algorithm shares."""
+
+    __slots__ = ("max_length", "max_sequences", "min_remaining", "num_bins", "strategy")
+
+    def __init__(
+        self,
+        max_length: int,
+        num_bins: int,
+        min_sequence_length: int,
+        max_sequences_per_bin: int | None,
+        strategy: FlushStrategy,
+    ) -> None:
+        self.max_length = max_length
+        self.num_bins = num_bins
+        self.min_remaining = min_sequence_length
+        self.max_sequences = max_sequences_per_bin or max_length + 1
+        self.strategy = strategy
+
+    def full(self, b: Bin) -> bool:
+        return (
+            self.max_length - b.used < self.min_remaining or len(b.segments) >= self.max_sequences
+        )
+
+
+class LanePacker:
+    """One lane's open bins. ``add`` returns bins that closed, in closing order."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._opened = 0
+
+    def _new_bin(self) -> Bin:
+        self._opened += 1
+        return Bin(self._opened)
+
+    def add(self, record: SampleRecord, length: int) -> list[Bin]:
+        raise NotImplementedError
+
+    def drain(self) -> list[Bin]:
+        raise NotImplementedError
+
+    def pending(self) -> bool:
+        raise NotImplementedError
+
+
+class FitPacker(LanePacker):
+    """``first_fit`` and ``best_fit`` over at most ``num_bins`` open bins of whole records."""
+
+    def __init__(self, limits: Limits, *, best: bool) -> None:
+        super().__init__(limits)
+        self.best = best
+        self.bins: list[Bin] = []
+
+    def _evict(self) -> Bin:
+        bins = self.bins
+        if self.limits.strategy == "fifo":
+            return bins.pop(0)
+        best_i = 0
+        best_used = -1
+        for i, b in enumerate(bins):
+            if b.used > best_used:
+                best_i, best_used = i, b.used
+        return bins.pop(best_i)
+
+    def add(self, record: SampleRecord, length: int) -> list[Bin]:
+        limits = self.limits
+        capacity = limits.max_length - length
+        bins = self.bins
+        chosen = -1
+        if self.best:
+            best_used = -1
+            for i, b in enumerate(bins):
+                used = b.used
+                if best_used < used <= capacity:
+                    chosen, best_used = i, used
+        else:
+            for i, b in enumerate(bins):
+                if b.used <= capacity:
+                    chosen = i
+                    break
+        closed: list[Bin] = []
+        if chosen < 0:
+            if len(bins) >= limits.num_bins:
+                closed.append(self._evict())
+            target = self._new_bin()
+            bins.append(target)
+            chosen = len(bins) - 1
+        else:
+            target = bins[chosen]
+        target.put(record, 0, length, True)
+        if limits.full(target):
+            del bins[chosen]
+            closed.append(target)
+        return closed
+
+    def drain(self) -> list[Bin]:
+        out = [b for b in self.bins if b.segments]
+        self.bins = []
+        return out
+
+    def pending(self) -> bool:
+        return bool(self.bins)
+
+
+class WrapPacker(LanePacker):
+    """One window filled in stream order; records are split at the window edge."""
+
+    def __init__(self, limits: Limits) -> None:
+        super().__init__(limits)
+        self.current: Bin | None = None
+
+    def add(self, record: SampleRecord, length: int) -> list[Bin]:
+        limits = self.limits
+        max_length = limits.max_length
+        closed: list[Bin] = []
+        start = 0
+        while start < length:
+            b = self.current
+            if b is None:
+                b = self.current = self._new_bin()
+            take = min(length - start, max_length - b.used)
+            b.put(record, start, start + take, start + take == length)
+            start += take
+            if limits.full(b):
+                closed.append(b)
+                self.current = None
+        return closed
+
+    def drain(self) -> list[Bin]:
+        b, self.current = self.current, None
+        return [b] if b is not None and b.segments else []
+
+    def pending(self) -> bool:
+        return self.current is not None
+
+
+class _Candidate:
+    __slots__ = ("arrival", "record", "start", "stop")
+
+    def __init__(self, record: SampleRecord, start: int, stop: int, arrival: int) -> None:
+        self.record = record
+        self.start = start
+        self.stop = stop
+        self.arrival = arrival
+
+
+class BestFitWrapPacker(LanePacker):
+    """A candidate pool packed best-fit, with at most one cut per bin to fill it exactly."""
+
+    def __init__(self, limits: Limits, pool_size: int, max_age: int) -> None:
+        super().__init__(limits)
+        self.pool_size = pool_size
+        self.max_age = max_age
+        self._arrivals = 0
+        # Sorted by (remaining length, -arrival): the rightmost entry <= space is the largest
+        # fitting candidate and, among equal lengths, the oldest one.
+        self._by_len: list[tuple[int, int]] = []
+        self._by_arrival: dict[int, _Candidate] = {}
+
+    def _insert(self, cand: _Candidate) -> None:
+        bisect.insort(self._by_len, (cand.stop - cand.start, -cand.arrival))
+        self._by_arrival[cand.arrival] = cand
+
+    def _remove(self, cand: _Candidate) -> None:
+        key = (cand.stop - cand.start, -cand.arrival)
+        i = bisect.bisect_left(self._by_len, key)
+        del self._by_len[i]
+        del self._by_arrival[cand.arrival]
+
+    def add(self, record: SampleRecord, length: int) -> list[Bin]:
+        self._arrivals += 1
+        self._insert(_Candidate(record, 0, length, self._arrivals))
+        closed: list[Bin] = []
+        while len(self._by_arrival) >= self.pool_size:
+            closed.append(self._build())
+        return closed
+
+    def _place(self, b: Bin, cand: _Candidate, take: int) -> None:
+        self._remove(cand)
+        stop = cand.start + take
+        b.put(cand.record, cand.start, stop, stop == cand.stop)
+        if stop < cand.stop:
+            cand.start = stop
+            self._insert(cand)
+
+    def _build(self) -> Bin:
+        limits = self.limits
+        max_length = limits.max_length
+        b = self._new_bin()
+        oldest = next(iter(self._by_arrival.values()))
+        if self._arrivals - oldest.arrival > self.max_age:
+            self._place(b, oldest, min(oldest.stop - oldest.start, max_length))
+        by_len = self._by_len
+        while by_len and not limits.full(b):
+            space = max_length - b.used
+            i = bisect.bisect_right(by_len, (space, 1)) - 1
+            if i < 0:
+                break
+            length, neg_arrival = by_len[i]
+            self._place(b, self._by_arrival[-neg_arrival], length)
+        if by_len and not limits.full(b):
+            space = max_length - b.used
+            i = bisect.bisect_right(by_len, (space, 1))
+            if i < len(by_len):
+                _, neg_arrival = by_len[i]
+                self._place(b, self._by_arrival[-neg_arrival], space)
+        return b
+
+    def drain(self) -> list[Bin]:
+        out: list[Bin] = []
+        while self._by_arrival:
+            out.append(self._build())
+        return out
+
+    def pending(self) -> bool:
+        return bool(self._by_arrival)
+
+
+def make_packer(
+    algorithm: PackingAlgorithm, limits: Limits, pool_size: int, max_age: int
+) -> LanePacker:
+    if algorithm == "first_fit":
+        return FitPacker(limits, best=False)
+    if algorithm == "best_fit":
+        return FitPacker(limits, best=True)
+    if algorithm == "wrap":
+        return WrapPacker(limits)
+    return BestFitWrapPacker(limits, pool_size, max_age)

@@ -1,0 +1,522 @@
+"""pack_sequences and pack_flat: pack tokenized records into bins of ``max_length`` tokens.
+
+The accumulator (serial, per lane) decides which record goes into which bin and builds the
+packed record's meta; the workers (``process_many``) assemble the payload with numpy. Samples
+of different lanes never share a bin, so a lane's bins depend on that lane's stream alone.
+
+Output meta: the cursor is the first segment's cursor with the segment start appended to the
+lineage; ``TAG_CONTRIBUTORS`` lists every segment's refs, closing (``is_last_child``) only on a
+record's last segment; ``TAG_PACKING`` holds ``num_sequences``, ``total_length``,
+``padding_length``, ``packing_efficiency``, ``component_tokens`` and ``segments`` (source
+cursor, start, stop per segment), from which split records can be put back together.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from zephon._ops._bookkeeping import CloserTracker
+from zephon._ops._packing_algos import (
+    ALGORITHMS,
+    Bin,
+    FlushStrategy,
+    LanePacker,
+    Limits,
+    PackingAlgorithm,
+    make_packer,
+)
+from zephon.errors import ConfigError, DataError, MissingFieldError
+from zephon.ops import Accumulator, BaseOp, OpContext, OpTraits
+from zephon.ops.accumulators import MicroBatch
+from zephon.types import (
+    TAG_CONTRIBUTORS,
+    TAG_PACKING,
+    ContributorRef,
+    LaneId,
+    SampleMeta,
+    SampleRecord,
+    StreamItem,
+    tombstone_meta,
+)
+
+log = logging.getLogger("zephon")
+
+TOKEN_FIELD_CANDIDATES = ("input_ids", "tokens", "token_ids", "ids")
+MAX_OVERSIZE_WARNINGS = 3
+
+
+def resolve_tokens_field(payload: Any, tokens_field: str, sample: Any) -> str:
+    """The token field of ``payload``: ``tokens_field``, or the first known name for "auto"."""
+    if tokens_field != "auto":
+        return tokens_field
+    if isinstance(payload, Mapping):
+        for name in TOKEN_FIELD_CANDIDATES:
+            if name in payload:
+                return name
+    fields = sorted(payload) if isinstance(payload, Mapping) else type(payload).__name__
+    raise MissingFieldError(
+        f"pack: record {sample} has none of the token fields {list(TOKEN_FIELD_CANDIDATES)} "
+        f"(fields: {fields}); pass tokens_field=... or tokenize first"
+    )
+
+
+def _tokens(payload: Any, name: str, sample: Any) -> Any:
+    try:
+        return payload[name]
+    except (KeyError, TypeError, IndexError):
+        fields = sorted(payload) if isinstance(payload, Mapping) else type(payload).__name__
+        raise MissingFieldError(
+            f"pack: record {sample} has no field {name!r} (fields: {fields}); set "
+            "tokens_field= to the field holding the token ids"
+        ) from None
+
+
+class DeferredBin:
+    """A bin as the accumulator leaves it: segments to assemble on a worker.
+
+    ``segments`` holds ``(fields, start, stop, full_length)``: for pack_flat ``fields`` is a
+    dict of the token field and the aligned fields of the source record; for pack_sequences it
+    is the source payload itself.
+    """
+
+    __slots__ = ("segments",)
+
+    def __init__(self, segments: list[tuple[Any, int, int, int]]) -> None:
+        self.segments = segments
+
+    def __getstate__(self) -> list[tuple[Any, int, int, int]]:
+        return self.segments
+
+    def __setstate__(self, state: list[tuple[Any, int, int, int]]) -> None:
+        self.segments = state
+
+
+class _Lane:
+    __slots__ = ("packer", "tracker")
+
+    def __init__(self, packer: LanePacker) -> None:
+        self.packer = packer
+        self.tracker = CloserTracker()
+
+
+class PackAccumulator(Accumulator):
+    """Per-lane bins; emits a packed record (with a deferred payload) when a bin closes."""
+
+    reads_payload = True
+
+    def __init__(self, op: PackOpBase) -> None:
+        self.op = op
+        self.limits = Limits(
+            op.max_length,
+            op.num_bins,
+            op.min_sequence_length,
+            op.max_sequences_per_bin,
+            op.flush_strategy,
+        )
+        self._lanes: dict[LaneId, _Lane] = {}
+        self._warned = 0
+
+    def _lane(self, lane_id: LaneId) -> _Lane:
+        state = self._lanes.get(lane_id)
+        if state is None:
+            op = self.op
+            packer = make_packer(
+                op.algorithm, self.limits, op.candidate_pool_size, op.max_candidate_age
+            )
+            state = self._lanes[lane_id] = _Lane(packer)
+        return state
+
+    def _drop(self, state: _Lane, record: SampleRecord, reason: str) -> SampleRecord:
+        meta = record.meta
+        state.tracker.add(meta)
+        refs = state.tracker.settle(meta)
+        tomb = tombstone_meta(meta, reason=reason)
+        if refs != meta.contributors:
+            tomb = tomb.with_tags(**{TAG_CONTRIBUTORS: refs})
+        return SampleRecord(tomb, None)
+
+    def push_many(self, elems: Sequence[StreamItem]) -> list[MicroBatch]:
+        out: MicroBatch = []
+        op = self.op
+        max_length = op.max_length
+        wraps = op.algorithm in ("wrap", "best_fit_wrap")
+        length_of = op.length_of
+        lanes = self._lanes
+        for elem in elems:
+            if not isinstance(elem, SampleRecord):
+                raise ConfigError(f"{op.name}: cannot pack SampleBatch elements; pack before batch")
+            lane_id = elem.meta.lane_id
+            state = lanes.get(lane_id) or self._lane(lane_id)
+            length = length_of(elem)
+            if length <= 0:
+                out.append(self._drop(state, elem, "pack: empty sequence"))
+                continue
+            if length > max_length and not wraps:
+                out.append(self._oversized(state, elem, length))
+                continue
+            state.tracker.add(elem.meta)
+            for b in state.packer.add(elem, length):
+                out.append(self._emit(state, b))
+        return [out] if out else []
+
+    def _oversized(self, state: _Lane, record: SampleRecord, length: int) -> SampleRecord:
+        op = self.op
+        if not op.drop_oversized:
+            raise DataError(
+                f"{op.name}: record {record.meta.sample_id} has {length} tokens, more than "
+                f"max_length={op.max_length}; truncate it in tokenize(max_length=...), use "
+                "algorithm='wrap' or 'best_fit_wrap' (which split records), or pass "
+                "drop_oversized=True to drop it"
+            )
+        reason = f"pack: {length} tokens exceed max_length={op.max_length}"
+        if self._warned < MAX_OVERSIZE_WARNINGS:
+            self._warned += 1
+            more = (
+                " (further drops are counted as tombstones only)"
+                if self._warned == MAX_OVERSIZE_WARNINGS
+                else ""
+            )
+            log.warning(
+                "zephon: %s dropped record %s: %d tokens > max_length=%d%s",
+                op.name,
+                record.meta.sample_id,
+                length,
+                op.max_length,
+                more,
+            )
+        return self._drop(state, record, reason)
+
+    def _emit(self, state: _Lane, b: Bin) -> SampleRecord:
+        op = self.op
+        segments = b.segments
+        first, first_start = segments[0][0], segments[0][1]
+        fm = first.meta
+        tracker = state.tracker
+        refs: list[ContributorRef] = []
+        counts: dict[int, int] = {}
+        comp_tokens: dict[int, int] = {}
+        seg_info: list[tuple[Any, int, int]] = []
+        parts: list[tuple[Any, int, int, int]] = []
+        extract = op.extract
+        for record, start, stop, last in segments:
+            meta = record.meta
+            if last:
+                refs.extend(tracker.settle(meta))
+                for comp, n in meta.counts.items():
+                    counts[comp] = counts.get(comp, 0) + n
+            else:
+                refs.extend(ContributorRef(r.cursor, False) for r in meta.contributors)
+            comp = meta.component_id
+            comp_tokens[comp] = comp_tokens.get(comp, 0) + (stop - start)
+            seg_info.append((meta.cursor, start, stop))
+            fields, full = extract(record)
+            parts.append((fields, start, stop, full))
+        used = b.used
+        padding = op.max_length - used if op.pads else 0
+        packing = {
+            "num_sequences": len(segments),
+            "total_length": used,
+            "padding_length": padding,
+            "packing_efficiency": used / op.max_length,
+            "component_tokens": comp_tokens,
+            "segments": tuple(seg_info),
+        }
+        meta = SampleMeta(
+            fm.sample_id,
+            fm.lane_id,
+            fm.chunk_id,
+            fm.chunk_offset,
+            (*fm.lineage, first_start),
+            fm.component_id,
+            counts,
+            {TAG_CONTRIBUTORS: tuple(refs), TAG_PACKING: packing},
+        )
+        return SampleRecord(meta, DeferredBin(parts))
+
+    def flush(self, *, reset: bool = False, lane_id: LaneId | None = None) -> list[MicroBatch]:
+        lanes = sorted(self._lanes) if lane_id is None else [lane_id]
+        out: MicroBatch = []
+        for lane in lanes:
+            state = self._lanes.pop(lane, None)
+            if state is None:
+                continue
+            for b in state.packer.drain():
+                out.append(self._emit(state, b))
+        return [out] if out else []
+
+    def has_pending_data(self, lane_id: LaneId | None = None) -> bool:
+        if lane_id is None:
+            return any(s.packer.pending() for s in self._lanes.values())
+        state = self._lanes.get(lane_id)
+        return state is not None and state.packer.pending()
+
+
+class PackOpBase(BaseOp):
+    """Shared configuration and bin logic of pack_sequences and pack_flat."""
+
+    pads = False
+
+    def __init__(
+        self,
+        max_length: int,
+        *,
+        algorithm: PackingAlgorithm = "best_fit",
+        num_bins: int = 16,
+        min_sequence_length: int = 1,
+        max_sequences_per_bin: int | None = None,
+        drop_oversized: bool = True,
+        flush_strategy: FlushStrategy = "fifo",
+        tokens_field: str = "auto",
+        candidate_pool_size: int = 256,
+        max_candidate_age: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(name=name)
+        label = self.name
+        if not isinstance(max_length, int) or max_length < 1:
+            raise ConfigError(f"{label}: max_length must be a positive int, got {max_length!r}")
+        if algorithm not in ALGORITHMS:
+            raise ConfigError(
+                f"{label}: algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}"
+            )
+        if num_bins < 1:
+            raise ConfigError(f"{label}: num_bins must be >= 1, got {num_bins}")
+        if not 1 <= min_sequence_length <= max_length:
+            raise ConfigError(
+                f"{label}: min_sequence_length must be in [1, max_length={max_length}], "
+                f"got {min_sequence_length}"
+            )
+        if max_sequences_per_bin is not None and max_sequences_per_bin < 1:
+            raise ConfigError(
+                f"{label}: max_sequences_per_bin must be >= 1 or None, got {max_sequences_per_bin}"
+            )
+        if flush_strategy not in ("fifo", "fullest"):
+            raise ConfigError(
+                f"{label}: flush_strategy must be 'fifo' or 'fullest', got {flush_strategy!r}"
+            )
+        if candidate_pool_size < 1:
+            raise ConfigError(
+                f"{label}: candidate_pool_size must be >= 1, got {candidate_pool_size}"
+            )
+        self.max_length = max_length
+        self.algorithm: PackingAlgorithm = algorithm
+        self.num_bins = num_bins
+        self.min_sequence_length = min_sequence_length
+        self.max_sequences_per_bin = max_sequences_per_bin
+        self.drop_oversized = drop_oversized
+        self.flush_strategy: FlushStrategy = flush_strategy
+        self.tokens_field = tokens_field
+        self.candidate_pool_size = candidate_pool_size
+        self.max_candidate_age = (
+            8 * candidate_pool_size if max_candidate_age is None else max_candidate_age
+        )
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        return PackAccumulator(self)
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=False, parallelism=1)
+
+    def config(self) -> Mapping[str, Any]:
+        return {
+            "max_length": self.max_length,
+            "algorithm": self.algorithm,
+            "num_bins": self.num_bins,
+            "min_sequence_length": self.min_sequence_length,
+            "max_sequences_per_bin": self.max_sequences_per_bin,
+            "drop_oversized": self.drop_oversized,
+            "flush_strategy": self.flush_strategy,
+            "tokens_field": self.tokens_field,
+            "candidate_pool_size": self.candidate_pool_size,
+            "max_candidate_age": self.max_candidate_age,
+        }
+
+    def length_of(self, record: SampleRecord) -> int:
+        payload = record.payload
+        name = resolve_tokens_field(payload, self.tokens_field, record.meta.sample_id)
+        return len(_tokens(payload, name, record.meta.sample_id))
+
+    def extract(self, record: SampleRecord) -> tuple[Any, int]:
+        """What a worker needs of ``record`` to assemble its segment, and its full length."""
+        raise NotImplementedError
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        out: list[StreamItem] = []
+        for elem in elems:
+            payload = elem.payload
+            if isinstance(payload, DeferredBin):
+                out.append(SampleRecord(elem.meta, self.assemble(elem.meta, payload)))
+            else:
+                out.append(elem)
+        return out
+
+    def assemble(self, meta: SampleMeta, deferred: DeferredBin) -> Any:
+        raise NotImplementedError
+
+
+def _aligned(value: Any, length: int) -> bool:
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1 and value.shape[0] == length
+    return isinstance(value, list) and len(value) == length
+
+
+class PackSequencesOp(PackOpBase):
+    """Packs records into ``{"packed_samples": [payload, ...]}`` envelopes (no padding).
+
+    Whole records keep their payload object; a piece of a split record (``wrap`` algorithms)
+    gets a copy of the payload whose length-aligned fields are sliced to the piece.
+    """
+
+    name = "pack_sequences"
+
+    def __init__(
+        self,
+        max_length: int,
+        *,
+        length_fn: Callable[[Any], int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(max_length, **kwargs)
+        if length_fn is not None and self.algorithm in ("wrap", "best_fit_wrap"):
+            raise ConfigError(
+                f"{self.name}: length_fn cannot be combined with algorithm={self.algorithm!r}: "
+                "splitting needs token fields to slice; use first_fit or best_fit"
+            )
+        self.length_fn = length_fn
+
+    def config(self) -> Mapping[str, Any]:
+        fn = self.length_fn
+        return {**super().config(), "length_fn": getattr(fn, "__qualname__", None)}
+
+    def length_of(self, record: SampleRecord) -> int:
+        if self.length_fn is not None:
+            return int(self.length_fn(record.payload))
+        return super().length_of(record)
+
+    def extract(self, record: SampleRecord) -> tuple[Any, int]:
+        return record.payload, self.length_of(record)
+
+    def assemble(self, meta: SampleMeta, deferred: DeferredBin) -> Any:
+        samples: list[Any] = []
+        for payload, start, stop, full in deferred.segments:
+            if start == 0 and stop == full:
+                samples.append(payload)
+                continue
+            samples.append(
+                {k: (v[start:stop] if _aligned(v, full) else v) for k, v in payload.items()}
+            )
+        return {"packed_samples": samples}
+
+
+class PackFlatOp(PackOpBase):
+    """Packs records into one flat, padded token array per bin.
+
+    Payload: the token field (padded with ``pad_token_id`` to ``max_length``), ``positions``
+    (restarting at 0 for every segment; the padding tail counts as its own segment),
+    ``document_ids`` (segment index per token, -1 on padding) and every aligned field
+    (``aligned_fields``; "auto": each 1-D array or list as long as the tokens), padded with 0.
+    Other fields are dropped. ``TAG_PACKING["padding_length"]`` gives the padding.
+    """
+
+    name = "pack_flat"
+    pads = True
+
+    def __init__(
+        self,
+        max_length: int,
+        pad_token_id: int,
+        *,
+        aligned_fields: Sequence[str] | Literal["auto"] = "auto",
+        emit_positions: bool = True,
+        emit_document_ids: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(max_length, **kwargs)
+        if not isinstance(pad_token_id, (int, np.integer)) or isinstance(pad_token_id, bool):
+            raise ConfigError(
+                f"{self.name}: pad_token_id must be an int (e.g. the tokenizer's pad or EOS "
+                f"id), got {pad_token_id!r}"
+            )
+        if isinstance(aligned_fields, str) and aligned_fields != "auto":
+            aligned_fields = (aligned_fields,)
+        self.pad_token_id = int(pad_token_id)
+        self.aligned_fields: tuple[str, ...] | None = (
+            None if aligned_fields == "auto" else tuple(aligned_fields)
+        )
+        self.emit_positions = emit_positions
+        self.emit_document_ids = emit_document_ids
+
+    def config(self) -> Mapping[str, Any]:
+        return {
+            **super().config(),
+            "pad_token_id": self.pad_token_id,
+            "aligned_fields": self.aligned_fields or "auto",
+            "emit_positions": self.emit_positions,
+            "emit_document_ids": self.emit_document_ids,
+        }
+
+    def extract(self, record: SampleRecord) -> tuple[Any, int]:
+        payload = record.payload
+        sample = record.meta.sample_id
+        name = resolve_tokens_field(payload, self.tokens_field, sample)
+        tokens = _tokens(payload, name, sample)
+        length = len(tokens)
+        fields: dict[str, Any] = {name: tokens}
+        if self.aligned_fields is None:
+            for key, value in payload.items():
+                if key != name and _aligned(value, length):
+                    fields[key] = value
+        else:
+            for key in self.aligned_fields:
+                if key not in payload:
+                    raise MissingFieldError(
+                        f"{self.name}: record {sample} has no aligned field {key!r} (fields: "
+                        f"{sorted(payload)}); remove it from aligned_fields or add it upstream"
+                    )
+                value = payload[key]
+                if not _aligned(value, length):
+                    raise DataError(
+                        f"{self.name}: field {key!r} of record {sample} has "
+                        f"{len(value)} entries but the record has {length} tokens; aligned "
+                        "fields must have one entry per token"
+                    )
+                fields[key] = value
+        return fields, length
+
+    def assemble(self, meta: SampleMeta, deferred: DeferredBin) -> Any:
+        segments = deferred.segments
+        names = list(segments[0][0])
+        tokens_name = names[0]
+        for fields, _, _, _ in segments[1:]:
+            if list(fields) != names:
+                raise DataError(
+                    f"{self.name}: records packed together disagree on their aligned fields "
+                    f"({names[1:]} vs {list(fields)[1:]}, packed record {meta.sample_id}); "
+                    "pass aligned_fields=[...] to choose the fields explicitly"
+                )
+        lengths = np.fromiter((stop - start for _, start, stop, _ in segments), np.int64)
+        used = int(lengths.sum())
+        pad = self.max_length - used
+        out: dict[str, Any] = {}
+        for name in names:
+            pieces = [np.asarray(f[name][start:stop]) for f, start, stop, _ in segments]
+            dtype = pieces[0].dtype
+            fill = self.pad_token_id if name == tokens_name else 0
+            if pad:
+                pieces.append(np.full(pad, fill, dtype=dtype))
+            out[name] = np.concatenate(pieces) if len(pieces) > 1 else pieces[0].copy()
+        all_lengths = np.append(lengths, pad) if pad else lengths
+        if self.emit_positions:
+            starts = np.cumsum(all_lengths) - all_lengths
+            positions = np.arange(self.max_length, dtype=np.int64) - np.repeat(starts, all_lengths)
+            out["positions"] = positions.astype(np.int32)
+        if self.emit_document_ids:
+            ids = np.arange(len(all_lengths), dtype=np.int32)
+            if pad:
+                ids[-1] = -1
+            out["document_ids"] = np.repeat(ids, all_lengths)
+        return out
