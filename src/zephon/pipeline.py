@@ -8,16 +8,20 @@ from typing import Any, Literal
 from zephon._engine import checkpoint as ckpt
 from zephon._engine.engine import Engine, RunStats
 from zephon._engine.plan import OpSpec, Plan
+from zephon._ops._packing_algos import FlushStrategy, PackingAlgorithm
 from zephon._ops.batch import BatchOp
 from zephon._ops.decode_text import DecodeTextOp
+from zephon._ops.ensure_mixture import EnsureMixtureOp
 from zephon._ops.fetch import FetchOp
 from zephon._ops.map_transform import FilterOp, MapTransformOp
+from zephon._ops.pack import PackFlatOp, PackSequencesOp
+from zephon._ops.shuffle import ShuffleAlgorithm, ShuffleOp
 from zephon._ops.tokenize import SpecialTokens, TokenizeOp
 from zephon.errors import ConfigError
 from zephon.ops import BaseOp
 from zephon.options import RuntimeOptions
 from zephon.types import StreamItem
-from zephon.work import WorkSource
+from zephon.work import MixtureSpec, WorkSource
 
 
 class Pipeline:
@@ -133,6 +137,136 @@ class Pipeline:
         self._append(BatchOp(microbatch_size, drop_last=drop_last), 1)
         self._batched = True
         return self
+
+    # -- stateful operators: packing, shuffling, mixture correction (issue 5) ----------------
+
+    def pack_sequences(
+        self,
+        max_length: int,
+        *,
+        algorithm: PackingAlgorithm = "best_fit",
+        num_bins: int = 16,
+        min_sequence_length: int = 1,
+        max_sequences_per_bin: int | None = None,
+        drop_oversized: bool = True,
+        flush_strategy: FlushStrategy = "fifo",
+        tokens_field: str = "auto",
+        length_fn: Callable[[Any], int] | None = None,
+        candidate_pool_size: int = 256,
+        max_candidate_age: int | None = None,
+        parallelism: int | None = None,
+    ) -> Pipeline:
+        """Pack records into ``{"packed_samples": [...]}`` envelopes of <= ``max_length`` tokens.
+
+        See docs/packing.md for the algorithms and knobs.
+        """
+        op = PackSequencesOp(
+            max_length,
+            algorithm=algorithm,
+            num_bins=num_bins,
+            min_sequence_length=min_sequence_length,
+            max_sequences_per_bin=max_sequences_per_bin,
+            drop_oversized=drop_oversized,
+            flush_strategy=flush_strategy,
+            tokens_field=tokens_field,
+            length_fn=length_fn,
+            candidate_pool_size=candidate_pool_size,
+            max_candidate_age=max_candidate_age,
+        )
+        return self._append(op, parallelism)
+
+    def pack_flat(
+        self,
+        max_length: int,
+        pad_token_id: int,
+        *,
+        algorithm: PackingAlgorithm = "best_fit",
+        num_bins: int = 16,
+        min_sequence_length: int = 1,
+        max_sequences_per_bin: int | None = None,
+        drop_oversized: bool = True,
+        flush_strategy: FlushStrategy = "fifo",
+        tokens_field: str = "auto",
+        aligned_fields: Sequence[str] | Literal["auto"] = "auto",
+        emit_positions: bool = True,
+        candidate_pool_size: int = 256,
+        max_candidate_age: int | None = None,
+        parallelism: int | None = None,
+    ) -> Pipeline:
+        """Pack records into flat token rows padded to ``max_length`` (``positions``,
+        ``document_ids`` and aligned fields alongside); ``batch.to_training()`` reads them."""
+        op = PackFlatOp(
+            max_length,
+            pad_token_id,
+            algorithm=algorithm,
+            num_bins=num_bins,
+            min_sequence_length=min_sequence_length,
+            max_sequences_per_bin=max_sequences_per_bin,
+            drop_oversized=drop_oversized,
+            flush_strategy=flush_strategy,
+            tokens_field=tokens_field,
+            aligned_fields=aligned_fields,
+            emit_positions=emit_positions,
+            candidate_pool_size=candidate_pool_size,
+            max_candidate_age=max_candidate_age,
+        )
+        return self._append(op, parallelism)
+
+    def shuffle(
+        self,
+        buffer_size: int = 8192,
+        *,
+        seed: int = 0,
+        algorithm: ShuffleAlgorithm = "streaming",
+        warmup_growth: float = 1.5,
+        parallelism: int | None = None,
+    ) -> Pipeline:
+        """Shuffle each lane within ``buffer_size`` records; randomness comes from the records'
+        cursors and ``seed`` only (docs/shuffle-and-mixture.md)."""
+        op = ShuffleOp(buffer_size, seed=seed, algorithm=algorithm, warmup_growth=warmup_growth)
+        return self._append(op, parallelism)
+
+    def ensure_mixture(
+        self,
+        *,
+        mixture: Mapping[str, float] | MixtureSpec | None = None,
+        weight_by: str | Callable[[Any], float] = "samples",
+        max_buffer_size: int | None = 1000,
+        drain_target_ratio: float = 0.8,
+        obsolete_drain_rate: float = 0.1,
+        warn_tolerance: float | None = None,
+        tokens_field: str = "auto",
+    ) -> Pipeline:
+        """Reorder each lane so its output tracks the target mixture (by dataset name; default:
+        the source's mixture). ``max_buffer_size=None`` is strict mode: surplus is dropped."""
+        names = self.work_source.component_names()
+        explicit = mixture is not None
+        if mixture is None:
+            mixture = getattr(self.work_source, "mixture", None)
+            if mixture is None:
+                raise ConfigError(
+                    "ensure_mixture: the work source has no mixture; pass "
+                    "mixture={dataset_name: weight, ...}"
+                )
+        weights = mixture.weights if isinstance(mixture, MixtureSpec) else mixture
+        unknown = [k for k in weights if k not in names]
+        if unknown:
+            raise ConfigError(
+                f"ensure_mixture: mixture names unknown dataset(s) {unknown}; the source's "
+                f"datasets are {names}"
+            )
+        op = EnsureMixtureOp(
+            {names.index(k): w for k, w in weights.items()},
+            component_names=names,
+            explicit=explicit,
+            weight_by=weight_by,
+            max_buffer_size=max_buffer_size,
+            drain_target_ratio=drain_target_ratio,
+            obsolete_drain_rate=obsolete_drain_rate,
+            warn_tolerance=warn_tolerance,
+            tokens_field=tokens_field,
+        )
+        return self._append(op, 1)
 
     def add_op(self, op: BaseOp, /, *, parallelism: int | None = None) -> Pipeline:
         """Append a custom operator (a :class:`zephon.ops.BaseOp` subclass instance)."""

@@ -1,0 +1,192 @@
+"""Turn a :class:`~zephon.types.SampleBatch` into model inputs: ``batch.to_training(...)``.
+
+Works on flat packed records (``pack_flat``: equal-length rows with ``positions`` and
+``document_ids``) and on plain tokenized records (right-padded to the longest row with
+``pad_token_id``). Everything is built with vectorised numpy over the whole ``[B, S]`` batch.
+
+Returned keys (numpy arrays, or torch tensors with ``return_tensors="pt"``):
+
+* ``input_ids`` ``[B, S]`` and ``labels`` ``[B, S]``. With ``shift_labels=True`` (default)
+  ``labels[:, t]`` is the token at ``t + 1``: the label of the last column, of padding, of the
+  last token of each document (its successor belongs to another document) and of tokens whose
+  target has ``loss_mask == 0`` is ``ignore_index``. With ``shift_labels=False`` labels are the
+  inputs with the same masking, for models that shift internally.
+* ``positions`` ``[B, S]``: restart at 0 per document (``position_mode="document"``) or run
+  0..S-1 (``"sequence"``).
+* ``loss_mask`` ``[B, S]`` float32: 1 where the label counts.
+* ``padding_mask`` ``[B, S]`` bool (True on padding) and ``attention_mask`` (1 on real tokens).
+* ``document_ids`` ``[B, S]`` (-1 on padding), ``cu_seqlens`` (int32, boundaries of every
+  document and padding run over the flattened ``B*S`` tokens, for varlen attention kernels),
+  ``max_seqlen`` and ``num_valid_tokens``.
+* any ``extra_fields`` that are aligned per token, stacked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from zephon.errors import ConfigError, MissingFieldError
+from zephon.types import TAG_PACKING
+
+if TYPE_CHECKING:
+    from zephon.types import SampleBatch
+
+TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
+
+
+def _tokens_field(payload: Any, tokens_field: str) -> str:
+    if tokens_field != "auto":
+        return tokens_field
+    if isinstance(payload, Mapping):
+        for name in TOKEN_FIELDS:
+            if name in payload:
+                return name
+        if "packed_samples" in payload:
+            raise ConfigError(
+                "to_training cannot consume pack_sequences envelopes ({'packed_samples': "
+                "[...]}); use pack_flat(...) to get flat, padded rows"
+            )
+    raise MissingFieldError(
+        f"to_training: no token field among {list(TOKEN_FIELDS)} in the payload; pass "
+        "tokens_field=..."
+    )
+
+
+def _padding_length(record: Any) -> int:
+    packing = record.meta.tags.get(TAG_PACKING) if record.meta.tags else None
+    if packing is None:
+        return 0
+    return int(packing.get("padding_length", 0))
+
+
+def _stack(rows: Sequence[np.ndarray], width: int, fill: Any, dtype: Any) -> np.ndarray:
+    out = np.full((len(rows), width), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+def to_training(
+    batch: SampleBatch,
+    *,
+    tokens_field: str = "auto",
+    pad_token_id: int | None = None,
+    ignore_index: int = -100,
+    shift_labels: bool = True,
+    loss_mask_field: str | None = "loss_mask",
+    position_mode: Literal["document", "sequence"] = "document",
+    mask_document_boundaries: bool = True,
+    extra_fields: Sequence[str] = (),
+    dtype: Any = np.int64,
+    return_tensors: Literal["np", "pt"] = "np",
+) -> dict[str, Any]:
+    """Model inputs for ``batch``; see the module docstring for the keys."""
+    if position_mode not in ("document", "sequence"):
+        raise ConfigError(
+            f"to_training: position_mode must be 'document' or 'sequence', got {position_mode!r}"
+        )
+    records = batch.records
+    if not records:
+        raise ConfigError("to_training: the batch is empty")
+    name = _tokens_field(records[0].payload, tokens_field)
+    rows = [np.asarray(r.payload[name]) for r in records]
+    lengths = np.array([len(r) for r in rows], dtype=np.int64)
+    width = int(lengths.max())
+    pads = np.array([_padding_length(r) for r in records], dtype=np.int64)
+    real = lengths - pads  # real tokens per row; the rest of the row is padding
+    if (lengths != width).any() and pad_token_id is None:
+        raise ConfigError(
+            "to_training: rows have different lengths (not packed with pack_flat); pass "
+            "pad_token_id=... to right-pad them"
+        )
+    fill = 0 if pad_token_id is None else pad_token_id
+    input_ids = _stack(rows, width, fill, dtype)
+    cols = np.arange(width)
+    padding_mask = cols[None, :] >= real[:, None]
+
+    payload0 = records[0].payload
+    if "document_ids" in payload0:
+        doc_ids = _stack(
+            [np.asarray(r.payload["document_ids"]) for r in records], width, -1, np.int32
+        )
+        doc_ids[padding_mask] = -1
+    else:
+        doc_ids = np.where(padding_mask, -1, 0).astype(np.int32)
+    if "positions" in payload0:
+        positions = _stack(
+            [np.asarray(r.payload["positions"]) for r in records], width, 0, np.int64
+        )
+    else:
+        positions = np.broadcast_to(cols, (len(rows), width)).copy()
+        # padding restarts at 0 as its own segment
+        positions = np.where(padding_mask, cols[None, :] - real[:, None], positions)
+    if position_mode == "sequence":
+        positions_out = np.broadcast_to(cols, (len(rows), width)).astype(np.int64)
+    else:
+        positions_out = positions.astype(np.int64)
+
+    valid = ~padding_mask
+    if loss_mask_field and loss_mask_field in payload0:
+        lm = _stack([np.asarray(r.payload[loss_mask_field]) for r in records], width, 0, np.float32)
+        valid &= lm != 0
+    if shift_labels:
+        labels = np.full_like(input_ids, ignore_index)
+        labels[:, :-1] = input_ids[:, 1:]
+        target_ok = np.zeros_like(valid)
+        target_ok[:, :-1] = valid[:, 1:] & ~padding_mask[:, :-1]
+        if mask_document_boundaries:
+            target_ok[:, :-1] &= doc_ids[:, 1:] == doc_ids[:, :-1]
+        labels[~target_ok] = ignore_index
+        loss_mask = target_ok
+    else:
+        labels = np.where(valid, input_ids, ignore_index).astype(input_ids.dtype)
+        loss_mask = valid
+
+    # Segment starts: every position reset (documents and the padding run), over B*S tokens.
+    starts = positions == 0
+    starts[:, 0] = True
+    flat_starts = np.flatnonzero(starts.reshape(-1))
+    cu_seqlens = np.append(flat_starts, starts.size).astype(np.int32)
+    max_seqlen = int(np.diff(cu_seqlens).max()) if cu_seqlens.size > 1 else 0
+
+    out: dict[str, Any] = {
+        "input_ids": input_ids,
+        "labels": labels,
+        "positions": positions_out,
+        "loss_mask": loss_mask.astype(np.float32),
+        "padding_mask": padding_mask,
+        "attention_mask": (~padding_mask).astype(np.int64),
+        "document_ids": doc_ids,
+        "cu_seqlens": cu_seqlens,
+        "max_seqlen": max_seqlen,
+        "num_valid_tokens": int(loss_mask.sum()),
+    }
+    for field in extra_fields:
+        if field not in payload0:
+            raise MissingFieldError(f"to_training: extra field {field!r} is not in the payload")
+        first = np.asarray(payload0[field])
+        out[field] = _stack([np.asarray(r.payload[field]) for r in records], width, 0, first.dtype)
+    if return_tensors == "pt":
+        return _to_torch(out)
+    if return_tensors != "np":
+        raise ConfigError(
+            f"to_training: return_tensors must be 'np' or 'pt', got {return_tensors!r}"
+        )
+    return out
+
+
+def _to_torch(arrays: dict[str, Any]) -> dict[str, Any]:
+    try:
+        import torch  # type: ignore[import-not-found]
+    except ImportError:
+        raise ConfigError(
+            "to_training(return_tensors='pt') needs torch, which is not installed; install "
+            "torch or use return_tensors='np'"
+        ) from None
+    return {
+        k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+        for k, v in arrays.items()
+    }
