@@ -1,0 +1,51 @@
+"""Start writer children (``tests.capture._workload``) and collect what they acknowledged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+__all__ = ["REPO", "read_acks", "spawn_writer", "store_url"]
+
+
+def spawn_writer(url: str, plan: dict[str, Any]) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]))
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.capture._workload", url, json.dumps(plan)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
+
+
+def read_acks(lines: list[str]) -> tuple[set[tuple[str, str]], list[str]]:
+    """The (rollout, call) pairs whose put returned, and the error lines."""
+    acked: set[tuple[str, str]] = set()
+    errors: list[str] = []
+    for line in lines:
+        parts = line.split()
+        if parts and parts[0] == "ok":
+            acked.add((parts[1], parts[2]))
+        elif parts and parts[0] == "err":
+            errors.append(line.strip())
+    return acked, errors
+
+
+def store_url(kind: str, tmp_path: Path, request: Any) -> str:
+    """A fresh backend of ``kind`` (postgres: a new schema on the session server)."""
+    if kind == "file":
+        return f"file://{tmp_path / 'capture'}"
+    if kind == "sqlite":
+        return f"sqlite://{tmp_path / 'capture.db'}"
+    if kind == "postgres":
+        url: str = request.getfixturevalue("pg_url")
+        return url
+    raise ValueError(kind)

@@ -1,0 +1,82 @@
+"""Four writer processes on one backend lose or duplicate nothing (per store).
+
+Each writer puts into two shared rollouts (its own call ids), into a rollout of its own, and
+re-puts the same identical entries as every other writer into a third shared rollout (racing
+idempotent retries). All start together (a stdin barrier). Afterwards every rollout holds
+exactly the union of what was put, once, byte-identical, and its version counts each stored
+entry exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from pathlib import Path
+
+import pytest
+
+from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
+from tests.capture._procs import read_acks, spawn_writer, store_url
+from tests.capture._workload import make_entry
+from zephon.capture.stores import open_store
+
+WRITERS = 4
+PER_SHARED = 10
+OWN = 6
+DUPS = 5
+
+
+def _plan(w: int) -> list[tuple[str, str]]:
+    puts = [(f"shared-{s}", f"w{w}-c{k}") for k in range(PER_SHARED) for s in range(2)]
+    puts += [(f"own-{w}", f"c{k}") for k in range(OWN)]
+    puts += [("dup", f"d{k}") for k in range(DUPS)]
+    # Interleave so the writers collide on the same rollouts at the same time.
+    return sorted(puts, key=lambda p: (zlib.crc32(f"{w}{p}".encode()) % 97, p))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])
+def test_four_processes_lose_and_duplicate_nothing(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+    children = [spawn_writer(url, {"puts": _plan(w), "wait_go": True}) for w in range(WRITERS)]
+    for child in children:
+        assert child.stdout is not None
+        assert child.stdout.readline() == "ready\n"
+    for child in children:  # start barrier
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    acked: set[tuple[str, str]] = set()
+    for child in children:
+        out, _ = child.communicate(timeout=100)
+        assert child.returncode == 0
+        lines = out.splitlines()
+        assert lines[-1] == "done"
+        got, errors = read_acks(lines)
+        assert not errors, errors
+        acked |= got
+    expected = {p for w in range(WRITERS) for p in _plan(w)}
+    assert acked == expected
+    asyncio.run(_verify(url, expected))
+
+
+async def _verify(url: str, expected: set[tuple[str, str]]) -> None:
+    store = open_store(url)
+    try:
+        for rid in sorted({r for r, _ in expected}):
+            snap = await store.freeze(rid)
+            ids = [e.model_call_id for e in snap.entries]
+            want = {c for r, c in expected if r == rid}
+            assert len(ids) == len(set(ids)), f"{rid}: duplicated entries"
+            assert set(ids) == want, f"{rid}: lost {want - set(ids)}, extra {set(ids) - want}"
+            assert snap.version == len(want) + 1  # one per stored put, plus the freeze
+            assert not snap.incomplete
+            for entry in snap.entries:
+                assert (
+                    entry.canonical_bytes()
+                    == make_entry(rid, entry.model_call_id).canonical_bytes()
+                )
+    finally:
+        await store.close()

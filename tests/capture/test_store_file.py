@@ -1,0 +1,226 @@
+"""The file store: conformance, torn-tail recovery, corruption, caches, compaction, ids."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.capture._procs import REPO, read_acks, spawn_writer
+from tests.capture._workload import make_entry
+from zephon.capture.conformance import run_conformance
+from zephon.capture.protocols import TokenCaptureRetiredError
+from zephon.capture.stores import _file as file_mod
+from zephon.capture.stores import open_store
+from zephon.capture.stores._file import FileStore, reset_process_cache
+from zephon.capture.stores._fsutil import LogCorruptionError, frame, scan
+from zephon.capture.stores._state import Put, encode_event
+
+
+@pytest.fixture(autouse=True)
+def _cold_cache() -> None:
+    reset_process_cache()
+
+
+def _run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("offload", ["thread", "inline"])
+def test_file_store_passes_conformance(tmp_path: Path, offload: str) -> None:
+    url = f"file://{tmp_path}/cap?offload={offload}"
+    report = _run(run_conformance(*(lambda: open_store(url),) * 4))
+    failed = [r for r in report.results if r.status == "failed"]
+    assert not failed
+    assert sum(r.status == "passed" for r in report.results) >= 25
+
+
+def _flip(path: Path, offset: int) -> None:
+    """Damage one byte in place (size unchanged) behind the store's back."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def _line_offsets(path: Path) -> list[int]:
+    data = path.read_bytes()
+    return [r.offset for r in scan(data, offset=0, line=1, path=str(path)).records]
+
+
+def test_torn_final_record_is_ignored_then_cut_off(tmp_path: Path) -> None:
+    store = FileStore(str(tmp_path))
+    rid = "torn"
+    _run(store.put(make_entry(rid, "c1")))
+    _run(store.put(make_entry(rid, "c2")))
+    log = Path(store.log_path(rid))
+    valid = log.stat().st_size
+    # What a writer killed in the middle of its append leaves behind.
+    c3 = make_entry(rid, "c3")
+    line = frame(b"e", encode_event(Put(call_id="c3", key="0" * 64)))
+    with open(log, "ab") as f:
+        f.write(line[: len(line) // 2])
+    reset_process_cache()  # a restarted process
+    assert {*FileStore(str(tmp_path)).state_of(rid).entry_keys} == {"c1", "c2"}
+    assert log.stat().st_size > valid  # a reader leaves the torn bytes alone
+    _run(store.put(c3))  # the next writer cuts them off and appends cleanly
+    result = scan(log.read_bytes(), offset=0, line=1, path=str(log))
+    assert result.torn == 0
+    assert len(result.records) == 4  # header + three puts
+    snap = _run(FileStore(str(tmp_path)).freeze(rid))
+    assert sorted(e.model_call_id for e in snap.entries) == ["c1", "c2", "c3"]
+    assert snap.version == 4 and not snap.incomplete
+
+
+def test_corruption_before_the_last_line_is_refused_with_file_and_line(tmp_path: Path) -> None:
+    store = FileStore(str(tmp_path))
+    rid = "corrupt"
+    for cid in ("c1", "c2", "c3"):
+        _run(store.put(make_entry(rid, cid)))
+    log = Path(store.log_path(rid))
+    _flip(log, _line_offsets(log)[1] + 40)  # inside line 2 (the first put)
+    reset_process_cache()
+    cold = FileStore(str(tmp_path))
+    with pytest.raises(LogCorruptionError, match=rf"{log}.* line 2"):
+        _run(cold.put(make_entry(rid, "c4")))
+    with pytest.raises(LogCorruptionError, match="line 2"):
+        _run(cold.freeze(rid))
+
+
+def test_put_does_not_reparse_the_log(tmp_path: Path) -> None:
+    """A warm writer only looks at the file size: damage behind its back goes unread."""
+    store = FileStore(str(tmp_path))
+    rid = "o1"
+    for cid in ("c1", "c2"):
+        _run(store.put(make_entry(rid, cid)))
+    log = Path(store.log_path(rid))
+    _flip(log, _line_offsets(log)[1] + 40)
+    _run(store.put(make_entry(rid, "c3")))  # O(1): no re-read of earlier records
+    _run(store.put(make_entry(rid, "c3")))  # identical retry: still a no-op
+    with pytest.raises(ValueError, match="different bytes"):
+        _run(store.put(make_entry(rid, "c3", gen=5)))  # conflict found from the cached index
+    reset_process_cache()
+    with pytest.raises(LogCorruptionError):
+        _run(FileStore(str(tmp_path)).put(make_entry(rid, "c4")))
+
+
+def test_repeated_freeze_is_served_from_the_cached_snapshot(tmp_path: Path) -> None:
+    store = FileStore(str(tmp_path))
+    rid = "refreeze"
+    for cid in ("c1", "c2"):
+        _run(store.put(make_entry(rid, cid)))
+    first = _run(store.freeze(rid))
+    log = Path(store.log_path(rid))
+    _flip(log, _line_offsets(log)[2] + 40)
+    again = _run(FileStore(str(tmp_path)).freeze(rid))  # another client, same process
+    assert again is first
+    # A change moves the version and invalidates the cache (and now the damage is read).
+    _run(store.mark_incomplete(rid, "c9"))
+    reset_process_cache()
+    with pytest.raises(LogCorruptionError):
+        _run(store.freeze(rid))
+
+
+def test_writes_of_other_processes_are_read_from_the_tail(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}"
+    store = FileStore(str(tmp_path))
+    rid = "shared"
+    _run(store.put(make_entry(rid, "parent-1")))
+    child = spawn_writer(url, {"puts": [[rid, "child-1"], [rid, "child-2"]]})
+    out, _ = child.communicate(timeout=60)
+    acked, errors = read_acks(out.splitlines())
+    assert not errors and len(acked) == 2
+    _run(store.put(make_entry(rid, "parent-2")))
+    snap = _run(store.freeze(rid))
+    assert {e.model_call_id for e in snap.entries} == {
+        "parent-1",
+        "child-1",
+        "child-2",
+        "parent-2",
+    }
+    assert snap.version == 5
+
+
+def test_retire_compacts_the_log_and_delete_removes_it(tmp_path: Path) -> None:
+    store = FileStore(str(tmp_path))
+    rid = "life"
+    for i in range(5):
+        _run(store.put(make_entry(rid, f"c{i}", prompt=2000)))
+    log = Path(store.log_path(rid))
+    big = log.stat().st_size
+    snap = _run(store.freeze(rid))
+    assert _run(store.drop(rid, snapshot_id=snap.snapshot_id, version=snap.version))
+    assert log.stat().st_size < 2000 < big  # header + one state record
+    reset_process_cache()
+    with pytest.raises(TokenCaptureRetiredError):
+        _run(FileStore(str(tmp_path)).put(make_entry(rid, "late")))
+    removal = _run(store.delete(rid))
+    assert removal.changed == (rid,)
+    assert not log.exists()
+    _run(store.put(make_entry(rid, "fresh")))
+    snap = _run(store.freeze(rid))
+    assert [e.model_call_id for e in snap.entries] == ["fresh"]
+
+
+def test_a_cached_handle_follows_a_log_retired_by_another_process(tmp_path: Path) -> None:
+    store = FileStore(str(tmp_path))
+    rid = "follow"
+    _run(store.put(make_entry(rid, "c1")))  # this process now caches the open log
+    code = (
+        "import asyncio, sys; from zephon.capture.stores._file import FileStore; "
+        "asyncio.run(FileStore(sys.argv[1]).retire(sys.argv[2]))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
+    subprocess.run([sys.executable, "-c", code, str(tmp_path), rid], check=True, env=env)
+    with pytest.raises(TokenCaptureRetiredError):
+        _run(store.put(make_entry(rid, "c2")))
+    assert store.state_of(rid).retired
+    code = code.replace(".retire(", ".delete(")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path), rid], check=True, env=env)
+    _run(store.put(make_entry(rid, "c2")))  # the id is unused again
+    assert list(store.state_of(rid).entry_keys) == ["c2"]
+
+
+@pytest.mark.parametrize("rid", ["../escape", "a/b", "", "é", ".."])
+def test_unsafe_rollout_ids_are_refused(tmp_path: Path, rid: str) -> None:
+    store = FileStore(str(tmp_path / "d"))
+    with pytest.raises(ValueError, match="invalid"):
+        _run(store.mark_incomplete(rid))
+    with pytest.raises(ValueError, match="invalid"):
+        _run(store.freeze(rid))
+    assert os.listdir(tmp_path) == ["d"] and os.listdir(tmp_path / "d") == []
+
+
+def test_a_log_renamed_to_another_rollout_is_refused(tmp_path: Path) -> None:
+    store = FileStore(str(tmp_path))
+    _run(store.put(make_entry("alpha", "c1")))
+    os.rename(store.log_path("alpha"), store.log_path("beta"))
+    with pytest.raises(LogCorruptionError, match="beta"):
+        _run(store.freeze("beta"))
+
+
+def test_handle_cache_eviction_keeps_results_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(file_mod, "_MAX_HANDLES", 2)
+    store = FileStore(str(tmp_path))
+    for i in range(6):
+        _run(store.put(make_entry(f"r{i}", "c1")))
+        _run(store.put(make_entry(f"r{i}", "c2")))
+    assert len(file_mod._HANDLES) <= 2
+    for i in range(6):
+        snap = _run(store.freeze(f"r{i}"))
+        assert sorted(e.model_call_id for e in snap.entries) == ["c1", "c2"]
+
+
+@pytest.mark.parametrize(
+    "url", ["file://host/dir", "file:", "file:///tmp/x?fsync=off", "file:///tmp/x?offload=maybe"]
+)
+def test_bad_file_urls_are_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="file"):
+        FileStore.from_url(url)

@@ -1,0 +1,67 @@
+"""The postgres store on a real server: conformance, compare-and-set, isolation, URLs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+
+from tests.capture._pg import fresh_schema_url, pg_dsn, pg_url  # noqa: F401
+from tests.capture._workload import make_entry
+from zephon.capture.conformance import run_conformance
+from zephon.capture.stores import open_store
+from zephon.capture.stores._postgres import PostgresStore
+
+
+@pytest.mark.timeout(90)
+def test_postgres_store_passes_conformance(pg_url: str) -> None:  # noqa: F811
+    report = asyncio.run(run_conformance(*(lambda: open_store(pg_url),) * 4))
+    assert not [r for r in report.results if r.status == "failed"]
+    assert sum(r.status == "passed" for r in report.results) >= 25
+
+
+def test_racing_conflicting_puts_store_exactly_one_and_poison(pg_url: str) -> None:  # noqa: F811
+    """Two clients put different bytes for one call id at once: one wins, one fails."""
+
+    async def scenario() -> None:
+        a, b = PostgresStore.from_url(pg_url), PostgresStore.from_url(pg_url)
+        first = make_entry("race", "c1")
+        second = make_entry("race", "c1", gen=7)
+        results = await asyncio.gather(a.put(first), b.put(second), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert len(errors) == 1 and isinstance(errors[0], ValueError)
+        snap = await a.freeze("race")
+        assert len(snap.entries) == 1 and snap.incomplete
+        stored = snap.entries[0].canonical_bytes()
+        assert stored in (first.canonical_bytes(), second.canonical_bytes())
+        await a.close()
+        await b.close()
+
+    asyncio.run(scenario())
+
+
+def test_schemas_isolate_backends(pg_dsn: str) -> None:  # noqa: F811
+    async def scenario() -> None:
+        one = PostgresStore.from_url(fresh_schema_url(pg_dsn))
+        two = PostgresStore.from_url(fresh_schema_url(pg_dsn))
+        await one.put(make_entry("same-id", "c1"))
+        assert (await two.freeze("same-id")).entries == ()
+        assert len((await one.freeze("same-id")).entries) == 1
+        await one.close()
+        await two.close()
+
+    asyncio.run(scenario())
+
+
+def test_schema_is_created_when_missing_and_options_are_stripped(pg_dsn: str) -> None:  # noqa: F811
+    url = f"{pg_dsn}?schema=zt_created_here&offload=inline&connect_timeout=5"
+    store = PostgresStore.from_url(url)
+    assert store.schema == "zt_created_here"
+    asyncio.run(store.put(make_entry("r", "c1")))
+    asyncio.run(store.close())
+    with psycopg.connect(pg_dsn) as conn:
+        row = conn.execute("SELECT count(*) FROM zt_created_here.capture_entries").fetchone()
+    assert row == (1,)
+    with pytest.raises(ValueError, match="offload"):
+        PostgresStore.from_url(f"{pg_dsn}?offload=fast")
