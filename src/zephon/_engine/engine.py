@@ -162,15 +162,16 @@ class Engine:
         else:
             order = [lane for lane in self.lanes if lane not in finished]
             counts = [lanes[lane].delivered for lane in order]
-            if counts and len(set(counts)) > 1:
+            every = {lane: lc.delivered for lane, lc in resume.lanes.items() if not lc.done}
+            if len(set(every.values())) > 1:
                 log.warning(
                     "zephon: this checkpoint was not cut at a window boundary (lanes %s "
                     "delivered %s items): every sample still comes exactly once, but the "
                     "rest of the current window is grouped into steps differently than in an "
                     "uninterrupted run. Checkpoint after a multiple of canonical_replicas "
                     "batches per step to keep global batches identical.",
-                    order,
-                    counts,
+                    sorted(every),
+                    [every[lane] for lane in sorted(every)],
                 )
             turn = counts.index(min(counts)) if counts else 0
         mux = LaneMux(

@@ -75,8 +75,9 @@ class LaneMux:
                 queue.popleft()
                 boundary = int(tags[TAG_BOUNDARY_CID])
                 cursor = self.replay_cursor.get(lane)
-                if cursor is not None and cursor.chunk_id < boundary:
-                    # Everything before the boundary is delivered: nothing to skip there.
+                if self._on_epoch is not None and cursor is not None and cursor.chunk_id < boundary:
+                    # Epoch eviction: everything before the boundary is delivered and will not
+                    # be replayed, so there is nothing to skip there.
                     self.replay_cursor[lane] = None
                 if self._on_epoch is not None:
                     self._on_epoch(lane, boundary)
