@@ -269,7 +269,7 @@ class PackOpBase(BaseOp):
         min_sequence_length: int = 1,
         max_sequences_per_bin: int | None = None,
         drop_oversized: bool = True,
-        flush_strategy: FlushStrategy = "fifo",
+        flush_strategy: FlushStrategy = "fullest",
         tokens_field: str = "auto",
         candidate_pool_size: int = 256,
         max_candidate_age: int | None = None,
