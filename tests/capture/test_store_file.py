@@ -17,7 +17,7 @@ from zephon.capture.protocols import TokenCaptureRetiredError
 from zephon.capture.stores import _file as file_mod
 from zephon.capture.stores import open_store
 from zephon.capture.stores._file import FileStore, reset_process_cache
-from zephon.capture.stores._fsutil import LogCorruptionError, frame, scan
+from zephon.capture.stores._fsutil import LogCorruptionError, frame_parts, scan
 from zephon.capture.stores._state import Put, encode_event
 
 
@@ -62,7 +62,11 @@ def test_torn_final_record_is_ignored_then_cut_off(tmp_path: Path) -> None:
     valid = log.stat().st_size
     # What a writer killed in the middle of its append leaves behind.
     c3 = make_entry(rid, "c3")
-    line = frame(b"e", encode_event(Put(call_id="c3", key="0" * 64)))
+    line = b"".join(
+        frame_parts(
+            b"p", encode_event(Put(call_id="c3", key="0" * 64)), b"\t", c3.canonical_bytes()
+        )
+    )
     with open(log, "ab") as f:
         f.write(line[: len(line) // 2])
     reset_process_cache()  # a restarted process

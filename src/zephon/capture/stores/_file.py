@@ -36,9 +36,10 @@ from zephon.capture.stores._durable import Decide, DurableStore, Offload, parse_
 from zephon.capture.stores._fsutil import (
     LogCorruptionError,
     Record,
-    append_all,
+    append_parts,
     close_quietly,
     frame,
+    frame_parts,
     fsync_dir,
     lock_fd,
     open_locked,
@@ -65,6 +66,7 @@ LOG_FORMAT = "zephon-capture-log"
 LOG_VERSION = 1
 _HEADER = b"H"
 _EVENT = b"e"
+_PUT = b"p"  # body: the Put event without payload, a tab, the entry's canonical bytes
 _STATE = b"S"
 _SUFFIX = ".log"
 _MAX_HANDLES = int(os.environ.get("ZEPHON_FILE_STORE_HANDLES", "256"))
@@ -239,11 +241,19 @@ class FileStore(DurableStore):
 
     def _apply_record(self, h: _Handle, rec: Record) -> None:
         try:
-            if rec.tag == _EVENT:
+            if rec.tag == _PUT:
+                # Only the small event before the tab is parsed; the payload is not (the
+                # record's CRC already vouches for it).
+                event = decode_event(rec.body[: rec.body.index(b"\t")])
+                if not isinstance(event, Put):
+                    raise ValueError(f"a put record holds a {type(event).__name__} event")
+                h.index[event.call_id] = (rec.offset, rec.end)
+                h.state.apply(event)
+            elif rec.tag == _EVENT:
                 event = decode_event(rec.body)
                 if isinstance(event, Put):
-                    h.index[event.call_id] = (rec.offset, rec.end)
-                elif isinstance(event, Retire | Delete):
+                    raise ValueError("a put event outside a put record")
+                if isinstance(event, Retire | Delete):
                     h.index.clear()
                 h.state.apply(event)
             elif rec.tag == _HEADER:
@@ -283,16 +293,22 @@ class FileStore(DurableStore):
             pos += len(parts[0])
         spans: list[tuple[Put, int, int]] = []
         for event in events:
-            line = frame(_EVENT, encode_event(event))
             if isinstance(event, Put):
-                spans.append((event, pos, pos + len(line)))
-            parts.append(line)
-            pos += len(line)
-        append_all(h.fd, parts[0] if len(parts) == 1 else b"".join(parts))
+                line = frame_parts(
+                    _PUT, encode_event(event.without_entry()), b"\t", event.entry_bytes
+                )
+            else:
+                line = [frame(_EVENT, encode_event(event))]
+            size = sum(len(b) for b in line)
+            if isinstance(event, Put):
+                spans.append((event, pos, pos + size))
+            parts += line
+            pos += size
+        append_parts(h.fd, parts)
         for event, start, end in spans:
             h.index[event.call_id] = (start, end)
         h.state.apply_all(events)
-        h.lines += len(parts)
+        h.lines += len(events) + (1 if h.offset == 0 else 0)
         h.offset = pos
         h.snapshot = None
 
@@ -387,10 +403,7 @@ class FileStore(DurableStore):
         entries = []
         for start, end in spans:
             line = buf[start - lo : end - lo - 1]
-            body = line[line.index(b" ") + 10 :]
-            event = decode_event(body)
-            assert isinstance(event, Put)
-            entries.append(TokenEntry.from_json(event.entry_bytes))
+            entries.append(TokenEntry.from_json(line[line.index(b"\t") + 1 :]))
         return entries
 
     def _lineage_entries(self, rollout_id: str) -> list[TokenEntry]:
