@@ -12,6 +12,7 @@ import pytest
 
 from tests.capture._procs import REPO, read_acks, spawn_writer
 from tests.capture._workload import make_entry
+from tests.capture.mutations import Mutation, assert_mutation_caught, mutation  # noqa: F401
 from zephon.capture.conformance import run_conformance
 from zephon.capture.protocols import TokenCaptureRetiredError
 from zephon.capture.stores import _file as file_mod
@@ -228,3 +229,8 @@ def test_handle_cache_eviction_keeps_results_exact(
 def test_bad_file_urls_are_refused(url: str) -> None:
     with pytest.raises(ValueError, match="file"):
         FileStore.from_url(url)
+
+
+def test_file_store_mutations_are_caught(tmp_path: Path, mutation: Mutation) -> None:  # noqa: F811
+    url = f"file://{tmp_path}/cap"
+    assert_mutation_caught(lambda: open_store(url), mutation)

@@ -9,6 +9,7 @@ import pytest
 
 from tests.capture._pg import fresh_schema_url, pg_dsn, pg_url  # noqa: F401
 from tests.capture._workload import make_entry
+from tests.capture.mutations import Mutation, assert_mutation_caught, mutation  # noqa: F401
 from zephon.capture.conformance import run_conformance
 from zephon.capture.stores import open_store
 from zephon.capture.stores._postgres import PostgresStore
@@ -65,3 +66,8 @@ def test_schema_is_created_when_missing_and_options_are_stripped(pg_dsn: str) ->
     assert row == (1,)
     with pytest.raises(ValueError, match="offload"):
         PostgresStore.from_url(f"{pg_dsn}?offload=fast")
+
+
+@pytest.mark.timeout(60)
+def test_postgres_store_mutations_are_caught(pg_url: str, mutation: Mutation) -> None:  # noqa: F811
+    assert_mutation_caught(lambda: open_store(pg_url), mutation)

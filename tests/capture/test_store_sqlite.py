@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.capture._workload import make_entry
+from tests.capture.mutations import Mutation, assert_mutation_caught, mutation  # noqa: F401
 from zephon.capture.conformance import run_conformance
 from zephon.capture.protocols import TokenCaptureFrozenError
 from zephon.capture.stores import open_store
@@ -73,3 +74,8 @@ def test_sqlite_urls(tmp_path: Path) -> None:
         SqliteStore.from_url("sqlite://host/x.db")
     with pytest.raises(ValueError, match="unknown option"):
         SqliteStore.from_url(f"sqlite://{tmp_path}/x.db?journal=delete")
+
+
+def test_sqlite_store_mutations_are_caught(tmp_path: Path, mutation: Mutation) -> None:  # noqa: F811
+    url = f"sqlite://{tmp_path}/cap.db"
+    assert_mutation_caught(lambda: open_store(url), mutation)
