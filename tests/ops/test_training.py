@@ -1,0 +1,95 @@
+"""SampleBatch.to_training: shifted labels, masks, positions and cu_seqlens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.ops._helpers import ListSource, sequential_pointers, token_rows
+from zephon import Dataset, Pipeline
+from zephon.errors import ConfigError
+from zephon.types import TAG_PACKING, SampleBatch, SampleMeta, SampleRecord
+
+
+def packed_batch():
+    # docs of 3 and 4 tokens (ids 1..), one row of 10 -> 3 pad tokens; loss_mask hides token 5
+    def row(ids, mask):
+        return {"input_ids": np.array(ids, np.int32), "loss_mask": np.array(mask, np.uint8)}
+
+    rows = [row([1, 2, 3], [1, 1, 1]), row([4, 5, 6, 7], [1, 0, 1, 1])]
+    ds = Dataset.from_records("d", rows)
+    pipe = (
+        Pipeline(ListSource([ds], sequential_pointers([ds]), 2))
+        .pack_flat(10, 0, algorithm="first_fit")
+        .batch(1, drop_last=False)
+        .options(runner="inline")
+    )
+    (batch,) = list(pipe)
+    return batch
+
+
+def test_labels_are_shifted_and_masked():
+    t = packed_batch().to_training()
+    assert t["input_ids"].tolist() == [[1, 2, 3, 4, 5, 6, 7, 0, 0, 0]]
+    ig = -100
+    # 3->4 crosses documents; 4 predicts 5 whose loss_mask is 0; 7 is followed by padding
+    assert t["labels"].tolist() == [[2, 3, ig, ig, 6, 7, ig, ig, ig, ig]]
+    assert t["loss_mask"].tolist() == [[1, 1, 0, 0, 1, 1, 0, 0, 0, 0]]
+    assert t["positions"].tolist() == [[0, 1, 2, 0, 1, 2, 3, 0, 1, 2]]
+    assert t["document_ids"].tolist() == [[0, 0, 0, 1, 1, 1, 1, -1, -1, -1]]
+    assert t["padding_mask"].tolist() == [[False] * 7 + [True] * 3]
+    assert t["attention_mask"].tolist() == [[1] * 7 + [0] * 3]
+    assert t["cu_seqlens"].tolist() == [0, 3, 7, 10] and t["cu_seqlens"].dtype == np.int32
+    assert t["max_seqlen"] == 4 and t["num_valid_tokens"] == 4
+    assert t["input_ids"].dtype == np.int64
+
+
+def test_unshifted_labels_and_sequence_positions():
+    t = packed_batch().to_training(shift_labels=False, position_mode="sequence", ignore_index=-1)
+    assert t["labels"].tolist() == [[1, 2, 3, 4, -1, 6, 7, -1, -1, -1]]
+    assert t["positions"].tolist() == [list(range(10))]
+    assert t["cu_seqlens"].tolist() == [0, 3, 7, 10]  # still the document boundaries
+
+
+def test_unpacked_rows_are_right_padded():
+    def rec(i, ids):
+        return SampleRecord(SampleMeta((0, 0, i), 0, 0, i), {"input_ids": np.array(ids)})
+
+    batch = SampleBatch([rec(0, [5, 6, 7]), rec(1, [8, 9])])
+    with pytest.raises(ConfigError, match="pass pad_token_id"):
+        batch.to_training()
+    t = batch.to_training(pad_token_id=0)
+    assert t["input_ids"].tolist() == [[5, 6, 7], [8, 9, 0]]
+    assert t["labels"].tolist() == [[6, 7, -100], [9, -100, -100]]
+    assert t["positions"].tolist() == [[0, 1, 2], [0, 1, 0]]
+    assert t["cu_seqlens"].tolist() == [0, 3, 5, 6]
+
+
+def test_padding_length_comes_from_the_meta_not_the_pad_id():
+    # the pad id (0) also occurs as a real token: masking must follow TAG_PACKING
+    meta = SampleMeta((0, 0, 0), 0, 0, 0, (), 0, None, {TAG_PACKING: {"padding_length": 2}})
+    batch = SampleBatch([SampleRecord(meta, {"input_ids": np.array([0, 3, 0, 0])})])
+    t = batch.to_training()
+    assert t["padding_mask"].tolist() == [[False, False, True, True]]
+    assert t["labels"].tolist() == [[3, -100, -100, -100]]
+
+
+def test_envelopes_and_torch_requests_fail_clearly():
+    ds = Dataset.from_records("d", token_rows([3, 4]))
+    pipe = (
+        Pipeline(ListSource([ds], sequential_pointers([ds]), 2))
+        .pack_sequences(10)
+        .batch(1, drop_last=False)
+        .options(runner="inline")
+    )
+    (batch,) = list(pipe)
+    with pytest.raises(ConfigError, match="use pack_flat"):
+        batch.to_training()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        with pytest.raises(ConfigError, match="needs torch"):
+            packed_batch().to_training(return_tensors="pt")
+    else:
+        t = packed_batch().to_training(return_tensors="pt")
+        assert tuple(t["input_ids"].shape) == (1, 10)
