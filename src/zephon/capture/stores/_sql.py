@@ -59,11 +59,16 @@ class SqlStore(DurableStore):
     def _q(self, sql: str) -> str:
         return sql if self.P == "?" else sql.replace("?", self.P)
 
+    @property
+    def _row_locks(self) -> bool:
+        """Whether ``SELECT ... FOR UPDATE`` exists (postgres; sqlite locks the database)."""
+        return self.P != "?"
+
     # -- state ------------------------------------------------------------------------------
 
     def _load(self, cur: Cursor, rollout_id: str, *, for_update: bool) -> RolloutState | None:
         sql = "SELECT state FROM capture_rollouts WHERE rollout_id = ?"
-        if for_update and self.P != "?":
+        if for_update and self._row_locks:
             sql += " FOR UPDATE"
         cur.execute(self._q(sql), (rollout_id,))
         row = cur.fetchone()
