@@ -23,10 +23,11 @@ import functools
 import os
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
+from zephon.capture.lineage import IncrementalResolver, has_model_authored_item
 from zephon.capture.protocols import LineageResolution
 from zephon.capture.records import (
     CaptureLedgerCommit,
@@ -39,7 +40,6 @@ from zephon.capture.records import (
     validate_capture_keys,
     validate_rollout_id,
 )
-from zephon.capture.stores._resolve import has_model_authored_item, resolve_among
 from zephon.capture.stores._state import RolloutState, Transition
 
 __all__ = ["Decide", "DurableStore", "Offload", "parse_offload"]
@@ -104,6 +104,13 @@ class DurableStore:
         raise NotImplementedError
 
     def _lineage_entries(self, rollout_id: str) -> list[TokenEntry]:
+        raise NotImplementedError
+
+    def _lineage_fetch(
+        self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]
+    ) -> tuple[Mapping[str, str], Sequence[TokenEntry]]:
+        """Under the rollout's read lock: the ``{call_id: entry key}`` map and the entries of
+        the call ids ``select(map)`` picks (see :data:`zephon.capture.lineage.EntryFetch`)."""
         raise NotImplementedError
 
     def _close(self) -> None:
@@ -232,9 +239,12 @@ class DurableStore:
         if not has_model_authored_item(request_items):
             if self._closed:
                 raise RuntimeError(f"{self.describe()} capture store client is closed")
-            return resolve_among(request_items, ())
-        entries = await self._run(self._lineage_entries, rollout_id)
-        return resolve_among(request_items, entries)
+            return LineageResolution(ParentResolutionStatus.ROOT)
+        resolver = self.__dict__.get("_resolver")
+        if resolver is None:
+            # One incremental cache per client: each look reads only entries committed since.
+            resolver = self.__dict__["_resolver"] = IncrementalResolver(self._lineage_fetch)
+        return await self._run(resolver.resolve, rollout_id, request_items)
 
     def is_process_shared(self) -> bool:
         return True

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -412,6 +412,17 @@ class FileStore(DurableStore):
             lambda s: Transition(),
             lambda h, _t: self._read_entries(h, list(h.state.entry_keys)),
             write=False,
+        )
+
+    def _lineage_fetch(
+        self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]
+    ) -> tuple[Mapping[str, str], Sequence[TokenEntry]]:
+        def then(h: _Handle, _t: Transition[Any]) -> tuple[dict[str, str], list[TokenEntry]]:
+            keys = dict(h.state.entry_keys)
+            return keys, self._read_entries(h, [c for c in select(keys) if c in h.index])
+
+        return self._op(  # type: ignore[no-any-return]
+            rollout_id, lambda s: Transition(), then, write=False
         )
 
     # -- inspection (tests, audit) ------------------------------------------------------

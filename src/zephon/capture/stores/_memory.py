@@ -10,21 +10,19 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from zephon.capture.protocols import LineageMatch, LineageResolution
+from zephon.capture.lineage import IncrementalResolver
+from zephon.capture.protocols import LineageResolution
 from zephon.capture.records import (
-    FINGERPRINT_VERSION,
     CaptureLedgerCommit,
     EngineRefusalRecord,
     ParentResolutionStatus,
     RolloutRemoval,
     TokenCaptureSnapshot,
     TokenEntry,
-    compute_digest,
-    cumulative_tokens,
     validate_capture_keys,
     validate_rollout_id,
 )
@@ -84,6 +82,7 @@ class MemoryStore:
     def __init__(self, name: str = "default") -> None:
         self._backend = _backend(name)
         self._closed = False
+        self._resolver: IncrementalResolver | None = None
 
     @classmethod
     def from_url(cls, url: str) -> MemoryStore:
@@ -248,60 +247,30 @@ class MemoryStore:
 
     # -- lineage -------------------------------------------------------------------------
 
+    def _lineage_fetch(
+        self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]
+    ) -> tuple[Mapping[str, str], Sequence[TokenEntry]]:
+        b = self._backend
+        with b.lock:
+            state = b.states.get(rollout_id)
+            keys = dict(state.entry_keys) if state is not None else {}
+            payloads = b.payloads.get(rollout_id, {})
+            return keys, [payloads[c] for c in select(keys) if c in payloads]
+
     async def resolve(
         self, rollout_id: str, request_items: list[dict[str, Any]]
     ) -> LineageResolution:
         """Request-time parent resolution over committed entries; never guesses.
 
-        ROOT when the request has no model-authored item. Otherwise the continuation matcher of
-        :mod:`zephon.capture.lineage` is used when available (fingerprint + verified context,
-        exactly one candidate); without it the answer is UNRESOLVED ``resolver_unavailable``.
+        ROOT when the request has no model-authored item; otherwise exactly one candidate whose
+        fingerprint and recorded context match (see :mod:`zephon.capture.lineage`), else
+        UNRESOLVED. Each client keeps an incremental cache that reads only new entries.
         """
         self._check_open()
         validate_rollout_id(rollout_id)
-        if not any(_model_authored(item) for item in request_items):
-            return LineageResolution(ParentResolutionStatus.ROOT)
-        try:
-            from zephon.capture import lineage  # type: ignore[attr-defined]
-
-            fingerprint = lineage.assistant_fingerprint
-            context_digest = lineage.conversation_digest
-        except (ImportError, AttributeError):
-            return LineageResolution(
-                ParentResolutionStatus.UNRESOLVED, reason="resolver_unavailable"
-            )
-        fp = fingerprint(request_items)
-        if not fp:
-            return LineageResolution(ParentResolutionStatus.ROOT)
-        with self._backend.lock:
-            entries = list(self._backend.payloads.get(rollout_id, {}).values())
-        candidates: list[TokenEntry] = []
-        for entry in entries:
-            n = entry.continuation_context_len
-            if (
-                entry.continuation_fingerprint == fp
-                and entry.fingerprint_version == FINGERPRINT_VERSION
-                and entry.continuation_context_digest
-                and len(request_items) >= n
-                and context_digest(request_items[:n]) == entry.continuation_context_digest
-                and not entry.prompt_is_delta
-            ):
-                candidates.append(entry)
-        if len({(e.digest, e.cum_len) for e in candidates}) == 1:
-            candidates = [min(candidates, key=lambda e: e.model_call_id)]
-        if len(candidates) != 1:
-            reason = "no_match" if not candidates else "ambiguous"
-            return LineageResolution(ParentResolutionStatus.UNRESOLVED, reason=reason)
-        parent = candidates[0]
-        tokens = cumulative_tokens(parent)
-        return LineageResolution(
-            ParentResolutionStatus.RESOLVED,
-            match=LineageMatch(
-                model_call_id=parent.model_call_id,
-                cumulative_token_ids=tuple(tokens),
-                digest=parent.digest or compute_digest(tokens),
-            ),
-        )
+        if self._resolver is None:
+            self._resolver = IncrementalResolver(self._lineage_fetch)
+        return self._resolver.resolve(rollout_id, request_items)
 
     def is_process_shared(self) -> bool:
         return False

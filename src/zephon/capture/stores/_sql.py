@@ -17,11 +17,11 @@ cache when the stored ``(snapshot_id, version)`` is unchanged, which costs one i
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from zephon.capture.records import TokenCaptureSnapshot, TokenEntry
+from zephon.capture.records import TokenCaptureSnapshot, TokenEntry, entry_key
 from zephon.capture.stores._durable import Decide, DurableStore, Offload
 from zephon.capture.stores._state import Delete, Event, Put, Retire, RolloutState, Transition
 
@@ -183,6 +183,33 @@ class SqlStore(DurableStore):
         with self._lock, self._txn(False) as cur:
             payloads = self._payloads(cur, rollout_id)
         return [TokenEntry.from_json(p) for p in payloads.values()]
+
+    def _lineage_fetch(
+        self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]
+    ) -> tuple[Mapping[str, str], Sequence[TokenEntry]]:
+        with self._lock, self._txn(False) as cur:
+            state = self._load(cur, rollout_id, for_update=False)
+            keys = dict(state.entry_keys) if state is not None else {}
+            wanted = [c for c in select(keys) if c in keys]
+            rows: list[Any] = []
+            if wanted:
+                marks = ", ".join("?" for _ in wanted)
+                cur.execute(
+                    self._q(
+                        "SELECT call_id, payload FROM capture_entries "
+                        f"WHERE rollout_id = ? AND call_id IN ({marks})"
+                    ),
+                    (rollout_id, *wanted),
+                )
+                rows = cur.fetchall()
+        payloads = {row[0]: bytes(row[1]) for row in rows}
+        # A read-committed database may show the state and the payloads from two different
+        # commits: a payload that is not the one the state names is left for the next look.
+        return keys, [
+            TokenEntry.from_json(payloads[c])
+            for c in wanted
+            if c in payloads and entry_key(payloads[c]) == keys[c]
+        ]
 
     def state_of(self, rollout_id: str) -> RolloutState:
         """The rollout's stored state (tests, audit)."""

@@ -1,0 +1,438 @@
+"""Request-time lineage: which recorded call does a request continue?
+
+Two hashes, bit-compatible with NeMo Gym's fingerprint version 2 (byte layout in
+``docs/lineage.md``):
+
+* :func:`assistant_fingerprint` hashes only the model-authored items (assistant turns and
+  Responses function calls; reasoning is ignored) and is the lookup key;
+* :func:`conversation_digest` hashes every item, tool results included, and verifies that the
+  request really extends the context the candidate was generated from.
+
+:func:`stamp_continuation` writes both onto an entry before ``put``. :class:`RolloutLineage` is
+the per-rollout matcher: a candidate must carry the request's fingerprint AND the digest of
+the request's first ``context_len`` items; it never chooses between candidates (candidates
+with identical token sequences are one: the smallest call id). :class:`IncrementalResolver`
+keeps one matcher per rollout over any store and, on each look, reads only the entries
+committed since its previous look, so every entry whose ``put`` returned is seen, from any
+client, at the cost of the new entries alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from zephon.capture._dialects import (
+    canonicalize_tool_arguments,
+    content_parts,
+    is_model_authored,
+    role_or_type,
+    tool_calls,
+    tool_results,
+)
+from zephon.capture.protocols import LineageMatch, LineageResolution
+from zephon.capture.records import (
+    FINGERPRINT_VERSION,
+    ParentResolutionStatus,
+    TokenEntry,
+    compute_digest,
+)
+
+__all__ = [
+    "FINGERPRINT_VERSION",
+    "EntryFetch",
+    "IncrementalResolver",
+    "LineageNode",
+    "RolloutLineage",
+    "assistant_fingerprint",
+    "canonicalize_tool_arguments",
+    "conversation_digest",
+    "has_model_authored_item",
+    "resolve_among",
+    "stamp_continuation",
+]
+
+FINGERPRINT_DOMAIN = b"nemo-gym-lineage"
+CONTEXT_DOMAIN = b"nemo-gym-lineage-context"
+
+# Reason codes of UNRESOLVED answers (the first two are the reference's).
+NO_MATCH = "no_match"
+AMBIGUOUS = "ambiguous"
+PARENT_UNAVAILABLE = "parent_tokens_unavailable"
+
+_ROOT = LineageResolution(ParentResolutionStatus.ROOT)
+
+
+# --------------------------------------------------------------------------- hashes
+
+
+def _field(h: Any, tag: bytes, value: str) -> None:
+    data = value.encode("utf-8")
+    h.update(tag + len(data).to_bytes(8, "big"))
+    h.update(data)
+
+
+def _items(items: Iterable[Any]) -> Iterable[dict[str, Any]]:
+    for i, item in enumerate(items or ()):
+        if not isinstance(item, dict):
+            raise ValueError(
+                f"request item #{i} is a {type(item).__name__}; lineage needs JSON objects"
+            )
+        yield item
+
+
+def assistant_fingerprint(items: Iterable[dict[str, Any]]) -> str:
+    """Hex SHA-256 of the model-authored items, or ``""`` when there are none (a root).
+
+    Per kept item: every content part as (0x00 type, 0x01 payload), then every tool call as
+    (0x02 call id, 0x03 name, 0x04 canonical arguments). Roles and item boundaries are not
+    hashed, so a Chat assistant message with ``tool_calls`` equals the Responses message plus
+    function-call items and the Anthropic message with ``tool_use`` blocks.
+    """
+    h = hashlib.sha256(FINGERPRINT_DOMAIN)
+    kept = 0
+    for item in _items(items):
+        if not is_model_authored(item):
+            continue
+        kept += 1
+        for kind, payload in content_parts(item.get("content")):
+            _field(h, b"\x00", kind)
+            _field(h, b"\x01", payload)
+        for call_id, name, arguments in tool_calls(item):
+            _field(h, b"\x02", call_id)
+            _field(h, b"\x03", name)
+            _field(h, b"\x04", arguments)
+    return h.hexdigest() if kept else ""
+
+
+def conversation_digest(items: Iterable[dict[str, Any]]) -> str:
+    """Hex SHA-256 of every item: any edit, summary or truncation of the context changes it.
+
+    Per item: 0x00 role (or type), content parts (0x01 type, 0x02 payload), tool calls (0x03
+    id, 0x04 name, 0x05 arguments) and tool results (0x06 call id, 0x07 output).
+    """
+    h = hashlib.sha256(CONTEXT_DOMAIN)
+    for item in _items(items):
+        _field(h, b"\x00", role_or_type(item))
+        for kind, payload in content_parts(item.get("content")):
+            _field(h, b"\x01", kind)
+            _field(h, b"\x02", payload)
+        for call_id, name, arguments in tool_calls(item):
+            _field(h, b"\x03", call_id)
+            _field(h, b"\x04", name)
+            _field(h, b"\x05", arguments)
+        for call_id, output in tool_results(item):
+            _field(h, b"\x06", call_id)
+            _field(h, b"\x07", output)
+    return h.hexdigest()
+
+
+def has_model_authored_item(items: Iterable[Any]) -> bool:
+    return any(isinstance(item, dict) and is_model_authored(item) for item in items)
+
+
+def stamp_continuation(entry: TokenEntry, request_items: Sequence[dict[str, Any]]) -> TokenEntry:
+    """A copy of ``entry`` carrying its continuation lookup metadata (call before ``put``).
+
+    The fingerprint covers the request's model-authored items plus this call's own output, so a
+    faithful next request (this request + echoed output + new user/tool items) looks it up.
+    """
+    items = list(request_items)
+    return entry.with_changes(
+        continuation_fingerprint=assistant_fingerprint([*items, *entry.output_items]),
+        continuation_context_len=len(items),
+        continuation_context_digest=conversation_digest(items),
+        fingerprint_version=FINGERPRINT_VERSION,
+    )
+
+
+# --------------------------------------------------------------------------- matcher
+
+
+@dataclass(frozen=True, slots=True)
+class LineageNode:
+    """What matching needs of one committed call (no token arrays)."""
+
+    call_id: str
+    fingerprint: str
+    cum_len: int
+    digest: str
+    context_len: int
+    context_digest: str
+    parent_call_id: str | None = None
+    prompt_is_delta: bool = False
+
+    @classmethod
+    def of(cls, entry: TokenEntry) -> LineageNode | None:
+        """The node of a stamped entry; ``None`` (invisible) when unstamped, stamped with
+        another fingerprint version, or a delta record without its cumulative length."""
+        if not entry.continuation_fingerprint or entry.fingerprint_version != FINGERPRINT_VERSION:
+            return None
+        cum_len = entry.cum_len
+        if cum_len is None:
+            if entry.prompt_is_delta:
+                return None
+            cum_len = len(entry.prompt_token_ids) + len(entry.generation_token_ids)
+        return cls(
+            call_id=entry.model_call_id,
+            fingerprint=entry.continuation_fingerprint,
+            cum_len=cum_len,
+            digest=entry.digest or "",
+            context_len=entry.continuation_context_len,
+            context_digest=entry.continuation_context_digest,
+            parent_call_id=entry.parent_call_id,
+            prompt_is_delta=entry.prompt_is_delta,
+        )
+
+
+@dataclass
+class RolloutLineage:
+    """Append-only matcher over one rollout's committed calls."""
+
+    by_fingerprint: dict[str, list[str]] = field(default_factory=dict)
+    nodes: dict[str, LineageNode] = field(default_factory=dict)
+    conflicted: set[str] = field(default_factory=set)
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[TokenEntry]) -> RolloutLineage:
+        lineage = cls()
+        for entry in entries:
+            lineage.add_entry(entry)
+        return lineage
+
+    def add_entry(self, entry: TokenEntry) -> bool:
+        """Index ``entry``; False when it is invisible to resolution.
+
+        A call id seen again with different lookup data (two committed payloads) is a conflict:
+        from then on it is no candidate at all.
+        """
+        node = LineageNode.of(entry)
+        if node is None:
+            return False
+        known = self.nodes.get(node.call_id)
+        if known is not None:
+            if known != node:
+                self.conflicted.add(node.call_id)
+            return True
+        self.nodes[node.call_id] = node
+        self.by_fingerprint.setdefault(node.fingerprint, []).append(node.call_id)
+        return True
+
+    def resolve_node(
+        self, request_items: Sequence[dict[str, Any]], fingerprint: str | None = None
+    ) -> tuple[ParentResolutionStatus, LineageNode | None, str]:
+        """The decision without tokens: (status, winning node, reason)."""
+        fp = assistant_fingerprint(request_items) if fingerprint is None else fingerprint
+        if not fp:
+            return ParentResolutionStatus.ROOT, None, ""
+        digests: dict[int, str] = {}
+        candidates: list[LineageNode] = []
+        for call_id in self.by_fingerprint.get(fp, ()):
+            node = self.nodes[call_id]
+            if call_id in self.conflicted or not node.context_digest:
+                continue
+            n = node.context_len
+            if len(request_items) < n:
+                continue
+            if n not in digests:
+                digests[n] = conversation_digest(request_items[:n])
+            if digests[n] == node.context_digest:
+                candidates.append(node)
+        # Identical token sequences are interchangeable for training: one candidate.
+        if (
+            len(candidates) > 1
+            and candidates[0].digest
+            and len({(c.digest, c.cum_len) for c in candidates}) == 1
+        ):
+            candidates = [min(candidates, key=lambda c: c.call_id)]
+        if len(candidates) != 1:
+            reason = AMBIGUOUS if candidates else NO_MATCH
+            return ParentResolutionStatus.UNRESOLVED, None, reason
+        return ParentResolutionStatus.RESOLVED, candidates[0], ""
+
+    def resolve(
+        self,
+        request_items: Sequence[dict[str, Any]],
+        tokens_of: Callable[[LineageNode], Sequence[int] | None],
+        fingerprint: str | None = None,
+    ) -> LineageResolution:
+        """The decision with the winner's cumulative tokens (``tokens_of`` loads them).
+
+        Tokens that cannot be loaded or do not hash to the node's digest fail closed.
+        """
+        status, node, reason = self.resolve_node(request_items, fingerprint)
+        if node is None:
+            return LineageResolution(status, reason=reason)
+        tokens = tokens_of(node)
+        if tokens is None or not _tokens_match(node, tokens):
+            return LineageResolution(ParentResolutionStatus.UNRESOLVED, reason=PARENT_UNAVAILABLE)
+        return LineageResolution(
+            ParentResolutionStatus.RESOLVED,
+            match=LineageMatch(
+                model_call_id=node.call_id,
+                cumulative_token_ids=tuple(tokens),
+                digest=node.digest or compute_digest(tokens),
+                prev_len=node.cum_len,
+            ),
+        )
+
+
+def _tokens_match(node: LineageNode, tokens: Sequence[int]) -> bool:
+    if len(tokens) != node.cum_len:
+        return False
+    return not node.digest or compute_digest(tokens) == node.digest
+
+
+def materialize(call_id: str, entries: Mapping[str, TokenEntry]) -> list[int] | None:
+    """Cumulative tokens of ``call_id``, walking delta prompts back to a full-prompt anchor.
+
+    ``None`` when a link is missing, the chain cycles, or a delta record has no parent.
+    """
+    path: list[TokenEntry] = []
+    seen: set[str] = set()
+    current: str | None = call_id
+    while current is not None:
+        entry = entries.get(current)
+        if entry is None or current in seen:
+            return None
+        seen.add(current)
+        path.append(entry)
+        if not entry.prompt_is_delta:
+            break
+        current = entry.parent_call_id
+        if current is None:
+            return None
+    tokens: list[int] = []
+    for entry in reversed(path):
+        tokens += entry.prompt_token_ids
+        tokens += entry.generation_token_ids
+    return tokens
+
+
+def chain_ids(call_id: str, parents: Mapping[str, tuple[str | None, bool]]) -> list[str]:
+    """The call ids ``materialize`` needs for ``call_id`` (from parent/delta metadata)."""
+    out: list[str] = []
+    current: str | None = call_id
+    while current is not None and current not in out:
+        out.append(current)
+        parent, delta = parents.get(current, (None, False))
+        current = parent if delta else None
+    return out
+
+
+def resolve_among(
+    request_items: Sequence[dict[str, Any]], entries: Iterable[TokenEntry]
+) -> LineageResolution:
+    """Resolve against a complete list of one rollout's entries (no caching)."""
+    if not has_model_authored_item(request_items):
+        return _ROOT
+    by_id = {e.model_call_id: e for e in entries}
+    lineage = RolloutLineage.from_entries(by_id.values())
+    return lineage.resolve(request_items, lambda node: materialize(node.call_id, by_id))
+
+
+# --------------------------------------------------------------------------- incremental
+
+EntryFetch = Callable[
+    [str, Callable[[Mapping[str, str]], Iterable[str]]],
+    tuple[Mapping[str, str], Sequence[TokenEntry]],
+]
+"""A store's blocking read primitive: ``fetch(rollout_id, select)`` takes the rollout's read
+lock (or one read transaction), passes the current ``{call_id: entry key}`` map to ``select``,
+and returns that map with the entries of the call ids ``select`` chose."""
+
+
+class _Cached:
+    __slots__ = ("keys", "lineage", "parents")
+
+    def __init__(self) -> None:
+        self.keys: dict[str, str] = {}
+        self.lineage = RolloutLineage()
+        self.parents: dict[str, tuple[str | None, bool]] = {}
+
+
+class IncrementalResolver:
+    """A per-client lineage cache over any store (blocking; stores call it off the loop).
+
+    Each look passes the cached ``{call_id: key}`` map to the store's :data:`EntryFetch`
+    inside its read lock and reads only the entries that are new. If any cached call is gone
+    or changed (a retire, or a delete and re-use of the rollout id) the rollout's cache is
+    rebuilt from scratch. A RESOLVED answer loads only the winner (and, for a delta record, its
+    chain back to a full prompt) and checks the tokens against the recorded digest.
+    """
+
+    def __init__(self, fetch: EntryFetch, *, max_rollouts: int = 4096) -> None:
+        if max_rollouts < 1:
+            raise ValueError("max_rollouts must be >= 1")
+        self._fetch = fetch
+        self._max = max_rollouts
+        self._cache: OrderedDict[str, _Cached] = OrderedDict()
+        self._guard = threading.Lock()
+        self._locks = tuple(threading.Lock() for _ in range(64))
+        self.entries_read = 0  # how many entries were parsed (tests check incrementality)
+
+    def _cached(self, rollout_id: str) -> _Cached:
+        with self._guard:
+            cached = self._cache.get(rollout_id)
+            if cached is None:
+                cached = self._cache[rollout_id] = _Cached()
+                while len(self._cache) > self._max:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(rollout_id)
+            return cached
+
+    def _refresh(self, rollout_id: str, cached: _Cached) -> _Cached:
+        stale = False
+
+        def select(keys: Mapping[str, str]) -> list[str]:
+            nonlocal stale
+            known = cached.keys
+            stale = len(keys) < len(known) or any(keys.get(c) != k for c, k in known.items())
+            if stale:
+                return list(keys)
+            return [c for c in keys if c not in known]
+
+        keys, entries = self._fetch(rollout_id, select)
+        self.entries_read += len(entries)
+        if stale:
+            cached = _Cached()
+            with self._guard:
+                if rollout_id in self._cache:
+                    self._cache[rollout_id] = cached
+        for entry in entries:
+            cached.lineage.add_entry(entry)
+            cached.parents[entry.model_call_id] = (entry.parent_call_id, entry.prompt_is_delta)
+        cached.keys = dict(keys)
+        return cached
+
+    def _tokens(self, rollout_id: str, cached: _Cached, node: LineageNode) -> list[int] | None:
+        wanted = chain_ids(node.call_id, cached.parents)
+        expect = {c: cached.keys.get(c) for c in wanted}
+        _, entries = self._fetch(
+            rollout_id, lambda keys: [c for c in wanted if keys.get(c) == expect[c]]
+        )
+        return materialize(node.call_id, {e.model_call_id: e for e in entries})
+
+    def resolve(
+        self, rollout_id: str, request_items: Sequence[dict[str, Any]]
+    ) -> LineageResolution:
+        """Blocking resolve (see :class:`IncrementalResolver`)."""
+        fp = assistant_fingerprint(request_items)
+        if not fp:
+            return _ROOT
+        lock = self._locks[hash(rollout_id) % len(self._locks)]
+        with lock:
+            cached = self._refresh(rollout_id, self._cached(rollout_id))
+            return cached.lineage.resolve(
+                request_items, lambda node: self._tokens(rollout_id, cached, node), fp
+            )
+
+    def forget(self, rollout_id: str) -> None:
+        """Drop a rollout's cache (it is rebuilt on the next look)."""
+        with self._guard:
+            self._cache.pop(rollout_id, None)
