@@ -27,7 +27,7 @@ def make_source(n: int = 100, chunk: int = 10) -> RangeSource:
 
 
 def engine_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("zephon-")]
+    return [t for t in threading.enumerate() if t.name.startswith("zephon-engine-")]
 
 
 @pytest.mark.timeout(60)

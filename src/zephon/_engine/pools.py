@@ -39,7 +39,9 @@ class ThreadWorkerPool(WorkerPool):
         self._copies: list[BaseOp] = []
         self._lock = threading.Lock()
         self.executor = ThreadPoolExecutor(
-            parallelism, thread_name_prefix=f"zephon-{op.name}", initializer=self._init
+            parallelism,
+            thread_name_prefix=f"zephon-engine-worker-{op.name}",
+            initializer=self._init,
         )
 
     def _init(self) -> None:

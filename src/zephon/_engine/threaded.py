@@ -63,7 +63,7 @@ class SourceThread(threading.Thread):
     def __init__(
         self, feeder: Iterable[list[StreamItem]], out: Channel, stop: threading.Event
     ) -> None:
-        super().__init__(name="zephon-source", daemon=True)
+        super().__init__(name="zephon-engine-source", daemon=True)
         self.feeder = feeder
         self.out = out
         self.stop = stop
@@ -93,7 +93,7 @@ class OpDriver(threading.Thread):
         max_inflight: int,
         stop: threading.Event,
     ) -> None:
-        super().__init__(name=f"zephon-driver-{core.op.name}", daemon=True)
+        super().__init__(name=f"zephon-engine-driver-{core.op.name}", daemon=True)
         self.core = core
         self.pool = pool
         self.inbox = inbox
