@@ -346,6 +346,16 @@ class Pipeline:
         self._engine = None
         return self
 
+    def to_torch_dataset(self, transform: Callable[[Any], Any] | None = None) -> Any:
+        """A torch ``IterableDataset`` with ``state_dict``/``load_state_dict`` (needs torch).
+
+        Use it with ``torchdata.stateful_dataloader.StatefulDataLoader(ds, batch_size=None,
+        collate_fn=...)``; ``transform`` converts each item (e.g. ``SampleBatch.to_training``).
+        """
+        from zephon.torch_data import PipelineDataset
+
+        return PipelineDataset(self, transform)
+
     def stats(self) -> RunStats | None:
         """What the last (or current) iteration delivered, dropped and skipped."""
         return self.last_stats
