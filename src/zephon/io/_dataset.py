@@ -8,6 +8,7 @@ lazily and never pickle open handles.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -106,3 +107,33 @@ class Dataset:
         if ids != list(range(len(ids))):
             raise ConfigError(f"dataset {name!r}: shard ids must be 0..{len(ids) - 1}, got {ids}")
         return cls(name, [shards[i] for i in ids])
+
+    @classmethod
+    def from_path(
+        cls,
+        name: str,
+        path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        fmt: str | None = None,
+        columns: Sequence[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> Dataset:
+        """A dataset over files: a folder, a glob or a list of files/folders (local or fsspec).
+
+        Formats come from the suffix (``.jsonl``/``.ndjson`` optionally ``.gz``/``.zst``,
+        ``.parquet``) or ``fmt``. ``columns`` projects Parquet shards. ``storage_options`` go to
+        fsspec. Derived files (offset indexes, decompressed copies) of read-only or remote data
+        go to ``cache_dir`` (default ``$ZEPHON_CACHE_DIR`` or ``~/.cache/zephon``). An
+        ``index.json`` in the folder (``zephon index PATH``) makes discovery instant.
+        """
+        from zephon.io._discover import dataset_from_path
+
+        return dataset_from_path(
+            name,
+            path,
+            fmt=fmt,
+            columns=columns,
+            storage_options=dict(storage_options) if storage_options else None,
+            cache_dir=cache_dir,
+        )

@@ -2,5 +2,16 @@
 
 from zephon.work._base import WorkChunk, WorkSource
 from zephon.work._lanes import LaneMapping, lanes_for_rank
+from zephon.work._mixture import MixtureSpec
+from zephon.work._static import ExhaustedPolicy, LaneAssignment, StaticMixtureWorkSource
 
-__all__ = ["LaneMapping", "WorkChunk", "WorkSource", "lanes_for_rank"]
+__all__ = [
+    "ExhaustedPolicy",
+    "LaneAssignment",
+    "LaneMapping",
+    "MixtureSpec",
+    "StaticMixtureWorkSource",
+    "WorkChunk",
+    "WorkSource",
+    "lanes_for_rank",
+]

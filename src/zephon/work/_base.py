@@ -37,7 +37,9 @@ class WorkChunk:
 
     def __post_init__(self) -> None:
         if self.pointers.ndim != 2 or self.pointers.shape[1] != 3:
-            raise ValueError(f"WorkChunk.pointers must have shape (n, 3), got {self.pointers.shape}")
+            raise ValueError(
+                f"WorkChunk.pointers must have shape (n, 3), got {self.pointers.shape}"
+            )
 
     def __len__(self) -> int:
         return int(self.pointers.shape[0])

@@ -1,0 +1,405 @@
+"""JSONL shards (plain, ``.gz``, ``.zst``) with a byte-offset index for O(1) random access.
+
+The index is an ``(n, 2)`` int64 array of ``[start, end)`` byte ranges of the non-blank lines,
+built once per shard by one streaming pass and cached as ``<shard>.zidx`` next to the data (or
+in the cache folder when the data folder is read-only or remote). A cached index is reused only
+while the source's size and modification time match. Compressed shards cannot be read at random
+offsets, so they are decompressed once into the cache folder and indexed there.
+
+Reads sort the requested rows by offset, coalesce nearby rows into one ``pread`` (local) or one
+byte-range request (fsspec), and decode each line with ``msgspec.json``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from zephon.errors import DataFormatError
+from zephon.io._dataset import Row, Shard
+from zephon.io._paths import atomic_write, cache_file, get_fs, split_protocol, writable_dir
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+
+_MAGIC = b"ZIDX\x00\x01\x00\x00"
+_HEADER = struct.Struct("<8sqqqq")  # magic, src_size, src_mtime_ns, rows, data_size
+_HEADER_BYTES = 64
+_BLOCK = 16 << 20
+_WS = np.zeros(256, dtype=bool)
+_WS[[9, 13, 32]] = True  # tab, CR, space (LF splits lines)
+_MAX_GAP = 64 << 10  # coalesce rows closer than this into one read
+_MAX_RUN = 16 << 20
+
+
+def jsonl_compression(path: str) -> str | None:
+    """``"gzip"``/``"zstd"`` for compressed JSONL names, ``None`` for plain ones."""
+    for suffix, kind in COMPRESSIONS.items():
+        if path.endswith(suffix):
+            return kind
+    return None
+
+
+def is_jsonl(path: str) -> bool:
+    base = path
+    for suffix in COMPRESSIONS:
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    return base.endswith(JSONL_SUFFIXES)
+
+
+def scan_lines(blocks: Iterator[bytes]) -> tuple[np.ndarray, list[int]]:
+    """Byte ranges of all lines in a stream of blocks, plus the rows that start with whitespace.
+
+    Returns ``(bounds, suspects)``: ``bounds`` is ``(n, 2)`` int64 ``[start, end)`` without the
+    newline (empty lines already removed); ``suspects`` are row numbers whose first byte is
+    whitespace, which may be blank and need a content check by the caller.
+    """
+    starts: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    firsts: list[np.ndarray] = []
+    base = 0
+    line_start = 0
+    pending_first = -1  # first byte of the line that started in an earlier block, if known
+    for block in blocks:
+        if not block:
+            continue
+        arr = np.frombuffer(block, dtype=np.uint8)
+        nl = np.flatnonzero(arr == 10)
+        if pending_first < 0 and line_start < base + len(arr):
+            pending_first = int(arr[line_start - base])
+        if len(nl):
+            nl_abs = nl.astype(np.int64) + base
+            s = np.empty(len(nl), dtype=np.int64)
+            s[0] = line_start
+            s[1:] = nl_abs[:-1] + 1
+            f = np.empty(len(nl), dtype=np.int64)
+            f[0] = pending_first
+            # First byte of every later line; a line that starts at the next block's first byte
+            # is never here (it starts after the last newline).
+            f[1:] = arr[nl[:-1] + 1]
+            starts.append(s)
+            ends.append(nl_abs)
+            firsts.append(f)
+            line_start = int(nl_abs[-1]) + 1
+            pending_first = int(arr[nl[-1] + 1]) if nl[-1] + 1 < len(arr) else -1
+        base += len(arr)
+    if line_start < base:  # last line without a trailing newline
+        starts.append(np.array([line_start], dtype=np.int64))
+        ends.append(np.array([base], dtype=np.int64))
+        firsts.append(np.array([pending_first], dtype=np.int64))
+    if not starts:
+        return np.zeros((0, 2), dtype=np.int64), []
+    s_all = np.concatenate(starts)
+    e_all = np.concatenate(ends)
+    f_all = np.concatenate(firsts)
+    keep = e_all > s_all
+    s_all, e_all, f_all = s_all[keep], e_all[keep], f_all[keep]
+    suspects = np.flatnonzero(_WS[np.clip(f_all, 0, 255)] & (f_all >= 0)).tolist()
+    return np.stack([s_all, e_all], axis=1), suspects
+
+
+class JsonlShard(Shard):
+    """One JSONL file; rows are the non-blank lines, each a JSON object.
+
+    ``rows`` may be given (from ``index.json``) so construction does not touch the file; the
+    offset index is then built or loaded on the first read.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        rows: int | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._url = url
+        self._protocol, self._path = split_protocol(url)
+        self._compression = jsonl_compression(url)
+        self._storage_options = dict(storage_options or {})
+        self._cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self._init_transient()
+        self._rows = rows if rows is not None else len(self._bounds_array())
+
+    def _init_transient(self) -> None:
+        self._lock = threading.RLock()  # index building reads lines through _local_fd
+        self._bounds: np.ndarray | None = None
+        self._data_path: str | None = None  # local file holding the rows (maybe a cache copy)
+        self._fd: int | None = None
+        self._fd_pid = -1
+        self._fs: Any = None
+        self._decoder = msgspec.json.Decoder()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "url": self._url,
+            "rows": self._rows,
+            "storage_options": self._storage_options,
+            "cache_dir": self._cache_dir,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._url = state["url"]
+        self._protocol, self._path = split_protocol(self._url)
+        self._compression = jsonl_compression(self._url)
+        self._storage_options = state["storage_options"]
+        self._cache_dir = state["cache_dir"]
+        self._init_transient()
+        self._rows = state["rows"]
+
+    @property
+    def location(self) -> str:
+        return self._url
+
+    def __len__(self) -> int:
+        return self._rows
+
+    # -- index --------------------------------------------------------------------------------
+
+    def _filesystem(self) -> Any:
+        if self._fs is None:
+            self._fs = get_fs(self._protocol, self._storage_options)
+        return self._fs
+
+    def _source_stamp(self) -> tuple[int, int]:
+        """(size, mtime_ns) of the source; remote stores without mtime use size only."""
+        if self._protocol == "file":
+            st = os.stat(self._path)
+            return st.st_size, st.st_mtime_ns
+        info = self._filesystem().info(self._path)
+        mtime = info.get("mtime") or info.get("LastModified") or info.get("created") or 0
+        if hasattr(mtime, "timestamp"):
+            mtime = mtime.timestamp()
+        return int(info.get("size") or 0), int(float(mtime) * 1e9)
+
+    def _index_paths(self) -> list[Path]:
+        """Where the offset index may live: next to plain local data, else the cache folder."""
+        cached = cache_file(self._url, ".zidx", self._cache_dir)
+        if (
+            self._protocol == "file"
+            and self._compression is None
+            and writable_dir(os.path.dirname(self._path))
+        ):
+            return [Path(self._path + ".zidx"), cached]
+        return [cached]
+
+    def _bounds_array(self) -> np.ndarray:
+        bounds = self._bounds
+        if bounds is not None:
+            return bounds
+        with self._lock:
+            if self._bounds is None:
+                self._bounds = self._load_or_build()
+            return self._bounds
+
+    def _load_or_build(self) -> np.ndarray:
+        try:
+            stamp = self._source_stamp()
+        except FileNotFoundError as e:
+            raise DataFormatError(f"shard {self._url} does not exist (was it moved?)") from e
+        index_paths = self._index_paths()
+        cached = index_paths[-1]
+        data_path = self._path if self._compression is None else str(cached)[:-5] + ".raw"
+        if self._protocol != "file" and self._compression is None:
+            data_path = ""  # read remotely by byte range
+        for index_path in index_paths:
+            loaded = _load_index(index_path, stamp)
+            if loaded is None:
+                continue
+            bounds, data_size = loaded
+            if not data_path or (
+                os.path.exists(data_path) and os.path.getsize(data_path) == data_size
+            ):
+                self._data_path = data_path or None
+                return bounds
+        if self._compression is not None:
+            data_size = self._decompress_to(Path(data_path))
+            blocks = _file_blocks(data_path)
+        elif self._protocol == "file":
+            data_size = stamp[0]
+            blocks = _file_blocks(self._path)
+        else:
+            data_size = stamp[0]
+            blocks = _remote_blocks(self._filesystem(), self._path)
+        bounds, suspects = scan_lines(blocks)
+        self._data_path = data_path or None
+        if suspects:
+            bounds = self._drop_blank(bounds, suspects)
+        header = _HEADER.pack(_MAGIC, stamp[0], stamp[1], len(bounds), data_size)
+        payload = header.ljust(_HEADER_BYTES, b"\0") + np.ascontiguousarray(bounds).tobytes()
+        for index_path in index_paths:
+            try:
+                atomic_write(index_path, payload)
+                break
+            except OSError:
+                continue  # read-only data folder: fall back to the cache folder
+        # An unwritable cache only costs a rescan next time.
+        return bounds
+
+    def _drop_blank(self, bounds: np.ndarray, suspects: list[int]) -> np.ndarray:
+        rows = self._read_raw(bounds, suspects)
+        blank = [r for r, raw in zip(suspects, rows, strict=True) if not raw.strip()]
+        return np.delete(bounds, blank, axis=0) if blank else bounds
+
+    def _decompress_to(self, target: Path) -> int:
+        """Decompress the shard into the cache folder; a corrupt stream names the shard."""
+        import gzip
+
+        import zstandard
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
+        try:
+            with self._open_source() as raw, open(tmp, "wb") as out:
+                if self._compression == "gzip":
+                    stream: Any = gzip.GzipFile(fileobj=raw)
+                else:
+                    stream = zstandard.ZstdDecompressor().stream_reader(
+                        raw, read_across_frames=True
+                    )
+                size = 0
+                while True:
+                    buf = stream.read(_BLOCK)
+                    if not buf:
+                        break
+                    out.write(buf)
+                    size += len(buf)
+            os.replace(tmp, target)
+        except (OSError, EOFError, zstandard.ZstdError) as e:
+            tmp.unlink(missing_ok=True)
+            if isinstance(e, FileNotFoundError):
+                raise DataFormatError(f"shard {self._url} does not exist") from e
+            raise DataFormatError(
+                f"compressed shard {self._url} is corrupt or truncated ({self._compression}: {e}); "
+                "re-create or re-download it"
+            ) from e
+        return size
+
+    def _open_source(self) -> Any:
+        if self._protocol == "file":
+            return open(self._path, "rb")
+        return self._filesystem().open(self._path, "rb")
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def _local_fd(self, path: str) -> int:
+        pid = os.getpid()
+        fd = self._fd
+        if fd is not None and self._fd_pid == pid:
+            return fd
+        with self._lock:
+            if self._fd is None or self._fd_pid != pid:
+                self._fd = os.open(path, os.O_RDONLY)
+                self._fd_pid = pid
+            return self._fd
+
+    def _read_range(self, start: int, end: int) -> bytes:
+        if self._data_path is not None:
+            return os.pread(self._local_fd(self._data_path), end - start, start)
+        data: bytes = self._filesystem().cat_file(self._path, start=start, end=end)
+        return data
+
+    def _read_raw(self, bounds: np.ndarray, indices: Sequence[int]) -> list[bytes]:
+        """Raw line bytes for ``indices`` (in the order asked), with coalesced reads."""
+        if not len(indices):
+            return []
+        rows = bounds[np.asarray(indices, dtype=np.int64)]
+        order = np.argsort(rows[:, 0], kind="stable")
+        out: list[bytes] = [b""] * len(indices)
+        sorted_rows = rows[order].tolist()
+        order_l = order.tolist()
+        i = 0
+        n = len(order_l)
+        while i < n:
+            run_start, run_end = sorted_rows[i]
+            j = i + 1
+            while j < n:
+                s, e = sorted_rows[j]
+                if s - run_end > _MAX_GAP or e - run_start > _MAX_RUN:
+                    break
+                run_end = max(run_end, e)
+                j += 1
+            buf = self._read_range(run_start, run_end)
+            for k in range(i, j):
+                s, e = sorted_rows[k]
+                out[order_l[k]] = buf[s - run_start : e - run_start]
+            i = j
+        return out
+
+    def read(self, indices: Sequence[int]) -> list[Row]:
+        bounds = self._bounds_array()
+        n = len(bounds)
+        for i in indices:
+            if not 0 <= i < n:
+                raise IndexError(f"row {i} out of range for shard {self._url} with {n} rows")
+        decode = self._decoder.decode
+        out: list[Row] = []
+        for idx, raw in zip(indices, self._read_raw(bounds, indices), strict=True):
+            try:
+                row = decode(raw)
+            except msgspec.DecodeError as e:
+                raise DataFormatError(
+                    f"{self._url}, line {self._line_number(int(bounds[idx][0]))}: malformed JSON "
+                    f"({e}); fix or remove that line"
+                ) from None
+            if not isinstance(row, dict):
+                raise DataFormatError(
+                    f"{self._url}, line {self._line_number(int(bounds[idx][0]))}: expected a JSON "
+                    f"object per line, got {type(row).__name__}"
+                )
+            out.append(row)
+        return out
+
+    def _line_number(self, offset: int) -> int:
+        """1-based line number of the line starting at ``offset`` (error path only)."""
+        count = 0
+        pos = 0
+        while pos < offset:
+            end = min(offset, pos + _BLOCK)
+            count += self._read_range(pos, end).count(b"\n")
+            pos = end
+        return count + 1
+
+
+def _load_index(path: Path, stamp: tuple[int, int]) -> tuple[np.ndarray, int] | None:
+    try:
+        with open(path, "rb") as f:
+            header = f.read(_HEADER_BYTES)
+            if len(header) < _HEADER_BYTES:
+                return None
+            magic, size, mtime, rows, data_size = _HEADER.unpack_from(header)
+            if magic != _MAGIC or (size, mtime) != stamp:
+                return None
+            body = f.read()
+    except OSError:
+        return None
+    if len(body) != rows * 16:
+        return None
+    return np.frombuffer(body, dtype=np.int64).reshape(rows, 2), data_size
+
+
+def _file_blocks(path: str) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while True:
+            buf = f.read(_BLOCK)
+            if not buf:
+                return
+            yield buf
+
+
+def _remote_blocks(fs: Any, path: str) -> Iterator[bytes]:
+    with fs.open(path, "rb") as f:
+        while True:
+            buf = f.read(_BLOCK)
+            if not buf:
+                return
+            yield buf

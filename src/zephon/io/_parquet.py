@@ -1,0 +1,154 @@
+"""Parquet shards: random access grouped by row group, with optional column projection.
+
+A read maps the requested rows to row groups (binary search over the row-group offsets),
+decodes each needed row group once (only the projected columns) and takes the rows from it.
+The last few decoded row groups are kept per shard, so sequential or block-local access decodes
+each row group once. pyarrow's file readers are not shared between threads: one lock per shard
+serialises its reads (different shards read in parallel).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from zephon.errors import DataFormatError
+from zephon.io._dataset import Row, Shard
+from zephon.io._paths import get_fs, split_protocol
+
+_RG_CACHE = 2
+
+
+class ParquetShard(Shard):
+    """One Parquet file. ``columns`` projects the rows to these fields (all when ``None``)."""
+
+    def __init__(
+        self,
+        url: str,
+        rows: int | None = None,
+        *,
+        columns: Sequence[str] | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self._url = url
+        self._protocol, self._path = split_protocol(url)
+        self._columns = None if columns is None else list(columns)
+        self._storage_options = dict(storage_options or {})
+        self._init_transient()
+        self._rows = rows if rows is not None else int(self._file().metadata.num_rows)
+
+    def _init_transient(self) -> None:
+        self._lock = threading.Lock()
+        self._pf: Any = None
+        self._pf_pid = -1
+        self._handle: Any = None
+        self._rg_starts: np.ndarray | None = None
+        self._cache: OrderedDict[int, Any] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "url": self._url,
+            "rows": self._rows,
+            "columns": self._columns,
+            "storage_options": self._storage_options,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._url = state["url"]
+        self._protocol, self._path = split_protocol(self._url)
+        self._columns = state["columns"]
+        self._storage_options = state["storage_options"]
+        self._rows = state["rows"]
+        self._init_transient()
+
+    @property
+    def location(self) -> str:
+        return self._url
+
+    @property
+    def columns(self) -> list[str] | None:
+        return None if self._columns is None else list(self._columns)
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def _file(self) -> Any:
+        """The open ``ParquetFile`` of this process (caller holds the lock or is constructing)."""
+        if self._pf is not None and self._pf_pid == os.getpid():
+            return self._pf
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            if self._protocol == "file":
+                pf = pq.ParquetFile(self._path)
+            else:
+                self._handle = get_fs(self._protocol, self._storage_options).open(self._path, "rb")
+                pf = pq.ParquetFile(self._handle)
+        except FileNotFoundError as e:
+            raise DataFormatError(f"parquet shard {self._url} does not exist") from e
+        except (pa.ArrowInvalid, OSError) as e:
+            raise DataFormatError(
+                f"parquet shard {self._url} is corrupt or not Parquet: {e}"
+            ) from e
+        if self._columns is not None:
+            names = set(pf.schema_arrow.names)
+            missing = [c for c in self._columns if c not in names]
+            if missing:
+                raise DataFormatError(
+                    f"parquet shard {self._url} has no column(s) {missing}; available: "
+                    f"{sorted(names)}. Fix `columns=` or the data"
+                )
+        md = pf.metadata
+        sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
+        self._rg_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        self._cache.clear()
+        self._pf, self._pf_pid = pf, os.getpid()
+        return pf
+
+    def _row_group(self, rg: int) -> Any:
+        table = self._cache.get(rg)
+        if table is not None:
+            self._cache.move_to_end(rg)
+            return table
+        import pyarrow as pa
+
+        try:
+            table = self._file().read_row_group(rg, columns=self._columns)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise DataFormatError(
+                f"parquet shard {self._url}: row group {rg} cannot be decoded: {e}"
+            ) from e
+        self._cache[rg] = table
+        while len(self._cache) > _RG_CACHE:
+            self._cache.popitem(last=False)
+        return table
+
+    def read(self, indices: Sequence[int]) -> list[Row]:
+        if not len(indices):
+            return []
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.min() < 0 or idx.max() >= self._rows:
+            bad = int(idx[(idx < 0) | (idx >= self._rows)][0])
+            raise IndexError(f"row {bad} out of range for shard {self._url} with {self._rows} rows")
+        out: list[Row] = [{}] * len(idx)
+        with self._lock:
+            self._file()
+            starts = self._rg_starts
+            assert starts is not None
+            rgs = np.searchsorted(starts, idx, side="right") - 1
+            order = np.argsort(rgs, kind="stable")
+            sorted_rgs = rgs[order]
+            bounds = np.flatnonzero(np.diff(sorted_rgs)) + 1
+            for group in np.split(order, bounds):
+                rg = int(rgs[group[0]])
+                table = self._row_group(rg)
+                rows = table.take(idx[group] - starts[rg]).to_pylist()
+                for pos, row in zip(group.tolist(), rows, strict=True):
+                    out[pos] = row
+        return out

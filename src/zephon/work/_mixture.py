@@ -1,0 +1,108 @@
+"""Mixture weights and per-chunk quotas that converge exactly to them.
+
+Weights are turned into exact integers (``W_k``, sum ``S``) so the quota arithmetic has no
+floating-point drift. Each component carries a *debt* ``d_k`` in units of ``1/S`` samples (what
+it is owed minus what it got). For a chunk of ``C`` samples the component is owed
+``x_k = d_k + W_k*C``; it gets ``floor(x_k/S)`` and the leftover seats go to the largest
+remainders (ties: lower component id). This is largest-remainder (Hamilton) apportionment of
+the *cumulative* target, so after any number of chunks every component is within one sample of
+``w_k * total``. When every ``W_k*C >= S`` (each component owed at least one sample per chunk)
+no quota is ever clamped and ``m`` chunks can be allocated in one step (:func:`allocate` with
+``chunks=m``), which is how a lane skips its peers' chunks in O(components).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+
+from zephon.errors import ConfigError
+
+_MAX_DENOMINATOR = 1 << 32
+
+
+class MixtureSpec:
+    """Target proportions of the datasets of a source, by dataset name.
+
+    Weights must be positive and finite; they are normalised (``{"a": 3, "b": 1}`` means 75% /
+    25%). Keys must match dataset names exactly.
+    """
+
+    def __init__(self, weights: Mapping[str, float]) -> None:
+        if not weights:
+            raise ConfigError("MixtureSpec needs at least one {dataset_name: weight} entry")
+        clean: dict[str, float] = {}
+        for name, w in weights.items():
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"MixtureSpec keys must be dataset names, got {name!r}")
+            if isinstance(w, bool) or not isinstance(w, int | float):
+                raise ConfigError(f"mixture weight for {name!r} must be a number, got {w!r}")
+            if not math.isfinite(w) or w <= 0:
+                raise ConfigError(
+                    f"mixture weight for {name!r} must be positive and finite, got {w!r}; "
+                    "remove the dataset from the source instead of giving it weight 0"
+                )
+            clean[name] = float(w)
+        self._raw = clean
+        total = sum(clean.values())
+        self.weights: dict[str, float] = {k: v / total for k, v in clean.items()}
+
+    def __repr__(self) -> str:
+        return f"MixtureSpec({self._raw!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MixtureSpec) and self.weights == other.weights
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.weights.items())))
+
+    def names(self) -> list[str]:
+        return list(self._raw)
+
+    def integer_weights(self, names: Sequence[str]) -> list[int]:
+        """Exact integer weights for ``names`` (same ratios up to 2**-32 relative rounding)."""
+        fracs = [Fraction(self._raw[n]).limit_denominator(_MAX_DENOMINATOR) for n in names]
+        fracs = [f if f > 0 else Fraction(1, _MAX_DENOMINATOR) for f in fracs]
+        den = math.lcm(*(f.denominator for f in fracs))
+        ints = [f.numerator * (den // f.denominator) for f in fracs]
+        g = math.gcd(*ints)
+        return [i // g for i in ints]
+
+
+def allocate(
+    debts: Sequence[int], weights: Sequence[int], chunk_size: int, chunks: int = 1
+) -> tuple[list[int], list[int]]:
+    """Quotas for ``chunks`` chunks of ``chunk_size`` and the debts after them.
+
+    ``weights`` are exact integers (0 for inactive components), ``debts`` are in units of
+    ``1/sum(weights)``. With ``chunks > 1`` the caller must ensure no clamping can happen
+    (see :func:`can_batch`); the result then equals ``chunks`` single-chunk allocations.
+    """
+    s = sum(weights)
+    total = chunk_size * chunks
+    owed = [d + w * total if w else 0 for d, w in zip(debts, weights, strict=True)]
+    quotas = [max(0, x // s) for x in owed]
+    left = total - sum(quotas)
+    if left > 0:
+        # Largest remainder first; ties to the lower component id.
+        order = sorted(
+            (i for i, w in enumerate(weights) if w), key=lambda i: (-(owed[i] - quotas[i] * s), i)
+        )
+        for i in order[:left]:
+            quotas[i] += 1
+    elif left < 0:
+        # Only after clamping a negative share (a component owed < 1 sample per chunk got ahead).
+        order = sorted(
+            (i for i, q in enumerate(quotas) if q > 0), key=lambda i: (owed[i] - quotas[i] * s, -i)
+        )
+        for i in order[:-left]:
+            quotas[i] -= 1
+    new_debts = [x - q * s if w else 0 for x, q, w in zip(owed, quotas, weights, strict=True)]
+    return quotas, new_debts
+
+
+def can_batch(weights: Sequence[int], chunk_size: int) -> bool:
+    """Whether every active component is owed at least one sample per chunk (no clamping)."""
+    s = sum(weights)
+    return all(w * chunk_size >= s for w in weights if w)

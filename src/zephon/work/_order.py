@@ -1,0 +1,122 @@
+"""The read order of one dataset: position in its (infinite, repeating) stream -> pointer.
+
+Position ``p`` belongs to epoch ``p // N`` (``N`` = rows). Within an epoch the order is: shards
+in a permuted order (``shuffle_shards``), rows inside each shard permuted
+(``shuffle_within_shard``), and finally consecutive blocks of ``block_size`` positions permuted
+(``shuffle_block_size``, mixing rows across neighbouring shards). Every permutation is derived
+from ``(seed, dataset, epoch, ...)`` keys, so any position range is computed directly, without
+replaying earlier ones. Memory is O(largest shard + block) thanks to small LRU caches.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from zephon.work._hashing import TAG_BLOCK, TAG_SHARDS, TAG_WITHIN, mix64, permutation
+
+_CACHE_ITEMS = 1 << 22  # total cached permutation entries per order (32 MiB of int64)
+
+
+class DatasetOrder:
+    """Pointers for positions of one dataset's stream. Not thread-safe: one per lane clone."""
+
+    def __init__(
+        self,
+        counts: Sequence[int],
+        *,
+        seed: int,
+        dataset_id: int,
+        shuffle_shards: bool,
+        shuffle_within_shard: bool,
+        block_size: int | None,
+        reshuffle_on_repeat: bool,
+    ) -> None:
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.total = int(self.counts.sum())
+        self.seed = seed
+        self.dataset_id = dataset_id
+        self.shuffle_shards = shuffle_shards
+        self.shuffle_within_shard = shuffle_within_shard
+        self.block_size = block_size if block_size and block_size > 1 else None
+        self.reshuffle_on_repeat = reshuffle_on_repeat
+        self._shard_layout: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._perms: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
+        self._cached_items = 0
+
+    def _epoch_key(self, epoch: int) -> int:
+        return epoch if self.reshuffle_on_repeat else 0
+
+    def _perm(self, kind: int, n: int, *ids: int) -> np.ndarray:
+        key = (kind, *ids)
+        perm = self._perms.get(key)
+        if perm is not None:
+            self._perms.move_to_end(key)
+            return perm
+        perm = permutation(n, mix64(self.seed, kind, self.dataset_id, *ids))
+        self._perms[key] = perm
+        self._cached_items += n
+        while self._cached_items > _CACHE_ITEMS and len(self._perms) > 1:
+            _, old = self._perms.popitem(last=False)
+            self._cached_items -= len(old)
+        return perm
+
+    def _layout(self, ek: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(shard order, cumulative starts, cumulative ends) of epoch key ``ek``."""
+        cached = self._shard_layout
+        if cached is not None and cached[0] == ek:
+            return cached[1], cached[2], cached[3]
+        n = len(self.counts)
+        order = (
+            permutation(n, mix64(self.seed, TAG_SHARDS, self.dataset_id, ek))
+            if self.shuffle_shards
+            else np.arange(n, dtype=np.int64)
+        )
+        ends = np.cumsum(self.counts[order])
+        starts = ends - self.counts[order]
+        self._shard_layout = (ek, order, starts, ends)
+        return order, starts, ends
+
+    def pointers(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(shard_ids, indices)`` of positions ``[start, start + count)``."""
+        shards: list[np.ndarray] = []
+        rows: list[np.ndarray] = []
+        pos, end = start, start + count
+        while pos < end:
+            epoch, p0 = divmod(pos, self.total)
+            p1 = min(self.total, p0 + (end - pos))
+            s, r = self._epoch_pointers(self._epoch_key(epoch), p0, p1)
+            shards.append(s)
+            rows.append(r)
+            pos += p1 - p0
+        if len(shards) == 1:
+            return shards[0], rows[0]
+        if not shards:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(shards), np.concatenate(rows)
+
+    def _epoch_pointers(self, ek: int, p0: int, p1: int) -> tuple[np.ndarray, np.ndarray]:
+        lin = np.arange(p0, p1, dtype=np.int64)
+        if self.block_size is not None:
+            b = self.block_size
+            parts = []
+            for blk in range(p0 // b, (p1 - 1) // b + 1):
+                lo, hi = max(p0, blk * b), min(p1, (blk + 1) * b)
+                blen = min(b, self.total - blk * b)
+                perm = self._perm(TAG_BLOCK, blen, ek, blk)
+                parts.append(blk * b + perm[lo - blk * b : hi - blk * b])
+            lin = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        order, starts, ends = self._layout(ek)
+        slot = np.searchsorted(ends, lin, side="right")
+        local = lin - starts[slot]
+        shard_ids = order[slot]
+        if self.shuffle_within_shard:
+            idx = np.empty_like(local)
+            for sid in np.unique(shard_ids).tolist():
+                mask = shard_ids == sid
+                perm = self._perm(TAG_WITHIN, int(self.counts[sid]), ek, sid)
+                idx[mask] = perm[local[mask]]
+            local = idx
+        return shard_ids, local

@@ -1,0 +1,106 @@
+"""JSONL shards: offset index, cached sidecar, random reads, malformed lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from pathlib import Path
+
+import cloudpickle
+import pytest
+
+from zephon.errors import DataFormatError
+from zephon.io import Dataset, JsonlShard
+
+
+def write_jsonl(path: Path, rows: list[dict[str, object]], blank_every: int = 0) -> None:
+    with open(path, "w") as f:
+        for i, r in enumerate(rows):
+            f.write(json.dumps(r) + "\n")
+            if blank_every and i % blank_every == 0:
+                f.write("\n  \n")
+
+
+def test_folder_counts_and_random_reads(tmp_path: Path) -> None:
+    expected = {}
+    for s in range(3):
+        rows = [{"text": f"s{s}-r{i}", "i": i} for i in range(10 + s)]
+        expected[s] = rows
+        write_jsonl(tmp_path / f"part-{s:02d}.jsonl", rows, blank_every=4)
+    ds = Dataset.from_path("d", tmp_path)
+    assert ds.counts() == [10, 11, 12]
+    assert ds.total() == 33
+    for s, rows in expected.items():
+        idx = [7, 0, 3, 3, len(rows) - 1]
+        assert ds.read(s, idx) == [rows[i] for i in idx]
+    # The index is cached next to the data.
+    assert sorted(p.name for p in tmp_path.glob("*.zidx")) == [
+        f"part-{s:02d}.jsonl.zidx" for s in range(3)
+    ]
+
+
+def test_last_line_without_newline_and_crlf(tmp_path: Path) -> None:
+    p = tmp_path / "x.jsonl"
+    p.write_bytes(b'{"a": 1}\r\n\r\n{"a": 2}\n{"a": 3}')
+    shard = JsonlShard(str(p))
+    assert len(shard) == 3
+    assert shard.read([2, 0, 1]) == [{"a": 3}, {"a": 1}, {"a": 2}]
+
+
+def test_cached_index_is_reused_and_invalidated(tmp_path: Path) -> None:
+    p = tmp_path / "x.jsonl"
+    write_jsonl(p, [{"i": i} for i in range(5)])
+    assert len(JsonlShard(str(p))) == 5
+    sidecar = tmp_path / "x.jsonl.zidx"
+    stamp = sidecar.stat().st_mtime_ns
+    assert len(JsonlShard(str(p))) == 5
+    assert sidecar.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    write_jsonl(p, [{"i": i} for i in range(8)])
+    os.utime(p, ns=(stamp + 10**9, stamp + 10**9))
+    shard = JsonlShard(str(p))
+    assert len(shard) == 8
+    assert shard.read([7]) == [{"i": 7}]
+
+
+def test_unwritable_sidecar_falls_back_to_cache_dir(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    write_jsonl(data / "a.jsonl", [{"i": i} for i in range(4)])
+    (data / "a.jsonl.zidx").mkdir()  # the sidecar path cannot be written
+    cache = tmp_path / "cache"
+    ds = Dataset.from_path("d", data, cache_dir=cache)
+    assert ds.read(0, [3, 1]) == [{"i": 3}, {"i": 1}]
+    cached = list(cache.rglob("*.zidx"))
+    assert len(cached) == 1
+    stamp = cached[0].stat().st_mtime_ns
+    again = Dataset.from_path("d", data, cache_dir=cache)  # found in the cache, not rebuilt
+    assert again.read(0, [0]) == [{"i": 0}]
+    assert cached[0].stat().st_mtime_ns == stamp
+
+
+def test_malformed_line_names_file_and_line(tmp_path: Path) -> None:
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"a": 1}\n\n{"a": 2}\n{"a": oops}\n{"a": 4}\n')
+    shard = JsonlShard(str(p))
+    assert shard.read([0, 1, 3]) == [{"a": 1}, {"a": 2}, {"a": 4}]
+    with pytest.raises(DataFormatError, match=r"bad\.jsonl, line 4: malformed JSON"):
+        shard.read([2])
+
+
+def test_non_object_line_is_an_error(tmp_path: Path) -> None:
+    p = tmp_path / "arr.jsonl"
+    p.write_text("[1, 2]\n")
+    with pytest.raises(DataFormatError, match=r"arr\.jsonl, line 1: expected a JSON object"):
+        JsonlShard(str(p)).read([0])
+
+
+def test_shard_pickles_without_handles(tmp_path: Path) -> None:
+    p = tmp_path / "x.jsonl"
+    write_jsonl(p, [{"i": i} for i in range(100)])
+    ds = Dataset.from_path("d", [str(p)])
+    assert ds.read(0, [5]) == [{"i": 5}]  # opens the file descriptor
+    for dumps, loads in ((pickle.dumps, pickle.loads), (cloudpickle.dumps, pickle.loads)):
+        clone = loads(dumps(ds))
+        assert clone.read(0, [99, 0]) == [{"i": 99}, {"i": 0}]
+        assert len(dumps(ds)) < 2000  # the offset index is not shipped
