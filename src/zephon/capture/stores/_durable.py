@@ -8,7 +8,8 @@ file lock or inside one transaction):
   ``then(state)`` (or raise the decision's error only AFTER persisting, so a conflict's
   poisoning sticks even though the call fails);
 * :meth:`DurableStore._freeze` - the same for ``freeze`` plus reading the snapshot's payloads;
-* :meth:`DurableStore._lineage_entries` - the committed entries, for parent resolution.
+* :meth:`DurableStore._lineage_fetch` - the ``{call_id: key}`` map and selected entries, for
+  the incremental parent resolver of :mod:`zephon.capture.lineage`.
 
 Everything else (argument checks, batches of capture keys, the async wrapping) lives here
 once. Blocking work runs in a dedicated thread pool (``offload="thread"``, the default: the
@@ -101,9 +102,6 @@ class DurableStore:
         raise NotImplementedError
 
     def _freeze(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
-        raise NotImplementedError
-
-    def _lineage_entries(self, rollout_id: str) -> list[TokenEntry]:
         raise NotImplementedError
 
     def _lineage_fetch(

@@ -406,14 +406,6 @@ class FileStore(DurableStore):
             entries.append(TokenEntry.from_json(line[line.index(b"\t") + 1 :]))
         return entries
 
-    def _lineage_entries(self, rollout_id: str) -> list[TokenEntry]:
-        return self._op(  # type: ignore[no-any-return]
-            rollout_id,
-            lambda s: Transition(),
-            lambda h, _t: self._read_entries(h, list(h.state.entry_keys)),
-            write=False,
-        )
-
     def _lineage_fetch(
         self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]
     ) -> tuple[Mapping[str, str], Sequence[TokenEntry]]:

@@ -179,11 +179,6 @@ class SqlStore(DurableStore):
         )
         return {row[0]: bytes(row[1]) for row in cur.fetchall()}
 
-    def _lineage_entries(self, rollout_id: str) -> list[TokenEntry]:
-        with self._lock, self._txn(False) as cur:
-            payloads = self._payloads(cur, rollout_id)
-        return [TokenEntry.from_json(p) for p in payloads.values()]
-
     def _lineage_fetch(
         self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]
     ) -> tuple[Mapping[str, str], Sequence[TokenEntry]]:
