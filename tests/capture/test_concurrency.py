@@ -18,6 +18,7 @@ import pytest
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import read_acks, spawn_writer, store_url
 from tests.capture._workload import make_entry
+from zephon.capture.records import TokenCaptureSnapshot
 from zephon.capture.stores import open_store
 
 WRITERS = 4
@@ -78,5 +79,46 @@ async def _verify(url: str, expected: set[tuple[str, str]]) -> None:
                     entry.canonical_bytes()
                     == make_entry(rid, entry.model_call_id).canonical_bytes()
                 )
+    finally:
+        await store.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])
+def test_freeze_racing_writers_is_a_strict_fence(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Writers keep putting while the parent freezes: the snapshot holds exactly the puts that
+    returned successfully; every later put failed with TokenCaptureFrozenError."""
+    url = store_url(kind, tmp_path, request)
+    rid = "fence"
+    plans = [[(rid, f"w{w}-c{k}") for k in range(40)] for w in range(3)]
+    children = [spawn_writer(url, {"puts": plan}) for plan in plans]
+    first = children[0]
+    assert first.stdout is not None
+    lines = [first.stdout.readline() for _ in range(5)]  # freeze once writing is under way
+    snap = asyncio.run(_freeze(url, rid))
+    ok: set[str] = set()
+    frozen: set[str] = set()
+    for i, child in enumerate(children):
+        out, _ = child.communicate(timeout=100)
+        for line in (lines if i == 0 else []) + out.splitlines():
+            parts = line.split()
+            if parts and parts[0] == "ok":
+                ok.add(parts[2])
+            elif parts and parts[0] == "err":
+                assert parts[3] == "TokenCaptureFrozenError", line
+                frozen.add(parts[2])
+    assert len(ok) + len(frozen) == sum(len(p) for p in plans)
+    assert frozen, "the freeze came too late to race any put"
+    assert {e.model_call_id for e in snap.entries} == ok
+    assert snap.version == len(ok) + 1 and not snap.incomplete
+
+
+async def _freeze(url: str, rid: str) -> TokenCaptureSnapshot:
+    store = open_store(url)
+    try:
+        snap: TokenCaptureSnapshot = await store.freeze(rid)
+        return snap
     finally:
         await store.close()
