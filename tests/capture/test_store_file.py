@@ -6,7 +6,9 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
@@ -27,7 +29,10 @@ def _cold_cache() -> None:
     reset_process_cache()
 
 
-def _run(coro):  # type: ignore[no-untyped-def]
+T = TypeVar("T")
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
