@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 from collections.abc import Sequence
 from typing import Any
 
 from zephon.errors import ConfigError, DataError, DataFormatError
 from zephon.io._dataset import Dataset, Shard
 from zephon.io._jsonl import JsonlShard, is_jsonl
-from zephon.io._paths import get_fs, split_protocol
+from zephon.io._paths import get_fs, split_protocol, strip_protocol
 
 INDEX_NAME = "index.json"
 INDEX_VERSION = 1
@@ -38,13 +39,15 @@ def detect_format(path: str) -> str | None:
 def _join(protocol: str, base: str, name: str) -> str:
     if protocol == "file":
         return os.path.join(base, name)
-    return base.rstrip("/") + "/" + name
+    return _as_url(protocol, posixpath.join(strip_protocol(protocol, base), name))
 
 
 def _as_url(protocol: str, path: str) -> str:
-    """A path returned by fsspec, with its protocol put back (fsspec strips it)."""
-    if protocol == "file" or "://" in path:
+    """A canonical URL for a path returned by fsspec (which strips the protocol)."""
+    if protocol == "file":
         return path
+    if "://" in path:
+        path = strip_protocol(protocol, path)
     return f"{protocol}://{path}"
 
 
@@ -201,12 +204,10 @@ def build_index(
         shard = make_shard(
             url, kind, None, columns=None, storage_options=storage_options, cache_dir=cache_dir
         )
-        _, shard_path = split_protocol(url)
-        rel = (
-            os.path.relpath(shard_path, folder)
-            if protocol == "file"
-            else (shard_path.split("://", 1)[-1][len(folder.split("://", 1)[-1]) :].lstrip("/"))
-        )
+        if protocol == "file":
+            rel = os.path.relpath(split_protocol(url)[1], folder)
+        else:
+            rel = posixpath.relpath(strip_protocol(protocol, url), strip_protocol(protocol, folder))
         shards.append({"path": rel, "format": kind, "rows": len(shard)})
     formats = {s["format"] for s in shards}
     index = {

@@ -252,8 +252,6 @@ class JsonlShard(Shard):
 
     def _decompress_to(self, target: Path) -> int:
         """Decompress the shard into the cache folder; a corrupt stream names the shard."""
-        import gzip
-
         import zstandard
 
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -261,18 +259,9 @@ class JsonlShard(Shard):
         try:
             with self._open_source() as raw, open(tmp, "wb") as out:
                 if self._compression == "gzip":
-                    stream: Any = gzip.GzipFile(fileobj=raw)
+                    size = _gunzip(raw, out)
                 else:
-                    stream = zstandard.ZstdDecompressor().stream_reader(
-                        raw, read_across_frames=True
-                    )
-                size = 0
-                while True:
-                    buf = stream.read(_BLOCK)
-                    if not buf:
-                        break
-                    out.write(buf)
-                    size += len(buf)
+                    size = _unzstd(raw, out)
             os.replace(tmp, target)
         except (OSError, EOFError, zstandard.ZstdError) as e:
             tmp.unlink(missing_ok=True)
@@ -403,3 +392,39 @@ def _remote_blocks(fs: Any, path: str) -> Iterator[bytes]:
             if not buf:
                 return
             yield buf
+
+
+def _gunzip(raw: Any, out: Any) -> int:
+    import gzip
+
+    stream = gzip.GzipFile(fileobj=raw)
+    size = 0
+    while buf := stream.read(_BLOCK):
+        out.write(buf)
+        size += len(buf)
+    return size
+
+
+def _unzstd(raw: Any, out: Any) -> int:
+    """Decompress every frame; a stream that ends inside a frame is an error (not silent)."""
+    import zstandard
+
+    dctx = zstandard.ZstdDecompressor()
+    dobj = dctx.decompressobj()
+    fed = False
+    size = 0
+    while buf := raw.read(_BLOCK):
+        while buf:
+            data = dobj.decompress(buf)
+            fed = True
+            out.write(data)
+            size += len(data)
+            if dobj.eof:
+                buf = dobj.unused_data
+                dobj = dctx.decompressobj()
+                fed = False
+            else:
+                buf = b""
+    if fed and not dobj.eof:
+        raise EOFError("the zstd stream ends inside a frame")
+    return size

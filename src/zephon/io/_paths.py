@@ -34,6 +34,14 @@ def get_fs(protocol: str, storage_options: dict[str, Any] | None = None) -> Any:
     return fsspec.filesystem(protocol, **(storage_options or {}))
 
 
+def strip_protocol(protocol: str, path: str) -> str:
+    """The filesystem-internal path of ``path`` (no protocol), without instantiating a client."""
+    import fsspec
+
+    stripped: str = fsspec.get_filesystem_class(protocol)._strip_protocol(path)
+    return stripped
+
+
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Folder for derived files (offset indexes, decompressed copies) of read-only data.
 
