@@ -5,6 +5,27 @@ See ``docs/capture.md``. Everything here imports without a server stack.
 
 from __future__ import annotations
 
+from zephon.capture.builder import (
+    BuildNotes,
+    BuildOutput,
+    Chain,
+    ChainLink,
+    RolloutBuild,
+    TerminalAttribution,
+    Trajectory,
+    attribute_terminal,
+    build_rollout,
+    prefix_merging,
+)
+from zephon.capture.lineage import (
+    FINGERPRINT_VERSION,
+    IncrementalResolver,
+    RolloutLineage,
+    assistant_fingerprint,
+    canonicalize_tool_arguments,
+    conversation_digest,
+    stamp_continuation,
+)
 from zephon.capture.records import (
     CallRecord,
     CaptureLedgerCommit,
@@ -21,16 +42,33 @@ from zephon.capture.records import (
 )
 
 __all__ = [
+    "FINGERPRINT_VERSION",
+    "BuildNotes",
+    "BuildOutput",
     "CallRecord",
     "CaptureLedgerCommit",
+    "Chain",
+    "ChainLink",
     "EngineRefusalRecord",
+    "IncrementalResolver",
     "ManifestFailure",
     "ParentResolutionStatus",
+    "RolloutBuild",
+    "RolloutLineage",
     "RolloutManifest",
     "RolloutRemoval",
+    "TerminalAttribution",
     "TokenCaptureSnapshot",
     "TokenEntry",
+    "Trajectory",
+    "assistant_fingerprint",
+    "attribute_terminal",
+    "build_rollout",
+    "canonicalize_tool_arguments",
     "compute_digest",
+    "conversation_digest",
     "cumulative_tokens",
     "encode_token_ids",
+    "prefix_merging",
+    "stamp_continuation",
 ]
