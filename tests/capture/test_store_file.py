@@ -239,3 +239,16 @@ def test_bad_file_urls_are_refused(url: str) -> None:
 def test_file_store_mutations_are_caught(tmp_path: Path, mutation: Mutation) -> None:  # noqa: F811
     url = f"file://{tmp_path}/cap"
     assert_mutation_caught(lambda: open_store(url), mutation)
+
+
+def test_cached_snapshots_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(file_mod, "_MAX_SNAPSHOTS", 2)
+    store = FileStore(str(tmp_path))
+    snaps = {}
+    for rid in ("a", "b", "c"):
+        _run(store.put(make_entry(rid, "c1")))
+        snaps[rid] = _run(store.freeze(rid))
+    assert len(file_mod._SNAPSHOT_HOLDERS) == 2
+    assert _run(store.freeze("c")) is snaps["c"]  # still cached
+    again = _run(store.freeze("a"))  # evicted: rebuilt from the log, identical content
+    assert again is not snaps["a"] and again == snaps["a"]

@@ -153,7 +153,23 @@ def _handle(directory: str, rollout_id: str) -> _Handle:
                     finally:
                         old.mutex.release()
                     del _HANDLES[old_key]
+                    _SNAPSHOT_HOLDERS.pop(id(old), None)
         return h
+
+
+_SNAPSHOT_HOLDERS: OrderedDict[int, _Handle] = OrderedDict()
+_MAX_SNAPSHOTS = int(os.environ.get("ZEPHON_CAPTURE_SNAPSHOT_CACHE", "64"))
+
+
+def _remember_snapshot(h: _Handle) -> None:
+    """Bound the memory of cached snapshots (each holds decoded entries): only the most recently
+    frozen ``ZEPHON_CAPTURE_SNAPSHOT_CACHE`` rollouts of the process keep theirs."""
+    with _HANDLES_LOCK:
+        _SNAPSHOT_HOLDERS[id(h)] = h
+        _SNAPSHOT_HOLDERS.move_to_end(id(h))
+        while len(_SNAPSHOT_HOLDERS) > _MAX_SNAPSHOTS:
+            _, old = _SNAPSHOT_HOLDERS.popitem(last=False)
+            old.snapshot = None  # a reader that already holds the tuple keeps a valid snapshot
 
 
 def reset_process_cache() -> None:
@@ -163,6 +179,7 @@ def reset_process_cache() -> None:
             with h.mutex:
                 h.close()
         _HANDLES.clear()
+        _SNAPSHOT_HOLDERS.clear()
 
 
 class FileStore(DurableStore):
@@ -378,8 +395,9 @@ class FileStore(DurableStore):
         return snap
 
     def _snapshot(self, h: _Handle, _t: Transition[Any]) -> TokenCaptureSnapshot:
-        if h.snapshot is not None and h.snapshot[0] == h.offset:
-            return h.snapshot[1]
+        cached = h.snapshot
+        if cached is not None and cached[0] == h.offset:
+            return cached[1]
         state = h.state
         snap = TokenCaptureSnapshot(
             rollout_id=h.rollout_id,
@@ -390,6 +408,7 @@ class FileStore(DurableStore):
             engine_refusals=tuple(state.refusals),
         )
         h.snapshot = (h.offset, snap)
+        _remember_snapshot(h)
         return snap
 
     def _read_entries(self, h: _Handle, call_ids: list[str]) -> list[TokenEntry]:

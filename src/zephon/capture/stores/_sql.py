@@ -16,7 +16,9 @@ cache when the stored ``(snapshot_id, version)`` is unchanged, which costs one i
 
 from __future__ import annotations
 
+import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -26,6 +28,8 @@ from zephon.capture.stores._durable import Decide, DurableStore, Offload
 from zephon.capture.stores._state import Delete, Event, Put, Retire, RolloutState, Transition
 
 __all__ = ["Cursor", "SqlStore"]
+
+_MAX_SNAPSHOTS = int(os.environ.get("ZEPHON_CAPTURE_SNAPSHOT_CACHE", "64"))
 
 
 class Cursor(Protocol):
@@ -44,7 +48,8 @@ class SqlStore(DurableStore):
     def __init__(self, *, offload: Offload = "thread") -> None:
         super().__init__(offload=offload)
         self._lock = threading.Lock()  # one connection per client; calls from threads queue
-        self._snapshots: dict[str, TokenCaptureSnapshot] = {}
+        # Recently frozen snapshots (bounded: each holds decoded entries).
+        self._snapshots: OrderedDict[str, TokenCaptureSnapshot] = OrderedDict()
 
     # -- dialect ----------------------------------------------------------------------------
 
@@ -170,6 +175,9 @@ class SqlStore(DurableStore):
                 engine_refusals=tuple(state.refusals),
             )
             self._snapshots[rollout_id] = snap
+            self._snapshots.move_to_end(rollout_id)
+            while len(self._snapshots) > _MAX_SNAPSHOTS:
+                self._snapshots.popitem(last=False)
             return snap
 
     def _payloads(self, cur: Cursor, rollout_id: str) -> dict[str, bytes]:
