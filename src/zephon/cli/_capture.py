@@ -26,6 +26,9 @@ def register(subparsers: Any) -> None:
     conf.add_argument("--timeout", type=float, default=60.0, help="seconds per check (60)")
     conf.add_argument("--list", action="store_true", help="list the checks and exit")
     conf.set_defaults(func=_conformance)
+    from zephon.capture.proxy._cli import register_serve  # `capture serve` (the proxy)
+
+    register_serve(sub)
     capture.set_defaults(func=lambda _args: capture.print_help() or 2)
 
 

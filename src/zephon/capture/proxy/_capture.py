@@ -1,0 +1,317 @@
+"""One captured model call, from the client's request to the durable entry and the answer.
+
+Order (each step only after the previous one): validate the request; mint a fresh model call
+id; resolve the parent once; record the ``begin_call`` intent (a failure here fails the call
+before any compute); call the engine for exact token data; build, stamp and ``put`` the
+``TokenEntry``; only then answer the client (JSON, or an event stream synthesised from the
+captured answer). The capture part runs shielded from client disconnects, so a client that goes
+away cannot leave a generated call without its entry or its incomplete mark.
+
+Outcomes that are not a committed entry:
+
+* the engine answers 4xx: a refusal before generation; recorded with ``record_engine_refusal``
+  (resolving the intent) and the engine's error is passed on;
+* the engine answers 5xx, times out or drops the connection: whether it generated is unknown,
+  so the rollout is marked incomplete; the client gets the engine's 5xx, 504 or 502;
+* the answer lacks exact token data or ``put`` fails: the rollout is marked incomplete and the
+  client still gets its answer (a capture failure never fails the model call);
+* ``put`` raises the frozen or retired error: the late record is dropped and nothing is marked
+  (the freeze already judged the rollout from its intents).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from zephon.capture.lineage import conversation_digest, stamp_continuation
+from zephon.capture.protocols import (
+    CaptureAdmissionRefused,
+    LineageResolution,
+    SupportsBeginCall,
+    SupportsEngineRefusal,
+    TokenCaptureFrozenError,
+)
+from zephon.capture.proxy._engine import EngineAnswer, EngineClient, EngineUnavailable
+from zephon.capture.proxy._metrics import Metrics
+from zephon.capture.proxy._requests import BadRequest, Dialect, PreparedCall, prepare_call
+from zephon.capture.proxy._responses import (
+    output_items_of,
+    served_answer,
+    served_id,
+    token_item_index,
+)
+from zephon.capture.proxy._tokens import TokenDataError, extract_generation, prompt_ids_of
+from zephon.capture.records import ParentResolutionStatus, TokenEntry, compute_digest
+
+__all__ = ["CallResult", "CaptureService", "refusal_code"]
+
+log = logging.getLogger("zephon.capture.proxy")
+
+_CONTEXT_MARKERS = ("maximum context length", "context length", "context_length", "too long")
+
+
+@dataclass
+class CallResult:
+    """What the HTTP layer sends: a status, a JSON body (or raw bytes) and headers."""
+
+    status: int
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+    raw: bytes | None = None
+    content_type: str = "application/json"
+    call: PreparedCall | None = None
+
+    @property
+    def stream(self) -> bool:
+        return self.call is not None and self.call.stream and self.status == 200
+
+
+def error_body(message: str, code: str, status: int) -> dict[str, Any]:
+    """An OpenAI-style error object."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "code": code}}
+
+
+def refusal_code(answer: EngineAnswer) -> str:
+    """A stable code for an engine's 4xx: ``context_length_exceeded`` or ``http_<status>``."""
+    text = answer.body[:4096].decode("utf-8", "replace").lower()
+    if answer.status in (400, 413, 422) and any(m in text for m in _CONTEXT_MARKERS):
+        return "context_length_exceeded"
+    return f"http_{answer.status}"
+
+
+class CaptureService:
+    """The serving path of one worker: a store client, an engine client and metrics."""
+
+    def __init__(self, store: Any, engine: EngineClient, metrics: Metrics) -> None:
+        self.store = store
+        self.engine = engine
+        self.metrics = metrics
+
+    # -- entry point ---------------------------------------------------------------------------
+
+    async def handle(
+        self, rollout_id: str, dialect: Dialect, raw: bytes, headers: dict[str, str]
+    ) -> CallResult:
+        try:
+            body = msgspec.json.decode(raw) if raw else None
+        except msgspec.DecodeError as exc:
+            return self._bad(
+                BadRequest(f"the request body is not valid JSON: {exc}", code="invalid_json")
+            )
+        try:
+            call = prepare_call(dialect, body)
+            conversation_digest(call.request_items)  # refuse unhashable history up front
+        except BadRequest as exc:
+            return self._bad(exc)
+        except ValueError as exc:
+            return self._bad(BadRequest(f"request history cannot be captured: {exc}"))
+        call_id = uuid.uuid4().hex
+        # Shield: a client disconnect must not cancel a call between intent and entry.
+        task = asyncio.ensure_future(self._capture(rollout_id, call, call_id, headers))
+        return await asyncio.shield(task)
+
+    def _bad(self, exc: BadRequest) -> CallResult:
+        return CallResult(exc.status, error_body(exc.message, exc.code, exc.status))
+
+    # -- the call ------------------------------------------------------------------------------
+
+    async def _resolve(self, rollout_id: str, call: PreparedCall) -> LineageResolution:
+        try:
+            res: LineageResolution = await self.store.resolve(rollout_id, call.request_items)
+        except Exception as exc:  # a lookup failure is a safe UNRESOLVED, never a guess
+            log.warning("lineage lookup failed for rollout %s: %r", rollout_id, exc)
+            res = LineageResolution(ParentResolutionStatus.UNRESOLVED, reason="lookup_error")
+        self.metrics.inc("zephon_proxy_parent_resolution_total", status=res.status.value)
+        return res
+
+    async def _capture(
+        self, rollout_id: str, call: PreparedCall, call_id: str, headers: dict[str, str]
+    ) -> CallResult:
+        started = time.perf_counter()
+        res = await self._resolve(rollout_id, call)
+        hdrs = {
+            "x-zephon-model-call-id": call_id,
+            "x-zephon-parent-resolution": res.status.value,
+        }
+        if res.match is not None:
+            hdrs["x-zephon-parent-call-id"] = res.match.model_call_id
+        if isinstance(self.store, SupportsBeginCall):
+            try:
+                await self.store.begin_call(rollout_id, call_id)
+            except (TokenCaptureFrozenError, CaptureAdmissionRefused) as exc:
+                kind = type(exc).__name__
+                msg = f"rollout {rollout_id!r} admits no new model calls ({kind}: {exc})"
+                return CallResult(409, error_body(msg, "capture_refused", 409), hdrs)
+            except Exception as exc:
+                log.error("begin_call failed for %s/%s: %r", rollout_id, call_id, exc)
+                msg = f"capture store unavailable, model call not dispatched: {exc}"
+                return CallResult(503, error_body(msg, "capture_store_unavailable", 503), hdrs)
+        engine_started = time.perf_counter()
+        try:
+            answer = await self.engine.post_json(call.engine_path, call.engine_body, _auth(headers))
+        except EngineUnavailable as exc:
+            await self._fail(rollout_id, call_id, f"engine_{exc.kind}")
+            status = 504 if exc.kind == "timeout" else 502
+            hdrs["x-zephon-capture"] = "incomplete"
+            return CallResult(status, error_body(str(exc), f"engine_{exc.kind}", status), hdrs)
+        finally:
+            self.metrics.observe(
+                "zephon_proxy_engine_seconds", time.perf_counter() - engine_started
+            )
+        if 400 <= answer.status < 500:
+            await self._refusal(rollout_id, call_id, res, answer)
+            hdrs["x-zephon-capture"] = "refused"
+            return CallResult(answer.status, None, hdrs, answer.body, answer.content_type)
+        if answer.status != 200:
+            await self._fail(rollout_id, call_id, f"engine_http_{answer.status}")
+            hdrs["x-zephon-capture"] = "incomplete"
+            return CallResult(answer.status, None, hdrs, answer.body, answer.content_type)
+        try:
+            data = answer.json()
+            if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+                raise TokenDataError("engine answer is not a completion object")
+            items = output_items_of(data, call, call_id)
+        except (msgspec.DecodeError, TokenDataError, AttributeError, KeyError, TypeError) as exc:
+            await self._fail(rollout_id, call_id, "engine_bad_answer")
+            hdrs["x-zephon-capture"] = "incomplete"
+            msg = f"engine returned an unusable answer: {exc}"
+            return CallResult(502, error_body(msg, "engine_bad_answer", 502), hdrs)
+        tokens, outcome = await self._commit(rollout_id, call, call_id, res, data, items, headers)
+        hdrs["x-zephon-capture"] = outcome
+        served = served_answer(data, call, call_id, items, tokens)
+        self.metrics.observe("zephon_proxy_capture_seconds", time.perf_counter() - started)
+        return CallResult(200, served, hdrs, call=call)
+
+    async def _commit(
+        self,
+        rollout_id: str,
+        call: PreparedCall,
+        call_id: str,
+        res: LineageResolution,
+        data: dict[str, Any],
+        items: list[dict[str, Any]],
+        headers: dict[str, str],
+    ) -> tuple[tuple[list[int], list[int], list[float]] | None, str]:
+        """Build and put the entry; returns (tokens or None, capture outcome header)."""
+        chat = call.engine_dialect == "chat"
+        try:
+            gen = extract_generation(data, chat=chat)
+            prompt = prompt_ids_of(data, chat=chat)
+            if prompt is None:
+                prompt = await self._tokenize(call, headers)
+            full = [*prompt, *gen.token_ids]
+            entry = TokenEntry(
+                rollout_id=rollout_id,
+                model_call_id=call_id,
+                model=str(data.get("model") or call.body.get("model") or ""),
+                prompt_token_ids=prompt,
+                generation_token_ids=gen.token_ids,
+                generation_log_probs=gen.log_probs,
+                output_items=items,
+                token_item_index=token_item_index(items),
+                response_id=served_id(data, call, call_id),
+                created_at=time.time(),
+                parent_call_id=res.match.model_call_id if res.match is not None else None,
+                cum_len=len(full),
+                digest=compute_digest(full),
+                parent_resolution=res.status,
+                parent_resolution_reason=res.reason,
+            )
+            entry = stamp_continuation(entry, call.request_items)
+        except Exception as exc:
+            log.warning("capture of %s/%s failed: %r", rollout_id, call_id, exc)
+            await self._fail(rollout_id, call_id, "token_data")
+            return None, "incomplete"
+        tokens = (prompt, gen.token_ids, gen.log_probs)
+        put_started = time.perf_counter()
+        try:
+            await self.store.put(entry)
+        except TokenCaptureFrozenError:
+            # Late write after freeze/retire: drop it, do not mark (the freeze already judged).
+            self.metrics.inc("zephon_proxy_capture_failures_total", reason="late_after_freeze")
+            return tokens, "late"
+        except Exception as exc:
+            log.error("put of %s/%s failed: %r", rollout_id, call_id, exc)
+            await self._fail(rollout_id, call_id, "put_error")
+            return tokens, "incomplete"
+        finally:
+            self.metrics.observe("zephon_proxy_put_seconds", time.perf_counter() - put_started)
+        return tokens, "committed"
+
+    async def _tokenize(self, call: PreparedCall, headers: dict[str, str]) -> list[int]:
+        """The prompt ids from the engine's ``/tokenize`` (engines without prompt ids)."""
+        body = call.engine_body
+        payload: dict[str, Any] = {"model": body.get("model")}
+        if call.engine_dialect == "chat":
+            payload["messages"] = body["messages"]
+            payload["add_generation_prompt"] = True
+            for key in ("tools", "chat_template", "chat_template_kwargs"):
+                if body.get(key) is not None:
+                    payload[key] = body[key]
+        else:
+            payload["prompt"] = body["prompt"]
+        answer = await self.engine.post_json("/tokenize", payload, _auth(headers))
+        if answer.status != 200:
+            raise TokenDataError(
+                f"engine gave no prompt ids and /tokenize answered HTTP {answer.status}"
+            )
+        tokens = answer.json().get("tokens")
+        if not isinstance(tokens, list) or not all(type(t) is int and t >= 0 for t in tokens):
+            raise TokenDataError("/tokenize answer has no list of token ids under 'tokens'")
+        return tokens
+
+    # -- failure paths -------------------------------------------------------------------------
+
+    async def _fail(self, rollout_id: str, call_id: str, reason: str) -> None:
+        """Mark the rollout incomplete; if even that fails, log loudly (silent-loss case)."""
+        self.metrics.inc("zephon_proxy_capture_failures_total", reason=reason)
+        try:
+            await self.store.mark_incomplete(rollout_id, call_id)
+        except TokenCaptureFrozenError:
+            pass  # retired: nothing of this attempt can be trained on anyway
+        except Exception as exc:
+            self.metrics.inc("zephon_proxy_capture_failures_total", reason="mark_failed")
+            log.critical(
+                "capture of %s/%s failed (%s) AND mark_incomplete failed: %r; the rollout's "
+                "dangling intent still masks it at freeze",
+                rollout_id,
+                call_id,
+                reason,
+                exc,
+            )
+
+    async def _refusal(
+        self, rollout_id: str, call_id: str, res: LineageResolution, answer: EngineAnswer
+    ) -> None:
+        code = refusal_code(answer)
+        self.metrics.inc("zephon_proxy_engine_refusals_total", code=code)
+        if not isinstance(self.store, SupportsEngineRefusal):
+            await self._fail(rollout_id, call_id, "engine_refusal_unrecorded")
+            return
+        try:
+            await self.store.record_engine_refusal(
+                rollout_id,
+                model_call_id=call_id,
+                code=code,
+                parent_call_id=res.match.model_call_id if res.match is not None else None,
+                parent_resolution=res.status,
+            )
+        except TokenCaptureFrozenError:
+            return
+        except Exception as exc:
+            log.error("record_engine_refusal %s/%s failed: %r", rollout_id, call_id, exc)
+            await self._fail(rollout_id, call_id, "refusal_unrecorded")
+
+
+def _auth(headers: dict[str, str]) -> dict[str, str]:
+    """The client's credentials for the engine (an engine may require an API key)."""
+    value = headers.get("authorization")
+    return {"authorization": value} if value else {}

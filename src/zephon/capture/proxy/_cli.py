@@ -1,0 +1,80 @@
+"""``zephon capture serve``: argument parsing only (the server stack is imported on use)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+__all__ = ["register_serve"]
+
+
+def register_serve(capture_subparsers: Any) -> None:
+    """Add ``serve`` to the ``zephon capture`` sub-command group."""
+    p = capture_subparsers.add_parser(
+        "serve",
+        help="run the token capture proxy in front of an OpenAI-compatible engine",
+        description="Proxy /v1/chat/completions, /v1/completions and /v1/responses to ENGINE; "
+        "requests under /ng-rollout/<rollout_id>/training-token-capture/v1/... are captured "
+        "into STORE_URL before they are answered. See docs/capture-proxy.md.",
+    )
+    p.add_argument("--engine", required=True, metavar="URL", help="engine server root URL")
+    p.add_argument(
+        "--store",
+        required=True,
+        metavar="STORE_URL",
+        help="capture store (file:///DIR, sqlite:///FILE, postgresql://..., memory://NAME)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="listen address (127.0.0.1)")
+    p.add_argument("--port", type=int, default=8100, help="listen port (8100; 0 = any free)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (1)")
+    p.add_argument(
+        "--engine-timeout", type=float, default=600.0, help="seconds per engine call (600)"
+    )
+    p.add_argument(
+        "--connect-timeout", type=float, default=10.0, help="seconds to connect to the engine"
+    )
+    p.add_argument(
+        "--control-token",
+        default=os.environ.get("ZEPHON_CAPTURE_CONTROL_TOKEN"),
+        help="bearer token for the control routes (env ZEPHON_CAPTURE_CONTROL_TOKEN)",
+    )
+    p.add_argument("--log-level", default="warning", help="uvicorn log level (warning)")
+    p.add_argument("--access-log", action="store_true", help="log every request")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from zephon.capture.proxy._config import ProxyConfig
+        from zephon.capture.proxy.server import serve
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        print(
+            f"error: the capture proxy needs the 'serve' extra ({exc}); "
+            "install it with: pip install 'zephon[serve]'",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        from zephon.capture.stores import store_class
+
+        store_class(args.store)
+        config = ProxyConfig(
+            engine_url=args.engine,
+            store_url=args.store,
+            engine_timeout_s=args.engine_timeout,
+            connect_timeout_s=args.connect_timeout,
+            control_token=args.control_token or None,
+        )
+        return serve(
+            config,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_level=args.log_level,
+            access_log=args.access_log,
+        )
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

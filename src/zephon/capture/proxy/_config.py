@@ -1,0 +1,72 @@
+"""The capture proxy's configuration, shippable to worker processes through one env variable.
+
+Worker processes are spawned by the server supervisor and import the app by name, so the
+configuration travels as JSON in ``ZEPHON_CAPTURE_PROXY_CONFIG`` rather than as Python objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from urllib.parse import urlsplit
+
+__all__ = ["CONFIG_ENV", "ProxyConfig"]
+
+CONFIG_ENV = "ZEPHON_CAPTURE_PROXY_CONFIG"
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """What one proxy worker needs: where the engine and the store are, and its limits.
+
+    ``engine_url`` is the engine's server root (``http://127.0.0.1:8000``; a trailing ``/v1`` is
+    accepted and removed). ``engine_timeout_s`` bounds one whole engine call (generation
+    included); ``connect_timeout_s`` only the TCP connect. ``control_token``, when set, is the
+    bearer token the control routes (freeze, manifest, drop, retire, delete) require.
+    ``metrics_dir`` is where workers of one server share their metrics (set by ``serve`` when it
+    runs several workers).
+    """
+
+    engine_url: str
+    store_url: str
+    engine_timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    max_engine_connections: int = 1024
+    control_token: str | None = None
+    metrics_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.engine_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(
+                f"--engine {self.engine_url!r} is not an http(s) URL; pass the engine's server "
+                "root, e.g. http://127.0.0.1:8000"
+            )
+        base = self.engine_url.rstrip("/")
+        if base.endswith("/v1"):
+            base = base[: -len("/v1")]
+        object.__setattr__(self, "engine_url", base)
+        if self.engine_timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise ValueError("engine_timeout_s and connect_timeout_s must be > 0 seconds")
+        if self.max_engine_connections < 1:
+            raise ValueError("max_engine_connections must be >= 1")
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> ProxyConfig:
+        env = os.environ if environ is None else environ
+        raw = env.get(CONFIG_ENV)
+        if not raw:
+            raise RuntimeError(
+                f"{CONFIG_ENV} is not set: start workers with `zephon capture serve` or set it "
+                "to ProxyConfig(...).to_env()"
+            )
+        data = json.loads(raw)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{CONFIG_ENV} has unknown keys {unknown}; known: {sorted(known)}")
+        return cls(**data)

@@ -1,0 +1,133 @@
+"""Exact token data out of an engine answer (vLLM / SGLang OpenAI-compatible shapes).
+
+Priority, per call: the generated ids from ``choices[0].token_ids`` (vLLM ``return_token_ids``),
+cross-checked against the ids the log-prob entries name when those are ``token_id:<int>``;
+otherwise the log-prob entries' ids alone. The prompt ids from ``prompt_token_ids`` (top level
+for chat, per choice or top level for completions); when absent, the caller asks the engine's
+``/tokenize`` route. Anything partial (ids without log-probs, lengths that disagree, two sources
+that disagree, a non-finite log-prob) raises :class:`TokenDataError`: a half-captured call must
+mask the rollout, never train on a guess.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["GenerationTokens", "TokenDataError", "extract_generation", "prompt_ids_of"]
+
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+class TokenDataError(ValueError):
+    """The engine's answer lacks exact token data or carries an inconsistent part of it."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationTokens:
+    token_ids: list[int]
+    log_probs: list[float]
+
+
+def _ids(value: Any, where: str) -> list[int]:
+    if not isinstance(value, list) or not all(type(x) is int and x >= 0 for x in value):
+        raise TokenDataError(f"{where} must be a list of non-negative integers")
+    return value
+
+
+def _single_choice(answer: dict[str, Any]) -> dict[str, Any]:
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        n = len(choices) if isinstance(choices, list) else "no"
+        raise TokenDataError(f"engine answer has {n} choices; capture needs exactly one")
+    choice: dict[str, Any] = choices[0]
+    return choice
+
+
+def _logprob_entries(
+    choice: dict[str, Any], chat: bool
+) -> tuple[list[float] | None, list[int] | None]:
+    """(log-probs, ids named by the entries or None) of one choice."""
+    logprobs = choice.get("logprobs")
+    if logprobs is None:
+        return None, None
+    if not isinstance(logprobs, dict):
+        raise TokenDataError("choices[0].logprobs must be an object")
+    values: Any
+    tokens: Any
+    if chat:
+        content = logprobs.get("content")
+        if content is None:
+            return None, None
+        if not isinstance(content, list) or not all(isinstance(e, dict) for e in content):
+            raise TokenDataError("choices[0].logprobs.content must be a list of objects")
+        values = [e.get("logprob") for e in content]
+        tokens = [e.get("token") for e in content]
+    else:
+        values = logprobs.get("token_logprobs")
+        tokens = logprobs.get("tokens")
+        if values is None:
+            return None, None
+        if not isinstance(values, list) or not isinstance(tokens, list | None):
+            raise TokenDataError("choices[0].logprobs.token_logprobs/tokens must be lists")
+    lps: list[float] = []
+    for i, v in enumerate(values):
+        if type(v) not in (float, int) or not math.isfinite(v):
+            raise TokenDataError(f"log-prob #{i} is {v!r}; every generated token needs a number")
+        lps.append(float(v))
+    ids: list[int] | None = None
+    if tokens is not None and len(tokens) == len(lps) and tokens:
+        parsed: list[int] = []
+        for t in tokens:
+            if not (isinstance(t, str) and t.startswith(_TOKEN_ID_PREFIX)):
+                break
+            digits = t[len(_TOKEN_ID_PREFIX) :]
+            if not digits.isdigit():
+                raise TokenDataError(f"log-prob token {t!r} does not name a token id")
+            parsed.append(int(digits))
+        else:
+            ids = parsed
+    return lps, ids
+
+
+def extract_generation(answer: dict[str, Any], *, chat: bool) -> GenerationTokens:
+    """Generated ids and their log-probs from a chat or completions answer."""
+    choice = _single_choice(answer)
+    raw_ids = choice.get("token_ids")
+    ids = None if raw_ids is None else _ids(raw_ids, "choices[0].token_ids")
+    lps, lp_ids = _logprob_entries(choice, chat)
+    if ids is None:
+        ids = lp_ids
+    if ids is None:
+        raise TokenDataError(
+            "engine answer carries no generated token ids: run an engine that honours "
+            "return_token_ids (vLLM >= 0.10.2) or return_tokens_as_token_ids"
+        )
+    if lps is None:
+        raise TokenDataError(
+            f"engine answer has {len(ids)} generated token ids but no log-probs (partial token "
+            "data); the engine must honour logprobs"
+        )
+    if len(lps) != len(ids):
+        raise TokenDataError(
+            f"engine answer has {len(ids)} generated token ids but {len(lps)} log-probs"
+        )
+    if lp_ids is not None and lp_ids != ids:
+        first = next(i for i, (a, b) in enumerate(zip(ids, lp_ids)) if a != b)
+        raise TokenDataError(
+            f"choices[0].token_ids and the log-prob tokens disagree at position {first} "
+            f"({ids[first]} vs {lp_ids[first]})"
+        )
+    return GenerationTokens(ids, lps)
+
+
+def prompt_ids_of(answer: dict[str, Any], *, chat: bool) -> list[int] | None:
+    """The prompt ids the engine reports, or None when it reports none."""
+    raw = answer.get("prompt_token_ids")
+    if raw is None and not chat:
+        choice = _single_choice(answer)
+        raw = choice.get("prompt_token_ids")
+    if raw is None:
+        return None
+    return _ids(raw, "prompt_token_ids")

@@ -1,0 +1,148 @@
+"""``serve``: run the proxy on one listening socket with one or several worker processes.
+
+The socket is bound once, in the supervisor, and inherited by every worker (so ``--port 0``
+works and all workers accept on the same port); each worker is a spawned process running its
+own event loop, engine client and store client. A worker that dies is replaced. SIGINT or
+SIGTERM stops the workers gracefully (in-flight calls finish) and then the supervisor.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import socket
+import sys
+import tempfile
+from dataclasses import replace
+from typing import Any
+
+from zephon.capture.proxy._config import CONFIG_ENV, ProxyConfig
+
+__all__ = ["bind_socket", "serve"]
+
+log = logging.getLogger("zephon.capture.proxy")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(
+            f"cannot listen on {host}:{port}: {exc.strerror}; pick another --port"
+        ) from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _uvicorn_config(app: Any, log_level: str, access_log: bool) -> Any:
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        lifespan="on",
+        log_level=log_level,
+        access_log=access_log,
+        timeout_keep_alive=30,
+        timeout_graceful_shutdown=30,
+    )
+
+
+def _worker(config_env: str, sock: socket.socket, log_level: str, access_log: bool) -> None:
+    import uvicorn
+
+    from zephon.capture.proxy.app import create_app_from_env
+
+    os.environ[CONFIG_ENV] = config_env
+    server = uvicorn.Server(_uvicorn_config(create_app_from_env(), log_level, access_log))
+    server.run(sockets=[sock])
+
+
+def serve(
+    config: ProxyConfig,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8100,
+    workers: int = 1,
+    log_level: str = "warning",
+    access_log: bool = False,
+) -> int:
+    """Serve until SIGINT/SIGTERM; prints one ``listening on`` line with the bound port."""
+    import uvicorn
+
+    from zephon.capture.proxy.app import create_app
+
+    if workers < 1:
+        raise ValueError("--workers must be >= 1")
+    if workers > 1 and config.store_url.lower().startswith("memory:"):
+        raise ValueError(
+            "memory:// stores live in one process; with --workers > 1 use a shared store "
+            "(file:///DIR, sqlite:///FILE or postgresql://...)"
+        )
+    sock = bind_socket(host, port)
+    bound = sock.getsockname()[1]
+    metrics_dir = None
+    if workers > 1 and config.metrics_dir is None:
+        metrics_dir = tempfile.mkdtemp(prefix="zephon-proxy-metrics-")
+        config = replace(config, metrics_dir=metrics_dir)
+    print(
+        f"zephon capture proxy listening on http://{host}:{bound} "
+        f"(engine {config.engine_url}, store {config.store_url.split('?')[0]}, workers {workers})",
+        flush=True,
+    )
+    if workers == 1:
+        server = uvicorn.Server(_uvicorn_config(create_app(config), log_level, access_log))
+        server.run(sockets=[sock])
+        return 0
+    return _supervise(config, sock, workers, log_level, access_log)
+
+
+def _supervise(
+    config: ProxyConfig, sock: socket.socket, workers: int, log_level: str, access_log: bool
+) -> int:
+    ctx = multiprocessing.get_context("spawn")
+    env = config.to_env()
+    stopping = False
+
+    def start() -> Any:
+        proc = ctx.Process(
+            target=_worker, args=(env, sock, log_level, access_log), name="zephon-proxy-worker"
+        )
+        proc.start()
+        return proc
+
+    def stop(_sig: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    procs = [start() for _ in range(workers)]
+    while not stopping:
+        multiprocessing.connection.wait([p.sentinel for p in procs], timeout=0.25)
+        for i, proc in enumerate(procs):
+            if not proc.is_alive() and not stopping:
+                print(
+                    f"zephon capture proxy: worker {proc.pid} exited ({proc.exitcode}); "
+                    "starting a new one",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                procs[i] = start()
+    for proc in procs:
+        if proc.is_alive() and proc.pid is not None:
+            os.kill(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        proc.join(timeout=35)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    sock.close()
+    return 0
