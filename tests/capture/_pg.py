@@ -19,19 +19,32 @@ from zephon.capture.stores._pgserver import EmbeddedPostgres
 __all__ = ["fresh_schema_url", "pg_dsn", "pg_url"]
 
 
+# Every test module that imports ``pg_dsn`` gets its own session-scoped fixture definition, so
+# the server itself is a module-level singleton shared by all of them; the last one to finish
+# (at the end of the session) stops it.
+_SERVER: EmbeddedPostgres | None = None
+_USERS = 0
+
+
 @pytest.fixture(scope="session")
 def pg_dsn() -> Iterator[str]:
-    """DSN of the session's PostgreSQL server (external via env, else embedded)."""
+    """DSN of the session's one PostgreSQL server (external via env, else embedded)."""
+    global _SERVER, _USERS
     external = os.environ.get("ZEPHON_TEST_POSTGRES_DSN")
     if external:
         yield external
         return
-    server = EmbeddedPostgres()
-    server.start()
+    if _SERVER is None:
+        _SERVER = EmbeddedPostgres()
+        _SERVER.start()
+    _USERS += 1
     try:
-        yield server.dsn
+        yield _SERVER.dsn
     finally:
-        server.stop()
+        _USERS -= 1
+        if _USERS == 0:
+            _SERVER.stop()
+            _SERVER = None
 
 
 def fresh_schema_url(dsn: str) -> str:
