@@ -27,7 +27,9 @@ class RuntimeOptions:
     reference) or ``"process"`` (spawned worker processes). ``deterministic=False`` releases
     micro-batches in completion order and allows latency-bound flushes. ``queue_size`` is the
     capacity, in micro-batches, of each bounded channel between stages. ``max_inflight`` caps
-    micro-batches in flight per operator (default: 2 x its parallelism).
+    micro-batches in flight per operator (default: 2 x its parallelism). ``track_stats``
+    keeps per-operator counters for ``pipeline.stats()`` (per micro-batch, so it is cheap);
+    ``log_every_s`` logs a progress line at INFO on the ``zephon`` logger.
     """
 
     runner: RunnerName = "threads"
@@ -40,6 +42,8 @@ class RuntimeOptions:
     queue_size: int = 8
     max_inflight: int | None = None
     on_error: Literal["raise", "skip"] = "raise"
+    track_stats: bool = True
+    log_every_s: float | None = None
 
     def updated(self, **changes: Any) -> RuntimeOptions:
         known = {f.name for f in fields(self)}
@@ -63,5 +67,7 @@ class RuntimeOptions:
             raise ConfigError(
                 f"flush_every_k_chunks must be >= 0 or None, got {self.flush_every_k_chunks}"
             )
+        if self.log_every_s is not None and self.log_every_s <= 0:
+            raise ConfigError(f"log_every_s must be positive or None, got {self.log_every_s}")
         if self.on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")

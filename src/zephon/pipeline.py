@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from zephon._engine import checkpoint as ckpt
-from zephon._engine.engine import Engine, RunStats
+from zephon._engine.engine import Engine
+from zephon._engine.stats import RunStats
 from zephon._engine.plan import OpSpec, Plan
 from zephon._ops._packing_algos import FlushStrategy, PackingAlgorithm
 from zephon._ops.batch import BatchOp
@@ -357,5 +358,9 @@ class Pipeline:
         return PipelineDataset(self, transform)
 
     def stats(self) -> RunStats | None:
-        """What the last (or current) iteration delivered, dropped and skipped."""
-        return self.last_stats
+        """Live statistics of the current (or last) iteration: totals, per-operator
+        throughput, worker vs accumulator time, queue depths, backpressure stalls and
+        per-lane progress. ``None`` before the first iteration."""
+        if self._engine is None:
+            return self.last_stats
+        return self._engine.snapshot()

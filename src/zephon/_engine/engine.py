@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from zephon._engine import checkpoint as ckpt
 from zephon._engine.plan import OpSpec, Plan, compile_plan, stalls_sentinels
 from zephon._engine.pools import ProcessWorkerPool, ThreadWorkerPool, WorkerPool
 from zephon._engine.source import LaneStart, SourceFeeder
+from zephon._engine.stats import LaneProgress, OpStats, RunStats
 from zephon._engine.stage import StageCore, Task, annotate, call_process_many
 from zephon._engine.tail import LaneMux
 from zephon._engine.threaded import DATA, END, ERROR, STOP, Channel, OpDriver, SourceThread
@@ -23,18 +24,6 @@ from zephon.types import SampleCursor, StreamItem
 from zephon.work import WorkSource, lanes_for_rank
 
 log = logging.getLogger("zephon")
-
-
-@dataclass
-class RunStats:
-    """What one iteration delivered and dropped."""
-
-    delivered: int = 0
-    tombstones: int = 0
-    skipped: int = 0
-    skipped_examples: list[str] = field(default_factory=list)
-    samples_read: int = 0
-    chunks: int = 0
 
 
 def with_replay_filter(
@@ -102,6 +91,14 @@ class Engine:
         self.specs = with_replay_filter(specs, targets, monotone=self.monotone)
         self.plan, self.contexts = compile_plan(self.specs, options, self.lanes)
         self.stats = RunStats()
+        self.op_stats: list[OpStats] | None = None
+        if options.track_stats:
+            self.op_stats = [
+                OpStats(name=st.op_name, runner=st.runner, parallelism=st.parallelism)
+                for st in self.plan.stages
+            ]
+        self._started_at = 0.0
+        self._last_log = 0.0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pools: list[WorkerPool] = []
@@ -144,10 +141,45 @@ class Engine:
 
     def _cores(self) -> list[StageCore]:
         cores = []
-        for spec, ctx in zip(self.specs, self.contexts, strict=True):
+        for i, (spec, ctx) in enumerate(zip(self.specs, self.contexts, strict=True)):
             acc = spec.op.accumulator(deterministic=self.options.deterministic, ctx=ctx)
-            cores.append(StageCore(spec.op, acc, stalls_sentinels=stalls_sentinels(spec.op)))
+            stats = self.op_stats[i] if self.op_stats is not None else None
+            cores.append(
+                StageCore(spec.op, acc, stalls_sentinels=stalls_sentinels(spec.op), stats=stats)
+            )
         return cores
+
+    def snapshot(self) -> RunStats:
+        """Live statistics: totals, per-operator counters, per-lane progress."""
+        stats = self.stats
+        feeder, mux = self.feeder, self.mux
+        if feeder is not None:
+            stats.samples_read = feeder.samples_emitted
+            stats.chunks = feeder.chunks_admitted
+        if mux is not None:
+            stats.tombstones = mux.tombstones
+            stats.skipped = len(mux.errors)
+            stats.skipped_examples = mux.errors[:10]
+        if self._started_at:
+            stats.elapsed_s = time.monotonic() - self._started_at
+        if self.op_stats is not None:
+            channels = getattr(self, "_channels", None)
+            if channels is not None:
+                for op_stats, channel in zip(self.op_stats, channels, strict=False):
+                    op_stats.queue_depth = max(0, channel.depth)
+            stats.operators = [OpStats(**o.to_dict()) for o in self.op_stats]
+        if feeder is not None and mux is not None:
+            counts = feeder.inflight_counts()
+            stats.lanes = {
+                lane: LaneProgress(
+                    delivered=mux.delivered[lane],
+                    next_chunk_id=feeder.lane_start(lane)[0] + counts.get(lane, 0),
+                    inflight_chunks=counts.get(lane, 0),
+                    finished=lane in mux.finished_lanes,
+                )
+                for lane in self.lanes
+            }
+        return stats
 
     def _mux(self, feeder: SourceFeeder) -> LaneMux:
         on_epoch = None if self.monotone else feeder.evict_below
@@ -222,17 +254,14 @@ class Engine:
         self.prepare()
         feeder, mux = self.feeder, self.mux
         assert feeder is not None and mux is not None
+        self._started_at = self._last_log = time.monotonic()
         try:
             if self.options.runner == "inline":
                 yield from self._run_inline(feeder, mux)
             else:
                 yield from self._run_threaded(feeder, mux)
         finally:
-            self.stats.samples_read = feeder.samples_emitted
-            self.stats.chunks = feeder.chunks_admitted
-            self.stats.tombstones = mux.tombstones
-            self.stats.skipped = len(mux.errors)
-            self.stats.skipped_examples = mux.errors[:10]
+            self.snapshot()
             self.close()
         if mux.errors:
             log.warning(
@@ -243,6 +272,7 @@ class Engine:
 
     def _deliver(self, mux: LaneMux) -> Iterator[StreamItem]:
         evict = self.feeder.evict_below if self.monotone and self.feeder else None
+        log_every = self.options.log_every_s
         while True:
             item = mux.pop()
             if item is None:
@@ -250,6 +280,9 @@ class Engine:
             self.stats.delivered += 1
             if evict is not None:
                 evict(item.meta.lane_id, item.meta.chunk_id)
+            if log_every is not None and time.monotonic() - self._last_log >= log_every:
+                self._last_log = time.monotonic()
+                log.info("%s", self.snapshot().summary())
             yield item
 
     # -- inline: everything on the calling thread (the reference runner) --------------------
@@ -258,12 +291,19 @@ class Engine:
     def _run_tasks(core: StageCore, tasks: list[Task]) -> list[StreamItem]:
         out: list[StreamItem] = []
         op = core.op
+        stats = core.stats
         for task in tasks:
             if task.work:
+                start = time.perf_counter_ns()
                 try:
-                    out.extend(call_process_many(op, task.work))
+                    result = call_process_many(op, task.work)
                 except BaseException as exc:
                     raise annotate(exc, op.name) from None
+                if stats is not None:
+                    stats.worker_ns += time.perf_counter_ns() - start
+                    stats.micro_batches += 1
+                    stats.elements_out += len(result)
+                out.extend(result)
             out.extend(task.passthrough)
         return out
 
@@ -297,6 +337,8 @@ class Engine:
         cores = self._cores()
         channels = [Channel(self.options.queue_size, stop) for _ in range(len(cores) + 1)]
         self._channels = channels
+        for i, core in enumerate(cores):
+            channels[i + 1].producer_stats = core.stats
         for i, (core, stage) in enumerate(zip(cores, self.plan.stages, strict=True)):
             pool: WorkerPool | None = None
             ctx = self.contexts[i]

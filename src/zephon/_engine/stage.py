@@ -10,11 +10,13 @@ through a :class:`~zephon._engine.reorder.ReorderBuffer`; that is the whole dete
 from __future__ import annotations
 
 import contextlib
+import time
 import traceback
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from zephon._engine.stats import OpStats
 from zephon.errors import ContractError
 from zephon.ops import Accumulator, BaseOp
 from zephon.types import (
@@ -80,8 +82,16 @@ def annotate(exc: BaseException, op_name: str) -> BaseException:
 class StageCore:
     """Accumulator handling and sequence numbering for one operator (single-threaded)."""
 
-    def __init__(self, op: BaseOp, accumulator: Accumulator, *, stalls_sentinels: bool) -> None:
+    def __init__(
+        self,
+        op: BaseOp,
+        accumulator: Accumulator,
+        *,
+        stalls_sentinels: bool,
+        stats: OpStats | None = None,
+    ) -> None:
         self.op = op
+        self.stats = stats
         self.acc = accumulator
         self.stalls_sentinels = stalls_sentinels
         self._next_seq = 0
@@ -112,6 +122,15 @@ class StageCore:
 
     def feed(self, items: Sequence[StreamItem]) -> list[Task]:
         """Push ``items`` (stream order) and return the tasks they make ready."""
+        stats = self.stats
+        if stats is None:
+            return self._feed(items)
+        start = time.perf_counter_ns()
+        out = self._feed(items)
+        stats.accumulator_ns += time.perf_counter_ns() - start
+        return out
+
+    def _feed(self, items: Sequence[StreamItem]) -> list[Task]:
         out: list[Task] = []
         run_start = 0
         n = len(items)
@@ -134,6 +153,8 @@ class StageCore:
         return out
 
     def _push(self, data: Sequence[StreamItem], out: list[Task]) -> None:
+        if self.stats is not None:
+            self.stats.elements_in += len(data)
         self._tasks_for(self.acc.push_many(data), out)
         if self._held:
             self._release_held(out)

@@ -18,6 +18,7 @@ from typing import Any
 
 from zephon._engine.pools import WorkerPool
 from zephon._engine.reorder import ReorderBuffer
+from zephon._engine.stats import OpStats
 from zephon._engine.stage import StageCore, Task, annotate, call_process_many
 from zephon.types import TAG_TOMBSTONE, StreamItem
 
@@ -43,16 +44,26 @@ class Channel:
         self.queue: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._slots = threading.Semaphore(capacity)
         self._stop = stop
+        self.depth = 0  # data messages waiting (approximate; for stats)
+        self.producer_stats: OpStats | None = None
 
     def put_data(self, items: list[StreamItem]) -> None:
-        while not self._slots.acquire(timeout=0.1):
-            if self._stop.is_set():
-                raise Stopped
+        if not self._slots.acquire(blocking=False):
+            start = time.perf_counter_ns()
+            while not self._slots.acquire(timeout=0.1):
+                if self._stop.is_set():
+                    raise Stopped
+            stats = self.producer_stats
+            if stats is not None:
+                stats.stalls += 1
+                stats.stall_ns += time.perf_counter_ns() - start
         if self._stop.is_set():
             raise Stopped
+        self.depth += 1
         self.queue.put((DATA, items))
 
     def release(self) -> None:
+        self.depth -= 1
         self._slots.release()
 
     def put(self, message: Message) -> None:
@@ -103,6 +114,8 @@ class OpDriver(threading.Thread):
         self.stop = stop
         self.reorder: ReorderBuffer[list[StreamItem]] = ReorderBuffer(deterministic=deterministic)
         self._passthrough: dict[int, list[StreamItem]] = {}
+        self._dispatched_at: dict[int, int] = {}
+        self.stats = core.stats
 
     def run(self) -> None:
         try:
@@ -132,17 +145,25 @@ class OpDriver(threading.Thread):
         if not task.work:
             self._complete(task.seq, task.passthrough, barrier=has_marker(task.passthrough))
             return False
+        stats = self.stats
         if self.pool is None:
             op = self.core.op
+            start = time.perf_counter_ns()
             try:
                 result = call_process_many(op, task.work)
             except BaseException as exc:
                 raise annotate(exc, op.name) from None
+            if stats is not None:
+                stats.worker_ns += time.perf_counter_ns() - start
+                stats.micro_batches += 1
+                stats.elements_out += len(result)
             result.extend(task.passthrough)
             self._complete(task.seq, result)
             return False
         if task.passthrough:
             self._passthrough[task.seq] = task.passthrough
+        if stats is not None:
+            self._dispatched_at[task.seq] = time.perf_counter_ns()
         self.pool.submit(task.work).add_done_callback(self._on_done(task.seq))
         return True
 
@@ -187,6 +208,10 @@ class OpDriver(threading.Thread):
                 inflight -= 1
                 seq, future = message[1], message[2]
                 result = future.result()  # re-raises the worker's exception, already annotated
+                if self.stats is not None:
+                    self.stats.micro_batches += 1
+                    self.stats.elements_out += len(result)
+                    self.stats.worker_ns += time.perf_counter_ns() - self._dispatched_at.pop(seq)
                 extra = self._passthrough.pop(seq, None)
                 if extra:
                     result.extend(extra)

@@ -1,0 +1,104 @@
+"""Per-operator counters, kept at micro-batch granularity so tracking costs almost nothing."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class OpStats:
+    """What one operator did. Times are nanoseconds of wall clock.
+
+    ``worker_ns``: time in ``process_many`` (threads/process: from dispatch to completion,
+    so it includes waiting for a free worker). ``accumulator_ns``: time in the accumulator
+    (push, flush). ``stall_ns``/``stalls``: time and count blocked handing results to a full
+    downstream queue (backpressure). ``queue_depth``: inputs waiting, at snapshot time.
+    """
+
+    name: str
+    runner: str = "inline"
+    parallelism: int = 1
+    elements_in: int = 0
+    elements_out: int = 0
+    micro_batches: int = 0
+    worker_ns: int = 0
+    accumulator_ns: int = 0
+    stall_ns: int = 0
+    stalls: int = 0
+    queue_depth: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LaneProgress:
+    delivered: int = 0
+    next_chunk_id: int = 0
+    inflight_chunks: int = 0
+    finished: bool = False
+
+
+@dataclass
+class RunStats:
+    """A snapshot of one iteration: totals, per-operator counters and per-lane progress."""
+
+    delivered: int = 0
+    tombstones: int = 0
+    skipped: int = 0
+    skipped_examples: list[str] = field(default_factory=list)
+    samples_read: int = 0
+    chunks: int = 0
+    elapsed_s: float = 0.0
+    operators: list[OpStats] = field(default_factory=list)
+    lanes: dict[int, LaneProgress] = field(default_factory=dict)
+
+    @property
+    def items_per_s(self) -> float:
+        return self.delivered / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["items_per_s"] = self.items_per_s
+        return data
+
+    def to_prometheus(self, prefix: str = "zephon_pipeline") -> str:
+        """Text exposition format for a Prometheus scrape."""
+        lines = [
+            f"# TYPE {prefix}_delivered_total counter",
+            f"{prefix}_delivered_total {self.delivered}",
+            f"# TYPE {prefix}_tombstones_total counter",
+            f"{prefix}_tombstones_total {self.tombstones}",
+            f"# TYPE {prefix}_samples_read_total counter",
+            f"{prefix}_samples_read_total {self.samples_read}",
+        ]
+        for name in (
+            "elements_in",
+            "elements_out",
+            "micro_batches",
+            "worker_ns",
+            "accumulator_ns",
+            "stall_ns",
+            "stalls",
+        ):
+            lines.append(f"# TYPE {prefix}_op_{name}_total counter")
+            for op in self.operators:
+                lines.append(f'{prefix}_op_{name}_total{{op="{op.name}"}} {getattr(op, name)}')
+        lines.append(f"# TYPE {prefix}_op_queue_depth gauge")
+        for op in self.operators:
+            lines.append(f'{prefix}_op_queue_depth{{op="{op.name}"}} {op.queue_depth}')
+        lines.append(f"# TYPE {prefix}_lane_delivered_total counter")
+        for lane, progress in sorted(self.lanes.items()):
+            lines.append(f'{prefix}_lane_delivered_total{{lane="{lane}"}} {progress.delivered}')
+        return "\n".join(lines) + "\n"
+
+    def summary(self) -> str:
+        """One log line: totals and the busiest operator."""
+        busiest = max(self.operators, key=lambda o: o.worker_ns, default=None)
+        tail = f", busiest {busiest.name}" if busiest is not None and busiest.worker_ns else ""
+        return (
+            f"zephon: {self.delivered} items in {self.elapsed_s:.1f}s "
+            f"({self.items_per_s:.0f}/s), {self.samples_read} samples read, "
+            f"{self.tombstones} tombstones{tail}"
+        )

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tests.engine._sources import RangeSource
+from zephon import Dataset, Pipeline
+
+ROWS = [{"id": i, "text": f"row {i} " * (1 + i % 3)} for i in range(300)]
+
+
+def build(**options) -> Pipeline:
+    ds = Dataset.from_records("rows", ROWS, shard_size=40)
+    return (
+        Pipeline(RangeSource([ds], chunk_size=16))
+        .decode_text()
+        .filter(lambda p: "7" not in p["text"])
+        .tokenize("bytes", parallelism=2)
+        .batch(4)
+        .options(canonical_replicas=2, **options)
+    )
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+def test_stats_count_operators_and_lanes(runner):
+    pipe = build(runner=runner)
+    batches = list(pipe)
+    stats = pipe.stats()
+    assert stats is not None
+    by_name = {op.name: op for op in stats.operators}
+    assert list(by_name) == ["fetch", "decode_text", "filter", "tokenize", "replay_filter", "batch"]
+    assert by_name["fetch"].elements_in == len(ROWS)
+    assert by_name["decode_text"].elements_in == len(ROWS)
+    kept = sum(1 for r in ROWS if "7" not in str(r["id"]))
+    assert by_name["filter"].elements_out == len(ROWS)  # kept records plus tombstones
+    assert by_name["tokenize"].elements_in == kept
+    assert by_name["batch"].elements_out == len(batches)
+    assert by_name["tokenize"].worker_ns > 0 and by_name["tokenize"].micro_batches > 0
+    assert by_name["fetch"].accumulator_ns > 0
+    assert stats.delivered == len(batches)
+    assert sum(lp.delivered for lp in stats.lanes.values()) == len(batches)
+    assert all(lp.finished for lp in stats.lanes.values())
+    assert stats.tombstones == len(ROWS) - 4 * len(batches)
+    assert stats.items_per_s > 0
+
+
+def test_stats_are_live_during_iteration():
+    pipe = build(runner="threads")
+    it = iter(pipe)
+    next(it)
+    next(it)
+    live = pipe.stats()
+    assert live is not None and live.delivered == 2
+    assert sum(lp.delivered for lp in live.lanes.values()) == 2
+    it.close()  # type: ignore[attr-defined]
+
+
+def test_stats_can_be_turned_off():
+    pipe = build(runner="threads", track_stats=False)
+    n = sum(1 for _ in pipe)
+    stats = pipe.stats()
+    assert stats is not None and stats.delivered == n and stats.operators == []
+
+
+def test_prometheus_text_and_log_line(caplog):
+    pipe = build(runner="inline", log_every_s=1e-9)
+    with caplog.at_level(logging.INFO, logger="zephon"):
+        list(pipe)
+    assert "items in" in caplog.text and "samples read" in caplog.text
+    stats = pipe.stats()
+    assert stats is not None
+    text = stats.to_prometheus()
+    assert f"zephon_pipeline_delivered_total {stats.delivered}" in text
+    assert 'zephon_pipeline_op_elements_in_total{op="fetch"} 300' in text
+    assert 'zephon_pipeline_lane_delivered_total{lane="1"}' in text
