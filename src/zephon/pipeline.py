@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from zephon._engine import checkpoint as ckpt
 from zephon._engine.engine import Engine
-from zephon._engine.stats import RunStats
 from zephon._engine.plan import OpSpec, Plan
+from zephon._engine.stats import RunStats
 from zephon._ops._packing_algos import FlushStrategy, PackingAlgorithm
 from zephon._ops.batch import BatchOp
 from zephon._ops.decode_text import DecodeTextOp

@@ -12,8 +12,8 @@ from zephon._engine import checkpoint as ckpt
 from zephon._engine.plan import OpSpec, Plan, compile_plan, stalls_sentinels
 from zephon._engine.pools import ProcessWorkerPool, ThreadWorkerPool, WorkerPool
 from zephon._engine.source import LaneStart, SourceFeeder
-from zephon._engine.stats import LaneProgress, OpStats, RunStats
 from zephon._engine.stage import StageCore, Task, annotate, call_process_many
+from zephon._engine.stats import LaneProgress, OpStats, RunStats
 from zephon._engine.tail import LaneMux
 from zephon._engine.threaded import DATA, END, ERROR, STOP, Channel, OpDriver, SourceThread
 from zephon._ops.batch import BatchOp

@@ -18,8 +18,8 @@ from typing import Any
 
 from zephon._engine.pools import WorkerPool
 from zephon._engine.reorder import ReorderBuffer
-from zephon._engine.stats import OpStats
 from zephon._engine.stage import StageCore, Task, annotate, call_process_many
+from zephon._engine.stats import OpStats
 from zephon.types import TAG_TOMBSTONE, StreamItem
 
 
