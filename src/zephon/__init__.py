@@ -4,16 +4,18 @@ from zephon._engine.checkpoint import merge_checkpoints
 from zephon.io import Dataset
 from zephon.pipeline import Pipeline
 from zephon.types import SampleBatch, SampleMeta, SampleRecord
-from zephon.work import WorkChunk, WorkSource
+from zephon.work import MixtureSpec, StaticMixtureWorkSource, WorkChunk, WorkSource
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Dataset",
+    "MixtureSpec",
     "Pipeline",
     "SampleBatch",
     "SampleMeta",
     "SampleRecord",
+    "StaticMixtureWorkSource",
     "WorkChunk",
     "WorkSource",
     "__version__",

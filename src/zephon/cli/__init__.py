@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # Subcommand modules; each exposes ``register(subparsers)`` that sets ``func`` on its parser.
-_COMMANDS = ("zephon.cli._demo",)
+_COMMANDS = ("zephon.cli._demo", "zephon.cli._capture")
 
 
 def build_parser() -> argparse.ArgumentParser:

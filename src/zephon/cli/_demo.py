@@ -7,14 +7,16 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
+    from zephon.demo import add_arguments
+
     parser = subparsers.add_parser(
         "demo", help="generate a small corpus and run decode -> tokenize -> batch on it"
     )
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="options of python -m zephon.demo")
+    add_arguments(parser)
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from zephon.demo import main
+    from zephon.demo import run
 
-    return main(list(args.args))
+    return run(args)

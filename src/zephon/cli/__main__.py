@@ -1,0 +1,5 @@
+import sys
+
+from zephon.cli import main
+
+sys.exit(main())
