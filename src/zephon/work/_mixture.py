@@ -19,7 +19,8 @@ from fractions import Fraction
 
 from zephon.errors import ConfigError
 
-_MAX_DENOMINATOR = 1 << 32
+_MAX_SCALE = 1 << 40
+_FLOAT_EPS = Fraction(1, 1 << 50)  # 0.3 means 3/10, not its binary approximation
 
 
 class MixtureSpec:
@@ -61,11 +62,20 @@ class MixtureSpec:
         return list(self._raw)
 
     def integer_weights(self, names: Sequence[str]) -> list[int]:
-        """Exact integer weights for ``names`` (same ratios up to 2**-32 relative rounding)."""
-        fracs = [Fraction(self._raw[n]).limit_denominator(_MAX_DENOMINATOR) for n in names]
-        fracs = [f if f > 0 else Fraction(1, _MAX_DENOMINATOR) for f in fracs]
-        den = math.lcm(*(f.denominator for f in fracs))
-        ints = [f.numerator * (den // f.denominator) for f in fracs]
+        """Exact integer weights for ``names``, as small as the ratios allow.
+
+        Integer or simple decimal weights (``0.3``, ``1/3``) keep their exact ratios; anything else is
+        rounded to 40-bit fixed point of the normalised weight (a relative error < 1e-12).
+        """
+        fracs = [Fraction(self._raw[n]) for n in names]
+        simple = [f.limit_denominator(1 << 20) for f in fracs]
+        den = math.lcm(*(f.denominator for f in simple))
+        exact = all(abs(a - b) <= a * _FLOAT_EPS for a, b in zip(fracs, simple, strict=True))
+        if exact and den <= _MAX_SCALE:
+            ints = [f.numerator * (den // f.denominator) for f in simple]
+        else:
+            total = sum(fracs)
+            ints = [max(1, round(f / total * _MAX_SCALE)) for f in fracs]
         g = math.gcd(*ints)
         return [i // g for i in ints]
 
