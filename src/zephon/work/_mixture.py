@@ -64,8 +64,8 @@ class MixtureSpec:
     def integer_weights(self, names: Sequence[str]) -> list[int]:
         """Exact integer weights for ``names``, as small as the ratios allow.
 
-        Integer or simple decimal weights (``0.3``, ``1/3``) keep their exact ratios; anything else is
-        rounded to 40-bit fixed point of the normalised weight (a relative error < 1e-12).
+        Integer or simple decimal weights (``0.3``, ``1/3``) keep their exact ratios; anything
+        else is rounded to 40-bit fixed point of the normalised weight (relative error < 1e-12).
         """
         fracs = [Fraction(self._raw[n]) for n in names]
         simple = [f.limit_denominator(1 << 20) for f in fracs]
