@@ -1,0 +1,99 @@
+"""Start the test engine and `zephon capture serve` as real processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+__all__ = ["REPO", "Proc", "start_engine", "start_proxy"]
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[str]
+    url: str
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+        return int(self.popen.returncode)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash): no graceful shutdown."""
+        self.popen.kill()
+        self.popen.wait(10)
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]))
+
+
+def _spawn(
+    cmd: list[str], marker: str, log: Path, timeout: float = 30.0
+) -> tuple[subprocess.Popen[str], str]:
+    err = open(log, "w")  # noqa: SIM115 - the child owns it
+    popen = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO, env=_env()
+    )
+    err.close()
+    assert popen.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([popen.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = popen.stdout.readline()
+        if not line:
+            break
+        if marker in line:
+            return popen, line.strip()
+    popen.kill()
+    popen.wait()
+    raise RuntimeError(f"{cmd[:4]} did not start: {log.read_text()[-2000:]}")
+
+
+def start_engine(tokenizer: Path, log_dir: Path, *extra: str) -> Proc:
+    log = log_dir / f"engine-{time.monotonic_ns()}.log"
+    cmd = [sys.executable, "-m", "tests.capture.proxy.engine", "--tokenizer", str(tokenizer)]
+    popen, line = _spawn([*cmd, *extra], "ENGINE_PORT", log)
+    return Proc(popen, f"http://127.0.0.1:{line.split()[-1]}", log)
+
+
+def start_proxy(engine_url: str, store_url: str, log_dir: Path, *extra: str) -> Proc:
+    """`zephon capture serve` through the real CLI entry point, on a free loopback port."""
+    log = log_dir / f"proxy-{time.monotonic_ns()}.log"
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from zephon.cli import main; sys.exit(main())",
+        "capture",
+        "serve",
+        "--engine",
+        engine_url,
+        "--store",
+        store_url,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        *extra,
+    ]
+    popen, line = _spawn(cmd, "listening on", log)
+    url = line.split("listening on ")[1].split()[0]
+    return Proc(popen, url, log)
