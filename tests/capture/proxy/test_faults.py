@@ -1,0 +1,261 @@
+"""Bad input and bad engines: each has a defined answer, and nothing committed is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.capture.proxy._harness import CAP
+from tests.capture.proxy._procs import Proc, start_proxy
+from tests.capture.proxy.conftest import freeze
+from zephon.capture.records import ParentResolutionStatus
+
+pytestmark = pytest.mark.timeout(60)
+
+CONTROL = "/training-token-capture/control"
+MSGS = [{"role": "user", "content": "first question"}]
+
+
+def _url(proxy: Proc, rid: str, route: str = "/v1/chat/completions") -> str:
+    return proxy.url + CAP.format(rid=rid) + route
+
+
+def _engine_calls(http: httpx.Client, engine: Proc) -> int:
+    stats = http.get(f"{engine.url}/test/stats").json()
+    return int(stats["chat"] + stats["completions"])
+
+
+def _good_turn(http: httpx.Client, proxy: Proc, rid: str) -> tuple[str, dict[str, Any]]:
+    resp = http.post(_url(proxy, rid), json={"model": "tiny", "messages": MSGS})
+    assert resp.status_code == 200 and resp.headers["x-zephon-capture"] == "committed"
+    return resp.headers["x-zephon-model-call-id"], resp.json()["choices"][0]["message"]
+
+
+def test_bad_requests_are_refused_before_any_capture_state(
+    proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client
+) -> None:
+    first, _ = _good_turn(http, proxy, rid)
+    before = _engine_calls(http, engine)
+    cases = [
+        ("/v1/chat/completions", b'{"model": "tiny", "messages": [', 400, "invalid_json"),
+        ("/v1/chat/completions", b"[1, 2]", 400, "invalid_json"),
+        ("/v1/chat/completions", b'{"messages": [], "model": "t"}', 400, "invalid_request"),
+        ("/v1/chat/completions", b'{"model":"t","n":2,"messages":[{"role":"user","content":"x"}]}',
+         400, "unsupported_n"),
+        ("/v1/completions", b'{"model": "t", "prompt": ["a", "b"]}', 400, "unsupported_prompt"),
+        ("/v1/completions", b'{"model": "t", "prompt": "a", "echo": true}', 400, "unsupported"),
+        ("/v1/responses", b'{"model": "t", "input": "x", "previous_response_id": "resp_1"}',
+         400, "unsupported_previous_response_id"),
+        ("/v1/embeddings", b'{"model": "t", "input": "x"}', 404, "unknown_capture_route"),
+        ("/v1/messages", b'{"model": "t", "messages": []}', 404, "unknown_capture_route"),
+    ]  # fmt: skip
+    for route, raw, status, code in cases:
+        resp = http.post(_url(proxy, rid, route), content=raw)
+        assert resp.status_code == status, (route, raw, resp.text)
+        assert resp.json()["error"]["code"] == code, (route, raw, resp.text)
+        assert resp.json()["error"]["message"]
+    assert http.get(_url(proxy, rid)).status_code == 405
+    bad_rid = http.post(_url(proxy, "no/slash"), json={"model": "t", "messages": MSGS})
+    assert bad_rid.status_code in (400, 404)
+    assert http.post(_url(proxy, "a!b"), json={"model": "t", "messages": MSGS}).status_code == 400
+    assert _engine_calls(http, engine) == before  # nothing reached the engine
+    snap = freeze(store_url, rid)
+    assert not snap.incomplete  # no intent was recorded for a refused request
+    assert [e.model_call_id for e in snap.entries] == [first]
+
+
+@pytest.mark.parametrize("fault", ["partial", "mismatch"])
+def test_partial_token_data_marks_incomplete_but_answers(
+    proxy: Proc, store_url: str, rid: str, http: httpx.Client, fault: str
+) -> None:
+    first, msg = _good_turn(http, proxy, rid)
+    body = {
+        "model": "tiny",
+        "messages": [*MSGS, msg, {"role": "user", "content": "again"}],
+        "test_engine_fault": fault,
+    }
+    resp = http.post(_url(proxy, rid), json=body)
+    assert resp.status_code == 200  # a capture failure never fails the model call
+    assert resp.headers["x-zephon-capture"] == "incomplete"
+    assert resp.json()["choices"][0]["message"]["role"] == "assistant"
+    snap = freeze(store_url, rid)
+    assert snap.incomplete
+    assert [e.model_call_id for e in snap.entries] == [first]
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/completions"])
+def test_tokenize_fallback_when_the_engine_omits_prompt_ids(
+    proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client, route: str
+) -> None:
+    if route == "/v1/completions":
+        body: dict[str, Any] = {"model": "tiny", "prompt": "tokenize me please"}
+        expect = http.post(f"{engine.url}/tokenize", json={"prompt": body["prompt"]})
+    else:
+        body = {"model": "tiny", "messages": MSGS}
+        expect = http.post(f"{engine.url}/tokenize", json={"messages": MSGS})
+    resp = http.post(_url(proxy, rid, route), json={**body, "test_engine_fault": "no_prompt_ids"})
+    assert resp.status_code == 200 and resp.headers["x-zephon-capture"] == "committed"
+    snap = freeze(store_url, rid)
+    assert not snap.incomplete
+    (entry,) = snap.entries
+    assert entry.prompt_token_ids == expect.json()["tokens"] != []
+
+
+def test_generated_ids_from_logprob_tokens_when_token_ids_are_missing(
+    proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client
+) -> None:
+    direct = http.post(
+        f"{engine.url}/v1/chat/completions",
+        json={"model": "tiny", "messages": MSGS, "return_token_ids": True},
+    ).json()
+    body = {"model": "tiny", "messages": MSGS, "test_engine_fault": "no_token_ids"}
+    assert http.post(_url(proxy, rid), json=body).status_code == 200
+    (entry,) = freeze(store_url, rid).entries
+    assert entry.generation_token_ids == direct["choices"][0]["token_ids"]
+
+
+def test_context_overflow_is_recorded_as_an_engine_refusal(
+    proxy: Proc, store_url: str, rid: str, http: httpx.Client
+) -> None:
+    first, msg = _good_turn(http, proxy, rid)
+    huge = " ".join(["lineage parent child"] * 1500)
+    body = {"model": "tiny", "messages": [*MSGS, msg, {"role": "user", "content": huge}]}
+    resp = http.post(_url(proxy, rid), json=body)
+    assert resp.status_code == 400
+    assert "maximum context length" in resp.json()["message"]  # the engine's own error
+    assert resp.headers["x-zephon-capture"] == "refused"
+    snap = freeze(store_url, rid)
+    assert not snap.incomplete  # the refusal resolved its intent
+    assert [e.model_call_id for e in snap.entries] == [first]
+    (refusal,) = snap.engine_refusals
+    assert refusal.model_call_id == resp.headers["x-zephon-model-call-id"]
+    assert refusal.code == "context_length_exceeded"
+    assert refusal.parent_call_id == first
+    assert refusal.parent_resolution is ParentResolutionStatus.RESOLVED
+
+
+def test_engine_5xx_passes_through_and_masks(
+    proxy: Proc, store_url: str, rid: str, http: httpx.Client
+) -> None:
+    first, _ = _good_turn(http, proxy, rid)
+    body = {"model": "tiny", "messages": MSGS, "test_engine_fault": "error500"}
+    resp = http.post(_url(proxy, rid), json=body)
+    assert resp.status_code == 500 and resp.json()["message"] == "boom"
+    snap = freeze(store_url, rid)
+    assert snap.incomplete and [e.model_call_id for e in snap.entries] == [first]
+
+
+def test_frozen_rollout_refuses_before_generation(
+    proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client
+) -> None:
+    _good_turn(http, proxy, rid)
+    snap = freeze(store_url, rid)
+    before = _engine_calls(http, engine)
+    resp = http.post(_url(proxy, rid), json={"model": "tiny", "messages": MSGS})
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "capture_refused"
+    assert _engine_calls(http, engine) == before
+    assert freeze(store_url, rid).version == snap.version
+
+
+def test_write_after_freeze_is_dropped_without_touching_the_snapshot(
+    proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client
+) -> None:
+    first, _ = _good_turn(http, proxy, rid)
+    result: dict[str, httpx.Response] = {}
+    body = {"model": "tiny", "messages": MSGS, "test_engine_fault": "hold"}
+
+    def call() -> None:
+        with httpx.Client(timeout=30) as client:
+            result["resp"] = client.post(_url(proxy, rid), json=body)
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    deadline = time.monotonic() + 20
+    while http.get(f"{engine.url}/test/stats").json()["held"] < 1:  # the call is in the engine
+        assert time.monotonic() < deadline, "the held call never reached the engine"
+    frozen = http.post(f"{proxy.url}{CONTROL}/rollouts/{rid}/freeze").json()
+    assert frozen["incomplete"]  # its intent has no entry at freeze time
+    http.post(f"{engine.url}/test/release")
+    worker.join(30)
+    resp = result["resp"]
+    assert resp.status_code == 200 and resp.headers["x-zephon-capture"] == "late"
+    again = freeze(store_url, rid)
+    assert (again.snapshot_id, again.version) == (frozen["snapshot_id"], frozen["version"])
+    assert [e.model_call_id for e in again.entries] == [first]
+
+
+# --------------------------------------------------------------------------- broken engines
+
+
+class BrokenEngine:
+    """A loopback TCP server that reads a request and then closes or never answers."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.loop = asyncio.new_event_loop()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.requests = 0
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+
+    async def _start(self) -> None:
+        self.server = await asyncio.start_server(self._handle, sock=self.sock)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        await reader.readexactly(length)
+        self.requests += 1
+        if self.mode == "hang":
+            await reader.read()  # until the proxy gives up and closes
+        writer.close()
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+@pytest.fixture(params=["close", "hang"])
+def broken(request: pytest.FixtureRequest, store_url: str, logs: Path) -> Iterator[Any]:
+    engine = BrokenEngine(request.param)
+    proxy = start_proxy(engine.url, store_url, logs, "--engine-timeout", "0.5")
+    yield request.param, engine, proxy
+    proxy.stop()
+    engine.close()
+
+
+def test_engine_that_closes_or_times_out_masks_and_keeps_earlier_entries(
+    proxy: Proc, broken: Any, store_url: str, rid: str, http: httpx.Client
+) -> None:
+    mode, engine, bad_proxy = broken
+    first, msg = _good_turn(http, proxy, rid)  # committed through a healthy worker
+    body = {"model": "tiny", "messages": [*MSGS, msg, {"role": "user", "content": "more"}]}
+    resp = http.post(_url(bad_proxy, rid), json=body)
+    assert engine.requests == 1
+    expected = {"close": (502, "engine_connection"), "hang": (504, "engine_timeout")}[mode]
+    assert (resp.status_code, resp.json()["error"]["code"]) == expected
+    assert resp.headers["x-zephon-parent-resolution"] == "resolved"
+    assert resp.headers["x-zephon-capture"] == "incomplete"
+    snap = freeze(store_url, rid)
+    assert snap.incomplete
+    assert [e.model_call_id for e in snap.entries] == [first]
+    health = http.get(f"{bad_proxy.url}{CONTROL}/health")
+    assert health.status_code == 503
