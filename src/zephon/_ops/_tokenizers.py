@@ -25,7 +25,7 @@ class BatchEncoder(Protocol):
     bos_token_id: int | None
     eos_token_id: int | None
 
-    def encode_many(self, texts: list[str]) -> list[np.ndarray]: ...
+    def encode_many(self, texts: list[str]) -> Sequence[Sequence[int] | np.ndarray]: ...
 
 
 class ByteTokenizer:
@@ -48,10 +48,9 @@ class HFTokenizer:
         self.eos_token_id = eos
         self._fast = getattr(tokenizer, "encode_batch_fast", None)
 
-    def encode_many(self, texts: list[str]) -> list[np.ndarray]:
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
         encode = self._fast or self.tokenizer.encode_batch
-        encodings = encode(texts, add_special_tokens=False)
-        return [np.array(e.ids, dtype=np.int32) for e in encodings]
+        return [e.ids for e in encode(texts, add_special_tokens=False)]
 
 
 def _special_id(tokenizer: Any, value: Any) -> int | None:

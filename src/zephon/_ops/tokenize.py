@@ -135,21 +135,30 @@ class TokenizeOp(BaseOp):
                 )
             texts.append(text)
         ids_list = encoder.encode_many(texts)
-        head = [self._bos] if self.special_tokens in ("bos_eos", "bos") else []
-        tail = [self._eos] if self.special_tokens in ("bos_eos", "eos") else []
+        n_head = 1 if self.special_tokens in ("bos_eos", "bos") else 0
+        n_tail = 1 if self.special_tokens in ("bos_eos", "eos") else 0
         limit = None
         if self.truncation and self.max_length is not None:
-            limit = self.max_length - len(head) - len(tail)
-        head_arr = np.array(head, dtype=np.int32)
-        tail_arr = np.array(tail, dtype=np.int32)
+            limit = self.max_length - n_head - n_tail
+        lengths = [len(ids) for ids in ids_list]
+        if limit is not None:
+            lengths = [min(n, limit) for n in lengths]
+        # One allocation for the whole micro-batch; each record gets a view of its span.
+        bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(np.asarray(lengths, dtype=np.int64) + (n_head + n_tail), out=bounds[1:])
+        flat = np.empty(int(bounds[-1]), dtype=np.int32)
         out: list[StreamItem] = []
         out_field = self.output_field
-        for elem, ids in zip(elems, ids_list, strict=True):
-            if limit is not None and ids.shape[0] > limit:
-                ids = ids[:limit]
-            if head or tail:
-                ids = np.concatenate((head_arr, ids, tail_arr))
+        bos, eos = self._bos or 0, self._eos or 0  # only written when the mode needs them
+        for i, (elem, ids) in enumerate(zip(elems, ids_list, strict=True)):
+            start, stop = int(bounds[i]), int(bounds[i + 1])
+            if n_head:
+                flat[start] = bos
+            if n_tail:
+                flat[stop - 1] = eos
+            n = lengths[i]
+            flat[start + n_head : start + n_head + n] = ids[:n] if n < len(ids) else ids
             payload = dict(elem.payload)
-            payload[out_field] = ids
+            payload[out_field] = flat[start:stop]
             out.append(SampleRecord(elem.meta, payload))
         return out
