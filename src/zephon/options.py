@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from zephon.errors import ConfigError
 
-RunnerName = Literal["inline", "threads", "process"]
-RUNNERS: tuple[str, ...] = ("inline", "threads", "process")
+RunnerName = Literal["inline", "threads", "process", "ray"]
+RUNNERS: tuple[str, ...] = ("inline", "threads", "process", "ray")
 
 
 def default_workers() -> int:
@@ -42,6 +42,9 @@ class RuntimeOptions:
     queue_size: int = 8
     max_inflight: int | None = None
     on_error: Literal["raise", "skip"] = "raise"
+    max_worker_retries: int = 3
+    shm_min_bytes: int | None = 64 * 1024
+    process_pool: Literal["shared", "per_op"] = "shared"
     track_stats: bool = True
     log_every_s: float | None = None
 
@@ -69,5 +72,16 @@ class RuntimeOptions:
             )
         if self.log_every_s is not None and self.log_every_s <= 0:
             raise ConfigError(f"log_every_s must be positive or None, got {self.log_every_s}")
+        if self.max_worker_retries < 0:
+            raise ConfigError(f"max_worker_retries must be >= 0, got {self.max_worker_retries}")
+        if self.shm_min_bytes is not None and self.shm_min_bytes < 1:
+            raise ConfigError(
+                f"shm_min_bytes must be >= 1 or None (never use shared memory), "
+                f"got {self.shm_min_bytes}"
+            )
+        if self.process_pool not in ("shared", "per_op"):
+            raise ConfigError(
+                f"process_pool must be 'shared' or 'per_op', got {self.process_pool!r}"
+            )
         if self.on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")

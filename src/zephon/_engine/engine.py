@@ -10,7 +10,8 @@ from typing import Any
 
 from zephon._engine import checkpoint as ckpt
 from zephon._engine.plan import OpSpec, Plan, compile_plan, stalls_sentinels
-from zephon._engine.pools import ProcessWorkerPool, ThreadWorkerPool, WorkerPool
+from zephon._engine.pools import WorkerPool, build_pools
+from zephon._engine.shm import ShmSession, resolve_items
 from zephon._engine.source import LaneStart, SourceFeeder
 from zephon._engine.stage import StageCore, Task, annotate, call_process_many
 from zephon._engine.stats import LaneProgress, OpStats, RunStats
@@ -102,6 +103,7 @@ class Engine:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pools: list[WorkerPool] = []
+        self._shm: ShmSession | None = None
         self._inline_ops: list[StageCore] = []
         self._closed = False
         self.feeder: SourceFeeder | None = None
@@ -339,18 +341,15 @@ class Engine:
         self._channels = channels
         for i, core in enumerate(cores):
             channels[i + 1].producer_stats = core.stats
-        for i, (core, stage) in enumerate(zip(cores, self.plan.stages, strict=True)):
-            pool: WorkerPool | None = None
-            ctx = self.contexts[i]
-            if stage.runner == "threads":
-                pool = ThreadWorkerPool(core.op, stage.parallelism, ctx)
-            elif stage.runner == "process":
-                pool = ProcessWorkerPool(core.op, stage.parallelism, ctx)
-            else:
-                core.op.setup(ctx)
+        pools, self._shm = build_pools(
+            self.plan.stages, [c.op for c in cores], self.contexts, self.options
+        )
+        self._pools.extend(pools.values())
+        for i, core in enumerate(cores):
+            pool = pools.get(i)
+            if pool is None:
+                core.op.setup(self.contexts[i])
                 self._inline_ops.append(core)
-            if pool is not None:
-                self._pools.append(pool)
             self._threads.append(
                 OpDriver(
                     core,
@@ -358,7 +357,7 @@ class Engine:
                     channels[i],
                     channels[i + 1],
                     deterministic=self.options.deterministic,
-                    max_inflight=stage.max_inflight,
+                    max_inflight=self.plan.stages[i].max_inflight,
                     stop=stop,
                 )
             )
@@ -371,6 +370,8 @@ class Engine:
             kind = message[0]
             if kind == DATA:
                 out.release()
+                if self._shm is not None:
+                    resolve_items(message[1])
                 mux.add(message[1])
                 yield from self._deliver(mux)
             elif kind == END:
@@ -392,7 +393,11 @@ class Engine:
             thread.join(timeout=30)
             if thread.is_alive():
                 raise ZephonError(f"engine thread {thread.name} did not stop within 30 s")
-        for pool in self._pools:
-            pool.shutdown()
+        try:
+            for pool in self._pools:
+                pool.shutdown()
+        finally:
+            if self._shm is not None:
+                self._shm.close()
         for core in self._inline_ops:
             core.op.teardown()

@@ -15,6 +15,7 @@ class OpSpec:
 
     op: BaseOp
     parallelism: int
+    placement: str = "local"
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,8 @@ def compile_plan(
             runner, width = "inline", 1
         elif traits.runs_in_driver:
             runner, width = "driver", 1
+        elif spec.placement == "remote":
+            runner, width = "ray", spec.parallelism
         else:
             runner, width = options.runner, spec.parallelism
         ctx = OpContext(

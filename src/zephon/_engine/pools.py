@@ -1,19 +1,53 @@
-"""Worker pools that run ``process_many`` off the driver thread: threads or spawned processes."""
+"""Worker pools that run ``process_many`` off the driver thread: threads, processes or Ray.
+
+Every pool has the same two-method shape the driver needs: ``submit(elems) -> Future`` and
+``shutdown()``. A pool may run a micro-batch more than once (a worker died) but completes each
+future exactly once, so the driver's reorder buffer sees every sequence number once.
+
+Process pools are a *fleet* of spawned worker processes (never ``fork``: tokenizers and other
+threaded libraries are not fork-safe) that each hold the operators of one or more stages. By
+default one fleet serves every process stage of an engine (``process_pool="shared"``), so
+start-up costs max(parallelism) spawns instead of the sum. A worker that dies (SIGKILL, OOM
+killer, segfault) is respawned in its slot and the micro-batch it was running is sent again, up
+to ``max_worker_retries`` times; after that the future fails with :class:`WorkerCrashedError`
+naming the operator. Numpy payloads travel through shared memory (see ``shm.py``).
+"""
 
 from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import multiprocessing
+import os
+import pickle
+import queue
+import signal
 import threading
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import replace
+import traceback
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from zephon._engine import shm
 from zephon._engine.stage import annotate, call_process_many
+from zephon.errors import ZephonError
 from zephon.ops import BaseOp, OpContext
 from zephon.types import StreamItem
+
+if TYPE_CHECKING:
+    from zephon._engine.plan import StagePlan
+    from zephon.options import RuntimeOptions
+
+log = logging.getLogger("zephon")
+
+
+class WorkerCrashedError(ZephonError):
+    """A worker process (or Ray actor) kept dying while running one micro-batch."""
 
 
 class WorkerPool:
@@ -54,6 +88,7 @@ class ThreadWorkerPool(WorkerPool):
     def _run(self, elems: list[StreamItem]) -> list[StreamItem]:
         op: BaseOp = self._local.op
         try:
+            shm.resolve_items(elems)
             return call_process_many(op, elems)
         except BaseException as exc:
             raise annotate(exc, op.name) from None
@@ -67,36 +102,359 @@ class ThreadWorkerPool(WorkerPool):
             worker.teardown()
 
 
-_WORKER_OP: BaseOp | None = None
+# -- process fleet -------------------------------------------------------------------------
 
 
-def _process_init(op_bytes: bytes, ctx: OpContext) -> None:
-    global _WORKER_OP
-    op: BaseOp = cloudpickle.loads(op_bytes)
-    identity = multiprocessing.current_process()._identity
-    op.setup(replace(ctx, worker_index=(identity[-1] - 1) if identity else 0))
-    _WORKER_OP = op
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "stopped responding"
+    if exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
 
 
-def _process_run(elems: list[StreamItem]) -> list[StreamItem]:
-    op = _WORKER_OP
-    assert op is not None, "worker process was not initialised"
+def _error_reply(exc: BaseException) -> bytes:
+    """Pickle ``("err", exc)``; an exception that cannot be pickled becomes a RuntimeError."""
     try:
-        return call_process_many(op, elems)
+        return pickle.dumps(("err", exc), protocol=5)
+    except Exception:
+        text = "".join(traceback.format_exception(exc)).rstrip()
+        return pickle.dumps(("err", RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")))
+
+
+def _worker_main(
+    conn: Connection, blob: bytes, worker_index: int, prefix: str, min_bytes: int
+) -> None:
+    """A worker process: set up every operator it hosts, then run micro-batches until told."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine process decides when to stop
+    shm.enter_worker_mode()
+    ops: dict[int, BaseOp] = {}
+    try:
+        specs: dict[int, tuple[BaseOp, OpContext]] = cloudpickle.loads(blob)
+        for stage, (op, ctx) in specs.items():
+            op.setup(replace(ctx, worker_index=worker_index))
+            ops[stage] = op
+        conn.send_bytes(pickle.dumps(("ready", os.getpid())))
     except BaseException as exc:
-        raise annotate(exc, op.name) from None
+        conn.send_bytes(_error_reply(exc))
+        return
+    mine = f"{prefix}w{os.getpid()}-"
+    encoder = shm.Encoder(mine, min_bytes)
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            break  # the engine process is gone
+        if not data:
+            for op in ops.values():
+                op.teardown()
+            return
+        stage, elems = shm.loads(data)
+        op = ops[stage]
+        try:
+            reply, _ = encoder.dumps(("ok", call_process_many(op, elems)))
+        except BaseException as exc:
+            reply = _error_reply(annotate(exc, op.name))
+        del elems
+        try:
+            conn.send_bytes(reply)
+        except (EOFError, OSError):
+            break
+    # The engine died (or is killing us): segments we wrote have no owner any more.
+    for name in shm.segment_files(mine):
+        shm._unlink(str(shm.shm_dir() / name))
+
+
+@dataclass
+class _Job:
+    stage: int
+    elems: list[StreamItem]
+    future: Future[list[StreamItem]]
+    crashes: int = 0
+    data: bytes | None = None
+    keep: list[Any] = field(default_factory=list)
+
+
+class ProcessFleet:
+    """Spawned worker processes hosting the operators of one or more stages.
+
+    One thread per worker slot sends a micro-batch, waits for its result and, if the process
+    died, respawns it and sends the same micro-batch again (bounded by ``max_retries``).
+    """
+
+    def __init__(
+        self,
+        specs: Mapping[int, tuple[BaseOp, OpContext]],
+        size: int,
+        *,
+        session: shm.ShmSession,
+        max_retries: int,
+    ) -> None:
+        self._names = {stage: op.name for stage, (op, _) in specs.items()}
+        self._blob = cloudpickle.dumps(dict(specs))
+        self._session = session
+        self._max_retries = max_retries
+        self._mp = multiprocessing.get_context("spawn")
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._procs: list[Any] = [None] * size
+        self._conns: list[Connection | None] = [None] * size
+        self.respawns = 0
+        label = "+".join(sorted(set(self._names.values())))
+        for slot in range(size):
+            self._spawn(slot)
+        self._threads = [
+            threading.Thread(
+                target=self._serve,
+                args=(slot,),
+                name=f"zephon-engine-pool-{label}-{slot}",
+                daemon=True,
+            )
+            for slot in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # -- processes -------------------------------------------------------------------------
+
+    def _spawn(self, slot: int) -> None:
+        parent, child = self._mp.Pipe(duplex=True)
+        proc = self._mp.Process(
+            target=_worker_main,
+            args=(child, self._blob, slot, self._session.prefix, self._session.min_bytes),
+            name=f"zephon-worker-{slot}",
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        with self._lock:
+            self._procs[slot] = proc
+            self._conns[slot] = parent
+
+    def _await_ready(self, slot: int) -> None:
+        conn = self._conns[slot]
+        assert conn is not None
+        kind, value = pickle.loads(conn.recv_bytes())
+        if kind == "err":
+            raise value
+
+    def _reap(self, slot: int) -> int | None:
+        proc, conn = self._procs[slot], self._conns[slot]
+        if conn is not None:
+            conn.close()
+        if proc is None:
+            return None
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+        code: int | None = proc.exitcode
+        proc.close()
+        with self._lock:
+            self._procs[slot] = None
+            self._conns[slot] = None
+        return code
+
+    def pids(self) -> list[int]:
+        """Process ids of the live workers (for tests and diagnostics)."""
+        with self._lock:
+            return [p.pid for p in self._procs if p is not None and p.pid is not None]
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def submit(self, stage: int, elems: list[StreamItem]) -> Future[list[StreamItem]]:
+        future: Future[list[StreamItem]] = Future()
+        if self._stopping.is_set():
+            future.cancel()
+            return future
+        self._jobs.put(_Job(stage, elems, future))
+        return future
+
+    def _serve(self, slot: int) -> None:
+        encoder = self._session.encoder(f"p{slot}")
+        ready = False
+        setup_error: BaseException | None = None
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                break
+            if not job.future.set_running_or_notify_cancel():
+                continue
+            if setup_error is not None:
+                job.future.set_exception(setup_error)
+                continue
+            while True:
+                try:
+                    if not ready:
+                        self._await_ready(slot)
+                        ready = True
+                    if job.data is None:
+                        job.data, job.keep = encoder.dumps((job.stage, job.elems))
+                    conn = self._conns[slot]
+                    assert conn is not None
+                    conn.send_bytes(job.data)
+                    reply = conn.recv_bytes()
+                except (EOFError, OSError) as exc:
+                    ready = False
+                    if self._crashed(slot, job, exc):
+                        break
+                    continue
+                except BaseException as exc:  # setup failed in the worker, or encoding failed
+                    if not ready:
+                        setup_error = annotate(exc, self._names[job.stage])
+                        job.future.set_exception(setup_error)
+                    else:
+                        job.future.set_exception(annotate(exc, self._names[job.stage]))
+                    break
+                self._finish(job, reply)
+                break
+        self._stop_worker(slot, ready)
+
+    def _crashed(self, slot: int, job: _Job, exc: BaseException) -> bool:
+        """The worker in ``slot`` died; respawn it. True when ``job`` is finished (failed)."""
+        code = self._reap(slot)
+        name = self._names[job.stage]
+        if self._stopping.is_set():
+            job.future.set_exception(
+                WorkerCrashedError(f"operator {name!r}: worker stopped while the engine closed")
+            )
+            return True
+        job.crashes += 1
+        how = _describe_exit(code)
+        self._spawn(slot)
+        self.respawns += 1
+        if job.crashes > self._max_retries:
+            job.future.set_exception(
+                WorkerCrashedError(
+                    f"operator {name!r}: a worker process {how} while running a micro-batch "
+                    f"{job.crashes} time(s) (max_worker_retries={self._max_retries}); the "
+                    "micro-batch probably crashes the worker (out of memory, a segfault in a "
+                    "native library, an os._exit). Fix the operator, or raise "
+                    "max_worker_retries in pipeline.options() if the crashes are transient"
+                )
+            )
+            return True
+        log.warning(
+            "zephon: operator %r: worker process %d %s; respawned it and retrying the "
+            "micro-batch (attempt %d of %d)",
+            name,
+            slot,
+            how,
+            job.crashes + 1,
+            self._max_retries + 1,
+        )
+        return False
+
+    def _finish(self, job: _Job, reply: bytes) -> None:
+        try:
+            kind, value = shm.loads(reply)
+        except BaseException as exc:
+            job.future.set_exception(annotate(exc, self._names[job.stage]))
+            return
+        finally:
+            job.data, job.keep, job.elems = None, [], []
+        if kind == "ok":
+            job.future.set_result(value)
+        else:
+            job.future.set_exception(value)
+
+    def _stop_worker(self, slot: int, ready: bool) -> None:
+        conn = self._conns[slot]
+        if conn is not None:
+            try:
+                if not ready:
+                    self._await_ready(slot)
+                conn.send_bytes(b"")
+            except BaseException:
+                pass
+        self._reap(slot)
+
+    def shutdown(self) -> None:
+        """Cancel queued micro-batches, let running ones finish, stop every worker."""
+        self._stopping.set()
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.future.cancel()
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join(timeout=30)
+        for slot in range(len(self._procs)):
+            if self._procs[slot] is not None:
+                proc = self._procs[slot]
+                proc.kill()
+                self._reap(slot)
 
 
 class ProcessWorkerPool(WorkerPool):
-    """Spawned processes; the operator travels with cloudpickle, so lambdas work."""
+    """One stage's view of a :class:`ProcessFleet` (which it owns when ``owns_fleet``)."""
 
-    def __init__(self, op: BaseOp, parallelism: int, ctx: OpContext) -> None:
-        self.executor = ProcessPoolExecutor(
-            parallelism,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_process_init,
-            initargs=(cloudpickle.dumps(op), ctx),
-        )
+    def __init__(self, fleet: ProcessFleet, stage: int, *, owns_fleet: bool) -> None:
+        self.fleet = fleet
+        self.stage = stage
+        self.owns_fleet = owns_fleet
 
     def submit(self, elems: list[StreamItem]) -> Future[list[StreamItem]]:
-        return self.executor.submit(_process_run, elems)
+        return self.fleet.submit(self.stage, elems)
+
+    def shutdown(self) -> None:
+        if self.owns_fleet:
+            self.fleet.shutdown()
+
+
+def build_pools(
+    stages: Sequence[StagePlan],
+    ops: Sequence[BaseOp],
+    contexts: Sequence[OpContext],
+    options: RuntimeOptions,
+) -> tuple[dict[int, WorkerPool], shm.ShmSession | None]:
+    """A pool per stage that runs on workers (threads, process, ray); driver stages get none.
+
+    Returns the pools (by stage index) and the shared-memory session when any stage runs in
+    processes; the caller shuts the pools down, then closes the session.
+    """
+    pools: dict[int, WorkerPool] = {}
+    process = [s for s in stages if s.runner == "process"]
+    session: shm.ShmSession | None = None
+    try:
+        if process:
+            min_bytes = options.shm_min_bytes
+            session = shm.ShmSession(min_bytes if min_bytes is not None else 1 << 62)
+            groups: list[list[StagePlan]]
+            groups = [process] if options.process_pool == "shared" else [[s] for s in process]
+            for group in groups:
+                fleet = ProcessFleet(
+                    {s.index: (ops[s.index], contexts[s.index]) for s in group},
+                    max(s.parallelism for s in group),
+                    session=session,
+                    max_retries=options.max_worker_retries,
+                )
+                for i, s in enumerate(group):
+                    pools[s.index] = ProcessWorkerPool(fleet, s.index, owns_fleet=i == 0)
+        for s in stages:
+            if s.runner == "threads":
+                pools[s.index] = ThreadWorkerPool(ops[s.index], s.parallelism, contexts[s.index])
+            elif s.runner == "ray":
+                from zephon._engine.ray_pool import RayWorkerPool
+
+                pools[s.index] = RayWorkerPool(
+                    ops[s.index],
+                    s.parallelism,
+                    contexts[s.index],
+                    max_retries=options.max_worker_retries,
+                )
+    except BaseException:
+        for pool in pools.values():
+            pool.shutdown()
+        if session is not None:
+            session.close()
+        raise
+    return pools, session

@@ -18,6 +18,7 @@ from typing import Any
 
 from zephon._engine.pools import WorkerPool
 from zephon._engine.reorder import ReorderBuffer
+from zephon._engine.shm import resolve_items
 from zephon._engine.stage import StageCore, Task, annotate, call_process_many
 from zephon._engine.stats import OpStats
 from zephon.types import TAG_TOMBSTONE, StreamItem
@@ -150,6 +151,7 @@ class OpDriver(threading.Thread):
             op = self.core.op
             start = time.perf_counter_ns()
             try:
+                resolve_items(task.work)
                 result = call_process_many(op, task.work)
             except BaseException as exc:
                 raise annotate(exc, op.name) from None
@@ -182,6 +184,8 @@ class OpDriver(threading.Thread):
                     break
                 items = pending_inputs.popleft()
                 self.inbox.release()
+                if core.acc.reads_payload:
+                    resolve_items(items)
                 ready.extend(core.feed(items))
             if ended and not pending_inputs and not ready and not finished:
                 ready.extend(core.finish())

@@ -1,0 +1,190 @@
+"""Ray actors as a worker pool: ``runner="ray"`` or operators added with ``placement="remote"``.
+
+Each operator gets a group of ``parallelism`` actors, each holding its own copy of the operator
+(shipped with cloudpickle, ``setup`` run inside the actor). The pool has the same shape as the
+thread and process pools (``submit(elems) -> Future``), so the engine's driver thread keeps
+the accumulator, bounds what is in flight and releases results by sequence number: the output
+is identical to the inline runner whatever the cluster does. A micro-batch goes to the least
+loaded actor. When an actor dies (its process killed, its node lost) it is replaced and every
+micro-batch it held is sent again, up to ``max_retries`` times each.
+
+Nothing about checkpoints lives in the actors: they are stateless workers, and the checkpoint
+is taken from the driver process that iterates the pipeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Any
+
+import cloudpickle
+
+from zephon._engine.pools import WorkerCrashedError, WorkerPool
+from zephon._engine.shm import resolve_items
+from zephon._engine.stage import annotate, call_process_many
+from zephon.errors import ConfigError
+from zephon.ops import BaseOp, OpContext
+from zephon.types import StreamItem
+
+log = logging.getLogger("zephon")
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "runner='ray' and placement='remote' need Ray: pip install 'zephon[ray]'"
+        ) from None
+    return ray
+
+
+class OpActor:
+    """One worker copy of an operator inside a Ray actor (set up lazily, on the first batch)."""
+
+    def __init__(self, blob: bytes, ctx: OpContext, worker_index: int) -> None:
+        self._blob = blob
+        self._ctx = replace(ctx, worker_index=worker_index)
+        self._op: BaseOp | None = None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, elems: list[StreamItem]) -> tuple[str, Any]:
+        op = self._op
+        try:
+            if op is None:
+                op = cloudpickle.loads(self._blob)
+                assert isinstance(op, BaseOp)
+                op.setup(self._ctx)
+                self._op = op
+            return ("ok", call_process_many(op, elems))
+        except BaseException as exc:
+            return ("err", annotate(exc, self._ctx.op_name))
+
+    def teardown(self) -> None:
+        if self._op is not None:
+            self._op.teardown()
+            self._op = None
+
+
+@dataclass
+class _Job:
+    elems: list[StreamItem]
+    future: Future[list[StreamItem]]
+    crashes: int = 0
+
+
+class RayWorkerPool(WorkerPool):
+    """``parallelism`` Ray actors running one operator; see the module docstring."""
+
+    def __init__(
+        self, op: BaseOp, parallelism: int, ctx: OpContext, *, max_retries: int = 3
+    ) -> None:
+        ray = import_ray()
+        if not ray.is_initialized():
+            ray.init()  # a local cluster, or the one RAY_ADDRESS names
+        self._ray = ray
+        self._name = op.name
+        self._ctx = ctx
+        self._max_retries = max_retries
+        # Actors take no CPU reservation: parallelism is the user's call, as with processes.
+        self._cls = ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(OpActor)
+        self._blob = ray.put(cloudpickle.dumps(op))
+        self._lock = threading.Lock()
+        self._closed = False
+        self.replaced = 0
+        self._actors = [self._new_actor(i) for i in range(parallelism)]
+        self._load = [0] * parallelism
+
+    def _new_actor(self, slot: int) -> Any:
+        return self._cls.options(scheduling_strategy="SPREAD").remote(self._blob, self._ctx, slot)
+
+    def pids(self) -> list[int]:
+        """Process ids of the actors (starts them if needed; for tests and diagnostics)."""
+        with self._lock:
+            actors = list(self._actors)
+        return [int(p) for p in self._ray.get([a.pid.remote() for a in actors])]
+
+    def submit(self, elems: list[StreamItem]) -> Future[list[StreamItem]]:
+        future: Future[list[StreamItem]] = Future()
+        future.set_running_or_notify_cancel()
+        try:
+            resolve_items(elems)  # shared-memory handles do not travel between machines
+            self._send(_Job(elems, future))
+        except BaseException as exc:
+            future.set_exception(annotate(exc, self._name))
+        return future
+
+    def _send(self, job: _Job) -> None:
+        with self._lock:
+            slot = min(range(len(self._load)), key=self._load.__getitem__)
+            self._load[slot] += 1
+            actor = self._actors[slot]
+        ref = actor.run.remote(job.elems)
+        ref.future().add_done_callback(functools.partial(self._done, job, slot, actor))
+
+    def _done(self, job: _Job, slot: int, actor: Any, done: Future[Any]) -> None:
+        with self._lock:
+            self._load[slot] -= 1
+        try:
+            kind, value = done.result()
+        except self._ray.exceptions.RayActorError as exc:
+            self._actor_died(job, slot, actor, exc)
+            return
+        except BaseException as exc:
+            job.future.set_exception(annotate(exc, self._name))
+            return
+        if kind == "ok":
+            job.future.set_result(value)
+        else:
+            job.future.set_exception(value)
+
+    def _actor_died(self, job: _Job, slot: int, actor: Any, exc: BaseException) -> None:
+        if self._closed:
+            job.future.set_exception(
+                WorkerCrashedError(f"operator {self._name!r}: actor stopped while closing")
+            )
+            return
+        with self._lock:
+            if self._actors[slot] is actor:
+                with contextlib.suppress(Exception):
+                    self._ray.kill(actor)
+                self._actors[slot] = self._new_actor(slot)
+                self.replaced += 1
+        job.crashes += 1
+        if job.crashes > self._max_retries:
+            job.future.set_exception(
+                WorkerCrashedError(
+                    f"operator {self._name!r}: the Ray actor running a micro-batch died "
+                    f"{job.crashes} time(s) (max_worker_retries={self._max_retries}); last "
+                    f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                )
+            )
+            return
+        log.warning(
+            "zephon: operator %r: Ray actor %d died; replaced it and retrying the micro-batch "
+            "(attempt %d of %d)",
+            self._name,
+            slot,
+            job.crashes + 1,
+            self._max_retries + 1,
+        )
+        self._send(job)
+
+    def shutdown(self) -> None:
+        """Tear the operator copies down (10 s at most), then kill the actors."""
+        self._closed = True
+        with self._lock:
+            actors = list(self._actors)
+        with contextlib.suppress(Exception):
+            self._ray.get([a.teardown.remote() for a in actors], timeout=10)
+        for actor in actors:
+            with contextlib.suppress(Exception):
+                self._ray.kill(actor)

@@ -1,0 +1,384 @@
+"""Shared-memory transport for numpy payloads crossing process boundaries (no torch needed).
+
+Pickling a 1 MiB array to a worker costs a copy into the pickle, a socket write, a socket read
+and another copy. Here large arrays (``nbytes >= min_bytes``) found anywhere in a message are
+written once into a *segment* (a file in ``/dev/shm``, one per message) and the pickle carries
+only ``(segment, offset, dtype, shape)``. Receivers map the segment: a worker gets plain arrays
+(views on the mapping, zero-copy); the engine process gets lazy :class:`ShmArrayRef` handles it
+resolves only where a payload is read (threads and driver workers, accumulators with
+``reads_payload=True``, the tail before the consumer). An array that only passes through (an
+unchanged input array in a worker's output, or a resolved view shipped on to the next stage) is
+sent as the same handle again, never copied.
+
+Lifetime: the engine process owns every segment. A segment's file is unlinked when the last
+mapping of it in the engine process goes away (handles and resolved views keep it), and every
+file of an engine is unlinked when the engine closes, on SIGTERM, and at interpreter exit.
+Names are ``zephon-shm-<owner pid>-<engine token>-...``, so files left by a killed run (owner
+pid gone) are found and removed when the next engine starts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import io
+import itertools
+import mmap
+import os
+import pickle
+import secrets
+import signal
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+
+from zephon.types import SampleBatch, SampleRecord, StreamItem
+
+NAME_PREFIX = "zephon-shm-"
+DEFAULT_MIN_BYTES = 64 * 1024
+_ALIGN = 64
+
+
+def shm_dir() -> Path:
+    """Where segments live: ``/dev/shm`` (RAM) on Linux, the temp dir elsewhere."""
+    return Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
+
+
+# -- process-wide state ----------------------------------------------------------------------
+
+_OWNER = True  # False in worker processes: they never unlink a segment the engine may hold
+_RESOLVE_ON_LOAD = False  # True in worker processes: unpickle straight to arrays
+_LOCK = threading.Lock()
+_MAPS: weakref.WeakValueDictionary[str, mmap.mmap] = weakref.WeakValueDictionary()
+_VIEWS: dict[int, tuple[weakref.ref[np.ndarray], tuple[Any, ...]]] = {}
+
+
+def enter_worker_mode() -> None:
+    """Called first thing in a worker process."""
+    global _OWNER, _RESOLVE_ON_LOAD
+    _OWNER = False
+    _RESOLVE_ON_LOAD = True
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def _map(name: str) -> mmap.mmap:
+    """This process's mapping of segment ``name`` (shared by every view and handle on it)."""
+    with _LOCK:
+        mm = _MAPS.get(name)
+        if mm is not None:
+            return mm
+        path = str(shm_dir() / name)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mm = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        _MAPS[name] = mm
+        if _OWNER:
+            weakref.finalize(mm, _unlink, path)
+        return mm
+
+
+def _forget_view(key: int, wr: weakref.ref[Any]) -> None:
+    entry = _VIEWS.get(key)
+    if entry is not None and entry[0] is wr:
+        _VIEWS.pop(key, None)
+
+
+def _view(args: tuple[Any, ...]) -> np.ndarray:
+    name, offset, dtype, shape = args
+    arr: np.ndarray = np.ndarray(shape, np.dtype(dtype), buffer=_map(name), offset=offset)
+    key = id(arr)
+    wr: weakref.ref[np.ndarray] = weakref.ref(arr, functools.partial(_forget_view, key))
+    _VIEWS[key] = (wr, args)
+    return arr
+
+
+class ShmArrayRef:
+    """A lazy handle on an array in a shared-memory segment; ``resolve()`` maps it (no copy).
+
+    Foreign picklers (Ray, plain ``pickle``) get the array itself, copied out.
+    """
+
+    __slots__ = ("_mm", "args")
+
+    def __init__(self, mm: mmap.mmap, args: tuple[Any, ...]) -> None:
+        self._mm = mm  # keeps the segment alive
+        self.args = args
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.args[3])
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        dtype: np.dtype[Any] = np.dtype(self.args[2])
+        return dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def resolve(self) -> np.ndarray:
+        return _view(self.args)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        arr = self.resolve()
+        return arr if dtype is None else arr.astype(dtype)
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return (np.array, (np.array(self.resolve()),))
+
+    def __repr__(self) -> str:
+        return f"ShmArrayRef(segment={self.args[0]!r}, dtype={self.dtype}, shape={self.shape})"
+
+
+def _load_array(name: str, offset: int, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """Unpickle hook: an array view in workers, a lazy handle in the engine process."""
+    args = (name, offset, dtype, shape)
+    if _RESOLVE_ON_LOAD:
+        return _view(args)
+    return ShmArrayRef(_map(name), args)
+
+
+# -- encoding --------------------------------------------------------------------------------
+
+
+def _dtype_token(dtype: np.dtype[Any]) -> Any:
+    return dtype.str if dtype.fields is None and dtype.subdtype is None else dtype
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data = data[n:]
+        offset += n
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, encoder: Encoder) -> None:
+        super().__init__(file, protocol=5)
+        self.encoder = encoder
+
+    def reducer_override(self, obj: Any) -> Any:
+        cls = type(obj)
+        if cls is np.ndarray:
+            return self.encoder._array(obj)
+        if cls is ShmArrayRef:
+            self.encoder.keep.append(obj._mm)
+            return (_load_array, obj.args)
+        return NotImplemented
+
+
+class Encoder:
+    """Pickles messages, moving large arrays into one new segment per message."""
+
+    def __init__(self, prefix: str, min_bytes: int) -> None:
+        self.prefix = prefix
+        self.min_bytes = max(1, min_bytes)
+        self._counter = itertools.count()
+        self.keep: list[Any] = []
+        self._name: str | None = None
+        self._size = 0
+        self._pending: list[tuple[int, np.ndarray]] = []
+
+    def _array(self, arr: np.ndarray) -> Any:
+        if arr.nbytes < self.min_bytes or arr.dtype.hasobject:
+            return NotImplemented
+        entry = _VIEWS.get(id(arr))
+        if entry is not None and entry[0]() is arr:
+            self.keep.append(arr)  # passthrough: same segment, no copy
+            return (_load_array, entry[1])
+        if self._name is None:
+            self._name = f"{self.prefix}{next(self._counter)}"
+        offset = -(-self._size // _ALIGN) * _ALIGN
+        self._size = offset + arr.nbytes
+        self._pending.append((offset, arr))
+        return (_load_array, (self._name, offset, _dtype_token(arr.dtype), arr.shape))
+
+    def dumps(self, obj: Any) -> tuple[bytes, list[Any]]:
+        """The pickle of ``obj`` and what must stay alive until the receiver has mapped it."""
+        self.keep = []
+        self._name, self._size, self._pending = None, 0, []
+        buf = io.BytesIO()
+        try:
+            _Pickler(buf, self).dump(obj)
+            if self._pending:
+                self.keep.append(self._write())
+        except BaseException:
+            if self._name is not None:
+                _unlink(str(shm_dir() / self._name))
+            raise
+        keep = self.keep
+        self.keep, self._pending = [], []
+        return buf.getvalue(), keep
+
+    def _write(self) -> Any:
+        assert self._name is not None
+        path = str(shm_dir() / self._name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            os.ftruncate(fd, self._size)
+            for offset, arr in self._pending:
+                flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+                _pwrite_all(fd, flat.data, offset)
+        finally:
+            os.close(fd)
+        return _map(self._name) if _OWNER else self._name
+
+
+def loads(data: bytes) -> Any:
+    return pickle.loads(data)
+
+
+# -- resolving handles where payloads are read ----------------------------------------------
+
+
+def _resolve(obj: Any, depth: int = 0) -> Any:
+    cls = type(obj)
+    if cls is ShmArrayRef:
+        return obj.resolve()
+    if depth > 8:
+        return obj
+    if cls is dict:
+        for key, value in obj.items():
+            vcls = type(value)
+            if vcls is ShmArrayRef or vcls is dict or vcls is list or vcls is tuple:
+                new = _resolve(value, depth + 1)
+                if new is not value:
+                    obj[key] = new
+        return obj
+    if cls is list:
+        for i, value in enumerate(obj):
+            vcls = type(value)
+            if vcls is ShmArrayRef or vcls is dict or vcls is list or vcls is tuple:
+                new = _resolve(value, depth + 1)
+                if new is not value:
+                    obj[i] = new
+        return obj
+    if cls is tuple:
+        items = [_resolve(v, depth + 1) for v in obj]
+        if any(a is not b for a, b in zip(items, obj)):
+            return tuple(items)
+    return obj
+
+
+def _resolve_record(record: SampleRecord) -> None:
+    payload = record.payload
+    cls = type(payload)
+    if cls is ShmArrayRef or cls is dict or cls is list or cls is tuple:
+        new = _resolve(payload)
+        if new is not payload:
+            record.payload = new
+
+
+def resolve_items(items: Iterable[StreamItem]) -> None:
+    """Replace every :class:`ShmArrayRef` in the items' payloads by its array (in place)."""
+    for item in items:
+        if type(item) is SampleBatch:
+            for record in item.records:
+                _resolve_record(record)
+        else:
+            _resolve_record(item)  # type: ignore[arg-type]
+
+
+# -- sessions: naming, stale detection, cleanup ---------------------------------------------
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def segment_files(prefix: str = NAME_PREFIX) -> list[str]:
+    """Names of segment files in the shm directory that start with ``prefix``."""
+    try:
+        return sorted(e.name for e in os.scandir(shm_dir()) if e.name.startswith(prefix))
+    except FileNotFoundError:
+        return []
+
+
+def sweep_stale() -> list[str]:
+    """Remove segments whose owner process is gone (a killed earlier run); return their names."""
+    removed = []
+    for name in segment_files():
+        owner = name[len(NAME_PREFIX) :].split("-", 1)[0]
+        if owner.isdigit() and not _pid_alive(int(owner)):
+            _unlink(str(shm_dir() / name))
+            removed.append(name)
+    return removed
+
+
+_SESSIONS: set[ShmSession] = set()
+_HANDLERS_INSTALLED = False
+
+
+def _close_all() -> None:
+    for session in list(_SESSIONS):
+        session.close()
+
+
+def _on_sigterm(signum: int, frame: FrameType | None, previous: Any) -> None:
+    _close_all()
+    if callable(previous):
+        previous(signum, frame)
+        return
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_handlers() -> None:
+    """Unlink our segments on SIGTERM and at exit (SIGINT unwinds through ``Engine.close``)."""
+    global _HANDLERS_INSTALLED
+    if _HANDLERS_INSTALLED or threading.current_thread() is not threading.main_thread():
+        return
+    _HANDLERS_INSTALLED = True
+    atexit.register(_close_all)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, lambda s, f: _on_sigterm(s, f, previous))
+
+
+class ShmSession:
+    """The segments of one engine: a name prefix, stale sweep at start, unlink-all at close."""
+
+    def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
+        sweep_stale()
+        self.min_bytes = min_bytes
+        self.prefix = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
+        self._closed = False
+        _SESSIONS.add(self)
+        _install_handlers()
+
+    def encoder(self, tag: str) -> Encoder:
+        return Encoder(f"{self.prefix}{tag}-", self.min_bytes)
+
+    def files(self) -> list[str]:
+        return segment_files(self.prefix)
+
+    def close(self) -> None:
+        """Unlink every segment of this engine; mapped views stay valid until dropped."""
+        self._closed = True
+        _SESSIONS.discard(self)
+        for name in segment_files(self.prefix):
+            _unlink(str(shm_dir() / name))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
