@@ -1,0 +1,557 @@
+"""Pipelines described in YAML: datasets, mixture, source, operators, runner and options.
+
+The schema is derived from the Python API, so the two cannot drift apart: every operator entry
+is a call of the :class:`~zephon.Pipeline` builder method of the same name, checked against that
+method's signature and type hints; ``source`` holds the keyword arguments of
+:class:`~zephon.StaticMixtureWorkSource`; ``options`` those of
+:class:`~zephon.options.RuntimeOptions`. Every error names the key path of the offending value
+(``operators[2].max_length: expected int, got 'abc'``), which is what ``zephon run`` prints.
+See docs/yaml.md.
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import dataclasses
+import difflib
+import importlib
+import inspect
+import os
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from zephon.errors import ConfigError, ZephonError
+
+__all__ = ["OPERATORS", "ConfigFileError", "PipelineConfig", "load_config", "parse_config"]
+
+TOP_LEVEL_KEYS = ("datasets", "mixture", "source", "fetch", "operators", "runner", "options")
+DATASET_KEYS = ("name", "path", "format", "columns", "storage_options", "cache_dir")
+
+#: Operator name in YAML -> Pipeline builder method of the same name.
+OPERATORS = (
+    "decode_text",
+    "map_transform",
+    "filter",
+    "tokenize",
+    "pack_flat",
+    "pack_sequences",
+    "shuffle",
+    "ensure_mixture",
+    "batch",
+)
+
+
+class ConfigFileError(ConfigError):
+    """A pipeline description is invalid. ``key`` is the path of the offending value
+    (``operators[2].max_length``), ``file`` the YAML file when there is one."""
+
+    def __init__(self, key: str, message: str, *, file: str | None = None) -> None:
+        self.key = key
+        self.file = file
+        self.detail = message
+        where = f"{key}: " if key else ""
+        prefix = f"{file}: " if file else ""
+        super().__init__(f"{prefix}{where}{message}")
+
+    def in_file(self, file: str) -> ConfigFileError:
+        return ConfigFileError(self.key, self.detail, file=file)
+
+
+# --------------------------------------------------------------------------- value checking
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return "any value"
+    if tp is type(None) or tp is None:
+        return "null"
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin in (list, tuple, cabc.Sequence):
+        return "a list"
+    if origin in (dict, cabc.Mapping):
+        return "a mapping"
+    if origin is cabc.Callable or tp is cabc.Callable:
+        return "an import path 'module:function'"
+    names = {bool: "true/false", int: "int", float: "number", str: "string"}
+    if tp in names:
+        return names[tp]
+    return getattr(tp, "__name__", str(tp))
+
+
+def import_object(spec: str, key: str) -> Any:
+    """Import ``"package.module:attribute"`` (the way YAML names Python callables)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigFileError(key, f"expected an import path 'module:name', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigFileError(key, f"cannot import module {module_name!r}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigFileError(key, f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def check_value(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` (as loaded from YAML) against the type hint ``tp``; return it converted
+    (import paths become callables, mixtures ``MixtureSpec``). Raises naming ``key``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    bad = ConfigFileError(key, f"expected {_type_name(tp)}, got {_show(value)}")
+    if tp is Any or tp is object:
+        return value
+    if tp is type(None) or tp is None:
+        if value is None:
+            return None
+        raise bad
+    if origin is Literal:
+        if value in args and not (isinstance(value, bool) and True not in args):
+            return value
+        raise bad
+    if origin in (typing.Union, types.UnionType):
+        for option in args:
+            try:
+                return check_value(value, option, key)
+            except ConfigFileError:
+                continue
+        raise bad
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise bad
+    if tp is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise bad
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise bad
+    if origin in (list, tuple, cabc.Sequence) or tp in (list, tuple):
+        if not isinstance(value, list):
+            raise bad
+        item = args[0] if args else Any
+        return [check_value(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin in (dict, cabc.Mapping) or tp in (dict, cabc.Mapping):
+        if not isinstance(value, dict):
+            raise bad
+        kt, vt = args if len(args) == 2 else (Any, Any)
+        return {check_value(k, kt, key): check_value(v, vt, f"{key}.{k}") for k, v in value.items()}
+    if origin is cabc.Callable or tp is cabc.Callable:
+        if not isinstance(value, str):
+            raise bad
+        obj = import_object(value, key)
+        if not callable(obj):
+            raise ConfigFileError(key, f"{value!r} is not callable")
+        return obj
+    from zephon.work import MixtureSpec
+
+    if tp is MixtureSpec:
+        if isinstance(value, dict):
+            try:
+                return MixtureSpec(value)
+            except ConfigError as exc:
+                raise ConfigFileError(key, str(exc)) from None
+        raise bad
+    if isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        raise bad
+    return value  # an annotation we cannot check statically: let the callee decide
+
+
+def _hints(func: Callable[..., Any]) -> dict[str, Any]:
+    """Resolved type hints of ``func``; annotations that cannot be resolved count as Any."""
+    try:
+        return typing.get_type_hints(func)
+    except Exception:  # e.g. names imported only under TYPE_CHECKING
+        pass
+    module = importlib.import_module(func.__module__)
+    out: dict[str, Any] = {}
+    for name, ann in getattr(func, "__annotations__", {}).items():
+        try:
+            out[name] = eval(ann, vars(module)) if isinstance(ann, str) else ann
+        except Exception:
+            out[name] = Any
+    return out
+
+
+def check_call(
+    func: Callable[..., Any],
+    params: Mapping[str, Any],
+    key: str,
+    *,
+    skip: Sequence[str] = (),
+    what: str = "",
+) -> dict[str, Any]:
+    """Check keyword arguments for ``func``: unknown, missing and mistyped ones name ``key``."""
+    sig = inspect.signature(func)
+    hints = _hints(func)
+    accepted = {
+        n: p
+        for n, p in sig.parameters.items()
+        if n not in ("self", "cls", *skip) and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        where = f"{key}.{name}" if key else str(name)
+        if name not in accepted:
+            if takes_kwargs:
+                out[name] = value
+                continue
+            close = difflib.get_close_matches(str(name), list(accepted), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigFileError(
+                where,
+                f"unknown parameter{' of ' + what if what else ''}{hint} "
+                f"(known: {', '.join(accepted)})",
+            )
+        out[name] = check_value(value, hints.get(name, Any), where)
+    for name, p in accepted.items():
+        if p.default is p.empty and name not in out:
+            raise ConfigFileError(
+                f"{key}.{name}" if key else name,
+                f"required{' by ' + what if what else ''} but missing",
+            )
+    return out
+
+
+# --------------------------------------------------------------------------- the description
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: str
+    paths: list[str]
+    fmt: str | None = None
+    columns: list[str] | None = None
+    storage_options: dict[str, Any] | None = None
+    cache_dir: str | None = None
+    key: str = "datasets"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    name: str
+    params: dict[str, Any]
+    key: str
+    custom: Any = None  # the BaseOp subclass for "module:Class" operators
+
+
+@dataclass
+class PipelineConfig:
+    """A validated pipeline description; :meth:`build` opens the datasets and returns the
+    :class:`~zephon.Pipeline`."""
+
+    datasets: list[DatasetConfig]
+    mixture: dict[str, float] | None = None
+    source: dict[str, Any] = field(default_factory=dict)
+    fetch: dict[str, Any] = field(default_factory=dict)
+    operators: list[OperatorConfig] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+    file: str | None = None
+
+    def _fail(self, key: str, message: str) -> ConfigFileError:
+        return ConfigFileError(key, message, file=self.file)
+
+    def open_datasets(self) -> list[Any]:
+        from zephon.io import Dataset
+
+        out = []
+        for d in self.datasets:
+            path: Any = d.paths[0] if len(d.paths) == 1 else d.paths
+            try:
+                out.append(
+                    Dataset.from_path(
+                        d.name,
+                        path,
+                        fmt=d.fmt,
+                        columns=d.columns,
+                        storage_options=d.storage_options,
+                        cache_dir=d.cache_dir,
+                    )
+                )
+            except ZephonError as exc:
+                raise self._fail(f"{d.key}.path", str(exc)) from None
+        return out
+
+    def build(self) -> Any:
+        """Open the datasets, build the work source and the pipeline (errors name the key)."""
+        from zephon.pipeline import Pipeline
+        from zephon.work import StaticMixtureWorkSource
+
+        datasets = self.open_datasets()
+        try:
+            source = StaticMixtureWorkSource(datasets, self.mixture, **self.source)
+        except ConfigError as exc:
+            raise self._fail("source", str(exc)) from None
+        pipe = Pipeline(source)
+        if self.fetch:
+            pipe.fetch(**self.fetch)
+        for op in self.operators:
+            try:
+                if op.custom is not None:
+                    params = dict(op.params)
+                    parallelism = params.pop("parallelism", None)
+                    pipe.add_op(op.custom(**params), parallelism=parallelism)
+                else:
+                    getattr(pipe, op.name)(**op.params)
+            except (ConfigError, TypeError, ValueError) as exc:
+                raise self._fail(op.key, f"{op.name}: {exc}") from None
+        if self.options:
+            try:
+                pipe.options(**self.options)
+            except ConfigError as exc:
+                raise self._fail("options", str(exc)) from None
+        return pipe
+
+    def summary(self) -> dict[str, Any]:
+        """What the file asks for, as plain data (for ``--json`` output)."""
+        return {
+            "file": self.file,
+            "datasets": [{"name": d.name, "path": d.paths} for d in self.datasets],
+            "mixture": self.mixture,
+            "operators": [op.name for op in self.operators],
+            "options": {k: v for k, v in self.options.items() if not callable(v)},
+        }
+
+
+def _mapping(value: Any, key: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigFileError(key, f"expected a mapping, got {_show(value)}")
+    return value
+
+
+def _dataset(raw: Any, key: str, base_dir: Path) -> DatasetConfig:
+    if not isinstance(raw, dict):
+        raise ConfigFileError(key, f"expected a mapping with name and path, got {_show(raw)}")
+    for k in raw:
+        if k not in DATASET_KEYS:
+            raise ConfigFileError(
+                f"{key}.{k}", f"unknown dataset key (known: {', '.join(DATASET_KEYS)})"
+            )
+    for required in ("name", "path"):
+        if required not in raw:
+            raise ConfigFileError(f"{key}.{required}", "required but missing")
+    name = check_value(raw["name"], str, f"{key}.name")
+    if not name:
+        raise ConfigFileError(f"{key}.name", "must be a non-empty string")
+    paths = check_value(raw["path"], str | list[str], f"{key}.path")
+    paths = [paths] if isinstance(paths, str) else paths
+    if not paths:
+        raise ConfigFileError(f"{key}.path", "needs at least one path")
+
+    def resolve(p: str) -> str:
+        if "://" in p or os.path.isabs(p):
+            return p
+        return str(base_dir / os.path.expanduser(p))
+
+    fmt = check_value(raw.get("format"), Literal["jsonl", "parquet"] | None, f"{key}.format")
+    columns = check_value(raw.get("columns"), list[str] | None, f"{key}.columns")
+    storage = check_value(
+        raw.get("storage_options"), dict[str, Any] | None, f"{key}.storage_options"
+    )
+    cache_dir = check_value(raw.get("cache_dir"), str | None, f"{key}.cache_dir")
+    return DatasetConfig(
+        name=name,
+        paths=[resolve(p) for p in paths],
+        fmt=fmt,
+        columns=columns,
+        storage_options=storage,
+        cache_dir=resolve(cache_dir) if cache_dir else None,
+        key=key,
+    )
+
+
+def _operator(raw: Any, key: str) -> OperatorConfig:
+    from zephon.ops import BaseOp
+    from zephon.pipeline import Pipeline
+
+    if isinstance(raw, str):
+        name, params = raw, {}
+    elif isinstance(raw, dict) and "op" in raw:
+        name = raw["op"]
+        params = {k: v for k, v in raw.items() if k != "op"}
+        if not isinstance(name, str):
+            raise ConfigFileError(f"{key}.op", f"expected an operator name, got {_show(name)}")
+    elif isinstance(raw, dict) and len(raw) == 1:
+        ((name, params),) = raw.items()
+        params = _mapping(params, key) if params is not None else {}
+        name = str(name)
+    else:
+        raise ConfigFileError(
+            key,
+            "expected an operator: a name, {op: NAME, param: value, ...} or "
+            f"{{NAME: {{param: value, ...}}}}, got {_show(raw)}",
+        )
+    if ":" in name:
+        cls = import_object(name, f"{key}.op")
+        if not (isinstance(cls, type) and issubclass(cls, BaseOp)):
+            raise ConfigFileError(f"{key}.op", f"{name!r} is not a zephon.ops.BaseOp subclass")
+        extra = {"parallelism": params.pop("parallelism")} if "parallelism" in params else {}
+        checked = check_call(cls.__init__, params, key, what=name)
+        if extra:
+            checked["parallelism"] = check_value(
+                extra["parallelism"], int | None, f"{key}.parallelism"
+            )
+        return OperatorConfig(name, checked, key, custom=cls)
+    if name not in OPERATORS:
+        close = difflib.get_close_matches(name, OPERATORS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigFileError(
+            f"{key}.op" if isinstance(raw, dict) and "op" in raw else key,
+            f"unknown operator {name!r}; {hint}known operators: {', '.join(OPERATORS)} "
+            "(or 'package.module:Class' for your own BaseOp subclass)",
+        )
+    method = getattr(Pipeline, name)
+    return OperatorConfig(name, check_call(method, params, key, what=name), key)
+
+
+def parse_config(
+    data: Any, *, base_dir: str | os.PathLike[str] = ".", file: str | None = None
+) -> PipelineConfig:
+    """Validate a pipeline description (the YAML document as Python data)."""
+    try:
+        return _parse(data, Path(base_dir))
+    except ConfigFileError as exc:
+        raise exc.in_file(file) if file else exc from None
+
+
+def _parse(data: Any, base_dir: Path) -> PipelineConfig:
+    from zephon.options import RuntimeOptions
+    from zephon.pipeline import Pipeline
+    from zephon.work import StaticMixtureWorkSource
+
+    if not isinstance(data, dict):
+        raise ConfigFileError("", f"the file must be a mapping of sections, got {_show(data)}")
+    for k in data:
+        if k not in TOP_LEVEL_KEYS:
+            close = difflib.get_close_matches(str(k), TOP_LEVEL_KEYS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigFileError(str(k), f"unknown section; {hint}known: {TOP_LEVEL_KEYS}")
+    raw_datasets = data.get("datasets")
+    if raw_datasets is None:
+        raise ConfigFileError("datasets", "required: a list of {name, path} entries")
+    if not isinstance(raw_datasets, list) or not raw_datasets:
+        raise ConfigFileError("datasets", f"expected a non-empty list, got {_show(raw_datasets)}")
+    datasets = [_dataset(d, f"datasets[{i}]", base_dir) for i, d in enumerate(raw_datasets)]
+    names = [d.name for d in datasets]
+    for i, d in enumerate(datasets):
+        if names.index(d.name) != i:
+            raise ConfigFileError(f"datasets[{i}].name", f"{d.name!r} is used twice")
+
+    mixture = None
+    if data.get("mixture") is not None:
+        mixture = check_value(data["mixture"], dict[str, float], "mixture")
+        for name, weight in mixture.items():
+            if name not in names:
+                raise ConfigFileError(
+                    f"mixture.{name}", f"no dataset is named {name!r}; datasets are {names}"
+                )
+            if not weight > 0:
+                raise ConfigFileError(f"mixture.{name}", f"weight must be > 0, got {weight}")
+        missing = [n for n in names if n not in mixture]
+        if missing:
+            raise ConfigFileError("mixture", f"dataset(s) {missing} have no weight")
+
+    source = check_call(
+        StaticMixtureWorkSource.__init__,
+        _mapping(data.get("source"), "source"),
+        "source",
+        skip=("datasets", "mixture"),
+        what="the source",
+    )
+    fetch = check_call(Pipeline.fetch, _mapping(data.get("fetch"), "fetch"), "fetch")
+
+    raw_ops = data.get("operators") or []
+    if not isinstance(raw_ops, list):
+        raise ConfigFileError("operators", f"expected a list, got {_show(raw_ops)}")
+    operators = [_operator(op, f"operators[{i}]") for i, op in enumerate(raw_ops)]
+    batches = [op.key for op in operators if op.name == "batch"]
+    if len(batches) > 1:
+        raise ConfigFileError(batches[1], "batch can appear only once")
+    if batches and operators[-1].name != "batch":
+        raise ConfigFileError(
+            operators[-1].key, f"{operators[-1].name} cannot follow batch; move it before batch"
+        )
+
+    options_raw = dict(_mapping(data.get("options"), "options"))
+    if data.get("runner") is not None:
+        if "runner" in options_raw:
+            raise ConfigFileError("runner", "given both as 'runner' and as 'options.runner'")
+        options_raw["runner"] = data["runner"]
+    option_hints = typing.get_type_hints(RuntimeOptions)
+    known = [f.name for f in dataclasses.fields(RuntimeOptions)]
+    options: dict[str, Any] = {}
+    for k, v in options_raw.items():
+        key = "runner" if k == "runner" and "runner" in data else f"options.{k}"
+        if k not in known:
+            close = difflib.get_close_matches(str(k), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigFileError(key, f"unknown option; {hint}known: {', '.join(known)}")
+        options[k] = check_value(v, option_hints[k], key)
+        try:
+            RuntimeOptions().updated(**{k: options[k]})
+        except ConfigError as exc:
+            raise ConfigFileError(key, str(exc)) from None
+    try:
+        RuntimeOptions().updated(**options)
+    except ConfigError as exc:
+        raise ConfigFileError("options", str(exc)) from None
+    return PipelineConfig(
+        datasets=datasets,
+        mixture=mixture,
+        source=source,
+        fetch=fetch,
+        operators=operators,
+        options=options,
+    )
+
+
+def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
+    """Read and validate a YAML pipeline file. Relative dataset paths are relative to the
+    file's folder. Raises :class:`ConfigFileError` naming the file and key of any problem."""
+    import yaml
+
+    file = os.fspath(path)
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigFileError("", "config file not found", file=file) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigFileError("", f"cannot read the config file: {exc}", file=file) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigFileError(where, f"invalid YAML: {problem}", file=file) from None
+    if data is None:
+        raise ConfigFileError("", "the file is empty; it needs at least 'datasets'", file=file)
+    config = parse_config(data, base_dir=Path(file).resolve().parent, file=file)
+    config.file = file
+    return config
