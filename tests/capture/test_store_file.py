@@ -252,3 +252,10 @@ def test_cached_snapshots_are_bounded(tmp_path: Path, monkeypatch: pytest.Monkey
     assert _run(store.freeze("c")) is snaps["c"]  # still cached
     again = _run(store.freeze("a"))  # evicted: rebuilt from the log, identical content
     assert again is not snaps["a"] and again == snaps["a"]
+
+
+def test_a_file_that_is_not_a_capture_log_is_refused(tmp_path: Path) -> None:
+    store = FileStore(str(tmp_path))
+    Path(store.log_path("alien")).write_bytes(b"".join(frame_parts(b"e", b'{"op":"retire"}')))
+    with pytest.raises(LogCorruptionError, match="line 1 is not a zephon capture log header"):
+        _run(store.freeze("alien"))

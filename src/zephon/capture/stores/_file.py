@@ -258,6 +258,8 @@ class FileStore(DurableStore):
 
     def _apply_record(self, h: _Handle, rec: Record) -> None:
         try:
+            if rec.line == 1 and rec.tag != _HEADER:
+                raise ValueError("line 1 is not a zephon capture log header")
             if rec.tag == _PUT:
                 # Only the small event before the tab is parsed; the payload is not (the
                 # record's CRC already vouches for it).
@@ -308,6 +310,8 @@ class FileStore(DurableStore):
             fsync_dir(self.directory)
             parts.append(_header(h.rollout_id))
             pos += len(parts[0])
+        # Every transition of the state machine decides at most one event, so a torn batch
+        # can never leave half a transition behind (the header is complete on its own).
         spans: list[tuple[Put, int, int]] = []
         for event in events:
             if isinstance(event, Put):
