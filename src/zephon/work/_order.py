@@ -4,20 +4,26 @@ Position ``p`` belongs to epoch ``p // N`` (``N`` = rows). Within an epoch the o
 in a permuted order (``shuffle_shards``), rows inside each shard permuted
 (``shuffle_within_shard``), and finally consecutive blocks of ``block_size`` positions permuted
 (``shuffle_block_size``, mixing rows across neighbouring shards). Every permutation is derived
-from ``(seed, dataset, epoch, ...)`` keys, so any position range is computed directly, without
-replaying earlier ones. Memory is O(largest shard + block) thanks to small LRU caches.
+from ``(seed, dataset, epoch, ...)`` keys and evaluated pointwise (a keyed Feistel bijection),
+so any position range is computed directly in O(range) time and memory, without replaying or
+materialising anything: even a global shuffle of a huge dataset costs nothing up front.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
 
-from zephon.work._hashing import TAG_BLOCK, TAG_SHARDS, TAG_WITHIN, mix64, permutation
-
-_CACHE_ITEMS = 1 << 22  # total cached permutation entries per order (32 MiB of int64)
+from zephon.work._hashing import (
+    TAG_BLOCK,
+    TAG_SHARDS,
+    TAG_WITHIN,
+    feistel_permute,
+    keys_for,
+    mix64,
+    permutation,
+)
 
 
 class DatasetOrder:
@@ -43,25 +49,9 @@ class DatasetOrder:
         self.block_size = block_size if block_size and block_size > 1 else None
         self.reshuffle_on_repeat = reshuffle_on_repeat
         self._shard_layout: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
-        self._perms: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
-        self._cached_items = 0
 
     def _epoch_key(self, epoch: int) -> int:
         return epoch if self.reshuffle_on_repeat else 0
-
-    def _perm(self, kind: int, n: int, *ids: int) -> np.ndarray:
-        key = (kind, *ids)
-        perm = self._perms.get(key)
-        if perm is not None:
-            self._perms.move_to_end(key)
-            return perm
-        perm = permutation(n, mix64(self.seed, kind, self.dataset_id, *ids))
-        self._perms[key] = perm
-        self._cached_items += n
-        while self._cached_items > _CACHE_ITEMS and len(self._perms) > 1:
-            _, old = self._perms.popitem(last=False)
-            self._cached_items -= len(old)
-        return perm
 
     def _layout(self, ek: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(shard order, cumulative starts, cumulative ends) of epoch key ``ek``."""
@@ -105,18 +95,15 @@ class DatasetOrder:
             for blk in range(p0 // b, (p1 - 1) // b + 1):
                 lo, hi = max(p0, blk * b), min(p1, (blk + 1) * b)
                 blen = min(b, self.total - blk * b)
-                perm = self._perm(TAG_BLOCK, blen, ek, blk)
-                parts.append(blk * b + perm[lo - blk * b : hi - blk * b])
+                key = mix64(self.seed, TAG_BLOCK, self.dataset_id, ek, blk)
+                offsets = np.arange(lo - blk * b, hi - blk * b, dtype=np.int64)
+                parts.append(blk * b + feistel_permute(offsets, blen, key))
             lin = parts[0] if len(parts) == 1 else np.concatenate(parts)
         order, starts, ends = self._layout(ek)
         slot = np.searchsorted(ends, lin, side="right")
         local = lin - starts[slot]
         shard_ids = order[slot]
         if self.shuffle_within_shard:
-            idx = np.empty_like(local)
-            for sid in np.unique(shard_ids).tolist():
-                mask = shard_ids == sid
-                perm = self._perm(TAG_WITHIN, int(self.counts[sid]), ek, sid)
-                idx[mask] = perm[local[mask]]
-            local = idx
+            base = mix64(self.seed, TAG_WITHIN, self.dataset_id, ek)
+            local = feistel_permute(local, self.counts[shard_ids], keys_for(base, shard_ids))
         return shard_ids, local

@@ -378,11 +378,13 @@ class StaticMixtureWorkSource(WorkSource):
             pointers[:, 1] = shard_ids
             pointers[:, 2] = rows
         elif parts:
-            # Smooth interleave: the j-th of q samples sits at ideal position (j + 1/2) / q.
-            comp = np.concatenate([np.full(q, k, dtype=np.int64) for k, q, _, _ in parts])
+            # Smooth interleave: the j-th of q samples sits at ideal position (j + 1/2) / q; ties
+            # keep component order (stable sort over the components concatenated in id order).
             ideal = np.concatenate([(2.0 * np.arange(q) + 1.0) / (2.0 * q) for _, q, _, _ in parts])
-            order = np.lexsort((comp, ideal))
-            pointers[:, 0] = comp[order]
+            order = np.argsort(ideal, kind="stable")
+            pointers[:, 0] = np.repeat([k for k, _, _, _ in parts], [q for _, q, _, _ in parts])[
+                order
+            ]
             pointers[:, 1] = np.concatenate([s for _, _, s, _ in parts])[order]
             pointers[:, 2] = np.concatenate([r for _, _, _, r in parts])[order]
         names = [self._datasets[k].name for k in exhausted]
