@@ -24,6 +24,8 @@ from zephon.options import RuntimeOptions
 from zephon.types import StreamItem
 from zephon.work import MixtureSpec, WorkSource
 
+Placement = Literal["local", "remote"]
+
 
 class Pipeline:
     """A chain of operators over a work source. Iterate it to get records (or batches).
@@ -44,6 +46,7 @@ class Pipeline:
         self.work_source = work_source
         self._specs: list[OpSpec] = []
         self._fetch_parallelism: int | None = None
+        self._fetch_placement: Placement = "local"
         self._fetch_max_batch = 64
         self._fetch_on_error: Literal["raise", "skip"] | None = None
         self._options = RuntimeOptions()
@@ -55,7 +58,9 @@ class Pipeline:
 
     # -- builder -------------------------------------------------------------------------
 
-    def _append(self, op: BaseOp, parallelism: int | None) -> Pipeline:
+    def _append(
+        self, op: BaseOp, parallelism: int | None, placement: Placement = "local"
+    ) -> Pipeline:
         if self._batched and not isinstance(op, BatchOp):
             raise ConfigError(
                 f"{op.name} cannot follow batch(): operators after batch would see SampleBatch "
@@ -63,8 +68,12 @@ class Pipeline:
             )
         if parallelism is not None and parallelism < 1:
             raise ConfigError(f"{op.name}: parallelism must be >= 1, got {parallelism}")
+        if placement not in ("local", "remote"):
+            raise ConfigError(
+                f"{op.name}: placement must be 'local' or 'remote' (Ray actors), got {placement!r}"
+            )
         width = parallelism if parallelism is not None else op.traits().parallelism
-        self._specs.append(OpSpec(op, max(1, width)))
+        self._specs.append(OpSpec(op, max(1, width), placement))
         return self
 
     def fetch(
@@ -73,16 +82,22 @@ class Pipeline:
         *,
         max_batch: int = 64,
         on_error: Literal["raise", "skip"] | None = None,
+        placement: Placement = "local",
     ) -> Pipeline:
         """Configure the implicit first operator that reads rows for the pointers."""
+        if placement not in ("local", "remote"):
+            raise ConfigError(f"fetch: placement must be 'local' or 'remote', got {placement!r}")
+        self._fetch_placement = placement
         self._fetch_parallelism = parallelism
         self._fetch_max_batch = max_batch
         self._fetch_on_error = on_error
         return self
 
-    def decode_text(self, parallelism: int | None = None, **kwargs: Any) -> Pipeline:
+    def decode_text(
+        self, parallelism: int | None = None, *, placement: Placement = "local", **kwargs: Any
+    ) -> Pipeline:
         """Make text fields ``str``; kwargs: fields, encoding, errors, normalize_newlines..."""
-        return self._append(DecodeTextOp(**kwargs), parallelism)
+        return self._append(DecodeTextOp(**kwargs), parallelism, placement)
 
     def map_transform(
         self,
@@ -91,9 +106,11 @@ class Pipeline:
         drop_none: bool = True,
         parallelism: int | None = None,
         name: str | None = None,
+        placement: Placement = "local",
     ) -> Pipeline:
         """Apply ``fn`` to each payload; returning ``None`` drops the record."""
-        return self._append(MapTransformOp(fn, drop_none=drop_none, name=name), parallelism)
+        op = MapTransformOp(fn, drop_none=drop_none, name=name)
+        return self._append(op, parallelism, placement)
 
     def filter(
         self,
@@ -101,9 +118,10 @@ class Pipeline:
         *,
         parallelism: int | None = None,
         name: str | None = None,
+        placement: Placement = "local",
     ) -> Pipeline:
         """Keep records whose payload satisfies ``predicate``."""
-        return self._append(FilterOp(predicate, name=name), parallelism)
+        return self._append(FilterOp(predicate, name=name), parallelism, placement)
 
     def tokenize(
         self,
@@ -117,6 +135,7 @@ class Pipeline:
         max_length: int | None = None,
         truncation: bool | None = None,
         parallelism: int | None = None,
+        placement: Placement = "local",
     ) -> Pipeline:
         """Tokenize ``field`` into ``output_field`` (numpy int32 ids)."""
         op = TokenizeOp(
@@ -129,7 +148,7 @@ class Pipeline:
             max_length=max_length,
             truncation=truncation,
         )
-        return self._append(op, parallelism)
+        return self._append(op, parallelism, placement)
 
     def batch(self, microbatch_size: int, *, drop_last: bool = True) -> Pipeline:
         """Group each lane's records into ``SampleBatch`` es of ``microbatch_size``."""
@@ -156,6 +175,7 @@ class Pipeline:
         candidate_pool_size: int = 256,
         max_candidate_age: int | None = None,
         parallelism: int | None = None,
+        placement: Placement = "local",
     ) -> Pipeline:
         """Pack records into ``{"packed_samples": [...]}`` envelopes of <= ``max_length`` tokens.
 
@@ -174,7 +194,7 @@ class Pipeline:
             candidate_pool_size=candidate_pool_size,
             max_candidate_age=max_candidate_age,
         )
-        return self._append(op, parallelism)
+        return self._append(op, parallelism, placement)
 
     def pack_flat(
         self,
@@ -193,6 +213,7 @@ class Pipeline:
         candidate_pool_size: int = 256,
         max_candidate_age: int | None = None,
         parallelism: int | None = None,
+        placement: Placement = "local",
     ) -> Pipeline:
         """Pack records into flat token rows padded to ``max_length`` (``positions``,
         ``document_ids`` and aligned fields alongside); ``batch.to_training()`` reads them."""
@@ -211,7 +232,7 @@ class Pipeline:
             candidate_pool_size=candidate_pool_size,
             max_candidate_age=max_candidate_age,
         )
-        return self._append(op, parallelism)
+        return self._append(op, parallelism, placement)
 
     def shuffle(
         self,
@@ -221,11 +242,12 @@ class Pipeline:
         algorithm: ShuffleAlgorithm = "streaming",
         warmup_growth: float = 1.5,
         parallelism: int | None = None,
+        placement: Placement = "local",
     ) -> Pipeline:
         """Shuffle each lane within ``buffer_size`` records; randomness comes from the records'
         cursors and ``seed`` only (docs/shuffle-and-mixture.md)."""
         op = ShuffleOp(buffer_size, seed=seed, algorithm=algorithm, warmup_growth=warmup_growth)
-        return self._append(op, parallelism)
+        return self._append(op, parallelism, placement)
 
     def ensure_mixture(
         self,
@@ -269,11 +291,18 @@ class Pipeline:
         )
         return self._append(op, 1)
 
-    def add_op(self, op: BaseOp, /, *, parallelism: int | None = None) -> Pipeline:
+    def add_op(
+        self,
+        op: BaseOp,
+        /,
+        *,
+        parallelism: int | None = None,
+        placement: Placement = "local",
+    ) -> Pipeline:
         """Append a custom operator (a :class:`zephon.ops.BaseOp` subclass instance)."""
         if not isinstance(op, BaseOp):
             raise ConfigError(f"add_op needs a BaseOp instance, got {type(op).__name__}")
-        return self._append(op, parallelism)
+        return self._append(op, parallelism, placement)
 
     def options(self, **options: Any) -> Pipeline:
         """Set runtime options (see :class:`zephon.options.RuntimeOptions`); returns self."""
@@ -292,7 +321,7 @@ class Pipeline:
             self.work_source.datasets, max_batch=self._fetch_max_batch, on_error=on_error
         )
         width = self._fetch_parallelism or fetch.traits().parallelism
-        return [OpSpec(fetch, width), *self._specs]
+        return [OpSpec(fetch, width, self._fetch_placement), *self._specs]
 
     def explain(self) -> Plan:
         """The compiled plan: stages, runners, parallelism, queue sizes (``str()`` for text)."""
