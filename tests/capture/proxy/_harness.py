@@ -9,6 +9,7 @@ built trajectory with the engine's tokens exactly.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,7 @@ class RolloutRun:
     rollout_id: str
     turns: list[Turn] = field(default_factory=list)
     failures: list[tuple[int, str]] = field(default_factory=list)  # (status, body head)
+    workers: set[str] = field(default_factory=set)
 
 
 def _turn(resp: httpx.Response, prompt: list[int], gen: list[int], lps: list[float]) -> Turn:
@@ -63,7 +65,12 @@ def _turn(resp: httpx.Response, prompt: list[int], gen: list[int], lps: list[flo
 
 
 async def chat_rollout(
-    client: httpx.AsyncClient, base: str, rid: str, turns: int, **extra: Any
+    client: httpx.AsyncClient,
+    base: str,
+    rid: str,
+    turns: int,
+    on_turn: Callable[[], None] | None = None,
+    **extra: Any,
 ) -> RolloutRun:
     run = RolloutRun(rid)
     messages: list[dict[str, Any]] = [
@@ -93,6 +100,9 @@ async def chat_rollout(
         choice = data["choices"][0]
         lps = [e["logprob"] for e in choice["logprobs"]["content"]]
         run.turns.append(_turn(resp, data["prompt_token_ids"], choice["token_ids"], lps))
+        run.workers.add(resp.headers.get("x-zephon-worker", ""))
+        if on_turn is not None:
+            on_turn()
         msg = choice["message"]
         messages.append(msg)
         if msg.get("tool_calls"):

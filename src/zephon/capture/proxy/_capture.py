@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -140,6 +141,7 @@ class CaptureService:
         hdrs = {
             "x-zephon-model-call-id": call_id,
             "x-zephon-parent-resolution": res.status.value,
+            "x-zephon-worker": str(os.getpid()),
         }
         if res.match is not None:
             hdrs["x-zephon-parent-call-id"] = res.match.model_call_id
