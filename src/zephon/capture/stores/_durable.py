@@ -88,6 +88,7 @@ class DurableStore:
     def __init__(self, *, offload: Offload = "thread") -> None:
         self._offload: Offload = offload
         self._closed = False
+        self._resolver: IncrementalResolver | None = None
 
     # -- primitives implemented by each store -----------------------------------------------
 
@@ -238,11 +239,10 @@ class DurableStore:
             if self._closed:
                 raise RuntimeError(f"{self.describe()} capture store client is closed")
             return LineageResolution(ParentResolutionStatus.ROOT)
-        resolver = self.__dict__.get("_resolver")
-        if resolver is None:
+        if self._resolver is None:
             # One incremental cache per client: each look reads only entries committed since.
-            resolver = self.__dict__["_resolver"] = IncrementalResolver(self._lineage_fetch)
-        return await self._run(resolver.resolve, rollout_id, request_items)
+            self._resolver = IncrementalResolver(self._lineage_fetch)
+        return await self._run(self._resolver.resolve, rollout_id, request_items)
 
     def is_process_shared(self) -> bool:
         return True
