@@ -117,6 +117,18 @@ def test_index_json_makes_discovery_scan_free(tmp_path: Path) -> None:
     assert ds.read(1, [2]) == [data[1][2]]  # first read builds the index lazily
 
 
+def test_stale_index_json_is_detected_on_read(tmp_path: Path) -> None:
+    write_mixed_folder(tmp_path / "ds")
+    build_index(tmp_path / "ds", cache_dir=tmp_path / "c")
+    (tmp_path / "ds" / "a.jsonl").write_bytes(jsonl_bytes(rows_for(0, 3)))
+    pq.write_table(pa.Table.from_pylist(rows_for(3, 2)), tmp_path / "ds" / "d.parquet")
+    ds = Dataset.from_path("d", tmp_path / "ds", cache_dir=tmp_path / "c")
+    with pytest.raises(DataFormatError, match=r"a\.jsonl has 3 rows but the dataset index says 20"):
+        ds.read(0, [0])
+    with pytest.raises(DataFormatError, match=r"d\.parquet has 2 rows but the dataset index says"):
+        ds.read(3, [0])
+
+
 def test_index_on_memory_url() -> None:
     fs = fsspec.filesystem("memory")
     fs.pipe("/zephon-idx/a.jsonl", jsonl_bytes(rows_for(0, 9)))
@@ -204,3 +216,19 @@ def test_dataset_read_in_spawned_process(tmp_path: Path) -> None:
     got = queue.get(timeout=50)
     proc.join(timeout=10)
     assert got == [[data[s][0], data[s][1]] for s in range(4)]
+
+
+def test_cli_register_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from zephon.cli._index import register
+
+    parser = argparse.ArgumentParser(prog="zephon")
+    register(parser.add_subparsers(dest="command"))
+    write_mixed_folder(tmp_path / "ds")
+    args = parser.parse_args(["index", str(tmp_path / "ds"), "--cache-dir", str(tmp_path / "c")])
+    assert args.func(args) == 0
+    assert "4 shards, 98 rows" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert index_main([str(tmp_path / "empty")]) == 1
+    assert "no shards found" in capsys.readouterr().err

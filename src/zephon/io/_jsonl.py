@@ -198,7 +198,14 @@ class JsonlShard(Shard):
             return bounds
         with self._lock:
             if self._bounds is None:
-                self._bounds = self._load_or_build()
+                bounds = self._load_or_build()
+                expected = getattr(self, "_rows", None)
+                if expected is not None and expected != len(bounds):
+                    raise DataFormatError(
+                        f"{self._url} has {len(bounds)} rows but the dataset index says "
+                        f"{expected}; the shard changed after `zephon index` ran, rebuild it"
+                    )
+                self._bounds = bounds
             return self._bounds
 
     def _load_or_build(self) -> np.ndarray:

@@ -105,6 +105,12 @@ class ParquetShard(Shard):
                     f"{sorted(names)}. Fix `columns=` or the data"
                 )
         md = pf.metadata
+        expected = getattr(self, "_rows", None)
+        if expected is not None and expected != md.num_rows:
+            raise DataFormatError(
+                f"{self._url} has {md.num_rows} rows but the dataset index says {expected}; "
+                "the shard changed after `zephon index` ran, rebuild it"
+            )
         sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
         self._rg_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self._cache.clear()
