@@ -76,13 +76,13 @@ def start_engine(tokenizer: Path, log_dir: Path, *extra: str) -> Proc:
 
 
 def start_proxy(engine_url: str, store_url: str, log_dir: Path, *extra: str) -> Proc:
-    """`zephon capture serve` through the real CLI entry point, on a free loopback port."""
+    """`zephon capture serve` through the CLI's capture group, on a free loopback port."""
     log = log_dir / f"proxy-{time.monotonic_ns()}.log"
     cmd = [
         sys.executable,
         "-c",
-        "import sys; from zephon.cli import main; sys.exit(main())",
-        "capture",
+        # The `zephon capture` command group (zephon.cli registers the same group).
+        "import sys; from zephon.cli._capture import main; sys.exit(main())",
         "serve",
         "--engine",
         engine_url,

@@ -133,11 +133,31 @@ class CaptureService:
         self.metrics.inc("zephon_proxy_parent_resolution_total", status=res.status.value)
         return res
 
+    async def _begin(self, rollout_id: str, call_id: str) -> tuple[int, str, str] | None:
+        """Record the pre-dispatch intent; (status, code, message) when the call must fail."""
+        if not isinstance(self.store, SupportsBeginCall):
+            return None
+        try:
+            await self.store.begin_call(rollout_id, call_id)
+        except (TokenCaptureFrozenError, CaptureAdmissionRefused) as exc:
+            kind = type(exc).__name__
+            msg = f"rollout {rollout_id!r} admits no new model calls ({kind}: {exc})"
+            return 409, "capture_refused", msg
+        except Exception as exc:
+            log.error("begin_call failed for %s/%s: %r", rollout_id, call_id, exc)
+            msg = f"capture store unavailable, model call not dispatched: {exc}"
+            return 503, "capture_store_unavailable", msg
+        return None
+
     async def _capture(
         self, rollout_id: str, call: PreparedCall, call_id: str, headers: dict[str, str]
     ) -> CallResult:
         started = time.perf_counter()
-        res = await self._resolve(rollout_id, call)
+        # Resolution reads committed entries, the intent is a separate record: neither waits
+        # for the other, and both complete before the engine is called.
+        resolving = asyncio.ensure_future(self._resolve(rollout_id, call))
+        admitted = await self._begin(rollout_id, call_id)
+        res = await resolving
         hdrs = {
             "x-zephon-model-call-id": call_id,
             "x-zephon-parent-resolution": res.status.value,
@@ -145,17 +165,9 @@ class CaptureService:
         }
         if res.match is not None:
             hdrs["x-zephon-parent-call-id"] = res.match.model_call_id
-        if isinstance(self.store, SupportsBeginCall):
-            try:
-                await self.store.begin_call(rollout_id, call_id)
-            except (TokenCaptureFrozenError, CaptureAdmissionRefused) as exc:
-                kind = type(exc).__name__
-                msg = f"rollout {rollout_id!r} admits no new model calls ({kind}: {exc})"
-                return CallResult(409, error_body(msg, "capture_refused", 409), hdrs)
-            except Exception as exc:
-                log.error("begin_call failed for %s/%s: %r", rollout_id, call_id, exc)
-                msg = f"capture store unavailable, model call not dispatched: {exc}"
-                return CallResult(503, error_body(msg, "capture_store_unavailable", 503), hdrs)
+        if admitted is not None:
+            status, code, msg = admitted
+            return CallResult(status, error_body(msg, code, status), hdrs)
         engine_started = time.perf_counter()
         try:
             answer = await self.engine.post_json(call.engine_path, call.engine_body, _auth(headers))
