@@ -259,3 +259,26 @@ def test_a_file_that_is_not_a_capture_log_is_refused(tmp_path: Path) -> None:
     Path(store.log_path("alien")).write_bytes(b"".join(frame_parts(b"e", b'{"op":"retire"}')))
     with pytest.raises(LogCorruptionError, match="line 1 is not a zephon capture log header"):
         _run(store.freeze("alien"))
+
+
+@pytest.mark.timeout(60)
+def test_concurrent_puts_from_threads_of_one_process(tmp_path: Path) -> None:
+    """Many in-flight puts (thread offload) from several clients of one process."""
+
+    async def scenario() -> None:
+        clients = [FileStore(str(tmp_path)) for _ in range(3)]
+        puts = [
+            clients[i % 3].put(make_entry("same" if i % 2 else f"own-{i}", f"c{i}"))
+            for i in range(60)
+        ]
+        retries = [clients[i % 3].put(make_entry("same", f"c{i}")) for i in range(1, 60, 2)]
+        await asyncio.gather(*puts, *retries)
+        snap = await clients[0].freeze("same")
+        assert sorted(e.model_call_id for e in snap.entries) == sorted(
+            f"c{i}" for i in range(1, 60, 2)
+        )
+        assert snap.version == 31 and not snap.incomplete
+        for i in range(0, 60, 2):
+            assert list(clients[1].state_of(f"own-{i}").entry_keys) == [f"c{i}"]
+
+    asyncio.run(scenario())
