@@ -1,7 +1,7 @@
 """Prometheus metrics of the proxy, summed over the worker processes of one server.
 
 Each worker keeps plain counters and histograms in memory. With several workers (a
-``metrics_dir`` is set) every worker also writes its own totals to ``<dir>/<pid>.json`` about
+``metrics_dir`` is set) every worker also writes its own totals to ``<dir>/<pid>-<token>.json`` about
 once a second and at every scrape; a scrape of any worker sums all files, so the numbers do
 not depend on which worker answered. Counters are cumulative, so a dead worker's last file
 still counts (as in Prometheus' own multi-process mode).
@@ -13,6 +13,7 @@ import bisect
 import json
 import os
 import threading
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -54,6 +55,7 @@ class Metrics:
         self._counters: dict[Key, float] = {}
         self._hists: dict[Key, list[float]] = {}  # bucket counts..., count, sum
         self._dir = shared_dir
+        self._token = uuid.uuid4().hex[:8]  # one file per Metrics (a replaced worker adds one)
         if shared_dir:
             os.makedirs(shared_dir, exist_ok=True)
 
@@ -88,7 +90,7 @@ class Metrics:
         """Write this worker's totals for the other workers' scrapes (atomic replace)."""
         if not self._dir:
             return
-        path = os.path.join(self._dir, f"{os.getpid()}.json")
+        path = os.path.join(self._dir, f"{os.getpid()}-{self._token}.json")
         tmp = path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(self._dump(), f)
