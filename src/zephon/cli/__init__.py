@@ -7,7 +7,15 @@ import importlib
 import sys
 
 # Subcommand modules; each exposes ``register(subparsers)`` that sets ``func`` on its parser.
-_COMMANDS = ("zephon.cli._demo", "zephon.cli._capture")
+_COMMANDS = (
+    "zephon.cli._demo",
+    "zephon.cli._run",
+    "zephon.cli._explain",
+    "zephon.cli._index",
+    "zephon.cli._checkpoint",
+    "zephon.cli._bench",
+    "zephon.cli._capture",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,6 +29,9 @@ def register(subparsers: Any) -> None:
     from zephon.capture.proxy._cli import register_serve  # `capture serve` (the proxy)
 
     register_serve(sub)
+    from zephon.cli._capture_tools import register_tools  # `capture inspect` / `export`
+
+    register_tools(sub)
     capture.set_defaults(func=lambda _args: capture.print_help() or 2)
 
 

@@ -1,0 +1,323 @@
+"""``zephon capture inspect`` (a built trajectory, loss mask highlighted) and
+``zephon capture export`` (built trajectories to JSONL or Parquet).
+
+Both freeze the rollouts they read: only a frozen snapshot can be built, and freezing is
+atomic and idempotent (a rollout still being written refuses further puts afterwards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from zephon.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, fail
+
+
+def register_tools(capture_subparsers: Any) -> None:
+    """Add ``inspect`` and ``export`` to the ``zephon capture`` group."""
+    ins = capture_subparsers.add_parser(
+        "inspect",
+        help="show a rollout's built trajectory with the loss mask highlighted",
+        description="Freeze ROLLOUT in --store, build it (zephon.capture.build_rollout) and "
+        "show the verdict, the calls of the chain and the token stream: generated tokens "
+        "(loss mask 1) highlighted, prompt and tool tokens (loss mask 0) dimmed.",
+    )
+    ins.add_argument("rollout", metavar="ROLLOUT")
+    ins.add_argument("--store", required=True, metavar="URL", help="file:///DIR, sqlite:///F...")
+    ins.add_argument("--terminal-call-id", default=None, metavar="ID")
+    ins.add_argument(
+        "--tokenizer", default=None,
+        help="show token text: 'bytes' or a tokenizer.json path (default: token ids)",
+    )  # fmt: skip
+    ins.add_argument("--max-tokens", type=int, default=2000, help="tokens to show (2000)")
+    ins.add_argument("--json", action="store_true", help="print the build as JSON")
+    ins.set_defaults(func=_inspect)
+
+    exp = capture_subparsers.add_parser(
+        "export",
+        help="export built trajectories to JSONL or Parquet",
+        description="Freeze and build each rollout and write one row per trainable rollout: "
+        "rollout_id, snapshot_id, version, input_ids, loss_mask, logprobs, call_ids, "
+        "prompt_len (and masked, mask_reasons). Exit code 1 when a rollout cannot be read.",
+    )
+    exp.add_argument("out", metavar="OUT")
+    exp.add_argument(
+        "--rollout", dest="rollouts", action="append", default=[], metavar="ID",
+        help="a rollout to export (repeatable)",
+    )  # fmt: skip
+    exp.add_argument("--store", required=True, metavar="URL")
+    exp.add_argument("--format", dest="fmt", choices=("jsonl", "parquet"), default=None)
+    exp.add_argument("--rollouts-file", type=Path, default=None, help="one rollout id per line")
+    exp.add_argument("--all", action="store_true", help="every rollout of a file:// store")
+    exp.add_argument(
+        "--include-masked", action="store_true", help="also write masked rollouts (no tokens)"
+    )
+    exp.add_argument("--json", action="store_true", help="print a JSON summary")
+    exp.add_argument("--quiet", action="store_true", help="no progress bar")
+    exp.set_defaults(func=_export)
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _open(url: str) -> Any:
+    from zephon.capture.stores import open_store
+
+    return open_store(url)
+
+
+def known_in_file_store(url: str, rollout_id: str) -> bool:
+    """False when ``url`` is a file:// store without a log for ``rollout_id`` (freezing an id
+    nobody wrote would fence it); True otherwise (other stores cannot be asked cheaply)."""
+    parts = urlsplit(url)
+    if parts.scheme != "file":
+        return True
+    return (Path(unquote(parts.path)) / f"{rollout_id}.log").is_file()
+
+
+async def _build(
+    store: Any, rollout_id: str, terminal_call_id: str | None = None, url: str = ""
+) -> Any:
+    from zephon.capture.builder import build_rollout
+
+    if url and not known_in_file_store(url, rollout_id):
+        raise LookupError(f"no rollout {rollout_id!r} in {url} (nothing was changed)")
+
+    snapshot = await store.freeze(rollout_id)
+    return build_rollout(snapshot, terminal_call_id=terminal_call_id)
+
+
+def build_row(built: Any) -> dict[str, Any]:
+    """A rollout's build as one plain row (lists, not arrays)."""
+    traj = built.trajectory
+    if traj is None and built.output.main is not None:
+        traj = built.output.main.to_trajectory(built.rollout_id)
+    row: dict[str, Any] = {
+        "rollout_id": built.rollout_id,
+        "snapshot_id": built.snapshot_id,
+        "version": built.version,
+        "masked": built.masked,
+        "mask_reasons": list(built.mask_reasons),
+        "input_ids": [] if traj is None else traj.input_ids.tolist(),
+        "loss_mask": [] if traj is None else traj.loss_mask.tolist(),
+        "logprobs": [] if traj is None else traj.logprobs.tolist(),
+        "call_ids": [] if traj is None else list(traj.call_ids),
+        "prompt_len": 0 if traj is None else traj.prompt_len,
+    }
+    return row
+
+
+def _token_text(spec: str | None) -> Callable[[int], str] | None:
+    if spec is None:
+        return None
+    if spec == "bytes":
+
+        def byte_text(t: int) -> str:
+            if t == 256:
+                return "<bos>"
+            if t == 257:
+                return "<eos>"
+            if 32 <= t < 127:
+                return chr(t)
+            return "\n" if t == 10 else f"\\x{t:02x}" if t < 256 else f"<{t}>"
+
+        return byte_text
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(spec)
+
+    def hf_text(t: int) -> str:
+        piece = tok.id_to_token(t)
+        return f"<{t}>" if piece is None else piece
+
+    return hf_text
+
+
+def render(
+    built: Any, row: dict[str, Any], text_of: Callable[[int], str] | None, limit: int
+) -> Any:
+    """Rich renderables: header, calls table, token stream with the loss mask highlighted."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    verdict = (
+        Text("MASKED: " + ", ".join(row["mask_reasons"]), style="bold red")
+        if row["masked"]
+        else Text("trainable", style="bold green")
+    )
+    head = Text.assemble(
+        ("rollout ", "bold"), row["rollout_id"], f"  snapshot {row['snapshot_id'][:12]}",
+        f" v{row['version']}  ", verdict,
+    )  # fmt: skip
+    n = len(row["input_ids"])
+    gen = sum(row["loss_mask"])
+    stats = Text(
+        f"{n} tokens: {row['prompt_len']} root prompt, {gen} generated (loss mask 1), "
+        f"{n - gen - row['prompt_len']} tool/user tokens between calls"
+    )
+    calls = Table(title="chain", title_justify="left")
+    for col in ("#", "call id", "tool/user tokens", "generated", "mean logprob"):
+        calls.add_column(col, justify="left" if col == "call id" else "right")
+    main = built.output.main
+    for i, link in enumerate(main.links if main is not None else []):
+        lps = link.entry.generation_log_probs
+        mean = f"{sum(lps) / len(lps):.3f}" if lps else "-"
+        calls.add_row(
+            str(i), link.call_id, str(len(link.interstitial)),
+            str(len(link.entry.generation_token_ids)), mean,
+        )  # fmt: skip
+    stream = Text()
+    for tok, mask in list(zip(row["input_ids"], row["loss_mask"]))[:limit]:
+        piece = text_of(tok) if text_of is not None else f"{tok} "
+        stream.append(piece, style="bold black on green" if mask else "dim")
+    if n > limit:
+        stream.append(f" ... ({n - limit} more tokens; --max-tokens)", style="italic")
+    legend = Text.assemble(
+        ("generated: loss mask 1", "bold black on green"), "   ",
+        ("prompt / tool / user: loss mask 0", "dim"),
+    )  # fmt: skip
+    decisions = Text("\n".join(f"- {d}" for d in built.notes.decisions), style="italic")
+    return Group(head, stats, calls, legend, stream, Text(""), decisions)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    try:
+        store = _open(args.store)
+    except (ValueError, ImportError) as exc:
+        return fail("capture inspect", exc, EXIT_USAGE)
+    try:
+        built = asyncio.run(_build(store, args.rollout, args.terminal_call_id, args.store))
+    except LookupError as exc:
+        return fail("capture inspect", str(exc).strip("'\""), EXIT_FAILURE)
+    except (ValueError, OSError) as exc:
+        return fail("capture inspect", f"rollout {args.rollout!r}: {exc}", EXIT_FAILURE)
+    row = build_row(built)
+    if args.json:
+        row["decisions"] = list(built.notes.decisions)
+        print(json.dumps(row))
+        return EXIT_OK
+    try:
+        text_of = _token_text(args.tokenizer)
+    except Exception as exc:
+        return fail("capture inspect", f"--tokenizer {args.tokenizer}: {exc}", EXIT_USAGE)
+    Console(highlight=False).print(render(built, row, text_of, args.max_tokens))
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- export
+
+
+def list_file_store(url: str) -> list[str]:
+    """Rollout ids of a file:// store (one ``<rollout_id>.log`` per rollout)."""
+    parts = urlsplit(url)
+    folder = Path(unquote(parts.path))
+    if parts.scheme != "file":
+        raise ValueError(f"--all lists file:// stores only; pass rollout ids for {url}")
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a directory")
+    return sorted(p.stem for p in folder.glob("*.log"))
+
+
+def write_rows(rows: Sequence[dict[str, Any]], out: Path, fmt: str) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    if fmt == "jsonl":
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        schema = pa.schema(
+            [
+                ("rollout_id", pa.string()),
+                ("snapshot_id", pa.string()),
+                ("version", pa.int64()),
+                ("masked", pa.bool_()),
+                ("mask_reasons", pa.list_(pa.string())),
+                ("input_ids", pa.list_(pa.int64())),
+                ("loss_mask", pa.list_(pa.int8())),
+                ("logprobs", pa.list_(pa.float32())),
+                ("call_ids", pa.list_(pa.string())),
+                ("prompt_len", pa.int64()),
+            ]
+        )
+        table = pa.Table.from_pylist(list(rows), schema=schema)
+        pq.write_table(table, tmp)
+    tmp.replace(out)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    out = Path(args.out)
+    fmt = args.fmt or ("parquet" if out.suffix == ".parquet" else "jsonl")
+    ids = list(args.rollouts)
+    try:
+        store = _open(args.store)
+        if args.rollouts_file is not None:
+            ids += [ln.strip() for ln in args.rollouts_file.read_text().splitlines() if ln.strip()]
+        if args.all:
+            ids += list_file_store(args.store)
+    except (ValueError, ImportError, OSError) as exc:
+        return fail("capture export", exc, EXIT_USAGE)
+    ids = list(dict.fromkeys(ids))
+    if not ids:
+        return fail("capture export", "no rollouts: pass --rollout ID, --rollouts-file or --all", 2)
+    rows, masked, failed = [], [], []
+    console = Console(stderr=True)
+    progress = Progress(
+        TextColumn("export"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[r]}"),
+        console=console, disable=args.quiet,
+    )  # fmt: skip
+
+    async def go() -> None:
+        task = progress.add_task("export", total=len(ids), r="")
+        for rid in ids:
+            try:
+                built = await _build(store, rid, url=args.store)
+            except (ValueError, LookupError, OSError) as exc:
+                failed.append(f"{rid}: {exc}")
+            else:
+                if built.masked:
+                    masked.append(rid)
+                if not built.masked or args.include_masked:
+                    rows.append(build_row(built))
+            progress.update(task, advance=1, r=rid)
+
+    with progress:
+        asyncio.run(go())
+    write_rows(rows, out, fmt)
+    summary = {
+        "out": str(out),
+        "format": fmt,
+        "rows": len(rows),
+        "masked": masked,
+        "failed": failed,
+        "tokens": sum(len(r["input_ids"]) for r in rows),
+    }
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        skipped = "" if args.include_masked else f", {len(masked)} masked left out"
+        print(
+            f"exported {len(rows)} rollout(s), {summary['tokens']} tokens to {out} ({fmt}){skipped}"
+        )
+    if failed:
+        return fail("capture export", f"{len(failed)} rollout(s) failed: {failed[0]}", 1)
+    return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(EXIT_USAGE)

@@ -1,0 +1,298 @@
+"""``zephon checkpoint inspect FILE`` and ``zephon checkpoint diff A B``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from zephon.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, checkpoint_files, fail
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "checkpoint", help="inspect a pipeline checkpoint or compare two"
+    )
+    sub = parser.add_subparsers(dest="checkpoint_command", metavar="COMMAND")
+    inspect = sub.add_parser(
+        "inspect",
+        help="show what a checkpoint holds: world, configuration, per-lane progress",
+        description="FILE is a checkpoint JSON file, or a --checkpoint-dir of `zephon run` "
+        "(its newest checkpoint is shown).",
+    )
+    inspect.add_argument("file", metavar="FILE")
+    inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
+    inspect.set_defaults(func=_inspect)
+    diff = sub.add_parser(
+        "diff",
+        help="name the first difference between two checkpoints and compare lane progress",
+        description="Exit code 0 when A and B are identical, 1 when they differ, 2 when one "
+        "cannot be read (like diff(1)).",
+    )
+    diff.add_argument("a", metavar="A")
+    diff.add_argument("b", metavar="B")
+    diff.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    diff.set_defaults(func=_diff)
+    parser.set_defaults(func=lambda _args: parser.print_help() or EXIT_USAGE)
+
+
+class _Unreadable(Exception):
+    pass
+
+
+def load(path_text: str) -> tuple[Path, dict[str, Any], Any]:
+    """Read and validate a checkpoint file (or the newest of a checkpoint directory)."""
+    from zephon._engine import checkpoint as ckpt
+    from zephon.errors import CheckpointError
+
+    path = Path(path_text)
+    if path.is_dir():
+        files = checkpoint_files(path)
+        if not files:
+            raise _Unreadable(f"{path} holds no ckpt-*.json checkpoint")
+        path = files[-1]
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except FileNotFoundError:
+        raise _Unreadable(f"{path}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise _Unreadable(f"{path}: not a JSON checkpoint ({exc})") from None
+    try:
+        parsed = ckpt.parse(raw)
+    except CheckpointError as exc:
+        raise _Unreadable(f"{path}: {exc}") from None
+    return path, raw, parsed
+
+
+def _cursor(value: Any) -> str:
+    if value is None:
+        return "-"
+    chunk, offset, lineage, _sid = value
+    return f"{chunk}:{offset}" + ("/" + ".".join(map(str, lineage)) if lineage else "")
+
+
+def summary(path: Path, raw: dict[str, Any], parsed: Any) -> dict[str, Any]:
+    config = raw["config"]
+    source = config.get("source", {})
+    lanes = []
+    for key in sorted(raw["lanes"], key=int):
+        lane = raw["lanes"][key]
+        lanes.append(
+            {
+                "lane": int(key),
+                "delivered": lane["delivered"],
+                "restart_chunk": lane["start_chunk_id"],
+                "replay_cursor": lane.get("replay_cursor"),
+                "done": lane["done"],
+            }
+        )
+    return {
+        "file": str(path),
+        "bytes": os.path.getsize(path),
+        "format": raw["format"],
+        "version": raw["version"],
+        "fingerprint": raw["fingerprint"],
+        "world": raw["world"],
+        "canonical_replicas": parsed.canonical_replicas,
+        "flush_every_k_chunks": config.get("flush_every_k_chunks"),
+        "source": {
+            "type": source.get("type"),
+            "fingerprint": source.get("fingerprint"),
+            "datasets": source.get("datasets"),
+        },
+        "operators": [op.get("name") for op in config.get("operators", [])],
+        "delivered": sum(lane["delivered"] for lane in lanes),
+        "lanes": lanes,
+        "tail": raw["tail"],
+    }
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    try:
+        path, raw, parsed = load(args.file)
+    except _Unreadable as exc:
+        return fail("checkpoint inspect", exc, EXIT_USAGE)
+    info = summary(path, raw, parsed)
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return EXIT_OK
+    console = Console(highlight=False)
+    console.print(f"[bold]{info['file']}[/] ({info['bytes']:,} bytes)")
+    console.print(f"format {info['format']} v{info['version']}, fingerprint {info['fingerprint']}")
+    world = " ".join(f"{k}={v}" for k, v in info["world"].items())
+    console.print(f"world: {world}")
+    datasets = ", ".join(
+        f"{d.get('name')} ({d.get('rows', '?'):,} rows)" if isinstance(d, dict) else str(d)
+        for d in info["source"]["datasets"] or []
+    )
+    console.print(f"source: {info['source']['type']} [{datasets}]", markup=False)
+    console.print("operators: " + " -> ".join(str(o) for o in info["operators"]))
+    console.print(f"flush_every_k_chunks: {info['flush_every_k_chunks']}")
+    table = Table(title=f"lanes ({info['delivered']:,} items delivered)")
+    for col in ("lane", "delivered", "restart chunk", "last cursor", "done"):
+        table.add_column(col, justify="right")
+    for lane in info["lanes"]:
+        table.add_row(
+            str(lane["lane"]),
+            f"{lane['delivered']:,}",
+            str(lane["restart_chunk"]),
+            _cursor(lane["replay_cursor"]),
+            "yes" if lane["done"] else "no",
+        )
+    console.print(table)
+    tail = info["tail"]
+    console.print(f"tail: lanes {tail['lanes']}, next turn {tail['turn']}")
+    return EXIT_OK
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:
+    """The first place two JSON values differ: (key path, value in A, value in B)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in a or key not in b:
+                return where, a.get(key, "<absent>"), b.get(key, "<absent>")
+            found = first_difference(a[key], b[key], where)
+            if found:
+                return found
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            found = first_difference(x, y, f"{path}[{i}]")
+            if found:
+                return found
+        if len(a) != len(b):
+            return f"{path} (length)", len(a), len(b)
+        return None
+    return None if a == b else (path, a, b)
+
+
+def compare(raw_a: dict[str, Any], raw_b: dict[str, Any]) -> dict[str, Any]:
+    """Configuration, world and per-lane comparison of two checkpoints."""
+    config = first_difference(raw_a["config"], raw_b["config"], "config")
+    world = first_difference(raw_a["world"], raw_b["world"], "world")
+    first = first_difference(
+        {k: v for k, v in raw_a.items() if k != "fingerprint"},
+        {k: v for k, v in raw_b.items() if k != "fingerprint"},
+    )
+    lanes = []
+    keys = sorted(set(raw_a["lanes"]) | set(raw_b["lanes"]), key=int)
+    for key in keys:
+        la, lb = raw_a["lanes"].get(key), raw_b["lanes"].get(key)
+        lanes.append(
+            {
+                "lane": int(key),
+                "a_delivered": la["delivered"] if la else None,
+                "b_delivered": lb["delivered"] if lb else None,
+                "delta": lb["delivered"] - la["delivered"] if la and lb else None,
+                "a_restart_chunk": la["start_chunk_id"] if la else None,
+                "b_restart_chunk": lb["start_chunk_id"] if lb else None,
+                "a_done": la["done"] if la else None,
+                "b_done": lb["done"] if lb else None,
+            }
+        )
+    deltas = [lane["delta"] for lane in lanes if lane["delta"] is not None]
+    if first is None:
+        verdict = "identical"
+    elif config is not None:
+        verdict = "different configurations: B cannot resume a run of A"
+    elif deltas and all(d >= 0 for d in deltas):
+        verdict = f"same configuration; B is {sum(deltas):,} items ahead of A"
+    elif deltas and all(d <= 0 for d in deltas):
+        verdict = f"same configuration; B is {-sum(deltas):,} items behind A"
+    else:
+        verdict = "same configuration; lanes moved in both directions"
+
+    def show(found: tuple[str, Any, Any] | None) -> dict[str, Any] | None:
+        if found is None:
+            return None
+        return {"key": found[0], "a": found[1], "b": found[2]}
+
+    return {
+        "identical": first is None,
+        "verdict": verdict,
+        "first_difference": show(first),
+        "config_difference": show(config),
+        "world_difference": show(world),
+        "lanes": lanes,
+    }
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    try:
+        path_a, raw_a, _ = load(args.a)
+        path_b, raw_b, _ = load(args.b)
+    except _Unreadable as exc:
+        return fail("checkpoint diff", exc, EXIT_USAGE)
+    result = compare(raw_a, raw_b)
+    result["a"], result["b"] = str(path_a), str(path_b)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return EXIT_OK if result["identical"] else EXIT_FAILURE
+    console = Console(highlight=False)
+    console.print(f"A: {path_a}\nB: {path_b}")
+    first = result["first_difference"]
+    if first is None:
+        console.print("identical")
+        return EXIT_OK
+    console.print(
+        f"first difference: {first['key']}: A has {_short(first['a'])}, B has {_short(first['b'])}",
+        markup=False,
+    )
+    console.print(result["verdict"])
+    table = Table(title="per-lane progress")
+    for col in (
+        "lane",
+        "A delivered",
+        "B delivered",
+        "B - A",
+        "A restart",
+        "B restart",
+        "done A/B",
+    ):
+        table.add_column(col, justify="right")
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+
+    for lane in result["lanes"]:
+        done = f"{cell(lane['a_done'])}/{cell(lane['b_done'])}"
+        table.add_row(
+            str(lane["lane"]),
+            cell(lane["a_delivered"]),
+            cell(lane["b_delivered"]),
+            cell(lane["delta"]),
+            cell(lane["a_restart_chunk"]),
+            cell(lane["b_restart_chunk"]),
+            done,
+        )
+    console.print(table)
+    return EXIT_FAILURE
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="zephon")
+    register(parser.add_subparsers(dest="command", metavar="COMMAND"))
+    args = parser.parse_args(["checkpoint", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
