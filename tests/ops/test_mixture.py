@@ -14,7 +14,7 @@ from tests.ops._helpers import ListSource, token_rows
 from zephon import Dataset, Pipeline
 from zephon._ops.ensure_mixture import TAG_TARGET_MIXTURE, EnsureMixtureOp
 from zephon.errors import ConfigError
-from zephon.ops import OpContext
+from zephon.ops import BaseOp, OpContext, OpTraits
 from zephon.types import SampleMeta, SampleRecord
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -200,3 +200,38 @@ def test_packed_records_are_weighed_by_their_component_tokens():
     comps = [r.meta.tags["_packing_metadata"]["component_tokens"] for r in out]
     assert sum(sum(c.values()) for c in comps) == 120 * 6
     assert all(np.isclose(sum(c.values()), 12) for c in comps)
+
+
+class StampTarget(BaseOp):
+    """Plays a mixture-aware source: stamps a new target on the first record of chunk 2."""
+
+    name = "stamp_target"
+
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
+
+    def process_many(self, elems):
+        out = []
+        for e in elems:
+            meta = e.meta
+            if meta.chunk_id == 2 and meta.chunk_offset == 0:
+                meta = meta.with_tags(**{TAG_TARGET_MIXTURE: {"a": 1.0}})
+            out.append(SampleRecord(meta, e.payload))
+        return out
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_stamped_target_mixture_is_followed_also_through_packing(packed):
+    ds = datasets(n=300, lengths=[4, 4, 4])
+    pointers = [(c, 0, i) for i in range(300) for c in (0, 1)]
+    src = ListSource(ds, pointers, 100, mixture={"a": 1, "b": 1})
+    pipe = Pipeline(src).add_op(StampTarget())
+    if packed:  # rows of one record each, so the target tag must ride on the packed row
+        pipe = pipe.pack_flat(4, 0, algorithm="first_fit")
+    out = list(pipe.ensure_mixture(max_buffer_size=10_000).options(runner="inline"))
+    comps = [r.meta.component_id for r in out]
+    assert len(out) == 600
+    before, after = comps[:200], comps[200:400]
+    assert abs(before.count(0) - before.count(1)) <= 1  # 50/50 on the source's mixture
+    # from chunk 2 on only 'a' is on target; 'b' leaves through the 1-in-10 obsolete slot
+    assert after.count(1) == 20

@@ -29,6 +29,10 @@ from zephon.types import (
 _MASK64 = (1 << 64) - 1
 BaseKey = tuple[int, int]
 
+TAG_TARGET_MIXTURE = "_target_mixture"
+"""Tag a source may stamp on a record: its chunk's target ``{component_id or name: weight}``.
+Order-changing operators carry it over to what they emit, so ensure_mixture can follow it."""
+
 
 def cursor_hash(cursor: SampleCursor, seed: int) -> int:
     """A 64-bit hash of ``cursor`` under ``seed``: stable across processes and runs."""

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from zephon._ops._bookkeeping import CloserTracker
+from zephon._ops._bookkeeping import TAG_TARGET_MIXTURE, CloserTracker
 from zephon._ops.pack import resolve_tokens_field
 from zephon.errors import ConfigError, DataError
 from zephon.ops import Accumulator, BaseOp, OpContext, OpTraits
@@ -41,8 +41,8 @@ from zephon.types import (
 
 log = logging.getLogger("zephon")
 
-TAG_TARGET_MIXTURE = "_target_mixture"
-"""Tag a source may stamp on a record: the chunk's target ``{component_id or name: weight}``."""
+__all__ = ["TAG_TARGET_MIXTURE", "EnsureMixtureOp", "MixtureAccumulator"]
+
 MIXED_SCAN = 64
 WeightBy = str | Callable[[Any], float]
 Entry = tuple[int, SampleRecord, dict[int, float]]

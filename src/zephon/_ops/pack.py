@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from zephon._ops._bookkeeping import CloserTracker
+from zephon._ops._bookkeeping import TAG_TARGET_MIXTURE, CloserTracker
 from zephon._ops._packing_algos import (
     ALGORITHMS,
     Bin,
@@ -202,8 +202,11 @@ class PackAccumulator(Accumulator):
         seg_info: list[tuple[Any, int, int]] = []
         parts: list[tuple[Any, int, int, int]] = []
         extract = op.extract
+        target = None
         for record, start, stop, last in segments:
             meta = record.meta
+            if meta.tags and TAG_TARGET_MIXTURE in meta.tags:
+                target = meta.tags[TAG_TARGET_MIXTURE]
             if last:
                 refs.extend(tracker.settle(meta))
                 for comp, n in meta.counts.items():
@@ -225,6 +228,9 @@ class PackAccumulator(Accumulator):
             "component_tokens": comp_tokens,
             "segments": tuple(seg_info),
         }
+        tags: dict[str, Any] = {TAG_CONTRIBUTORS: tuple(refs), TAG_PACKING: packing}
+        if target is not None:
+            tags[TAG_TARGET_MIXTURE] = target
         meta = SampleMeta(
             fm.sample_id,
             fm.lane_id,
@@ -233,7 +239,7 @@ class PackAccumulator(Accumulator):
             (*fm.lineage, first_start),
             fm.component_id,
             counts,
-            {TAG_CONTRIBUTORS: tuple(refs), TAG_PACKING: packing},
+            tags,
         )
         return SampleRecord(meta, DeferredBin(parts))
 
