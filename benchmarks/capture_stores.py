@@ -228,54 +228,79 @@ def offload_compare(directory: str, n: int) -> dict[str, float]:
 # --------------------------------------------------------------------------- main
 
 
+def measure(
+    args: argparse.Namespace, stores: list[str], base: str, pg: Any, run: int
+) -> dict[str, Any]:
+    """One full pass over every scenario (fresh backends, named by ``run``)."""
+    results: dict[str, Any] = {}
+    results["raw_fsync_1"] = raw_fsync(base, 1, 500)
+    results["raw_fsync_4"] = raw_fsync(base, 4, 250)
+    if "file" in stores:
+        results["file_offload"] = offload_compare(f"{base}/off{run}", 300)
+    for kind in stores:
+        for procs in (1, 4):
+            url = _url(kind, base, pg, f"{kind}{run}p{procs}")
+            results[f"{kind}_put_{procs}w"] = run_writers(
+                url, procs, args.puts // procs, f"{kind}{procs}"
+            )
+        if kind == "memory":
+            # One process only: the consumer must share the backend, so measure in-process.
+            results["memory_freeze_10"] = _memory_freeze(10, args.freeze_rollouts, run)
+            results["memory_freeze_40"] = _memory_freeze(40, args.freeze_rollouts, run)
+            continue
+        url = _url(kind, base, pg, f"{kind}{run}freeze")
+        results[f"{kind}_freeze_10"] = run_freeze(url, 10, args.freeze_rollouts, kind)
+        results[f"{kind}_freeze_40"] = run_freeze(url, 40, args.freeze_rollouts // 2, kind)
+    return results
+
+
+def _median_of(runs: list[Any]) -> Any:
+    if isinstance(runs[0], dict):
+        return {k: _median_of([r[k] for r in runs]) for k in runs[0]}
+    return statistics.median(runs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--puts", type=int, default=800, help="puts per scenario (split by writers)")
     ap.add_argument("--stores", default="memory,file,sqlite,postgres")
     ap.add_argument("--dir", default=None, help="directory for file/sqlite data (local disk)")
     ap.add_argument("--freeze-rollouts", type=int, default=20)
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="full passes; the table shows per-metric medians"
+    )
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="zephon-bench-", dir=args.dir)
     stores = args.stores.split(",")
     pg = None
-    results: dict[str, Any] = {"entry_tokens": PROMPT + GEN, "cpus": os.cpu_count()}
-    results["entry_bytes"] = len(make_entry("x", "y").canonical_bytes())
+    runs = []
     try:
         if "postgres" in stores:
             from zephon.capture.stores._pgserver import EmbeddedPostgres
 
             pg = EmbeddedPostgres()
             pg.start()
-        results["raw_fsync_1"] = raw_fsync(base, 1, 500)
-        results["raw_fsync_4"] = raw_fsync(base, 4, 250)
-        if "file" in stores:
-            results["file_offload"] = offload_compare(base, 300)
-        for kind in stores:
-            n = args.puts
-            for run in range(2):  # per-scenario fresh backend
-                url = _url(kind, base, pg, f"{kind}{run}")
-                key = f"{kind}_put_{1 if run == 0 else 4}w"
-                procs = 1 if run == 0 else 4
-                results[key] = run_writers(url, procs, n // procs, f"{kind}{procs}")
-            url = _url(kind, base, pg, f"{kind}-freeze")
-            if kind == "memory":
-                # One process only: the consumer must share the backend, so measure inline.
-                results["memory_freeze_10"] = _memory_freeze(10, args.freeze_rollouts)
-                results["memory_freeze_40"] = _memory_freeze(40, args.freeze_rollouts)
-                continue
-            results[f"{kind}_freeze_10"] = run_freeze(url, 10, args.freeze_rollouts, kind)
-            results[f"{kind}_freeze_40"] = run_freeze(url, 40, args.freeze_rollouts // 2, kind)
+        for run in range(args.repeat):
+            runs.append(measure(args, stores, base, pg, run))
     finally:
         if pg is not None:
             pg.stop()
         shutil.rmtree(base, ignore_errors=True)
+    results: dict[str, Any] = _median_of(runs)
+    results.update(
+        entry_tokens=PROMPT + GEN,
+        entry_bytes=len(make_entry("x", "y").canonical_bytes()),
+        cpus=os.cpu_count(),
+        repeat=args.repeat,
+        load_avg=os.getloadavg()[0],
+    )
     _print_table(results, stores)
     print(json.dumps(results, sort_keys=True))
 
 
-def _memory_freeze(calls: int, rollouts: int) -> dict[str, float]:
+def _memory_freeze(calls: int, rollouts: int, run_no: int) -> dict[str, float]:
     async def run() -> dict[str, float]:
-        store = open_store("memory://bench-freeze")
+        store = open_store(f"memory://bench-freeze-{run_no}")
         first, again = [], []
         for r in range(rollouts):
             rid = f"m{calls}-{r}"
@@ -315,7 +340,10 @@ def _url(kind: str, base: str, pg: Any, name: str) -> str:
 
 
 def _print_table(r: dict[str, Any], stores: list[str]) -> None:
-    print(f"entry: {r['entry_tokens']} tokens, {r['entry_bytes']} bytes canonical JSON")
+    print(
+        f"entry: {r['entry_tokens']} tokens, {r['entry_bytes']} bytes canonical JSON; "
+        f"median of {r['repeat']} pass(es); load average at the end {r['load_avg']:.1f}"
+    )
     head = (
         f"{'store':10s} {'put p50/p99 1w (ms)':>20s} {'puts/s 1w':>10s} "
         f"{'put p50/p99 4w (ms)':>20s} {'puts/s 4w':>10s} {'freeze10 1st/again':>20s} "
