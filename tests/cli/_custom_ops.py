@@ -1,0 +1,28 @@
+"""Importable helpers for YAML configs in the tests (``tests.cli._custom_ops:Name``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zephon.ops import BaseOp, PassthroughAccumulator
+from zephon.types import SampleRecord
+
+
+class Tag(BaseOp):
+    """Adds ``{field: value}`` to every payload."""
+
+    name = "tag"
+
+    def __init__(self, field: str, value: int = 1) -> None:
+        self.field = field
+        self.value = value
+
+    def accumulator(self, *, deterministic: bool, ctx: Any) -> PassthroughAccumulator:
+        return PassthroughAccumulator()
+
+    def process_many(self, elems: list[SampleRecord]) -> list[SampleRecord]:
+        return [SampleRecord(e.meta, {**e.payload, self.field: self.value}) for e in elems]
+
+
+def short(payload: dict[str, Any]) -> bool:
+    return len(payload["text"]) < 200

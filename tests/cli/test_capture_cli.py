@@ -1,0 +1,81 @@
+"""`zephon capture inspect` and `zephon capture export` over a real file store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from zephon.capture import ParentResolutionStatus, TokenEntry, compute_digest
+from zephon.capture.stores import open_store
+from zephon.cli import main
+
+
+def _entry(rid: str, cid: str, prompt: list[int], gen: list[int], parent: str | None):
+    full = prompt + gen
+    status = ParentResolutionStatus.RESOLVED if parent else ParentResolutionStatus.ROOT
+    return TokenEntry(
+        rollout_id=rid, model_call_id=cid, prompt_token_ids=prompt,
+        generation_token_ids=gen, generation_log_probs=[-0.5] * len(gen),
+        parent_call_id=parent, parent_resolution=status,
+        cum_len=len(full), digest=compute_digest(full),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    url = (tmp_path / "store").as_uri()
+    store = open_store(url)
+
+    async def fill() -> None:
+        q, a1, tool, a2 = list(b"2+2?"), list(b"hmm"), list(b"[4]"), list(b"4")
+        await store.put(_entry("good", "c1", q, a1, None))
+        await store.put(_entry("good", "c2", q + a1 + tool, a2, "c1"))
+        await store.put(_entry("lost", "c1", q, a1, None))
+        await store.mark_incomplete("lost", "c2")
+        await store.close()
+
+    asyncio.run(fill())
+    return url
+
+
+def test_inspect_shows_the_trajectory_and_mask(store_url: str, capsys) -> None:
+    assert main(["capture", "inspect", "good", "--store", store_url, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["input_ids"] == list(b"2+2?hmm[4]4")
+    assert row["loss_mask"] == [0] * 4 + [1] * 3 + [0] * 3 + [1]
+    assert row["logprobs"][4:7] == [-0.5] * 3 and row["logprobs"][0] == 0.0
+    assert row["masked"] is False and row["call_ids"] == ["c1", "c2"]
+    assert main(["capture", "inspect", "good", "--store", store_url, "--tokenizer", "bytes"]) == 0
+    out = capsys.readouterr().out
+    assert "trainable" in out and "2+2?hmm[4]4" in out and "verdict: trainable" in out
+    assert main(["capture", "inspect", "lost", "--store", store_url]) == 0
+    assert "MASKED: capture_incomplete" in capsys.readouterr().out
+
+
+def test_inspect_never_fences_an_unknown_rollout(store_url: str, tmp_path: Path, capsys) -> None:
+    assert main(["capture", "inspect", "typo", "--store", store_url]) == 1
+    assert "no rollout 'typo'" in capsys.readouterr().err
+    assert not (tmp_path / "store" / "typo.log").exists()
+
+
+def test_export_jsonl_and_parquet(store_url: str, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "rl.jsonl"
+    assert main(["capture", "export", str(out), "--store", store_url, "--all", "--quiet"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["rollout_id"] for r in rows] == ["good"]
+    assert "1 masked left out" in capsys.readouterr().out
+    pq_out = tmp_path / "rl.parquet"
+    args = ["capture", "export", str(pq_out), "--store", store_url, "--rollout", "good",
+            "--rollout", "lost", "--include-masked", "--json", "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["masked"] == ["lost"]
+    table = pq.read_table(pq_out).to_pylist()
+    assert [(r["rollout_id"], r["masked"]) for r in table] == [("good", False), ("lost", True)]
+    assert table[0]["input_ids"] == rows[0]["input_ids"]
+    assert table[0]["loss_mask"] == rows[0]["loss_mask"]
+    assert main(["capture", "export", str(out), "--store", "memory://x"]) == 2
+    assert main(["capture", "export", str(out), "--store", "memory://x", "--all"]) == 2

@@ -1,0 +1,121 @@
+"""`zephon run`: one-line errors, stop and resume, JSON summary, metrics."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import ZEPHON
+from zephon.cli import main
+from zephon.cli._common import MetricsServer, checkpoint_files
+
+
+def _zephon(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ZEPHON, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("datasets: [{name: web, path: my-data}\noperators: [x", "invalid YAML"),
+        ("datasets: [{name: web, path: missing-folder}]", "datasets[0].path: dataset path"),
+        ("datasets: [{name: web, path: my-data}]\noperators: [decode_text, tokenizer]",
+         "operators[1]: unknown operator 'tokenizer'"),
+        ("datasets: [{name: web, path: my-data}]\noperators: [{op: batch, microbatch_size: x}]",
+         "operators[0].microbatch_size: expected int, got 'x'"),
+    ],
+)  # fmt: skip
+def test_bad_configs_exit_2_with_one_line(workdir: Path, text: str, needle: str) -> None:
+    (workdir / "bad.yaml").write_text(text)
+    proc = _zephon("run", "bad.yaml", cwd=workdir)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("zephon run: error: bad.yaml: ")
+    assert needle in lines[0]
+    assert proc.stdout == ""
+
+
+def test_a_run_failing_on_data_exits_1(workdir: Path) -> None:
+    (workdir / "my-data" / "shard-0001.jsonl").write_text('{"text": "ok"}\n{"text": \n')
+    proc = _zephon("run", "pipeline.yaml", "--quiet", "--json", cwd=workdir)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith("zephon run: error: ")
+    assert "shard-0001.jsonl" in proc.stderr
+    assert json.loads(proc.stdout)["status"] == "failed"
+
+
+def _ids(path: Path) -> list[list[list[int]]]:
+    return [json.loads(line)["ids"] for line in path.read_text().splitlines()]
+
+
+def test_stop_and_resume_delivers_exactly_the_uninterrupted_run(workdir: Path) -> None:
+    def run(*extra: str) -> int:
+        return main(["run", str(workdir / "pipeline.yaml"), "--quiet", "--json", *extra])
+
+    assert run("--record", str(workdir / "full.jsonl")) == 0
+    ck = workdir / "ck"
+    parts = workdir / "parts.jsonl"
+    common = ("--checkpoint-dir", str(ck), "--record", str(parts))
+    assert run("--max-batches", "7", *common) == 0
+    assert [p.name for p in checkpoint_files(ck)] == ["ckpt-0000000007.json"]
+    assert run("--resume", "--max-batches", "5", "--checkpoint-every", "2", *common) == 0
+    assert checkpoint_files(ck)[-1].name == "ckpt-0000000012.json"
+    assert len(checkpoint_files(ck)) == 3  # --keep 3
+    assert run("--resume", *common) == 0
+    full, resumed = _ids(workdir / "full.jsonl"), _ids(parts)
+    assert len(full) > 12
+    assert resumed == full
+    final = json.loads(checkpoint_files(ck)[-1].read_text())
+    assert all(lane["done"] for lane in final["lanes"].values())
+
+
+def test_json_summary_and_resume_without_checkpoint(workdir: Path) -> None:
+    proc = _zephon(
+        "run", "pipeline.yaml", "--json", "--quiet", "--resume", "--checkpoint-dir", "ck",
+        "--max-batches", "3", "--prometheus-file", "metrics.prom", cwd=workdir,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["status"] == "stopped" and summary["items"] == 3
+    assert summary["samples"] == 12 and summary["tokens"] > 0
+    assert summary["checkpoint"].endswith("ckpt-0000000003.json")
+    assert summary["stats"]["operators"][0]["name"] == "fetch"
+    prom = (workdir / "metrics.prom").read_text()
+    assert 'zephon_pipeline_op_elements_in_total{op="tokenize"}' in prom
+    assert proc.stderr == ""  # --quiet: no note about the missing checkpoint either
+
+
+def test_resume_refuses_a_checkpoint_of_another_config(workdir: Path) -> None:
+    assert main(["run", str(workdir / "pipeline.yaml"), "--quiet", "--max-batches", "2",
+                 "--checkpoint-dir", str(workdir / "ck")]) == 0  # fmt: skip
+    text = (workdir / "pipeline.yaml").read_text().replace("seed: 7", "seed: 8")
+    (workdir / "other.yaml").write_text(text)
+    proc = _zephon("run", "other.yaml", "--resume", "--checkpoint-dir", "ck", cwd=workdir)
+    assert proc.returncode == 2
+    assert "cannot resume from ck/ckpt-0000000002.json" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_stats_table_and_resume_usage_error(workdir: Path, capsys) -> None:
+    assert main(["run", str(workdir / "pipeline.yaml"), "--quiet", "--stats"]) == 0
+    out = capsys.readouterr().out
+    assert "completed:" in out and "pack_flat" in out and "lanes" in out
+    assert main(["run", str(workdir / "pipeline.yaml"), "--resume"]) == 2
+    assert "--resume needs --checkpoint-dir" in capsys.readouterr().err
+
+
+def test_metrics_server_serves_prometheus_text() -> None:
+    server = MetricsServer(lambda: "zephon_pipeline_delivered_total 5\n")
+    try:
+        with urllib.request.urlopen(server.url, timeout=10) as resp:
+            assert resp.status == 200
+            assert resp.read().decode() == "zephon_pipeline_delivered_total 5\n"
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(server.url.replace("/metrics", "/other"), timeout=10)
+    finally:
+        server.close()

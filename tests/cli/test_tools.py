@@ -1,0 +1,96 @@
+"""`zephon explain`, `checkpoint inspect/diff`, `bench`, and the command list."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from zephon.cli import build_parser, main
+
+
+def test_every_documented_command_is_registered() -> None:
+    help_text = build_parser().format_help()
+    for name in ("run", "explain", "index", "checkpoint", "bench", "capture", "demo"):
+        assert name in help_text
+    sub = build_parser().parse_args(["capture", "export", "o.jsonl", "--store", "memory://"])
+    assert sub.func.__module__ == "zephon.cli._capture_tools"
+    serve = build_parser().parse_args(["capture", "serve", "--engine", "http://e", "--store", "x"])
+    assert serve.func.__name__ == "_serve"
+
+
+def test_explain_formats(workdir: Path, capsys) -> None:
+    cfg = str(workdir / "pipeline.yaml")
+    assert main(["explain", cfg]) == 0
+    text = capsys.readouterr().out
+    assert "web (600 rows)" in text and "pack_flat" in text and "lanes=[0, 1]" in text
+    assert main(["explain", cfg, "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["canonical_replicas"] == 2 and plan["datasets"] == [{"name": "web", "rows": 600}]
+    assert plan["stages"][0]["op_name"] == "fetch"
+    assert main(["explain", cfg, "--format", "mermaid"]) == 0
+    mermaid = capsys.readouterr().out
+    assert mermaid.startswith("flowchart LR") and "s0 --> s1" in mermaid
+    assert main(["explain", cfg, "--format", "dot"]) == 0
+    dot = capsys.readouterr().out
+    assert dot.startswith("digraph zephon {") and "s0 -> s1" in dot and dot.rstrip().endswith("}")
+    (workdir / "bad.yaml").write_text("datasets: [{name: web, path: my-data}]\nrunner: 3\n")
+    assert main(["explain", str(workdir / "bad.yaml")]) == 2
+    assert "runner: expected one of" in capsys.readouterr().err
+
+
+def _run(workdir: Path, ck: str, *extra: str) -> None:
+    assert main(["run", str(workdir / "pipeline.yaml"), "--quiet", "--checkpoint-dir",
+                 str(workdir / ck), *extra]) == 0  # fmt: skip
+
+
+def test_checkpoint_inspect_and_diff(workdir: Path, capsys) -> None:
+    _run(workdir, "a", "--max-batches", "4")
+    _run(workdir, "a", "--resume", "--max-batches", "6")
+    capsys.readouterr()
+    a, b = sorted((workdir / "a").glob("ckpt-*.json"))
+    assert main(["checkpoint", "inspect", str(workdir / "a"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["file"] == str(b) and info["delivered"] == 10
+    assert [lane["lane"] for lane in info["lanes"]] == [0, 1]
+    assert info["operators"] == ["fetch", "decode_text", "tokenize", "pack_flat", "batch"]
+    assert main(["checkpoint", "inspect", str(a)]) == 0
+    assert "lanes (4 items delivered)" in capsys.readouterr().out
+
+    assert main(["checkpoint", "diff", str(a), str(a)]) == 0
+    assert "identical" in capsys.readouterr().out
+    assert main(["checkpoint", "diff", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "first difference: lanes.0.delivered: A has 2, B has 5" in out
+    assert "B is 6 items ahead of A" in out
+
+    text = (workdir / "pipeline.yaml").read_text()
+    text = text.replace("max_length: 256, pad", "max_length: 300, pad")
+    (workdir / "pipeline.yaml").write_text(text)
+    _run(workdir, "c", "--max-batches", "4")
+    capsys.readouterr()
+    (c,) = (workdir / "c").glob("ckpt-*.json")
+    assert main(["checkpoint", "diff", str(a), str(c), "--json"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["config_difference"] == {
+        "key": "config.operators[3].config.max_length", "a": 256, "b": 300,
+    }  # fmt: skip
+    assert result["verdict"].startswith("different configurations")
+
+    (workdir / "broken.json").write_text('{"format": "zephon.pipeline-checkpoint", "version": 1}')
+    assert main(["checkpoint", "inspect", str(workdir / "broken.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("zephon checkpoint inspect: error:") and "broken.json" in err
+    assert main(["checkpoint", "diff", str(a), str(workdir / "nothing.json")]) == 2
+
+
+def test_bench_collects_json_lines_and_draws_plots(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "report.json"
+    assert main(["bench", "--only", "sources", "--out", str(out), "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    entry = report["benchmarks"]["sources"]
+    assert entry["returncode"] == 0 and entry["args"] == ["--quick"]
+    assert entry["result"]["benchmark"] == "sources"
+    assert report["plots"] == [str(tmp_path / "bench-plots" / "sources.png")]
+    assert (tmp_path / "bench-plots" / "sources.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["bench", "--only", "nope", "--out", str(out)]) == 2
+    assert "unknown benchmark(s) ['nope']" in capsys.readouterr().err
