@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.capture._pg import pg_dsn, pg_url  # noqa: F401 (fixtures for test modules)
 from tests.capture.proxy._procs import Proc, start_engine, start_proxy
 from tests.capture.proxy.engine import train_tokenizer
 from zephon.capture.records import TokenCaptureSnapshot

@@ -8,7 +8,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.capture.proxy._harness import RolloutRun, chat_rollout, verify_rollout
+from tests.capture.proxy._harness import (
+    RolloutRun,
+    chat_rollout,
+    responses_rollout,
+    verify_rollout,
+)
 from tests.capture.proxy._procs import Proc, start_engine, start_proxy
 from zephon.capture.records import TokenCaptureSnapshot
 from zephon.capture.stores import open_store
@@ -102,3 +107,24 @@ def test_engine_killed_mid_run_masks_only_the_affected_rollouts(
         # Every call acknowledged before the kill is still there, nothing else.
         assert {e.model_call_id for e in snap.entries} == {t.call_id for t in run.turns}
     assert hit >= 16
+
+
+@pytest.mark.timeout(90)
+def test_two_workers_share_a_postgres_store(tokenizer: Path, logs: Path, pg_url: str) -> None:
+    engine = start_engine(tokenizer, logs)
+    proxy = start_proxy(engine.url, pg_url, logs, "--workers", "2")
+    rids = [f"pg-{i:02d}" for i in range(12)]
+
+    async def drive() -> list[RolloutRun]:
+        async with _client() as client:
+            chats = [chat_rollout(client, proxy.url, r, 5) for r in rids[:6]]
+            resps = [responses_rollout(client, proxy.url, r, 5) for r in rids[6:]]
+            return list(await asyncio.gather(*chats, *resps))
+
+    try:
+        runs = asyncio.run(drive())
+    finally:
+        proxy.stop()
+        engine.stop()
+    for snap, run in zip(asyncio.run(_freeze_all(pg_url, rids)), runs):
+        verify_rollout(snap, run)

@@ -41,6 +41,7 @@ from zephon.capture.protocols import (
 )
 from zephon.capture.proxy._engine import EngineAnswer, EngineClient, EngineUnavailable
 from zephon.capture.proxy._metrics import Metrics
+from zephon.capture.proxy._pool import StoreClients
 from zephon.capture.proxy._requests import BadRequest, Dialect, PreparedCall, prepare_call
 from zephon.capture.proxy._responses import (
     output_items_of,
@@ -91,8 +92,8 @@ def refusal_code(answer: EngineAnswer) -> str:
 class CaptureService:
     """The serving path of one worker: a store client, an engine client and metrics."""
 
-    def __init__(self, store: Any, engine: EngineClient, metrics: Metrics) -> None:
-        self.store = store
+    def __init__(self, stores: StoreClients, engine: EngineClient, metrics: Metrics) -> None:
+        self.stores = stores
         self.engine = engine
         self.metrics = metrics
 
@@ -126,7 +127,8 @@ class CaptureService:
 
     async def _resolve(self, rollout_id: str, call: PreparedCall) -> LineageResolution:
         try:
-            res: LineageResolution = await self.store.resolve(rollout_id, call.request_items)
+            store = self.stores.of(rollout_id)
+            res: LineageResolution = await store.resolve(rollout_id, call.request_items)
         except Exception as exc:  # a lookup failure is a safe UNRESOLVED, never a guess
             log.warning("lineage lookup failed for rollout %s: %r", rollout_id, exc)
             res = LineageResolution(ParentResolutionStatus.UNRESOLVED, reason="lookup_error")
@@ -135,10 +137,11 @@ class CaptureService:
 
     async def _begin(self, rollout_id: str, call_id: str) -> tuple[int, str, str] | None:
         """Record the pre-dispatch intent; (status, code, message) when the call must fail."""
-        if not isinstance(self.store, SupportsBeginCall):
+        store = self.stores.of(rollout_id)
+        if not isinstance(store, SupportsBeginCall):
             return None
         try:
-            await self.store.begin_call(rollout_id, call_id)
+            await store.begin_call(rollout_id, call_id)
         except (TokenCaptureFrozenError, CaptureAdmissionRefused) as exc:
             kind = type(exc).__name__
             msg = f"rollout {rollout_id!r} admits no new model calls ({kind}: {exc})"
@@ -247,7 +250,7 @@ class CaptureService:
         tokens = (prompt, gen.token_ids, gen.log_probs)
         put_started = time.perf_counter()
         try:
-            await self.store.put(entry)
+            await self.stores.of(rollout_id).put(entry)
         except TokenCaptureFrozenError:
             # Late write after freeze/retire: drop it, do not mark (the freeze already judged).
             self.metrics.inc("zephon_proxy_capture_failures_total", reason="late_after_freeze")
@@ -288,7 +291,7 @@ class CaptureService:
         """Mark the rollout incomplete; if even that fails, log loudly (silent-loss case)."""
         self.metrics.inc("zephon_proxy_capture_failures_total", reason=reason)
         try:
-            await self.store.mark_incomplete(rollout_id, call_id)
+            await self.stores.of(rollout_id).mark_incomplete(rollout_id, call_id)
         except TokenCaptureFrozenError:
             pass  # retired: nothing of this attempt can be trained on anyway
         except Exception as exc:
@@ -307,11 +310,12 @@ class CaptureService:
     ) -> None:
         code = refusal_code(answer)
         self.metrics.inc("zephon_proxy_engine_refusals_total", code=code)
-        if not isinstance(self.store, SupportsEngineRefusal):
+        store = self.stores.of(rollout_id)
+        if not isinstance(store, SupportsEngineRefusal):
             await self._fail(rollout_id, call_id, "engine_refusal_unrecorded")
             return
         try:
-            await self.store.record_engine_refusal(
+            await store.record_engine_refusal(
                 rollout_id,
                 model_call_id=call_id,
                 code=code,

@@ -36,6 +36,12 @@ def register_serve(capture_subparsers: Any) -> None:
         "--connect-timeout", type=float, default=10.0, help="seconds to connect to the engine"
     )
     p.add_argument(
+        "--store-clients",
+        type=int,
+        default=4,
+        help="store clients (connections) per worker; a rollout always uses the same one (4)",
+    )
+    p.add_argument(
         "--control-token",
         default=os.environ.get("ZEPHON_CAPTURE_CONTROL_TOKEN"),
         help="bearer token for the control routes (env ZEPHON_CAPTURE_CONTROL_TOKEN)",
@@ -65,6 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
             store_url=args.store,
             engine_timeout_s=args.engine_timeout,
             connect_timeout_s=args.connect_timeout,
+            store_clients=args.store_clients,
             control_token=args.control_token or None,
         )
         return serve(

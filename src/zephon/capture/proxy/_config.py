@@ -24,6 +24,9 @@ class ProxyConfig:
     accepted and removed). ``engine_timeout_s`` bounds one whole engine call (generation
     included); ``connect_timeout_s`` only the TCP connect. ``control_token``, when set, is the
     bearer token the control routes (freeze, manifest, drop, retire, delete) require.
+    ``store_clients`` store clients are opened per worker and each rollout always uses the same
+    one (a SQL store client is one connection whose calls queue; several let rollouts proceed in
+    parallel, and one client per rollout keeps its lineage cache warm).
     ``metrics_dir`` is where workers of one server share their metrics (set by ``serve`` when it
     runs several workers).
     """
@@ -33,6 +36,7 @@ class ProxyConfig:
     engine_timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     max_engine_connections: int = 1024
+    store_clients: int = 4
     control_token: str | None = None
     metrics_dir: str | None = None
 
@@ -51,6 +55,8 @@ class ProxyConfig:
             raise ValueError("engine_timeout_s and connect_timeout_s must be > 0 seconds")
         if self.max_engine_connections < 1:
             raise ValueError("max_engine_connections must be >= 1")
+        if self.store_clients < 1:
+            raise ValueError("--store-clients must be >= 1")
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -1,8 +1,9 @@
 """Prometheus metrics of the proxy, summed over the worker processes of one server.
 
 Each worker keeps plain counters and histograms in memory. With several workers (a
-``metrics_dir`` is set) every worker also writes its own totals to ``<dir>/<pid>-<token>.json`` about
-once a second and at every scrape; a scrape of any worker sums all files, so the numbers do
+``metrics_dir`` is set) every worker also writes its own totals to
+``<dir>/<pid>-<token>.json`` about once a second and at every scrape; a scrape of any
+worker sums all files, so the numbers do
 not depend on which worker answered. Counters are cumulative, so a dead worker's last file
 still counts (as in Prometheus' own multi-process mode).
 """

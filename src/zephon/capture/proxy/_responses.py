@@ -153,9 +153,13 @@ def served_answer(
     if call.dialect == "responses":
         return _responses_answer(answer, call, call_id, items, tokens)
     out = _strip_chat_like(answer, call)
-    if call.want_token_ids and tokens is not None and call.dialect == "chat":
-        # The tokenize fallback may have supplied ids the engine did not return.
-        out["prompt_token_ids"] = tokens[0]
+    if call.want_token_ids and tokens is not None:
+        # Fallbacks (/tokenize, log-prob tokens) may have supplied ids the engine did not return.
+        choice = out["choices"][0] = dict(out["choices"][0], token_ids=tokens[1])
+        if call.dialect == "chat":
+            out["prompt_token_ids"] = tokens[0]
+        else:
+            choice["prompt_token_ids"] = tokens[0]
     return out
 
 

@@ -36,6 +36,7 @@ from zephon.capture.proxy._capture import CallResult, CaptureService, error_body
 from zephon.capture.proxy._config import ProxyConfig
 from zephon.capture.proxy._engine import EngineClient, forward_headers
 from zephon.capture.proxy._metrics import Metrics
+from zephon.capture.proxy._pool import StoreClients
 from zephon.capture.proxy._requests import CAPTURE_ROUTES
 from zephon.capture.proxy._sse import sse_events
 from zephon.capture.records import TokenCaptureSnapshot, validate_rollout_id
@@ -91,10 +92,8 @@ class _State:
     """Per-worker resources, created in the lifespan (after the worker process started)."""
 
     def __init__(self, config: ProxyConfig) -> None:
-        from zephon.capture.stores import open_store
-
         self.config = config
-        self.store = open_store(config.store_url)
+        self.stores = StoreClients(config.store_url, config.store_clients)
         self.engine = EngineClient(
             config.engine_url,
             timeout_s=config.engine_timeout_s,
@@ -102,11 +101,11 @@ class _State:
             max_connections=config.max_engine_connections,
         )
         self.metrics = Metrics(config.metrics_dir)
-        self.service = CaptureService(self.store, self.engine, self.metrics)
+        self.service = CaptureService(self.stores, self.engine, self.metrics)
 
     async def aclose(self) -> None:
         await self.engine.aclose()
-        await self.store.close()
+        await self.stores.close()
 
 
 def create_app(config: ProxyConfig) -> Starlette:
@@ -119,6 +118,7 @@ def create_app(config: ProxyConfig) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         state["s"] = s = _State(config)
+        await s.stores.check()  # fail at startup, not on the first model call
         flusher = None
         if config.metrics_dir:
 
@@ -254,7 +254,7 @@ def create_app(config: ProxyConfig) -> Starlette:
         body = {
             "status": "ok" if ok else "engine_unavailable",
             "engine": {"url": s.config.engine_url, "ok": ok, "detail": detail},
-            "store": s.store.describe() if hasattr(s.store, "describe") else type(s.store).__name__,
+            "store": s.stores.describe(),
             "pid": os.getpid(),
         }
         return _json(body, 200 if ok else 503)
@@ -264,20 +264,27 @@ def create_app(config: ProxyConfig) -> Starlette:
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     async def freeze(request: Request) -> Response:
-        snap = await st().store.freeze(request.path_params["rollout_id"])
+        rid = request.path_params["rollout_id"]
+        snap = await st().stores.of(rid).freeze(rid)
         return _json(snapshot_summary(snap))
 
     async def manifest(request: Request) -> Response:
-        return _json(await st().store.manifest(request.path_params["rollout_id"]))
+        rid = request.path_params["rollout_id"]
+        return _json(await st().stores.of(rid).manifest(rid))
 
     async def drop(request: Request) -> Response:
         body = await _body(request, ("snapshot_id", "version"))
         if not isinstance(body["snapshot_id"], str) or type(body["version"]) is not int:
             raise _BodyError("'snapshot_id' must be a string and 'version' an integer")
-        dropped = await st().store.drop(
-            request.path_params["rollout_id"],
-            snapshot_id=body["snapshot_id"],
-            version=body["version"],
+        rid = request.path_params["rollout_id"]
+        dropped = (
+            await st()
+            .stores.of(rid)
+            .drop(
+                rid,
+                snapshot_id=body["snapshot_id"],
+                version=body["version"],
+            )
         )
         return _json({"dropped": bool(dropped)})
 
@@ -290,7 +297,7 @@ def create_app(config: ProxyConfig) -> Starlette:
             if len(keys) > MAX_BATCH:
                 raise _BodyError(f"at most {MAX_BATCH} capture_keys per request")
             try:
-                result = await getattr(st().store, action)(keys)
+                result = await getattr(st().stores.first, action)(keys)
             except ValueError as exc:
                 raise _BodyError(str(exc)) from None
             return _json(result.to_wire())
