@@ -107,12 +107,16 @@ def feistel_permute(
         return _permute_uniform(positions, int(sizes), int(keys))
     n = np.broadcast_to(np.asarray(sizes, dtype=np.uint64), positions.shape).copy()
     k = np.broadcast_to(np.asarray(keys, dtype=np.uint64), positions.shape).copy()
-    bits = np.maximum(np.ceil(np.log2(np.maximum(n, 2).astype(np.float64))), 2).astype(np.uint64)
+    bits_arr = np.maximum(np.ceil(np.log2(np.maximum(n, 2).astype(np.float64))), 2)
+    bits: Any = bits_arr.astype(np.uint64)
+    uniform = len(bits) > 0 and bits.min() == bits.max()
+    if uniform:  # shards of similar size: scalar shifts are much cheaper
+        bits = np.uint64(bits[0])
     rkeys = _round_keys(k)
     y = _encrypt(positions.astype(np.uint64), bits, rkeys)
     out = np.flatnonzero(y >= n)
     while len(out):
-        walked = _encrypt(y[out], bits[out], [rk[out] for rk in rkeys])
+        walked = _encrypt(y[out], bits if uniform else bits[out], [rk[out] for rk in rkeys])
         y[out] = walked
         out = out[walked >= n[out]]
     y[n <= 1] = 0

@@ -100,9 +100,17 @@ class DatasetOrder:
                 parts.append(blk * b + feistel_permute(offsets, blen, key))
             lin = parts[0] if len(parts) == 1 else np.concatenate(parts)
         order, starts, ends = self._layout(ek)
-        slot = np.searchsorted(ends, lin, side="right")
-        local = lin - starts[slot]
-        shard_ids = order[slot]
+        if self.block_size is None:
+            # Contiguous positions: a few runs of whole shards, no per-element search.
+            lo, hi = np.searchsorted(ends, [p0, p1 - 1], side="right").tolist()
+            runs = np.arange(lo, hi + 1)
+            lengths = np.minimum(ends[runs], p1) - np.maximum(starts[runs], p0)
+            shard_ids = np.repeat(order[runs], lengths)
+            local = lin - np.repeat(starts[runs], lengths)
+        else:
+            slot = np.searchsorted(ends, lin, side="right")
+            local = lin - starts[slot]
+            shard_ids = order[slot]
         if self.shuffle_within_shard:
             base = mix64(self.seed, TAG_WITHIN, self.dataset_id, ek)
             local = feistel_permute(local, self.counts[shard_ids], keys_for(base, shard_ids))
