@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 
-__all__ = ["REPO", "Proc", "start_engine", "start_proxy"]
+__all__ = ["REPO", "Proc", "child_env", "start_engine", "start_proxy"]
 
 
 @dataclass
@@ -40,7 +40,7 @@ class Proc:
         self.popen.wait(10)
 
 
-def _env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]))
 
 
@@ -49,7 +49,7 @@ def _spawn(
 ) -> tuple[subprocess.Popen[str], str]:
     err = open(log, "w")  # noqa: SIM115 - the child owns it
     popen = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO, env=_env()
+        cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO, env=child_env()
     )
     err.close()
     assert popen.stdout is not None

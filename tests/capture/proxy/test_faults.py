@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ import httpx
 import pytest
 
 from tests.capture.proxy._harness import CAP
-from tests.capture.proxy._procs import Proc, start_proxy
+from tests.capture.proxy._procs import REPO, Proc, child_env, start_proxy
 from tests.capture.proxy.conftest import freeze
 from zephon.capture.records import ParentResolutionStatus
 
@@ -259,3 +261,28 @@ def test_engine_that_closes_or_times_out_masks_and_keeps_earlier_entries(
     assert [e.model_call_id for e in snap.entries] == [first]
     health = http.get(f"{bad_proxy.url}{CONTROL}/health")
     assert health.status_code == 503
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_unreachable_store_fails_startup_with_a_clear_error(workers: str) -> None:
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from zephon.cli._capture import main; sys.exit(main())",
+        "serve",
+        "--engine",
+        "http://127.0.0.1:9",
+        "--store",
+        "postgresql://zephon@127.0.0.1:1/nowhere",
+        "--port",
+        "0",
+        "--workers",
+        workers,
+    ]
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env()
+    )
+    assert done.returncode != 0
+    assert "127.0.0.1" in done.stderr and "startup failed" in done.stderr.lower()
+    if workers == "2":
+        assert "workers keep exiting right after start" in done.stderr

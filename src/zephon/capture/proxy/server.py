@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -24,6 +25,8 @@ from zephon.capture.proxy._config import CONFIG_ENV, ProxyConfig
 __all__ = ["bind_socket", "serve"]
 
 log = logging.getLogger("zephon.capture.proxy")
+_QUICK_DEATH_S = 10.0  # a worker that dies this soon after starting failed its startup
+_MAX_QUICK_DEATHS = 3
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -100,6 +103,9 @@ def serve(
     if workers == 1:
         server = uvicorn.Server(_uvicorn_config(create_app(config), log_level, access_log))
         server.run(sockets=[sock])
+        if not server.started:
+            print("zephon capture proxy: startup failed (see the error above)", file=sys.stderr)
+            return 1
         return 0
     return _supervise(config, sock, workers, log_level, access_log)
 
@@ -125,17 +131,32 @@ def _supervise(
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     procs = [start() for _ in range(workers)]
+    started = [time.monotonic()] * workers
+    quick_deaths = 0
+    status = 0
     while not stopping:
         multiprocessing.connection.wait([p.sentinel for p in procs], timeout=0.25)
         for i, proc in enumerate(procs):
-            if not proc.is_alive() and not stopping:
+            if proc.is_alive() or stopping:
+                continue
+            if time.monotonic() - started[i] < _QUICK_DEATH_S:
+                quick_deaths += 1
+            if quick_deaths >= _MAX_QUICK_DEATHS:
                 print(
-                    f"zephon capture proxy: worker {proc.pid} exited ({proc.exitcode}); "
-                    "starting a new one",
+                    f"zephon capture proxy: workers keep exiting right after start (last exit "
+                    f"code {proc.exitcode}); giving up, see the errors above",
                     file=sys.stderr,
                     flush=True,
                 )
-                procs[i] = start()
+                stopping, status = True, 1
+                break
+            print(
+                f"zephon capture proxy: worker {proc.pid} exited ({proc.exitcode}); "
+                "starting a new one",
+                file=sys.stderr,
+                flush=True,
+            )
+            procs[i], started[i] = start(), time.monotonic()
     for proc in procs:
         if proc.is_alive() and proc.pid is not None:
             os.kill(proc.pid, signal.SIGTERM)
@@ -145,4 +166,4 @@ def _supervise(
             proc.kill()
             proc.join()
     sock.close()
-    return 0
+    return status
