@@ -11,8 +11,9 @@ offered and the last message is the user's. Answers carry ``prompt_token_ids``,
 Faults for tests, chosen per request with the extra body field ``test_engine_fault``:
 ``partial`` (ids without log-probs), ``no_prompt_ids`` (prompt ids only via ``/tokenize``),
 ``no_token_ids`` (generated ids only via log-prob tokens), ``mismatch`` (the two disagree),
-``error500``, ``hold`` (wait until ``POST /test/release``). A prompt longer than
-``--max-model-len`` minus ``max_tokens`` gets vLLM's 400 context-length error.
+``error500``, ``hold`` (with ``test_engine_hold`` = a token: wait until
+``POST /test/release/<token>``; ``GET /test/stats`` counts held calls per token). A prompt
+longer than ``--max-model-len`` minus ``max_tokens`` gets vLLM's 400 context-length error.
 
 Run: ``python -m tests.capture.proxy.engine --tokenizer FILE [--port 0]``; prints
 ``ENGINE_PORT <port>`` once it listens on 127.0.0.1.
@@ -177,8 +178,8 @@ def build_app(model: Model) -> Any:
     from starlette.responses import JSONResponse, Response, StreamingResponse
     from starlette.routing import Route
 
-    stats: dict[str, int] = {"chat": 0, "completions": 0, "tokenize": 0, "held": 0}
-    release = asyncio.Event()
+    stats: dict[str, Any] = {"chat": 0, "completions": 0, "tokenize": 0, "held": {}}
+    releases: dict[str, asyncio.Event] = {}
 
     def too_long(prompt: list[int], max_tokens: int) -> Response | None:
         if len(prompt) + max_tokens <= model.max_model_len:
@@ -197,8 +198,9 @@ def build_app(model: Model) -> Any:
         if fault == "error500":
             return JSONResponse({"object": "error", "message": "boom", "code": 500}, 500)
         if fault == "hold":
-            stats["held"] += 1
-            await release.wait()
+            token = str(body.get("test_engine_hold", ""))
+            stats["held"][token] = stats["held"].get(token, 0) + 1
+            await releases.setdefault(token, asyncio.Event()).wait()
         if body.get("n", 1) != 1:
             return JSONResponse({"object": "error", "message": "n must be 1", "code": 400}, 400)
         return None
@@ -347,8 +349,8 @@ def build_app(model: Model) -> Any:
     async def get_stats(_request: Request) -> Response:
         return JSONResponse(stats)
 
-    async def do_release(_request: Request) -> Response:
-        release.set()
+    async def do_release(request: Request) -> Response:
+        releases.setdefault(request.path_params["token"], asyncio.Event()).set()
         return JSONResponse({"released": True})
 
     return Starlette(
@@ -359,7 +361,7 @@ def build_app(model: Model) -> Any:
             Route("/v1/models", models_, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/test/stats", get_stats, methods=["GET"]),
-            Route("/test/release", do_release, methods=["POST"]),
+            Route("/test/release/{token}", do_release, methods=["POST"]),
         ]
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from tests.capture.proxy._harness import CAP
 from tests.capture.proxy._procs import REPO, Proc, child_env, start_proxy
 from tests.capture.proxy.conftest import freeze
 from zephon.capture.records import ParentResolutionStatus
+from zephon.capture.stores import open_store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -167,12 +169,63 @@ def test_frozen_rollout_refuses_before_generation(
     assert freeze(store_url, rid).version == snap.version
 
 
+def _wait_held(http: httpx.Client, engine: Proc, token: str) -> None:
+    """Until the engine holds a call tagged ``token`` (a condition, not a timed sleep)."""
+    deadline = time.monotonic() + 20
+    while http.get(f"{engine.url}/test/stats").json()["held"].get(token, 0) < 1:
+        assert time.monotonic() < deadline, "the held call never reached the engine"
+
+
+def test_client_disconnect_does_not_lose_the_capture(
+    proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client
+) -> None:
+    first, msg = _good_turn(http, proxy, rid)
+    messages = [*MSGS, msg, {"role": "user", "content": "and then?"}]
+    expected = http.post(
+        f"{engine.url}/v1/chat/completions", json={"model": "tiny", "messages": messages}
+    ).json()["choices"][0]["message"]
+    body = {"model": "tiny", "messages": messages, "test_engine_fault": "hold"}
+    body["test_engine_hold"] = rid
+    raw = json.dumps(body).encode()
+    path = CAP.format(rid=rid) + "/v1/chat/completions"
+    host, port = proxy.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(raw)}\r\n\r\n".encode()
+            + raw
+        )
+        _wait_held(http, engine, rid)
+    # The client is gone; the engine now answers.
+    http.post(f"{engine.url}/test/release/{rid}")
+    continuation = [*messages, expected, {"role": "user", "content": "next"}]
+
+    async def resolved() -> Any:
+        store = open_store(store_url)
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                res = await store.resolve(rid, continuation)
+                if res.match is not None or time.monotonic() > deadline:
+                    return res
+        finally:
+            await store.close()
+
+    res = asyncio.run(resolved())
+    assert res.match is not None, res  # the abandoned call's entry was committed
+    snap = freeze(store_url, rid)
+    assert not snap.incomplete
+    assert len(snap.entries) == 2
+    (entry,) = [e for e in snap.entries if e.model_call_id != first]
+    assert entry.parent_call_id == first and entry.model_call_id == res.match.model_call_id
+
+
 def test_write_after_freeze_is_dropped_without_touching_the_snapshot(
     proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client
 ) -> None:
     first, _ = _good_turn(http, proxy, rid)
     result: dict[str, httpx.Response] = {}
-    body = {"model": "tiny", "messages": MSGS, "test_engine_fault": "hold"}
+    body = {"model": "tiny", "messages": MSGS, "test_engine_fault": "hold", "test_engine_hold": rid}
 
     def call() -> None:
         with httpx.Client(timeout=30) as client:
@@ -180,12 +233,10 @@ def test_write_after_freeze_is_dropped_without_touching_the_snapshot(
 
     worker = threading.Thread(target=call)
     worker.start()
-    deadline = time.monotonic() + 20
-    while http.get(f"{engine.url}/test/stats").json()["held"] < 1:  # the call is in the engine
-        assert time.monotonic() < deadline, "the held call never reached the engine"
+    _wait_held(http, engine, rid)
     frozen = http.post(f"{proxy.url}{CONTROL}/rollouts/{rid}/freeze").json()
     assert frozen["incomplete"]  # its intent has no entry at freeze time
-    http.post(f"{engine.url}/test/release")
+    http.post(f"{engine.url}/test/release/{rid}")
     worker.join(30)
     resp = result["resp"]
     assert resp.status_code == 200 and resp.headers["x-zephon-capture"] == "late"
