@@ -219,3 +219,24 @@ def test_cli_refuses_a_process_local_store_with_several_workers(
     assert "use a shared store" in capsys.readouterr().err
     assert main(["serve", "--engine", "http://127.0.0.1:9", "--store", "s3://b/x"]) == 2
     assert "unknown capture store URL" in capsys.readouterr().err
+
+
+def test_serve_is_registered_in_the_capture_group() -> None:
+    import argparse
+
+    from zephon.cli._capture import register
+
+    parser = argparse.ArgumentParser(prog="zephon")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        ["capture", "serve", "--engine", "http://e:1", "--store", "file:///x", "--workers", "3"]
+    )
+    assert (args.engine, args.store, args.workers, args.port) == (
+        "http://e:1",
+        "file:///x",
+        3,
+        8100,
+    )
+    assert args.func.__module__ == "zephon.capture.proxy._cli"
+    conf = parser.parse_args(["capture", "conformance", "memory://x"])
+    assert conf.func.__name__ == "_conformance"  # the group's existing command is unchanged
