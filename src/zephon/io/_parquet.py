@@ -2,13 +2,15 @@
 
 A read maps the requested rows to row groups (binary search over the row-group offsets),
 decodes each needed row group once (only the projected columns) and takes the rows from it.
-The last few decoded row groups are kept per shard, so sequential or block-local access decodes
-each row group once. pyarrow's file readers are not shared between threads: one lock per shard
-serialises its reads (different shards read in parallel).
+Decoded row groups are kept in a per-process LRU cache shared by all shards (256 MiB by default,
+``$ZEPHON_PARQUET_CACHE_MB``), so sequential, block-local or shuffled-within-shard access
+decodes each row group about once. pyarrow's file readers are not shared between threads: one
+lock per shard serialises its reads (different shards read in parallel).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections import OrderedDict
@@ -21,7 +23,36 @@ from zephon.errors import DataFormatError
 from zephon.io._dataset import Row, Shard
 from zephon.io._paths import get_fs, split_protocol
 
-_RG_CACHE = 2
+
+class _RowGroupCache:
+    """Process-wide LRU of decoded row groups, bounded in bytes (always keeps the newest)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._items: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, int]) -> Any:
+        with self._lock:
+            table = self._items.get(key)
+            if table is not None:
+                self._items.move_to_end(key)
+            return table
+
+    def put(self, key: tuple[int, int], table: Any) -> None:
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = table
+            self._bytes += int(table.nbytes)
+            while self._bytes > self.budget and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= int(old.nbytes)
+
+
+_OPEN_TOKENS = itertools.count()
+_CACHE = _RowGroupCache(int(os.environ.get("ZEPHON_PARQUET_CACHE_MB", "256")) << 20)
 
 
 class ParquetShard(Shard):
@@ -48,7 +79,7 @@ class ParquetShard(Shard):
         self._pf_pid = -1
         self._handle: Any = None
         self._rg_starts: np.ndarray | None = None
-        self._cache: OrderedDict[int, Any] = OrderedDict()
+        self._open_token = -1
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -113,14 +144,14 @@ class ParquetShard(Shard):
             )
         sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
         self._rg_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-        self._cache.clear()
         self._pf, self._pf_pid = pf, os.getpid()
+        self._open_token = next(_OPEN_TOKENS)  # cache entries belong to this open file
         return pf
 
     def _row_group(self, rg: int) -> Any:
-        table = self._cache.get(rg)
+        key = (self._open_token, rg)
+        table = _CACHE.get(key)
         if table is not None:
-            self._cache.move_to_end(rg)
             return table
         import pyarrow as pa
 
@@ -130,9 +161,7 @@ class ParquetShard(Shard):
             raise DataFormatError(
                 f"parquet shard {self._url}: row group {rg} cannot be decoded: {e}"
             ) from e
-        self._cache[rg] = table
-        while len(self._cache) > _RG_CACHE:
-            self._cache.popitem(last=False)
+        _CACHE.put(key, table)
         return table
 
     def read(self, indices: Sequence[int]) -> list[Row]:
