@@ -1,6 +1,7 @@
 """zephon: exactly reproducible data pipelines and durable RL token capture for LLM training."""
 
 from zephon._engine.checkpoint import merge_checkpoints
+from zephon.distributed import gather_checkpoints
 from zephon.io import Dataset
 from zephon.pipeline import Pipeline
 from zephon.types import SampleBatch, SampleMeta, SampleRecord
@@ -19,5 +20,6 @@ __all__ = [
     "WorkChunk",
     "WorkSource",
     "__version__",
+    "gather_checkpoints",
     "merge_checkpoints",
 ]
