@@ -33,7 +33,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.capture.proxy._harness import CAP, TOOLS_CHAT  # noqa: E402
-from tests.capture.proxy._procs import start_engine, start_proxy  # noqa: E402
+from tests.capture.proxy._procs import (  # noqa: E402
+    start_engine,
+    start_proxy,
+    wait_for_workers,
+)
 from tests.capture.proxy.engine import train_tokenizer  # noqa: E402
 
 
@@ -137,6 +141,7 @@ def main() -> int:
             url = f"file://{tmp / 'capture'}" if kind == "file" else postgres_url(cleanup)
             for workers in sorted({1, args.workers}):
                 proxy = start_proxy(engine.url, url, tmp, "--workers", str(workers))
+                wait_for_workers(proxy, workers)
                 try:
 
                     def captured(rid: str, _p: Any = proxy) -> str:
@@ -179,7 +184,7 @@ def main() -> int:
         table.add_column(col.replace("_ms", "").replace("_", " "), justify="right")
     for row in rows:
         table.add_row(*(str(v) for v in row.values()))
-    Console().print(table)
+    Console(width=200).print(table)
     print(json.dumps({"benchmark": "capture_proxy", "results": rows}))
     return 0
 

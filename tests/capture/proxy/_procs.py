@@ -13,7 +13,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 
-__all__ = ["REPO", "Proc", "child_env", "start_engine", "start_proxy"]
+__all__ = ["REPO", "Proc", "child_env", "start_engine", "start_proxy", "wait_for_workers"]
 
 
 @dataclass
@@ -97,3 +97,18 @@ def start_proxy(engine_url: str, store_url: str, log_dir: Path, *extra: str) -> 
     popen, line = _spawn(cmd, "listening on", log)
     url = line.split("listening on ")[1].split()[0]
     return Proc(popen, url, log)
+
+
+def wait_for_workers(proxy: Proc, count: int, timeout: float = 60.0) -> set[int]:
+    """Until ``count`` distinct worker pids have answered the health route (each probe on a
+    new connection); the supervisor prints its line before the workers finish starting."""
+    import httpx
+
+    pids: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while len(pids) < count:
+        assert time.monotonic() < deadline, f"only workers {pids} answered"
+        with httpx.Client(timeout=30) as client:
+            resp = client.get(f"{proxy.url}/training-token-capture/control/health")
+        pids.add(int(resp.json()["pid"]))
+    return pids

@@ -14,7 +14,7 @@ from tests.capture.proxy._harness import (
     responses_rollout,
     verify_rollout,
 )
-from tests.capture.proxy._procs import Proc, start_engine, start_proxy
+from tests.capture.proxy._procs import Proc, start_engine, start_proxy, wait_for_workers
 from zephon.capture.records import TokenCaptureSnapshot
 from zephon.capture.stores import open_store
 
@@ -38,6 +38,7 @@ def test_64_rollouts_x_8_turns_on_two_workers_lose_nothing(
     engine = start_engine(tokenizer, logs)
     url = f"file://{tmp_path / 'capture'}"
     proxy = start_proxy(engine.url, url, logs, "--workers", "2")
+    wait_for_workers(proxy, 2)
     rids = [f"load-{i:02d}" for i in range(64)]
 
     async def drive() -> list[RolloutRun]:
