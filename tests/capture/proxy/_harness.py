@@ -178,7 +178,12 @@ def verify_rollout(snap: TokenCaptureSnapshot, run: RolloutRun) -> None:
     assert set(by_id) == {t.call_id for t in run.turns}
     for k, turn in enumerate(run.turns):
         entry = by_id[turn.call_id]
-        assert entry.prompt_token_ids == turn.prompt
+        if entry.prompt_is_delta:  # stored as the suffix after the parent's tokens
+            parent = run.turns[k - 1]
+            head = [*parent.prompt, *parent.generation]
+            assert [*head, *entry.prompt_token_ids] == turn.prompt
+        else:
+            assert entry.prompt_token_ids == turn.prompt
         assert entry.generation_token_ids == turn.generation
         assert entry.generation_log_probs == turn.logprobs
         if k == 0:

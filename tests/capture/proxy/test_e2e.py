@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,7 +18,7 @@ from tests.capture.proxy._harness import (
     responses_rollout,
     verify_rollout,
 )
-from tests.capture.proxy._procs import Proc
+from tests.capture.proxy._procs import Proc, start_proxy
 from tests.capture.proxy.conftest import freeze
 from zephon.capture.records import ParentResolutionStatus
 
@@ -51,6 +53,30 @@ def test_multi_turn_tool_rollout_builds_engine_tokens_exactly(
     run = asyncio.run(drive())
     assert len(run.turns) == 6
     verify_rollout(freeze(store_url, rid), run)
+
+
+def test_delta_prompts_store_suffixes_and_build_the_same_tokens(
+    engine: Proc, store_url: str, logs: Path
+) -> None:
+    delta = start_proxy(engine.url, store_url, logs, "--delta-prompts")
+    rids = [f"delta-{uuid.uuid4().hex[:8]}-{i}" for i in range(2)]
+
+    async def drive() -> Any:
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await asyncio.gather(
+                chat_rollout(client, delta.url, rids[0], 6),
+                responses_rollout(client, delta.url, rids[1], 6),
+            )
+
+    try:
+        runs = asyncio.run(drive())
+    finally:
+        delta.stop()
+    for run in runs:
+        snap = freeze(store_url, run.rollout_id)
+        deltas = [e for e in snap.entries if e.prompt_is_delta]
+        assert len(deltas) == 5  # every continuation; the root keeps its full prompt
+        verify_rollout(snap, run)
 
 
 def test_freeze_route_summarises_and_drop_retires(

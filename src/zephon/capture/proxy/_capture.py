@@ -92,10 +92,18 @@ def refusal_code(answer: EngineAnswer) -> str:
 class CaptureService:
     """The serving path of one worker: a store client, an engine client and metrics."""
 
-    def __init__(self, stores: StoreClients, engine: EngineClient, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        stores: StoreClients,
+        engine: EngineClient,
+        metrics: Metrics,
+        *,
+        delta_prompts: bool = False,
+    ) -> None:
         self.stores = stores
         self.engine = engine
         self.metrics = metrics
+        self.delta_prompts = delta_prompts
 
     # -- entry point ---------------------------------------------------------------------------
 
@@ -225,11 +233,13 @@ class CaptureService:
             if prompt is None:
                 prompt = await self._tokenize(call, headers)
             full = [*prompt, *gen.token_ids]
+            stored, delta = self._stored_prompt(prompt, res)
             entry = TokenEntry(
                 rollout_id=rollout_id,
                 model_call_id=call_id,
                 model=str(data.get("model") or call.body.get("model") or ""),
-                prompt_token_ids=prompt,
+                prompt_token_ids=stored,
+                prompt_is_delta=delta,
                 generation_token_ids=gen.token_ids,
                 generation_log_probs=gen.log_probs,
                 output_items=items,
@@ -262,6 +272,17 @@ class CaptureService:
         finally:
             self.metrics.observe("zephon_proxy_put_seconds", time.perf_counter() - put_started)
         return tokens, "committed"
+
+    def _stored_prompt(self, prompt: list[int], res: LineageResolution) -> tuple[list[int], bool]:
+        """The prompt to store: only the suffix after the parent's tokens when delta prompts
+        are on and the prompt really extends them (else the full prompt, a safe anchor)."""
+        if not self.delta_prompts or res.match is None:
+            return prompt, False
+        parent = res.match.cumulative_token_ids
+        n = len(parent)
+        if 0 < n <= len(prompt) and tuple(prompt[:n]) == parent:
+            return prompt[n:], True
+        return prompt, False
 
     async def _tokenize(self, call: PreparedCall, headers: dict[str, str]) -> list[int]:
         """The prompt ids from the engine's ``/tokenize`` (engines without prompt ids)."""

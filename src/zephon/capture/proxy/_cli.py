@@ -42,6 +42,11 @@ def register_serve(capture_subparsers: Any) -> None:
         help="store clients (connections) per worker; a rollout always uses the same one (4)",
     )
     p.add_argument(
+        "--delta-prompts",
+        action="store_true",
+        help="store a resolved continuation's prompt as the suffix after its parent's tokens",
+    )
+    p.add_argument(
         "--control-token",
         default=os.environ.get("ZEPHON_CAPTURE_CONTROL_TOKEN"),
         help="bearer token for the control routes (env ZEPHON_CAPTURE_CONTROL_TOKEN)",
@@ -72,6 +77,7 @@ def _serve(args: argparse.Namespace) -> int:
             engine_timeout_s=args.engine_timeout,
             connect_timeout_s=args.connect_timeout,
             store_clients=args.store_clients,
+            delta_prompts=args.delta_prompts,
             control_token=args.control_token or None,
         )
         return serve(

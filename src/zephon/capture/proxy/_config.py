@@ -26,7 +26,9 @@ class ProxyConfig:
     bearer token the control routes (freeze, manifest, drop, retire, delete) require.
     ``store_clients`` store clients are opened per worker and each rollout always uses the same
     one (a SQL store client is one connection whose calls queue; several let rollouts proceed in
-    parallel, and one client per rollout keeps its lineage cache warm).
+    parallel, and one client per rollout keeps its lineage cache warm). ``delta_prompts`` stores
+    a resolved continuation's prompt as the suffix after its parent's tokens (``prompt_is_delta``),
+    which keeps a long rollout's storage linear instead of quadratic.
     ``metrics_dir`` is where workers of one server share their metrics (set by ``serve`` when it
     runs several workers).
     """
@@ -37,6 +39,7 @@ class ProxyConfig:
     connect_timeout_s: float = 10.0
     max_engine_connections: int = 1024
     store_clients: int = 4
+    delta_prompts: bool = False
     control_token: str | None = None
     metrics_dir: str | None = None
 

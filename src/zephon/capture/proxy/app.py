@@ -101,7 +101,9 @@ class _State:
             max_connections=config.max_engine_connections,
         )
         self.metrics = Metrics(config.metrics_dir)
-        self.service = CaptureService(self.stores, self.engine, self.metrics)
+        self.service = CaptureService(
+            self.stores, self.engine, self.metrics, delta_prompts=config.delta_prompts
+        )
 
     async def aclose(self) -> None:
         await self.engine.aclose()
