@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline, merge_checkpoints
 from zephon.errors import CheckpointError
+from zephon.io import InMemoryShard
 from zephon.ops import Accumulator, BaseOp, OpTraits
 from zephon.types import SampleBatch, SampleRecord
 
@@ -367,3 +368,30 @@ def test_mid_window_elastic_restore_warns(caplog):
         restored = build(cfg, dp_rank=0, dp_world_size=2).restore(state)
         next(iter(restored))
     assert "not cut at a window boundary" in caplog.text
+
+
+class CountingShard(InMemoryShard):
+    def __init__(self, rows):
+        super().__init__(rows)
+        self.reads = 0
+
+    def read(self, indices):
+        self.reads += len(indices)
+        return super().read(indices)
+
+
+@pytest.mark.parametrize("reorder", [False, True])
+def test_a_finished_lane_is_never_read_again_after_restore(reorder):
+    shard = CountingShard(ROWS[:90])
+    ds = Dataset("docs", [shard])
+    pipe = Pipeline(RangeSource([ds], chunk_size=7)).decode_text()
+    if reorder:
+        pipe = pipe.add_op(ReverseGroups())
+    pipe = pipe.tokenize("bytes").batch(2).options(canonical_replicas=3, runner="inline")
+    list(pipe)
+    final = json.loads(json.dumps(pipe.checkpoint()))
+    assert all(lane["done"] for lane in final["lanes"].values())
+    reads = shard.reads
+    assert list(pipe.restore(final)) == []
+    assert shard.reads == reads  # nothing regenerated for lanes that were finished
+    assert all(lane["done"] for lane in pipe.checkpoint()["lanes"].values())

@@ -131,12 +131,15 @@ class Engine:
 
     def _feeder(self) -> SourceFeeder:
         replicas = self.options.canonical_replicas
-        lane_sources = [(lane, self.source.clone_for_lane(lane, replicas)) for lane in self.lanes]
+        lanes = self.lanes
         starts: dict[int, LaneStart] = {}
         if self.resume is not None:
-            for lane in self.lanes:
+            # A finished lane is never regenerated: its data may be gone (retired rollouts).
+            lanes = [lane for lane in lanes if not self.resume.lanes[lane].done]
+            for lane in lanes:
                 lc = self.resume.lanes[lane]
                 starts[lane] = LaneStart(lc.start_chunk_id, lc.source_state)
+        lane_sources = [(lane, self.source.clone_for_lane(lane, replicas)) for lane in lanes]
         return SourceFeeder(
             lane_sources, flush_every_k_chunks=self.plan.flush_every_k_chunks, starts=starts
         )
@@ -175,7 +178,7 @@ class Engine:
             stats.lanes = {
                 lane: LaneProgress(
                     delivered=mux.delivered[lane],
-                    next_chunk_id=feeder.lane_start(lane)[0] + counts.get(lane, 0),
+                    next_chunk_id=self._lane_start(lane)[0] + counts.get(lane, 0),
                     inflight_chunks=counts.get(lane, 0),
                     finished=lane in mux.finished_lanes,
                 )
@@ -187,7 +190,7 @@ class Engine:
         on_epoch = None if self.monotone else feeder.evict_below
         resume = self.resume
         if resume is None:
-            return LaneMux(self.lanes, on_epoch_delivered=on_epoch)
+            return LaneMux(self.lanes, on_epoch_delivered=on_epoch, on_lane_done=feeder.finish_lane)
         lanes = {lane: resume.lanes[lane] for lane in self.lanes}
         finished = [lane for lane, lc in lanes.items() if lc.done]
         if resume.tail_lanes == self.lanes:
@@ -211,6 +214,7 @@ class Engine:
         mux = LaneMux(
             self.lanes,
             on_epoch_delivered=on_epoch,
+            on_lane_done=feeder.finish_lane,
             replay_cursors={lane: lc.replay_cursor for lane, lc in lanes.items()},
             delivered={lane: lc.delivered for lane, lc in lanes.items()},
             finished=finished,
@@ -225,6 +229,16 @@ class Engine:
             self.feeder = self._feeder()
             self.mux = self._mux(self.feeder)
 
+    def _lane_start(self, lane: int) -> tuple[int, Any]:
+        feeder = self.feeder
+        assert feeder is not None
+        if feeder.has_lane(lane):
+            start_cid, state, _ = feeder.lane_start(lane)
+            return start_cid, state
+        assert self.resume is not None  # only lanes restored as finished are not fed
+        lc = self.resume.lanes[lane]
+        return lc.start_chunk_id, lc.source_state
+
     def checkpoint(self) -> dict[str, Any]:
         """The consumer-visible state: what has been delivered, per lane (see checkpoint.py)."""
         feeder, mux = self.feeder, self.mux
@@ -233,7 +247,7 @@ class Engine:
         mux.settle()
         lanes = []
         for lane in self.lanes:
-            start_cid, state, _ = feeder.lane_start(lane)
+            start_cid, state = self._lane_start(lane)
             lanes.append(
                 ckpt.LaneCheckpoint(
                     lane=lane,

@@ -137,6 +137,16 @@ class SourceFeeder:
             while inflight and inflight[0][0] < chunk_id:
                 inflight.popleft()
 
+    def has_lane(self, lane_id: int) -> bool:
+        return lane_id in self._by_lane
+
+    def finish_lane(self, lane_id: int) -> None:
+        """The lane's whole stream was delivered: nothing of it is in flight any more."""
+        lane = self._by_lane.get(lane_id)
+        if lane is not None:
+            with self._lock:
+                lane.inflight.clear()
+
     def lane_start(self, lane_id: int) -> tuple[int, dict[str, Any], bool]:
         """(first chunk id to regenerate, source state before it, lane exhausted)."""
         lane = self._by_lane[lane_id]

@@ -34,6 +34,7 @@ class LaneMux:
         lanes: Sequence[int],
         *,
         on_epoch_delivered: EpochCallback | None = None,
+        on_lane_done: Callable[[int], None] | None = None,
         replay_cursors: Mapping[int, SampleCursor | None] | None = None,
         delivered: Mapping[int, int] | None = None,
         turn: int = 0,
@@ -52,6 +53,7 @@ class LaneMux:
         self.delivered: dict[int, int] = {lane: 0 for lane in lanes}
         self.delivered.update(delivered or {})
         self._on_epoch = on_epoch_delivered
+        self._on_lane_done = on_lane_done
 
     def add(self, items: Iterable[StreamItem]) -> None:
         queues = self._queues
@@ -84,6 +86,8 @@ class LaneMux:
             elif TAG_END_OF_DATA in tags:
                 queue.popleft()
                 self.finished_lanes.add(lane)
+                if self._on_lane_done is not None:
+                    self._on_lane_done(lane)
                 return False
             else:
                 return True
