@@ -282,3 +282,15 @@ def test_concurrent_puts_from_threads_of_one_process(tmp_path: Path) -> None:
             assert list(clients[1].state_of(f"own-{i}").entry_keys) == [f"c{i}"]
 
     asyncio.run(scenario())
+
+
+def test_a_crashed_retire_leftover_is_reused_and_removed(tmp_path: Path) -> None:
+    store = FileStore(str(tmp_path))
+    _run(store.put(make_entry("t", "c1")))
+    leftover = Path(store.log_path("t") + ".tmp")
+    leftover.write_bytes(b"half a state record")  # what a retire killed before its rename leaves
+    _run(store.retire("t"))
+    assert not leftover.exists() and store.state_of("t").retired
+    leftover.write_bytes(b"again")
+    _run(store.delete("t"))
+    assert not leftover.exists() and not Path(store.log_path("t")).exists()

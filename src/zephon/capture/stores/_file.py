@@ -22,6 +22,7 @@ log is created (before its first record is written) and after every rename or un
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import OrderedDict
@@ -338,6 +339,8 @@ class FileStore(DurableStore):
         state = h.state.copy()
         state.apply_all(events)
         if state.is_empty():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(h.path + ".tmp")  # a crashed retire's leftover, if any
             unlink_durable(self.directory, h.path)
             h.close()
             return

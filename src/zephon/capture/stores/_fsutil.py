@@ -203,8 +203,13 @@ def open_locked(path: str, *, create: bool, exclusive: bool) -> int | None:
 
 
 def replace_durable(dir_path: str, path: str, data: bytes) -> None:
-    """Atomically replace ``path`` with ``data``: temp file, fsync, rename, fsync directory."""
-    tmp = f"{path}.{os.getpid()}.tmp"
+    """Atomically replace ``path`` with ``data``: temp file, fsync, rename, fsync directory.
+
+    The temp name is fixed (``<path>.tmp``): callers hold the exclusive lock of ``path``, and
+    a later locker can only reach the renamed file, so two writers never share the temp file;
+    a leftover from a crash is simply overwritten by the next replace.
+    """
+    tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         append_all(fd, data)
