@@ -18,6 +18,7 @@ import contextlib
 import functools
 import logging
 import os
+import queue
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -102,6 +103,14 @@ class RayWorkerPool(WorkerPool):
         self.replaced = 0
         self._actors = [self._new_actor(i) for i in range(parallelism)]
         self._load = [0] * parallelism
+        # Ray completes futures on its own threads, where calling Ray (kill, a new actor, a
+        # resubmission) deadlocks: deaths are handled on this thread instead.
+        self._deaths: queue.SimpleQueue[tuple[_Job, int, Any, BaseException] | None]
+        self._deaths = queue.SimpleQueue()
+        self._medic = threading.Thread(
+            target=self._replace_dead, name=f"zephon-engine-ray-{op.name}", daemon=True
+        )
+        self._medic.start()
 
     def _new_actor(self, slot: int) -> Any:
         return self._cls.options(scheduling_strategy="SPREAD").remote(self._blob, self._ctx, slot)
@@ -136,7 +145,12 @@ class RayWorkerPool(WorkerPool):
         try:
             kind, value = done.result()
         except self._ray.exceptions.RayActorError as exc:
-            self._actor_died(job, slot, actor, exc)
+            if self._closed:
+                job.future.set_exception(
+                    WorkerCrashedError(f"operator {self._name!r}: actor stopped while closing")
+                )
+            else:
+                self._deaths.put((job, slot, actor, exc))
             return
         except BaseException as exc:
             job.future.set_exception(annotate(exc, self._name))
@@ -145,6 +159,17 @@ class RayWorkerPool(WorkerPool):
             job.future.set_result(value)
         else:
             job.future.set_exception(value)
+
+    def _replace_dead(self) -> None:
+        while True:
+            event = self._deaths.get()
+            if event is None:
+                return
+            try:
+                self._actor_died(*event)
+            except BaseException as exc:
+                if not event[0].future.done():
+                    event[0].future.set_exception(annotate(exc, self._name))
 
     def _actor_died(self, job: _Job, slot: int, actor: Any, exc: BaseException) -> None:
         if self._closed:
@@ -181,6 +206,8 @@ class RayWorkerPool(WorkerPool):
     def shutdown(self) -> None:
         """Tear the operator copies down (10 s at most), then kill the actors."""
         self._closed = True
+        self._deaths.put(None)
+        self._medic.join(timeout=30)
         with self._lock:
             actors = list(self._actors)
         with contextlib.suppress(Exception):

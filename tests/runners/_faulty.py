@@ -1,0 +1,42 @@
+"""An operator that kills the worker running it (SIGKILL) when it sees a chosen record."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
+from zephon.types import SampleRecord, StreamItem
+
+
+class KillWorkerOp(BaseOp):
+    """SIGKILLs its own process on record ``victim``: once (a marker file remembers) or always.
+
+    Never run it inline: it would kill the test process.
+    """
+
+    name = "kill_worker"
+
+    def __init__(self, marker: Path, victim: int, *, always: bool = False) -> None:
+        super().__init__()
+        self.marker = str(marker)
+        self.victim = victim
+        self.always = always
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        return CountingAccumulator(8)
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, parallelism=2)
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        ids = {int(e.payload["id"]) for e in elems if isinstance(e, SampleRecord)}
+        if self.victim in ids and (self.always or not os.path.exists(self.marker)):
+            Path(self.marker).touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return [SampleRecord(e.meta, {**e.payload, "checked": True}) for e in elems]
+
+    def config(self) -> dict[str, Any]:
+        return {"victim": self.victim}

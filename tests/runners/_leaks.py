@@ -1,0 +1,36 @@
+"""What a run may leave behind: shared-memory segments and POSIX named semaphores."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from zephon._engine.shm import NAME_PREFIX, segment_files
+
+
+def our_segments(owner_pid: int) -> list[str]:
+    """Segment files in /dev/shm owned by ``owner_pid`` (the engine process)."""
+    return segment_files(f"{NAME_PREFIX}{owner_pid}-")
+
+
+def semaphores_mapped_by(pid: int) -> set[str]:
+    """Named semaphores that process ``pid`` has open and that still exist in /dev/shm."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return set()
+    found = set()
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if path.startswith("/dev/shm/sem.") and os.path.exists(path):
+            found.add(path)
+    return found
+
+
+def process_gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie waiting for its reaper counts as gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return "\nState:\tZ" in status

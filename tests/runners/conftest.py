@@ -1,0 +1,34 @@
+"""Shared fixtures: docs and a local tokenizer, one Ray session, and a leak check per test."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.engine.conftest import docs, hf_tokenizer_dir  # noqa: F401  (fixtures)
+from tests.runners._leaks import our_segments, semaphores_mapped_by
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[Any]:
+    """One local Ray cluster for the whole test session (starting one takes ~10 s)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks() -> Iterator[None]:
+    """After every test: no shared-memory segment and no named semaphore of ours is left."""
+    before = semaphores_mapped_by(os.getpid())
+    yield
+    assert our_segments(os.getpid()) == []
+    assert semaphores_mapped_by(os.getpid()) - before == set()
+    assert multiprocessing.active_children() == []

@@ -1,0 +1,73 @@
+"""kill -9 a worker mid-run: it is respawned, its micro-batch retried, the output unchanged."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from typing import Any
+
+import pytest
+
+from tests.engine._sources import RangeSource
+from tests.runners._faulty import KillWorkerOp
+from tests.runners._pipes import digest, key
+from zephon import Dataset, Pipeline
+from zephon._engine.pools import ProcessWorkerPool, WorkerCrashedError
+
+
+def faulty(docs: list[dict[str, Any]], op: KillWorkerOp, runner: str, **opts: Any) -> Pipeline:
+    ds = Dataset.from_records("docs", docs, shard_size=50)
+    return (
+        Pipeline(RangeSource([ds], chunk_size=40))
+        .decode_text(parallelism=2)
+        .add_op(op, parallelism=2)
+        .tokenize("bytes", max_length=40, parallelism=2)
+        .batch(8)
+        .options(runner=runner, canonical_replicas=2, shm_min_bytes=1, **opts)
+    )
+
+
+@pytest.mark.timeout(90)
+def test_killed_process_worker_is_respawned_and_output_identical(docs, tmp_path, caplog):
+    marker = tmp_path / "killed"
+    marker.touch()  # the inline reference must not kill the test process
+    expected = digest(faulty(docs, KillWorkerOp(marker, victim=301), "inline"))
+    marker.unlink()
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        got = digest(faulty(docs, KillWorkerOp(marker, victim=301), "process"))
+    assert marker.exists()  # a worker really died on record 301
+    assert "'kill_worker': worker process" in caplog.text and "SIGKILL" in caplog.text
+    assert got == expected
+
+
+@pytest.mark.timeout(90)
+def test_kill_9_of_every_worker_from_outside_mid_run(docs, tmp_path):
+    op = KillWorkerOp(tmp_path / "unused", victim=-1)
+    expected = digest(faulty(docs, op, "inline"))
+    pipe = faulty(docs, op, "process", queue_size=2)
+    got = []
+    killed: list[int] = []
+    for item in pipe:
+        got.append(key(item))
+        if not killed:
+            engine = pipe._engine
+            assert engine is not None
+            fleets = {p.fleet for p in engine._pools if isinstance(p, ProcessWorkerPool)}
+            for fleet in fleets:
+                for pid in fleet.pids():
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            assert killed
+            respawns = fleets
+    assert got == expected
+    assert sum(f.respawns for f in respawns) >= 1
+
+
+@pytest.mark.timeout(60)
+def test_worker_that_always_dies_fails_after_max_retries_naming_the_operator(docs, tmp_path):
+    op = KillWorkerOp(tmp_path / "m", victim=5, always=True)
+    pipe = faulty(docs[:80], op, "process", max_worker_retries=1)
+    with pytest.raises(WorkerCrashedError, match=r"operator 'kill_worker'.*killed by SIGKILL") as e:
+        list(pipe)
+    assert "max_worker_retries=1" in str(e.value)

@@ -1,0 +1,113 @@
+"""The process runner gives byte-identical output to inline, moving arrays through /dev/shm."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from tests.engine._sources import RangeSource
+from tests.runners._leaks import semaphores_mapped_by
+from tests.runners._pipes import digest, heavy, reference, run_with_stops, stateful
+from zephon import Dataset, Pipeline
+from zephon._engine.pools import ProcessWorkerPool
+
+# shm_min_bytes=1 sends every array through shared memory, so the small token arrays of the
+# reference pipelines exercise the same path as large payloads.
+SHM_ALL: dict[str, Any] = {"shm_min_bytes": 1}
+
+
+@pytest.mark.timeout(120)
+def test_reference_pipeline_process_1_2_4_workers_equal_inline(docs, hf_tokenizer_dir):
+    expected = digest(reference(docs, hf_tokenizer_dir, "inline", 1))
+    assert len(expected) > 40
+    runs = [
+        (1, {"shm_min_bytes": 1}),  # every array through shared memory
+        (2, {"process_pool": "per_op", "shm_min_bytes": None}),  # a pool per op, pickling
+        (4, {}),  # defaults: one shared fleet, 64 KiB threshold
+    ]
+    for workers, opts in runs:
+        got = digest(reference(docs, hf_tokenizer_dir, "process", workers, **opts))
+        assert got == expected, f"process runner, {workers} worker(s), {opts} differs from inline"
+
+
+@pytest.mark.timeout(120)
+def test_packing_and_shuffle_process_equal_inline_also_after_restore(docs, hf_tokenizer_dir):
+    expected = digest(stateful(docs, hf_tokenizer_dir, "inline", 1))
+    assert len(expected) > 20
+    assert digest(stateful(docs, hf_tokenizer_dir, "process", 2, **SHM_ALL)) == expected
+    resumed = run_with_stops(
+        lambda: stateful(docs, hf_tokenizer_dir, "process", 2, **SHM_ALL), [13]
+    )
+    assert resumed == expected
+
+
+@pytest.mark.timeout(60)
+def test_megabyte_arrays_arrive_through_shared_memory_equal_to_inline():
+    inline = list(heavy("inline"))
+    process = list(heavy("process"))
+    assert [digest_one(b) for b in process] == [digest_one(b) for b in inline]
+    pixels = [r.payload["pixels"] for b in process for r in b]
+    # Delivered zero-copy: views on the shared mapping, not unpickled copies...
+    assert all(isinstance(_root(p), mmap.mmap) for p in pixels)
+    assert not any(isinstance(_root(r.payload["pixels"]), mmap.mmap) for b in inline for r in b)
+    # ...that stay valid and writable after the engine unlinked every segment.
+    pixels[0][0, 0] = -1
+    assert pixels[0][0, 0] == -1
+
+
+def _root(arr: np.ndarray) -> Any:
+    base: Any = arr
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base
+
+
+def digest_one(batch: Any) -> Any:
+    return [
+        (r.meta.cursor, r.payload["total"], r.payload["pixels"].tobytes(), r.payload["row0"].sum())
+        for r in batch
+    ]
+
+
+def worker_cmdline_and_sems(payload: dict[str, Any]) -> dict[str, Any]:
+    cmdline = Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return {**payload, "cmdline": cmdline, "sems": sorted(semaphores_mapped_by(os.getpid()))}
+
+
+@pytest.mark.timeout(60)
+def test_workers_are_spawned_never_forked_and_hold_no_semaphores(docs, hf_tokenizer_dir):
+    # Use the HF tokenizer (its thread pool) in this process first: a forked worker would
+    # inherit it in an undefined state; spawned workers load their own.
+    tok = Tokenizer.from_file(str(hf_tokenizer_dir / "tokenizer.json"))
+    assert len(tok.encode_batch([str(d["text"]) for d in docs[:64]])) == 64
+    sems_before = semaphores_mapped_by(os.getpid())
+    pipe = (
+        Pipeline(RangeSource([Dataset.from_records("d", docs[:120])], chunk_size=20))
+        .map_transform(worker_cmdline_and_sems, parallelism=2)
+        .tokenize(hf_tokenizer_dir, parallelism=2)
+        .options(runner="process")
+    )
+    out = []
+    for record in pipe:
+        if not out:
+            # Mid-run: the engine process opened no named semaphore for its pool.
+            assert semaphores_mapped_by(os.getpid()) - sems_before == set()
+            engine = pipe._engine
+            assert engine is not None
+            pools = [p for p in engine._pools if isinstance(p, ProcessWorkerPool)]
+            assert pools and all(p.fleet.pids() for p in pools)
+        out.append(record)
+    assert len(out) == 120
+    assert all("spawn_main" in r.payload["cmdline"] for r in out)
+    assert all(r.payload["sems"] == [] for r in out)
+    inline = Pipeline(RangeSource([Dataset.from_records("d", docs[:120])], chunk_size=20))
+    inline = inline.tokenize(hf_tokenizer_dir).options(runner="inline")
+    assert [r.payload["input_ids"].tolist() for r in out] == [
+        r.payload["input_ids"].tolist() for r in inline
+    ]

@@ -1,0 +1,78 @@
+"""The Ray runner (local cluster, 2 CPUs) gives the same bytes as inline, also after restore
+and after an actor is killed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.engine._sources import RangeSource
+from tests.runners._faulty import KillWorkerOp
+from tests.runners._pipes import digest, reference, run_with_stops, stateful
+from zephon import Dataset, Pipeline
+from zephon._engine.pools import WorkerCrashedError
+
+
+@pytest.mark.timeout(120)
+def test_ray_runner_equals_inline_on_the_reference_pipeline(ray_session, docs, hf_tokenizer_dir):
+    expected = digest(reference(docs, hf_tokenizer_dir, "inline", 1))
+    assert digest(reference(docs, hf_tokenizer_dir, "ray", 2)) == expected
+
+
+@pytest.mark.timeout(120)
+def test_ray_packing_and_shuffle_equal_inline_also_after_restore(
+    ray_session, docs, hf_tokenizer_dir
+):
+    expected = digest(stateful(docs, hf_tokenizer_dir, "inline", 1))
+    # Two Ray engines: the first stops after 11 batches, the second restores and finishes.
+    resumed = run_with_stops(lambda: stateful(docs, hf_tokenizer_dir, "ray", 1), [11])
+    assert resumed == expected
+
+
+@pytest.mark.timeout(120)
+def test_remote_placement_puts_one_operator_on_actors(ray_session, docs, hf_tokenizer_dir):
+    def build(runner: str) -> Pipeline:
+        ds = Dataset.from_records("docs", docs, shard_size=50)
+        return (
+            Pipeline(RangeSource([ds], chunk_size=40))
+            .decode_text()
+            .tokenize(hf_tokenizer_dir, parallelism=2, placement="remote")
+            .batch(8)
+            .options(runner=runner, canonical_replicas=2)
+        )
+
+    runners = {s.op_name: s.runner for s in build("threads").explain().stages}
+    assert runners["tokenize"] == "ray" and runners["decode_text"] == "threads"
+    assert runners["batch"] == "driver"
+    assert digest(build("threads")) == digest(build("inline"))
+
+
+def faulty(docs: list[dict[str, Any]], op: KillWorkerOp, runner: str, **opts: Any) -> Pipeline:
+    ds = Dataset.from_records("docs", docs, shard_size=50)
+    return (
+        Pipeline(RangeSource([ds], chunk_size=40))
+        .add_op(op, parallelism=2)
+        .tokenize("bytes", max_length=40)
+        .batch(8)
+        .options(runner=runner, canonical_replicas=2, **opts)
+    )
+
+
+@pytest.mark.timeout(120)
+def test_killed_actor_is_replaced_and_output_identical(ray_session, docs, tmp_path):
+    marker = tmp_path / "killed"
+    marker.touch()
+    expected = digest(faulty(docs, KillWorkerOp(marker, victim=222), "inline"))
+    marker.unlink()
+    pipe = faulty(docs, KillWorkerOp(marker, victim=222), "ray")
+    assert digest(pipe) == expected
+    assert marker.exists()  # the actor holding record 222 really died
+
+
+@pytest.mark.timeout(120)
+def test_actor_that_always_dies_fails_naming_the_operator(ray_session, docs, tmp_path):
+    op = KillWorkerOp(tmp_path / "m", victim=3, always=True)
+    pipe = faulty(docs[:40], op, "ray", max_worker_retries=1)
+    with pytest.raises(WorkerCrashedError, match=r"operator 'kill_worker'.*actor.*died 2 time"):
+        list(pipe)

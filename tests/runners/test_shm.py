@@ -1,0 +1,150 @@
+"""Shared-memory segments: handles, passthrough, lifetime, stale sweep, signals, kill -9."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.runners._leaks import our_segments, process_gone
+from zephon._engine import shm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_handles_resolve_lazily_pass_through_without_copy_and_unlink_when_dropped():
+    session = shm.ShmSession(min_bytes=1024)
+    try:
+        enc = session.encoder("t")
+        big = np.arange(4096, dtype=np.int64).reshape(64, 64)
+        data, keep = enc.dumps({"big": big, "small": np.arange(3), "nested": [(big[::2],)]})
+        assert len(session.files()) == 1  # one segment per message
+        msg = shm.loads(data)
+        ref = msg["big"]
+        assert isinstance(ref, shm.ShmArrayRef) and ref.shape == (64, 64)
+        assert isinstance(msg["small"], np.ndarray)  # below the threshold: pickled
+        view = ref.resolve()
+        assert np.array_equal(view, big)
+        assert np.array_equal(np.asarray(msg["nested"][0][0]), big[::2])
+        # Shipping the resolved view on reuses its segment: no new file, no copy.
+        data2, keep2 = enc.dumps({"again": view})
+        assert len(session.files()) == 1
+        assert shm.loads(data2)["again"].args == ref.args
+        # Foreign picklers get a plain array.
+        import pickle
+
+        assert np.array_equal(pickle.loads(pickle.dumps(ref)), big)
+        del data, keep, msg, ref, view, data2, keep2
+        gc.collect()
+        assert session.files() == []  # the last mapping went away: the file is unlinked
+    finally:
+        session.close()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_segments_of_a_dead_owner_are_removed_at_start_live_ones_kept():
+    directory = shm.shm_dir()
+    stale = directory / f"{shm.NAME_PREFIX}{_dead_pid()}-0badc0de-w1-0"
+    alive = directory / f"{shm.NAME_PREFIX}{os.getpid()}-feedf00d-p0-0"
+    stale.write_bytes(b"x" * 10)
+    alive.write_bytes(b"y" * 10)
+    try:
+        session = shm.ShmSession()
+        session.close()
+        assert not stale.exists()
+        assert alive.exists()
+    finally:
+        alive.unlink(missing_ok=True)
+        stale.unlink(missing_ok=True)
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    from tests.runners._pipes import heavy
+
+    if __name__ == "__main__":
+        pipe = heavy("process", rows=120, queue_size=2)
+        it = iter(pipe)
+        held = [next(it)]
+        engine = pipe._engine
+        pids = [p for pool in engine._pools for p in pool.fleet.pids()]
+        print("READY", *sorted(set(pids)), flush=True)
+        sys.stdin.readline()  # wait, mid-run, for the signal
+        held.extend(it)
+    """
+)
+
+
+def _start_child(tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    assert line and line[0] == "READY", proc.stderr.read() if proc.stderr else ""
+    assert our_segments(proc.pid)  # the child holds records whose arrays live in /dev/shm
+    return proc, [int(p) for p in line[1:]]
+
+
+def _wait_gone(pids: list[int], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(process_gone(p) for p in pids):
+        assert time.monotonic() < deadline, f"worker processes {pids} did not exit"
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_remove_every_segment(tmp_path, signum):
+    proc, workers = _start_child(tmp_path)
+    proc.send_signal(signum)
+    proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    if signum == signal.SIGTERM:
+        assert proc.returncode == -signal.SIGTERM  # killed by the signal, after cleaning up
+    _wait_gone(workers)
+    assert our_segments(proc.pid) == []
+
+
+@pytest.mark.timeout(60)
+def test_kill_9_of_the_engine_alone_workers_remove_their_segments(tmp_path):
+    proc, workers = _start_child(tmp_path)
+    proc.kill()
+    proc.communicate(timeout=30)
+    _wait_gone(workers)  # they see the engine's end of the pipe close and clean up
+    assert our_segments(proc.pid) == []
+
+
+@pytest.mark.timeout(60)
+def test_segments_of_a_run_killed_whole_are_swept_by_the_next_engine(tmp_path):
+    proc, workers = _start_child(tmp_path)
+    for pid in [proc.pid, *workers]:  # e.g. the OOM killer or a scheduler killing the group
+        os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    _wait_gone(workers)
+    assert our_segments(proc.pid)  # nobody could clean up...
+    shm.ShmSession().close()  # ...until the next engine starts
+    assert our_segments(proc.pid) == []
