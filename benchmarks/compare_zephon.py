@@ -34,7 +34,7 @@ from pipeline import prepare, spawn  # type: ignore[import-not-found]  # noqa: E
 PEER_VERSION = "0.2.0"
 PEER_PACKAGES = [f"zephon=={PEER_VERSION}", "tokenizers", "transformers", "psutil"]
 
-PEER_CHILD = r'''
+PEER_CHILD = r"""
 import json, resource, sys, time
 cfg = json.loads(sys.argv[1])
 start = time.perf_counter()
@@ -77,7 +77,7 @@ print(json.dumps({
     "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
     "rss_mb": me.ru_maxrss / 1024,
 }))
-'''
+"""
 
 
 def peer_python(data: Path) -> Path:
