@@ -27,6 +27,7 @@ TAG_BOUNDARY_CID = "_boundary_cid"
 TAG_END_OF_DATA = "_end_of_data"
 TAG_ERROR = "_error"
 TAG_PACKING = "_packing_metadata"
+TAG_TARGET_MIXTURE = "_target_mixture"
 RESERVED_TAGS = frozenset(
     {
         TAG_CONTRIBUTORS,
@@ -36,6 +37,7 @@ RESERVED_TAGS = frozenset(
         TAG_END_OF_DATA,
         TAG_ERROR,
         TAG_PACKING,
+        TAG_TARGET_MIXTURE,
     }
 )
 

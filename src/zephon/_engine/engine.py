@@ -150,7 +150,13 @@ class Engine:
             acc = spec.op.accumulator(deterministic=self.options.deterministic, ctx=ctx)
             stats = self.op_stats[i] if self.op_stats is not None else None
             cores.append(
-                StageCore(spec.op, acc, stalls_sentinels=stalls_sentinels(spec.op), stats=stats)
+                StageCore(
+                    spec.op,
+                    acc,
+                    stalls_sentinels=stalls_sentinels(spec.op),
+                    stats=stats,
+                    lanes=self.lanes,
+                )
             )
         return cores
 

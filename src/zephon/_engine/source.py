@@ -18,7 +18,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon.types import SampleMeta, SampleRecord, StreamItem, end_of_data, flush_sentinel
+from zephon.types import (
+    TAG_TARGET_MIXTURE,
+    SampleMeta,
+    SampleRecord,
+    StreamItem,
+    end_of_data,
+    flush_sentinel,
+)
 from zephon.work import WorkChunk, WorkSource
 
 
@@ -105,6 +112,12 @@ class SourceFeeder:
             SampleRecord(SampleMeta((r[0], r[1], r[2]), lane_id, chunk_id, offset, (), r[0]), None)
             for offset, r in enumerate(rows[start:stop], start)
         ]
+        if start == 0 and lane.chunk is not None and lane.chunk.target_mixture is not None:
+            # Every chunk's first record carries its target (ensure_mixture reads it); stamping
+            # each chunk, not only changes, keeps replay from an epoch start identical.
+            first = out[0].meta
+            target = dict(lane.chunk.target_mixture)
+            out[0] = SampleRecord(first.with_tags(**{TAG_TARGET_MIXTURE: target}), None)
         lane.position = stop
         self.samples_emitted += len(out)
         if stop >= len(rows):

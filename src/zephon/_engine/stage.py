@@ -89,8 +89,10 @@ class StageCore:
         *,
         stalls_sentinels: bool,
         stats: OpStats | None = None,
+        lanes: Sequence[int] = (),
     ) -> None:
         self.op = op
+        self.lanes = tuple(lanes)
         self.stats = stats
         self.acc = accumulator
         self.stalls_sentinels = stalls_sentinels
@@ -194,7 +196,9 @@ class StageCore:
         out.append(self._task([], [*(held or ()), marker]))
 
     def _flush_lane(self, lane: int, out: list[Task]) -> None:
-        flushed = self.acc.flush(reset=True, lane_id=lane)
+        acc = self.acc
+        others = [other for other in self.lanes if other != lane and acc.has_pending_data(other)]
+        flushed = acc.flush(reset=True, lane_id=lane)
         for mb in flushed:
             for elem in mb:
                 if elem.meta.lane_id != lane:
@@ -203,6 +207,13 @@ class StageCore:
                         f"{elem.meta.lane_id} element at a flush sentinel of lane {lane}; a "
                         "sentinel flush must emit and reset that lane only"
                     )
+        emptied = [other for other in others if not acc.has_pending_data(other)]
+        if emptied:
+            raise ContractError(
+                f"accumulator of operator {self.op.name!r}: flush(reset=True, lane_id={lane}) "
+                f"also emptied lane(s) {emptied}; a sentinel flush must leave other lanes "
+                "untouched"
+            )
         self._tasks_for(flushed, out)
         if self.acc.has_pending_data(lane):
             raise ContractError(
