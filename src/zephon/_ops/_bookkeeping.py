@@ -25,13 +25,14 @@ from zephon.types import (
     SampleMeta,
     SampleRecord,
 )
+from zephon.types import TAG_TARGET_MIXTURE as TAG_TARGET_MIXTURE
 
 _MASK64 = (1 << 64) - 1
 BaseKey = tuple[int, int]
 
-TAG_TARGET_MIXTURE = "_target_mixture"
-"""Tag a source may stamp on a record: its chunk's target ``{component_id or name: weight}``.
-Order-changing operators carry it over to what they emit, so ensure_mixture can follow it."""
+# TAG_TARGET_MIXTURE (re-exported): the engine stamps each chunk's target mixture on the
+# chunk's first record; order-changing operators carry it to what they emit, so
+# ensure_mixture can follow it.
 
 
 def cursor_hash(cursor: SampleCursor, seed: int) -> int:
