@@ -148,3 +148,15 @@ def test_segments_of_a_run_killed_whole_are_swept_by_the_next_engine(tmp_path):
     assert our_segments(proc.pid)  # nobody could clean up...
     shm.ShmSession().close()  # ...until the next engine starts
     assert our_segments(proc.pid) == []
+
+
+def test_encoders_of_one_session_never_reuse_a_segment_name():
+    session = shm.ShmSession(min_bytes=8)
+    try:
+        a, b = session.encoder("p0"), session.encoder("p0")  # e.g. slot 0 of two fleets
+        kept = [a.dumps(np.ones(64))[1], b.dumps(np.ones(64))[1]]
+        assert len(session.files()) == 2
+        del kept
+    finally:
+        session.close()
+    assert session.files() == []

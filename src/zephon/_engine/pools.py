@@ -298,9 +298,9 @@ class ProcessFleet:
                     assert conn is not None
                     conn.send_bytes(job.data)
                     reply = conn.recv_bytes()
-                except (EOFError, OSError) as exc:
-                    ready = False
-                    if self._crashed(slot, job, exc):
+                except (EOFError, OSError):
+                    starting, ready = not ready, False
+                    if self._crashed(slot, job, starting=starting):
                         break
                     continue
                 except BaseException as exc:  # setup failed in the worker, or encoding failed
@@ -314,7 +314,7 @@ class ProcessFleet:
                 break
         self._stop_worker(slot, ready)
 
-    def _crashed(self, slot: int, job: _Job, exc: BaseException) -> bool:
+    def _crashed(self, slot: int, job: _Job, *, starting: bool) -> bool:
         """The worker in ``slot`` died; respawn it. True when ``job`` is finished (failed)."""
         code = self._reap(slot)
         name = self._names[job.stage]
@@ -328,15 +328,22 @@ class ProcessFleet:
         self._spawn(slot)
         self.respawns += 1
         if job.crashes > self._max_retries:
-            job.future.set_exception(
-                WorkerCrashedError(
-                    f"operator {name!r}: a worker process {how} while running a micro-batch "
-                    f"{job.crashes} time(s) (max_worker_retries={self._max_retries}); the "
-                    "micro-batch probably crashes the worker (out of memory, a segfault in a "
-                    "native library, an os._exit). Fix the operator, or raise "
-                    "max_worker_retries in pipeline.options() if the crashes are transient"
+            if starting:
+                why = (
+                    f"a worker process {how} while starting, before its operators were set "
+                    f"up ({job.crashes} time(s)); its traceback is on stderr. A script that "
+                    "starts a pipeline with runner='process' needs an "
+                    "`if __name__ == '__main__':` guard (workers are spawned and import it)"
                 )
-            )
+            else:
+                why = (
+                    f"a worker process {how} while running a micro-batch {job.crashes} "
+                    f"time(s) (max_worker_retries={self._max_retries}); the micro-batch "
+                    "probably crashes the worker (out of memory, a segfault in a native "
+                    "library, an os._exit). Fix the operator, or raise max_worker_retries in "
+                    "pipeline.options() if the crashes are transient"
+                )
+            job.future.set_exception(WorkerCrashedError(f"operator {name!r}: {why}"))
             return True
         log.warning(
             "zephon: operator %r: worker process %d %s; respawned it and retrying the "

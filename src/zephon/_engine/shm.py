@@ -363,11 +363,13 @@ class ShmSession:
         self.min_bytes = min_bytes
         self.prefix = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
         self._closed = False
+        self._ids = itertools.count()
         _SESSIONS.add(self)
         _install_handlers()
 
     def encoder(self, tag: str) -> Encoder:
-        return Encoder(f"{self.prefix}{tag}-", self.min_bytes)
+        """An encoder whose segment names are unique within this session."""
+        return Encoder(f"{self.prefix}{tag}{next(self._ids)}-", self.min_bytes)
 
     def files(self) -> list[str]:
         return segment_files(self.prefix)
