@@ -13,7 +13,14 @@ from tokenizers import Tokenizer
 
 from tests.engine._sources import RangeSource
 from tests.runners._leaks import semaphores_mapped_by
-from tests.runners._pipes import digest, heavy, reference, run_with_stops, stateful
+from tests.runners._pipes import (
+    big_array,
+    digest,
+    heavy,
+    reference,
+    run_with_stops,
+    stateful,
+)
 from zephon import Dataset, Pipeline
 from zephon._engine.pools import ProcessWorkerPool
 
@@ -111,3 +118,24 @@ def test_workers_are_spawned_never_forked_and_hold_no_semaphores(docs, hf_tokeni
     assert [r.payload["input_ids"].tolist() for r in out] == [
         r.payload["input_ids"].tolist() for r in inline
     ]
+
+
+def explode_on_30(payload: dict[str, Any]) -> dict[str, Any]:
+    if payload["id"] == 30:
+        raise ValueError("bad record 30")
+    return payload
+
+
+@pytest.mark.timeout(60)
+def test_operator_exception_with_arrays_in_flight_leaves_no_segment():
+    ds = Dataset.from_records("rows", [{"id": i} for i in range(64)], shard_size=16)
+    pipe = (
+        Pipeline(RangeSource([ds], chunk_size=8))
+        .map_transform(big_array, parallelism=2)
+        .map_transform(explode_on_30, parallelism=2)
+        .options(runner="process")
+    )
+    with pytest.raises(ValueError, match="bad record 30") as info:
+        list(pipe)
+    assert "operator 'map_transform'" in "\n".join(getattr(info.value, "__notes__", []))
+    # the autouse no_leaks fixture asserts that no segment of this process is left
