@@ -3,11 +3,17 @@ and after an actor is killed."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.engine._sources import RangeSource
+from tests.engine.conftest import make_docs
 from tests.runners._faulty import KillWorkerOp
 from tests.runners._pipes import digest, reference, run_with_stops, stateful
 from zephon import Dataset, Pipeline
@@ -76,3 +82,38 @@ def test_actor_that_always_dies_fails_naming_the_operator(ray_session, docs, tmp
     pipe = faulty(docs[:40], op, "ray", max_worker_retries=1)
     with pytest.raises(WorkerCrashedError, match=r"operator 'kill_worker'.*actor.*died 2 time"):
         list(pipe)
+
+
+DRIVER = """
+import hashlib, sys
+import ray
+from pathlib import Path
+from tests.engine.conftest import make_docs
+from tests.runners._pipes import digest, reference
+
+ray.init(address=sys.argv[1], log_to_driver=False)
+out = digest(reference(make_docs(600), Path(sys.argv[2]), "ray", 2))
+print(hashlib.sha256(repr(out).encode()).hexdigest())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_driver_attached_to_an_existing_cluster_gets_the_same_bytes(
+    ray_session, docs, hf_tokenizer_dir, tmp_path
+):
+    assert docs == make_docs(600)
+    expected = digest(reference(docs, hf_tokenizer_dir, "inline", 1))
+    address = ray_session.get_runtime_context().gcs_address
+    root = Path(__file__).resolve().parents[2]
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    proc = subprocess.run(
+        [sys.executable, str(script), address, str(hf_tokenizer_dir)],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == hashlib.sha256(repr(expected).encode()).hexdigest()
