@@ -71,3 +71,18 @@ def test_worker_that_always_dies_fails_after_max_retries_naming_the_operator(doc
     with pytest.raises(WorkerCrashedError, match=r"operator 'kill_worker'.*killed by SIGKILL") as e:
         list(pipe)
     assert "max_worker_retries=1" in str(e.value)
+
+
+class SetupFails(KillWorkerOp):
+    name = "setup_fails"
+
+    def setup(self, ctx: Any) -> None:
+        raise FileNotFoundError(f"no vocabulary at /nonexistent (worker {ctx.worker_index})")
+
+
+@pytest.mark.timeout(60)
+def test_setup_error_in_a_worker_is_reported_not_retried_as_a_crash(docs, tmp_path):
+    pipe = faulty(docs[:80], SetupFails(tmp_path / "m", victim=-1), "process")
+    with pytest.raises(FileNotFoundError, match="no vocabulary") as info:
+        list(pipe)
+    assert "operator 'setup_fails'" in "\n".join(getattr(info.value, "__notes__", []))

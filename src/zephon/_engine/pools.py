@@ -132,14 +132,16 @@ def _worker_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine process decides when to stop
     shm.enter_worker_mode()
     ops: dict[int, BaseOp] = {}
+    current = "process worker start-up"
     try:
         specs: dict[int, tuple[BaseOp, OpContext]] = cloudpickle.loads(blob)
         for stage, (op, ctx) in specs.items():
+            current = op.name
             op.setup(replace(ctx, worker_index=worker_index))
             ops[stage] = op
         conn.send_bytes(pickle.dumps(("ready", os.getpid())))
     except BaseException as exc:
-        conn.send_bytes(_error_reply(exc))
+        conn.send_bytes(_error_reply(annotate(exc, current)))
         return
     mine = f"{prefix}w{os.getpid()}-"
     encoder = shm.Encoder(mine, min_bytes)
@@ -166,6 +168,14 @@ def _worker_main(
     # The engine died (or is killing us): segments we wrote have no owner any more.
     for name in shm.segment_files(mine):
         shm._unlink(str(shm.shm_dir() / name))
+
+
+class _SetupFailed(Exception):
+    """An operator's ``setup`` raised in a worker (not a crash: respawning would not help)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 @dataclass
@@ -203,6 +213,8 @@ class ProcessFleet:
         self._lock = threading.Lock()
         self._procs: list[Any] = [None] * size
         self._conns: list[Connection | None] = [None] * size
+        self._ready = [False] * size
+        self._setup_errors: list[BaseException | None] = [None] * size
         self.respawns = 0
         label = "+".join(sorted(set(self._names.values())))
         for slot in range(size):
@@ -240,7 +252,7 @@ class ProcessFleet:
         assert conn is not None
         kind, value = pickle.loads(conn.recv_bytes())
         if kind == "err":
-            raise value
+            raise _SetupFailed(value)
 
     def _reap(self, slot: int) -> int | None:
         proc, conn = self._procs[slot], self._conns[slot]
@@ -276,43 +288,52 @@ class ProcessFleet:
 
     def _serve(self, slot: int) -> None:
         encoder = self._session.encoder(f"p{slot}")
-        ready = False
-        setup_error: BaseException | None = None
+        self._ready[slot] = False
         while True:
             job = self._jobs.get()
             if job is None:
                 break
             if not job.future.set_running_or_notify_cancel():
                 continue
-            if setup_error is not None:
-                job.future.set_exception(setup_error)
+            try:
+                self._run(slot, job, encoder)
+            except BaseException as exc:  # e.g. a respawn failed: fail the job, never hang
+                if not job.future.done():
+                    job.future.set_exception(annotate(exc, self._names[job.stage]))
+        self._stop_worker(slot, self._ready[slot])
+
+    def _run(self, slot: int, job: _Job, encoder: shm.Encoder) -> None:
+        """Run ``job`` on the worker in ``slot``, respawning it as often as allowed."""
+        name = self._names[job.stage]
+        error = self._setup_errors[slot]
+        if error is not None:
+            job.future.set_exception(error)
+            return
+        if job.data is None:
+            job.data, job.keep = encoder.dumps((job.stage, job.elems))
+        while True:
+            conn = self._conns[slot]
+            if conn is None:
+                raise WorkerCrashedError(f"operator {name!r}: worker slot {slot} has no process")
+            try:
+                if not self._ready[slot]:
+                    self._await_ready(slot)
+                    self._ready[slot] = True
+                conn.send_bytes(job.data)
+                reply = conn.recv_bytes()
+            except (EOFError, OSError):
+                starting = not self._ready[slot]
+                self._ready[slot] = False
+                if self._crashed(slot, job, starting=starting):
+                    return
                 continue
-            while True:
-                try:
-                    if not ready:
-                        self._await_ready(slot)
-                        ready = True
-                    if job.data is None:
-                        job.data, job.keep = encoder.dumps((job.stage, job.elems))
-                    conn = self._conns[slot]
-                    assert conn is not None
-                    conn.send_bytes(job.data)
-                    reply = conn.recv_bytes()
-                except (EOFError, OSError):
-                    starting, ready = not ready, False
-                    if self._crashed(slot, job, starting=starting):
-                        break
-                    continue
-                except BaseException as exc:  # setup failed in the worker, or encoding failed
-                    if not ready:
-                        setup_error = annotate(exc, self._names[job.stage])
-                        job.future.set_exception(setup_error)
-                    else:
-                        job.future.set_exception(annotate(exc, self._names[job.stage]))
-                    break
-                self._finish(job, reply)
-                break
-        self._stop_worker(slot, ready)
+            except _SetupFailed as failed:  # an operator's setup raised in the worker
+                error = annotate(failed.error, name)
+                self._setup_errors[slot] = error
+                job.future.set_exception(error)
+                return
+            self._finish(job, reply)
+            return
 
     def _crashed(self, slot: int, job: _Job, *, starting: bool) -> bool:
         """The worker in ``slot`` died; respawn it. True when ``job`` is finished (failed)."""
