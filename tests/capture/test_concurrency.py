@@ -101,7 +101,15 @@ def test_freeze_racing_writers_is_a_strict_fence(
     ok: set[str] = set()
     frozen: set[str] = set()
     for i, child in enumerate(children):
-        out, _ = child.communicate(timeout=100)
+        if i == 0:
+            # readline() may have buffered lines ahead; communicate() reads the raw pipe and
+            # would miss them, so finish reading through the same buffered stream.
+            assert child.stdin is not None and child.stdout is not None
+            child.stdin.close()
+            out = child.stdout.read()
+            child.wait(timeout=100)
+        else:
+            out, _ = child.communicate(timeout=100)
         for line in (lines if i == 0 else []) + out.splitlines():
             parts = line.split()
             if parts and parts[0] == "ok":
