@@ -15,10 +15,8 @@ is taken from the driver process that iterates the pipeline.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
-import queue
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -83,7 +81,12 @@ class _Job:
 
 
 class RayWorkerPool(WorkerPool):
-    """``parallelism`` Ray actors running one operator; see the module docstring."""
+    """``parallelism`` Ray actors running one operator; see the module docstring.
+
+    Results are collected by one thread of ours that sweeps the pending object refs with
+    ``ray.wait``: no code of ours runs on Ray's own threads (Ray calls made from there, or
+    while they wait for the GIL, can deadlock), and every Ray call comes from our threads.
+    """
 
     def __init__(
         self, op: BaseOp, parallelism: int, ctx: OpContext, *, max_retries: int = 3
@@ -103,14 +106,12 @@ class RayWorkerPool(WorkerPool):
         self.replaced = 0
         self._actors = [self._new_actor(i) for i in range(parallelism)]
         self._load = [0] * parallelism
-        # Ray completes futures on its own threads, where calling Ray (kill, a new actor, a
-        # resubmission) deadlocks: deaths are handled on this thread instead.
-        self._deaths: queue.SimpleQueue[tuple[_Job, int, Any, BaseException] | None]
-        self._deaths = queue.SimpleQueue()
-        self._medic = threading.Thread(
-            target=self._replace_dead, name=f"zephon-engine-ray-{op.name}", daemon=True
+        self._pending: dict[Any, tuple[_Job, int, Any]] = {}
+        self._wake = threading.Event()
+        self._collector = threading.Thread(
+            target=self._collect, name=f"zephon-engine-ray-{op.name}", daemon=True
         )
-        self._medic.start()
+        self._collector.start()
 
     def _new_actor(self, slot: int) -> Any:
         return self._cls.options(scheduling_strategy="SPREAD").remote(self._blob, self._ctx, slot)
@@ -136,60 +137,66 @@ class RayWorkerPool(WorkerPool):
             slot = min(range(len(self._load)), key=self._load.__getitem__)
             self._load[slot] += 1
             actor = self._actors[slot]
-        ref = actor.run.remote(job.elems)
-        ref.future().add_done_callback(functools.partial(self._done, job, slot, actor))
+            ref = actor.run.remote(job.elems)
+            self._pending[ref] = (job, slot, actor)
+        self._wake.set()
 
-    def _done(self, job: _Job, slot: int, actor: Any, done: Future[Any]) -> None:
+    def _collect(self) -> None:
+        ray = self._ray
+        while not self._closed:
+            with self._lock:
+                refs = list(self._pending)
+            if not refs:
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.01, fetch_local=True)
+            except BaseException:
+                ready = []
+            for ref in ready:
+                with self._lock:
+                    job, slot, actor = self._pending.pop(ref)
+                    self._load[slot] -= 1
+                try:
+                    self._done(job, slot, actor, ref)
+                except BaseException as exc:  # never leave a future hanging
+                    if not job.future.done():
+                        job.future.set_exception(annotate(exc, self._name))
         with self._lock:
-            self._load[slot] -= 1
-        try:
-            kind, value = done.result()
-        except self._ray.exceptions.RayActorError as exc:
-            if self._closed:
+            leftover = list(self._pending.values())
+            self._pending.clear()
+        for job, _, _ in leftover:
+            if not job.future.done():
                 job.future.set_exception(
-                    WorkerCrashedError(f"operator {self._name!r}: actor stopped while closing")
+                    WorkerCrashedError(f"operator {self._name!r}: the pool was shut down")
                 )
-            else:
-                self._deaths.put((job, slot, actor, exc))
-            return
-        except BaseException as exc:
-            job.future.set_exception(annotate(exc, self._name))
+
+    def _done(self, job: _Job, slot: int, actor: Any, ref: Any) -> None:
+        try:
+            kind, value = self._ray.get(ref)
+        except self._ray.exceptions.RayActorError as exc:
+            self._actor_died(job, slot, actor, exc)
             return
         if kind == "ok":
             job.future.set_result(value)
         else:
             job.future.set_exception(value)
 
-    def _replace_dead(self) -> None:
-        while True:
-            event = self._deaths.get()
-            if event is None:
-                return
-            try:
-                self._actor_died(*event)
-            except BaseException as exc:
-                if not event[0].future.done():
-                    event[0].future.set_exception(annotate(exc, self._name))
-
     def _actor_died(self, job: _Job, slot: int, actor: Any, exc: BaseException) -> None:
-        if self._closed:
-            job.future.set_exception(
-                WorkerCrashedError(f"operator {self._name!r}: actor stopped while closing")
-            )
-            return
         with self._lock:
             if self._actors[slot] is actor:
-                with contextlib.suppress(Exception):
-                    self._ray.kill(actor)
+                # The actor is gone already; dropping its handle is all that is left to do.
                 self._actors[slot] = self._new_actor(slot)
                 self.replaced += 1
         job.crashes += 1
         if job.crashes > self._max_retries:
+            first = str(exc).splitlines()[0] if str(exc) else ""
             job.future.set_exception(
                 WorkerCrashedError(
                     f"operator {self._name!r}: the Ray actor running a micro-batch died "
                     f"{job.crashes} time(s) (max_worker_retries={self._max_retries}); last "
-                    f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    f"error: {type(exc).__name__}: {first}"
                 )
             )
             return
@@ -204,14 +211,15 @@ class RayWorkerPool(WorkerPool):
         self._send(job)
 
     def shutdown(self) -> None:
-        """Tear the operator copies down (10 s at most), then kill the actors."""
+        """Stop collecting, tear the operator copies down (10 s at most), let actors exit."""
         self._closed = True
-        self._deaths.put(None)
-        self._medic.join(timeout=30)
+        self._wake.set()
+        self._collector.join(timeout=30)
         with self._lock:
             actors = list(self._actors)
+            self._actors = []
         with contextlib.suppress(Exception):
             self._ray.get([a.teardown.remote() for a in actors], timeout=10)
         for actor in actors:
             with contextlib.suppress(Exception):
-                self._ray.kill(actor)
+                actor.__ray_terminate__.remote()  # exits once its queue is empty
