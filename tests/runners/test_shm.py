@@ -16,6 +16,7 @@ import pytest
 
 from tests.runners._leaks import our_segments, process_gone
 from zephon._engine import shm
+from zephon.types import SampleRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -160,3 +161,39 @@ def test_encoders_of_one_session_never_reuse_a_segment_name():
     finally:
         session.close()
     assert session.files() == []
+
+
+ARRAYS = [
+    np.arange(600, dtype=np.float64).reshape(20, 30),
+    np.asfortranarray(np.arange(600, dtype=np.int16).reshape(20, 30)),  # not C-contiguous
+    np.arange(2000, dtype=np.int32)[::3],  # strided view
+    np.arange(500, dtype=">u4"),  # big-endian
+    np.array(["2024-01-01", "2025-06-30"] * 100, dtype="datetime64[D]"),
+    np.zeros(100, dtype=[("a", "<i4"), ("b", "<f8", (2,))]),  # structured
+    np.array(7.5),  # 0-d, below the threshold
+    np.array([{"x": 1}] * 50, dtype=object),  # object arrays are always pickled
+]
+
+
+def test_every_dtype_layout_and_nesting_round_trips_bit_exact():
+    session = shm.ShmSession(min_bytes=64)
+    try:
+        payload = {"arrays": ARRAYS, "nested": {"t": tuple(ARRAYS[:3])}, "text": "keep"}
+        data, keep = session.encoder("t").dumps(payload)
+        got = shm.loads(data)
+        item = SampleRecord(None, got)  # type: ignore[arg-type]
+        shm.resolve_items([item])
+        out = item.payload
+        assert out["text"] == "keep"
+        backs = out["arrays"] + list(out["nested"]["t"])
+        for original, back in zip(ARRAYS + list(ARRAYS[:3]), backs, strict=True):
+            assert isinstance(back, np.ndarray)
+            assert back.dtype == original.dtype and back.shape == original.shape
+            if original.dtype.hasobject:
+                assert back.tolist() == original.tolist()
+            else:
+                assert back.tobytes() == np.ascontiguousarray(original).tobytes()
+        del data, keep, got, item, out
+        gc.collect()
+    finally:
+        session.close()
