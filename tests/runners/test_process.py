@@ -23,6 +23,7 @@ from tests.runners._pipes import (
 )
 from zephon import Dataset, Pipeline
 from zephon._engine.pools import ProcessWorkerPool
+from zephon.ops import BaseOp, CountingAccumulator, OpTraits
 
 # shm_min_bytes=1 sends every array through shared memory, so the small token arrays of the
 # reference pipelines exercise the same path as large payloads.
@@ -139,3 +140,49 @@ def test_operator_exception_with_arrays_in_flight_leaves_no_segment():
         list(pipe)
     assert "operator 'map_transform'" in "\n".join(getattr(info.value, "__notes__", []))
     # the autouse no_leaks fixture asserts that no segment of this process is left
+
+
+class SeesPayload(CountingAccumulator):
+    """Records the type of ``payload["pixels"]`` at the accumulator (engine process)."""
+
+    def __init__(self, seen: list[str], reads_payload: bool) -> None:
+        super().__init__(4)
+        self.seen = seen
+        self.reads_payload = reads_payload
+
+    def push_many(self, elems):
+        self.seen.extend(type(e.payload["pixels"]).__name__ for e in elems)
+        return super().push_many(elems)
+
+
+class Probe(BaseOp):
+    def __init__(self, name: str, reads_payload: bool) -> None:
+        super().__init__(name=name)
+        self.reads = reads_payload
+        self.seen: list[str] = []
+
+    def accumulator(self, *, deterministic, ctx):
+        return SeesPayload(self.seen, self.reads)
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True)
+
+    def process_many(self, elems):
+        return elems
+
+
+@pytest.mark.timeout(60)
+def test_accumulators_see_handles_unless_they_declare_reads_payload():
+    ds = Dataset.from_records("rows", [{"id": i} for i in range(16)], shard_size=8)
+    lazy, eager = Probe("lazy", False), Probe("eager", True)
+    pipe = (
+        Pipeline(RangeSource([ds], chunk_size=4))
+        .map_transform(big_array, parallelism=2)
+        .add_op(lazy)
+        .add_op(eager)
+        .options(runner="process")
+    )
+    out = list(pipe)
+    assert lazy.seen == ["ShmArrayRef"] * 16  # metadata-only accumulators: nothing mapped
+    assert eager.seen == ["ndarray"] * 16  # reads_payload=True: resolved first
+    assert all(type(r.payload["pixels"]) is np.ndarray for r in out)  # and at the tail
