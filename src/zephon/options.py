@@ -30,6 +30,15 @@ class RuntimeOptions:
     micro-batches in flight per operator (default: 2 x its parallelism). ``track_stats``
     keeps per-operator counters for ``pipeline.stats()`` (per micro-batch, so it is cheap);
     ``log_every_s`` logs a progress line at INFO on the ``zephon`` logger.
+
+    ``runner="ray"`` runs every worker operator on Ray actors (``ray.init()`` is called when
+    Ray is not initialised; it honours ``RAY_ADDRESS``). ``max_worker_retries``: re-runs of a
+    micro-batch after the worker process or actor running it died (then a
+    ``WorkerCrashedError`` names the operator). ``shm_min_bytes``: numpy arrays at least this
+    large cross process boundaries through /dev/shm (None: always pickled). ``process_pool``:
+    ``"shared"`` (one set of worker processes for every process stage, as many as the widest)
+    or ``"per_op"``. ``reuse_workers``: keep the worker processes after an iteration and reuse
+    them in the next one of this process. See docs/runners.md.
     """
 
     runner: RunnerName = "threads"
@@ -45,6 +54,7 @@ class RuntimeOptions:
     max_worker_retries: int = 3
     shm_min_bytes: int | None = 64 * 1024
     process_pool: Literal["shared", "per_op"] = "shared"
+    reuse_workers: bool = False
     track_stats: bool = True
     log_every_s: float | None = None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import multiprocessing
 import os
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,13 @@ from tests.runners._pipes import (
     big_array,
     digest,
     heavy,
+    key,
     reference,
     run_with_stops,
     stateful,
 )
 from zephon import Dataset, Pipeline
-from zephon._engine.pools import ProcessWorkerPool
+from zephon._engine.pools import ProcessWorkerPool, shutdown_idle_workers
 from zephon.ops import BaseOp, CountingAccumulator, OpTraits
 
 # shm_min_bytes=1 sends every array through shared memory, so the small token arrays of the
@@ -48,11 +50,24 @@ def test_reference_pipeline_process_1_2_4_workers_equal_inline(docs, hf_tokenize
 def test_packing_and_shuffle_process_equal_inline_also_after_restore(docs, hf_tokenizer_dir):
     expected = digest(stateful(docs, hf_tokenizer_dir, "inline", 1))
     assert len(expected) > 20
-    assert digest(stateful(docs, hf_tokenizer_dir, "process", 2, **SHM_ALL)) == expected
-    resumed = run_with_stops(
-        lambda: stateful(docs, hf_tokenizer_dir, "process", 2, **SHM_ALL), [13]
-    )
-    assert resumed == expected
+    opts = {**SHM_ALL, "reuse_workers": True}  # three engines, one set of worker processes
+    try:
+        pipe = stateful(docs, hf_tokenizer_dir, "process", 2, **opts)
+        got, first = [], []
+        for item in pipe:
+            if not first:
+                engine = pipe._engine
+                assert engine is not None
+                first = sorted({pid for p in engine._pools for pid in p.fleet.pids()})
+            got.append(key(item))
+        assert got == expected
+        resumed = run_with_stops(
+            lambda: stateful(docs, hf_tokenizer_dir, "process", 2, **opts), [13]
+        )
+        assert resumed == expected
+        assert sorted(p.pid for p in multiprocessing.active_children()) == first
+    finally:
+        shutdown_idle_workers()
 
 
 @pytest.mark.timeout(60)

@@ -15,6 +15,8 @@ naming the operator. Numpy payloads travel through shared memory (see ``shm.py``
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import copy
 import itertools
 import logging
@@ -125,12 +127,9 @@ def _error_reply(exc: BaseException) -> bytes:
         return pickle.dumps(("err", RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")))
 
 
-def _worker_main(
-    conn: Connection, blob: bytes, worker_index: int, prefix: str, min_bytes: int
-) -> None:
-    """A worker process: set up every operator it hosts, then run micro-batches until told."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine process decides when to stop
-    shm.enter_worker_mode()
+def _load_ops(conn: Connection, message: tuple[Any, ...]) -> dict[int, BaseOp] | None:
+    """Handle ``("load", blob, worker_index)``: set up the operators; None if setup raised."""
+    _, blob, worker_index = message
     ops: dict[int, BaseOp] = {}
     current = "process worker start-up"
     try:
@@ -139,13 +138,53 @@ def _worker_main(
             current = op.name
             op.setup(replace(ctx, worker_index=worker_index))
             ops[stage] = op
-        conn.send_bytes(pickle.dumps(("ready", os.getpid())))
     except BaseException as exc:
         conn.send_bytes(_error_reply(annotate(exc, current)))
-        return
+        return None
+    conn.send_bytes(pickle.dumps(("ready", os.getpid())))
+    return ops
+
+
+def _worker_main(conn: Connection, prefix: str, min_bytes: int, first_load: bytes) -> None:
+    """A worker process: load operators, run micro-batches; unload and wait to be reused.
+
+    Messages: ``("load", blob, worker_index, prefix, min_bytes)`` sets up the operators of an
+    engine, ``(stage, elems)`` runs a micro-batch, ``("unload",)`` tears the operators down
+    (the worker then idles until the next load), and an empty message stops the worker.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine process decides when to stop
+    shm.enter_worker_mode()
+    ops: dict[int, BaseOp] = {}
+    data = first_load
     mine = f"{prefix}w{os.getpid()}-"
     encoder = shm.Encoder(mine, min_bytes)
     while True:
+        message = shm.loads(data)
+        if message[0] == "load":
+            if len(message) > 3:
+                mine = f"{message[3]}w{os.getpid()}-"
+                encoder = shm.Encoder(mine, message[4])
+            loaded = _load_ops(conn, message[:3])
+            if loaded is None:
+                return
+            ops = loaded
+        elif message[0] == "unload":
+            for op in ops.values():
+                op.teardown()
+            ops = {}
+            conn.send_bytes(pickle.dumps(("unloaded", os.getpid())))
+        else:
+            stage, elems = message
+            op = ops[stage]
+            try:
+                reply, _ = encoder.dumps(("ok", call_process_many(op, elems)))
+            except BaseException as exc:
+                reply = _error_reply(annotate(exc, op.name))
+            del elems, message
+            try:
+                conn.send_bytes(reply)
+            except (EOFError, OSError):
+                break
         try:
             data = conn.recv_bytes()
         except (EOFError, OSError):
@@ -154,20 +193,34 @@ def _worker_main(
             for op in ops.values():
                 op.teardown()
             return
-        stage, elems = shm.loads(data)
-        op = ops[stage]
-        try:
-            reply, _ = encoder.dumps(("ok", call_process_many(op, elems)))
-        except BaseException as exc:
-            reply = _error_reply(annotate(exc, op.name))
-        del elems
-        try:
-            conn.send_bytes(reply)
-        except (EOFError, OSError):
-            break
     # The engine died (or is killing us): segments we wrote have no owner any more.
     for name in shm.segment_files(mine):
         shm._unlink(str(shm.shm_dir() / name))
+
+
+# Workers kept for reuse (``reuse_workers=True``): idle, operators torn down.
+_IDLE: list[tuple[Any, Connection]] = []
+_IDLE_LOCK = threading.Lock()
+_MAX_IDLE = max(2, os.cpu_count() or 1)
+
+
+def shutdown_idle_workers() -> None:
+    """Stop the worker processes kept for reuse (also done at interpreter exit)."""
+    with _IDLE_LOCK:
+        idle = list(_IDLE)
+        _IDLE.clear()
+    for proc, conn in idle:
+        with contextlib.suppress(OSError):
+            conn.send_bytes(b"")
+        conn.close()
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+        proc.close()
+
+
+atexit.register(shutdown_idle_workers)
 
 
 class _SetupFailed(Exception):
@@ -202,11 +255,13 @@ class ProcessFleet:
         *,
         session: shm.ShmSession,
         max_retries: int,
+        reuse: bool = False,
     ) -> None:
         self._names = {stage: op.name for stage, (op, _) in specs.items()}
         self._blob = cloudpickle.dumps(dict(specs))
         self._session = session
         self._max_retries = max_retries
+        self._reuse = reuse
         self._mp = multiprocessing.get_context("spawn")
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
@@ -234,10 +289,30 @@ class ProcessFleet:
     # -- processes -------------------------------------------------------------------------
 
     def _spawn(self, slot: int) -> None:
+        """Give ``slot`` a worker (an idle one when reusing) and send it the operators."""
+        session = self._session
+        load = pickle.dumps(("load", self._blob, slot, session.prefix, session.min_bytes))
+        while self._reuse:
+            with _IDLE_LOCK:
+                if not _IDLE:
+                    break
+                proc, parent = _IDLE.pop()
+            try:
+                if not proc.is_alive():
+                    raise OSError("idle worker died")
+                parent.send_bytes(load)
+            except OSError:
+                parent.close()
+                proc.join(timeout=5)
+                continue
+            with self._lock:
+                self._procs[slot] = proc
+                self._conns[slot] = parent
+            return
         parent, child = self._mp.Pipe(duplex=True)
         proc = self._mp.Process(
             target=_worker_main,
-            args=(child, self._blob, slot, self._session.prefix, self._session.min_bytes),
+            args=(child, session.prefix, session.min_bytes, load),
             name=f"zephon-worker-{slot}",
             daemon=True,
         )
@@ -391,7 +466,22 @@ class ProcessFleet:
             job.future.set_exception(value)
 
     def _stop_worker(self, slot: int, ready: bool) -> None:
-        conn = self._conns[slot]
+        conn, proc = self._conns[slot], self._procs[slot]
+        if self._reuse and ready and conn is not None and proc is not None:
+            try:
+                conn.send_bytes(pickle.dumps(("unload",)))
+                kind, _ = pickle.loads(conn.recv_bytes())
+                with _IDLE_LOCK:
+                    keep = kind == "unloaded" and len(_IDLE) < _MAX_IDLE
+                    if keep:
+                        _IDLE.append((proc, conn))
+                if keep:
+                    with self._lock:
+                        self._procs[slot] = None
+                        self._conns[slot] = None
+                    return
+            except (EOFError, OSError):
+                pass
         if conn is not None:
             try:
                 if not ready:
@@ -464,6 +554,7 @@ def build_pools(
                     max(s.parallelism for s in group),
                     session=session,
                     max_retries=options.max_worker_retries,
+                    reuse=options.reuse_workers,
                 )
                 for i, s in enumerate(group):
                     pools[s.index] = ProcessWorkerPool(fleet, s.index, owns_fleet=i == 0)
