@@ -27,7 +27,6 @@ PENDING = {
     "capture-proxy.md",
     "capture-stores.md",
     "capture.md",
-    "datasets.md",
     "lineage.md",
     "packing.md",
     "work-sources.md",
