@@ -29,7 +29,6 @@ PENDING = {
     "capture.md",
     "lineage.md",
     "packing.md",
-    "work-sources.md",
 }
 PAGES = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in PENDING)
 
