@@ -26,7 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PENDING = {
     "capture-proxy.md",
     "capture-stores.md",
-    "capture.md",
     "lineage.md",
 }
 PAGES = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in PENDING)
