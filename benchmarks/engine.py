@@ -111,8 +111,12 @@ class _Rows:
         )
 
 
-def passthrough_rate(runner: str, n: int) -> float:
-    pipe = Pipeline(_Rows.source(n)).map_transform(_identity, parallelism=2).options(runner=runner)
+def passthrough_rate(runner: str, n: int, track_stats: bool = True) -> float:
+    pipe = (
+        Pipeline(_Rows.source(n))
+        .map_transform(_identity, parallelism=2)
+        .options(runner=runner, track_stats=track_stats)
+    )
     start = time.perf_counter()
     count = sum(1 for _ in pipe)
     assert count == n, (count, n)
@@ -140,6 +144,23 @@ def main() -> None:
                 "runner": runner,
                 "records_per_s": round(rate),
                 "us_per_record": round(1e6 / rate, 2),
+            }
+        )
+
+    # Cost of pipeline.stats() tracking on the most overhead-sensitive pipeline, alternating.
+    for runner in ("inline", "threads"):
+        on: list[float] = []
+        off: list[float] = []
+        for _ in range(args.repeats + 2):
+            on.append(passthrough_rate(runner, args.records, True))
+            off.append(passthrough_rate(runner, args.records, False))
+        cost = 1 - statistics.median(on) / statistics.median(off)
+        rows.append(
+            {
+                "bench": "stats tracking cost",
+                "runner": runner,
+                "records_per_s": round(statistics.median(on)),
+                "tracking_cost": round(cost, 4),
             }
         )
 
