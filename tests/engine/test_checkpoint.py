@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.engine import _resume as resume
 from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline, merge_checkpoints
 from zephon.errors import CheckpointError
@@ -88,20 +89,7 @@ def key(item: Any) -> Any:
 
 def run_with_stops(cfg: dict[str, Any], stops: list[int], **options: Any) -> list[Any]:
     """Consume, checkpoint through JSON, restore in a fresh pipeline, repeat."""
-    out: list[Any] = []
-    state = None
-    for stop in [*stops, None]:
-        pipe = build(cfg, **options)
-        if state is not None:
-            pipe.restore(json.loads(json.dumps(state)))
-        it = iter(pipe)
-        for item in it:
-            out.append(key(item))
-            if stop is not None and len(out) >= stop:
-                break
-        state = pipe.checkpoint()
-        it.close()  # type: ignore[attr-defined]
-    return out
+    return resume.run_with_stops(lambda: build(cfg, **options), key, stops)
 
 
 CONFIGS = st.fixed_dictionaries(

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.engine import _resume as resume
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource, merge_checkpoints
 from zephon.types import SampleBatch
 
@@ -47,20 +48,8 @@ def key(batch: Any) -> Any:
 
 
 def run_with_stops(cfg: dict[str, Any], stops: list[int], **options: Any) -> list[Any]:
-    out: list[Any] = []
-    state = None
-    for stop in [*stops, None]:
-        pipe = build(cfg, **options)
-        if state is not None:
-            pipe.restore(json.loads(json.dumps(state)))
-        it = iter(pipe)
-        for item in it:
-            out.append(key(item))
-            if stop is not None and len(out) >= stop:
-                break
-        state = pipe.checkpoint()
-        it.close()  # type: ignore[attr-defined]
-    return out
+    """Consume, checkpoint through JSON, restore in a fresh pipeline, repeat."""
+    return resume.run_with_stops(lambda: build(cfg, **options), key, stops)
 
 
 CONFIGS = st.fixed_dictionaries(
