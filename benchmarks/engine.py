@@ -205,6 +205,7 @@ def main() -> None:
         "tokens_per_s",
         "ratio_vs_raw",
         "first_batch_s",
+        "tracking_cost",
     ]
     print(f"cores: {os.cpu_count()}  docs: {args.docs}  tokens: {raw_runs[0][1]:,}")
     print(" | ".join(f"{c:>14}" for c in cols))
