@@ -338,9 +338,12 @@ class ProcessFleet:
         proc.join(timeout=5)
         if proc.is_alive():
             proc.kill()
-            proc.join(timeout=5)
+            proc.join(timeout=30)  # SIGKILL ends it; a loaded machine may take a while to reap
         code: int | None = proc.exitcode
-        proc.close()
+        if code is not None:
+            proc.close()
+        else:  # still not reaped: leave it to the resource tracker rather than fail the run
+            log.warning("zephon: worker process %s did not exit after SIGKILL", proc.pid)
         with self._lock:
             self._procs[slot] = None
             self._conns[slot] = None
