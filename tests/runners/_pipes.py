@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tests.engine import _resume as resume
 from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline
 from zephon.types import TAG_CONTRIBUTORS, TAG_PACKING, SampleBatch
@@ -98,17 +98,4 @@ def digest(pipe: Pipeline) -> list[Any]:
 
 def run_with_stops(make: Any, stops: list[int]) -> list[Any]:
     """Consume; checkpoint through JSON; restore in a fresh pipeline; repeat."""
-    out: list[Any] = []
-    state = None
-    for stop in [*stops, None]:
-        pipe = make()
-        if state is not None:
-            pipe.restore(json.loads(json.dumps(state)))
-        it = iter(pipe)
-        for item in it:
-            out.append(key(item))
-            if stop is not None and len(out) >= stop:
-                break
-        state = pipe.checkpoint()
-        it.close()
-    return out
+    return resume.run_with_stops(make, key, stops)
