@@ -358,6 +358,23 @@ class EngineRefusalRecord(msgspec.Struct, frozen=True, kw_only=True):
     parent_call_id: str | None = None
     parent_resolution: ParentResolutionStatus | None = None
 
+    @classmethod
+    def of(
+        cls,
+        *,
+        model_call_id: str,
+        code: str,
+        parent_call_id: str | None = None,
+        parent_resolution: ParentResolutionStatus | str | None = None,
+    ) -> EngineRefusalRecord:
+        """Build from a sink call's arguments (a status given as text is validated)."""
+        return cls(
+            model_call_id=model_call_id,
+            code=code,
+            parent_call_id=parent_call_id,
+            parent_resolution=parent_resolution,  # type: ignore[arg-type]  # coerced below
+        )
+
     def __post_init__(self) -> None:
         _require(bool(self.model_call_id), "model_call_id", "must be a non-empty string")
         _require(bool(self.code), "code", "must be a non-empty refusal code")

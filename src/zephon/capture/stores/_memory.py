@@ -169,13 +169,11 @@ class MemoryStore:
         parent_call_id: str | None = None,
         parent_resolution: ParentResolutionStatus | str | None = None,
     ) -> None:
-        record = EngineRefusalRecord(
+        record = EngineRefusalRecord.of(
             model_call_id=model_call_id,
             code=code,
             parent_call_id=parent_call_id,
-            parent_resolution=ParentResolutionStatus(parent_resolution)
-            if parent_resolution is not None
-            else None,
+            parent_resolution=parent_resolution,
         )
         self._transact(rollout_id, lambda s: s.record_engine_refusal(record))
 
