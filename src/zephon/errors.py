@@ -31,7 +31,23 @@ class DataError(ZephonError, ValueError):
 
 
 class DataFormatError(DataError):
-    """A shard or record is malformed; the message names the file and line or row."""
+    """A shard or record is malformed; the message names the file and line or row.
+
+    ``location`` (the file) and ``line`` (1-based), when known, say the same for programs:
+    skipped records are quarantined with them.
+    """
+
+    def __init__(self, message: str, *, location: str | None = None, line: int | None = None):
+        super().__init__(message)
+        self.location = location
+        self.line = line
+
+    def __reduce__(self) -> tuple[object, ...]:  # keep location and line across processes
+        return (_rebuild_format_error, (str(self), self.location, self.line))
+
+
+def _rebuild_format_error(message: str, location: str | None, line: int | None) -> DataFormatError:
+    return DataFormatError(message, location=location, line=line)
 
 
 class MissingFieldError(DataError, KeyError):

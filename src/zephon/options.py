@@ -39,6 +39,10 @@ class RuntimeOptions:
     ``"shared"`` (one set of worker processes for every process stage, as many as the widest)
     or ``"per_op"``. ``reuse_workers``: keep the worker processes after an iteration and reuse
     them in the next one of this process. See docs/runners.md.
+
+    ``quarantine``: a JSONL file that receives one line per record skipped with
+    ``on_error="skip"`` (dataset, shard, row, file, line, reason), each record once even across
+    restores. Skipped records are logged and counted in ``stats()`` with or without it.
     """
 
     runner: RunnerName = "threads"
@@ -57,6 +61,7 @@ class RuntimeOptions:
     reuse_workers: bool = False
     track_stats: bool = True
     log_every_s: float | None = None
+    quarantine: str | os.PathLike[str] | None = None
 
     def updated(self, **changes: Any) -> RuntimeOptions:
         known = {f.name for f in fields(self)}

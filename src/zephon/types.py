@@ -28,6 +28,7 @@ TAG_END_OF_DATA = "_end_of_data"
 TAG_ERROR = "_error"
 TAG_PACKING = "_packing_metadata"
 TAG_TARGET_MIXTURE = "_target_mixture"
+TAG_SKIPPED = "_skipped"  # on a tombstone: where the unreadable record is and why (fetch skip)
 RESERVED_TAGS = frozenset(
     {
         TAG_CONTRIBUTORS,
@@ -38,6 +39,7 @@ RESERVED_TAGS = frozenset(
         TAG_ERROR,
         TAG_PACKING,
         TAG_TARGET_MIXTURE,
+        TAG_SKIPPED,
     }
 )
 

@@ -89,6 +89,21 @@ def test_accumulator_that_keeps_data_across_a_sentinel_is_refused(runner):
         list(pipe)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("runner", ["inline", "threads", "process"])
+def test_accumulator_that_keeps_data_at_the_end_of_a_lane_is_refused(runner):
+    # K far above the chunk count: the only lane flush is the one at the end of data, where
+    # records kept back would otherwise never be delivered.
+    pipe = Pipeline(make_source(200)).add_op(LeakyOp()).options(  # 200 % 7 records kept
+        runner=runner, flush_every_k_chunks=1000
+    )
+    with pytest.raises(ContractError) as info:
+        list(pipe)
+    message = str(info.value)
+    assert "'leaky' still has pending data for lane 0" in message
+    assert "at the end of data" in message
+
+
 def test_missing_field_names_field_and_sample_id():
     pipe = Pipeline(make_source()).tokenize("bytes", field="body").options(runner="inline")
     with pytest.raises(MissingFieldError, match=r"record \(0, 0, 0\) has no field 'body'"):

@@ -40,3 +40,39 @@ class KillWorkerOp(BaseOp):
 
     def config(self) -> dict[str, Any]:
         return {"victim": self.victim}
+
+
+class FailWhileArmedOp(BaseOp):
+    """Fails on record ``victim`` for as long as the file ``armed`` exists.
+
+    ``how``: "raise" (a ValueError, like a bug in user code), "interrupt" (KeyboardInterrupt,
+    like Ctrl-C landing inside the engine) or "exit" (the worker process dies; process runner
+    only). Deleting ``armed`` is "fixing the cause": the same operator then passes records on.
+    """
+
+    name = "fail_while_armed"
+
+    def __init__(self, armed: Path, victim: int, how: str = "raise") -> None:
+        super().__init__()
+        self.armed = str(armed)
+        self.victim = victim
+        self.how = how
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        return CountingAccumulator(8)
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, parallelism=2)
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        ids = {int(e.payload["id"]) for e in elems if isinstance(e, SampleRecord)}
+        if self.victim in ids and os.path.exists(self.armed):
+            if self.how == "exit":
+                os._exit(13)
+            if self.how == "interrupt":
+                raise KeyboardInterrupt
+            raise ValueError(f"record {self.victim} is bad")
+        return list(elems)
+
+    def config(self) -> dict[str, Any]:
+        return {"victim": self.victim}

@@ -117,3 +117,26 @@ def test_a_driver_attached_to_an_existing_cluster_gets_the_same_bytes(
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-1] == hashlib.sha256(repr(expected).encode()).hexdigest()
+
+
+@pytest.mark.timeout(180)
+def test_checkpoint_after_a_ray_worker_failure_resumes_exactly(
+    ray_session, tmp_path, docs, hf_tokenizer_dir
+):
+    from tests.runners._faulty import FailWhileArmedOp
+    from tests.runners._pipes import key
+    from tests.runners.test_failure_resume import fail_then_resume, faulty_stateful
+
+    armed = tmp_path / "armed"
+
+    def build() -> Pipeline:
+        op = FailWhileArmedOp(armed, victim=590)
+        return faulty_stateful(docs, hf_tokenizer_dir, op, "ray")
+
+    expected = [key(item) for item in faulty_stateful(
+        docs, hf_tokenizer_dir, FailWhileArmedOp(armed, victim=590), "inline"
+    )]  # fmt: skip
+    first, rest, error = fail_then_resume(build, armed)
+    assert "record 590 is bad" in str(error)
+    assert 0 < len(first) < len(expected)
+    assert first + rest == expected

@@ -6,6 +6,10 @@ many items were delivered and whether the lane is done; plus the tail's round-ro
 the world and the configuration it was taken with. Its size depends on the number of lanes,
 never on how far training has gone. Keys are strings (JSON turns integer keys into strings,
 so the format never relies on anything else).
+
+Since version 2 a checkpoint carries a ``checksum`` of everything else in it, so a file that was
+edited or damaged after it was written is refused instead of restoring a wrong position.
+Version 1 checkpoints (no checksum) are still read.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from zephon.errors import CheckpointError
 from zephon.types import SampleCursor
 
 FORMAT = "zephon.pipeline-checkpoint"
-VERSION = 1
+VERSION = 2
+CHECKSUM_KEY = "checksum"
 
 
 def to_jsonable(value: Any) -> Any:
@@ -43,6 +48,40 @@ def to_jsonable(value: Any) -> Any:
 
 def fingerprint(config: Mapping[str, Any]) -> str:
     return xxhash.xxh64(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def checksum(state: Mapping[str, Any]) -> str:
+    """xxh64 of the canonical JSON of ``state`` without its ``checksum`` entry.
+
+    The state is normalised through JSON first (integer keys become strings, tuples lists), so
+    the checksum of a state is the same before and after a JSON round trip.
+    """
+    body = {k: v for k, v in state.items() if k != CHECKSUM_KEY}
+    canonical = json.dumps(json.loads(json.dumps(body)), sort_keys=True, separators=(",", ":"))
+    return xxhash.xxh64(canonical.encode()).hexdigest()
+
+
+def seal(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``state`` with a fresh checksum (after adding keys of your own to it)."""
+    out = {k: v for k, v in state.items() if k != CHECKSUM_KEY}
+    out[CHECKSUM_KEY] = checksum(out)
+    return out
+
+
+def verify_checksum(state: Mapping[str, Any]) -> None:
+    """Refuse a version >= 2 checkpoint whose content does not match its checksum."""
+    saved = state.get(CHECKSUM_KEY)
+    if saved is None:
+        raise CheckpointError(
+            "checkpoint has no checksum (every version 2 checkpoint has one): it was edited "
+            "or is not a complete zephon checkpoint"
+        )
+    if saved != checksum(state):
+        raise CheckpointError(
+            "checkpoint content does not match its checksum: it was edited or damaged after "
+            "it was written; use an older checkpoint (or seal() it again if you edited it on "
+            "purpose)"
+        )
 
 
 def first_difference(saved: Any, current: Any, path: str = "") -> str | None:
@@ -146,6 +185,8 @@ def migrate(state: Mapping[str, Any]) -> Mapping[str, Any]:
         )
     if version < 1:
         raise CheckpointError(f"checkpoint version {version} is not a zephon checkpoint version")
+    if version >= 2:
+        verify_checksum(state)
     return state
 
 
@@ -202,15 +243,17 @@ def build(
     tail_order: Sequence[int],
     tail_turn: int,
 ) -> dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "fingerprint": fingerprint(config),
-        "config": config,
-        "world": dict(world),
-        "lanes": {str(lc.lane): lc.to_json() for lc in lanes},
-        "tail": {"lanes": list(tail_lanes), "order": list(tail_order), "turn": tail_turn},
-    }
+    return seal(
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "fingerprint": fingerprint(config),
+            "config": config,
+            "world": dict(world),
+            "lanes": {str(lc.lane): lc.to_json() for lc in lanes},
+            "tail": {"lanes": list(tail_lanes), "order": list(tail_order), "turn": tail_turn},
+        }
+    )
 
 
 def merge_checkpoints(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -248,4 +291,4 @@ def merge_checkpoints(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "lanes": {k: lanes[k] for k in sorted(lanes, key=int)},
         "tail": {"lanes": [], "order": [], "turn": 0},
     }
-    return out
+    return seal(out)

@@ -11,6 +11,7 @@ from typing import Any
 from zephon._engine import checkpoint as ckpt
 from zephon._engine.plan import OpSpec, Plan, compile_plan, stalls_sentinels
 from zephon._engine.pools import WorkerPool, build_pools
+from zephon._engine.quarantine import Quarantine
 from zephon._engine.shm import ShmSession, resolve_items
 from zephon._engine.source import LaneStart, SourceFeeder
 from zephon._engine.stage import StageCore, Task, annotate, call_process_many
@@ -63,6 +64,21 @@ def pipeline_config(
     return config
 
 
+_DATA_CHANGED_HINT = (
+    "; the data changed since the checkpoint, so no position in it means the same records any "
+    "more. To get past a bad record, keep the file as it was and resume with "
+    "fetch: {on_error: skip} (skipped records are logged and quarantined), or restore the "
+    "file to what it was; to train on the new data, start without --resume"
+)
+
+
+def _hint_for(diff: str) -> str:
+    """What to do about a configuration difference a user is likely to make by accident."""
+    if diff.startswith("source.datasets[") and (".rows:" in diff or ".shards:" in diff):
+        return _DATA_CHANGED_HINT
+    return ""
+
+
 class Engine:
     """One iteration of a pipeline. Not reusable: build a new one per ``iter(pipeline)``."""
 
@@ -108,11 +124,14 @@ class Engine:
         self._closed = False
         self.feeder: SourceFeeder | None = None
         self.mux: LaneMux | None = None
+        self.quarantine = Quarantine(options.quarantine)
 
     def _check_resume(self, resume: ckpt.ParsedCheckpoint) -> None:
         diff = ckpt.first_difference(resume.config, self.config)
         if diff:
-            raise CheckpointError(f"checkpoint was taken with another configuration: {diff}")
+            raise CheckpointError(
+                f"checkpoint was taken with another configuration: {diff}{_hint_for(diff)}"
+            )
         missing = [lane for lane in self.lanes if lane not in resume.lanes]
         if missing:
             raise CheckpointError(
@@ -169,8 +188,8 @@ class Engine:
             stats.chunks = feeder.chunks_admitted
         if mux is not None:
             stats.tombstones = mux.tombstones
-            stats.skipped = len(mux.errors)
-            stats.skipped_examples = mux.errors[:10]
+            stats.skipped = self.quarantine.count
+            stats.skipped_examples = list(self.quarantine.examples)
         if self._started_at:
             stats.elapsed_s = time.monotonic() - self._started_at
         if self.op_stats is not None:
@@ -195,8 +214,14 @@ class Engine:
     def _mux(self, feeder: SourceFeeder) -> LaneMux:
         on_epoch = None if self.monotone else feeder.evict_below
         resume = self.resume
+        on_skip = self.quarantine.add
         if resume is None:
-            return LaneMux(self.lanes, on_epoch_delivered=on_epoch, on_lane_done=feeder.finish_lane)
+            return LaneMux(
+                self.lanes,
+                on_epoch_delivered=on_epoch,
+                on_lane_done=feeder.finish_lane,
+                on_skip=on_skip,
+            )
         lanes = {lane: resume.lanes[lane] for lane in self.lanes}
         finished = [lane for lane, lc in lanes.items() if lc.done]
         if resume.tail_lanes == self.lanes:
@@ -224,6 +249,7 @@ class Engine:
             replay_cursors={lane: lc.replay_cursor for lane, lc in lanes.items()},
             delivered={lane: lc.delivered for lane, lc in lanes.items()},
             finished=finished,
+            on_skip=on_skip,
         )
         mux.order = order
         mux._turn = turn % len(order) if order else 0
@@ -285,11 +311,12 @@ class Engine:
         finally:
             self.snapshot()
             self.close()
-        if mux.errors:
+        if self.quarantine.count:
+            where = self.quarantine.path
             log.warning(
-                "zephon: skipped %d malformed record(s) (on_error='skip'); first: %s",
-                len(mux.errors),
-                mux.errors[0],
+                "zephon: skipped %d unreadable record(s) (on_error='skip')%s",
+                self.quarantine.count,
+                f"; they are listed in {where}" if where is not None else "",
             )
 
     def _deliver(self, mux: LaneMux) -> Iterator[StreamItem]:
@@ -419,5 +446,6 @@ class Engine:
         finally:
             if self._shm is not None:
                 self._shm.close()
+        self.quarantine.close()
         for core in self._inline_ops:
             core.op.teardown()

@@ -191,35 +191,44 @@ class StageCore:
     def _end_lane(self, marker: StreamItem, out: list[Task]) -> None:
         """A lane's stream ended: emit everything of that lane, then the marker."""
         lane = marker.meta.lane_id
-        self._tasks_for(self.acc.flush(reset=True, lane_id=lane), out)
+        self._flush_checked(lane, out, at="at the end of data")
         held = self._held.pop(lane, None)
         out.append(self._task([], [*(held or ()), marker]))
 
     def _flush_lane(self, lane: int, out: list[Task]) -> None:
+        self._flush_checked(lane, out, at="at a flush sentinel")
+
+    def _flush_checked(self, lane: int, out: list[Task], *, at: str) -> None:
+        """``flush(reset=True, lane_id=lane)``, checking it emitted and reset only that lane.
+
+        Data an accumulator kept after such a flush would never be delivered (the lane's
+        stream has moved on, or ended), so breaking the rule is an error, never a silent loss.
+        """
         acc = self.acc
+        name = self.op.name
         others = [other for other in self.lanes if other != lane and acc.has_pending_data(other)]
         flushed = acc.flush(reset=True, lane_id=lane)
         for mb in flushed:
             for elem in mb:
                 if elem.meta.lane_id != lane:
                     raise ContractError(
-                        f"accumulator of operator {self.op.name!r} emitted a lane "
-                        f"{elem.meta.lane_id} element at a flush sentinel of lane {lane}; a "
-                        "sentinel flush must emit and reset that lane only"
+                        f"accumulator of operator {name!r} emitted a lane "
+                        f"{elem.meta.lane_id} element {at} of lane {lane}; "
+                        f"flush(reset=True, lane_id={lane}) must emit and reset that lane only"
                     )
         emptied = [other for other in others if not acc.has_pending_data(other)]
         if emptied:
             raise ContractError(
-                f"accumulator of operator {self.op.name!r}: flush(reset=True, lane_id={lane}) "
-                f"also emptied lane(s) {emptied}; a sentinel flush must leave other lanes "
-                "untouched"
+                f"accumulator of operator {name!r}: flush(reset=True, lane_id={lane}) {at} "
+                f"also emptied lane(s) {emptied}; it must leave other lanes untouched"
             )
         self._tasks_for(flushed, out)
-        if self.acc.has_pending_data(lane):
+        if acc.has_pending_data(lane):
             raise ContractError(
-                f"accumulator of operator {self.op.name!r} still has pending data for lane "
-                f"{lane} after flush(reset=True, lane_id={lane}); a flush sentinel must leave "
-                "the lane as fresh as a new accumulator"
+                f"accumulator of operator {name!r} still has pending data for lane {lane} "
+                f"after flush(reset=True, lane_id={lane}) {at}; the records it kept would "
+                "never be delivered. A lane flush must emit everything of that lane and leave "
+                "it as fresh as a new accumulator"
             )
 
     def _release_held(self, out: list[Task]) -> None:

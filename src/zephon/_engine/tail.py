@@ -12,18 +12,21 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from zephon.types import (
     TAG_BOUNDARY_CID,
     TAG_END_OF_DATA,
     TAG_ERROR,
     TAG_FLUSH_SENTINEL,
+    TAG_SKIPPED,
     TAG_TOMBSTONE,
     SampleCursor,
     StreamItem,
 )
 
 EpochCallback = Callable[[int, int], None]
+SkipCallback = Callable[[tuple[int, int, int], Mapping[str, Any]], None]
 
 
 class LaneMux:
@@ -39,6 +42,7 @@ class LaneMux:
         delivered: Mapping[int, int] | None = None,
         turn: int = 0,
         finished: Iterable[int] = (),
+        on_skip: SkipCallback | None = None,
     ) -> None:
         done = set(finished)
         self.order = [lane for lane in lanes if lane not in done]
@@ -46,7 +50,6 @@ class LaneMux:
         self._turn = turn % len(self.order) if self.order else 0
         self.ended = False
         self.tombstones = 0
-        self.errors: list[str] = []
         self.finished_lanes: set[int] = done
         self.replay_cursor: dict[int, SampleCursor | None] = {lane: None for lane in lanes}
         self.replay_cursor.update(replay_cursors or {})
@@ -54,6 +57,7 @@ class LaneMux:
         self.delivered.update(delivered or {})
         self._on_epoch = on_epoch_delivered
         self._on_lane_done = on_lane_done
+        self._on_skip = on_skip
 
     def add(self, items: Iterable[StreamItem]) -> None:
         queues = self._queues
@@ -61,8 +65,11 @@ class LaneMux:
             tags = item.meta.tags
             if tags and TAG_TOMBSTONE in tags:
                 self.tombstones += 1
-                if TAG_ERROR in tags and str(tags[TAG_ERROR]).startswith("skipped:"):
-                    self.errors.append(str(tags[TAG_ERROR]))
+                if self._on_skip is not None and (
+                    TAG_SKIPPED in tags or str(tags.get(TAG_ERROR, "")).startswith("skipped:")
+                ):
+                    info = tags.get(TAG_SKIPPED) or {"reason": str(tags[TAG_ERROR])}
+                    self._on_skip(item.meta.sample_id, info)
                 continue
             queues[item.meta.lane_id].append(item)
 

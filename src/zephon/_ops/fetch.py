@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from zephon.errors import DataError
+from zephon.errors import DataError, DataFormatError
 from zephon.io import Dataset
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
-from zephon.types import SampleRecord, StreamItem, tombstone_meta
+from zephon.types import TAG_SKIPPED, SampleRecord, StreamItem, tombstone_meta
 
 FETCH_MICRO_BATCH = 64
 FETCH_LATENCY_MS = 5.0
@@ -17,8 +17,9 @@ FETCH_LATENCY_MS = 5.0
 class FetchOp(BaseOp):
     """Reads the payload of each pointer record (implicit first operator of every pipeline).
 
-    ``on_error="skip"`` turns an unreadable row into a tombstone whose reason is counted and
-    reported at the end of iteration, instead of failing the pipeline.
+    ``on_error="skip"`` turns an unreadable row into a tombstone that says where the row is
+    (dataset, shard, row, file, line) and why it was skipped; the engine logs, counts and
+    quarantines it instead of failing the pipeline.
     """
 
     name = "fetch"
@@ -42,7 +43,9 @@ class FetchOp(BaseOp):
         return OpTraits(preserves_cursor_order=True, parallelism=2)
 
     def config(self) -> Mapping[str, Any]:
-        return {"datasets": [d.name for d in self.datasets], "on_error": self.on_error}
+        # on_error is left out on purpose: a run that raised never delivered the record a
+        # later "skip" drops, so switching raise -> skip on resume agrees with history.
+        return {"datasets": [d.name for d in self.datasets]}
 
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
         groups: dict[tuple[int, int], list[int]] = {}
@@ -62,9 +65,9 @@ class FetchOp(BaseOp):
             for p, row in zip(positions, rows, strict=True):
                 meta = elems[p].meta
                 if isinstance(row, _Skipped):
-                    out[p] = SampleRecord(
-                        tombstone_meta(meta, reason=f"skipped: {row.reason}"), None
-                    )
+                    dead = tombstone_meta(meta, reason=f"skipped: {row.reason}")
+                    info = row.describe(dataset, shard, meta.sample_id[2])
+                    out[p] = SampleRecord(dead.with_tags(**{TAG_SKIPPED: info}), None)
                 else:
                     out[p] = SampleRecord(meta, row)
         return out  # type: ignore[return-value]
@@ -76,12 +79,29 @@ class FetchOp(BaseOp):
             try:
                 rows.append(dataset.read(shard, [index])[0])
             except DataError as exc:
-                rows.append(_Skipped(str(exc)))
+                rows.append(_Skipped(exc))
         return rows
 
 
 class _Skipped:
-    __slots__ = ("reason",)
+    """An unreadable row: the reason, and the file and line when the reader knows them."""
 
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
+    __slots__ = ("line", "location", "reason")
+
+    def __init__(self, error: DataError) -> None:
+        self.reason = str(error)
+        self.location = error.location if isinstance(error, DataFormatError) else None
+        self.line = error.line if isinstance(error, DataFormatError) else None
+
+    def describe(self, dataset: Dataset, shard: int, row: int) -> dict[str, Any]:
+        location = self.location
+        if location is None:
+            location = dataset.shards[shard].location
+        return {
+            "dataset": dataset.name,
+            "shard": shard,
+            "row": row,
+            "file": location,
+            "line": self.line,
+            "reason": self.reason,
+        }

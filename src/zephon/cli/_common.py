@@ -13,13 +13,29 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from zephon.checkpoints import checkpoint_files, checkpoint_path, write_json_atomic
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_TERMINATED",
+    "EXIT_USAGE",
+    "MetricsServer",
+    "checkpoint_files",
+    "checkpoint_path",
+    "fail",
+    "read_json",
+    "write_json_atomic",
+]
+
 #: Exit codes of every subcommand (docs/cli.md).
 EXIT_OK = 0
 EXIT_FAILURE = 1  # the command ran and failed (bad data, failing check, operator error)
 EXIT_USAGE = 2  # the command line or the configuration is wrong
 EXIT_INTERRUPTED = 130  # stopped with Ctrl-C (a checkpoint was written when possible)
+EXIT_TERMINATED = 143  # stopped by SIGTERM, e.g. a preemption (a checkpoint was written)
 
-CHECKPOINT_RE = re.compile(r"^ckpt-(\d+)\.json$")
 
 
 def fail(command: str, message: object, code: int = EXIT_FAILURE) -> int:
@@ -29,43 +45,9 @@ def fail(command: str, message: object, code: int = EXIT_FAILURE) -> int:
     return code
 
 
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write JSON so that a crash leaves either the old file or the complete new one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, sort_keys=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def read_json(path: str | os.PathLike[str]) -> Any:
     with open(path, encoding="utf-8") as fh:
         return json.load(fh)
-
-
-def checkpoint_files(directory: str | os.PathLike[str]) -> list[Path]:
-    """``ckpt-<items>.json`` files of a checkpoint directory, oldest first."""
-    folder = Path(directory)
-    if not folder.is_dir():
-        return []
-    found = []
-    for p in folder.iterdir():
-        m = CHECKPOINT_RE.match(p.name)
-        if m:
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
-
-
-def checkpoint_path(directory: str | os.PathLike[str], items: int) -> Path:
-    return Path(directory) / f"ckpt-{items:010d}.json"
 
 
 class MetricsServer:

@@ -343,14 +343,19 @@ class JsonlShard(Shard):
             try:
                 row = decode(raw)
             except msgspec.DecodeError as e:
+                line = self._line_number(int(bounds[idx][0]))
                 raise DataFormatError(
-                    f"{self._url}, line {self._line_number(int(bounds[idx][0]))}: malformed JSON "
-                    f"({e}); fix or remove that line"
+                    f"{self._url}, line {line}: malformed JSON ({e}); fix or remove that line",
+                    location=self._url,
+                    line=line,
                 ) from None
             if not isinstance(row, dict):
+                line = self._line_number(int(bounds[idx][0]))
                 raise DataFormatError(
-                    f"{self._url}, line {self._line_number(int(bounds[idx][0]))}: expected a JSON "
-                    f"object per line, got {type(row).__name__}"
+                    f"{self._url}, line {line}: expected a JSON object per line, got "
+                    f"{type(row).__name__}",
+                    location=self._url,
+                    line=line,
                 )
             out.append(row)
         return out

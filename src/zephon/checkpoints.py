@@ -1,0 +1,156 @@
+"""Checkpoint files: written atomically, checked when read, newest valid one found.
+
+``pipeline.checkpoint()`` returns a small JSON-safe dict that carries a checksum of its own
+content. These helpers put such dicts in files so that a crash, a full disk or an editor can
+never make a restore start from a wrong position: a file is written to a temporary name,
+fsynced, renamed into place and its directory fsynced; a file that is empty, truncated, edited
+or not a zephon checkpoint is refused with a message naming it and what is wrong, and
+:func:`latest_checkpoint` falls back to the newest valid one in a directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zephon._engine import checkpoint as _ckpt
+from zephon.errors import CheckpointError
+
+__all__ = [
+    "LatestCheckpoint",
+    "checkpoint_files",
+    "checkpoint_path",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+    "seal",
+]
+
+CHECKPOINT_RE = re.compile(r"^ckpt-(\d+)\.json$")
+#: Suffix given to a checkpoint file found invalid, so it is never picked (or pruned) again.
+REJECTED_SUFFIX = ".invalid"
+
+
+def seal(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``state`` with a fresh checksum: call it after adding entries of your own."""
+    return _ckpt.seal(state)
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
+    """Write JSON so that a crash leaves either the old file or the complete new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=1, sort_keys=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def save_checkpoint(path: str | os.PathLike[str], state: Mapping[str, Any]) -> Path:
+    """Write ``state`` (sealed again, so entries you added are covered) atomically to ``path``."""
+    target = Path(path)
+    write_json_atomic(target, seal(state))
+    return target
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and check a checkpoint file; :class:`CheckpointError` names the file and the fault."""
+    target = Path(path)
+    try:
+        data = target.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{target}: no such checkpoint file") from None
+    except OSError as exc:
+        raise CheckpointError(f"{target}: cannot read it ({exc.strerror})") from None
+    if not data.strip():
+        raise CheckpointError(
+            f"{target}: the file is empty ({len(data)} bytes); it was not written completely"
+        )
+    try:
+        state = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(
+            f"{target}: not valid JSON ({exc}); the file is truncated or damaged"
+        ) from None
+    try:
+        _ckpt.parse(state)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{target}: {exc}") from None
+    if not isinstance(state, dict):  # parse() refuses anything else; this narrows the type
+        raise CheckpointError(f"{target}: not a checkpoint")
+    return state
+
+
+def checkpoint_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """``ckpt-<items>.json`` files of a checkpoint directory, oldest first."""
+    folder = Path(directory)
+    if not folder.is_dir():
+        return []
+    found = []
+    for p in folder.iterdir():
+        m = CHECKPOINT_RE.match(p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
+
+
+def checkpoint_path(directory: str | os.PathLike[str], items: int) -> Path:
+    """Where ``zephon run`` keeps the checkpoint taken after ``items`` delivered items."""
+    return Path(directory) / f"ckpt-{items:010d}.json"
+
+
+@dataclass
+class LatestCheckpoint:
+    """The newest valid checkpoint of a directory and the newer files that were refused."""
+
+    path: Path
+    state: dict[str, Any]
+    rejected: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def latest_checkpoint(
+    directory: str | os.PathLike[str], *, set_aside: bool = False
+) -> LatestCheckpoint | None:
+    """The newest checkpoint of ``directory`` that passes every check, or None if none does.
+
+    Newer files that fail are listed in ``rejected`` with the reason; with ``set_aside`` they are
+    also renamed to ``<name>.invalid`` (only once a valid one is found) so they are never
+    picked again and never count as the newest when old checkpoints are pruned. When every file
+    is invalid this raises :class:`CheckpointError` rather than silently starting over.
+    """
+    rejected: list[tuple[Path, str]] = []
+    for path in reversed(checkpoint_files(directory)):
+        try:
+            state = load_checkpoint(path)
+        except CheckpointError as exc:
+            rejected.append((path, str(exc)))
+            continue
+        if set_aside:
+            rejected = [(_set_aside(bad), reason) for bad, reason in rejected]
+        return LatestCheckpoint(path, state, rejected)
+    if rejected:
+        raise CheckpointError(
+            f"no valid checkpoint in {directory}: " + "; ".join(reason for _, reason in rejected)
+        )
+    return None
+
+
+def _set_aside(path: Path) -> Path:
+    aside = path.with_name(path.name + REJECTED_SUFFIX)
+    os.replace(path, aside)
+    return aside

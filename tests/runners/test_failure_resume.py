@@ -1,0 +1,79 @@
+"""After iteration raises, ``checkpoint()`` is the state just after the last item the consumer
+received: restoring it once the cause is fixed continues exactly, under every runner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engine._sources import RangeSource
+from tests.runners._faulty import FailWhileArmedOp
+from tests.runners._pipes import key
+from zephon import Dataset, Pipeline
+from zephon._engine.pools import WorkerCrashedError
+
+
+def faulty_stateful(
+    docs: list[dict[str, Any]], tok: Path, op: FailWhileArmedOp, runner: str, **opts: Any
+) -> Pipeline:
+    """decode -> (fails while armed) -> tokenize -> shuffle -> pack_flat -> batch, two lanes."""
+    ds = Dataset.from_records("docs", docs, shard_size=50)
+    return (
+        Pipeline(RangeSource([ds], chunk_size=30))
+        .decode_text(parallelism=2)
+        .add_op(op, parallelism=2)
+        .tokenize(tok, max_length=64, parallelism=2)
+        .shuffle(48, seed=3, algorithm="block")
+        .pack_flat(96, 0)
+        .batch(4)
+        .options(runner=runner, canonical_replicas=2, flush_every_k_chunks=3, **opts)
+    )
+
+
+def fail_then_resume(build: Any, armed: Path) -> tuple[list[Any], list[Any], BaseException]:
+    """Run until the armed operator fails, checkpoint, disarm, restore and finish."""
+    armed.touch()
+    first: list[Any] = []
+    pipe = build()
+    error: BaseException | None = None
+    try:
+        for item in pipe:
+            first.append(key(item))
+    except BaseException as exc:  # KeyboardInterrupt too: that is one of the cases
+        error = exc
+    assert error is not None, "the armed operator never failed"
+    state = json.loads(json.dumps(pipe.checkpoint()))
+    armed.unlink()
+    resumed = build().restore(state)
+    return first, [key(item) for item in resumed], error
+
+
+CASES = [
+    ("inline", "raise", ValueError),
+    ("inline", "interrupt", KeyboardInterrupt),
+    ("threads", "raise", ValueError),
+    ("threads", "interrupt", KeyboardInterrupt),
+    ("process", "raise", ValueError),
+    ("process", "exit", WorkerCrashedError),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("runner", "how", "error_type"), CASES)
+def test_checkpoint_after_a_failure_resumes_exactly(
+    tmp_path, docs, hf_tokenizer_dir, runner, how, error_type
+):
+    armed = tmp_path / "armed"
+
+    def build() -> Pipeline:
+        op = FailWhileArmedOp(armed, victim=397, how=how)
+        return faulty_stateful(docs, hf_tokenizer_dir, op, runner, max_worker_retries=1)
+
+    expected = [key(item) for item in build()]  # not armed: the uninterrupted run
+    first, rest, error = fail_then_resume(build, armed)
+    assert isinstance(error, error_type)
+    assert 0 < len(first) < len(expected)
+    assert first + rest == expected
