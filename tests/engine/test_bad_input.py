@@ -12,12 +12,14 @@ from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 from zephon.errors import CheckpointError, DataFormatError
 
 
-def write_shards(folder: Path) -> None:
+def write_shards(folder: Path, rows: int = 30) -> None:
+    """Two shards of ``rows // 2`` rows; line 7 of b.jsonl is malformed."""
     folder.mkdir()
-    good = [json.dumps({"id": i, "text": f"row {i}"}) for i in range(30)]
-    (folder / "a.jsonl").write_text("\n".join(good[:15]) + "\n")
-    lines = good[15:]
-    lines[6] = '{"id": 21, "text": "unterminated'  # line 7 of b.jsonl
+    half = rows // 2
+    good = [json.dumps({"id": i, "text": f"row {i}"}) for i in range(rows)]
+    (folder / "a.jsonl").write_text("\n".join(good[:half]) + "\n")
+    lines = good[half:]
+    lines[6] = f'{{"id": {half + 6}, "text": "unterminated'
     (folder / "b.jsonl").write_text("\n".join(lines) + "\n")
 
 
@@ -89,7 +91,7 @@ def test_skipped_records_go_to_the_quarantine_file_once_across_a_restore(
 @pytest.mark.timeout(60)
 def test_a_run_that_raised_resumes_with_skip(tmp_path: Path):
     folder = tmp_path / "data"
-    write_shards(folder)
+    write_shards(folder, rows=400)
     expected = [r.payload["id"] for r in pipeline(folder, runner="inline", on_error="skip")]
     pipe = pipeline(folder, runner="inline")
     first = []
