@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from tests.engine import _resume as resume
 from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline, merge_checkpoints
+from zephon.checkpoints import seal
 from zephon.errors import CheckpointError
 from zephon.io import InMemoryShard
 from zephon.ops import Accumulator, BaseOp, OpTraits
@@ -278,21 +279,50 @@ def test_restore_refuses_corrupt_truncated_and_newer_checkpoints():
     }
     state = json.loads(json.dumps(build(cfg).checkpoint()))
     truncated = {k: v for k, v in state.items() if k != "lanes"}
-    with pytest.raises(CheckpointError, match="missing 'lanes'"):
+    with pytest.raises(CheckpointError, match="does not match its checksum"):
         build(cfg).restore(truncated)
+    with pytest.raises(CheckpointError, match="missing 'lanes'"):
+        build(cfg).restore(seal(truncated))  # sealed again: the structure check still holds
+    edited = json.loads(json.dumps(state))
+    edited["lanes"]["0"]["delivered"] += 1
+    with pytest.raises(CheckpointError, match="edited or damaged after it was written"):
+        build(cfg).restore(edited)
+    with pytest.raises(CheckpointError, match="has no checksum"):
+        build(cfg).restore({k: v for k, v in state.items() if k != "checksum"})
     tampered = json.loads(json.dumps(state))
     tampered["config"]["canonical_replicas"] = 4
     with pytest.raises(CheckpointError, match="does not match its fingerprint"):
-        build(cfg).restore(tampered)
+        build(cfg).restore(seal(tampered))
     newer = {**state, "version": 99}
     with pytest.raises(CheckpointError, match="version 99 is newer"):
         build(cfg).restore(newer)
     bad_lane = json.loads(json.dumps(state))
     bad_lane["lanes"]["0"]["replay_cursor"] = [1, 2]
     with pytest.raises(CheckpointError, match=r"lanes\[0\].replay_cursor is not a cursor"):
-        build(cfg).restore(bad_lane)
+        build(cfg).restore(seal(bad_lane))
     with pytest.raises(CheckpointError, match="not a zephon pipeline checkpoint"):
         build(cfg).restore({"version": 1})
+
+
+def test_a_version_1_checkpoint_without_checksum_still_restores():
+    cfg = {
+        "rows": 50,
+        "chunk": 5,
+        "filter": False,
+        "reorder": False,
+        "batch": None,
+        "drop_last": True,
+        "replicas": 2,
+        "k": None,
+    }
+    pipe = build(cfg)
+    it = iter(pipe)
+    first = [next(it).meta.sample_id for _ in range(7)]
+    state = pipe.checkpoint()
+    it.close()
+    old = {k: v for k, v in state.items() if k != "checksum"} | {"version": 1}
+    rest = [r.meta.sample_id for r in build(cfg).restore(old)]
+    assert first + rest == [r.meta.sample_id for r in build(cfg)]
 
 
 def test_restore_needs_every_lane_of_the_rank():

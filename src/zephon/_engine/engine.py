@@ -10,7 +10,7 @@ from typing import Any
 
 from zephon._engine import checkpoint as ckpt
 from zephon._engine.plan import OpSpec, Plan, compile_plan, stalls_sentinels
-from zephon._engine.pools import WorkerPool, build_pools
+from zephon._engine.pools import WorkerPool, build_pools, check_not_bootstrapping
 from zephon._engine.quarantine import Quarantine
 from zephon._engine.shm import ShmSession, resolve_items
 from zephon._engine.source import LaneStart, SourceFeeder
@@ -299,6 +299,7 @@ class Engine:
         return ckpt.build(self.config, world, lanes, self.lanes, mux.order, mux.turn)
 
     def __iter__(self) -> Iterator[StreamItem]:
+        check_not_bootstrapping()
         self.prepare()
         feeder, mux = self.feeder, self.mux
         assert feeder is not None and mux is not None

@@ -25,6 +25,7 @@ import os
 import pickle
 import queue
 import signal
+import sys
 import threading
 import traceback
 from collections.abc import Mapping, Sequence
@@ -37,7 +38,7 @@ import cloudpickle
 
 from zephon._engine import shm
 from zephon._engine.stage import annotate, call_process_many
-from zephon.errors import ZephonError
+from zephon.errors import ConfigError, ZephonError
 from zephon.ops import BaseOp, OpContext
 from zephon.types import StreamItem
 
@@ -50,6 +51,21 @@ log = logging.getLogger("zephon")
 
 class WorkerCrashedError(ZephonError):
     """A worker process (or Ray actor) kept dying while running one micro-batch."""
+
+
+class WorkerStartError(WorkerCrashedError):
+    """Worker processes cannot start (a script without a main guard); retrying cannot help."""
+
+
+def _pickle_op(op: BaseOp, ctx: OpContext) -> bytes:
+    try:
+        return cloudpickle.dumps((op, ctx))
+    except Exception as exc:
+        raise ConfigError(
+            f"operator {op.name!r} cannot be sent to worker processes (runner='process'): "
+            f"{type(exc).__name__}: {exc}. Keep no open files, locks, sockets or generators in "
+            "its attributes (create them in setup()), or run it with runner='threads'"
+        ) from exc
 
 
 class WorkerPool:
@@ -128,14 +144,18 @@ def _error_reply(exc: BaseException) -> bytes:
 
 
 def _load_ops(conn: Connection, message: tuple[Any, ...]) -> dict[int, BaseOp] | None:
-    """Handle ``("load", blob, worker_index)``: set up the operators; None if setup raised."""
-    _, blob, worker_index = message
+    """Handle ``("load", blobs, worker_index)``: set up the operators; None if that raised.
+
+    Each stage arrives as its own pickle, so an operator whose module cannot be imported here
+    is named in the error like one whose ``setup`` raised.
+    """
+    _, blobs, worker_index = message
     ops: dict[int, BaseOp] = {}
     current = "process worker start-up"
     try:
-        specs: dict[int, tuple[BaseOp, OpContext]] = cloudpickle.loads(blob)
-        for stage, (op, ctx) in specs.items():
-            current = op.name
+        for stage, (name, blob) in blobs.items():
+            current = name
+            op, ctx = cloudpickle.loads(blob)
             op.setup(replace(ctx, worker_index=worker_index))
             ops[stage] = op
     except BaseException as exc:
@@ -145,17 +165,53 @@ def _load_ops(conn: Connection, message: tuple[Any, ...]) -> dict[int, BaseOp] |
     return ops
 
 
-def _worker_main(conn: Connection, prefix: str, min_bytes: int, first_load: bytes) -> None:
+#: Exit status of a worker process that found itself started while its parent's main module
+#: was being imported (a script without an ``if __name__ == "__main__":`` guard).
+MAIN_GUARD_EXIT = 87
+WORKER_NAME_PREFIX = "zephon-worker-"
+
+
+def check_not_bootstrapping() -> None:
+    """Refuse to run a pipeline while a spawned process is importing its parent's main module.
+
+    Spawned workers import the main script of the process that started them. A script that
+    starts a pipeline at import time (no main guard) would start one in every worker, which
+    would spawn workers of its own. A zephon worker exits at once with ``MAIN_GUARD_EXIT`` (its
+    parent reports the fix); any other spawned process gets the same advice as an error.
+    """
+    process = multiprocessing.current_process()
+    if not getattr(process, "_inheriting", False):
+        return
+    if process.name.startswith(WORKER_NAME_PREFIX):
+        os._exit(MAIN_GUARD_EXIT)
+    raise ZephonError(
+        "a pipeline was started while this spawned process was importing its parent's main "
+        "script; put the code that runs the pipeline under `if __name__ == \"__main__\":`"
+    )
+
+
+def _main_script() -> str:
+    main = sys.modules.get("__main__")
+    return str(getattr(main, "__file__", None) or "your main script")
+
+
+def _worker_main(conn: Connection, prefix: str, min_bytes: int) -> None:
     """A worker process: load operators, run micro-batches; unload and wait to be reused.
 
-    Messages: ``("load", blob, worker_index, prefix, min_bytes)`` sets up the operators of an
-    engine, ``(stage, elems)`` runs a micro-batch, ``("unload",)`` tears the operators down
-    (the worker then idles until the next load), and an empty message stops the worker.
+    Messages: ``("load", blobs, worker_index, prefix, min_bytes)`` sets up the operators of an
+    engine (the first message of every worker), ``(stage, elems)`` runs a micro-batch,
+    ``("unload",)`` tears the operators down (the worker then idles until the next load), and
+    an empty message stops the worker.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine process decides when to stop
     shm.enter_worker_mode()
     ops: dict[int, BaseOp] = {}
-    data = first_load
+    try:
+        data = conn.recv_bytes()
+    except (EOFError, OSError):
+        return  # the engine stopped before sending the operators
+    if not data:
+        return
     mine = f"{prefix}w{os.getpid()}-"
     encoder = shm.Encoder(mine, min_bytes)
     while True:
@@ -258,7 +314,7 @@ class ProcessFleet:
         reuse: bool = False,
     ) -> None:
         self._names = {stage: op.name for stage, (op, _) in specs.items()}
-        self._blob = cloudpickle.dumps(dict(specs))
+        self._blobs = {stage: (op.name, _pickle_op(op, ctx)) for stage, (op, ctx) in specs.items()}
         self._session = session
         self._max_retries = max_retries
         self._reuse = reuse
@@ -270,6 +326,9 @@ class ProcessFleet:
         self._conns: list[Connection | None] = [None] * size
         self._ready = [False] * size
         self._setup_errors: list[BaseException | None] = [None] * size
+        # The operators for a freshly spawned worker, sent by its serving thread: a worker
+        # that is slow to start (or dies while starting) then never blocks the engine.
+        self._pending_load: list[bytes | None] = [None] * size
         self.respawns = 0
         label = "+".join(sorted(set(self._names.values())))
         for slot in range(size):
@@ -291,7 +350,7 @@ class ProcessFleet:
     def _spawn(self, slot: int) -> None:
         """Give ``slot`` a worker (an idle one when reusing) and send it the operators."""
         session = self._session
-        load = pickle.dumps(("load", self._blob, slot, session.prefix, session.min_bytes))
+        load = pickle.dumps(("load", self._blobs, slot, session.prefix, session.min_bytes))
         while self._reuse:
             with _IDLE_LOCK:
                 if not _IDLE:
@@ -312,8 +371,8 @@ class ProcessFleet:
         parent, child = self._mp.Pipe(duplex=True)
         proc = self._mp.Process(
             target=_worker_main,
-            args=(child, session.prefix, session.min_bytes, load),
-            name=f"zephon-worker-{slot}",
+            args=(child, session.prefix, session.min_bytes),
+            name=f"{WORKER_NAME_PREFIX}{slot}",
             daemon=True,
         )
         proc.start()
@@ -321,10 +380,15 @@ class ProcessFleet:
         with self._lock:
             self._procs[slot] = proc
             self._conns[slot] = parent
+            self._pending_load[slot] = load
 
     def _await_ready(self, slot: int) -> None:
         conn = self._conns[slot]
         assert conn is not None
+        load = self._pending_load[slot]
+        if load is not None:
+            self._pending_load[slot] = None
+            conn.send_bytes(load)
         kind, value = pickle.loads(conn.recv_bytes())
         if kind == "err":
             raise _SetupFailed(value)
@@ -422,6 +486,16 @@ class ProcessFleet:
                 WorkerCrashedError(f"operator {name!r}: worker stopped while the engine closed")
             )
             return True
+        if starting and code == MAIN_GUARD_EXIT:
+            job.future.set_exception(
+                WorkerStartError(
+                    f"runner='process' starts worker processes that import {_main_script()}, "
+                    "and that script starts a pipeline when it is imported; put the code that "
+                    f"runs the pipeline in {_main_script()} under "
+                    "`if __name__ == \"__main__\":`"
+                )
+            )
+            return True
         job.crashes += 1
         how = _describe_exit(code)
         self._spawn(slot)
@@ -487,8 +561,9 @@ class ProcessFleet:
                 pass
         if conn is not None:
             try:
-                if not ready:
+                if not ready and self._pending_load[slot] is None:
                     self._await_ready(slot)
+                self._pending_load[slot] = None
                 conn.send_bytes(b"")
             except BaseException:
                 pass
