@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from zephon.ops import BaseOp, PassthroughAccumulator
@@ -26,3 +27,9 @@ class Tag(BaseOp):
 
 def short(payload: dict[str, Any]) -> bool:
     return len(payload["text"]) < 200
+
+
+def slow_identity(payload: dict[str, Any]) -> dict[str, Any]:
+    """Stands for real per-record work (about 1 ms), so a run lasts long enough to preempt."""
+    time.sleep(0.001)
+    return payload

@@ -94,8 +94,12 @@ def test_accumulator_that_keeps_data_across_a_sentinel_is_refused(runner):
 def test_accumulator_that_keeps_data_at_the_end_of_a_lane_is_refused(runner):
     # K far above the chunk count: the only lane flush is the one at the end of data, where
     # records kept back would otherwise never be delivered.
-    pipe = Pipeline(make_source(200)).add_op(LeakyOp()).options(  # 200 % 7 records kept
-        runner=runner, flush_every_k_chunks=1000
+    pipe = (
+        Pipeline(make_source(200))
+        .add_op(LeakyOp())
+        .options(  # 200 % 7 records kept
+            runner=runner, flush_every_k_chunks=1000
+        )
     )
     with pytest.raises(ContractError) as info:
         list(pipe)

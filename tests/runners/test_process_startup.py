@@ -40,7 +40,7 @@ def test_a_script_without_main_guard_fails_at_once_with_the_fix(tmp_path: Path):
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("zephon._engine.pools.WorkerStartError: ")
-    assert f"{script} under `if __name__ == \"__main__\":`" in last
+    assert f'{script} under `if __name__ == "__main__":`' in last
     # only the parent's own traceback: no worker printed anything, nothing was retried
     assert done.stderr.count("Traceback (most recent call last)") == 1
     assert "retrying" not in done.stderr
@@ -85,7 +85,7 @@ def test_an_unpicklable_operator_is_named():
     assert "lock" in message and "setup()" in message
 
 
-PHANTOM = '''
+PHANTOM = """
 from zephon.ops import BaseOp, OpTraits
 
 class PhantomOp(BaseOp):
@@ -96,7 +96,7 @@ class PhantomOp(BaseOp):
 
     def process_many(self, elems):
         return elems
-'''
+"""
 
 
 @pytest.mark.timeout(60)

@@ -59,7 +59,8 @@ class WorkerStartError(WorkerCrashedError):
 
 def _pickle_op(op: BaseOp, ctx: OpContext) -> bytes:
     try:
-        return cloudpickle.dumps((op, ctx))
+        blob: bytes = cloudpickle.dumps((op, ctx))
+        return blob
     except Exception as exc:
         raise ConfigError(
             f"operator {op.name!r} cannot be sent to worker processes (runner='process'): "
@@ -186,7 +187,7 @@ def check_not_bootstrapping() -> None:
         os._exit(MAIN_GUARD_EXIT)
     raise ZephonError(
         "a pipeline was started while this spawned process was importing its parent's main "
-        "script; put the code that runs the pipeline under `if __name__ == \"__main__\":`"
+        'script; put the code that runs the pipeline under `if __name__ == "__main__":`'
     )
 
 
@@ -492,7 +493,7 @@ class ProcessFleet:
                     f"runner='process' starts worker processes that import {_main_script()}, "
                     "and that script starts a pipeline when it is imported; put the code that "
                     f"runs the pipeline in {_main_script()} under "
-                    "`if __name__ == \"__main__\":`"
+                    '`if __name__ == "__main__":`'
                 )
             )
             return True

@@ -43,29 +43,29 @@ class _Unreadable(Exception):
     pass
 
 
-def load(path_text: str) -> tuple[Path, dict[str, Any], Any]:
-    """Read and validate a checkpoint file (or the newest of a checkpoint directory)."""
+def load(path_text: str) -> tuple[Path, dict[str, Any], Any, list[tuple[Path, str]]]:
+    """Read and check a checkpoint file, or the newest valid one of a checkpoint directory.
+
+    Returns the path, the raw state, the parsed state and the newer files of the directory
+    that were refused (with the reason).
+    """
     from zephon._engine import checkpoint as ckpt
+    from zephon.checkpoints import latest_checkpoint, load_checkpoint
     from zephon.errors import CheckpointError
 
     path = Path(path_text)
-    if path.is_dir():
-        files = checkpoint_files(path)
-        if not files:
-            raise _Unreadable(f"{path} holds no ckpt-*.json checkpoint")
-        path = files[-1]
+    rejected: list[tuple[Path, str]] = []
     try:
-        with open(path, encoding="utf-8") as fh:
-            raw = json.load(fh)
-    except FileNotFoundError:
-        raise _Unreadable(f"{path}: no such file") from None
-    except (OSError, ValueError) as exc:
-        raise _Unreadable(f"{path}: not a JSON checkpoint ({exc})") from None
-    try:
-        parsed = ckpt.parse(raw)
+        if path.is_dir():
+            latest = latest_checkpoint(path)
+            if latest is None:
+                raise _Unreadable(f"{path} holds no ckpt-*.json checkpoint")
+            path, raw, rejected = latest.path, latest.state, latest.rejected
+        else:
+            raw = load_checkpoint(path)
     except CheckpointError as exc:
-        raise _Unreadable(f"{path}: {exc}") from None
-    return path, raw, parsed
+        raise _Unreadable(str(exc)) from None
+    return path, raw, ckpt.parse(raw), rejected
 
 
 def _cursor(value: Any) -> str:
@@ -96,6 +96,8 @@ def summary(path: Path, raw: dict[str, Any], parsed: Any) -> dict[str, Any]:
         "format": raw["format"],
         "version": raw["version"],
         "fingerprint": raw["fingerprint"],
+        "valid": True,
+        "checksum": raw.get("checksum"),
         "world": raw["world"],
         "canonical_replicas": parsed.canonical_replicas,
         "flush_every_k_chunks": config.get("flush_every_k_chunks"),
@@ -116,15 +118,20 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     try:
-        path, raw, parsed = load(args.file)
+        path, raw, parsed, rejected = load(args.file)
     except _Unreadable as exc:
-        return fail("checkpoint inspect", exc, EXIT_USAGE)
+        return fail("checkpoint inspect", f"invalid checkpoint: {exc}", EXIT_USAGE)
     info = summary(path, raw, parsed)
+    info["rejected"] = [{"file": str(p), "reason": reason} for p, reason in rejected]
     if args.json:
         print(json.dumps(info, indent=1))
         return EXIT_OK
     console = Console(highlight=False)
+    for bad in info["rejected"]:
+        console.print(f"invalid, skipped: {bad['reason']}", markup=False)
     console.print(f"[bold]{info['file']}[/] ({info['bytes']:,} bytes)")
+    check = f"checksum {info['checksum']} ok" if info["checksum"] else "no checksum (version 1)"
+    console.print(f"valid: {check}")
     console.print(f"format {info['format']} v{info['version']}, fingerprint {info['fingerprint']}")
     world = " ".join(f"{k}={v}" for k, v in info["world"].items())
     console.print(f"world: {world}")
@@ -178,9 +185,10 @@ def compare(raw_a: dict[str, Any], raw_b: dict[str, Any]) -> dict[str, Any]:
     """Configuration, world and per-lane comparison of two checkpoints."""
     config = first_difference(raw_a["config"], raw_b["config"], "config")
     world = first_difference(raw_a["world"], raw_b["world"], "world")
+    derived = ("fingerprint", "checksum", "run")  # follow from the rest, or not the pipeline's
     first = first_difference(
-        {k: v for k, v in raw_a.items() if k != "fingerprint"},
-        {k: v for k, v in raw_b.items() if k != "fingerprint"},
+        {k: v for k, v in raw_a.items() if k not in derived},
+        {k: v for k, v in raw_b.items() if k not in derived},
     )
     lanes = []
     keys = sorted(set(raw_a["lanes"]) | set(raw_b["lanes"]), key=int)
@@ -235,8 +243,8 @@ def _diff(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     try:
-        path_a, raw_a, _ = load(args.a)
-        path_b, raw_b, _ = load(args.b)
+        path_a, raw_a, _, _ = load(args.a)
+        path_b, raw_b, _, _ = load(args.b)
     except _Unreadable as exc:
         return fail("checkpoint diff", exc, EXIT_USAGE)
     result = compare(raw_a, raw_b)

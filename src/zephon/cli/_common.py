@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 from zephon.checkpoints import checkpoint_files, checkpoint_path, write_json_atomic
@@ -35,7 +33,6 @@ EXIT_FAILURE = 1  # the command ran and failed (bad data, failing check, operato
 EXIT_USAGE = 2  # the command line or the configuration is wrong
 EXIT_INTERRUPTED = 130  # stopped with Ctrl-C (a checkpoint was written when possible)
 EXIT_TERMINATED = 143  # stopped by SIGTERM, e.g. a preemption (a checkpoint was written)
-
 
 
 def fail(command: str, message: object, code: int = EXIT_FAILURE) -> int:

@@ -1,9 +1,11 @@
 """``zephon run CONFIG.yaml``: run a YAML pipeline with progress, checkpoints and resume.
 
 Checkpoints are the pipeline's own (``pipeline.checkpoint()``), written atomically as
-``DIR/ckpt-<items delivered>.json``; ``--resume`` restores the newest one, so a run that was
-stopped (``--max-batches``, Ctrl-C, a crash after the last checkpoint) continues exactly where
-its last checkpoint says, with the same items it would have delivered uninterrupted.
+``DIR/ckpt-<items delivered>.json`` with a checksum; ``--resume`` restores the newest valid
+one, so a run that stopped for any reason (``--max-batches``, Ctrl-C, SIGTERM, a failure, a
+crash after the last checkpoint) continues exactly where its checkpoint says, with the items
+it would have delivered uninterrupted. A ``--record`` file is cut back to the checkpoint's
+position on resume, so it holds every item exactly once.
 """
 
 from __future__ import annotations
@@ -11,24 +13,27 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from zephon.checkpoints import latest_checkpoint, save_checkpoint
 from zephon.cli._common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_TERMINATED,
     EXIT_USAGE,
     MetricsServer,
     checkpoint_files,
     checkpoint_path,
     fail,
-    read_json,
-    write_json_atomic,
 )
+from zephon.cli._signals import RunSignals
 from zephon.errors import CheckpointError, ConfigError, ZephonError
 
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
@@ -39,8 +44,9 @@ def register(subparsers: Any) -> None:
         "run",
         help="run a pipeline described in YAML (progress, checkpoints, resume)",
         description="Run the pipeline of CONFIG (see docs/yaml.md). Exit codes: 0 done or "
-        "stopped at --max-batches, 1 the run failed, 2 bad command line or config, "
-        "130 interrupted.",
+        "stopped at --max-batches, 1 the run failed (its checkpoint is written), 2 bad command "
+        "line or config, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM); both write a "
+        "final checkpoint. SIGUSR1 writes a checkpoint and goes on.",
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -81,6 +87,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prometheus-file", type=Path, default=None, metavar="PATH",
         help="write the Prometheus text to PATH at every checkpoint and at the end",
     )  # fmt: skip
+    parser.add_argument(
+        "--quarantine", type=Path, default=None, metavar="FILE",
+        help="append records skipped by on_error: skip to FILE as JSON lines "
+        "(default: DIR/quarantine.jsonl with --checkpoint-dir)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--strict", action="store_true",
+        help="exit 1 when the run delivers nothing (it always says which operator dropped all)",
+    )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -117,18 +132,6 @@ def _delivered(state: Mapping[str, Any]) -> int:
     return sum(int(lane.get("delivered", 0)) for lane in state.get("lanes", {}).values())
 
 
-def _save(pipe: Any, args: argparse.Namespace) -> Path | None:
-    if args.checkpoint_dir is None:
-        return None
-    state = pipe.checkpoint()
-    path = checkpoint_path(args.checkpoint_dir, _delivered(state))
-    write_json_atomic(path, state)
-    _prune(args.checkpoint_dir, args.keep)
-    if args.prometheus_file is not None:
-        _write_prometheus(pipe, args.prometheus_file)
-    return path
-
-
 def _write_prometheus(pipe: Any, path: Path) -> None:
     stats = pipe.stats()
     if stats is None:
@@ -150,15 +153,68 @@ def _total_reads(config: Any, pipe: Any) -> int | None:
     return int(total // max(1, pipe.runtime_options.dp_world_size))
 
 
-def run(args: argparse.Namespace) -> int:
+def _cut_record(path: Path, run_meta: Mapping[str, Any]) -> None:
+    """Cut the ``--record`` file back to its size at the checkpoint being resumed.
+
+    Lines written after that checkpoint (a crash, a kill) are items the resumed run delivers
+    again; without the cut they would be in the file twice.
+    """
+    saved = run_meta.get("record")
+    if not isinstance(saved, Mapping) or not path.exists():
+        return
+    if os.path.realpath(path) != saved.get("path"):
+        return
+    size, keep = path.stat().st_size, int(saved.get("bytes", 0))
+    if size > keep:
+        os.truncate(path, keep)
+        with open(path, "rb") as fh:
+            os.fsync(fh.fileno())
+    elif size < keep:
+        print(
+            f"zephon run: warning: {path} is shorter ({size} bytes) than when the checkpoint "
+            f"was taken ({keep} bytes); it no longer holds every delivered item",
+            file=sys.stderr,
+        )
+
+
+def _who_dropped_everything(stats: Any) -> str:
+    """Name the operator after which no record flowed on (for a run that delivered nothing)."""
+    ops = list(stats.operators) if stats is not None else []
+    if not ops:
+        return "no statistics were tracked (options.track_stats is off)"
+    if ops[0].elements_in == 0:
+        return "the source produced no samples (are the datasets empty?)"
+    for op, after in zip(ops, [*ops[1:], None], strict=True):
+        passed_on = after.elements_in if after is not None else op.elements_out
+        if op.elements_in > 0 and passed_on == 0:
+            return (
+                f"operator {op.name!r} received {op.elements_in:,} records and passed none on "
+                "(a filter that rejects everything, a map that returns None, a packing or batch "
+                "size larger than the data?)"
+            )
+    return f"{stats.tombstones:,} records became tombstones"
+
+
+class UsageError(Exception):
+    """A command-line or configuration problem found while starting the run (exit 2)."""
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    if args.max_batches is not None and args.max_batches < 0:
+        raise UsageError("--max-batches must be >= 0")
+    if args.resume and args.checkpoint_dir is None:
+        raise UsageError("--resume needs --checkpoint-dir DIR")
+    if args.checkpoint_every and args.checkpoint_dir is None:
+        raise UsageError("--checkpoint-every needs --checkpoint-dir DIR (where to write them)")
+    if args.checkpoint_every < 0:
+        raise UsageError("--checkpoint-every must be >= 0")
+    if args.keep < 1:
+        raise UsageError("--keep must be >= 1")
+
+
+def _build(args: argparse.Namespace) -> tuple[Any, Any]:
     from zephon.config import load_config
 
-    if args.max_batches is not None and args.max_batches < 0:
-        return fail("run", "--max-batches must be >= 0", EXIT_USAGE)
-    if args.resume and args.checkpoint_dir is None:
-        return fail("run", "--resume needs --checkpoint-dir DIR", EXIT_USAGE)
-    if args.keep < 1:
-        return fail("run", "--keep must be >= 1", EXIT_USAGE)
     try:
         config = load_config(args.config)
         pipe = config.build()
@@ -166,129 +222,251 @@ def run(args: argparse.Namespace) -> int:
             pipe.options(runner=args.runner)
         if args.log_every is not None:
             pipe.options(log_every_s=args.log_every)
+        quarantine = args.quarantine
+        if quarantine is None and args.checkpoint_dir is not None:
+            quarantine = args.checkpoint_dir / "quarantine.jsonl"
+        if quarantine is not None:
+            pipe.options(quarantine=str(quarantine))
     except ConfigError as exc:
-        return fail("run", exc, EXIT_USAGE)
+        raise UsageError(str(exc)) from None
     except ZephonError as exc:
-        return fail("run", f"{args.config}: {exc}", EXIT_USAGE)
-    if args.log_every is not None:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-        log = logging.getLogger("zephon")
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
+        raise UsageError(f"{args.config}: {exc}") from None
+    return config, pipe
 
-    resumed_from: Path | None = None
-    if args.checkpoint_dir is not None:
-        args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    if args.resume:
-        files = checkpoint_files(args.checkpoint_dir)
-        if files:
-            resumed_from = files[-1]
-            try:
-                pipe.restore(read_json(resumed_from))
-            except (CheckpointError, ValueError, OSError) as exc:
-                return fail("run", f"cannot resume from {resumed_from}: {exc}", EXIT_USAGE)
-        elif not args.quiet:
+
+def _resume(args: argparse.Namespace, pipe: Any) -> tuple[Path | None, Mapping[str, Any]]:
+    """Restore the newest valid checkpoint; (its path, the run's own entries) or (None, {})."""
+    try:
+        latest = latest_checkpoint(args.checkpoint_dir, set_aside=True)
+    except CheckpointError as exc:
+        raise UsageError(f"cannot resume: {exc}") from None
+    if latest is None:
+        if not args.quiet:
             print(
                 f"zephon run: no checkpoint in {args.checkpoint_dir}; starting from the beginning",
                 file=sys.stderr,
             )
-    return _loop(args, config, pipe, resumed_from)
-
-
-def _loop(args: argparse.Namespace, config: Any, pipe: Any, resumed_from: Path | None) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    console = Console(stderr=True)
-    metrics = None
-    if args.metrics_port is not None:
-        metrics = MetricsServer(lambda: _prometheus_text(pipe), port=args.metrics_port)
-        console.print(f"metrics: {metrics.url}")
-    record: TextIO | None = open(args.record, "a", encoding="utf-8") if args.record else None  # noqa: SIM115
-    total = None if resumed_from is not None else _total_reads(config, pipe)
-    items = samples = tokens = 0
-    status, checkpoint = "completed", None
-    error: Exception | None = None
-    start = time.perf_counter()
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed:,} read"),
-        TextColumn("{task.fields[rates]}"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=args.quiet,
-        transient=False,
-    )
+        return None, {}
+    for path, reason in latest.rejected:
+        print(
+            f"zephon run: warning: {reason}; set it aside as {path.name} and resuming from "
+            f"the newest valid checkpoint, {latest.path}",
+            file=sys.stderr,
+        )
     try:
-        with progress:
-            task = progress.add_task(Path(args.config).name, total=total, rates="")
-            last = 0.0
-            if args.max_batches == 0:
-                status = "stopped"
-                checkpoint = _save(pipe, args)
-            else:
-                for item in pipe:
-                    n, t, ids, lane = item_stats(item)
-                    items += 1
-                    samples += n
-                    tokens += t
-                    if record is not None:
-                        record.write(json.dumps({"lane": lane, "ids": ids, "tokens": t}) + "\n")
-                    now = time.perf_counter()
-                    if now - last > 0.2:
-                        last = now
-                        _update(progress, task, pipe, items, tokens, now - start)
-                    if args.checkpoint_every and items % args.checkpoint_every == 0:
-                        if record is not None:
-                            record.flush()
-                        checkpoint = _save(pipe, args)
-                    if args.max_batches is not None and items >= args.max_batches:
-                        status = "stopped"
-                        checkpoint = _save(pipe, args)
-                        break
-                else:
-                    checkpoint = _save(pipe, args)
-            _update(progress, task, pipe, items, tokens, time.perf_counter() - start)
-    except KeyboardInterrupt:
-        status = "interrupted"
+        pipe.restore(latest.state)
+    except (CheckpointError, ValueError) as exc:
+        raise UsageError(f"cannot resume from {latest.path}: {exc}") from None
+    run_meta = latest.state.get("run")
+    return latest.path, run_meta if isinstance(run_meta, Mapping) else {}
+
+
+def run(args: argparse.Namespace) -> int:
+    # Signals are handled from the start: a preemption while the pipeline is being built
+    # still ends with a checkpoint and exit 143.
+    with RunSignals() as signals:
         try:
-            checkpoint = _save(pipe, args)
-        except Exception:  # the engine may be half torn down; keep the last good checkpoint
-            checkpoint = None
-    except Exception as exc:  # zephon errors and errors raised by user code in an operator
-        status, error = "failed", exc
-    finally:
-        if record is not None:
-            record.close()
-        if metrics is not None:
-            metrics.close()
-    elapsed = time.perf_counter() - start
-    if args.prometheus_file is not None and status != "failed":
-        _write_prometheus(pipe, args.prometheus_file)
-    stats = pipe.stats()
-    summary = {
-        "status": status,
-        "config": args.config,
-        "items": items,
-        "samples": samples,
-        "tokens": tokens,
-        "elapsed_s": round(elapsed, 3),
-        "items_per_s": round(items / elapsed, 2) if elapsed > 0 else 0.0,
-        "tokens_per_s": round(tokens / elapsed, 1) if elapsed > 0 else 0.0,
-        "checkpoint": str(checkpoint) if checkpoint else None,
-        "resumed_from": str(resumed_from) if resumed_from else None,
-        "error": f"{type(error).__name__}: {error}" if error else None,
-        "stats": stats.to_dict() if stats is not None else None,
-    }
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        _print_summary(summary, stats if args.stats else None)
-    if error is not None:
-        return fail("run", f"{type(error).__name__}: {error}", EXIT_FAILURE)
-    return EXIT_INTERRUPTED if status == "interrupted" else EXIT_OK
+            _check_arguments(args)
+            config, pipe = _build(args)
+        except UsageError as exc:
+            return fail("run", exc, EXIT_USAGE)
+        if args.log_every is not None:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+            log = logging.getLogger("zephon")
+            log.addHandler(handler)
+            log.setLevel(logging.INFO)
+        if args.checkpoint_dir is not None:
+            args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        resumed_from: Path | None = None
+        run_meta: Mapping[str, Any] = {}
+        if args.resume:
+            try:
+                resumed_from, run_meta = _resume(args, pipe)
+            except UsageError as exc:
+                return fail("run", exc, EXIT_USAGE)
+        if args.record is not None:
+            _cut_record(args.record, run_meta)
+        return RunLoop(args, config, pipe, resumed_from, signals).execute()
+
+
+class RunLoop:
+    """One ``zephon run``: iterate, record, checkpoint, and end with a summary."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        config: Any,
+        pipe: Any,
+        resumed_from: Path | None,
+        signals: RunSignals,
+    ) -> None:
+        self.args, self.config, self.pipe = args, config, pipe
+        self.resumed_from = resumed_from
+        self.signals = signals
+        self.items = self.samples = self.tokens = 0
+        self.status = "completed"
+        self.checkpoint: Path | None = None
+        self.error: BaseException | None = None
+        self.record: TextIO | None = None
+
+    def save(self) -> Path | None:
+        """Write the checkpoint of what was delivered (with the record file's position)."""
+        args = self.args
+        if args.checkpoint_dir is None:
+            return None
+        state = self.pipe.checkpoint()
+        if self.record is not None:
+            self.record.flush()
+            os.fsync(self.record.fileno())
+            where = {"path": os.path.realpath(args.record), "bytes": self.record.tell()}
+            state["run"] = {"record": where}
+        path = save_checkpoint(checkpoint_path(args.checkpoint_dir, _delivered(state)), state)
+        _prune(args.checkpoint_dir, args.keep)
+        if args.prometheus_file is not None:
+            _write_prometheus(self.pipe, args.prometheus_file)
+        self.checkpoint = path
+        return path
+
+    def _save_after_stop(self) -> None:
+        """Checkpoint after a stop or a failure; a broken engine keeps the last good one."""
+        try:
+            self.save()
+        except Exception as exc:
+            print(f"zephon run: warning: no final checkpoint ({exc})", file=sys.stderr)
+
+    def _stop_status(self) -> str:
+        return "terminated" if self.signals.stop_signal == signal.SIGTERM else "interrupted"
+
+    def _deliver(self, item: Any) -> None:
+        n, t, ids, lane = item_stats(item)
+        self.items += 1
+        self.samples += n
+        self.tokens += t
+        if self.record is not None:
+            self.record.write(json.dumps({"lane": lane, "ids": ids, "tokens": t}) + "\n")
+
+    def _iterate(self, progress: Any, task: Any) -> None:
+        args, signals = self.args, self.signals
+        start = time.perf_counter()
+        last = 0.0
+        if signals.stop_requested or args.max_batches == 0:
+            self.status = self._stop_status() if signals.stop_requested else "stopped"
+            self.save()
+            return
+        for item in self.pipe:
+            self._deliver(item)
+            now = time.perf_counter()
+            if now - last > 0.2:
+                last = now
+                _update(progress, task, self.pipe, self.items, self.tokens, now - start)
+            if signals.stop_requested:
+                self.status = self._stop_status()
+                self.save()
+                return
+            due = args.checkpoint_every and self.items % args.checkpoint_every == 0
+            if due or signals.take_checkpoint_request():
+                self.save()
+            if args.max_batches is not None and self.items >= args.max_batches:
+                self.status = "stopped"
+                self.save()
+                return
+        self.save()
+
+    def execute(self) -> int:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        args = self.args
+        console = Console(stderr=True)
+        metrics = None
+        if args.metrics_port is not None:
+            metrics = MetricsServer(lambda: _prometheus_text(self.pipe), port=args.metrics_port)
+            console.print(f"metrics: {metrics.url}")
+        if args.record is not None:
+            # line-buffered: a kill loses no line of an item already delivered
+            self.record = open(args.record, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        total = None if self.resumed_from is not None else _total_reads(self.config, self.pipe)
+        start = time.perf_counter()
+        progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed:,} read"),
+            TextColumn("{task.fields[rates]}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=args.quiet,
+            transient=False,
+        )
+        try:
+            with progress:
+                task = progress.add_task(Path(args.config).name, total=total, rates="")
+                self._iterate(progress, task)
+                _update(
+                    progress, task, self.pipe, self.items, self.tokens, time.perf_counter() - start
+                )
+        except KeyboardInterrupt:  # a second stop signal, or Ctrl-C inside the engine
+            self.status = self._stop_status()
+            self._save_after_stop()
+        except Exception as exc:  # zephon errors and errors raised by user code in an operator
+            self.status, self.error = "failed", exc
+            self._save_after_stop()
+        finally:
+            if self.record is not None:
+                self.record.close()
+            if metrics is not None:
+                metrics.close()
+        return self._finish(time.perf_counter() - start)
+
+    def _finish(self, elapsed: float) -> int:
+        args, pipe = self.args, self.pipe
+        if args.prometheus_file is not None and self.status != "failed":
+            _write_prometheus(pipe, args.prometheus_file)
+        stats = pipe.stats()
+        summary = self._summary(elapsed, stats)
+        if args.json:
+            print(json.dumps(summary))
+        else:
+            _print_summary(summary, stats if args.stats else None)
+        if self.error is not None:
+            code = EXIT_USAGE if isinstance(self.error, ConfigError) else EXIT_FAILURE
+            return fail("run", _describe_error(self.error), code)
+        if self.status == "terminated":
+            return EXIT_TERMINATED
+        if self.status == "interrupted":
+            return EXIT_INTERRUPTED
+        if self.items == 0 and self.resumed_from is None and self.status == "completed":
+            why = _who_dropped_everything(stats)
+            print(f"zephon run: warning: the run delivered nothing: {why}", file=sys.stderr)
+            if args.strict:
+                return EXIT_FAILURE
+        return EXIT_OK
+
+    def _summary(self, elapsed: float, stats: Any) -> dict[str, Any]:
+        error = self.error
+        return {
+            "status": self.status,
+            "config": self.args.config,
+            "items": self.items,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "elapsed_s": round(elapsed, 3),
+            "items_per_s": round(self.items / elapsed, 2) if elapsed > 0 else 0.0,
+            "tokens_per_s": round(self.tokens / elapsed, 1) if elapsed > 0 else 0.0,
+            "checkpoint": str(self.checkpoint) if self.checkpoint else None,
+            "resumed_from": str(self.resumed_from) if self.resumed_from else None,
+            "error": f"{type(error).__name__}: {error}" if error else None,
+            "stats": stats.to_dict() if stats is not None else None,
+        }
+
+
+def _describe_error(error: BaseException) -> str:
+    """``Type: message``, naming the operator it was raised in when the engine knows it."""
+    text = f"{type(error).__name__}: {error}"
+    op_name = getattr(error, "zephon_op_name", None)
+    if op_name and repr(op_name) not in text:
+        text = f"operator {op_name!r}: {text}"
+    return text
 
 
 def _prometheus_text(pipe: Any) -> str:
