@@ -86,7 +86,7 @@ def uninterrupted(folder: Path, runner: str) -> bytes:
     record = folder / f"full-{runner}.jsonl"
     record.unlink(missing_ok=True)
     proc = start(folder, "--runner", runner, "--record", record.name)
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     return record.read_bytes()
 
@@ -107,7 +107,7 @@ def test_sigterm_at_random_moments_then_resume_records_every_item_once(preempt_d
         proc = start(preempt_dir, *common, "--resume")
         # once this run has recorded an item of its own and `target` items are on record
         goal = max(target, before + 1)
-        wait_for(lambda g=goal: lines(record) >= g or proc.poll() is not None)
+        wait_for(lambda g=goal, p=proc: lines(record) >= g or p.poll() is not None)
         if runner == "process" and i % 2:
             os.killpg(proc.pid, signal.SIGTERM)  # Slurm: the whole job, workers included
         else:
@@ -150,7 +150,7 @@ def test_a_kill_after_a_checkpoint_leaves_no_duplicate_in_the_record(preempt_dir
     proc.communicate(timeout=60)
     assert lines(record) > 100
     proc = start(preempt_dir, *args, "--resume")
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert record.read_bytes() == expected
 

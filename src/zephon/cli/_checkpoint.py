@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from zephon.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, checkpoint_files, fail
+from zephon.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, fail
 
 
 def register(subparsers: Any) -> None:
