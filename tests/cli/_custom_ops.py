@@ -33,3 +33,8 @@ def slow_identity(payload: dict[str, Any]) -> dict[str, Any]:
     """Stands for real per-record work (about 1 ms), so a run lasts long enough to preempt."""
     time.sleep(0.001)
     return payload
+
+
+def never(payload: dict[str, Any]) -> bool:
+    """A filter predicate that rejects everything."""
+    return False
