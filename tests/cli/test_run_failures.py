@@ -71,8 +71,8 @@ def test_raise_then_resume_with_skip_equals_an_uninterrupted_skip_run(tmp_path: 
 
 
 def checkpoints_of_a_stopped_run(workdir: Path) -> list[Path]:
-    done = zephon("run", "pipeline.yaml", "--quiet", "--checkpoint-dir", "ck", "--max-batches",
-                  "12", "--checkpoint-every", "4", "--record", "got.jsonl", cwd=workdir)  # fmt: skip
+    args = ("--quiet", "--checkpoint-dir", "ck", "--max-batches", "12", "--checkpoint-every", "4")
+    done = zephon("run", "pipeline.yaml", *args, "--record", "got.jsonl", cwd=workdir)
     assert done.returncode == 0, done.stderr
     files = sorted((workdir / "ck").glob("ckpt-*.json"))
     assert [f.name for f in files] == [f"ckpt-{n:010d}.json" for n in (4, 8, 12)]
@@ -162,7 +162,7 @@ def test_runner_ray_without_ray_is_a_configuration_error(workdir: Path):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('ray is not installed here')\n")
     env = {**os.environ, "PYTHONPATH": f"{fake.parent}{os.pathsep}{REPO}"}
-    done = subprocess.run([ZEPHON, "run", "pipeline.yaml", "--quiet", "--runner", "ray"],
-                          cwd=workdir, capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    command = [ZEPHON, "run", "pipeline.yaml", "--quiet", "--runner", "ray"]
+    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 2
     assert "pip install 'zephon[ray]'" in done.stderr.strip().splitlines()[-1]
