@@ -163,6 +163,6 @@ def test_runner_ray_without_ray_is_a_configuration_error(workdir: Path):
     (fake / "__init__.py").write_text("raise ImportError('ray is not installed here')\n")
     env = {**os.environ, "PYTHONPATH": f"{fake.parent}{os.pathsep}{REPO}"}
     command = [ZEPHON, "run", "pipeline.yaml", "--quiet", "--runner", "ray"]
-    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env, timeout=99)
     assert done.returncode == 2
     assert "pip install 'zephon[ray]'" in done.stderr.strip().splitlines()[-1]
