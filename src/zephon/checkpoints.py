@@ -62,8 +62,12 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
 
 
 def save_checkpoint(path: str | os.PathLike[str], state: Mapping[str, Any]) -> Path:
-    """Write ``state`` (sealed again, so entries you added are covered) atomically to ``path``."""
+    """Write ``state`` (sealed again, so entries you added are covered) atomically to ``path``.
+
+    The folder is created when missing.
+    """
     target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(target, seal(state))
     return target
 

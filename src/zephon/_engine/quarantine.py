@@ -79,6 +79,7 @@ class Quarantine:
         if self._fh is None:
             assert self.path is not None
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            _drop_torn_tail(self.path)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
         self._fh.write(json.dumps(entry) + "\n")
         self._fh.flush()
@@ -90,3 +91,13 @@ class Quarantine:
             os.fsync(self._fh.fileno())
             self._fh.close()
             self._fh = None
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line without its newline (a crash mid-write) so new lines start clean."""
+    if not path.exists():
+        return
+    with open(path, "rb+") as fh:
+        data = fh.read()
+        if data and not data.endswith(b"\n"):
+            fh.truncate(data.rfind(b"\n") + 1)
