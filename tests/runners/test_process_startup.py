@@ -30,10 +30,18 @@ print(sum(1 for _ in pipe))
 """
 
 
+# operators far larger than a pipe buffer: the spawn launch must not block on them
+BIG_OPERATOR = NO_GUARD.replace(
+    '.tokenize("bytes")',
+    '.tokenize("bytes").map_transform(functools.partial(keep, ballast=b"x" * 4_000_000))',
+).replace("from zephon", "import functools\n\ndef keep(p, ballast):\n    return p\n\nfrom zephon")
+
+
 @pytest.mark.timeout(60)
-def test_a_script_without_main_guard_fails_at_once_with_the_fix(tmp_path: Path):
+@pytest.mark.parametrize("text", [NO_GUARD, BIG_OPERATOR], ids=["small", "big-operator"])
+def test_a_script_without_main_guard_fails_at_once_with_the_fix(tmp_path: Path, text: str):
     script = tmp_path / "train_no_guard.py"
-    script.write_text(NO_GUARD)
+    script.write_text(text)
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=50, cwd=tmp_path
     )
