@@ -43,7 +43,8 @@ class KillWorkerOp(BaseOp):
 
 
 class FailWhileArmedOp(BaseOp):
-    """Fails on record ``victim`` for as long as the file ``armed`` exists.
+    """Fails on record ``victim`` (any record when None) for as long as the file ``armed``
+    exists.
 
     ``how``: "raise" (a ValueError, like a bug in user code), "interrupt" (KeyboardInterrupt,
     like Ctrl-C landing inside the engine) or "exit" (the worker process dies; process runner
@@ -52,7 +53,7 @@ class FailWhileArmedOp(BaseOp):
 
     name = "fail_while_armed"
 
-    def __init__(self, armed: Path, victim: int, how: str = "raise") -> None:
+    def __init__(self, armed: Path, victim: int | None, how: str = "raise") -> None:
         super().__init__()
         self.armed = str(armed)
         self.victim = victim
@@ -66,12 +67,15 @@ class FailWhileArmedOp(BaseOp):
 
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
         ids = {int(e.payload["id"]) for e in elems if isinstance(e, SampleRecord)}
-        if self.victim in ids and os.path.exists(self.armed):
+        hit = self.victim in ids if self.victim is not None else bool(ids)
+        if hit and os.path.exists(self.armed):
             if self.how == "exit":
                 os._exit(13)
             if self.how == "interrupt":
                 raise KeyboardInterrupt
-            raise ValueError(f"record {self.victim} is bad")
+            raise ValueError(
+                f"record {self.victim if self.victim is not None else min(ids)} is bad"
+            )
         return list(elems)
 
     def config(self) -> dict[str, Any]:

@@ -33,15 +33,24 @@ def faulty_stateful(
     )
 
 
-def fail_then_resume(build: Any, armed: Path) -> tuple[list[Any], list[Any], BaseException]:
-    """Run until the armed operator fails, checkpoint, disarm, restore and finish."""
-    armed.touch()
+def fail_then_resume(
+    build: Any, armed: Path, arm_after: int = 0
+) -> tuple[list[Any], list[Any], BaseException]:
+    """Run until the armed operator fails, checkpoint, disarm, restore and finish.
+
+    ``arm_after``: arm only once that many items were received (the failure then comes after
+    them however far ahead the workers ran).
+    """
+    if not arm_after:
+        armed.touch()
     first: list[Any] = []
     pipe = build()
     error: BaseException | None = None
     try:
         for item in pipe:
             first.append(key(item))
+            if len(first) == arm_after:
+                armed.touch()
     except BaseException as exc:  # KeyboardInterrupt too: that is one of the cases
         error = exc
     assert error is not None, "the armed operator never failed"

@@ -129,14 +129,14 @@ def test_checkpoint_after_a_ray_worker_failure_resumes_exactly(
 
     armed = tmp_path / "armed"
 
-    def build() -> Pipeline:
-        op = FailWhileArmedOp(armed, victim=590)
-        return faulty_stateful(docs, hf_tokenizer_dir, op, "ray")
+    many = [{**d, "id": i} for i, d in enumerate(docs * 4)]  # more than the engine buffers
 
-    expected = [key(item) for item in faulty_stateful(
-        docs, hf_tokenizer_dir, FailWhileArmedOp(armed, victim=590), "inline"
-    )]  # fmt: skip
-    first, rest, error = fail_then_resume(build, armed)
-    assert "record 590 is bad" in str(error)
-    assert 0 < len(first) < len(expected)
+    def build(runner: str = "ray") -> Pipeline:
+        # any record fails while armed; armed once 3 batches were received
+        return faulty_stateful(many, hf_tokenizer_dir, FailWhileArmedOp(armed, None), runner)
+
+    expected = [key(item) for item in build("inline")]
+    first, rest, error = fail_then_resume(build, armed, arm_after=3)
+    assert "is bad" in str(error)
+    assert 3 <= len(first) < len(expected)
     assert first + rest == expected
