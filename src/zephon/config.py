@@ -37,6 +37,8 @@ OPERATORS = (
     "map_transform",
     "filter",
     "tokenize",
+    "expand_chat",
+    "tokenize_chat",
     "pack_flat",
     "pack_sequences",
     "shuffle",

@@ -38,6 +38,20 @@ class ByteTokenizer:
     def encode_many(self, texts: list[str]) -> list[np.ndarray]:
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int32) for t in texts]
 
+    def encode_offsets(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Ids and the ``[start, end)`` character range of each byte's character."""
+        out = []
+        for text in texts:
+            data = text.encode("utf-8")
+            ids = np.frombuffer(data, dtype=np.uint8).astype(np.int32)
+            if len(data) == len(text):
+                chars = np.arange(len(text), dtype=np.int64)
+            else:
+                widths = [len(ch.encode("utf-8")) for ch in text]
+                chars = np.repeat(np.arange(len(text), dtype=np.int64), widths)
+            out.append((ids, np.stack([chars, chars + 1], axis=1)))
+        return out
+
 
 class HFTokenizer:
     """An HF ``tokenizers.Tokenizer`` encoding whole micro-batches (GIL released)."""
@@ -51,6 +65,17 @@ class HFTokenizer:
     def encode_many(self, texts: list[str]) -> list[list[int]]:
         encode = self._fast or self.tokenizer.encode_batch
         return [e.ids for e in encode(texts, add_special_tokens=False)]
+
+    def encode_offsets(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Ids and character offsets (``[start, end)`` per token), one batch call."""
+        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
+        return [
+            (
+                np.asarray(e.ids, dtype=np.int32),
+                np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2),
+            )
+            for e in encodings
+        ]
 
 
 def _special_id(tokenizer: Any, value: Any) -> int | None:
