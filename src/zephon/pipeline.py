@@ -318,6 +318,11 @@ class Pipeline:
                     "mixture={dataset_name: weight, ...}"
                 )
         weights = mixture.weights if isinstance(mixture, MixtureSpec) else mixture
+        if getattr(mixture, "unit", "samples") == "tokens" and weight_by == "samples":
+            raise ConfigError(
+                "ensure_mixture: the mixture is in tokens but weight_by='samples' would steer "
+                "sample counts; use ensure_mixture(weight_by='tokens')"
+            )
         unknown = [k for k in weights if k not in names]
         if unknown:
             raise ConfigError(
