@@ -242,7 +242,7 @@ class StaticMixtureWorkSource(WorkSource):
                 }
                 for d in self._datasets
             ],
-            "weights": self._phases[0].weights,
+            "weights": self._phases[0].weights if self._schedule is None else "scheduled",
             **self._mixture_config(),
             "chunk_size": self._chunk_size,
             "seed": self._seed,
