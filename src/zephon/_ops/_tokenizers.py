@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from zephon._ops._chat_spans import token_mask
 from zephon.errors import ConfigError
 
 _BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "[CLS]", "<|startoftext|>")
@@ -38,10 +39,12 @@ class ByteTokenizer:
     def encode_many(self, texts: list[str]) -> list[np.ndarray]:
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int32) for t in texts]
 
-    def encode_offsets(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Ids and the ``[start, end)`` character range of each byte's character."""
+    def encode_masked(
+        self, texts: list[str], spans: Sequence[Sequence[tuple[int, int]]]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Ids and a mask that is 1 on the bytes of characters inside a span."""
         out = []
-        for text in texts:
+        for text, kept in zip(texts, spans, strict=True):
             data = text.encode("utf-8")
             ids = np.frombuffer(data, dtype=np.uint8).astype(np.int32)
             if len(data) == len(text):
@@ -49,7 +52,7 @@ class ByteTokenizer:
             else:
                 widths = [len(ch.encode("utf-8")) for ch in text]
                 chars = np.repeat(np.arange(len(text), dtype=np.int64), widths)
-            out.append((ids, np.stack([chars, chars + 1], axis=1)))
+            out.append((ids, token_mask(np.stack([chars, chars + 1], axis=1), kept)))
         return out
 
 
@@ -66,16 +69,29 @@ class HFTokenizer:
         encode = self._fast or self.tokenizer.encode_batch
         return [e.ids for e in encode(texts, add_special_tokens=False)]
 
-    def encode_offsets(self, texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Ids and character offsets (``[start, end)`` per token), one batch call."""
+    def encode_masked(
+        self, texts: list[str], spans: Sequence[Sequence[tuple[int, int]]]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Ids and a mask that is 1 on tokens overlapping a character span, one batch call.
+
+        Tokens cover the text in order, so a span ``[a, b)`` marks the tokens from the one
+        holding character ``a`` to the one holding ``b - 1``; only when a boundary character
+        belongs to no token are the full offsets consulted.
+        """
+        out = []
         encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        return [
-            (
-                np.asarray(e.ids, dtype=np.int32),
-                np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2),
-            )
-            for e in encodings
-        ]
+        for e, kept in zip(encodings, spans, strict=True):
+            ids = np.asarray(e.ids, dtype=np.int32)
+            mask = np.zeros(ids.shape[0], dtype=np.int8)
+            for a, b in kept:
+                first, last = e.char_to_token(a), e.char_to_token(b - 1)
+                if first is None or last is None:
+                    offsets = np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2)
+                    mask = token_mask(offsets, kept)
+                    break
+                mask[first : last + 1] = 1
+            out.append((ids, mask))
+        return out
 
 
 def _special_id(tokenizer: Any, value: Any) -> int | None:

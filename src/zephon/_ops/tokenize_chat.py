@@ -27,7 +27,6 @@ from zephon._ops._chat_spans import (
     ChatRenderer,
     LossScope,
     SpanSource,
-    token_mask,
 )
 from zephon._ops._chat_template import compile_template, has_generation_tags
 from zephon._ops._tokenizers import load_tokenizer
@@ -141,7 +140,7 @@ class TokenizeChatOp(BaseOp):
 
     def _load(self) -> Any:
         encoder = load_tokenizer(self.tokenizer_spec)
-        if not hasattr(encoder, "encode_offsets"):
+        if not hasattr(encoder, "encode_masked"):
             raise ConfigError(
                 f"tokenize_chat: tokenizer {type(encoder).__name__} gives no character offsets; "
                 "pass 'bytes', a tokenizer.json, a transformers directory or a fast tokenizer"
@@ -184,7 +183,7 @@ class TokenizeChatOp(BaseOp):
                 ) from exc
             texts.append(text)
             spans.append(kept)
-        return self._assemble(elems, encoder.encode_offsets(texts), spans)
+        return self._assemble(elems, encoder.encode_masked(texts, spans), spans)
 
     def _assemble(
         self,
@@ -195,8 +194,7 @@ class TokenizeChatOp(BaseOp):
         limit = self.max_length
         drop = {self.field, self.tools_field}
         out: list[StreamItem] = []
-        for elem, (ids, offsets), kept in zip(elems, encoded, spans, strict=True):
-            mask = token_mask(offsets, kept)
+        for elem, (ids, mask), kept in zip(elems, encoded, spans, strict=True):
             if limit is not None and ids.shape[0] > limit:
                 ids, mask = ids[:limit], mask[:limit]
             if not mask.any():
