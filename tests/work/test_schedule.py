@@ -11,7 +11,7 @@ import pytest
 
 from tests.engine._resume import run_with_stops
 from tests.work._helpers import dataset
-from zephon import MixtureSchedule, Pipeline, StaticMixtureWorkSource
+from zephon import MixtureSchedule, Pipeline, StaticMixtureWorkSource, merge_checkpoints
 from zephon.errors import CheckpointError, ConfigError
 
 SWITCH = 1000  # not a multiple of the chunk size
@@ -135,3 +135,36 @@ def test_schedule_validation():
     with pytest.raises(ConfigError, match="leaves out a dataset"):
         StaticMixtureWorkSource(datasets(), MixtureSchedule([(0, {"a": 1.0, "b": 1.0}),
                                                             (10, {"a": 1.0})]))  # fmt: skip
+
+
+@pytest.mark.parametrize(("old_world", "new_world"), [(2, 1), (1, 4), (4, 2)])
+def test_elastic_resume_keeps_the_schedule(old_world, new_world):
+    sched = MixtureSchedule([(0, {"a": 1.0}), (SWITCH, {"b": 1.0})])
+
+    def build(rank: int, world: int) -> Pipeline:
+        return (
+            Pipeline(source(sched))
+            .batch(50)
+            .options(runner="inline", canonical_replicas=4, dp_rank=rank, dp_world_size=world)
+        )
+
+    def lanes(batches: list[Any]) -> dict[int, list[Any]]:
+        out: dict[int, list[Any]] = {}
+        for b in batches:
+            out.setdefault(b.lane_id, []).append([tuple(i) for i in b.ids])
+        return out
+
+    reference = lanes(list(build(0, 1)))
+    states, before = [], []
+    for rank in range(old_world):
+        pipe = build(rank, old_world)
+        it = iter(pipe)
+        for _ in range(3 * (4 // old_world)):  # every owned lane delivers 3 batches
+            before.append(next(it))
+        states.append(json.loads(json.dumps(pipe.checkpoint())))
+        it.close()  # type: ignore[attr-defined]
+    merged = merge_checkpoints(states)
+    after = [b for rank in range(new_world) for b in build(rank, new_world).restore(merged)]
+    assert lanes(before + after) == reference
+    a_ids = {i for batches in reference.values() for ids in batches for i in ids if i[0] == 0}
+    assert len(a_ids) == SWITCH  # exactly the first SWITCH samples come from a, on any ranks
