@@ -30,9 +30,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.ops._chat import CHATML, CHATML_TAGGED, TOOLS
-
-SPECIAL = ["<|im_start|>", "<|im_end|>", "<|begin_of_text|>"]
+from tests.ops._chat import CHATML, CHATML_TAGGED, TOOLS, make_tokenizer_dir
 
 
 def words(rng: random.Random, vocab: list[str], n: int) -> str:
@@ -62,29 +60,8 @@ def make_conversations(n: int, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def make_tokenizer(root: Path, rows: list[dict[str, Any]]) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=4096,
-        special_tokens=SPECIAL,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator((m["content"] for r in rows[:500] for m in r["messages"]
-                             if m.get("content")), trainer)  # fmt: skip
-    root.mkdir(parents=True, exist_ok=True)
-    tok.save(str(root / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|begin_of_text|>",
-        "eos_token": "<|im_end|>",
-        "chat_template": CHATML_TAGGED,
-    }
-    (root / "tokenizer_config.json").write_text(json.dumps(config))
-    return root
+    texts = (m["content"] for r in rows[:500] for m in r["messages"] if m.get("content"))
+    return make_tokenizer_dir(root, CHATML_TAGGED, corpus=texts, vocab_size=4096)
 
 
 def raw_path(tok_dir: Path, rows: list[dict[str, Any]]) -> tuple[float, int]:

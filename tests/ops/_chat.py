@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -108,20 +109,28 @@ TOOLS = [
 ]
 
 
-def make_tokenizer_dir(root: Path, template: str | None = None) -> Path:
-    """A byte-level BPE with the chat special tokens, saved like a transformers directory."""
+def make_tokenizer_dir(
+    root: Path,
+    template: str | None = None,
+    *,
+    corpus: Iterable[str] | None = None,
+    vocab_size: int = 600,
+) -> Path:
+    """A byte-level BPE with the chat special tokens, saved like a transformers directory
+    (trained on ``corpus``, by default pseudo-sentences of WORDS and the templates)."""
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=600,
+        vocab_size=vocab_size,
         special_tokens=SPECIAL,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    rng = random.Random(3)
-    corpus = [" ".join(rng.choice(WORDS) for _ in range(30)) for _ in range(200)]
-    corpus += [CHATML_TAGGED, LLAMA3, json.dumps(TOOLS)]
+    if corpus is None:
+        rng = random.Random(3)
+        corpus = [" ".join(rng.choice(WORDS) for _ in range(30)) for _ in range(200)]
+        corpus += [CHATML_TAGGED, LLAMA3, json.dumps(TOOLS)]
     tok.train_from_iterator(corpus, trainer)
     root.mkdir(parents=True, exist_ok=True)
     tok.save(str(root / "tokenizer.json"))
