@@ -118,26 +118,7 @@ class StaticMixtureWorkSource(WorkSource):
             raise ConfigError(
                 f"lane_assignment must be 'permute' or 'modulo', got {lane_assignment!r}"
             )
-        if mixture is None:
-            mixture = MixtureSpec({d.name: float(d.total()) for d in self._datasets})
-        elif not isinstance(mixture, MixtureSpec | MixtureSchedule):
-            mixture = MixtureSpec(mixture)
-        unknown = [k for k in mixture.names() if k not in names]
-        if unknown:
-            raise ConfigError(
-                f"mixture names unknown dataset(s) {unknown}; the source's datasets are {names}"
-            )
-        missing = [n for n in names if n not in mixture.names()]
-        if missing:
-            raise ConfigError(
-                f"dataset(s) {missing} have no weight in the mixture; add them to the "
-                "MixtureSpec or remove them from the source"
-            )
-        self._schedule = mixture if isinstance(mixture, MixtureSchedule) else None
-        self._mixture = mixture.first() if isinstance(mixture, MixtureSchedule) else mixture
-        self._estimates = token_estimates(mixture, self._datasets)
-        self._phases = resolve(mixture, names, self._estimates)
-        self._weights = self._phases[0].weights
+        self._set_mixture(mixture, names)
         self._chunk_size = chunk_size
         self._seed = seed
         self._lane_assignment = lane_assignment
@@ -228,6 +209,31 @@ class StaticMixtureWorkSource(WorkSource):
         self._reset_state()
 
     # -- configuration ------------------------------------------------------------------------
+
+    def _set_mixture(
+        self, mixture: MixtureSpec | MixtureSchedule | Mapping[str, float] | None, names: list[str]
+    ) -> None:
+        """Validate the mixture and resolve it into phases (token estimates measured here)."""
+        if mixture is None:
+            mixture = MixtureSpec({d.name: float(d.total()) for d in self._datasets})
+        elif not isinstance(mixture, MixtureSpec | MixtureSchedule):
+            mixture = MixtureSpec(mixture)
+        unknown = [k for k in mixture.names() if k not in names]
+        if unknown:
+            raise ConfigError(
+                f"mixture names unknown dataset(s) {unknown}; the source's datasets are {names}"
+            )
+        missing = [n for n in names if n not in mixture.names()]
+        if missing:
+            raise ConfigError(
+                f"dataset(s) {missing} have no weight in the mixture; add them to the "
+                "MixtureSpec or remove them from the source"
+            )
+        self._schedule = mixture if isinstance(mixture, MixtureSchedule) else None
+        self._mixture = mixture.first() if isinstance(mixture, MixtureSchedule) else mixture
+        self._estimates = token_estimates(mixture, self._datasets)
+        self._phases = resolve(mixture, names, self._estimates)
+        self._weights = self._phases[0].weights
 
     def _make_config(self) -> dict[str, Any]:
         return {
