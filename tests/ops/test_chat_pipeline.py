@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.engine._resume import run_with_stops
-from tests.ops._chat import CHATML, conversations
+from tests.ops._chat import CHATML, CHATML_TAGGED, LLAMA3, conversations
 from tests.ops.test_runners import digest
 from tests.ops.test_tokenize_chat import chatml_turn, runs
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
@@ -65,6 +65,52 @@ def test_expand_chat_children_and_scopes(chat_tokenizer_dir, hf_chat_tokenizer):
     assert len(by_parent) == len(ROWS) - 1  # the conversation without a reply is a tombstone
     expected = sum(sum(m["role"] == "assistant" for m in r["messages"]) for r in ROWS)
     assert len(out) == expected
+
+
+# Turns separated by blank lines: a child's text ends right before plain text ("\n\n").
+SEPARATED = (
+    "{% for m in messages %}{% if not loop.first %}\n\n{% endif %}<|im_start|>{{ m.role }}\n"
+    "{{ m.content or '' }}<|im_end|>{% endfor %}"
+    "{% if add_generation_prompt %}\n\n<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    "template", [CHATML_TAGGED, LLAMA3, SEPARATED], ids=["chatml-tags", "llama3", "separated"]
+)
+def test_expanded_children_match_transformers(template, chat_tokenizer_dir, hf_chat_tokenizer):
+    # ChatML and Llama 3 children end right before an added token, so they reuse their longest
+    # sibling's encoding; with SEPARATED they end before plain text and are encoded alone.
+    pipe = (
+        Pipeline(source(ROWS[:60]))
+        .expand_chat()
+        .tokenize_chat(chat_tokenizer_dir, chat_template=template)
+        .options(runner="inline")
+    )
+    children = list(pipe)
+    assert len(children) > 100
+    for child in children:
+        sid = child.meta.sample_id
+        tools = ROWS[sid[1] * 40 + sid[2]].get("tools")
+        want = hf_chat_tokenizer.apply_chat_template(
+            child_messages(child),
+            tools=tools,
+            chat_template=template,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=template is CHATML_TAGGED,
+        )
+        assert child.payload["input_ids"].tolist() == want["input_ids"]
+        if template is CHATML_TAGGED:
+            assert child.payload["loss_mask"].tolist() == want["assistant_masks"]
+
+
+def child_messages(child: Any) -> list[Any]:
+    """The messages of an expanded child: up to its assistant turn (lineage index k)."""
+    sid = child.meta.sample_id
+    messages = ROWS[sid[1] * 40 + sid[2]]["messages"]
+    ends = [i + 1 for i, m in enumerate(messages) if m["role"] == "assistant"]
+    return messages[: ends[child.meta.lineage[0]]]
 
 
 def test_dropped_conversations_are_counted(chat_tokenizer_dir):

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from zephon._ops._chat_encode import added_token_ids, encode_masked
 from zephon._ops._chat_spans import token_mask
 from zephon.errors import ConfigError
 
@@ -40,7 +41,10 @@ class ByteTokenizer:
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int32) for t in texts]
 
     def encode_masked(
-        self, texts: list[str], spans: Sequence[Sequence[tuple[int, int]]]
+        self,
+        texts: list[str],
+        spans: Sequence[Sequence[tuple[int, int]]],
+        prefix_of: Sequence[int | None] | None = None,
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Ids and a mask that is 1 on the bytes of characters inside a span."""
         out = []
@@ -64,34 +68,24 @@ class HFTokenizer:
         self.bos_token_id = bos
         self.eos_token_id = eos
         self._fast = getattr(tokenizer, "encode_batch_fast", None)
+        self._added: frozenset[int] | None = None
 
     def encode_many(self, texts: list[str]) -> list[list[int]]:
         encode = self._fast or self.tokenizer.encode_batch
         return [e.ids for e in encode(texts, add_special_tokens=False)]
 
     def encode_masked(
-        self, texts: list[str], spans: Sequence[Sequence[tuple[int, int]]]
+        self,
+        texts: list[str],
+        spans: Sequence[Sequence[tuple[int, int]]],
+        prefix_of: Sequence[int | None] | None = None,
     ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Ids and a mask that is 1 on tokens overlapping a character span, one batch call.
-
-        Tokens cover the text in order, so a span ``[a, b)`` marks the tokens from the one
-        holding character ``a`` to the one holding ``b - 1``; only when a boundary character
-        belongs to no token are the full offsets consulted.
-        """
-        out = []
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        for e, kept in zip(encodings, spans, strict=True):
-            ids = np.asarray(e.ids, dtype=np.int32)
-            mask = np.zeros(ids.shape[0], dtype=np.int8)
-            for a, b in kept:
-                first, last = e.char_to_token(a), e.char_to_token(b - 1)
-                if first is None or last is None:
-                    offsets = np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2)
-                    mask = token_mask(offsets, kept)
-                    break
-                mask[first : last + 1] = 1
-            out.append((ids, mask))
-        return out
+        """Ids and a mask that is 1 on tokens overlapping a character span (see
+        :mod:`zephon._ops._chat_encode`; ``prefix_of`` lets prefixes share an encoding)."""
+        if self._added is None:
+            self._added = added_token_ids(self.tokenizer)
+        links = prefix_of if prefix_of is not None else [None] * len(texts)
+        return encode_masked(self.tokenizer, self._added, texts, spans, links)
 
 
 def _special_id(tokenizer: Any, value: Any) -> int | None:

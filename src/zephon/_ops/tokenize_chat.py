@@ -44,6 +44,32 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"tokenize_chat: {name} must be one of {list(choices)}, got {value!r}")
 
 
+def prefix_links(elems: list[StreamItem], texts: list[str]) -> list[int | None]:
+    """For each text, the last sibling (same parent record) whose text it begins, or None.
+
+    ``expand_chat`` children sit next to each other, the longest last; a micro-batch boundary
+    only splits a family, which costs sharing but never changes a result.
+    """
+    links: list[int | None] = [None] * len(texts)
+    end = len(elems)
+    while end > 0:
+        last = end - 1
+        meta = elems[last].meta
+        family = (meta.chunk_id, meta.chunk_offset, meta.lineage[:-1])
+        start = last
+        while start > 0 and meta.lineage:
+            prev = elems[start - 1].meta
+            if (prev.chunk_id, prev.chunk_offset, prev.lineage[:-1]) != family or not prev.lineage:
+                break
+            start -= 1
+        longest = texts[last]
+        for i in range(start, last):
+            if longest.startswith(texts[i]):
+                links[i] = last
+        end = start
+    return links
+
+
 class TokenizeChatOp(BaseOp):
     """Renders and tokenizes ``field`` (a list of messages); see the module docstring.
 
@@ -183,7 +209,8 @@ class TokenizeChatOp(BaseOp):
                 ) from exc
             texts.append(text)
             spans.append(kept)
-        return self._assemble(elems, encoder.encode_masked(texts, spans), spans)
+        encoded = encoder.encode_masked(texts, spans, prefix_links(elems, texts))
+        return self._assemble(elems, encoded, spans)
 
     def _assemble(
         self,
