@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.engine._resume import run_with_stops
 from tests.work._helpers import dataset
@@ -168,3 +170,33 @@ def test_elastic_resume_keeps_the_schedule(old_world, new_world):
     assert lanes(before + after) == reference
     a_ids = {i for batches in reference.values() for ids in batches for i in ids if i[0] == 0}
     assert len(a_ids) == SWITCH  # exactly the first SWITCH samples come from a, on any ranks
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    chunk=st.integers(16, 97),
+    gaps=st.lists(st.integers(1, 700), min_size=1, max_size=3),
+    weights=st.lists(
+        st.fixed_dictionaries({"a": st.integers(0, 3), "b": st.integers(0, 3)}).filter(
+            lambda w: any(w.values())
+        ),
+        min_size=4,
+        max_size=4,
+    ),
+)
+def test_every_phase_gets_its_quota_on_its_own_samples(chunk, gaps, weights):
+    starts = [0]
+    for gap in gaps:
+        starts.append(starts[-1] + gap)
+    phases = [(s, {k: float(v) for k, v in w.items()}) for s, w in zip(starts, weights)]
+    phases[-1] = (phases[-1][0], {"a": 1.0, "b": 1.0})
+    sched = MixtureSchedule(phases)
+    src = StaticMixtureWorkSource(datasets(), sched, chunk_size=chunk, exhausted_policy="repeat")
+    ids = global_ids(src, starts[-1] + 300)[:, 0]
+    bounds = [*starts, len(ids)]
+    for (start, w), stop in zip(phases, bounds[1:]):
+        segment = ids[start:stop]
+        total = sum(w.values())
+        for k, name in enumerate(("a", "b")):
+            expected = w.get(name, 0.0) / total * len(segment)
+            assert abs(int((segment == k).sum()) - expected) <= 1, (start, name)
