@@ -5,18 +5,27 @@ from zephon.distributed import gather_checkpoints
 from zephon.io import Dataset
 from zephon.pipeline import Pipeline
 from zephon.types import SampleBatch, SampleMeta, SampleRecord
-from zephon.work import MixtureSpec, StaticMixtureWorkSource, WorkChunk, WorkSource
+from zephon.work import (
+    MixtureSchedule,
+    MixtureSpec,
+    StaticMixtureWorkSource,
+    TokenCalibration,
+    WorkChunk,
+    WorkSource,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Dataset",
+    "MixtureSchedule",
     "MixtureSpec",
     "Pipeline",
     "SampleBatch",
     "SampleMeta",
     "SampleRecord",
     "StaticMixtureWorkSource",
+    "TokenCalibration",
     "WorkChunk",
     "WorkSource",
     "__version__",

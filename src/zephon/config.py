@@ -37,6 +37,8 @@ OPERATORS = (
     "map_transform",
     "filter",
     "tokenize",
+    "expand_chat",
+    "tokenize_chat",
     "pack_flat",
     "pack_sequences",
     "shuffle",
@@ -265,7 +267,7 @@ class PipelineConfig:
     :class:`~zephon.Pipeline`."""
 
     datasets: list[DatasetConfig]
-    mixture: dict[str, float] | None = None
+    mixture: Any = None  # {name: weight}, a MixtureSpec or a MixtureSchedule
     source: dict[str, Any] = field(default_factory=dict)
     fetch: dict[str, Any] = field(default_factory=dict)
     operators: list[OperatorConfig] = field(default_factory=list)
@@ -331,7 +333,9 @@ class PipelineConfig:
         return {
             "file": self.file,
             "datasets": [{"name": d.name, "path": d.paths} for d in self.datasets],
-            "mixture": self.mixture,
+            "mixture": self.mixture
+            if isinstance(self.mixture, dict | None)
+            else repr(self.mixture),
             "operators": [op.name for op in self.operators],
             "options": {k: v for k, v in self.options.items() if not callable(v)},
         }
@@ -463,19 +467,9 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
         if names.index(d.name) != i:
             raise ConfigFileError(f"datasets[{i}].name", f"{d.name!r} is used twice")
 
-    mixture = None
-    if data.get("mixture") is not None:
-        mixture = check_value(data["mixture"], dict[str, float], "mixture")
-        for name, weight in mixture.items():
-            if name not in names:
-                raise ConfigFileError(
-                    f"mixture.{name}", f"no dataset is named {name!r}; datasets are {names}"
-                )
-            if not weight > 0:
-                raise ConfigFileError(f"mixture.{name}", f"weight must be > 0, got {weight}")
-        missing = [n for n in names if n not in mixture]
-        if missing:
-            raise ConfigFileError("mixture", f"dataset(s) {missing} have no weight")
+    from zephon._mixture_config import parse_mixture
+
+    mixture = parse_mixture(data.get("mixture"), names)
 
     source = check_call(
         StaticMixtureWorkSource.__init__,

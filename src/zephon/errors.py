@@ -6,7 +6,8 @@
     ├── ConfigError (ValueError)          wrong option, unknown dataset, bad weight
     ├── DataError (ValueError)            a record or shard cannot be read
     │   ├── DataFormatError               malformed line or corrupt shard (names file and line)
-    │   └── MissingFieldError (KeyError)  a record lacks a field (names field and sample id)
+    │   ├── MissingFieldError (KeyError)  a record lacks a field (names field and sample id)
+    │   └── ChatFormatError               a malformed conversation (names field, turn, operator)
     ├── OperatorError (RuntimeError)      an operator raised; carries its name and the cause
     ├── ContractError (RuntimeError)      an operator or accumulator broke the contract
     ├── ReorderError (RuntimeError)       a duplicate or missing micro-batch sequence number
@@ -55,6 +56,10 @@ class MissingFieldError(DataError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class ChatFormatError(DataError):
+    """A conversation cannot be rendered; the message names the operator, field and turn."""
 
 
 class OperatorError(ZephonError, RuntimeError):

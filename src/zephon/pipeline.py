@@ -9,15 +9,18 @@ from zephon._engine import checkpoint as ckpt
 from zephon._engine.engine import Engine
 from zephon._engine.plan import OpSpec, Plan
 from zephon._engine.stats import RunStats
+from zephon._ops._chat_spans import LossScope, SpanSource
 from zephon._ops._packing_algos import FlushStrategy, PackingAlgorithm
 from zephon._ops.batch import BatchOp
 from zephon._ops.decode_text import DecodeTextOp
 from zephon._ops.ensure_mixture import EnsureMixtureOp
+from zephon._ops.expand_chat import ExpandChatOp
 from zephon._ops.fetch import FetchOp
 from zephon._ops.map_transform import FilterOp, MapTransformOp
 from zephon._ops.pack import PackFlatOp, PackSequencesOp
 from zephon._ops.shuffle import ShuffleAlgorithm, ShuffleOp
 from zephon._ops.tokenize import SpecialTokens, TokenizeOp
+from zephon._ops.tokenize_chat import TokenizeChatOp
 from zephon.errors import ConfigError
 from zephon.ops import BaseOp
 from zephon.options import RuntimeOptions
@@ -150,6 +153,49 @@ class Pipeline:
         )
         return self._append(op, parallelism, placement)
 
+    def expand_chat(
+        self,
+        *,
+        field: str = "messages",
+        parallelism: int | None = None,
+        placement: Placement = "local",
+    ) -> Pipeline:
+        """One record per assistant turn: the conversation in ``field`` up to that turn
+        (child lineage; conversations without an assistant turn become tombstones)."""
+        return self._append(ExpandChatOp(field=field), parallelism, placement)
+
+    def tokenize_chat(
+        self,
+        tokenizer: Any,
+        *,
+        field: str = "messages",
+        chat_template: str | None = None,
+        loss_scope: LossScope = "all_assistant",
+        span_source: SpanSource = "auto",
+        tools_field: str | None = "tools",
+        max_length: int | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        output_field: str = "input_ids",
+        mask_field: str = "loss_mask",
+        parallelism: int | None = None,
+        placement: Placement = "local",
+    ) -> Pipeline:
+        """Render ``field`` with a chat template and tokenize it into ``output_field`` and
+        ``mask_field`` (1 on supervised tokens); see docs/sft.md."""
+        op = TokenizeChatOp(
+            tokenizer,
+            field=field,
+            chat_template=chat_template,
+            loss_scope=loss_scope,
+            span_source=span_source,
+            tools_field=tools_field,
+            max_length=max_length,
+            chat_template_kwargs=chat_template_kwargs,
+            output_field=output_field,
+            mask_field=mask_field,
+        )
+        return self._append(op, parallelism, placement)
+
     def batch(self, microbatch_size: int, *, drop_last: bool = True) -> Pipeline:
         """Group each lane's records into ``SampleBatch`` es of ``microbatch_size``."""
         if self._batched:
@@ -272,6 +318,11 @@ class Pipeline:
                     "mixture={dataset_name: weight, ...}"
                 )
         weights = mixture.weights if isinstance(mixture, MixtureSpec) else mixture
+        if getattr(mixture, "unit", "samples") == "tokens" and weight_by == "samples":
+            raise ConfigError(
+                "ensure_mixture: the mixture is in tokens but weight_by='samples' would steer "
+                "sample counts; use ensure_mixture(weight_by='tokens')"
+            )
         unknown = [k for k in weights if k not in names]
         if unknown:
             raise ConfigError(

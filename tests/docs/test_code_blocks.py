@@ -42,7 +42,7 @@ def test_pages_have_runnable_examples() -> None:
     for page in (
         "index.md", "yaml.md", "cli.md", "training-loop.md", "capture-quickstart.md",
         "capture.md", "capture-proxy.md", "capture-stores.md", "lineage.md",
-        "datasets.md", "packing.md", "work-sources.md",
+        "datasets.md", "packing.md", "work-sources.md", "sft.md",
     ):  # fmt: skip
         assert page in names
         assert any(b.kind in ("python", "shell") for b in blocks(ROOT / "docs" / page)), page

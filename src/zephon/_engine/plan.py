@@ -30,6 +30,7 @@ class StagePlan:
     max_inflight: int
     preserves_cursor_order: bool
     stalls_sentinels: bool
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class Plan:
                 f"{s.index:>2} {s.op_name:<18} {s.runner:<8} {s.parallelism:>7} {micro:>6} "
                 f"{s.queue_size:>5} {s.max_inflight:>8} {order}"
             )
+            if s.detail:
+                lines.append(f"   {s.op_name}: {s.detail}")
         return "\n".join(lines)
 
 
@@ -128,6 +131,7 @@ def compile_plan(
                 max_inflight=inflight,
                 preserves_cursor_order=traits.preserves_cursor_order,
                 stalls_sentinels=stalls_sentinels(op),
+                detail=op.describe(),
             )
         )
     plan = Plan(

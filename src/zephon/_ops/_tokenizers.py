@@ -15,6 +15,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from zephon._ops._chat_encode import added_token_ids, encode_masked
+from zephon._ops._chat_spans import token_mask
 from zephon.errors import ConfigError
 
 _BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "[CLS]", "<|startoftext|>")
@@ -38,6 +40,25 @@ class ByteTokenizer:
     def encode_many(self, texts: list[str]) -> list[np.ndarray]:
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int32) for t in texts]
 
+    def encode_masked(
+        self,
+        texts: list[str],
+        spans: Sequence[Sequence[tuple[int, int]]],
+        prefix_of: Sequence[int | None] | None = None,
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Ids and a mask that is 1 on the bytes of characters inside a span."""
+        out = []
+        for text, kept in zip(texts, spans, strict=True):
+            data = text.encode("utf-8")
+            ids = np.frombuffer(data, dtype=np.uint8).astype(np.int32)
+            if len(data) == len(text):
+                chars = np.arange(len(text), dtype=np.int64)
+            else:
+                widths = [len(ch.encode("utf-8")) for ch in text]
+                chars = np.repeat(np.arange(len(text), dtype=np.int64), widths)
+            out.append((ids, token_mask(np.stack([chars, chars + 1], axis=1), kept)))
+        return out
+
 
 class HFTokenizer:
     """An HF ``tokenizers.Tokenizer`` encoding whole micro-batches (GIL released)."""
@@ -47,10 +68,24 @@ class HFTokenizer:
         self.bos_token_id = bos
         self.eos_token_id = eos
         self._fast = getattr(tokenizer, "encode_batch_fast", None)
+        self._added: frozenset[int] | None = None
 
     def encode_many(self, texts: list[str]) -> list[list[int]]:
         encode = self._fast or self.tokenizer.encode_batch
         return [e.ids for e in encode(texts, add_special_tokens=False)]
+
+    def encode_masked(
+        self,
+        texts: list[str],
+        spans: Sequence[Sequence[tuple[int, int]]],
+        prefix_of: Sequence[int | None] | None = None,
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Ids and a mask that is 1 on tokens overlapping a character span (see
+        :mod:`zephon._ops._chat_encode`; ``prefix_of`` lets prefixes share an encoding)."""
+        if self._added is None:
+            self._added = added_token_ids(self.tokenizer)
+        links = prefix_of if prefix_of is not None else [None] * len(texts)
+        return encode_masked(self.tokenizer, self._added, texts, spans, links)
 
 
 def _special_id(tokenizer: Any, value: Any) -> int | None:

@@ -80,5 +80,9 @@ class BaseOp:
         """Settings that change the output; part of the pipeline fingerprint."""
         return {}
 
+    def describe(self) -> str:
+        """A short note for ``pipeline.explain()`` (decisions made from the settings)."""
+        return ""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

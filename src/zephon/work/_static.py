@@ -30,6 +30,7 @@ from zephon.work._base import WorkChunk, WorkSource
 from zephon.work._hashing import TAG_LANES, mix64, permutation
 from zephon.work._mixture import MixtureSpec, allocate, can_batch
 from zephon.work._order import DatasetOrder
+from zephon.work._schedule import MixtureSchedule, check_past, resolve, token_estimates
 
 if TYPE_CHECKING:
     from zephon.io import Dataset
@@ -86,7 +87,7 @@ class StaticMixtureWorkSource(WorkSource):
     def __init__(
         self,
         datasets: Sequence[Dataset],
-        mixture: MixtureSpec | Mapping[str, float] | None = None,
+        mixture: MixtureSpec | MixtureSchedule | Mapping[str, float] | None = None,
         chunk_size: int = 16384,
         seed: int = 0,
         *,
@@ -117,23 +118,7 @@ class StaticMixtureWorkSource(WorkSource):
             raise ConfigError(
                 f"lane_assignment must be 'permute' or 'modulo', got {lane_assignment!r}"
             )
-        if mixture is None:
-            mixture = MixtureSpec({d.name: float(d.total()) for d in self._datasets})
-        elif not isinstance(mixture, MixtureSpec):
-            mixture = MixtureSpec(mixture)
-        unknown = [k for k in mixture.names() if k not in names]
-        if unknown:
-            raise ConfigError(
-                f"mixture names unknown dataset(s) {unknown}; the source's datasets are {names}"
-            )
-        missing = [n for n in names if n not in mixture.weights]
-        if missing:
-            raise ConfigError(
-                f"dataset(s) {missing} have no weight in the mixture; add them to the "
-                "MixtureSpec or remove them from the source"
-            )
-        self._mixture = mixture
-        self._weights = mixture.integer_weights(names)
+        self._set_mixture(mixture, names)
         self._chunk_size = chunk_size
         self._seed = seed
         self._lane_assignment = lane_assignment
@@ -171,6 +156,16 @@ class StaticMixtureWorkSource(WorkSource):
                     f"stop_after_passes cannot be combined with 'stop'/'redistribute' policies "
                     f"or max_repeats (datasets {bad}); use one or the other"
                 )
+        if (
+            self._schedule is not None
+            and stop_after_passes is not None
+            and 0 in self._phases[-1].weights
+        ):
+            raise ConfigError(
+                "the last phase of the mixture schedule leaves out a dataset, so with "
+                "stop_after_passes that dataset would never finish its pass; weight every "
+                "dataset in the last phase or pass exhausted_policy=..."
+            )
         self._policies: list[str] = policies
         self._max_repeats: list[int | None] = repeats
         self._stop_after_passes: int | None = stop_after_passes
@@ -215,6 +210,31 @@ class StaticMixtureWorkSource(WorkSource):
 
     # -- configuration ------------------------------------------------------------------------
 
+    def _set_mixture(
+        self, mixture: MixtureSpec | MixtureSchedule | Mapping[str, float] | None, names: list[str]
+    ) -> None:
+        """Validate the mixture and resolve it into phases (token estimates measured here)."""
+        if mixture is None:
+            mixture = MixtureSpec({d.name: float(d.total()) for d in self._datasets})
+        elif not isinstance(mixture, MixtureSpec | MixtureSchedule):
+            mixture = MixtureSpec(mixture)
+        unknown = [k for k in mixture.names() if k not in names]
+        if unknown:
+            raise ConfigError(
+                f"mixture names unknown dataset(s) {unknown}; the source's datasets are {names}"
+            )
+        missing = [n for n in names if n not in mixture.names()]
+        if missing:
+            raise ConfigError(
+                f"dataset(s) {missing} have no weight in the mixture; add them to the "
+                "MixtureSpec or remove them from the source"
+            )
+        self._schedule = mixture if isinstance(mixture, MixtureSchedule) else None
+        self._mixture = mixture.first() if isinstance(mixture, MixtureSchedule) else mixture
+        self._estimates = token_estimates(mixture, self._datasets)
+        self._phases = resolve(mixture, names, self._estimates)
+        self._weights = self._phases[0].weights
+
     def _make_config(self) -> dict[str, Any]:
         return {
             "datasets": [
@@ -228,7 +248,8 @@ class StaticMixtureWorkSource(WorkSource):
                 }
                 for d in self._datasets
             ],
-            "weights": self._weights,
+            "weights": self._phases[0].weights if self._schedule is None else "scheduled",
+            **self._mixture_config(),
             "chunk_size": self._chunk_size,
             "seed": self._seed,
             "shuffle_shards": self._shuffle_shards,
@@ -241,8 +262,22 @@ class StaticMixtureWorkSource(WorkSource):
             "reshuffle_on_repeat": self._reshuffle,
         }
 
+    def _mixture_config(self) -> dict[str, Any]:
+        """Token estimates and the schedule's unit (absent for a plain sample mixture, so
+        such configurations keep their fingerprint). Schedule points stay out: only the
+        checkpointed past of a schedule must match (see ``load_state_dict``)."""
+        out: dict[str, Any] = {}
+        if self._estimates is not None:
+            out["unit"] = self._mixture.unit
+            out["tokens_per_sample"] = self._estimates
+        if self._schedule is not None:
+            out["schedule_by"] = self._schedule.by
+        return out
+
     def _reset_state(self) -> None:
         k = len(self._datasets)
+        self._phase = 0
+        self._weights = self._phases[0].weights
         self._g = 0  # next global chunk index to compute
         self._pos = [0] * k  # samples consumed per dataset (over all passes)
         self._debts = [0] * k  # quota debts in units of 1/sum(active weights)
@@ -318,12 +353,41 @@ class StaticMixtureWorkSource(WorkSource):
     def _active_weights(self) -> list[int]:
         return [w if a else 0 for w, a in zip(self._weights, self._active, strict=True)]
 
+    def _next_switch(self) -> int | None:
+        """Global sample index where the next phase starts (None: no later phase)."""
+        nxt = self._phase + 1
+        return self._phases[nxt].start if nxt < len(self._phases) else None
+
+    def _enter_phase(self) -> None:
+        """Switch to every phase whose start has been reached (fresh apportionment)."""
+        here = sum(self._pos)
+        while (start := self._next_switch()) is not None and here >= start:
+            self._phase += 1
+            self._weights = self._phases[self._phase].weights
+            self._debts = [0] * len(self._debts)
+
+    def _target(self, weights: list[int]) -> dict[str, float]:
+        """The chunk's target mixture in the mixture's unit, over the datasets drawn now."""
+        unit = self._phases[self._phase].unit_weights
+        live = {d.name: float(w) for d, w in zip(self._datasets, weights, strict=True) if w}
+        if self._mixture.unit == "tokens":
+            live = {n: unit[n] for n in live}
+        total = sum(live.values())
+        return {n: w / total for n, w in live.items()}
+
     def _step(self, generate: bool) -> WorkChunk | None:
         """Compute global chunk ``self._g``; build its pointers only when ``generate``."""
+        self._enter_phase()
         weights = self._active_weights()
-        s = sum(weights)
-        target = {d.name: w / s for d, w in zip(self._datasets, weights, strict=True) if w}
-        quotas, debts = allocate(self._debts, weights, self._chunk_size)
+        if not any(weights):  # every dataset of this phase has been retired
+            self._done = True
+            return None
+        target = self._target(weights)
+        size = self._chunk_size
+        switch = self._next_switch()
+        if switch is not None:
+            size = min(size, switch - sum(self._pos))  # the chunk ends where the phase does
+        quotas, debts = allocate(self._debts, weights, size)
         for k, limit in enumerate(self._limits):
             if limit is not None and self._active[k]:
                 quotas[k] = min(quotas[k], limit - self._pos[k])
@@ -409,6 +473,9 @@ class StaticMixtureWorkSource(WorkSource):
         s = sum(weights)
         c = self._chunk_size
         m = n
+        switch = self._next_switch()
+        if switch is not None:
+            m = min(m, (switch - sum(self._pos)) // c)
 
         def chunks_below(k: int, bound: int) -> int:
             # Largest m with pos + A_k(m) < bound guaranteed, using A_k(m) <= (d + W m C)/S + 1.
@@ -436,6 +503,7 @@ class StaticMixtureWorkSource(WorkSource):
     def _skip(self, n: int) -> None:
         """Advance the state over ``n`` chunks without building pointers."""
         while n > 0 and not self._done:
+            self._enter_phase()
             m = self._safe_batch(n)
             if m >= 1:
                 quotas, self._debts = allocate(
@@ -488,6 +556,8 @@ class StaticMixtureWorkSource(WorkSource):
             "debts": list(self._debts),
             "active": list(self._active),
             "done": self._done,
+            "phase": self._phase,
+            "schedule": [p.to_json() for p in self._phases] if self._schedule else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -523,8 +593,14 @@ class StaticMixtureWorkSource(WorkSource):
             raise CheckpointError(f"work-source state is corrupt: {e!r}") from e
         if len(pos) != k or len(debts) != k or len(active) != k or g < 0 or lane_chunks < 0:
             raise CheckpointError("work-source state is corrupt: per-dataset lists have wrong size")
+        phase = int(state.get("phase", 0))
+        if self._schedule is not None:
+            check_past(state.get("schedule"), self._phases, sum(pos))
+        if not 0 <= phase < len(self._phases):
+            raise CheckpointError(f"work-source state is corrupt: phase {phase} out of range")
         self._pos, self._debts, self._active = pos, debts, active
         self._g, self._lane_chunks, self._done, self._lane_done = g, lane_chunks, done, lane_done
+        self._phase, self._weights = phase, self._phases[phase].weights
 
 
 def _config_diff(saved: Any, current: dict[str, Any]) -> str:

@@ -1,0 +1,235 @@
+"""tokenize_chat: conversations -> ``input_ids`` and a ``loss_mask`` that is 1 on supervised tokens.
+
+Each conversation is rendered with its chat template (Hugging Face convention, see
+``_chat_template``), the rendered texts of a micro-batch are tokenized in one batch call with
+character offsets, and every token overlapping a supervised span gets mask 1
+(``_chat_spans`` says how spans are found and scoped). ``input_ids`` are what
+``apply_chat_template(..., tokenize=True)`` returns for the same template and tokenizer.
+
+Truncation to ``max_length`` keeps the head and cuts ids and mask together. A conversation
+with no supervised token left (none in scope, or all cut off) becomes a tombstone whose reason
+says so; the engine counts it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+
+from zephon._ops._chat_assets import special_tokens, template_source
+from zephon._ops._chat_messages import conversation, normalise
+from zephon._ops._chat_spans import (
+    LOSS_SCOPES,
+    SPAN_SOURCES,
+    ChatRenderer,
+    LossScope,
+    SpanSource,
+)
+from zephon._ops._chat_template import compile_template, has_generation_tags
+from zephon._ops._tokenizers import load_tokenizer
+from zephon.errors import ChatFormatError, ConfigError
+from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
+from zephon.types import SampleRecord, StreamItem, tombstone_meta
+
+CHAT_MICRO_BATCH = 64
+CHAT_LATENCY_MS = 3.0
+NO_SUPERVISED = "tokenize_chat: no supervised token"
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"tokenize_chat: {name} must be one of {list(choices)}, got {value!r}")
+
+
+def prefix_links(elems: list[StreamItem], texts: list[str]) -> list[int | None]:
+    """For each text, the last sibling (same parent record) whose text it begins, or None.
+
+    ``expand_chat`` children sit next to each other, the longest last; a micro-batch boundary
+    only splits a family, which costs sharing but never changes a result.
+    """
+    links: list[int | None] = [None] * len(texts)
+    end = len(elems)
+    while end > 0:
+        last = end - 1
+        meta = elems[last].meta
+        family = (meta.chunk_id, meta.chunk_offset, meta.lineage[:-1])
+        start = last
+        while start > 0 and meta.lineage:
+            prev = elems[start - 1].meta
+            if (prev.chunk_id, prev.chunk_offset, prev.lineage[:-1]) != family or not prev.lineage:
+                break
+            start -= 1
+        longest = texts[last]
+        for i in range(start, last):
+            if longest.startswith(texts[i]):
+                links[i] = last
+        end = start
+    return links
+
+
+class TokenizeChatOp(BaseOp):
+    """Renders and tokenizes ``field`` (a list of messages); see the module docstring.
+
+    ``span_source="auto"`` uses ``{% generation %}`` tags when the template has them and prefix
+    diffing otherwise; :meth:`describe` (shown by ``pipeline.explain()``) says which.
+    """
+
+    name = "tokenize_chat"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        field: str = "messages",
+        chat_template: str | os.PathLike[str] | None = None,
+        loss_scope: LossScope = "all_assistant",
+        span_source: SpanSource = "auto",
+        tools_field: str | None = "tools",
+        max_length: int | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        output_field: str = "input_ids",
+        mask_field: str = "loss_mask",
+        max_batch: int = CHAT_MICRO_BATCH,
+    ) -> None:
+        super().__init__()
+        _check_choice("loss_scope", loss_scope, LOSS_SCOPES)
+        _check_choice("span_source", span_source, SPAN_SOURCES)
+        if max_length is not None and (isinstance(max_length, bool) or max_length < 2):
+            raise ConfigError(f"tokenize_chat: max_length must be >= 2 or None, got {max_length!r}")
+        source = template_source(chat_template, tokenizer)
+        compile_template(source)  # fail fast on a syntax error, in the driver
+        tagged = has_generation_tags(source)
+        if span_source == "generation_tags" and not tagged:
+            raise ConfigError(
+                "tokenize_chat: span_source='generation_tags' but the chat template has no "
+                "{% generation %} ... {% endgeneration %} block; add them around the assistant "
+                "text or use span_source='prefix_diff' (or 'auto')"
+            )
+        if isinstance(tokenizer, str | os.PathLike) and tokenizer != "bytes":
+            load_tokenizer(tokenizer)  # fail fast on a bad path
+        self.tokenizer_spec = tokenizer
+        self.field = field
+        self.template = source
+        self.loss_scope: LossScope = loss_scope
+        self.span_source: SpanSource = span_source
+        self.resolved_span_source: Literal["generation_tags", "prefix_diff"] = (
+            "generation_tags" if span_source != "prefix_diff" and tagged else "prefix_diff"
+        )
+        self.tools_field = tools_field
+        self.max_length = max_length
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.output_field = output_field
+        self.mask_field = mask_field
+        self.max_batch = max_batch
+        self.variables = {**special_tokens(tokenizer), **self.chat_template_kwargs}
+        self._encoder: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_encoder"] = None  # each worker builds its own
+        return state
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        return CountingAccumulator(self.max_batch, None if deterministic else CHAT_LATENCY_MS)
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, parallelism=os.cpu_count() or 1)
+
+    def describe(self) -> str:
+        how = (
+            "{% generation %} tags"
+            if self.resolved_span_source == "generation_tags"
+            else ("prefix diffing")
+        )
+        chosen = "auto -> " if self.span_source == "auto" else ""
+        return f"spans: {chosen}{how}; loss_scope={self.loss_scope}"
+
+    def config(self) -> Mapping[str, Any]:
+        spec = self.tokenizer_spec
+        return {
+            "tokenizer": os.fspath(spec)
+            if isinstance(spec, str | os.PathLike)
+            else type(spec).__name__,
+            "field": self.field,
+            "chat_template": self.template,
+            "loss_scope": self.loss_scope,
+            "span_source": self.resolved_span_source,
+            "tools_field": self.tools_field,
+            "max_length": self.max_length,
+            "chat_template_kwargs": self.chat_template_kwargs,
+            "output_field": self.output_field,
+            "mask_field": self.mask_field,
+        }
+
+    def _load(self) -> Any:
+        encoder = load_tokenizer(self.tokenizer_spec)
+        if not hasattr(encoder, "encode_masked"):
+            raise ConfigError(
+                f"tokenize_chat: tokenizer {type(encoder).__name__} gives no character offsets; "
+                "pass 'bytes', a tokenizer.json, a transformers directory or a fast tokenizer"
+            )
+        self._encoder = encoder
+        return encoder
+
+    def _renderer(self) -> ChatRenderer:
+        return ChatRenderer(
+            compile_template(self.template),
+            self.variables,
+            self.resolved_span_source,
+            self.loss_scope,
+            self.name,
+        )
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        encoder = self._encoder or self._load()
+        renderer = self._renderer()
+        field, tools_field = self.field, self.tools_field
+        texts: list[str] = []
+        spans: list[list[tuple[int, int]]] = []
+        for elem in elems:
+            payload = elem.payload
+            sample = elem.meta.sample_id
+            messages = normalise(
+                conversation(payload, field, self.name, sample), field, self.name, sample
+            )
+            tools = (
+                payload.get(tools_field) if tools_field and isinstance(payload, Mapping) else None
+            )
+            try:
+                text, kept = renderer(messages, tools, sample, field)
+            except ChatFormatError:
+                raise
+            except Exception as exc:  # a template's raise_exception or a type error inside it
+                raise ChatFormatError(
+                    f"{self.name}: record {sample} {field!r}: the chat template failed: {exc}; "
+                    "check the messages against what the template expects"
+                ) from exc
+            texts.append(text)
+            spans.append(kept)
+        encoded = encoder.encode_masked(texts, spans, prefix_links(elems, texts))
+        return self._assemble(elems, encoded, spans)
+
+    def _assemble(
+        self,
+        elems: list[StreamItem],
+        encoded: list[tuple[np.ndarray, np.ndarray]],
+        spans: list[list[tuple[int, int]]],
+    ) -> list[StreamItem]:
+        limit = self.max_length
+        drop = {self.field, self.tools_field}
+        out: list[StreamItem] = []
+        for elem, (ids, mask), kept in zip(elems, encoded, spans, strict=True):
+            if limit is not None and ids.shape[0] > limit:
+                ids, mask = ids[:limit], mask[:limit]
+            if not mask.any():
+                reason = NO_SUPERVISED + (" (none in scope)" if not kept else " (truncated away)")
+                out.append(SampleRecord(tombstone_meta(elem.meta, reason=reason), None))
+                continue
+            payload = {k: v for k, v in elem.payload.items() if k not in drop}
+            payload[self.output_field] = ids
+            payload[self.mask_field] = mask
+            out.append(SampleRecord(elem.meta, payload))
+        return out
