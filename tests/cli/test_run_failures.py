@@ -50,7 +50,9 @@ def test_raise_then_resume_with_skip_equals_an_uninterrupted_skip_run(tmp_path: 
     assert clean.returncode == 0, clean.stderr
 
     common = ("--quiet", "--checkpoint-dir", "ck", "--record", "got.jsonl")
-    failed = zephon("run", "raise.yaml", *common, cwd=workdir)
+    # inline: how far it gets before the bad record does not depend on thread timing; the
+    # resume runs on threads (the runner is not part of a checkpoint's configuration)
+    failed = zephon("run", "raise.yaml", *common, "--runner", "inline", cwd=workdir)
     assert failed.returncode == 1
     error = failed.stderr.strip().splitlines()[-1]
     assert error.startswith("zephon run: error: ") and "malformed JSON" in error
