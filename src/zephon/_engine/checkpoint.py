@@ -137,15 +137,20 @@ class LaneCheckpoint:
     replay_cursor: SampleCursor | None
     delivered: int
     done: bool
+    # stage index (str) -> that stateful accumulator's lane state at ``start_chunk_id``
+    operator_state: Mapping[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "start_chunk_id": self.start_chunk_id,
             "source_state": self.source_state,
             "replay_cursor": cursor_to_json(self.replay_cursor),
             "delivered": self.delivered,
             "done": self.done,
         }
+        if self.operator_state is not None:
+            out["operator_state"] = dict(self.operator_state)
+        return out
 
 
 @dataclass(frozen=True)
@@ -215,6 +220,9 @@ def parse(state: Any) -> ParsedCheckpoint:
         source_state = raw.get("source_state") if isinstance(raw, Mapping) else None
         if source_state is not None and not isinstance(source_state, Mapping):
             raise CheckpointError(f"checkpoint {where}source_state is not a dict")
+        operator_state = raw.get("operator_state") if isinstance(raw, Mapping) else None
+        if operator_state is not None and not isinstance(operator_state, Mapping):
+            raise CheckpointError(f"checkpoint {where}operator_state is not a dict")
         lanes[lane] = LaneCheckpoint(
             lane=lane,
             start_chunk_id=_need(raw, "start_chunk_id", int, where),
@@ -222,6 +230,7 @@ def parse(state: Any) -> ParsedCheckpoint:
             replay_cursor=cursor_from_json(raw.get("replay_cursor"), f"{where}replay_cursor"),
             delivered=_need(raw, "delivered", int, where),
             done=_need(raw, "done", bool, where),
+            operator_state=operator_state,
         )
     tail = _need(state, "tail", Mapping, "")
     return ParsedCheckpoint(

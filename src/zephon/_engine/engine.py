@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from zephon._engine import checkpoint as ckpt
+from zephon._engine.lane_state import LaneStateLog, has_lane_state
 from zephon._engine.plan import OpSpec, Plan, compile_plan, stalls_sentinels
 from zephon._engine.pools import WorkerPool, build_pools, check_not_bootstrapping
 from zephon._engine.quarantine import Quarantine
@@ -21,6 +22,7 @@ from zephon._engine.threaded import DATA, END, ERROR, STOP, Channel, OpDriver, S
 from zephon._ops.batch import BatchOp
 from zephon._ops.replay_filter import ReplayFilterOp
 from zephon.errors import CheckpointError, ZephonError
+from zephon.ops import BaseOp
 from zephon.options import RuntimeOptions
 from zephon.types import SampleCursor, StreamItem
 from zephon.work import WorkSource, lanes_for_rank
@@ -125,6 +127,7 @@ class Engine:
         self.feeder: SourceFeeder | None = None
         self.mux: LaneMux | None = None
         self.quarantine = Quarantine(options.quarantine)
+        self._state_logs: dict[int, LaneStateLog] = {}  # stage index -> stateful accumulator
 
     def _check_resume(self, resume: ckpt.ParsedCheckpoint) -> None:
         diff = ckpt.first_difference(resume.config, self.config)
@@ -168,6 +171,7 @@ class Engine:
         for i, (spec, ctx) in enumerate(zip(self.specs, self.contexts, strict=True)):
             acc = spec.op.accumulator(deterministic=self.options.deterministic, ctx=ctx)
             stats = self.op_stats[i] if self.op_stats is not None else None
+            log = self._state_log(i, spec.op, acc) if has_lane_state(acc) else None
             cores.append(
                 StageCore(
                     spec.op,
@@ -175,9 +179,48 @@ class Engine:
                     stalls_sentinels=stalls_sentinels(spec.op),
                     stats=stats,
                     lanes=self.lanes,
+                    state_log=log,
                 )
             )
         return cores
+
+    def _lane_starts(self) -> dict[int, int]:
+        """The first chunk each fed lane (re)generates: 0, or the restored start chunk."""
+        if self.resume is None:
+            return dict.fromkeys(self.lanes, 0)
+        return {
+            lane: self.resume.lanes[lane].start_chunk_id
+            for lane in self.lanes
+            if not self.resume.lanes[lane].done
+        }
+
+    def _state_log(self, index: int, op: BaseOp, acc: Any) -> LaneStateLog:
+        """Load a stateful accumulator's saved lane states and start logging snapshots."""
+        starts = self._lane_starts()
+        log = LaneStateLog(op.name, starts)
+        key = str(index)
+        for lane in starts:
+            if self.resume is None:
+                log.set_initial(lane, acc.state_dict(lane))
+                continue
+            saved = self.resume.lanes[lane].operator_state or {}
+            if key not in saved:
+                raise CheckpointError(
+                    f"checkpoint holds no state of operator {op.name!r} (stage {index}) for "
+                    f"lane {lane}, but its accumulator keeps state (state_dict); the checkpoint "
+                    "was taken with another version of the operator"
+                )
+            acc.load_state_dict(lane, saved[key])
+            log.set_initial(lane, saved[key])
+        self._state_logs[index] = log
+        return log
+
+    def _evicted(self, lane: int, chunk_id: int) -> None:
+        """Chunks of ``lane`` below ``chunk_id`` are delivered: forget what replays them."""
+        assert self.feeder is not None
+        self.feeder.evict_below(lane, chunk_id)
+        for log in self._state_logs.values():
+            log.forget_below(lane, chunk_id)
 
     def snapshot(self) -> RunStats:
         """Live statistics: totals, per-operator counters, per-lane progress."""
@@ -212,7 +255,7 @@ class Engine:
         return stats
 
     def _mux(self, feeder: SourceFeeder) -> LaneMux:
-        on_epoch = None if self.monotone else feeder.evict_below
+        on_epoch = None if self.monotone else self._evicted
         resume = self.resume
         on_skip = self.quarantine.add
         if resume is None:
@@ -280,6 +323,7 @@ class Engine:
         lanes = []
         for lane in self.lanes:
             start_cid, state = self._lane_start(lane)
+            done = lane in mux.finished_lanes
             lanes.append(
                 ckpt.LaneCheckpoint(
                     lane=lane,
@@ -287,7 +331,8 @@ class Engine:
                     source_state=state,
                     replay_cursor=mux.replay_cursor.get(lane),
                     delivered=mux.delivered[lane],
-                    done=lane in mux.finished_lanes,
+                    done=done,
+                    operator_state=None if done else self._operator_state(lane, start_cid),
                 )
             )
         world = {
@@ -297,6 +342,18 @@ class Engine:
             "mapping": self.options.mapping,
         }
         return ckpt.build(self.config, world, lanes, self.lanes, mux.order, mux.turn)
+
+    def _operator_state(self, lane: int, start_chunk: int) -> dict[str, Any] | None:
+        """Each stateful accumulator's lane state at the chunk a restore regenerates from."""
+        if not self._state_logs:  # not iterated yet: a pending restore's state still holds
+            if self.resume is None or lane not in self.resume.lanes:
+                return None
+            saved = self.resume.lanes[lane].operator_state
+            return dict(saved) if saved is not None else None
+        return {
+            str(index): log.state_at(lane, start_chunk)
+            for index, log in sorted(self._state_logs.items())
+        }
 
     def __iter__(self) -> Iterator[StreamItem]:
         check_not_bootstrapping()
@@ -321,7 +378,9 @@ class Engine:
             )
 
     def _deliver(self, mux: LaneMux) -> Iterator[StreamItem]:
-        evict = self.feeder.evict_below if self.monotone and self.feeder else None
+        evict = None
+        if self.monotone and self.feeder is not None:
+            evict = self._evicted if self._state_logs else self.feeder.evict_below
         log_every = self.options.log_every_s
         while True:
             item = mux.pop()

@@ -13,9 +13,11 @@ import contextlib
 import time
 import traceback
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from zephon._engine.lane_state import LaneStateLog
 from zephon._engine.stats import OpStats
 from zephon.errors import ContractError
 from zephon.ops import Accumulator, BaseOp
@@ -79,6 +81,10 @@ def annotate(exc: BaseException, op_name: str) -> BaseException:
     return exc
 
 
+def _no_state(lane_id: int) -> None:
+    return None
+
+
 class StageCore:
     """Accumulator handling and sequence numbering for one operator (single-threaded)."""
 
@@ -90,11 +96,14 @@ class StageCore:
         stalls_sentinels: bool,
         stats: OpStats | None = None,
         lanes: Sequence[int] = (),
+        state_log: LaneStateLog | None = None,
     ) -> None:
         self.op = op
         self.lanes = tuple(lanes)
         self.stats = stats
         self.acc = accumulator
+        self.state_log = state_log
+        self._state_of: Callable[[int], Any] = getattr(accumulator, "state_dict", _no_state)
         self.stalls_sentinels = stalls_sentinels
         self._next_seq = 0
         self._held: dict[int, deque[StreamItem]] = {}
@@ -157,9 +166,32 @@ class StageCore:
     def _push(self, data: Sequence[StreamItem], out: list[Task]) -> None:
         if self.stats is not None:
             self.stats.elements_in += len(data)
-        self._tasks_for(self.acc.push_many(data), out)
+        if self.state_log is None:
+            self._tasks_for(self.acc.push_many(data), out)
+        else:
+            self._push_snapshotting(data, out)
         if self._held:
             self._release_held(out)
+
+    def _push_snapshotting(self, data: Sequence[StreamItem], out: list[Task]) -> None:
+        """Push ``data``, recording the lane state before the first record of each new chunk."""
+        log = self.state_log
+        assert log is not None
+        acc = self.acc
+        start = 0
+        for i, item in enumerate(data):
+            meta = item.meta
+            if log.is_new_chunk(meta.lane_id, meta.chunk_id):
+                if start < i:
+                    self._tasks_for(acc.push_many(data[start:i]), out)
+                    start = i
+                log.record(meta.lane_id, meta.chunk_id, self._state_of(meta.lane_id))
+        self._tasks_for(acc.push_many(data[start:] if start else data), out)
+
+    def _snapshot_at_boundary(self, lane: int, boundary: int) -> None:
+        """After an epoch boundary's flush: the state a replay from ``boundary`` starts with."""
+        if self.state_log is not None:
+            self.state_log.record(lane, boundary, self._state_of(lane))
 
     def _control(self, controls: Sequence[StreamItem], out: list[Task]) -> None:
         passthrough: list[StreamItem] = []
@@ -184,6 +216,7 @@ class StageCore:
                 out.append(self._task([], passthrough))
                 passthrough = []
             self._flush_lane(lane, out)
+            self._snapshot_at_boundary(lane, int(tags[TAG_BOUNDARY_CID]))
             out.append(self._task([], [item]))
         if passthrough:
             out.append(self._task([], passthrough))
@@ -238,6 +271,7 @@ class StageCore:
                 boundary = int(queue[0].meta.tags[TAG_BOUNDARY_CID])
                 if not self.acc.try_epoch_reset(boundary, lane):
                     break
+                self._snapshot_at_boundary(lane, boundary)
                 out.append(self._task([], [queue.popleft()]))
             if not queue:
                 del self._held[lane]

@@ -1,0 +1,94 @@
+"""Snapshots of stateful accumulators at the points a lane can be replayed from.
+
+A restore regenerates a lane from the start of a chunk (its oldest chunk still in flight, or
+the start of its epoch) and replays every record from there. An accumulator whose per-lane
+state outlives an epoch (a dedupe set, running statistics) must then start from its state at
+that chunk start, not from a fresh one. The stage records ``state_dict(lane)`` just before it
+pushes the first record of a newer chunk: that state holds for every chunk start since the last
+record it saw, because state only changes when records are pushed. A checkpoint asks for the
+state at its lane's start chunk; delivered chunks are forgotten as the tail evicts them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from zephon.errors import CheckpointError, ContractError
+
+
+@runtime_checkable
+class LaneStateful(Protocol):
+    """An accumulator whose per-lane state is saved in checkpoints."""
+
+    def state_dict(self, lane_id: int) -> Any: ...
+
+    def load_state_dict(self, lane_id: int, state: Any) -> None: ...
+
+
+def has_lane_state(accumulator: object) -> bool:
+    return isinstance(accumulator, LaneStateful)
+
+
+def frozen_copy(state: Any, op_name: str) -> Any:
+    """A JSON round trip: a copy later pushes cannot change, and proof that it is JSON-safe."""
+    try:
+        return json.loads(json.dumps(state))
+    except (TypeError, ValueError) as exc:
+        raise ContractError(
+            f"accumulator of operator {op_name!r}: state_dict() must return JSON-safe data "
+            f"(dicts, lists, str, int, float, bool, None): {exc}"
+        ) from None
+
+
+class LaneStateLog:
+    """Per lane: ``(first chunk, last chunk, state)`` entries, oldest first (thread-safe)."""
+
+    def __init__(self, op_name: str, starts: Mapping[int, int]) -> None:
+        self.op_name = op_name
+        self._starts = dict(starts)
+        self._last_chunk = {lane: start - 1 for lane, start in starts.items()}
+        self._entries: dict[int, deque[tuple[int, int, Any]]] = {lane: deque() for lane in starts}
+        self._initial: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def set_initial(self, lane: int, state: Any) -> None:
+        self._initial[lane] = frozen_copy(state, self.op_name)
+
+    def is_new_chunk(self, lane: int, chunk_id: int) -> bool:
+        return chunk_id > self._last_chunk.get(lane, chunk_id)
+
+    def record(self, lane: int, chunk_id: int, state: Any) -> None:
+        """``state`` is the lane's state at the start of every chunk since the last record,
+        up to ``chunk_id`` (called before the first record of ``chunk_id`` is pushed, and after
+        the flush at an epoch boundary ``chunk_id``)."""
+        last = self._last_chunk[lane]
+        if chunk_id <= last:
+            return
+        entry = (last + 1, chunk_id, frozen_copy(state, self.op_name))
+        with self._lock:
+            self._entries[lane].append(entry)
+            self._last_chunk[lane] = chunk_id
+
+    def forget_below(self, lane: int, chunk_id: int) -> None:
+        """Chunks below ``chunk_id`` are delivered: no restore starts there any more."""
+        with self._lock:
+            entries = self._entries.get(lane)
+            while entries and entries[0][1] < chunk_id:
+                entries.popleft()
+
+    def state_at(self, lane: int, chunk_id: int) -> Any:
+        """The lane's state at the start of ``chunk_id`` (a checkpoint's restart chunk)."""
+        with self._lock:
+            entries = self._entries.get(lane, deque())
+            for first, last, state in entries:
+                if first <= chunk_id <= last:
+                    return state
+            if not entries and chunk_id == self._starts.get(lane):
+                return self._initial.get(lane)  # nothing of this lane has reached the stage
+        raise CheckpointError(
+            f"no saved state of operator {self.op_name!r} for lane {lane} at chunk {chunk_id}"
+        )
