@@ -16,15 +16,17 @@ from zephon._ops.decode_text import DecodeTextOp
 from zephon._ops.ensure_mixture import EnsureMixtureOp
 from zephon._ops.expand_chat import ExpandChatOp
 from zephon._ops.fetch import FetchOp
+from zephon._ops.map_batch import MapBatchOp, MaterializeOp
 from zephon._ops.map_transform import FilterOp, MapTransformOp
 from zephon._ops.pack import PackFlatOp, PackSequencesOp
 from zephon._ops.shuffle import ShuffleAlgorithm, ShuffleOp
+from zephon._ops.stateful_transform import StatefulTransformOp
 from zephon._ops.tokenize import SpecialTokens, TokenizeOp
 from zephon._ops.tokenize_chat import TokenizeChatOp
 from zephon.errors import ConfigError
 from zephon.ops import BaseOp
 from zephon.options import RuntimeOptions
-from zephon.types import StreamItem
+from zephon.types import SampleBatch, StreamItem
 from zephon.work import MixtureSpec, WorkSource
 
 Placement = Literal["local", "remote"]
@@ -64,11 +66,13 @@ class Pipeline:
     def _append(
         self, op: BaseOp, parallelism: int | None, placement: Placement = "local"
     ) -> Pipeline:
-        if self._batched and not isinstance(op, BatchOp):
+        if self._batched and not isinstance(op, (BatchOp, MapBatchOp)):
             raise ConfigError(
                 f"{op.name} cannot follow batch(): operators after batch would see SampleBatch "
-                "objects; move it before batch()"
+                "objects; move it before batch(), or use map_batch()"
             )
+        if isinstance(op, MapBatchOp) and not self._batched:
+            raise ConfigError(f"{op.name}: map_batch() needs a batch() before it")
         if parallelism is not None and parallelism < 1:
             raise ConfigError(f"{op.name}: parallelism must be >= 1, got {parallelism}")
         if placement not in ("local", "remote"):
@@ -341,6 +345,45 @@ class Pipeline:
             tokens_field=tokens_field,
         )
         return self._append(op, 1)
+
+    def stateful_transform(
+        self,
+        name: str,
+        *,
+        init_state: Any,
+        push: Callable[[Any, Any], tuple[Any, Sequence[Any]]],
+        flush: Callable[[Any], Any] | None = None,
+        preserves_cursor_order: bool = True,
+    ) -> Pipeline:
+        """A per-lane state and a serial ``push(state, payload) -> (state, outputs)``.
+
+        ``init_state`` (JSON-safe) starts every lane; ``outputs`` is a list of payloads (none
+        drops the record, several fan out). ``flush(state) -> state`` runs when a lane's epoch
+        or data ends. The state is saved in checkpoints, so restores continue exactly.
+        """
+        op = StatefulTransformOp(
+            name,
+            init_state=init_state,
+            push=push,
+            flush=flush,
+            preserves_cursor_order=preserves_cursor_order,
+        )
+        return self._append(op, 1)
+
+    def map_batch(
+        self,
+        fn: Callable[[SampleBatch], SampleBatch | None],
+        *,
+        parallelism: int | None = None,
+        name: str | None = None,
+        placement: Placement = "local",
+    ) -> Pipeline:
+        """Apply ``fn`` to each ``SampleBatch`` (after ``batch``); ``None`` drops the batch."""
+        return self._append(MapBatchOp(fn, name=name), parallelism, placement)
+
+    def materialize(self) -> Pipeline:
+        """A passthrough stage boundary: payloads are resolved there (from shared memory)."""
+        return self._append(MaterializeOp(), 1)
 
     def add_op(
         self,

@@ -194,11 +194,17 @@ class Engine:
             if not self.resume.lanes[lane].done
         }
 
+    def _state_key(self, index: int) -> str:
+        """A stage's key in ``operator_state``: its index in the configuration's operators
+        (the engine's own replay filter, inserted before ``batch``, does not count)."""
+        replay = next(i for i, s in enumerate(self.specs) if isinstance(s.op, ReplayFilterOp))
+        return str(index - 1 if index > replay else index)
+
     def _state_log(self, index: int, op: BaseOp, acc: Any) -> LaneStateLog:
         """Load a stateful accumulator's saved lane states and start logging snapshots."""
         starts = self._lane_starts()
         log = LaneStateLog(op.name, starts)
-        key = str(index)
+        key = self._state_key(index)
         for lane in starts:
             if self.resume is None:
                 log.set_initial(lane, acc.state_dict(lane))
@@ -351,7 +357,7 @@ class Engine:
             saved = self.resume.lanes[lane].operator_state
             return dict(saved) if saved is not None else None
         return {
-            str(index): log.state_at(lane, start_chunk)
+            self._state_key(index): log.state_at(lane, start_chunk)
             for index, log in sorted(self._state_logs.items())
         }
 

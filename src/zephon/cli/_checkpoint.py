@@ -107,10 +107,24 @@ def summary(path: Path, raw: dict[str, Any], parsed: Any) -> dict[str, Any]:
             "datasets": source.get("datasets"),
         },
         "operators": [op.get("name") for op in config.get("operators", [])],
+        "operator_state": _state_sizes(raw, config),
         "delivered": sum(lane["delivered"] for lane in lanes),
         "lanes": lanes,
         "tail": raw["tail"],
     }
+
+
+def _state_sizes(raw: dict[str, Any], config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Bytes of saved accumulator state per operator, over every lane of the checkpoint."""
+    names = [op.get("name") for op in config.get("operators", [])]
+    sizes: dict[int, int] = {}
+    for lane in raw["lanes"].values():
+        for key, state in (lane.get("operator_state") or {}).items():
+            sizes[int(key)] = sizes.get(int(key), 0) + len(json.dumps(state))
+    return [
+        {"index": index, "operator": names[index] if index < len(names) else "?", "bytes": size}
+        for index, size in sorted(sizes.items())
+    ]
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -142,6 +156,11 @@ def _inspect(args: argparse.Namespace) -> int:
     console.print(f"source: {info['source']['type']} [{datasets}]", markup=False)
     console.print("operators: " + " -> ".join(str(o) for o in info["operators"]))
     console.print(f"flush_every_k_chunks: {info['flush_every_k_chunks']}")
+    for saved in info["operator_state"]:
+        console.print(
+            f"operator state: {saved['operator']} (operator {saved['index']}): "
+            f"{saved['bytes']:,} bytes over all lanes"
+        )
     table = Table(title=f"lanes ({info['delivered']:,} items delivered)")
     for col in ("lane", "delivered", "restart chunk", "last cursor", "done"):
         table.add_column(col, justify="right")
