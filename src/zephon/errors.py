@@ -70,3 +70,7 @@ class ReorderError(ZephonError, RuntimeError):
 
 class CheckpointError(ZephonError, ValueError):
     """A checkpoint is corrupt, of an unknown version, or from a different configuration."""
+
+
+class CacheThrashingWarning(UserWarning):
+    """The node cache evicted a shard that the same run needed again (``max_bytes`` too small)."""

@@ -1,0 +1,12 @@
+"""Every io test gets its own default cache folder, so none writes to the user's home."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZEPHON_CACHE_DIR", str(tmp_path / ".zephon-cache"))
