@@ -12,19 +12,13 @@ import pytest
 
 from tests.engine import _resume as resume
 from tests.io._corpus import corpus_docs
-from tests.io._formats import FORMATS, WRITERS
+from tests.io._formats import FORMATS
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon.config import load_config
 from zephon.errors import DataFormatError
 from zephon.types import SampleBatch
 
 DOCS = corpus_docs()
-
-
-@pytest.fixture(scope="session")
-def corpus_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("corpus")
-    return {fmt: WRITERS[fmt](DOCS, root / fmt, 5) for fmt in FORMATS}
 
 
 def build(ds: Dataset, workers: int = 1, **options: Any) -> Pipeline:

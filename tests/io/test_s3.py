@@ -1,3 +1,171 @@
-"""Object stores: a real S3 server on loopback, ranged reads, retries, errors, node cache."""
+"""Object stores: the corpus on a real S3 server (moto, loopback), ranged reads, retries,
+errors, and the node cache shared by several processes."""
 
 from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.io._cache_worker import read_everything
+from tests.io._s3 import BUCKET, S3
+from zephon import Dataset, Pipeline, StaticMixtureWorkSource
+from zephon.errors import CacheThrashingWarning, DataError
+from zephon.io import CacheOptions
+from zephon.types import SampleBatch
+
+REMOTE = ("jsonl", "parquet", "arrow", "mds")
+
+
+@pytest.fixture(scope="module")
+def remote(s3: S3, corpus_dirs: dict[str, Path]) -> dict[str, str]:
+    return {fmt: s3.upload(corpus_dirs[fmt], f"corpus/{fmt}") for fmt in REMOTE}
+
+
+def batches(ds: Dataset) -> list[Any]:
+    source = StaticMixtureWorkSource([ds], chunk_size=500, seed=1)
+    pipe = Pipeline(source).fetch(max_batch=500).batch(25, drop_last=False)
+    pipe.options(canonical_replicas=2)
+    out = []
+    for batch in pipe:
+        assert isinstance(batch, SampleBatch)
+        out.append((batch.lane_id, [(r.meta.sample_id, r.payload) for r in batch]))
+    return out
+
+
+@pytest.mark.parametrize("fmt", REMOTE)
+def test_remote_batches_equal_local_with_and_without_cache(
+    remote: dict[str, str], corpus_dirs: dict[str, Path], fmt: str, tmp_path: Path
+) -> None:
+    reference = batches(Dataset.from_path("docs", corpus_dirs[fmt]))
+    ranged = Dataset.from_path("docs", remote[fmt])
+    assert batches(ranged) == reference
+    cached = Dataset.from_path("docs", remote[fmt], cache=CacheOptions(dir=tmp_path / "c"))
+    assert batches(cached) == reference
+    assert cached.stats().cache_downloads == 5
+
+
+def _sizes(s3: S3, prefix: str) -> dict[str, int]:
+    listing = s3.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"]
+    return {o["Key"]: int(o["Size"]) for o in listing}
+
+
+def test_ranged_reads_fetch_a_small_part_of_each_shard(
+    s3: S3, remote: dict[str, str], tmp_path: Path
+) -> None:
+    rows = [3, 499, 10, 2500, 2501]  # two of the eight Parquet row groups
+    Dataset.from_path("docs", remote["jsonl"], cache_dir=tmp_path).read(2, [0])  # offset index
+    for fmt in ("jsonl", "parquet"):
+        ds = Dataset.from_path("docs", remote[fmt], cache_dir=tmp_path)
+        before = ds.stats()
+        s3.proxy.reset()
+        assert [r["id"] for r in ds.read(2, rows)] == [8000 + i for i in rows]
+        fetched = ds.stats().bytes_fetched - before.bytes_fetched
+        (size,) = (v for k, v in _sizes(s3, f"corpus/{fmt}/").items() if "part-02" in k)
+        gets = s3.proxy.gets("part-02")
+        assert gets and all(g.range for g in gets), f"{fmt}: a GET without a byte range"
+        assert sum(g.body_bytes for g in gets) == fetched
+        assert fetched < size / 3, f"{fmt}: fetched {fetched} of {size} bytes"
+
+
+def test_transient_failures_are_retried(
+    s3: S3, remote: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ZEPHON_IO_BACKOFF_S", "0.01")
+    expected = Dataset.from_path("docs", remote["parquet"]).read(1, [10, 20])
+    objects = lambda method, path: method == "GET" and path.endswith("part-01.parquet")  # noqa: E731
+    s3.proxy.reset(fail=3, status=503, match=objects)  # botocore's own retries absorb these
+    assert Dataset.from_path("docs", remote["parquet"]).read(1, [10, 20]) == expected
+    assert sum(1 for g in s3.proxy.gets() if g.status == 503) == 3
+    # With the client's retries off, ours do the work (and are counted).
+    no_retry = {"config_kwargs": {"retries": {"total_max_attempts": 1}}}
+    ds = Dataset.from_path("docs", remote["parquet"], storage_options=no_retry)
+    s3.proxy.reset(fail=2, status=500, match=objects)
+    before = ds.stats().retries
+    assert ds.read(1, [10, 20]) == expected
+    assert ds.stats().retries - before == 2
+    monkeypatch.setenv("ZEPHON_IO_RETRIES", "2")
+    s3.proxy.reset(fail=100, status=503, match=objects)
+    with pytest.raises(DataError, match=r"part-01\.parquet: .* failed after 3 attempt\(s\)"):
+        Dataset.from_path("docs", remote["parquet"], storage_options=no_retry)
+    s3.proxy.reset()
+
+
+def test_missing_bucket_and_object_are_clear_errors(s3: S3) -> None:
+    with pytest.raises(DataError, match=r"bucket 'no-such-bucket' does not exist"):
+        Dataset.from_path("x", "s3://no-such-bucket/data/")
+    with pytest.raises(DataError, match=rf"s3://{BUCKET}/nothing-here\.jsonl does not exist"):
+        Dataset.from_path("x", f"s3://{BUCKET}/nothing-here.jsonl")
+
+
+def test_four_processes_share_one_download_per_shard(
+    s3: S3, remote: dict[str, str], tmp_path: Path
+) -> None:
+    s3.proxy.reset()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=read_everything, args=(remote["jsonl"], str(tmp_path / "c"), queue))
+        for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=100) for _ in procs]
+    for p in procs:
+        p.join(timeout=20)
+    assert len({digest for digest, _ in results}) == 1
+    assert sum(stats["cache_downloads"] for _, stats in results) == 5
+    assert sum(stats["cache_hits"] for _, stats in results) >= 15  # 3 ranks x 5 shards
+    shards = [k for k in _sizes(s3, "corpus/jsonl/") if k.endswith(".jsonl")]
+    for key in shards:
+        gets = s3.proxy.gets(f"/{key}")
+        assert len(gets) == 1 and gets[0].body_bytes == _sizes(s3, key)[key], key
+    copies = (tmp_path / "c" / "objects").glob("*-part-*.jsonl")
+    local = Dataset.from_path("docs", sorted(copies, key=lambda p: p.name.split("-", 1)[1]))
+    want = hashlib.sha256()
+    for shard, n in enumerate(local.counts()):
+        want.update(json.dumps(local.read(shard, range(n))).encode())
+    assert results[0][0] == want.hexdigest()
+
+
+def test_lru_eviction_and_thrashing_are_counted(
+    s3: S3, remote: dict[str, str], tmp_path: Path
+) -> None:
+    sizes = _sizes(s3, "corpus/parquet/")
+    limit = int(max(sizes.values()) * 2.5)
+    cache = CacheOptions(dir=tmp_path / "c", max_bytes=limit)
+    ds = Dataset.from_path("docs", remote["parquet"], cache=cache)  # opens all 5: 2 stay
+    used = sum(p.stat().st_size for p in (tmp_path / "c" / "objects").glob("*.parquet"))
+    assert used <= limit
+    assert ds.stats().cache_evictions == 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = Dataset.from_path("docs", remote["parquet"], cache=cache)  # all 5 again
+    thrashed = [str(w.message) for w in caught if w.category is CacheThrashingWarning]
+    assert [re.search(r"part-0\d\.parquet was evicted", m) is not None for m in thrashed] == [
+        True
+    ] * 5
+    assert again.stats().cache_refetches == 5
+    assert again.read(0, [1]) == ds.read(0, [1])
+
+
+def test_a_corrupt_download_is_refused_and_not_cached(
+    s3: S3, remote: dict[str, str], tmp_path: Path
+) -> None:
+    cache = CacheOptions(dir=tmp_path / "c")
+    object_get = lambda m, p: m == "GET" and p.endswith("/part-03.jsonl")  # noqa: E731
+    s3.proxy.reset(corrupt=1, match=object_get)
+    with pytest.raises(DataError, match=r"download of s3://.*part-03\.jsonl is corrupt"):
+        Dataset.from_path("docs", f"{remote['jsonl']}/part-03.jsonl", cache=cache)
+    assert not list((tmp_path / "c" / "objects").glob("*-part-03.jsonl"))
+    s3.proxy.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failed download is not a refetch
+        ds = Dataset.from_path("docs", f"{remote['jsonl']}/part-03.jsonl", cache=cache)
+    assert ds.read(0, [0])[0]["id"] == 12000

@@ -2,9 +2,9 @@
 
 Layout of ``CacheOptions.dir``::
 
-    objects/<name>.<key>        a whole shard, as downloaded
-    objects/<name>.<key>.meta   JSON: url, size, xxh3-64 hash, ETag; its mtime is the last use
-    objects/<name>.<key>.lock   flock'ed while the shard is downloaded or opened
+    objects/<key>-<name>        a whole shard, as downloaded
+    objects/<key>-<name>.meta   JSON: url, size, xxh3-64 hash, ETag; its mtime is the last use
+    objects/<key>-<name>.lock   flock'ed while the shard is downloaded or opened
     derived/                    offset indexes and decompressed copies (outside the LRU)
 
 The key hashes the URL with the object's size and ETag/mtime, so a rewritten object is fetched
@@ -36,7 +36,7 @@ from zephon.io._remote import fetch_range, with_retries
 from zephon.io._stats import count
 
 _PIECE = 8 << 20
-_SEEN: set[str] = set()  # entries this process has used: a miss on one of them is a refetch
+_SEEN: set[Path] = set()  # entries this process has used: a miss on one of them is a refetch
 _SEEN_LOCK = threading.Lock()
 
 
@@ -66,8 +66,9 @@ class CacheEntry:
 
 
 def entry_name(url: str, stamp: str) -> str:
-    digest = hashlib.sha256(f"{url}\n{stamp}".encode()).hexdigest()[:24]
-    return f"{os.path.basename(url.rstrip('/')) or 'shard'}.{digest}"
+    """``<key>-<file name>``: the original suffix stays last, for people and tools."""
+    digest = hashlib.sha256(f"{url}\n{stamp}".encode()).hexdigest()[:20]
+    return f"{digest}-{os.path.basename(url.rstrip('/')) or 'shard'}"
 
 
 @contextlib.contextmanager
@@ -108,16 +109,16 @@ class NodeCache:
                 count(url, cache_hits=1)
                 _touch(data)
             else:
-                self._note_miss(name, url)
+                self._note_miss(data, url)
                 self._download(fs, path, url, size, etag, data)
                 self._evict(keep=name)
             with _SEEN_LOCK:
-                _SEEN.add(name)
+                _SEEN.add(data)
             yield str(data)
 
-    def _note_miss(self, name: str, url: str) -> None:
+    def _note_miss(self, data: Path, url: str) -> None:
         with _SEEN_LOCK:
-            refetch = name in _SEEN
+            refetch = data in _SEEN
         if refetch:
             count(url, cache_refetches=1)
             warnings.warn(

@@ -215,8 +215,8 @@ def dataset_from_path(
     shards: list[Shard] = []
     for entry in _entries(path):
         kind = fmt if fmt in FOLDER_FORMATS else None
-        if fmt is None and not any(c in entry for c in "*?["):
-            kind = folder_format(entry, storage_options)
+        if fmt is None and not any(c in entry for c in "*?[") and detect_format(entry) is None:
+            kind = folder_format(entry, storage_options)  # a file name needs no probe
         if kind is not None:
             shards += folder_shards(
                 entry,
