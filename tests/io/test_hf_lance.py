@@ -6,7 +6,6 @@ import pickle
 from pathlib import Path
 
 import datasets
-import lance
 import pyarrow as pa
 import pytest
 
@@ -55,6 +54,8 @@ def test_from_hf_and_dataset_dict_errors(tmp_path: Path) -> None:
 
 
 def test_lance_shards_are_pinned_to_the_version_discovered(tmp_path: Path) -> None:
+    import lance  # not at import time: lance warns about every later fork in the session
+
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(pa.Table.from_pylist(ROWS), uri, max_rows_per_file=120)
     ds = Dataset.from_path("l", uri)
