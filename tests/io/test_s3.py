@@ -56,22 +56,38 @@ def _sizes(s3: S3, prefix: str) -> dict[str, int]:
     return {o["Key"]: int(o["Size"]) for o in listing}
 
 
+def _ranged_read(s3: S3, ds: Dataset, shard: int, rows: list[int], key: str) -> int:
+    """Read ``rows``; check every GET of ``key`` was ranged and return the bytes fetched."""
+    before = ds.stats().bytes_fetched
+    s3.proxy.reset()
+    got = ds.read(shard, rows)
+    fetched = ds.stats().bytes_fetched - before
+    gets = s3.proxy.gets(key)
+    assert gets and all(g.range for g in gets), f"{key}: a GET without a byte range"
+    assert sum(g.body_bytes for g in gets) == fetched
+    assert [r["id"] for r in got] == [shard * 4000 + i for i in rows]
+    return fetched
+
+
 def test_ranged_reads_fetch_a_small_part_of_each_shard(
     s3: S3, remote: dict[str, str], tmp_path: Path
 ) -> None:
-    rows = [3, 499, 10, 2500, 2501]  # two of the eight Parquet row groups
-    Dataset.from_path("docs", remote["jsonl"], cache_dir=tmp_path).read(2, [0])  # offset index
-    for fmt in ("jsonl", "parquet"):
-        ds = Dataset.from_path("docs", remote[fmt], cache_dir=tmp_path)
-        before = ds.stats()
-        s3.proxy.reset()
-        assert [r["id"] for r in ds.read(2, rows)] == [8000 + i for i in rows]
-        fetched = ds.stats().bytes_fetched - before.bytes_fetched
-        (size,) = (v for k, v in _sizes(s3, f"corpus/{fmt}/").items() if "part-02" in k)
-        gets = s3.proxy.gets("part-02")
-        assert gets and all(g.range for g in gets), f"{fmt}: a GET without a byte range"
-        assert sum(g.body_bytes for g in gets) == fetched
-        assert fetched < size / 3, f"{fmt}: fetched {fetched} of {size} bytes"
+    parquet = Dataset.from_path("docs", remote["parquet"])
+    rows = [3, 499, 10, 2500, 2501]  # two of the eight row groups
+    fetched = _ranged_read(s3, parquet, 2, rows, "part-02.parquet")
+    assert fetched < _sizes(s3, "corpus/parquet/part-02")["corpus/parquet/part-02.parquet"] / 3
+    # JSONL: nearby lines share a request, lines a MiB apart do not.
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "big.jsonl").write_text(
+        "".join(json.dumps({"id": i, "pad": "x" * 60}) + "\n" for i in range(60_000))
+    )
+    url = s3.upload(big, "big")
+    Dataset.from_path("big", url, cache_dir=tmp_path).read(0, [0])  # builds the offset index
+    ds = Dataset.from_path("big", url, cache_dir=tmp_path)
+    fetched = _ranged_read(s3, ds, 0, [3, 499, 10, 30_000, 30_001, 59_999], "big.jsonl")
+    assert len(s3.proxy.gets("big.jsonl")) == 3
+    assert fetched < (big / "big.jsonl").stat().st_size / 50
 
 
 def test_transient_failures_are_retried(

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from zephon.io._cache import CacheOptions, NodeCache
 from zephon.io._paths import get_fs, split_protocol
 from zephon.io._remote import RangeFile, fetch_range, remote_size, with_retries
+from zephon.io._spans import LOCAL_GAP, REMOTE_GAP
 
 T = TypeVar("T")
 _STREAM_BUFFER = 8 << 20
@@ -59,6 +60,11 @@ class Blob:
     def ranged(self) -> bool:
         """Whether reads go to the store as byte ranges (remote and not cached)."""
         return self.remote and self.cache is None
+
+    @property
+    def max_gap(self) -> int:
+        """How far apart two spans may be and still share one read (see ``read_spans``)."""
+        return REMOTE_GAP if self.ranged else LOCAL_GAP
 
     def filesystem(self) -> Any:
         if self._fs is None:

@@ -245,7 +245,8 @@ class JsonlShard(Shard):
 
     def _read_raw(self, bounds: np.ndarray, indices: Sequence[int]) -> list[bytes]:
         """Raw line bytes for ``indices`` (in the order asked), with coalesced reads."""
-        return read_spans(self._read_range, bounds, indices)
+        blob = self._raw or self._blob
+        return read_spans(blob.read_range, bounds, indices, blob.max_gap)
 
     def read(self, indices: Sequence[int]) -> list[Row]:
         bounds = self._bounds_array()

@@ -209,7 +209,8 @@ class MdsShard(LazyShard):
         plan = self._plan
         nvar = sum(1 for size, _, _ in plan if not size)
         out: list[Row] = []
-        for i, raw in zip(idx.tolist(), read_spans(data.read_range, bounds, idx), strict=True):
+        spans = read_spans(data.read_range, bounds, idx, data.max_gap)
+        for i, raw in zip(idx.tolist(), spans, strict=True):
             try:
                 var = iter(struct.unpack_from(f"<{nvar}I", raw))
                 pos = 4 * nvar

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-MAX_GAP = 8 << 10  # coalesce spans closer than this (a read costs about 8 KiB of copying)
+LOCAL_GAP = 8 << 10  # coalesce spans closer than this: a pread costs about 8 KiB of copying
+REMOTE_GAP = 1 << 20  # a ranged request costs milliseconds, about a MiB of transfer
 MAX_RUN = 16 << 20
 
 
@@ -18,8 +19,10 @@ def read_spans(
     read_range: Callable[[int, int], bytes],
     bounds: np.ndarray,
     indices: Sequence[int] | np.ndarray,
+    max_gap: int = LOCAL_GAP,
 ) -> list[bytes]:
-    """Bytes of spans ``bounds[indices]`` (``[start, end)`` rows), in the order asked."""
+    """Bytes of spans ``bounds[indices]`` (``[start, end)`` rows), in the order asked; spans
+    less than ``max_gap`` bytes apart share one read."""
     if not len(indices):
         return []
     rows = bounds[np.asarray(indices, dtype=np.int64)]
@@ -34,7 +37,7 @@ def read_spans(
         j = i + 1
         while j < n:
             s, e = sorted_rows[j]
-            if s - run_end > MAX_GAP or e - run_start > MAX_RUN:
+            if s - run_end > max_gap or e - run_start > MAX_RUN:
                 break
             run_end = max(run_end, e)
             j += 1
