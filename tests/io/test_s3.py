@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.io._cache_worker import read_everything
+from tests.io._formats import FIXTURES
 from tests.io._s3 import BUCKET, S3
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon.errors import CacheThrashingWarning, DataError
@@ -185,3 +186,13 @@ def test_a_corrupt_download_is_refused_and_not_cached(
         warnings.simplefilter("error")  # a failed download is not a refetch
         ds = Dataset.from_path("docs", f"{remote['jsonl']}/part-03.jsonl", cache=cache)
     assert ds.read(0, [0])[0]["id"] == 12000
+
+
+def test_uncompressed_mds_is_read_by_byte_range(s3: S3) -> None:
+    url = s3.upload(FIXTURES / "mds-types", "mds-types")
+    local = Dataset.from_path("t", FIXTURES / "mds-types")
+    ds = Dataset.from_path("t", url)
+    s3.proxy.reset()
+    assert ds.read(3, [5, 0, 5]) == local.read(3, [5, 0, 5])
+    gets = s3.proxy.gets("shard.00003.mds")
+    assert len(gets) == 2 and all(g.range for g in gets)  # the offsets, then the samples
