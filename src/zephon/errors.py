@@ -12,6 +12,8 @@
     ├── ReorderError (RuntimeError)       a duplicate or missing micro-batch sequence number
     └── CheckpointError (ValueError)      a checkpoint is corrupt or from another configuration
 
+Warnings: ``CacheThrashingWarning`` (UserWarning), a node cache too small for its working set.
+
 Token capture has its own tree in :mod:`zephon.capture.protocols`.
 """
 
