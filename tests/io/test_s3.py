@@ -196,3 +196,13 @@ def test_uncompressed_mds_is_read_by_byte_range(s3: S3) -> None:
     assert ds.read(3, [5, 0, 5]) == local.read(3, [5, 0, 5])
     gets = s3.proxy.gets("shard.00003.mds")
     assert len(gets) == 2 and all(g.range for g in gets)  # the offsets, then the samples
+
+
+def test_lance_reads_through_its_own_object_store_client(
+    s3: S3, corpus_dirs: dict[str, Path]
+) -> None:
+    url = s3.upload(corpus_dirs["lance"], "corpus/docs.lance")
+    s3.proxy.reset()
+    ds = Dataset.from_path("docs", url, storage_options={"allow_http": "true"})
+    assert batches(ds) == batches(Dataset.from_path("docs", corpus_dirs["lance"]))
+    assert s3.proxy.gets("docs.lance/data/")  # the rows came over the wire
