@@ -2,7 +2,7 @@
 
 from zephon._engine.checkpoint import merge_checkpoints
 from zephon.distributed import gather_checkpoints
-from zephon.io import Dataset
+from zephon.io import CacheOptions, Dataset
 from zephon.pipeline import Pipeline
 from zephon.types import SampleBatch, SampleMeta, SampleRecord
 from zephon.work import (
@@ -17,6 +17,7 @@ from zephon.work import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CacheOptions",
     "Dataset",
     "MixtureSchedule",
     "MixtureSpec",

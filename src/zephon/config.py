@@ -29,7 +29,7 @@ from zephon.errors import ConfigError, ZephonError
 __all__ = ["OPERATORS", "ConfigFileError", "PipelineConfig", "load_config", "parse_config"]
 
 TOP_LEVEL_KEYS = ("datasets", "mixture", "source", "fetch", "operators", "runner", "options")
-DATASET_KEYS = ("name", "path", "format", "columns", "storage_options", "cache_dir")
+DATASET_KEYS = ("name", "path", "format", "columns", "storage_options", "cache_dir", "cache")
 
 #: Operator name in YAML -> Pipeline builder method of the same name.
 OPERATORS = (
@@ -250,6 +250,7 @@ class DatasetConfig:
     columns: list[str] | None = None
     storage_options: dict[str, Any] | None = None
     cache_dir: str | None = None
+    cache: dict[str, Any] | None = None
     key: str = "datasets"
 
 
@@ -278,7 +279,7 @@ class PipelineConfig:
         return ConfigFileError(key, message, file=self.file)
 
     def open_datasets(self) -> list[Any]:
-        from zephon.io import Dataset
+        from zephon.io import CacheOptions, Dataset
 
         out = []
         for d in self.datasets:
@@ -292,6 +293,7 @@ class PipelineConfig:
                         columns=d.columns,
                         storage_options=d.storage_options,
                         cache_dir=d.cache_dir,
+                        cache=CacheOptions(**d.cache) if d.cache else None,
                     )
                 )
             except ZephonError as exc:
@@ -373,12 +375,17 @@ def _dataset(raw: Any, key: str, base_dir: Path) -> DatasetConfig:
             return p
         return str(base_dir / os.path.expanduser(p))
 
-    fmt = check_value(raw.get("format"), Literal["jsonl", "parquet"] | None, f"{key}.format")
+    fmt = check_value(
+        raw.get("format"),
+        Literal["jsonl", "parquet", "arrow", "hf", "lance", "mds"] | None,
+        f"{key}.format",
+    )
     columns = check_value(raw.get("columns"), list[str] | None, f"{key}.columns")
     storage = check_value(
         raw.get("storage_options"), dict[str, Any] | None, f"{key}.storage_options"
     )
     cache_dir = check_value(raw.get("cache_dir"), str | None, f"{key}.cache_dir")
+    cache = _cache(raw.get("cache"), f"{key}.cache", resolve)
     return DatasetConfig(
         name=name,
         paths=[resolve(p) for p in paths],
@@ -386,8 +393,26 @@ def _dataset(raw: Any, key: str, base_dir: Path) -> DatasetConfig:
         columns=columns,
         storage_options=storage,
         cache_dir=resolve(cache_dir) if cache_dir else None,
+        cache=cache,
         key=key,
     )
+
+
+def _cache(raw: Any, key: str, resolve: Any) -> dict[str, Any] | None:
+    """``cache: {dir: PATH, max_bytes: N}`` -> keyword arguments of ``CacheOptions``."""
+    if raw is None:
+        return None
+    value = check_value(raw, dict[str, Any], key)
+    unknown = sorted(set(value) - {"dir", "max_bytes"})
+    if unknown:
+        raise ConfigFileError(f"{key}.{unknown[0]}", "unknown cache key (known: dir, max_bytes)")
+    if "dir" not in value:
+        raise ConfigFileError(f"{key}.dir", "required but missing")
+    cache_dir = check_value(value["dir"], str, f"{key}.dir")
+    max_bytes = check_value(value.get("max_bytes"), int | None, f"{key}.max_bytes")
+    if max_bytes is not None and max_bytes < 1:
+        raise ConfigFileError(f"{key}.max_bytes", f"must be >= 1, got {max_bytes}")
+    return {"dir": resolve(cache_dir), "max_bytes": max_bytes}
 
 
 def _operator(raw: Any, key: str) -> OperatorConfig:

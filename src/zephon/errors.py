@@ -13,6 +13,8 @@
     ├── ReorderError (RuntimeError)       a duplicate or missing micro-batch sequence number
     └── CheckpointError (ValueError)      a checkpoint is corrupt or from another configuration
 
+Warnings: ``CacheThrashingWarning`` (UserWarning), a node cache too small for its working set.
+
 Token capture has its own tree in :mod:`zephon.capture.protocols`.
 """
 
@@ -91,3 +93,7 @@ class ReorderError(ZephonError, RuntimeError):
 
 class CheckpointError(ZephonError, ValueError):
     """A checkpoint is corrupt, of an unknown version, or from a different configuration."""
+
+
+class CacheThrashingWarning(UserWarning):
+    """The node cache evicted a shard that the same run needed again (``max_bytes`` too small)."""

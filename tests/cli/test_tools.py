@@ -10,7 +10,7 @@ from zephon.cli import build_parser, main
 
 def test_every_documented_command_is_registered() -> None:
     help_text = build_parser().format_help()
-    for name in ("run", "explain", "index", "checkpoint", "bench", "capture", "demo"):
+    for name in ("run", "explain", "index", "cache", "checkpoint", "bench", "capture", "demo"):
         assert name in help_text
     sub = build_parser().parse_args(["capture", "export", "o.jsonl", "--store", "memory://"])
     assert sub.func.__module__ == "zephon.cli._capture_tools"

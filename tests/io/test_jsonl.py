@@ -28,15 +28,16 @@ def test_folder_counts_and_random_reads(tmp_path: Path) -> None:
         rows = [{"text": f"s{s}-r{i}", "i": i} for i in range(10 + s)]
         expected[s] = rows
         write_jsonl(tmp_path / f"part-{s:02d}.jsonl", rows, blank_every=4)
-    ds = Dataset.from_path("d", tmp_path)
+    ds = Dataset.from_path("d", tmp_path, cache_dir=tmp_path / ".c")
     assert ds.counts() == [10, 11, 12]
     assert ds.total() == 33
     for s, rows in expected.items():
         idx = [7, 0, 3, 3, len(rows) - 1]
         assert ds.read(s, idx) == [rows[i] for i in idx]
-    # The index is cached next to the data.
-    assert sorted(p.name for p in tmp_path.glob("*.zidx")) == [
-        f"part-{s:02d}.jsonl.zidx" for s in range(3)
+    # The indexes go to the cache folder, never next to the data.
+    assert not list(tmp_path.glob("*.zidx"))
+    assert sorted(p.name.split(".")[0] for p in (tmp_path / ".c").rglob("*.zidx")) == [
+        f"part-{s:02d}" for s in range(3)
     ]
 
 
@@ -50,33 +51,33 @@ def test_last_line_without_newline_and_crlf(tmp_path: Path) -> None:
 
 def test_cached_index_is_reused_and_invalidated(tmp_path: Path) -> None:
     p = tmp_path / "x.jsonl"
+    cache = tmp_path / "cache"
     write_jsonl(p, [{"i": i} for i in range(5)])
-    assert len(JsonlShard(str(p))) == 5
-    sidecar = tmp_path / "x.jsonl.zidx"
+    assert len(JsonlShard(str(p), cache_dir=cache)) == 5
+    (sidecar,) = cache.rglob("*.zidx")
     stamp = sidecar.stat().st_mtime_ns
-    assert len(JsonlShard(str(p))) == 5
+    assert len(JsonlShard(str(p), cache_dir=cache)) == 5
     assert sidecar.stat().st_mtime_ns == stamp  # reused, not rebuilt
     write_jsonl(p, [{"i": i} for i in range(8)])
     os.utime(p, ns=(stamp + 10**9, stamp + 10**9))
-    shard = JsonlShard(str(p))
+    shard = JsonlShard(str(p), cache_dir=cache)
     assert len(shard) == 8
     assert shard.read([7]) == [{"i": 7}]
 
 
-def test_unwritable_sidecar_falls_back_to_cache_dir(tmp_path: Path) -> None:
+def test_index_files_follow_the_umask_and_stay_out_of_the_data_folder(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
     write_jsonl(data / "a.jsonl", [{"i": i} for i in range(4)])
-    (data / "a.jsonl.zidx").mkdir()  # the sidecar path cannot be written
-    cache = tmp_path / "cache"
-    ds = Dataset.from_path("d", data, cache_dir=cache)
+    old = os.umask(0o022)
+    try:
+        ds = Dataset.from_path("d", data, cache_dir=tmp_path / "cache")
+    finally:
+        os.umask(old)
     assert ds.read(0, [3, 1]) == [{"i": 3}, {"i": 1}]
-    cached = list(cache.rglob("*.zidx"))
-    assert len(cached) == 1
-    stamp = cached[0].stat().st_mtime_ns
-    again = Dataset.from_path("d", data, cache_dir=cache)  # found in the cache, not rebuilt
-    assert again.read(0, [0]) == [{"i": 0}]
-    assert cached[0].stat().st_mtime_ns == stamp
+    assert [p.name for p in data.iterdir()] == ["a.jsonl"]
+    (index,) = (tmp_path / "cache").rglob("*.zidx")
+    assert index.stat().st_mode & 0o777 == 0o644  # readable by the other users of the node
 
 
 def test_malformed_line_names_file_and_line(tmp_path: Path) -> None:

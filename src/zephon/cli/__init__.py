@@ -12,6 +12,7 @@ _COMMANDS = (
     "zephon.cli._run",
     "zephon.cli._explain",
     "zephon.cli._index",
+    "zephon.cli._cache",
     "zephon.cli._checkpoint",
     "zephon.cli._bench",
     "zephon.cli._capture",

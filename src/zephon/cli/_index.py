@@ -27,7 +27,7 @@ def register(subparsers: Any) -> None:
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", metavar="PATH", help="dataset folder (local or fsspec URL)")
     parser.add_argument(
-        "--format", dest="fmt", choices=("jsonl", "parquet"), default=None,
+        "--format", dest="fmt", choices=("jsonl", "parquet", "arrow"), default=None,
         help="treat every file as this format (default: detect from the suffix)",
     )  # fmt: skip
     parser.add_argument(

@@ -1,7 +1,19 @@
-"""Datasets and shard formats: JSONL (plain, .gz, .zst) and Parquet, local or any fsspec URL."""
+"""Datasets and shard formats: JSONL (plain, .gz, .zst), Parquet, Arrow IPC / Feather, Hugging
+Face ``save_to_disk`` folders, Lance and MDS; local, on any fsspec URL, or through a node cache."""
 
+from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Dataset, InMemoryShard, Row, Shard
 from zephon.io._discover import build_index
 from zephon.io._jsonl import JsonlShard
+from zephon.io._stats import SourceStats
 
-__all__ = ["Dataset", "InMemoryShard", "JsonlShard", "Row", "Shard", "build_index"]
+__all__ = [
+    "CacheOptions",
+    "Dataset",
+    "InMemoryShard",
+    "JsonlShard",
+    "Row",
+    "Shard",
+    "SourceStats",
+    "build_index",
+]

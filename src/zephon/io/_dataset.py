@@ -10,9 +10,15 @@ from __future__ import annotations
 import abc
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from zephon.errors import ConfigError
+import numpy as np
+
+from zephon.errors import ConfigError, DataFormatError
+
+if TYPE_CHECKING:
+    from zephon.io._cache import CacheOptions
+    from zephon.io._stats import SourceStats
 
 Row = dict[str, Any]
 
@@ -32,6 +38,27 @@ class Shard(abc.ABC):
     @abc.abstractmethod
     def read(self, indices: Sequence[int]) -> list[Row]:
         """Rows at ``indices``, in the order asked. Errors name the file and line or row."""
+
+
+def checked_indices(indices: Sequence[int], n: int, location: str) -> np.ndarray:
+    """``indices`` as an int64 array; one outside ``[0, n)`` raises ``IndexError`` naming it."""
+    idx = np.asarray(indices, dtype=np.int64)
+    if len(idx) and (idx.min() < 0 or idx.max() >= n):
+        bad = int(idx[(idx < 0) | (idx >= n)][0])
+        raise IndexError(f"row {bad} out of range for shard {location} with {n} rows")
+    return idx
+
+
+def missing_columns(location: str, wanted: Sequence[str] | None, names: Sequence[str]) -> None:
+    """Raise ``DataFormatError`` when a projected column is not in the shard."""
+    if wanted is None:
+        return
+    missing = [c for c in wanted if c not in set(names)]
+    if missing:
+        raise DataFormatError(
+            f"shard {location} has no column(s) {missing}; available: {sorted(names)}. "
+            "Fix `columns=` or the data"
+        )
 
 
 class InMemoryShard(Shard):
@@ -84,6 +111,13 @@ class Dataset:
         """Rows ``indices`` of shard ``shard_id``, in the order asked."""
         return self.shards[shard_id].read(indices)
 
+    def stats(self) -> SourceStats:
+        """I/O of this dataset's shards in this process so far (bytes fetched, requests,
+        retries, node-cache hits, downloads, evictions, refetches)."""
+        from zephon.io._stats import total
+
+        return total(s.location for s in self.shards)
+
     @classmethod
     def from_records(
         cls, name: str, rows: Iterable[Row], *, shard_size: int | None = None
@@ -118,13 +152,17 @@ class Dataset:
         columns: Sequence[str] | None = None,
         storage_options: Mapping[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        cache: CacheOptions | None = None,
     ) -> Dataset:
         """A dataset over files: a folder, a glob or a list of files/folders (local or fsspec).
 
         Formats come from the suffix (``.jsonl``/``.ndjson`` optionally ``.gz``/``.zst``,
-        ``.parquet``) or ``fmt``. ``columns`` projects Parquet shards. ``storage_options`` go to
-        fsspec. Derived files (offset indexes, decompressed copies) of read-only or remote data
-        go to ``cache_dir`` (default ``$ZEPHON_CACHE_DIR`` or ``~/.cache/zephon``). An
+        ``.parquet``, ``.arrow``/``.feather``), from the folder (Hugging Face ``save_to_disk``,
+        Lance, MDS) or from ``fmt``. ``columns`` projects every format but JSONL.
+        ``storage_options`` go to fsspec (and Lance). ``cache`` keeps whole remote shards in a
+        node-local cache; without it remote shards are read by byte range. Derived files
+        (offset indexes, decompressed copies) go to ``cache_dir``, else ``cache.dir``, else
+        ``$ZEPHON_CACHE_DIR`` or ``~/.cache/zephon``, never next to the data. An
         ``index.json`` in the folder (``zephon index PATH``) makes discovery instant.
         """
         from zephon.io._discover import dataset_from_path
@@ -136,4 +174,24 @@ class Dataset:
             columns=columns,
             storage_options=dict(storage_options) if storage_options else None,
             cache_dir=cache_dir,
+            cache=cache,
         )
+
+    @classmethod
+    def from_hf(
+        cls,
+        name: str,
+        data: Any,
+        *,
+        columns: Sequence[str] | None = None,
+        shard_size: int | None = None,
+    ) -> Dataset:
+        """A dataset over a ``datasets.Dataset`` already loaded in this process.
+
+        One shard per Arrow cache file when the object is exactly those files (memory-mapped,
+        cheap to send to workers); otherwise (in memory, shuffled, selected) its rows as one
+        Arrow table, split into shards of ``shard_size`` rows.
+        """
+        from zephon.io._hf import from_hf
+
+        return cls(name, from_hf(data, f"<hf:{name}>", columns=columns, shard_size=shard_size))

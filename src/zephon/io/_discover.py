@@ -15,22 +15,33 @@ from collections.abc import Sequence
 from typing import Any
 
 from zephon.errors import ConfigError, DataError, DataFormatError
+from zephon.io._arrow import ARROW_SUFFIXES, ArrowShard
+from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Dataset, Shard
+from zephon.io._folders import FOLDER_FORMATS, folder_format, folder_shards
 from zephon.io._jsonl import JsonlShard, is_jsonl
-from zephon.io._paths import get_fs, split_protocol, strip_protocol
+from zephon.io._paths import derived_dir, get_fs, split_protocol, strip_protocol
+from zephon.io._remote import with_retries
 
 INDEX_NAME = "index.json"
 INDEX_VERSION = 1
-KNOWN_SUFFIXES = "*.jsonl, *.ndjson, *.jsonl.gz, *.jsonl.zst, *.parquet"
+FILE_FORMATS = ("jsonl", "parquet", "arrow")
+FORMATS = (*FILE_FORMATS, *FOLDER_FORMATS)
+KNOWN_SUFFIXES = (
+    "*.jsonl, *.ndjson, *.jsonl.gz, *.jsonl.zst, *.parquet, *.arrow, *.feather, "
+    "or a Hugging Face save_to_disk, Lance or MDS folder"
+)
 _SIDECARS = (".zidx", ".raw", ".tmp")
 
 PathArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
 def detect_format(path: str) -> str | None:
-    """``"jsonl"``, ``"parquet"`` or ``None`` from the file name."""
+    """``"jsonl"``, ``"parquet"``, ``"arrow"`` or ``None`` from the file name."""
     if path.endswith((".parquet", ".pq")):
         return "parquet"
+    if path.endswith(ARROW_SUFFIXES):
+        return "arrow"
     if is_jsonl(path):
         return "jsonl"
     return None
@@ -56,14 +67,28 @@ def _expand(entry: str, storage_options: dict[str, Any] | None) -> tuple[list[st
     protocol, path = split_protocol(entry)
     fs = get_fs(protocol, storage_options)
     if any(c in path for c in "*?["):
-        files = sorted(_as_url(protocol, p) for p in fs.glob(path) if not fs.isdir(p))
+        found = with_retries(entry, "list", lambda: fs.glob(path, detail=True))
+        files = sorted(_as_url(protocol, p) for p, i in found.items() if i["type"] != "directory")
         return files, None
-    if not fs.exists(path):
-        raise DataError(f"dataset path {entry} does not exist")
-    if fs.isdir(path):
-        names = sorted(_as_url(protocol, p) for p in fs.ls(path, detail=False) if not fs.isdir(p))
+    if not with_retries(entry, "stat", lambda: fs.exists(path)):
+        raise DataError(f"dataset path {entry} does not exist{_bucket_hint(fs, protocol, path)}")
+    if with_retries(entry, "stat", lambda: fs.isdir(path)):
+        listing = with_retries(entry, "list", lambda: fs.ls(path, detail=True))
+        names = sorted(_as_url(protocol, i["name"]) for i in listing if i["type"] != "directory")
         return names, path
     return [path if protocol == "file" else entry], None
+
+
+def _bucket_hint(fs: Any, protocol: str, path: str) -> str:
+    """For object stores: say whether the bucket itself is missing."""
+    if protocol == "file":
+        return ""
+    bucket = strip_protocol(protocol, path).split("/", 1)[0]
+    try:
+        exists = fs.exists(bucket)
+    except OSError:
+        return ""
+    return "" if exists else f" (bucket {bucket!r} does not exist at this endpoint)"
 
 
 def _read_index(folder: str, protocol: str, storage_options: dict[str, Any] | None) -> Any:
@@ -92,14 +117,26 @@ def make_shard(
     columns: Sequence[str] | None,
     storage_options: dict[str, Any] | None,
     cache_dir: str | os.PathLike[str] | None,
+    cache: CacheOptions | None = None,
 ) -> Shard:
     if fmt == "jsonl":
-        return JsonlShard(url, rows, storage_options=storage_options, cache_dir=cache_dir)
+        return JsonlShard(
+            url,
+            rows,
+            storage_options=storage_options,
+            cache_dir=cache_dir,
+            cache=cache,
+            columns=columns,
+        )
     if fmt == "parquet":
         from zephon.io._parquet import ParquetShard
 
-        return ParquetShard(url, rows, columns=columns, storage_options=storage_options)
-    raise ConfigError(f"unknown format {fmt!r} for {url}; use 'jsonl' or 'parquet'")
+        return ParquetShard(
+            url, rows, columns=columns, storage_options=storage_options, cache=cache
+        )
+    if fmt == "arrow":
+        return ArrowShard(url, rows, columns=columns, storage_options=storage_options, cache=cache)
+    raise ConfigError(f"unknown format {fmt!r} for {url}; use one of {', '.join(FILE_FORMATS)}")
 
 
 def discover(
@@ -114,8 +151,8 @@ def discover(
     )
     if not entries:
         raise DataError("dataset path list is empty; pass a folder, a glob or a list of shards")
-    if fmt is not None and fmt not in ("jsonl", "parquet"):
-        raise ConfigError(f"fmt must be 'jsonl' or 'parquet', got {fmt!r}")
+    if fmt is not None and fmt not in FILE_FORMATS:
+        raise ConfigError(f"fmt must be one of {', '.join(FILE_FORMATS)} here, got {fmt!r}")
     out: list[tuple[str, str, int | None]] = []
     for entry in entries:
         files, folder = _expand(entry, storage_options)
@@ -144,7 +181,7 @@ def discover(
                 if folder is None and len(files) == 1:
                     raise DataError(
                         f"unknown shard format for {f}: expected one of {KNOWN_SUFFIXES} "
-                        "(or pass fmt='jsonl' / fmt='parquet')"
+                        f"(or pass fmt= one of {', '.join(FORMATS)})"
                     )
                 unknown.append(base)
                 continue
@@ -156,6 +193,12 @@ def discover(
     return out
 
 
+def _entries(path: PathArg) -> list[str]:
+    if isinstance(path, str | os.PathLike):
+        return [os.fspath(path)]
+    return [os.fspath(p) for p in path]
+
+
 def dataset_from_path(
     name: str,
     path: PathArg,
@@ -164,18 +207,38 @@ def dataset_from_path(
     columns: Sequence[str] | None = None,
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    cache: CacheOptions | None = None,
 ) -> Dataset:
-    shards = [
-        make_shard(
-            url,
-            kind,
-            rows,
-            columns=columns,
-            storage_options=storage_options,
-            cache_dir=cache_dir,
-        )
-        for url, kind, rows in discover(path, fmt=fmt, storage_options=storage_options)
-    ]
+    if fmt is not None and fmt not in FORMATS:
+        raise ConfigError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    derived = derived_dir(cache_dir, cache)
+    shards: list[Shard] = []
+    for entry in _entries(path):
+        kind = fmt if fmt in FOLDER_FORMATS else None
+        if fmt is None and not any(c in entry for c in "*?[") and detect_format(entry) is None:
+            kind = folder_format(entry, storage_options)  # a file name needs no probe
+        if kind is not None:
+            shards += folder_shards(
+                entry,
+                kind,
+                columns=columns,
+                storage_options=storage_options,
+                cache=cache,
+                cache_dir=derived,
+            )
+            continue
+        shards += [
+            make_shard(
+                url,
+                found,
+                rows,
+                columns=columns,
+                storage_options=storage_options,
+                cache_dir=derived,
+                cache=cache,
+            )
+            for url, found, rows in discover(entry, fmt=fmt, storage_options=storage_options)
+        ]
     return Dataset(name, shards)
 
 
@@ -196,6 +259,11 @@ def build_index(
     fs = get_fs(protocol, storage_options)
     if not fs.exists(folder) or not fs.isdir(folder):
         raise DataError(f"{entry} is not a folder; `zephon index` takes a dataset folder")
+    kind = folder_format(entry, storage_options)
+    if kind is not None:
+        raise DataError(
+            f"{entry} is a {kind} folder, which lists its own shards; it needs no zephon index"
+        )
     index_file = _join(protocol, folder, INDEX_NAME)
     if fs.exists(index_file):
         fs.rm(index_file)  # rebuild from the files, not from the stale index

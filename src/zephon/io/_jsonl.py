@@ -1,17 +1,18 @@
 """JSONL shards (plain, ``.gz``, ``.zst``) with a byte-offset index for O(1) random access.
 
 The index is an ``(n, 2)`` int64 array of ``[start, end)`` byte ranges of the non-blank lines,
-built once per shard by one streaming pass and cached as ``<shard>.zidx`` next to the data (or
-in the cache folder when the data folder is read-only or remote). A cached index is reused only
-while the source's size and modification time match. Compressed shards cannot be read at random
-offsets, so they are decompressed once into the cache folder and indexed there.
+built once per shard by one streaming pass and saved in the cache folder (never next to the
+data). A saved index is reused only while the source's size and modification time match.
+Compressed shards cannot be read at random offsets, so they are decompressed once into the
+cache folder and indexed there.
 
-Reads sort the requested rows by offset, coalesce nearby rows into one ``pread`` (local) or one
-byte-range request (fsspec), and decode each line with ``msgspec.json``.
+Reads sort the requested rows by offset, coalesce nearby rows into one ``pread`` (local or
+cached) or one ranged request (remote), and decode each line with ``msgspec.json``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import threading
@@ -23,8 +24,11 @@ import msgspec
 import numpy as np
 
 from zephon.errors import DataFormatError
+from zephon.io._blob import Blob
+from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Row, Shard
-from zephon.io._paths import atomic_write, cache_file, get_fs, split_protocol, writable_dir
+from zephon.io._paths import atomic_write, cache_file, derived_dir
+from zephon.io._spans import read_spans
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
@@ -35,8 +39,6 @@ _HEADER_BYTES = 64
 _BLOCK = 16 << 20
 _WS = np.zeros(256, dtype=bool)
 _WS[[9, 13, 32]] = True  # tab, CR, space (LF splits lines)
-_MAX_GAP = 8 << 10  # coalesce rows closer than this into one read (a pread costs ~8 KiB of copying)
-_MAX_RUN = 16 << 20
 
 
 def jsonl_compression(path: str) -> str | None:
@@ -121,37 +123,34 @@ class JsonlShard(Shard):
         *,
         storage_options: dict[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        cache: CacheOptions | None = None,
+        columns: Sequence[str] | None = None,
     ) -> None:
-        self._url = url
-        self._protocol, self._path = split_protocol(url)
-        self._compression = jsonl_compression(url)
-        self._storage_options = dict(storage_options or {})
-        self._cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self._blob = Blob(url, storage_options, cache)
+        self._columns = None if columns is None else list(columns)
+        self._cache_dir = derived_dir(cache_dir, cache)
         self._init_transient()
         self._rows = rows if rows is not None else len(self._bounds_array())
 
     def _init_transient(self) -> None:
-        self._lock = threading.RLock()  # index building reads lines through _local_fd
+        self._url = self._blob.url
+        self._compression = jsonl_compression(self._url)
+        self._lock = threading.RLock()
         self._bounds: np.ndarray | None = None
-        self._data_path: str | None = None  # local file holding the rows (maybe a cache copy)
-        self._fd: int | None = None
-        self._fd_pid = -1
-        self._fs: Any = None
+        self._raw: Blob | None = None  # the decompressed copy, for compressed shards
         self._decoder = msgspec.json.Decoder()
 
     def __getstate__(self) -> dict[str, Any]:
         return {
-            "url": self._url,
+            "blob": self._blob,
             "rows": self._rows,
-            "storage_options": self._storage_options,
             "cache_dir": self._cache_dir,
+            "columns": self._columns,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._url = state["url"]
-        self._protocol, self._path = split_protocol(self._url)
-        self._compression = jsonl_compression(self._url)
-        self._storage_options = state["storage_options"]
+        self._blob = state["blob"]
+        self._columns = state["columns"]
         self._cache_dir = state["cache_dir"]
         self._init_transient()
         self._rows = state["rows"]
@@ -164,33 +163,6 @@ class JsonlShard(Shard):
         return self._rows
 
     # -- index --------------------------------------------------------------------------------
-
-    def _filesystem(self) -> Any:
-        if self._fs is None:
-            self._fs = get_fs(self._protocol, self._storage_options)
-        return self._fs
-
-    def _source_stamp(self) -> tuple[int, int]:
-        """(size, mtime_ns) of the source; remote stores without mtime use size only."""
-        if self._protocol == "file":
-            st = os.stat(self._path)
-            return st.st_size, st.st_mtime_ns
-        info = self._filesystem().info(self._path)
-        mtime = info.get("mtime") or info.get("LastModified") or info.get("created") or 0
-        if hasattr(mtime, "timestamp"):
-            mtime = mtime.timestamp()
-        return int(info.get("size") or 0), int(float(mtime) * 1e9)
-
-    def _index_paths(self) -> list[Path]:
-        """Where the offset index may live: next to plain local data, else the cache folder."""
-        cached = cache_file(self._url, ".zidx", self._cache_dir)
-        if (
-            self._protocol == "file"
-            and self._compression is None
-            and writable_dir(os.path.dirname(self._path))
-        ):
-            return [Path(self._path + ".zidx"), cached]
-        return [cached]
 
     def _bounds_array(self) -> np.ndarray:
         bounds = self._bounds
@@ -210,46 +182,32 @@ class JsonlShard(Shard):
 
     def _load_or_build(self) -> np.ndarray:
         try:
-            stamp = self._source_stamp()
+            stamp = self._blob.stamp()
         except FileNotFoundError as e:
             raise DataFormatError(f"shard {self._url} does not exist (was it moved?)") from e
-        index_paths = self._index_paths()
-        cached = index_paths[-1]
-        data_path = self._path if self._compression is None else str(cached)[:-5] + ".raw"
-        if self._protocol != "file" and self._compression is None:
-            data_path = ""  # read remotely by byte range
-        for index_path in index_paths:
-            loaded = _load_index(index_path, stamp)
-            if loaded is None:
-                continue
+        index_path = cache_file(self._url, ".zidx", self._cache_dir)
+        raw_path = Path(str(index_path)[:-5] + ".raw")
+        loaded = _load_index(index_path, stamp)
+        if loaded is not None:
             bounds, data_size = loaded
-            if not data_path or (
-                os.path.exists(data_path) and os.path.getsize(data_path) == data_size
-            ):
-                self._data_path = data_path or None
+            if self._compression is None:
+                return bounds
+            if raw_path.exists() and raw_path.stat().st_size == data_size:
+                self._raw = Blob(str(raw_path))
                 return bounds
         if self._compression is not None:
-            data_size = self._decompress_to(Path(data_path))
-            blocks = _file_blocks(data_path)
-        elif self._protocol == "file":
-            data_size = stamp[0]
-            blocks = _file_blocks(self._path)
+            data_size = self._decompress_to(raw_path)
+            self._raw = Blob(str(raw_path))
         else:
             data_size = stamp[0]
-            blocks = _remote_blocks(self._filesystem(), self._path)
-        bounds, suspects = scan_lines(blocks)
-        self._data_path = data_path or None
+        with (self._raw or self._blob).stream() as f:
+            bounds, suspects = scan_lines(_blocks(f))
         if suspects:
             bounds = self._drop_blank(bounds, suspects)
         header = _HEADER.pack(_MAGIC, stamp[0], stamp[1], len(bounds), data_size)
         payload = header.ljust(_HEADER_BYTES, b"\0") + np.ascontiguousarray(bounds).tobytes()
-        for index_path in index_paths:
-            try:
-                atomic_write(index_path, payload)
-                break
-            except OSError:
-                continue  # read-only data folder: fall back to the cache folder
-        # An unwritable cache only costs a rescan next time.
+        with contextlib.suppress(OSError):  # an unwritable cache only costs a rescan next time
+            atomic_write(index_path, payload)
         return bounds
 
     def _drop_blank(self, bounds: np.ndarray, suspects: list[int]) -> np.ndarray:
@@ -262,9 +220,9 @@ class JsonlShard(Shard):
         import zstandard
 
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
+        tmp = target.with_name(target.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            with self._open_source() as raw, open(tmp, "wb") as out:
+            with self._blob.stream() as raw, open(tmp, "wb") as out:
                 if self._compression == "gzip":
                     size = _gunzip(raw, out)
                 else:
@@ -280,56 +238,15 @@ class JsonlShard(Shard):
             ) from e
         return size
 
-    def _open_source(self) -> Any:
-        if self._protocol == "file":
-            return open(self._path, "rb")
-        return self._filesystem().open(self._path, "rb")
-
     # -- reads --------------------------------------------------------------------------------
 
-    def _local_fd(self, path: str) -> int:
-        pid = os.getpid()
-        fd = self._fd
-        if fd is not None and self._fd_pid == pid:
-            return fd
-        with self._lock:
-            if self._fd is None or self._fd_pid != pid:
-                self._fd = os.open(path, os.O_RDONLY)
-                self._fd_pid = pid
-            return self._fd
-
     def _read_range(self, start: int, end: int) -> bytes:
-        if self._data_path is not None:
-            return os.pread(self._local_fd(self._data_path), end - start, start)
-        data: bytes = self._filesystem().cat_file(self._path, start=start, end=end)
-        return data
+        return (self._raw or self._blob).read_range(start, end)
 
     def _read_raw(self, bounds: np.ndarray, indices: Sequence[int]) -> list[bytes]:
         """Raw line bytes for ``indices`` (in the order asked), with coalesced reads."""
-        if not len(indices):
-            return []
-        rows = bounds[np.asarray(indices, dtype=np.int64)]
-        order = np.argsort(rows[:, 0], kind="stable")
-        out: list[bytes] = [b""] * len(indices)
-        sorted_rows = rows[order].tolist()
-        order_l = order.tolist()
-        i = 0
-        n = len(order_l)
-        while i < n:
-            run_start, run_end = sorted_rows[i]
-            j = i + 1
-            while j < n:
-                s, e = sorted_rows[j]
-                if s - run_end > _MAX_GAP or e - run_start > _MAX_RUN:
-                    break
-                run_end = max(run_end, e)
-                j += 1
-            buf = self._read_range(run_start, run_end)
-            for k in range(i, j):
-                s, e = sorted_rows[k]
-                out[order_l[k]] = buf[s - run_start : e - run_start]
-            i = j
-        return out
+        blob = self._raw or self._blob
+        return read_spans(blob.read_range, bounds, indices, blob.max_gap)
 
     def read(self, indices: Sequence[int]) -> list[Row]:
         bounds = self._bounds_array()
@@ -358,7 +275,21 @@ class JsonlShard(Shard):
                     line=line,
                 )
             out.append(row)
-        return out
+        return out if self._columns is None else self._project(out, indices, bounds)
+
+    def _project(self, rows: list[Row], indices: Sequence[int], bounds: np.ndarray) -> list[Row]:
+        cols = self._columns
+        assert cols is not None
+        try:
+            return [{c: row[c] for c in cols} for row in rows]
+        except KeyError:
+            pos = next(i for i, row in enumerate(rows) if any(c not in row for c in cols))
+            missing = [c for c in cols if c not in rows[pos]]
+            line = self._line_number(int(bounds[indices[pos]][0]))
+            raise DataFormatError(
+                f"{self._url}, line {line}: no column(s) {missing}; available: "
+                f"{sorted(rows[pos])}. Fix `columns=` or the data"
+            ) from None
 
     def _line_number(self, offset: int) -> int:
         """1-based line number of the line starting at ``offset`` (error path only)."""
@@ -388,22 +319,12 @@ def _load_index(path: Path, stamp: tuple[int, int]) -> tuple[np.ndarray, int] | 
     return np.frombuffer(body, dtype=np.int64).reshape(rows, 2), data_size
 
 
-def _file_blocks(path: str) -> Iterator[bytes]:
-    with open(path, "rb") as f:
-        while True:
-            buf = f.read(_BLOCK)
-            if not buf:
-                return
-            yield buf
-
-
-def _remote_blocks(fs: Any, path: str) -> Iterator[bytes]:
-    with fs.open(path, "rb") as f:
-        while True:
-            buf = f.read(_BLOCK)
-            if not buf:
-                return
-            yield buf
+def _blocks(f: Any) -> Iterator[bytes]:
+    while True:
+        buf = f.read(_BLOCK)
+        if not buf:
+            return
+        yield buf
 
 
 def _gunzip(raw: Any, out: Any) -> int:

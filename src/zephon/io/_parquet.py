@@ -6,6 +6,9 @@ Decoded row groups are kept in a per-process LRU cache shared by all shards (256
 ``$ZEPHON_PARQUET_CACHE_MB``), so sequential, block-local or shuffled-within-shard access
 decodes each row group about once. pyarrow's file readers are not shared between threads: one
 lock per shard serialises its reads (different shards read in parallel).
+
+Remote shards without a node cache are read through ranged requests: the footer, then only
+the column chunks of the row groups a read needs, never the whole file.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import DataFormatError
-from zephon.io._dataset import Row, Shard
-from zephon.io._paths import get_fs, split_protocol
+from zephon.io._dataset import Row, checked_indices, missing_columns
+from zephon.io._file_shard import FileShard
 
 
 class _RowGroupCache:
@@ -55,58 +58,20 @@ _OPEN_TOKENS = itertools.count()
 _CACHE = _RowGroupCache(int(os.environ.get("ZEPHON_PARQUET_CACHE_MB", "256")) << 20)
 
 
-class ParquetShard(Shard):
+class ParquetShard(FileShard):
     """One Parquet file. ``columns`` projects the rows to these fields (all when ``None``)."""
 
-    def __init__(
-        self,
-        url: str,
-        rows: int | None = None,
-        *,
-        columns: Sequence[str] | None = None,
-        storage_options: dict[str, Any] | None = None,
-    ) -> None:
-        self._url = url
-        self._protocol, self._path = split_protocol(url)
-        self._columns = None if columns is None else list(columns)
-        self._storage_options = dict(storage_options or {})
-        self._init_transient()
-        self._rows = rows if rows is not None else int(self._file().metadata.num_rows)
+    _TRANSIENT = ("_lock", "_pf", "_pf_pid", "_rg_starts", "_open_token")
 
     def _init_transient(self) -> None:
         self._lock = threading.Lock()
         self._pf: Any = None
         self._pf_pid = -1
-        self._handle: Any = None
         self._rg_starts: np.ndarray | None = None
         self._open_token = -1
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {
-            "url": self._url,
-            "rows": self._rows,
-            "columns": self._columns,
-            "storage_options": self._storage_options,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._url = state["url"]
-        self._protocol, self._path = split_protocol(self._url)
-        self._columns = state["columns"]
-        self._storage_options = state["storage_options"]
-        self._rows = state["rows"]
-        self._init_transient()
-
-    @property
-    def location(self) -> str:
-        return self._url
-
-    @property
-    def columns(self) -> list[str] | None:
-        return None if self._columns is None else list(self._columns)
-
-    def __len__(self) -> int:
-        return self._rows
+    def _count(self) -> int:
+        return int(self._file().metadata.num_rows)
 
     def _file(self) -> Any:
         """The open ``ParquetFile`` of this process (caller holds the lock or is constructing)."""
@@ -116,32 +81,18 @@ class ParquetShard(Shard):
         import pyarrow.parquet as pq
 
         try:
-            if self._protocol == "file":
-                pf = pq.ParquetFile(self._path)
-            else:
-                self._handle = get_fs(self._protocol, self._storage_options).open(self._path, "rb")
-                pf = pq.ParquetFile(self._handle)
+            pf = self._blob.local(pq.ParquetFile)
+            if pf is None:  # remote, no cache: every read below is one ranged request
+                pf = pq.ParquetFile(self._blob.file())
         except FileNotFoundError as e:
             raise DataFormatError(f"parquet shard {self._url} does not exist") from e
         except (pa.ArrowInvalid, OSError) as e:
             raise DataFormatError(
                 f"parquet shard {self._url} is corrupt or not Parquet: {e}"
             ) from e
-        if self._columns is not None:
-            names = set(pf.schema_arrow.names)
-            missing = [c for c in self._columns if c not in names]
-            if missing:
-                raise DataFormatError(
-                    f"parquet shard {self._url} has no column(s) {missing}; available: "
-                    f"{sorted(names)}. Fix `columns=` or the data"
-                )
+        missing_columns(self._url, self._columns, pf.schema_arrow.names)
         md = pf.metadata
-        expected = getattr(self, "_rows", None)
-        if expected is not None and expected != md.num_rows:
-            raise DataFormatError(
-                f"{self._url} has {md.num_rows} rows but the dataset index says {expected}; "
-                "the shard changed after `zephon index` ran, rebuild it"
-            )
+        self._check_rows(md.num_rows)
         sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
         self._rg_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self._pf, self._pf_pid = pf, os.getpid()
@@ -167,10 +118,7 @@ class ParquetShard(Shard):
     def read(self, indices: Sequence[int]) -> list[Row]:
         if not len(indices):
             return []
-        idx = np.asarray(indices, dtype=np.int64)
-        if idx.min() < 0 or idx.max() >= self._rows:
-            bad = int(idx[(idx < 0) | (idx >= self._rows)][0])
-            raise IndexError(f"row {bad} out of range for shard {self._url} with {self._rows} rows")
+        idx = checked_indices(indices, len(self), self._url)
         out: list[Row] = [{}] * len(idx)
         with self._lock:
             self._file()

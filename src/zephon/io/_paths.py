@@ -1,8 +1,7 @@
 """Where shards live: local paths and fsspec URLs, and the cache folder for derived files.
 
-Local files are read with ``os.pread`` on one descriptor per process (thread-safe, no seek
-races); anything else goes through fsspec byte-range reads (``cat_file``), which are stateless
-and therefore thread-safe too. Nothing here holds an open handle across pickling.
+Derived files (offset indexes, decompressed copies) always go to the cache folder, never next to
+the user's data: reading or explaining a dataset leaves its folder untouched.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +56,28 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     return Path(xdg) / "zephon" if xdg else Path.home() / ".cache" / "zephon"
 
 
+def derived_dir(cache_dir: str | os.PathLike[str] | None, cache: Any = None) -> str | None:
+    """The folder argument for derived files: ``cache_dir``, else the node cache's folder."""
+    if cache_dir is not None:
+        return os.fspath(cache_dir)
+    return None if cache is None else os.fspath(cache.dir)
+
+
 def cache_file(key: str, suffix: str, cache_dir: str | os.PathLike[str] | None) -> Path:
-    """A stable cache path for ``key`` (a URL or absolute path) inside the cache folder."""
+    """A stable path for a file derived from ``key`` (a URL or absolute path) in the cache."""
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     base = os.path.basename(key.rstrip("/")) or "shard"
-    return cache_root(cache_dir) / "shards" / f"{base}.{digest}{suffix}"
+    return cache_root(cache_dir) / "derived" / f"{base}.{digest}{suffix}"
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (readers never see half)."""
+    """Write ``data`` to ``path`` through a temporary file and a rename (readers never see half).
+
+    The file gets the usual permissions (``0666`` less the umask), not ``mkstemp``'s ``0600``.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -76,8 +86,3 @@ def atomic_write(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-def writable_dir(path: str) -> bool:
-    """Whether we may create files in the local folder ``path``."""
-    return os.access(path, os.W_OK | os.X_OK)

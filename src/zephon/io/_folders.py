@@ -1,0 +1,87 @@
+"""Self-describing dataset folders: Hugging Face ``save_to_disk``, Lance, MDS.
+
+Each of these formats lists its own shards (``state.json``, Lance's manifest, MDS's
+``index.json``), so discovery asks the format instead of listing files, and ``zephon index`` is
+neither needed nor allowed (it would clobber MDS's own ``index.json``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from zephon.errors import DataFormatError
+from zephon.io._arrow import ArrowShard
+from zephon.io._cache import CacheOptions
+from zephon.io._dataset import Shard
+from zephon.io._hf import hf_data_files, is_hf_folder
+from zephon.io._lance import is_lance, lance_shards
+from zephon.io._mds import is_mds_index, mds_shards
+from zephon.io._paths import get_fs, split_protocol
+
+FOLDER_FORMATS = ("hf", "lance", "mds")
+
+
+def _mds_index(entry: str, storage_options: dict[str, Any] | None) -> Any:
+    protocol, path = split_protocol(entry)
+    fs = get_fs(protocol, storage_options)
+    index_path = path.rstrip("/") + "/index.json"
+    try:
+        if not fs.isfile(index_path):
+            return None
+        with fs.open(index_path, "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    return data if is_mds_index(data) else None
+
+
+def folder_format(entry: str, storage_options: dict[str, Any] | None) -> str | None:
+    """``"hf"``, ``"lance"`` or ``"mds"`` when ``entry`` is such a folder, else ``None``."""
+    protocol, path = split_protocol(entry)
+    if protocol == "file" and is_hf_folder(path):
+        return "hf"
+    if is_lance(path) if protocol == "file" else path.rstrip("/").endswith(".lance"):
+        return "lance"
+    if _mds_index(entry, storage_options) is not None:
+        return "mds"
+    return None
+
+
+def folder_shards(
+    entry: str,
+    fmt: str,
+    *,
+    columns: Sequence[str] | None,
+    storage_options: dict[str, Any] | None,
+    cache: CacheOptions | None,
+    cache_dir: str | None,
+) -> list[Shard]:
+    """The shards of a self-describing folder of format ``fmt``."""
+    protocol, path = split_protocol(entry)
+    if fmt == "hf":
+        if protocol != "file":
+            raise DataFormatError(
+                f"{entry}: Hugging Face save_to_disk folders are read from local disk; copy it "
+                "locally or load it with datasets and use Dataset.from_hf"
+            )
+        return [ArrowShard(f, columns=columns) for f in hf_data_files(path)]
+    if fmt == "lance":
+        return lance_shards(
+            path if protocol == "file" else entry, columns=columns, storage_options=storage_options
+        )
+    index = _mds_index(entry, storage_options)
+    if index is None:
+        raise DataFormatError(
+            f"{entry} has no MDS index.json (version 2 with 'mds' shards); point at the folder "
+            "that MDSWriter wrote"
+        )
+    return mds_shards(
+        path if protocol == "file" else entry,
+        index,
+        columns=columns,
+        storage_options=storage_options,
+        cache=cache,
+        cache_dir=cache_dir,
+    )

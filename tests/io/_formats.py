@@ -1,0 +1,96 @@
+"""Write the same rows in every format, each with its owning library, in shards of equal size.
+
+MDS is the exception: its writer's dependencies are too heavy for the test environment, so the
+corpus comes from the committed fixture that ``fixtures/make_mds.py`` wrote with
+``mosaicml-streaming``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+
+FIXTURES = Path(__file__).with_name("fixtures")
+FORMATS = ("jsonl", "parquet", "hf", "arrow", "lance", "mds")
+
+Rows = list[dict[str, Any]]
+
+
+def _parts(docs: Rows, shards: int) -> list[Rows]:
+    size = -(-len(docs) // shards)
+    return [docs[i : i + size] for i in range(0, len(docs), size)]
+
+
+def write_jsonl(docs: Rows, out: Path, shards: int) -> Path:
+    out.mkdir(parents=True)
+    for s, part in enumerate(_parts(docs, shards)):
+        with open(out / f"part-{s:02d}.jsonl", "w") as f:
+            f.writelines(json.dumps(d, ensure_ascii=False) + "\n" for d in part)
+    return out
+
+
+def write_parquet(docs: Rows, out: Path, shards: int) -> Path:
+    out.mkdir(parents=True)
+    for s, part in enumerate(_parts(docs, shards)):
+        pq.write_table(
+            pa.Table.from_pylist(part), out / f"part-{s:02d}.parquet", row_group_size=500
+        )
+    return out
+
+
+def write_hf(docs: Rows, out: Path, shards: int) -> Path:
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.Dataset.from_list(docs).save_to_disk(str(out), num_shards=shards)
+    return out
+
+
+def write_arrow(docs: Rows, out: Path, shards: int) -> Path:
+    """Shard 0 in the IPC stream format, the others as Feather v2 (IPC file) with 3 batches."""
+    out.mkdir(parents=True)
+    for s, part in enumerate(_parts(docs, shards)):
+        table = pa.Table.from_pylist(part)
+        if s == 0:
+            with pa.ipc.new_stream(out / f"part-{s:02d}.arrow", table.schema) as w:
+                w.write_table(table, max_chunksize=700)
+        else:
+            feather.write_feather(
+                table, out / f"part-{s:02d}.feather", chunksize=len(part) // 3 + 1
+            )
+    return out
+
+
+def write_lance(docs: Rows, out: Path, shards: int) -> Path:
+    import lance
+
+    target = out.with_suffix(".lance")
+    lance.write_dataset(
+        pa.Table.from_pylist(docs), str(target), max_rows_per_file=-(-len(docs) // shards)
+    )
+    return target
+
+
+def copy_mds_corpus(docs: Rows, out: Path, shards: int) -> Path:
+    from tests.io._corpus import corpus_docs
+
+    assert (docs, shards) == (corpus_docs(), 5), "the MDS fixture holds the 20,000-doc corpus"
+    shutil.copytree(FIXTURES / "mds-corpus", out)
+    return out
+
+
+WRITERS: dict[str, Callable[[Rows, Path, int], Path]] = {
+    "jsonl": write_jsonl,
+    "parquet": write_parquet,
+    "hf": write_hf,
+    "arrow": write_arrow,
+    "lance": write_lance,
+    "mds": copy_mds_corpus,
+}
