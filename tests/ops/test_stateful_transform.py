@@ -65,12 +65,12 @@ def test_several_outputs_fan_out_and_none_drops():
 
 
 def test_a_state_that_is_not_json_is_refused_naming_the_operator():
-    with pytest.raises(ConfigError, match="stateful_transform 'bad'.*JSON-safe"):
+    with pytest.raises(ConfigError, match=r"stateful_transform 'bad'.*JSON-safe"):
         Pipeline(source()).stateful_transform("bad", init_state={1, 2}, push=first_sight)
     pipe = Pipeline(source()).stateful_transform(
         "sets", init_state=[], push=lambda s, p: ({"x": {1}}, [p])
     )
-    with pytest.raises(ContractError, match="operator 'sets'.*JSON-safe"):
+    with pytest.raises(ContractError, match=r"operator 'sets'.*JSON-safe"):
         list(pipe.options(runner="inline"))
 
 
