@@ -403,6 +403,21 @@ class Pipeline:
         self._options = self._options.updated(**options)
         return self
 
+    # -- for zephon.testing: vary one property of an otherwise identical pipeline ----------
+
+    def _override_last_parallelism(self, width: int) -> None:
+        """Run the last operator on ``width`` workers (the output must not change)."""
+        if self._specs:
+            spec = self._specs[-1]
+            self._specs[-1] = OpSpec(spec.op, max(1, width), spec.placement)
+
+    def _drop_last_op(self) -> None:
+        """Remove the last operator: what is left produces that operator's input."""
+        if not self._specs:
+            raise ConfigError("the pipeline has no operator after fetch to check")
+        if isinstance(self._specs.pop().op, BatchOp):
+            self._batched = False
+
     # -- running ---------------------------------------------------------------------------
 
     @property

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from zephon.errors import ConfigError
 from zephon.ops.accumulators import Accumulator, PassthroughAccumulator
 from zephon.types import StreamItem
 
@@ -38,6 +40,32 @@ class OpContext:
     runner: str = "inline"
     seed: int = 0
     services: Mapping[str, Any] = field(default_factory=dict)
+
+
+def constructor_arguments(op: BaseOp) -> dict[str, Any]:
+    """``{argument: value}`` for each argument of ``type(op).__init__``, read from ``op``."""
+    init = type(op).__init__
+    if init is BaseOp.__init__:
+        return {}
+    out: dict[str, Any] = {}
+    for name, param in inspect.signature(init).parameters.items():
+        if name in ("self", "name") or name in op.config_exclude:
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if not hasattr(op, name):
+            raise ConfigError(
+                f"operator {op.name!r} ({type(op).__name__}): constructor argument {name!r} is "
+                f"not kept as self.{name}, so the checkpoint fingerprint cannot describe it; "
+                "store it under that name, or override config()"
+            )
+        value = getattr(op, name)
+        if callable(value) and not isinstance(value, type | BaseOp):
+            value = getattr(value, "__qualname__", None) or repr(value)
+        elif isinstance(value, type):
+            value = f"{value.__module__}.{value.__qualname__}"
+        out[name] = value
+    return out
 
 
 def _snake(name: str) -> str:
@@ -76,9 +104,18 @@ class BaseOp:
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=True)
 
+    #: Constructor arguments that cannot change the output (left out of the default config()).
+    config_exclude: tuple[str, ...] = ()
+
     def config(self) -> Mapping[str, Any]:
-        """Settings that change the output; part of the pipeline fingerprint."""
-        return {}
+        """Settings that change the output; part of the pipeline fingerprint.
+
+        The default describes every constructor argument by the attribute of the same name
+        (callables by their qualified name), so a restore with a changed parameter is refused.
+        Override it to describe them otherwise; list arguments that cannot change the output
+        in ``config_exclude``.
+        """
+        return constructor_arguments(self)
 
     def describe(self) -> str:
         """A short note for ``pipeline.explain()`` (decisions made from the settings)."""
