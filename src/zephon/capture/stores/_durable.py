@@ -38,6 +38,7 @@ from zephon.capture.records import (
     RolloutRemoval,
     TokenCaptureSnapshot,
     TokenEntry,
+    require_finite,
     validate_capture_keys,
     validate_rollout_id,
 )
@@ -145,6 +146,7 @@ class DurableStore:
 
     async def put(self, entry: TokenEntry) -> None:
         validate_rollout_id(entry.rollout_id)
+        require_finite(entry)
         canonical = entry.canonical_bytes()
         call_id = entry.model_call_id
         await self._decide(entry.rollout_id, lambda s: s.put(call_id, canonical))
@@ -190,9 +192,16 @@ class DurableStore:
         keys = validate_capture_keys(rollout_ids)
         changed = []
         for key in keys:
-            if await self._decide(key, lambda s: s.retire() if action == "retire" else s.delete()):
+            if await self._run(self._remove_one, key, action):
                 changed.append(key)
         return RolloutRemoval(action=action, capture_keys=tuple(keys), changed=tuple(changed))
+
+    def _remove_one(self, rollout_id: str, action: Literal["retire", "delete"]) -> bool:
+        """Blocking retire or delete of one rollout. A store that can detect damage overrides
+        this so that both still work on a damaged rollout: they are how an operator clears it."""
+        return bool(
+            self._transact(rollout_id, lambda s: s.retire() if action == "retire" else s.delete())
+        )
 
     async def retire(self, rollout_ids: str | Sequence[str]) -> RolloutRemoval:
         return await self._remove(rollout_ids, "retire")

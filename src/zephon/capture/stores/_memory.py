@@ -23,6 +23,7 @@ from zephon.capture.records import (
     RolloutRemoval,
     TokenCaptureSnapshot,
     TokenEntry,
+    require_finite,
     validate_capture_keys,
     validate_rollout_id,
 )
@@ -149,6 +150,7 @@ class MemoryStore:
     # -- sink ----------------------------------------------------------------------------
 
     async def put(self, entry: TokenEntry) -> None:
+        require_finite(entry)
         canonical = entry.canonical_bytes()
         self._transact(entry.rollout_id, lambda s: s.put(entry.model_call_id, canonical))
 

@@ -46,6 +46,7 @@ from zephon.capture.records import (
 )
 
 __all__ = [
+    "LOST_TAIL",
     "CloseAdmissions",
     "Delete",
     "Event",
@@ -75,6 +76,7 @@ CONFLICTING_REFUSAL = "conflicting_refusal"
 REFUSAL_FOR_COMMITTED_CALL = "refusal_for_committed_call"
 CONFLICTING_LEDGER_RECORD = "conflicting_ledger_record"
 RECORD_FOR_REFUSED_CALL = "record_for_refused_call"
+LOST_TAIL = "lost_tail"  # a durable store found its newest write missing or damaged
 
 
 # --------------------------------------------------------------------------- events

@@ -1,14 +1,13 @@
-"""Reusable mutation harness: break one contract clause of ANY store, expect one check to fail.
+"""Mutation harness: break one contract clause of ANY store, expect one check to fail.
 
-Each mutation wraps a store client (black box, so it works for memory, file, sqlite and postgres
-alike) and breaks exactly one clause. Usage from another test module::
+Why: a conformance suite is only as good as the clauses it notices breaking. Each mutation wraps
+a store client (black box, so it works for memory, file, sqlite, postgres and yours alike) and
+breaks exactly one clause; :func:`assert_mutation_caught` runs the suite on the mutant and
+asserts the expected check failed. Parametrise a test over :data:`MUTATIONS`::
 
-    from tests.capture.mutations import assert_mutation_caught, mutation  # noqa: F401 (fixture)
-
-    def test_my_store_mutations(mutation, tmp_path):
-        assert_mutation_caught(lambda: MyStore.from_url(f"file://{tmp_path}"), mutation)
-
-The ``mutation`` fixture is parametrised over :data:`MUTATIONS`.
+    @pytest.mark.parametrize("name", sorted(MUTATIONS))
+    def test_my_store_mutations(name, tmp_path):
+        assert_mutation_caught(lambda: MyStore.from_url(f"my://{tmp_path}"), MUTATIONS[name])
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import pytest
 
 from zephon.capture.conformance import ConformanceReport, run_conformance
 from zephon.capture.protocols import (
@@ -334,10 +332,3 @@ def assert_mutation_caught(
         f"{mutation.expected_check!r}; failed checks: {failed}"
     )
     return report
-
-
-@pytest.fixture(params=sorted(MUTATIONS))
-def mutation(request: pytest.FixtureRequest) -> Mutation:
-    """Parametrised over every mutation; combine with any store factory."""
-    result: Mutation = MUTATIONS[request.param]
-    return result
