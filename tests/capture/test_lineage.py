@@ -254,3 +254,12 @@ def test_delta_parent_is_materialised_and_verified() -> None:
     res = resolve_among(req3, [root, forged])
     assert res.status is ParentResolutionStatus.UNRESOLVED
     assert res.reason == lineage.PARENT_UNAVAILABLE
+
+
+def test_conflicting_payloads_for_one_call_id_are_zero_candidates() -> None:
+    good = make_entry("c1", REQ, "4", [1, 2], [3])
+    other = make_entry("c1", REQ, "4", [1, 2], [7])  # same call id, different committed bytes
+    for order in ([good, other], [other, good]):
+        res = resolve_among(follow(good), order)
+        assert res.status is ParentResolutionStatus.UNRESOLVED, order
+    assert resolve_among(follow(good), [good, good]).status is ParentResolutionStatus.RESOLVED

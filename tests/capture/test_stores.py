@@ -5,14 +5,25 @@ from __future__ import annotations
 import asyncio
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import store_url
 from tests.capture._workload import make_entry
+from zephon.capture.lineage import assistant_fingerprint
+from zephon.capture.protocols import CaptureAdmissionRefused
+from zephon.capture.records import (
+    FINGERPRINT_VERSION,
+    CallRecord,
+    CaptureLedgerCommit,
+    ParentResolutionStatus,
+)
 from zephon.capture.stores import open_store
 from zephon.capture.testing import STORE_KINDS
+
+UNRESOLVED = ParentResolutionStatus.UNRESOLVED
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
@@ -33,6 +44,92 @@ def test_non_finite_log_probs_are_refused_at_put(
             await store.put(make_entry("nan", "c2"))
             snap = await store.freeze("nan")  # the rollout stays readable
             assert [e.model_call_id for e in snap.entries] == ["c2"]
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+def _commit(rid: str, call_id: str, request: list[dict[str, Any]]) -> CaptureLedgerCommit:
+    response = [{"role": "assistant", "content": "4"}]
+    record = CallRecord(
+        model_call_id=call_id,
+        prev_len=0,
+        delta_len=4,
+        cum_len=4,
+        weight_version=1,
+        digest="1" * 64,
+        extras_digest="2" * 64,
+        staging_key=f"stage/{rid}/{call_id}",
+        mode="text",
+        chain_hash="3" * 64,
+        cumulative_hash="4" * 64,
+        response_id=f"resp-{call_id}",
+        continuation_fingerprint=assistant_fingerprint([*request, *response]),
+        fingerprint_version=FINGERPRINT_VERSION,
+    )
+    return CaptureLedgerCommit(
+        rollout_id=rid,
+        record=record,
+        staging_chain=(f"stage/{rid}/{call_id}",),
+        request_items=request,
+        response_items=response,
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(STORE_KINDS))
+def test_ledger_records_take_part_in_parent_resolution(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+    ask = [{"role": "user", "content": "2+2?"}]
+
+    async def go() -> None:
+        writer, reader = open_store(url), open_store(url)
+        try:
+            commit = _commit("led", "s1", ask)
+            await writer.record(commit)
+            follow = [*ask, *commit.response_items, {"role": "user", "content": "and 3+3?"}]
+            res = await reader.resolve("led", follow)
+            assert res.status is ParentResolutionStatus.RESOLVED, res
+            assert res.match is not None and res.match.model_call_id == "s1"
+            assert res.match.staging_chain == commit.staging_chain
+            assert (res.match.prev_len, res.match.chain_hash) == (4, "3" * 64)
+            assert res.match.cumulative_token_ids == ()
+            rewritten = [{"role": "user", "content": "2+3?"}, *follow[1:]]
+            assert (await reader.resolve("led", rewritten)).status is UNRESOLVED
+            await writer.record(_commit("led", "s2", ask))  # same fingerprint: never a guess
+            assert (await reader.resolve("led", follow)).status is UNRESOLVED
+        finally:
+            await writer.close()
+            await reader.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", sorted(STORE_KINDS))
+def test_the_admission_cut_refuses_calls_without_an_intent(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+    ask = [{"role": "user", "content": "hi"}]
+
+    async def go() -> None:
+        store = open_store(url)
+        try:
+            await store.begin_call("cut", "admitted")
+            await store.close_admissions("cut")
+            with pytest.raises(CaptureAdmissionRefused, match=r"'stray'.*no intent"):
+                await store.put(make_entry("cut", "stray"))
+            with pytest.raises(CaptureAdmissionRefused, match=r"'stray'.*no intent"):
+                await store.record(_commit("cut", "stray", ask))
+            await store.record(_commit("cut", "admitted", ask))  # admitted before the cut
+            await store.put(make_entry("cut", "admitted"))
+            manifest = await store.manifest("cut")
+            assert [r["model_call_id"] for r in manifest["records"]] == ["admitted"]
+            snap = await store.freeze("cut")
+            assert [e.model_call_id for e in snap.entries] == ["admitted"]
+            assert not snap.incomplete
         finally:
             await store.close()
 

@@ -33,6 +33,7 @@ __all__ = [
     "SupportsBeginCall",
     "SupportsCloseAdmissions",
     "SupportsEngineRefusal",
+    "SupportsFailCall",
     "SupportsRefuseCall",
     "TokenCaptureFrozenError",
     "TokenCaptureRequestRefused",
@@ -147,6 +148,18 @@ class SupportsBeginCall(Protocol):
     """Durable pre-dispatch intent; an intent with no entry at freeze masks the rollout."""
 
     async def begin_call(self, rollout_id: str, model_call_id: str) -> None: ...
+
+
+@runtime_checkable
+class SupportsFailCall(Protocol):
+    """Mark the rollout incomplete for an admitted call that failed, unless it is frozen.
+
+    The serving path's variant of ``mark_incomplete``: after a freeze it raises
+    :class:`TokenCaptureFrozenError` and changes nothing, because the freeze already judged the
+    call from its durable intent and a late mark would stale the consumed snapshot.
+    """
+
+    async def fail_call(self, rollout_id: str, model_call_id: str) -> None: ...
 
 
 @runtime_checkable

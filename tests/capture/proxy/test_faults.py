@@ -18,7 +18,7 @@ import pytest
 
 from tests.capture.proxy._harness import CAP
 from tests.capture.proxy._procs import REPO, Proc, child_env, start_proxy
-from tests.capture.proxy.conftest import freeze
+from tests.capture.proxy.conftest import freeze, store_call
 from zephon.capture.records import ParentResolutionStatus
 from zephon.capture.stores import open_store
 
@@ -243,6 +243,42 @@ def test_write_after_freeze_is_dropped_without_touching_the_snapshot(
     again = freeze(store_url, rid)
     assert (again.snapshot_id, again.version) == (frozen["snapshot_id"], frozen["version"])
     assert [e.model_call_id for e in again.entries] == [first]
+
+
+@pytest.mark.parametrize("after_hold", ["error500", "partial"])
+def test_engine_failure_after_freeze_leaves_the_snapshot_alone(
+    proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client, after_hold: str
+) -> None:
+    """A call that fails only after the rollout was frozen is dropped, not marked: the freeze
+    already masked it through its intent, and the consumed snapshot stays retirable."""
+    _good_turn(http, proxy, rid)
+    result: dict[str, httpx.Response] = {}
+    body = {
+        "model": "tiny",
+        "messages": MSGS,
+        "test_engine_fault": "hold",
+        "test_engine_hold": rid,
+        "test_engine_after_hold": after_hold,
+    }
+
+    def call() -> None:
+        with httpx.Client(timeout=30) as client:
+            result["resp"] = client.post(_url(proxy, rid), json=body)
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    _wait_held(http, engine, rid)
+    frozen = http.post(f"{proxy.url}{CONTROL}/rollouts/{rid}/freeze").json()
+    assert frozen["incomplete"]  # the held call's intent already masks it
+    http.post(f"{engine.url}/test/release/{rid}")
+    worker.join(30)
+    resp = result["resp"]
+    assert resp.status_code == (500 if after_hold == "error500" else 200)
+    assert resp.headers["x-zephon-capture"] == "late"
+    again = freeze(store_url, rid)
+    assert (again.snapshot_id, again.version) == (frozen["snapshot_id"], frozen["version"])
+    kw = {"snapshot_id": frozen["snapshot_id"], "version": frozen["version"]}
+    assert store_call(store_url, "drop", rid, **kw) is True
 
 
 # --------------------------------------------------------------------------- broken engines

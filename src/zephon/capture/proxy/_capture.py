@@ -37,6 +37,7 @@ from zephon.capture.protocols import (
     LineageResolution,
     SupportsBeginCall,
     SupportsEngineRefusal,
+    SupportsFailCall,
     TokenCaptureFrozenError,
 )
 from zephon.capture.proxy._engine import EngineAnswer, EngineClient, EngineUnavailable
@@ -183,9 +184,8 @@ class CaptureService:
         try:
             answer = await self.engine.post_json(call.engine_path, call.engine_body, _auth(headers))
         except EngineUnavailable as exc:
-            await self._fail(rollout_id, call_id, f"engine_{exc.kind}")
+            hdrs["x-zephon-capture"] = await self._fail(rollout_id, call_id, f"engine_{exc.kind}")
             status = 504 if exc.kind == "timeout" else 502
-            hdrs["x-zephon-capture"] = "incomplete"
             return CallResult(status, error_body(str(exc), f"engine_{exc.kind}", status), hdrs)
         finally:
             self.metrics.observe(
@@ -196,8 +196,8 @@ class CaptureService:
             hdrs["x-zephon-capture"] = "refused"
             return CallResult(answer.status, None, hdrs, answer.body, answer.content_type)
         if answer.status != 200:
-            await self._fail(rollout_id, call_id, f"engine_http_{answer.status}")
-            hdrs["x-zephon-capture"] = "incomplete"
+            reason = f"engine_http_{answer.status}"
+            hdrs["x-zephon-capture"] = await self._fail(rollout_id, call_id, reason)
             return CallResult(answer.status, None, hdrs, answer.body, answer.content_type)
         try:
             data = answer.json()
@@ -205,8 +205,7 @@ class CaptureService:
                 raise TokenDataError("engine answer is not a completion object")
             items = output_items_of(data, call, call_id)
         except (msgspec.DecodeError, TokenDataError, AttributeError, KeyError, TypeError) as exc:
-            await self._fail(rollout_id, call_id, "engine_bad_answer")
-            hdrs["x-zephon-capture"] = "incomplete"
+            hdrs["x-zephon-capture"] = await self._fail(rollout_id, call_id, "engine_bad_answer")
             msg = f"engine returned an unusable answer: {exc}"
             return CallResult(502, error_body(msg, "engine_bad_answer", 502), hdrs)
         tokens, outcome = await self._commit(rollout_id, call, call_id, res, data, items, headers)
@@ -255,8 +254,7 @@ class CaptureService:
             entry = stamp_continuation(entry, call.request_items)
         except Exception as exc:
             log.warning("capture of %s/%s failed: %r", rollout_id, call_id, exc)
-            await self._fail(rollout_id, call_id, "token_data")
-            return None, "incomplete"
+            return None, await self._fail(rollout_id, call_id, "token_data")
         tokens = (prompt, gen.token_ids, gen.log_probs)
         put_started = time.perf_counter()
         try:
@@ -267,8 +265,7 @@ class CaptureService:
             return tokens, "late"
         except Exception as exc:
             log.error("put of %s/%s failed: %r", rollout_id, call_id, exc)
-            await self._fail(rollout_id, call_id, "put_error")
-            return tokens, "incomplete"
+            return tokens, await self._fail(rollout_id, call_id, "put_error")
         finally:
             self.metrics.observe("zephon_proxy_put_seconds", time.perf_counter() - put_started)
         return tokens, "committed"
@@ -308,13 +305,22 @@ class CaptureService:
 
     # -- failure paths -------------------------------------------------------------------------
 
-    async def _fail(self, rollout_id: str, call_id: str, reason: str) -> None:
-        """Mark the rollout incomplete; if even that fails, log loudly (silent-loss case)."""
+    async def _fail(self, rollout_id: str, call_id: str, reason: str) -> str:
+        """Mark the rollout incomplete unless it is frozen; the capture outcome header value.
+
+        If even the mark fails, log loudly (the silent-loss case)."""
         self.metrics.inc("zephon_proxy_capture_failures_total", reason=reason)
+        store = self.stores.of(rollout_id)
         try:
-            await self.stores.of(rollout_id).mark_incomplete(rollout_id, call_id)
+            if isinstance(store, SupportsFailCall):
+                await store.fail_call(rollout_id, call_id)
+            else:
+                await store.mark_incomplete(rollout_id, call_id)
         except TokenCaptureFrozenError:
-            pass  # retired: nothing of this attempt can be trained on anyway
+            # Frozen or retired: the freeze already judged this call from its intent; a mark
+            # now would change the consumed snapshot and break its retirement.
+            self.metrics.inc("zephon_proxy_capture_failures_total", reason="late_after_freeze")
+            return "late"
         except Exception as exc:
             self.metrics.inc("zephon_proxy_capture_failures_total", reason="mark_failed")
             log.critical(
@@ -325,6 +331,7 @@ class CaptureService:
                 reason,
                 exc,
             )
+        return "incomplete"
 
     async def _refusal(
         self, rollout_id: str, call_id: str, res: LineageResolution, answer: EngineAnswer

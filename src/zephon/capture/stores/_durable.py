@@ -28,7 +28,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
-from zephon.capture.lineage import IncrementalResolver, has_model_authored_item
+from zephon.capture.lineage import (
+    IncrementalResolver,
+    has_model_authored_item,
+    resolve_from_ledger,
+)
 from zephon.capture.protocols import LineageResolution
 from zephon.capture.records import (
     CaptureLedgerCommit,
@@ -154,6 +158,9 @@ class DurableStore:
     async def mark_incomplete(self, rollout_id: str, model_call_id: str = "") -> None:
         await self._decide(rollout_id, lambda s: s.mark_incomplete(model_call_id))
 
+    async def fail_call(self, rollout_id: str, model_call_id: str) -> None:
+        await self._decide(rollout_id, lambda s: s.fail_call(model_call_id))
+
     async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
         if not model_call_id:
             raise ValueError("begin_call needs a non-empty model_call_id")
@@ -249,7 +256,21 @@ class DurableStore:
         if self._resolver is None:
             # One incremental cache per client: each look reads only entries committed since.
             self._resolver = IncrementalResolver(self._lineage_fetch)
-        return await self._run(self._resolver.resolve, rollout_id, request_items)
+        return await self._run(self._resolve_blocking, self._resolver, rollout_id, request_items)
+
+    def _resolve_blocking(
+        self, resolver: IncrementalResolver, rollout_id: str, request_items: list[dict[str, Any]]
+    ) -> LineageResolution:
+        res = resolver.resolve(rollout_id, request_items)
+        if res.status is not ParentResolutionStatus.UNRESOLVED:
+            return res
+        commits: list[CaptureLedgerCommit] = self._transact(
+            rollout_id,
+            lambda s: Transition(),
+            lambda s, _t: list(s.ledger_commits.values()),
+            write=False,
+        )
+        return resolve_from_ledger(request_items, commits) or res
 
     def is_process_shared(self) -> bool:
         return True

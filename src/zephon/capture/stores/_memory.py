@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from zephon.capture.lineage import IncrementalResolver
+from zephon.capture.lineage import IncrementalResolver, resolve_from_ledger
 from zephon.capture.protocols import LineageResolution
 from zephon.capture.records import (
     CaptureLedgerCommit,
@@ -157,6 +157,9 @@ class MemoryStore:
     async def mark_incomplete(self, rollout_id: str, model_call_id: str = "") -> None:
         self._transact(rollout_id, lambda s: s.mark_incomplete(model_call_id))
 
+    async def fail_call(self, rollout_id: str, model_call_id: str) -> None:
+        self._transact(rollout_id, lambda s: s.fail_call(model_call_id))
+
     async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
         if not model_call_id:
             raise ValueError("begin_call needs a non-empty model_call_id")
@@ -270,7 +273,13 @@ class MemoryStore:
         validate_rollout_id(rollout_id)
         if self._resolver is None:
             self._resolver = IncrementalResolver(self._lineage_fetch)
-        return self._resolver.resolve(rollout_id, request_items)
+        res = self._resolver.resolve(rollout_id, request_items)
+        if res.status is not ParentResolutionStatus.UNRESOLVED:
+            return res
+        commits = self._transact(
+            rollout_id, lambda s: Transition(result=list(s.ledger_commits.values()))
+        )
+        return resolve_from_ledger(request_items, commits) or res
 
     def is_process_shared(self) -> bool:
         return False

@@ -411,6 +411,9 @@ class RolloutState(msgspec.Struct, kw_only=True):
         fence = self._write_fence(f"put of call {call_id!r}")
         if fence is not None:
             return _fail(fence)
+        cut = self._admission_cut("put", call_id)
+        if cut is not None:
+            return _fail(cut)
         key = entry_key(canonical)
         if self.refusal_for(call_id) is not None:
             return _fail(
@@ -444,6 +447,23 @@ class RolloutState(msgspec.Struct, kw_only=True):
             assert fence is not None
             return _fail(fence)
         return Transition(events=(MarkIncomplete(call_id=call_id, reason=MARKED),))
+
+    def fail_call(self, call_id: str) -> Transition[None]:
+        """A failed admitted call: marks while open; refused (no change) once frozen."""
+        fence = self._write_fence(f"failure mark of call {call_id!r}")
+        if fence is not None:
+            return _fail(fence)
+        return Transition(events=(MarkIncomplete(call_id=call_id, reason=MARKED),))
+
+    def _admission_cut(self, what: str, call_id: str) -> Exception | None:
+        """After ``close_admissions`` only calls admitted before the cut may still commit."""
+        if self.admissions_closed and call_id not in self.intents:
+            return CaptureAdmissionRefused(
+                f"rollout {self.rollout_id!r} closed its admissions: {what} of call {call_id!r} "
+                "has no intent from before the cut and is refused (call begin_call before "
+                "close_admissions)"
+            )
+        return None
 
     def begin_call(self, call_id: str) -> Transition[None]:
         """Record a pre-dispatch intent; refused when frozen, retired or admissions closed."""
@@ -544,6 +564,9 @@ class RolloutState(msgspec.Struct, kw_only=True):
                 ),
                 LedgerFailure(call_id=call_id, reason=CONFLICTING_LEDGER_RECORD),
             )
+        cut = self._admission_cut("ledger record", call_id)
+        if cut is not None:
+            return _fail(cut)
         if call_id in self.refused_calls:
             return _fail(
                 ValueError(
