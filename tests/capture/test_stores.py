@@ -12,16 +12,10 @@ import pytest
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import store_url
 from tests.capture._workload import make_entry
-from zephon.capture.lineage import assistant_fingerprint
 from zephon.capture.protocols import CaptureAdmissionRefused
-from zephon.capture.records import (
-    FINGERPRINT_VERSION,
-    CallRecord,
-    CaptureLedgerCommit,
-    ParentResolutionStatus,
-)
+from zephon.capture.records import CaptureLedgerCommit, ParentResolutionStatus
 from zephon.capture.stores import open_store
-from zephon.capture.testing import STORE_KINDS
+from zephon.capture.testing import STORE_KINDS, sample_commit
 
 UNRESOLVED = ParentResolutionStatus.UNRESOLVED
 
@@ -51,29 +45,9 @@ def test_non_finite_log_probs_are_refused_at_put(
 
 
 def _commit(rid: str, call_id: str, request: list[dict[str, Any]]) -> CaptureLedgerCommit:
-    response = [{"role": "assistant", "content": "4"}]
-    record = CallRecord(
-        model_call_id=call_id,
-        prev_len=0,
-        delta_len=4,
-        cum_len=4,
-        weight_version=1,
-        digest="1" * 64,
-        extras_digest="2" * 64,
-        staging_key=f"stage/{rid}/{call_id}",
-        mode="text",
-        chain_hash="3" * 64,
-        cumulative_hash="4" * 64,
-        response_id=f"resp-{call_id}",
-        continuation_fingerprint=assistant_fingerprint([*request, *response]),
-        fingerprint_version=FINGERPRINT_VERSION,
-    )
-    return CaptureLedgerCommit(
-        rollout_id=rid,
-        record=record,
-        staging_chain=(f"stage/{rid}/{call_id}",),
-        request_items=request,
-        response_items=response,
+    answer = [{"role": "assistant", "content": "4"}]
+    return sample_commit(
+        rid, call_id, request_items=request, response_items=answer, resolvable=True
     )
 
 

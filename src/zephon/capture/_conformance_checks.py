@@ -14,13 +14,13 @@ from zephon.capture._conformance_kit import (
     ConformanceError,
     _by_call,
     _check,
-    _commit,
     _Ctx,
     _entry,
     _freeze,
     _require_fenced,
     _Skip,
     _wire,
+    sample_commit,
 )
 from zephon.capture.protocols import (
     CaptureAdmissionRefused,
@@ -372,7 +372,7 @@ async def _check_concurrent_clients(ctx: _Ctx) -> None:
 async def _check_ledger_record_visibility(ctx: _Ctx) -> None:
     rid = ctx.rid()
     ledger = await ctx.ledger()
-    commit = _commit(rid, "c1")
+    commit = sample_commit(rid, "c1")
     ctx.require(await ledger.has_rows(rid) is False, "an unused rollout has ledger rows")
     await ledger.record(commit)
     await (await ctx.ledger()).record(commit)
@@ -386,7 +386,7 @@ async def _check_ledger_record_visibility(ctx: _Ctx) -> None:
         "cumulative_token_ids" not in canonical_json(manifest).decode(), "token ids in manifest"
     )
     ctx.require(await (await ctx.ledger()).has_rows(rid) is True, "has_rows False after record")
-    changed = _commit(rid, "c1").record
+    changed = sample_commit(rid, "c1").record
     other = CaptureLedgerCommit(
         rollout_id=rid,
         record=changed,
@@ -418,13 +418,13 @@ async def _check_ledger_failure_rows(ctx: _Ctx) -> None:
 @_check
 async def _check_ledger_retirement(ctx: _Ctx) -> None:
     rid = ctx.rid()
-    await (await ctx.ledger()).record(_commit(rid, "c1"))
+    await (await ctx.ledger()).record(sample_commit(rid, "c1"))
     removal = await (await ctx.ledger()).retire([rid])
     ctx.require(
         list(removal.changed) == [rid], f"ledger retire did not report the change: {removal}"
     )
     ledger = await ctx.ledger()
-    await ledger.record(_commit(rid, "c2"))  # discarded, not raised
+    await ledger.record(sample_commit(rid, "c2"))  # discarded, not raised
     await ledger.record_failure(rid, "c3", "late")
     await ctx.raises(ledger.manifest(rid), RolloutRetiredError, "manifest of a retired rollout")
     await ctx.raises(ledger.has_rows(rid), RolloutRetiredError, "has_rows of a retired rollout")
@@ -444,7 +444,7 @@ async def _check_ledger_admission_cut(ctx: _Ctx) -> None:
     if not callable(getattr(ledger, "begin_call", None)):
         raise _Skip("ledger has close_admissions() but no begin_call()")
     await ledger.begin_call(rid, "c1")
-    await (await ctx.ledger()).record(_commit(rid, "c0"))
+    await (await ctx.ledger()).record(sample_commit(rid, "c0"))
     manifest = await (await ctx.ledger()).close_admissions(rid)
     ctx.require(
         [r["model_call_id"] for r in manifest["records"]] == ["c0"], f"cut manifest {manifest}"
@@ -454,7 +454,9 @@ async def _check_ledger_admission_cut(ctx: _Ctx) -> None:
         CaptureAdmissionRefused,
         "begin_call after close_admissions",
     )
-    await (await ctx.ledger()).record(_commit(rid, "c1"))  # admitted before the cut: may commit
+    await (await ctx.ledger()).record(
+        sample_commit(rid, "c1")
+    )  # admitted before the cut: may commit
     manifest = await (await ctx.ledger()).manifest(rid)
     ctx.require(
         {r["model_call_id"] for r in manifest["records"]} == {"c0", "c1"}, "admitted call lost"
@@ -470,7 +472,7 @@ async def _check_refuse_call_resolution(ctx: _Ctx) -> None:
     if not callable(getattr(ledger, "begin_call", None)):
         raise _Skip("ledger has refuse_call() but no begin_call()")
     await ledger.begin_call(rid, "c1")
-    await (await ctx.ledger()).record(_commit(rid, "c0"))
+    await (await ctx.ledger()).record(sample_commit(rid, "c0"))
     await (await ctx.ledger()).refuse_call(rid, "c1")
     manifest = await (await ctx.ledger()).manifest(rid)
     ctx.require([r["model_call_id"] for r in manifest["records"]] == ["c0"], f"manifest {manifest}")

@@ -220,12 +220,18 @@ def test_client_disconnect_does_not_lose_the_capture(
     assert entry.parent_call_id == first and entry.model_call_id == res.match.model_call_id
 
 
-def test_write_after_freeze_is_dropped_without_touching_the_snapshot(
-    proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client
+@pytest.mark.parametrize("after_hold", ["none", "error500", "partial"])
+def test_a_call_that_ends_after_the_freeze_leaves_the_snapshot_alone(
+    proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client, after_hold: str
 ) -> None:
+    """A call still at the engine when the rollout is frozen: its entry, or its failure (HTTP
+    500, an answer without token data), is dropped and nothing is marked. The freeze already
+    masked it through its intent, and the consumed snapshot stays retirable."""
     first, _ = _good_turn(http, proxy, rid)
     result: dict[str, httpx.Response] = {}
     body = {"model": "tiny", "messages": MSGS, "test_engine_fault": "hold", "test_engine_hold": rid}
+    if after_hold != "none":
+        body["test_engine_after_hold"] = after_hold
 
     def call() -> None:
         with httpx.Client(timeout=30) as client:
@@ -239,44 +245,11 @@ def test_write_after_freeze_is_dropped_without_touching_the_snapshot(
     http.post(f"{engine.url}/test/release/{rid}")
     worker.join(30)
     resp = result["resp"]
-    assert resp.status_code == 200 and resp.headers["x-zephon-capture"] == "late"
-    again = freeze(store_url, rid)
-    assert (again.snapshot_id, again.version) == (frozen["snapshot_id"], frozen["version"])
-    assert [e.model_call_id for e in again.entries] == [first]
-
-
-@pytest.mark.parametrize("after_hold", ["error500", "partial"])
-def test_engine_failure_after_freeze_leaves_the_snapshot_alone(
-    proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client, after_hold: str
-) -> None:
-    """A call that fails only after the rollout was frozen is dropped, not marked: the freeze
-    already masked it through its intent, and the consumed snapshot stays retirable."""
-    _good_turn(http, proxy, rid)
-    result: dict[str, httpx.Response] = {}
-    body = {
-        "model": "tiny",
-        "messages": MSGS,
-        "test_engine_fault": "hold",
-        "test_engine_hold": rid,
-        "test_engine_after_hold": after_hold,
-    }
-
-    def call() -> None:
-        with httpx.Client(timeout=30) as client:
-            result["resp"] = client.post(_url(proxy, rid), json=body)
-
-    worker = threading.Thread(target=call)
-    worker.start()
-    _wait_held(http, engine, rid)
-    frozen = http.post(f"{proxy.url}{CONTROL}/rollouts/{rid}/freeze").json()
-    assert frozen["incomplete"]  # the held call's intent already masks it
-    http.post(f"{engine.url}/test/release/{rid}")
-    worker.join(30)
-    resp = result["resp"]
     assert resp.status_code == (500 if after_hold == "error500" else 200)
     assert resp.headers["x-zephon-capture"] == "late"
     again = freeze(store_url, rid)
     assert (again.snapshot_id, again.version) == (frozen["snapshot_id"], frozen["version"])
+    assert [e.model_call_id for e in again.entries] == [first]
     kw = {"snapshot_id": frozen["snapshot_id"], "version": frozen["version"]}
     assert store_call(store_url, "drop", rid, **kw) is True
 

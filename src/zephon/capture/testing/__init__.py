@@ -5,13 +5,15 @@
   suite must notice;
 * :class:`RecordingFileSystem` / :func:`power_loss_images` - record the file operations of a
   store built on the file-system seam and rebuild what a power loss at any point leaves;
-* :data:`STORE_KINDS` - the registry every parametrised store test runs over.
+* :data:`STORE_KINDS` - the registry every parametrised store test runs over;
+* :func:`sample_commit` - a valid ledger row to record.
 
 Importable without pytest.
 """
 
 from __future__ import annotations
 
+from zephon.capture._conformance_kit import sample_commit
 from zephon.capture.conformance import (
     CHECKS,
     CheckResult,
@@ -60,4 +62,5 @@ __all__ = [
     "run_conformance",
     "run_conformance_sync",
     "run_mutation",
+    "sample_commit",
 ]
