@@ -31,15 +31,22 @@ def entries_of(name: str) -> list[TokenEntry]:
     return [TokenEntry.from_dict(e) for e in SCENARIOS[name]["entries"]]
 
 
-def build(name: str, *, incomplete: bool = False, **kw: Any) -> RolloutBuild:
-    sc = SCENARIOS[name]
-    snap = TokenCaptureSnapshot(
+def snapshot_of(
+    name: str, *, incomplete: bool = False, refusals: tuple[EngineRefusalRecord, ...] = ()
+) -> TokenCaptureSnapshot:
+    return TokenCaptureSnapshot(
         rollout_id="r",
         entries=tuple(entries_of(name)),
         incomplete=incomplete,
         snapshot_id="s",
         version=1,
+        engine_refusals=refusals,
     )
+
+
+def build(name: str, *, incomplete: bool = False, **kw: Any) -> RolloutBuild:
+    sc = SCENARIOS[name]
+    snap = snapshot_of(name, incomplete=incomplete)
     kw.setdefault("terminal_call_id", sc.get("explicit_terminal_call_id"))
     kw.setdefault("terminal_response_id", sc.get("declared_response_id"))
     return build_rollout(snap, **kw)
@@ -226,15 +233,7 @@ def test_large_token_ids_keep_exact_values() -> None:
 
 
 def _with_refusal(name: str, refusal: EngineRefusalRecord) -> RolloutBuild:
-    snap = TokenCaptureSnapshot(
-        rollout_id="r",
-        entries=tuple(entries_of(name)),
-        incomplete=False,
-        snapshot_id="s",
-        version=1,
-        engine_refusals=(refusal,),
-    )
-    return build_rollout(snap)
+    return build_rollout(snapshot_of(name, refusals=(refusal,)))
 
 
 RESOLVED, UNRESOLVED = ParentResolutionStatus.RESOLVED, ParentResolutionStatus.UNRESOLVED
