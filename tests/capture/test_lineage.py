@@ -19,6 +19,7 @@ from zephon.capture.lineage import (
     resolve_among,
     stamp_continuation,
 )
+from zephon.capture.protocols import CaptureHistoryUnrepresentable
 from zephon.capture.records import ParentResolutionStatus, TokenEntry, compute_digest
 
 VECTORS = json.loads(
@@ -263,3 +264,14 @@ def test_conflicting_payloads_for_one_call_id_are_zero_candidates() -> None:
         res = resolve_among(follow(good), order)
         assert res.status is ParentResolutionStatus.UNRESOLVED, order
     assert resolve_among(follow(good), [good, good]).status is ParentResolutionStatus.RESOLVED
+
+
+def test_unrepresentable_history_raises_the_typed_error() -> None:
+    deep: Any = []
+    for _ in range(300):
+        deep = [deep]
+    items = [{"role": "user", "content": [{"type": "input_image", "image": deep}]}]
+    with pytest.raises(CaptureHistoryUnrepresentable, match="nesting deeper than 254"):
+        lineage.conversation_digest(items)
+    with pytest.raises(CaptureHistoryUnrepresentable, match="item #0 is a str"):
+        lineage.assistant_fingerprint(["hi"])  # type: ignore[list-item]

@@ -34,7 +34,11 @@ from zephon.capture._dialects import (
     tool_calls,
     tool_results,
 )
-from zephon.capture.protocols import LineageMatch, LineageResolution
+from zephon.capture.protocols import (
+    CaptureHistoryUnrepresentable,
+    LineageMatch,
+    LineageResolution,
+)
 from zephon.capture.records import (
     FINGERPRINT_VERSION,
     CaptureLedgerCommit,
@@ -81,7 +85,7 @@ def _field(h: Any, tag: bytes, value: str) -> None:
 def _items(items: Iterable[Any]) -> Iterable[dict[str, Any]]:
     for i, item in enumerate(items or ()):
         if not isinstance(item, dict):
-            raise ValueError(
+            raise CaptureHistoryUnrepresentable(
                 f"request item #{i} is a {type(item).__name__}; lineage needs JSON objects"
             )
         yield item

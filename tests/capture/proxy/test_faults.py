@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.capture.proxy._harness import CAP
+from tests.capture.proxy._harness import CAP, wait_held
 from tests.capture.proxy._procs import REPO, Proc, child_env, start_proxy
 from tests.capture.proxy.conftest import freeze, store_call
 from zephon.capture.records import ParentResolutionStatus
@@ -60,6 +60,9 @@ def test_bad_requests_are_refused_before_any_capture_state(
          400, "unsupported_previous_response_id"),
         ("/v1/embeddings", b'{"model": "t", "input": "x"}', 404, "unknown_capture_route"),
         ("/v1/messages", b'{"model": "t", "messages": []}', 404, "unknown_capture_route"),
+        ("/v1/chat/completions", b'{"model": "t", "messages": [{"role": "user", "content": '
+         b'[{"type": "input_image", "image": ' + b"[" * 300 + b"]" * 300 + b"}]}]}",
+         400, "history_unrepresentable"),
     ]  # fmt: skip
     for route, raw, status, code in cases:
         resp = http.post(_url(proxy, rid, route), content=raw)
@@ -169,13 +172,6 @@ def test_frozen_rollout_refuses_before_generation(
     assert freeze(store_url, rid).version == snap.version
 
 
-def _wait_held(http: httpx.Client, engine: Proc, token: str) -> None:
-    """Until the engine holds a call tagged ``token`` (a condition, not a timed sleep)."""
-    deadline = time.monotonic() + 20
-    while http.get(f"{engine.url}/test/stats").json()["held"].get(token, 0) < 1:
-        assert time.monotonic() < deadline, "the held call never reached the engine"
-
-
 def test_client_disconnect_does_not_lose_the_capture(
     proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client
 ) -> None:
@@ -195,7 +191,7 @@ def test_client_disconnect_does_not_lose_the_capture(
             f"Content-Length: {len(raw)}\r\n\r\n".encode()
             + raw
         )
-        _wait_held(http, engine, rid)
+        wait_held(http, engine.url, rid)
     # The client is gone; the engine now answers.
     http.post(f"{engine.url}/test/release/{rid}")
     continuation = [*messages, expected, {"role": "user", "content": "next"}]
@@ -239,7 +235,7 @@ def test_a_call_that_ends_after_the_freeze_leaves_the_snapshot_alone(
 
     worker = threading.Thread(target=call)
     worker.start()
-    _wait_held(http, engine, rid)
+    wait_held(http, engine.url, rid)
     frozen = http.post(f"{proxy.url}{CONTROL}/rollouts/{rid}/freeze").json()
     assert frozen["incomplete"]  # its intent has no entry at freeze time
     http.post(f"{engine.url}/test/release/{rid}")

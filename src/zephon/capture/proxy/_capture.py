@@ -34,6 +34,7 @@ import msgspec
 from zephon.capture.lineage import conversation_digest, stamp_continuation
 from zephon.capture.protocols import (
     CaptureAdmissionRefused,
+    CaptureHistoryUnrepresentable,
     LineageResolution,
     SupportsBeginCall,
     SupportsEngineRefusal,
@@ -50,6 +51,7 @@ from zephon.capture.proxy._responses import (
     served_id,
     token_item_index,
 )
+from zephon.capture.proxy._spill import SpilledMark, SpillJournal
 from zephon.capture.proxy._tokens import TokenDataError, extract_generation, prompt_ids_of
 from zephon.capture.records import ParentResolutionStatus, TokenEntry, compute_digest
 
@@ -100,11 +102,13 @@ class CaptureService:
         metrics: Metrics,
         *,
         delta_prompts: bool = False,
+        spill: SpillJournal | None = None,
     ) -> None:
         self.stores = stores
         self.engine = engine
         self.metrics = metrics
         self.delta_prompts = delta_prompts
+        self.spill = spill
 
     # -- entry point ---------------------------------------------------------------------------
 
@@ -122,8 +126,11 @@ class CaptureService:
             conversation_digest(call.request_items)  # refuse unhashable history up front
         except BadRequest as exc:
             return self._bad(exc)
+        except CaptureHistoryUnrepresentable as exc:
+            message = f"request history cannot be captured: {exc}"
+            return self._bad(BadRequest(message, code="history_unrepresentable"))
         except ValueError as exc:
-            return self._bad(BadRequest(f"request history cannot be captured: {exc}"))
+            return self._bad(BadRequest(f"the request cannot be captured: {exc}"))
         call_id = uuid.uuid4().hex
         # Shield: a client disconnect must not cancel a call between intent and entry.
         task = asyncio.ensure_future(self._capture(rollout_id, call, call_id, headers))
@@ -305,33 +312,74 @@ class CaptureService:
 
     # -- failure paths -------------------------------------------------------------------------
 
+    async def _mark(self, rollout_id: str, call_id: str) -> None:
+        """The durable loss signal: ``fail_call`` where supported (refused once frozen)."""
+        store = self.stores.of(rollout_id)
+        if isinstance(store, SupportsFailCall):
+            await store.fail_call(rollout_id, call_id)
+        else:
+            await store.mark_incomplete(rollout_id, call_id)
+
     async def _fail(self, rollout_id: str, call_id: str, reason: str) -> str:
         """Mark the rollout incomplete unless it is frozen; the capture outcome header value.
 
-        If even the mark fails, log loudly (the silent-loss case)."""
+        When the store cannot take the mark, it goes to the local spill journal (replayed
+        later); only if that fails too is the loss merely logged (the silent-loss case).
+        """
         self.metrics.inc("zephon_proxy_capture_failures_total", reason=reason)
-        store = self.stores.of(rollout_id)
         try:
-            if isinstance(store, SupportsFailCall):
-                await store.fail_call(rollout_id, call_id)
-            else:
-                await store.mark_incomplete(rollout_id, call_id)
+            await self._mark(rollout_id, call_id)
         except TokenCaptureFrozenError:
             # Frozen or retired: the freeze already judged this call from its intent; a mark
             # now would change the consumed snapshot and break its retirement.
             self.metrics.inc("zephon_proxy_capture_failures_total", reason="late_after_freeze")
             return "late"
         except Exception as exc:
+            self._spill(rollout_id, call_id, reason, exc)
+        return "incomplete"
+
+    def _spill(self, rollout_id: str, call_id: str, reason: str, exc: Exception) -> None:
+        try:
+            if self.spill is None:
+                raise RuntimeError("no spill journal configured")
+            self.spill.append(SpilledMark(rollout_id, call_id, reason))
+        except Exception as spill_exc:
             self.metrics.inc("zephon_proxy_capture_failures_total", reason="mark_failed")
             log.critical(
-                "capture of %s/%s failed (%s) AND mark_incomplete failed: %r; the rollout's "
-                "dangling intent still masks it at freeze",
+                "capture of %s/%s failed (%s) AND mark_incomplete failed: %r, and the spill "
+                "journal failed: %r; the rollout's dangling intent still masks it at freeze",
                 rollout_id,
                 call_id,
                 reason,
                 exc,
+                spill_exc,
             )
-        return "incomplete"
+            return
+        self.metrics.inc("zephon_proxy_capture_failures_total", reason="mark_spilled")
+        log.error(
+            "mark_incomplete of %s/%s failed (%r); spilled to %s for replay",
+            rollout_id,
+            call_id,
+            exc,
+            self.spill.path,
+        )
+
+    async def replay_spill(self) -> int:
+        """Send the spilled marks to the store; returns how many are still waiting."""
+        if self.spill is None:
+            return 0
+
+        async def send(mark: SpilledMark) -> bool:
+            try:
+                await self._mark(mark.rollout_id, mark.call_id)
+            except TokenCaptureFrozenError:
+                return True  # judged by its freeze already
+            except Exception as exc:
+                log.warning("spilled mark of %s still waits: %r", mark.rollout_id, exc)
+                return False
+            return True
+
+        return await self.spill.replay(send)
 
     async def _refusal(
         self, rollout_id: str, call_id: str, res: LineageResolution, answer: EngineAnswer

@@ -51,6 +51,20 @@ def register_serve(capture_subparsers: Any) -> None:
         default=os.environ.get("ZEPHON_CAPTURE_CONTROL_TOKEN"),
         help="bearer token for the control routes (env ZEPHON_CAPTURE_CONTROL_TOKEN)",
     )
+    p.add_argument(
+        "--spill-dir",
+        default=os.environ.get("ZEPHON_CAPTURE_SPILL_DIR"),
+        metavar="DIR",
+        help="local journal of incomplete marks the store could not take "
+        "(env ZEPHON_CAPTURE_SPILL_DIR; default $XDG_STATE_HOME/zephon/capture-spill)",
+    )
+    p.add_argument(
+        "--spill-replay-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds between replays of the spill journal into the store (5)",
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn log level (warning)")
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.set_defaults(func=_serve)
@@ -79,6 +93,8 @@ def _serve(args: argparse.Namespace) -> int:
             store_clients=args.store_clients,
             delta_prompts=args.delta_prompts,
             control_token=args.control_token or None,
+            spill_dir=args.spill_dir or None,
+            spill_replay_s=args.spill_replay_interval,
         )
         return serve(
             config,

@@ -13,6 +13,7 @@ missing), ``offload`` is ``thread`` (default) or ``inline``. Everything else is 
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,7 +60,8 @@ class PostgresStore(SqlStore):
         options: dict[str, Any] = {}
         if schema:
             options["options"] = f"-c search_path={schema}"
-        self._conn = psycopg.connect(dsn, autocommit=True, **options)
+        self._connect = functools.partial(psycopg.connect, dsn, autocommit=True, **options)
+        self._conn = self._connect()
         row = self._conn.execute("SELECT to_regclass('capture_entries')").fetchone()
         if row is not None and row[0] is not None:
             return  # tables exist (the common case): skip the DDL and its lock
@@ -92,6 +94,10 @@ class PostgresStore(SqlStore):
     def _txn(self, write: bool) -> Iterator[Cursor]:
         # Pipeline mode: statements whose results are not read (the inserts and the state
         # update after the decision) go out without waiting, so a put costs ~2 round trips.
+        if self._conn.broken or self._conn.closed:
+            # The server went away (restart, failover): the call that saw it failed; this one
+            # reconnects, or fails the same way while the server is still down.
+            self._conn = self._connect()
         with (
             self._conn.pipeline(),
             self._conn.transaction(),
