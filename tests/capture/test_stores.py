@@ -12,7 +12,7 @@ import pytest
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import store_url
 from tests.capture._workload import make_entry
-from zephon.capture.protocols import CaptureAdmissionRefused
+from zephon.capture.protocols import CaptureAdmissionRefused, CaptureStore, RolloutRetiredError
 from zephon.capture.records import CaptureLedgerCommit, ParentResolutionStatus
 from zephon.capture.stores import open_store
 from zephon.capture.testing import STORE_KINDS, sample_commit
@@ -104,6 +104,38 @@ def test_the_admission_cut_refuses_calls_without_an_intent(
             snap = await store.freeze("cut")
             assert [e.model_call_id for e in snap.entries] == ["admitted"]
             assert not snap.incomplete
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", sorted(STORE_KINDS))
+def test_peek_reads_without_freezing_and_never_creates(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+
+    async def go() -> None:
+        store = open_store(url)
+        assert isinstance(store, CaptureStore)
+        try:
+            with pytest.raises(LookupError, match="no rollout 'nobody'"):
+                await store.peek("nobody")
+            await store.begin_call("p", "c1")
+            await store.put(make_entry("p", "c1"))
+            await store.begin_call("p", "c2")
+            seen = await store.peek("p")
+            assert [e.model_call_id for e in seen.entries] == ["c1"]
+            assert seen.snapshot_id == "" and seen.incomplete  # c2 is still in flight
+            await store.put(make_entry("p", "c2"))  # not fenced by the look
+            snap = await store.freeze("p")
+            assert not snap.incomplete and len(snap.entries) == 2
+            assert await store.peek("p") == snap
+            await store.retire("p")
+            with pytest.raises(RolloutRetiredError):
+                await store.peek("p")
+            assert (await store.delete("nobody")).changed == ()  # the look created nothing
         finally:
             await store.close()
 

@@ -26,6 +26,7 @@ __all__ = [
     "CaptureAdmissionRefused",
     "CaptureHistoryUnrepresentable",
     "CaptureLedger",
+    "CaptureStore",
     "LineageMatch",
     "LineageResolution",
     "LineageResolver",
@@ -34,6 +35,7 @@ __all__ = [
     "SupportsCloseAdmissions",
     "SupportsEngineRefusal",
     "SupportsFailCall",
+    "SupportsPeek",
     "SupportsRefuseCall",
     "TokenCaptureFrozenError",
     "TokenCaptureRequestRefused",
@@ -238,6 +240,31 @@ class SupportsRefuseCall(Protocol):
     """Settles an intent after the worker acknowledged refusing the call before generating."""
 
     async def refuse_call(self, rollout_id: str, model_call_id: str) -> None: ...
+
+
+@runtime_checkable
+class SupportsPeek(Protocol):
+    """A read-only view: the snapshot a freeze would show, without freezing or fencing."""
+
+    async def peek(self, rollout_id: str) -> TokenCaptureSnapshot: ...
+
+
+@runtime_checkable
+class CaptureStore(
+    TokenSink,
+    TokenSource,
+    CaptureLedger,
+    SupportsBeginCall,
+    SupportsEngineRefusal,
+    SupportsFailCall,
+    SupportsCloseAdmissions,
+    SupportsRefuseCall,
+    SupportsPeek,
+    Protocol,
+):
+    """Everything a zephon store implements over one backend (what ``open_store`` returns)."""
+
+    def describe(self) -> str: ...
 
 
 # --------------------------------------------------------------------------- installers

@@ -11,6 +11,8 @@ import importlib
 from typing import Any
 from urllib.parse import urlsplit
 
+from zephon.capture.protocols import CaptureStore
+
 __all__ = ["STORE_SCHEMES", "open_store", "store_class"]
 
 STORE_SCHEMES: dict[str, str] = {
@@ -38,6 +40,12 @@ def store_class(url: str) -> Any:
     return getattr(module, class_name)
 
 
-def open_store(url: str) -> Any:
-    """Open a new client of the store at ``url`` (``memory://name``, ``file:///dir``, ...)."""
-    return store_class(url).from_url(url)
+def open_store(url: str, *, create: bool = True) -> CaptureStore:
+    """Open a new client of the store at ``url`` (``memory://name``, ``file:///dir``, ...).
+
+    ``create=False`` is for readers: a store that does not exist yet (a missing directory,
+    database file or set of tables) raises :class:`FileNotFoundError` naming it instead of
+    being created.
+    """
+    store: CaptureStore = store_class(url).from_url(url, create=create)
+    return store

@@ -110,6 +110,11 @@ class DurableStore:
     def _freeze(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
         raise NotImplementedError
 
+    def _peek(self, rollout_id: str) -> TokenCaptureSnapshot | None:
+        """The snapshot a freeze would show now, read without writing anything; None for a
+        rollout id without any state; the retired error for a retired one."""
+        raise NotImplementedError
+
     def _lineage_fetch(
         self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]
     ) -> tuple[Mapping[str, str], Sequence[TokenEntry]]:
@@ -188,6 +193,18 @@ class DurableStore:
     async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
         validate_rollout_id(rollout_id)
         return await self._run(self._freeze, rollout_id, uuid.uuid4().hex)
+
+    async def peek(self, rollout_id: str) -> TokenCaptureSnapshot:
+        """Read the rollout as a freeze would show it, without freezing or fencing it.
+
+        Until a freeze, ``snapshot_id`` is empty and ``version`` moves with every write. A
+        rollout id nobody wrote raises :class:`LookupError` (and stays unused).
+        """
+        validate_rollout_id(rollout_id)
+        snap = await self._run(self._peek, rollout_id)
+        if snap is None:
+            raise LookupError(f"no rollout {rollout_id!r} in {self.describe()}")
+        return snap
 
     async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
         result: bool = await self._decide(rollout_id, lambda s: s.drop(snapshot_id, version))

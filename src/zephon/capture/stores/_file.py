@@ -500,19 +500,19 @@ class FileStore(DurableStore):
         )
         return snap
 
+    def _peek(self, rollout_id: str) -> TokenCaptureSnapshot | None:
+        def then(h: _Handle, t: Transition[Any]) -> TokenCaptureSnapshot | None:
+            return None if h.state.is_empty() else self._snapshot(h, t)
+
+        return self._op(  # type: ignore[no-any-return]
+            rollout_id, lambda s: s.read_snapshot(), then, write=False
+        )
+
     def _snapshot(self, h: _Handle, _t: Transition[Any]) -> TokenCaptureSnapshot:
         cached = h.snapshot
         if cached is not None and cached[0] == h.offset:
             return cached[1]
-        state = h.state
-        snap = TokenCaptureSnapshot(
-            rollout_id=h.rollout_id,
-            entries=tuple(self._read_entries(h, list(state.entry_keys))),
-            incomplete=state.snapshot_incomplete(),
-            snapshot_id=state.snapshot_id,
-            version=state.version,
-            engine_refusals=tuple(state.refusals),
-        )
+        snap = h.state.snapshot(self._read_entries(h, list(h.state.entry_keys)))
         if not h.stale:
             h.snapshot = (h.offset, snap)
             _remember_snapshot(h)

@@ -86,7 +86,8 @@ class MemoryStore:
         self._resolver: IncrementalResolver | None = None
 
     @classmethod
-    def from_url(cls, url: str) -> MemoryStore:
+    def from_url(cls, url: str, *, create: bool = True) -> MemoryStore:
+        """``memory://NAME`` (a backend of this process; ``create`` has nothing to create)."""
         parts = urlsplit(url)
         if parts.scheme != "memory":
             raise ValueError(f"MemoryStore needs a memory:// URL, got {url!r}")
@@ -96,6 +97,9 @@ class MemoryStore:
     @property
     def name(self) -> str:
         return self._backend.name
+
+    def describe(self) -> str:
+        return f"memory store {self.name!r}"
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -194,16 +198,20 @@ class MemoryStore:
                 return cached
             state = b.states[rollout_id]
             payloads = b.payloads.get(rollout_id, {})
-            snapshot = TokenCaptureSnapshot(
-                rollout_id=rollout_id,
-                entries=tuple(payloads[cid] for cid in state.entry_keys),
-                incomplete=state.snapshot_incomplete(),
-                snapshot_id=state.snapshot_id,
-                version=state.version,
-                engine_refusals=tuple(state.refusals),
-            )
+            snapshot = state.snapshot(payloads[cid] for cid in state.entry_keys)
             b.snapshots[rollout_id] = snapshot
             return snapshot
+
+    async def peek(self, rollout_id: str) -> TokenCaptureSnapshot:
+        """Read the rollout as a freeze would show it, without freezing or fencing it."""
+        b = self._backend
+        with b.lock:
+            state = b.states.get(rollout_id)
+            if state is None:
+                raise LookupError(f"no rollout {rollout_id!r} in memory store {self.name!r}")
+            state.read_snapshot().unwrap()
+            payloads = b.payloads.get(rollout_id, {})
+            return state.snapshot(payloads[cid] for cid in state.entry_keys)
 
     async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
         return self._transact(rollout_id, lambda s: s.drop(snapshot_id, version))

@@ -51,7 +51,14 @@ class PostgresStore(SqlStore):
     kind = "postgres"
     P = "%b"  # binary parameters: payloads travel as raw bytes, not hex text
 
-    def __init__(self, dsn: str, *, schema: str | None = None, offload: Offload = "thread") -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str | None = None,
+        offload: Offload = "thread",
+        create: bool = True,
+    ) -> None:
         super().__init__(offload=offload)
         import psycopg
 
@@ -65,6 +72,13 @@ class PostgresStore(SqlStore):
         row = self._conn.execute("SELECT to_regclass('capture_entries')").fetchone()
         if row is not None and row[0] is not None:
             return  # tables exist (the common case): skip the DDL and its lock
+        if not create:
+            self._conn.close()
+            where = f"schema {schema}" if schema else "the database"
+            raise FileNotFoundError(
+                f"postgres capture store {self._dsn_for_errors}: {where} has no capture tables "
+                "(check the URL; a store is only created by a writer)"
+            )
         with self._conn.transaction(), self._conn.cursor() as cur:
             # Serialise schema creation between clients starting at the same time.
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (zlib.crc32(b"zephon-capture"),))
@@ -74,7 +88,7 @@ class PostgresStore(SqlStore):
                 cur.execute(stmt)
 
     @classmethod
-    def from_url(cls, url: str) -> PostgresStore:
+    def from_url(cls, url: str, *, create: bool = True) -> PostgresStore:
         parts = urlsplit(url)
         if parts.scheme not in ("postgresql", "postgres"):
             raise ValueError(f"postgres capture store URL {url!r} must start with postgresql://")
@@ -82,9 +96,8 @@ class PostgresStore(SqlStore):
         mine = {k: v for k, v in params if k in ("schema", "offload")}
         rest = [(k, v) for k, v in params if k not in ("schema", "offload")]
         dsn = urlunsplit(parts._replace(query=urlencode(rest)))
-        return cls(
-            dsn, schema=mine.get("schema") or None, offload=parse_offload(mine.get("offload"), url)
-        )
+        offload = parse_offload(mine.get("offload"), url)
+        return cls(dsn, schema=mine.get("schema") or None, offload=offload, create=create)
 
     def describe(self) -> str:
         where = f" schema {self.schema}" if self.schema else ""

@@ -41,6 +41,8 @@ from zephon.capture.records import (
     EngineRefusalRecord,
     ManifestFailure,
     RolloutManifest,
+    TokenCaptureSnapshot,
+    TokenEntry,
     canonical_json,
     entry_key,
 )
@@ -317,6 +319,17 @@ class RolloutState(msgspec.Struct, kw_only=True):
         if self.frozen:
             return self.incomplete  # dangling intents were folded in at the first freeze
         return self.incomplete or bool(self.dangling_intents())
+
+    def snapshot(self, entries: Iterable[TokenEntry]) -> TokenCaptureSnapshot:
+        """The snapshot of this state with the given entries (every store builds it here)."""
+        return TokenCaptureSnapshot(
+            rollout_id=self.rollout_id,
+            entries=tuple(entries),
+            incomplete=self.snapshot_incomplete(),
+            snapshot_id=self.snapshot_id,
+            version=self.version,
+            engine_refusals=tuple(self.refusals),
+        )
 
     def manifest(self) -> RolloutManifest:
         """The token-free ledger (call only when not retired; see :meth:`read_manifest`)."""
@@ -627,6 +640,11 @@ class RolloutState(msgspec.Struct, kw_only=True):
         if fence is not None:
             return _fail(fence)
         return Transition(result=self.manifest())
+
+    def read_snapshot(self) -> Transition[None]:
+        """A read-only look at the snapshot: refused once retired (its records are gone)."""
+        fence = self._read_fence("read its snapshot")
+        return Transition() if fence is None else _fail(fence)
 
     def read_has_rows(self) -> Transition[bool]:
         fence = self._read_fence("check its ledger rows")
