@@ -1,10 +1,15 @@
 """Durable RL token capture: records, protocols, stores and the conformance suite.
 
-See ``docs/capture.md``. Everything here imports without a server stack.
+See ``docs/capture.md``. Everything here imports without a server stack; the store classes
+(``MemoryStore``, ``FileStore``, ``SqliteStore``, ``PostgresStore``) are imported on first
+access, so ``import zephon.capture`` never pulls in a database driver.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from zephon.capture import stores
 from zephon.capture.builder import (
     BuildNotes,
     BuildOutput,
@@ -17,6 +22,13 @@ from zephon.capture.builder import (
     build_rollout,
     prefix_merging,
 )
+from zephon.capture.conformance import (
+    ConformanceError,
+    ConformanceReport,
+    ConformanceWarning,
+    run_conformance,
+    run_conformance_sync,
+)
 from zephon.capture.lineage import (
     FINGERPRINT_VERSION,
     IncrementalResolver,
@@ -25,6 +37,33 @@ from zephon.capture.lineage import (
     canonicalize_tool_arguments,
     conversation_digest,
     stamp_continuation,
+)
+from zephon.capture.protocols import (
+    CaptureAdmissionRefused,
+    CaptureHistoryUnrepresentable,
+    CaptureLedger,
+    CaptureStore,
+    LineageMatch,
+    LineageResolution,
+    LineageResolver,
+    RolloutRetiredError,
+    SupportsBeginCall,
+    SupportsCloseAdmissions,
+    SupportsEngineRefusal,
+    SupportsFailCall,
+    SupportsPeek,
+    SupportsRefuseCall,
+    TokenCaptureFrozenError,
+    TokenCaptureRequestRefused,
+    TokenCaptureRetiredError,
+    TokenSink,
+    TokenSource,
+    install_lineage_store,
+    install_token_sink,
+    install_token_source,
+    installed_lineage_store,
+    installed_token_sink,
+    installed_token_source,
 )
 from zephon.capture.records import (
     CallRecord,
@@ -40,26 +79,63 @@ from zephon.capture.records import (
     cumulative_tokens,
     encode_token_ids,
 )
+from zephon.capture.stores import STORE_CLASSES, STORE_SCHEMES, LogCorruptionError, open_store
+
+
+def __getattr__(name: str) -> Any:
+    """The store classes, imported on first access (see the module docstring)."""
+    if name not in STORE_CLASSES:
+        raise AttributeError(f"module 'zephon.capture' has no attribute {name!r}")
+    return getattr(stores, name)
+
 
 __all__ = [
     "FINGERPRINT_VERSION",
+    "STORE_SCHEMES",
     "BuildNotes",
     "BuildOutput",
     "CallRecord",
+    "CaptureAdmissionRefused",
+    "CaptureHistoryUnrepresentable",
+    "CaptureLedger",
     "CaptureLedgerCommit",
+    "CaptureStore",
     "Chain",
     "ChainLink",
+    "ConformanceError",
+    "ConformanceReport",
+    "ConformanceWarning",
     "EngineRefusalRecord",
+    "FileStore",
     "IncrementalResolver",
+    "LineageMatch",
+    "LineageResolution",
+    "LineageResolver",
+    "LogCorruptionError",
     "ManifestFailure",
+    "MemoryStore",
     "ParentResolutionStatus",
+    "PostgresStore",
     "RolloutBuild",
     "RolloutLineage",
     "RolloutManifest",
     "RolloutRemoval",
+    "RolloutRetiredError",
+    "SqliteStore",
+    "SupportsBeginCall",
+    "SupportsCloseAdmissions",
+    "SupportsEngineRefusal",
+    "SupportsFailCall",
+    "SupportsPeek",
+    "SupportsRefuseCall",
     "TerminalAttribution",
+    "TokenCaptureFrozenError",
+    "TokenCaptureRequestRefused",
+    "TokenCaptureRetiredError",
     "TokenCaptureSnapshot",
     "TokenEntry",
+    "TokenSink",
+    "TokenSource",
     "Trajectory",
     "assistant_fingerprint",
     "attribute_terminal",
@@ -69,6 +145,15 @@ __all__ = [
     "conversation_digest",
     "cumulative_tokens",
     "encode_token_ids",
+    "install_lineage_store",
+    "install_token_sink",
+    "install_token_source",
+    "installed_lineage_store",
+    "installed_token_sink",
+    "installed_token_source",
+    "open_store",
     "prefix_merging",
+    "run_conformance",
+    "run_conformance_sync",
     "stamp_continuation",
 ]

@@ -12,8 +12,19 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from zephon.capture.protocols import CaptureStore
+from zephon.capture.stores._durable import DurableStore
+from zephon.capture.stores._fsio import FileSystem
+from zephon.capture.stores._fsutil import LogCorruptionError
 
-__all__ = ["STORE_SCHEMES", "open_store", "store_class"]
+__all__ = [
+    "STORE_CLASSES",
+    "STORE_SCHEMES",
+    "DurableStore",
+    "FileSystem",
+    "LogCorruptionError",
+    "open_store",
+    "store_class",
+]
 
 STORE_SCHEMES: dict[str, str] = {
     "memory": "zephon.capture.stores._memory:MemoryStore",
@@ -22,7 +33,23 @@ STORE_SCHEMES: dict[str, str] = {
     "postgresql": "zephon.capture.stores._postgres:PostgresStore",
     "postgres": "zephon.capture.stores._postgres:PostgresStore",
 }
-"""URL scheme -> ``"module:Class"``; every class has a ``from_url(url: str)`` classmethod."""
+"""URL scheme -> ``"module:Class"``; every class has a ``from_url(url, *, create)`` classmethod."""
+
+STORE_CLASSES: dict[str, str] = {
+    "MemoryStore": "memory",
+    "FileStore": "file",
+    "SqliteStore": "sqlite",
+    "PostgresStore": "postgresql",
+}
+"""Store class name -> its URL scheme; the classes are attributes of this module, imported on
+first access."""
+
+
+def __getattr__(name: str) -> Any:
+    scheme = STORE_CLASSES.get(name)
+    if scheme is None:
+        raise AttributeError(f"module 'zephon.capture.stores' has no attribute {name!r}")
+    return store_class(f"{scheme}://")
 
 
 def store_class(url: str) -> Any:
