@@ -28,7 +28,7 @@ from zephon.capture.stores._file import FileStore, reset_process_cache
 from zephon.capture.testing import Image, RecordingFileSystem, marks_before, power_loss_images
 
 ROLLOUTS = [f"pl{i}" for i in range(5)]
-CALLS = 6
+CALLS = 7
 SIZES = {"prompt": 24, "gen": 8}
 
 

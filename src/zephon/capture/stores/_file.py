@@ -422,10 +422,11 @@ class FileStore(DurableStore):
                 if t.events:
                     if not write:
                         raise AssertionError(f"read-only capture operation decided {t.events}")
-                    if not exists:
-                        self._create(h)
-                        t = decide(h.state)  # someone may have created it meanwhile
-                    if t.events:
+                    if not exists and not self._create(h, t.events):
+                        t = decide(h.state)  # another process created it meanwhile
+                        if t.events:
+                            self._persist(h, t.events)
+                    elif exists:
                         self._persist(h, t.events)
                 if t.error is not None:
                     raise t.error
@@ -433,9 +434,14 @@ class FileStore(DurableStore):
             finally:
                 self._release(h)
 
-    def _create(self, h: _Handle) -> None:
-        create_durable(self.fs, self.directory, h.path, new_log(h.rollout_id))
+    def _create(self, h: _Handle, events: tuple[Event, ...]) -> bool:
+        """Create the log already holding ``events`` (one sync of the new file, one of the
+        directory, like any first write must pay); False if another process created it first.
+        Either way ``h`` is then locked on the log and caught up with it."""
+        records = b"".join(b"".join(_event_line(e)) for e in events)
+        created = create_durable(self.fs, self.directory, h.path, new_log(h.rollout_id, records))
         self._lock_and_sync(h, exclusive=True)
+        return created
 
     def _release(self, h: _Handle) -> None:
         if h.fd is not None:
