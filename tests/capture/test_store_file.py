@@ -18,10 +18,10 @@ from zephon.capture.conformance import run_conformance
 from zephon.capture.protocols import TokenCaptureRetiredError
 from zephon.capture.stores import _file as file_mod
 from zephon.capture.stores import open_store
+from zephon.capture.stores._events import Put, encode_event
 from zephon.capture.stores._file import FileStore, reset_process_cache
 from zephon.capture.stores._filelog import read_log
 from zephon.capture.stores._fsutil import LogCorruptionError, frame_parts
-from zephon.capture.stores._state import Put, encode_event
 from zephon.capture.testing import Mutation, assert_mutation_caught
 
 

@@ -33,6 +33,16 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from zephon.capture.records import TokenCaptureSnapshot, TokenEntry
 from zephon.capture.stores._durable import Decide, DurableStore, Offload, parse_offload
+from zephon.capture.stores._events import (
+    LOST_TAIL,
+    Delete,
+    Event,
+    MarkIncomplete,
+    Put,
+    Retire,
+    decode_event,
+    encode_event,
+)
 from zephon.capture.stores._filelog import (
     HEAD_READ,
     Head,
@@ -57,18 +67,7 @@ from zephon.capture.stores._fsutil import (
     scan,
     unlink_durable,
 )
-from zephon.capture.stores._state import (
-    LOST_TAIL,
-    Delete,
-    Event,
-    MarkIncomplete,
-    Put,
-    Retire,
-    RolloutState,
-    Transition,
-    decode_event,
-    encode_event,
-)
+from zephon.capture.stores._state import RolloutState, Transition
 
 __all__ = ["FileStore", "reset_process_cache"]
 

@@ -27,14 +27,8 @@ from zephon.capture.records import (
     validate_capture_keys,
     validate_rollout_id,
 )
-from zephon.capture.stores._state import (
-    Delete,
-    Event,
-    Put,
-    Retire,
-    RolloutState,
-    Transition,
-)
+from zephon.capture.stores._events import Delete, Event, Put, Retire
+from zephon.capture.stores._state import RolloutState, Transition
 
 __all__ = ["MemoryStore", "drop_memory_backend"]
 

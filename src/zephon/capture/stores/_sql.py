@@ -25,7 +25,8 @@ from typing import Any, Protocol
 
 from zephon.capture.records import TokenCaptureSnapshot, TokenEntry, entry_key
 from zephon.capture.stores._durable import Decide, DurableStore, Offload
-from zephon.capture.stores._state import Delete, Event, Put, Retire, RolloutState, Transition
+from zephon.capture.stores._events import Delete, Event, Put, Retire
+from zephon.capture.stores._state import RolloutState, Transition
 
 __all__ = ["Cursor", "SqlStore"]
 
