@@ -15,16 +15,15 @@ from zephon.capture.protocols import (
     TokenCaptureRetiredError,
 )
 from zephon.capture.records import CaptureLedgerCommit, EngineRefusalRecord
-from zephon.capture.stores._state import (
+from zephon.capture.stores._events import (
     Event,
     Put,
-    RolloutState,
-    Transition,
     decode_event,
     encode_event,
     event_from_builtins,
     event_to_builtins,
 )
+from zephon.capture.stores._state import RolloutState, Transition
 from zephon.capture.testing import sample_commit
 
 
