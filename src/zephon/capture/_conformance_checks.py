@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 
 from zephon.capture._conformance_kit import (
     CHECKS,
@@ -51,6 +52,18 @@ async def _check_put_then_freeze_visibility(ctx: _Ctx) -> None:
     ctx.require(bool(snap.snapshot_id), "empty snapshot_id")
     ctx.require(isinstance(snap.version, int), f"version {snap.version!r} is not an int")
     ctx.require(not tuple(getattr(snap, "engine_refusals", ())), "unexpected engine_refusals")
+
+
+@_check
+async def _check_non_finite_log_probs_refused(ctx: _Ctx) -> None:
+    rid = ctx.rid()
+    bad = _entry(rid, "c1").with_changes(generation_log_probs=[-0.1, math.nan])
+    exc = await ctx.raises((await ctx.sink()).put(bad), ValueError, "put of a NaN log-prob")
+    ctx.require("generation_log_probs" in str(exc), f"the error does not name the field: {exc}")
+    good = _entry(rid, "c2")
+    await (await ctx.sink()).put(good)
+    snap = await _freeze(ctx, rid)
+    ctx.require(_by_call(snap) == {"c2": _wire(good)}, "unreadable after the refused put")
 
 
 @_check
@@ -454,9 +467,13 @@ async def _check_ledger_admission_cut(ctx: _Ctx) -> None:
         CaptureAdmissionRefused,
         "begin_call after close_admissions",
     )
-    await (await ctx.ledger()).record(
-        sample_commit(rid, "c1")
-    )  # admitted before the cut: may commit
+    await ctx.raises(
+        (await ctx.ledger()).record(sample_commit(rid, "stray")),
+        CaptureAdmissionRefused,
+        "record of a call without an intent after close_admissions",
+    )
+    # Admitted before the cut: may still commit.
+    await (await ctx.ledger()).record(sample_commit(rid, "c1"))
     manifest = await (await ctx.ledger()).manifest(rid)
     ctx.require(
         {r["model_call_id"] for r in manifest["records"]} == {"c0", "c1"}, "admitted call lost"

@@ -8,6 +8,7 @@ once the server is back the proxy's periodic replay lands it in the store.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from tests.capture._workload import make_entry
 from tests.capture.proxy._harness import CAP, wait_held
 from tests.capture.proxy._procs import Proc, start_proxy
 from tests.capture.proxy.conftest import store_call
+from zephon.capture.proxy import ProxyConfig
 from zephon.capture.proxy._spill import SpilledMark, SpillJournal
 from zephon.capture.stores import open_store
 from zephon.capture.stores._pgserver import EmbeddedPostgres
@@ -119,3 +121,27 @@ def test_a_mark_spilled_while_postgres_is_down_lands_after_it_returns(
         if proxy is not None:
             proxy.stop()
         pg.stop()
+
+
+def test_a_journal_left_by_a_dead_proxy_is_replayed_when_the_next_one_starts(
+    engine: Proc, logs: Path, tmp_path: Path
+) -> None:
+    url = f"file://{tmp_path / 'store'}"
+    spill = tmp_path / "spill"
+    config = ProxyConfig(engine_url=engine.url, store_url=url, spill_dir=str(spill))
+    folder = Path(config.spill_path)
+    folder.mkdir(parents=True)
+    mark = {"call_id": "lost", "reason": "put_error", "rollout_id": "left"}
+    (folder / "spill-999-dead.jsonl").write_text(json.dumps(mark) + "\n")
+    # A long interval: only the replay at start can land the mark within the deadline.
+    extra = ("--spill-dir", str(spill), "--spill-replay-interval", "600")
+    proxy = start_proxy(engine.url, url, logs, *extra)
+    try:
+        deadline = time.monotonic() + 30
+        while _lines(spill):
+            assert time.monotonic() < deadline, "the journal was not replayed at start"
+        store = open_store(url)
+        assert "lost" in store.state_of("left").incomplete_calls
+        asyncio.run(store.close())
+    finally:
+        proxy.stop()

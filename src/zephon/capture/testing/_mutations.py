@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -162,6 +163,15 @@ class DuplicatedEntries(Wrapper):
         return msgspec.structs.replace(snap, entries=snap.entries + snap.entries)
 
 
+class NonFiniteAccepted(Wrapper):
+    """A put with a NaN or infinite log-prob reports success (the entry is silently lost)."""
+
+    async def put(self, entry: TokenEntry) -> None:
+        if not all(math.isfinite(x) for x in entry.generation_log_probs):
+            return
+        await self._inner.put(entry)
+
+
 class LedgerConflictAccepted(Wrapper):
     async def record(self, commit: Any) -> None:
         key = (commit.rollout_id, commit.record.model_call_id)
@@ -277,6 +287,12 @@ MUTATIONS: dict[str, Mutation] = {
         ),
         Mutation(
             "unstable_snapshot_id", "freeze is idempotent", "freeze_idempotency", UnstableSnapshotId
+        ),
+        Mutation(
+            "non_finite_accepted",
+            "non-finite log-probs are refused at put, naming the field",
+            "non_finite_log_probs_refused",
+            NonFiniteAccepted,
         ),
         Mutation(
             "duplicated_entries",
