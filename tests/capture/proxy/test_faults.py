@@ -216,17 +216,31 @@ def test_client_disconnect_does_not_lose_the_capture(
     assert entry.parent_call_id == first and entry.model_call_id == res.match.model_call_id
 
 
-@pytest.mark.parametrize("after_hold", ["none", "error500", "partial"])
+@pytest.fixture
+def slow_proxy(engine: Proc, store_url: str, logs: Path) -> Iterator[Proc]:
+    """A proxy that gives up on an engine call after 2 s."""
+    proxy = start_proxy(engine.url, store_url, logs, "--engine-timeout", "2")
+    yield proxy
+    proxy.stop()
+
+
+@pytest.mark.parametrize("after_hold", ["none", "error500", "partial", "timeout"])
 def test_a_call_that_ends_after_the_freeze_leaves_the_snapshot_alone(
-    proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client, after_hold: str
+    request: pytest.FixtureRequest,
+    engine: Proc,
+    store_url: str,
+    rid: str,
+    http: httpx.Client,
+    after_hold: str,
 ) -> None:
     """A call still at the engine when the rollout is frozen: its entry, or its failure (HTTP
-    500, an answer without token data), is dropped and nothing is marked. The freeze already
-    masked it through its intent, and the consumed snapshot stays retirable."""
+    500, an answer without token data, a timeout), is dropped and nothing is marked. The
+    freeze already masked it through its intent, and the consumed snapshot stays retirable."""
+    proxy: Proc = request.getfixturevalue("slow_proxy" if after_hold == "timeout" else "proxy")
     first, _ = _good_turn(http, proxy, rid)
     result: dict[str, httpx.Response] = {}
     body = {"model": "tiny", "messages": MSGS, "test_engine_fault": "hold", "test_engine_hold": rid}
-    if after_hold != "none":
+    if after_hold not in ("none", "timeout"):
         body["test_engine_after_hold"] = after_hold
 
     def call() -> None:
@@ -238,10 +252,12 @@ def test_a_call_that_ends_after_the_freeze_leaves_the_snapshot_alone(
     wait_held(http, engine.url, rid)
     frozen = http.post(f"{proxy.url}{CONTROL}/rollouts/{rid}/freeze").json()
     assert frozen["incomplete"]  # its intent has no entry at freeze time
-    http.post(f"{engine.url}/test/release/{rid}")
+    if after_hold != "timeout":  # a timeout ends the call while the engine still holds it
+        http.post(f"{engine.url}/test/release/{rid}")
     worker.join(30)
+    http.post(f"{engine.url}/test/release/{rid}")
     resp = result["resp"]
-    assert resp.status_code == (500 if after_hold == "error500" else 200)
+    assert resp.status_code == {"error500": 500, "timeout": 504}.get(after_hold, 200)
     assert resp.headers["x-zephon-capture"] == "late"
     again = freeze(store_url, rid)
     assert (again.snapshot_id, again.version) == (frozen["snapshot_id"], frozen["version"])
