@@ -156,7 +156,8 @@ def render(
         else Text("trainable", style="bold green")
     )
     head = Text.assemble(
-        ("rollout ", "bold"), row["rollout_id"], f"  snapshot {row['snapshot_id'][:12]}",
+        ("rollout ", "bold"), row["rollout_id"],
+        f"  snapshot {row['snapshot_id'][:12] or '(not frozen)'}",
         f" v{row['version']}  ", verdict,
     )  # fmt: skip
     n = len(row["input_ids"])
