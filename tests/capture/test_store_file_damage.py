@@ -22,7 +22,7 @@ from zephon.capture.protocols import TokenCaptureRetiredError
 from zephon.capture.records import TokenCaptureSnapshot
 from zephon.capture.stores._file import FileStore, reset_process_cache
 from zephon.capture.stores._filelog import read_log
-from zephon.capture.stores._fsutil import LogCorruptionError
+from zephon.capture.stores._fsutil import LogCorruptionError, frame
 
 T = TypeVar("T")
 RID = "dmg"
@@ -214,3 +214,13 @@ def test_retire_and_delete_clear_a_damaged_rollout(tmp_path: Path, action: str) 
     assert not log.exists()
     _run(cold.put(make_entry(RID, "fresh")))  # the id is usable again
     assert [e.model_call_id for e in _run(cold.freeze(RID)).entries] == ["fresh"]
+
+
+def test_a_checksummed_header_of_the_wrong_shape_is_reported_and_kept(tmp_path: Path) -> None:
+    log = tmp_path / f"{RID}.log"
+    data = frame(b"H", b'{"format":"zephon-capture-log","version":"two"}') + b"rest\n"
+    log.write_bytes(data)
+    got = _run(_open(log))
+    _check_reported(got, log, len(data))
+    assert "header does not decode" in str(got)
+    assert log.read_bytes() == data

@@ -100,7 +100,10 @@ def _parse_slot(data: bytes) -> tuple[int, int] | None:
     if parsed is None or parsed[0] != _SLOT:
         return None
     seq, _, length = parsed[1].partition(b" ")
-    return int(seq, 16), int(length, 16)
+    try:
+        return int(seq, 16), int(length, 16)
+    except ValueError:
+        return None
 
 
 def _damaged(path: str, offset: int, what: str) -> LogCorruptionError:
@@ -125,7 +128,10 @@ def parse_head(data: bytes, path: str, rollout_id: str | None) -> Head:
     parsed = None if nl < 0 else parse_line(data[:nl])
     if parsed is None or parsed[0] != _HEADER:
         raise _damaged(path, 0, "its header line is truncated or fails its checksum")
-    header = msgspec.json.decode(parsed[1], type=_Header)
+    try:
+        header = msgspec.json.decode(parsed[1], type=_Header)
+    except msgspec.DecodeError as exc:
+        raise _damaged(path, 0, f"its header does not decode ({exc})") from None
     if header.version != LOG_VERSION or rollout_id not in (None, header.rollout_id):
         raise LogCorruptionError(
             f"capture log {path} (header at byte 0) holds version {header.version} of rollout "
