@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from zephon.capture.testing import STORE_KINDS
+
 REPO = Path(__file__).resolve().parents[2]
 
 __all__ = ["REPO", "read_acks", "spawn_writer", "store_url"]
@@ -40,12 +42,8 @@ def read_acks(lines: list[str]) -> tuple[set[tuple[str, str]], list[str]]:
 
 
 def store_url(kind: str, tmp_path: Path, request: Any) -> str:
-    """A fresh backend of ``kind`` (postgres: a new schema on the session server)."""
-    if kind == "file":
-        return f"file://{tmp_path / 'capture'}"
-    if kind == "sqlite":
-        return f"sqlite://{tmp_path / 'capture.db'}"
-    if kind == "postgres":
-        url: str = request.getfixturevalue("pg_url")
-        return url
-    raise ValueError(kind)
+    """A fresh backend of ``kind`` from the registry (a server kind: a new schema on the
+    session's PostgreSQL server)."""
+    store_kind = STORE_KINDS[kind]
+    server = request.getfixturevalue("pg_url") if store_kind.needs_server else None
+    return store_kind.url(str(tmp_path), server)

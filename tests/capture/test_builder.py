@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 from zephon.capture.builder import RolloutBuild, build_rollout, prefix_merging
-from zephon.capture.records import TokenCaptureSnapshot, TokenEntry
+from zephon.capture.records import (
+    EngineRefusalRecord,
+    ParentResolutionStatus,
+    TokenCaptureSnapshot,
+    TokenEntry,
+)
 
 VECTORS = json.loads(
     (pathlib.Path(__file__).parent / "fixtures" / "lineage_vectors.json").read_text("utf-8")
@@ -26,15 +31,22 @@ def entries_of(name: str) -> list[TokenEntry]:
     return [TokenEntry.from_dict(e) for e in SCENARIOS[name]["entries"]]
 
 
-def build(name: str, *, incomplete: bool = False, **kw: Any) -> RolloutBuild:
-    sc = SCENARIOS[name]
-    snap = TokenCaptureSnapshot(
+def snapshot_of(
+    name: str, *, incomplete: bool = False, refusals: tuple[EngineRefusalRecord, ...] = ()
+) -> TokenCaptureSnapshot:
+    return TokenCaptureSnapshot(
         rollout_id="r",
         entries=tuple(entries_of(name)),
         incomplete=incomplete,
         snapshot_id="s",
         version=1,
+        engine_refusals=refusals,
     )
+
+
+def build(name: str, *, incomplete: bool = False, **kw: Any) -> RolloutBuild:
+    sc = SCENARIOS[name]
+    snap = snapshot_of(name, incomplete=incomplete)
     kw.setdefault("terminal_call_id", sc.get("explicit_terminal_call_id"))
     kw.setdefault("terminal_response_id", sc.get("declared_response_id"))
     return build_rollout(snap, **kw)
@@ -218,3 +230,46 @@ def test_large_token_ids_keep_exact_values() -> None:
     t = build_rollout(snap).trajectory
     assert t is not None and t.input_ids.dtype == np.int64
     assert t.input_ids.tolist() == [big, big + 1]
+
+
+def _with_refusal(name: str, refusal: EngineRefusalRecord) -> RolloutBuild:
+    return build_rollout(snapshot_of(name, refusals=(refusal,)))
+
+
+RESOLVED, UNRESOLVED = ParentResolutionStatus.RESOLVED, ParentResolutionStatus.UNRESOLVED
+
+
+def test_an_engine_refusal_is_placed_on_the_branch_it_continued() -> None:
+    plain = build("linear")
+    refused = _with_refusal(
+        "linear",
+        EngineRefusalRecord.of(
+            model_call_id="c4", code="context_length_exceeded", parent_call_id="c3",
+            parent_resolution=RESOLVED,
+        ),
+    )  # fmt: skip
+    assert not refused.masked and refused.trajectory is not None
+    main = refused.output.main
+    assert main is not None and [r.model_call_id for r in main.refusals] == ["c4"]
+    assert "engine refusal c4 (context_length_exceeded): ends chain main after c3" in (
+        refused.notes.decisions
+    )
+    assert plain.output.main is not None and plain.output.main.refusals == []
+    passed = _with_refusal(
+        "linear", EngineRefusalRecord.of(model_call_id="c9", code="http_400",
+                                         parent_call_id="c1", parent_resolution=RESOLVED),
+    )  # fmt: skip
+    assert not passed.masked
+    assert any("c9 (http_400): a refused continuation of c1" in d for d in passed.notes.decisions)
+
+
+@pytest.mark.parametrize("parent", [None, "gone"])
+def test_an_engine_refusal_that_cannot_be_placed_masks(parent: str | None) -> None:
+    status = UNRESOLVED if parent is None else RESOLVED
+    refusal = EngineRefusalRecord.of(
+        model_call_id="c4", code="http_400", parent_call_id=parent, parent_resolution=status
+    )
+    b = _with_refusal("linear", refusal)
+    assert b.masked and b.mask_reasons == ["unplaced_engine_refusals"]
+    assert b.notes.unplaced_refusals == ["c4"]
+    assert not build("linear").masked

@@ -20,6 +20,7 @@ from tests.capture._procs import read_acks, spawn_writer, store_url
 from tests.capture._workload import make_entry
 from zephon.capture.records import TokenCaptureSnapshot
 from zephon.capture.stores import open_store
+from zephon.capture.testing import durable_kinds
 
 WRITERS = 4
 PER_SHARED = 10
@@ -36,7 +37,7 @@ def _plan(w: int) -> list[tuple[str, str]]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])
+@pytest.mark.parametrize("kind", durable_kinds())
 def test_four_processes_lose_and_duplicate_nothing(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -84,7 +85,7 @@ async def _verify(url: str, expected: set[tuple[str, str]]) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])
+@pytest.mark.parametrize("kind", durable_kinds())
 def test_freeze_racing_writers_is_a_strict_fence(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -11,7 +11,6 @@ import warnings
 
 import pytest
 
-from tests.capture.mutations import MUTATIONS, Mutation, assert_mutation_caught, mutation  # noqa: F401
 from zephon.capture.conformance import (
     CHECKS,
     ConformanceError,
@@ -20,6 +19,7 @@ from zephon.capture.conformance import (
     run_conformance_sync,
 )
 from zephon.capture.stores import open_store
+from zephon.capture.testing import MUTATIONS, Mutation, assert_mutation_caught
 from zephon.cli._capture import main as capture_main
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def test_missing_optional_extension_warns() -> None:
 def test_first_failure_raises_conformance_error_naming_the_check() -> None:
     f = _factory()
     m = MUTATIONS["write_after_freeze_accepted"]
-    from tests.capture.mutations import mutated_factory
+    from zephon.capture.testing import mutated_factory
 
     g = mutated_factory(f, m)
     with pytest.raises(ConformanceError) as info:
@@ -99,7 +99,7 @@ def test_unknown_check_name_is_refused() -> None:
         run_conformance_sync(f, f, checks=["nope"])
 
 
-def test_mutation_is_caught_by_expected_check(mutation: Mutation) -> None:  # noqa: F811
+def test_mutation_is_caught_by_expected_check(mutation: Mutation) -> None:
     assert_mutation_caught(_factory(), mutation)
 
 
@@ -137,7 +137,7 @@ def test_cli_fails_with_exit_code_one_on_a_broken_store(tmp_path: object) -> Non
     code = (
         "import sys, uuid\n"
         "from zephon.capture import stores\n"
-        "from tests.capture.mutations import MUTATIONS, mutated_factory\n"
+        "from zephon.capture.testing import MUTATIONS, mutated_factory\n"
         "from zephon.capture.stores._memory import MemoryStore\n"
         "m = MUTATIONS['retire_not_fencing']\n"
         "class Broken:\n"

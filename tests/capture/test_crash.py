@@ -20,6 +20,7 @@ from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import read_acks, spawn_writer, store_url
 from tests.capture._workload import make_entry
 from zephon.capture.stores import open_store
+from zephon.capture.testing import durable_kinds
 
 ROUNDS = 4
 ROLLOUTS = [f"crash-{i}" for i in range(3)]
@@ -27,7 +28,7 @@ SIZES = {"prompt": 3072, "gen": 1024}
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])
+@pytest.mark.parametrize("kind", durable_kinds())
 def test_sigkilled_writers_lose_no_acknowledged_put(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

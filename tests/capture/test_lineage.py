@@ -19,6 +19,7 @@ from zephon.capture.lineage import (
     resolve_among,
     stamp_continuation,
 )
+from zephon.capture.protocols import CaptureHistoryUnrepresentable
 from zephon.capture.records import ParentResolutionStatus, TokenEntry, compute_digest
 
 VECTORS = json.loads(
@@ -254,3 +255,23 @@ def test_delta_parent_is_materialised_and_verified() -> None:
     res = resolve_among(req3, [root, forged])
     assert res.status is ParentResolutionStatus.UNRESOLVED
     assert res.reason == lineage.PARENT_UNAVAILABLE
+
+
+def test_conflicting_payloads_for_one_call_id_are_zero_candidates() -> None:
+    good = make_entry("c1", REQ, "4", [1, 2], [3])
+    other = make_entry("c1", REQ, "4", [1, 2], [7])  # same call id, different committed bytes
+    for order in ([good, other], [other, good]):
+        res = resolve_among(follow(good), order)
+        assert res.status is ParentResolutionStatus.UNRESOLVED, order
+    assert resolve_among(follow(good), [good, good]).status is ParentResolutionStatus.RESOLVED
+
+
+def test_unrepresentable_history_raises_the_typed_error() -> None:
+    deep: Any = []
+    for _ in range(300):
+        deep = [deep]
+    items = [{"role": "user", "content": [{"type": "input_image", "image": deep}]}]
+    with pytest.raises(CaptureHistoryUnrepresentable, match="nesting deeper than 254"):
+        lineage.conversation_digest(items)
+    with pytest.raises(CaptureHistoryUnrepresentable, match="item #0 is a str"):
+        lineage.assistant_fingerprint(["hi"])  # type: ignore[list-item]

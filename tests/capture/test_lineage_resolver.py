@@ -9,10 +9,12 @@ from typing import Any
 
 import pytest
 
+from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import store_url
 from zephon.capture.lineage import stamp_continuation
 from zephon.capture.records import ParentResolutionStatus, TokenEntry, compute_digest
 from zephon.capture.stores import open_store
+from zephon.capture.testing import STORE_KINDS
 
 
 def turn_entry(rid: str, k: int, request: list[dict[str, Any]], parent: str | None) -> TokenEntry:
@@ -36,14 +38,10 @@ def turn_entry(rid: str, k: int, request: list[dict[str, Any]], parent: str | No
     return stamp_continuation(entry, request)
 
 
-@pytest.mark.parametrize("kind", ["memory", "file", "sqlite"])
+@pytest.mark.parametrize("kind", sorted(STORE_KINDS))
 @pytest.mark.timeout(60)
 def test_incremental_cross_client_resolution(kind: str, tmp_path: Path, request: Any) -> None:
-    url = (
-        f"memory://resolver-{tmp_path.name}"
-        if kind == "memory"
-        else store_url(kind, tmp_path, request)
-    )
+    url = store_url(kind, tmp_path, request)
 
     async def go() -> None:
         writer, reader = open_store(url), open_store(url)

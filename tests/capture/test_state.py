@@ -14,17 +14,17 @@ from zephon.capture.protocols import (
     TokenCaptureFrozenError,
     TokenCaptureRetiredError,
 )
-from zephon.capture.records import CallRecord, CaptureLedgerCommit, EngineRefusalRecord
-from zephon.capture.stores._state import (
+from zephon.capture.records import CaptureLedgerCommit, EngineRefusalRecord
+from zephon.capture.stores._events import (
     Event,
     Put,
-    RolloutState,
-    Transition,
     decode_event,
     encode_event,
     event_from_builtins,
     event_to_builtins,
 )
+from zephon.capture.stores._state import RolloutState, Transition
+from zephon.capture.testing import sample_commit
 
 
 class Live:
@@ -45,21 +45,7 @@ def _payload(n: int) -> bytes:
 
 
 def _commit(call_id: str, variant: int = 0) -> CaptureLedgerCommit:
-    record = CallRecord(
-        model_call_id=call_id,
-        prev_len=0,
-        delta_len=4,
-        cum_len=4,
-        weight_version=variant,
-        digest="1" * 64,
-        extras_digest="2" * 64,
-        staging_key=f"k/{call_id}",
-        mode="text",
-        chain_hash="3" * 64,
-        cumulative_hash="4" * 64,
-        response_id=f"resp-{call_id}",
-    )
-    return CaptureLedgerCommit(rollout_id="r", record=record, request_items=[], response_items=[])
+    return sample_commit("r", call_id, request_items=[], response_items=[], weight_version=variant)
 
 
 def test_reference_version_sequence() -> None:

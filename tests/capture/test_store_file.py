@@ -14,14 +14,15 @@ import pytest
 
 from tests.capture._procs import REPO, read_acks, spawn_writer
 from tests.capture._workload import make_entry
-from tests.capture.mutations import Mutation, assert_mutation_caught, mutation  # noqa: F401
 from zephon.capture.conformance import run_conformance
 from zephon.capture.protocols import TokenCaptureRetiredError
 from zephon.capture.stores import _file as file_mod
 from zephon.capture.stores import open_store
+from zephon.capture.stores._events import Put, encode_event
 from zephon.capture.stores._file import FileStore, reset_process_cache
-from zephon.capture.stores._fsutil import LogCorruptionError, frame_parts, scan
-from zephon.capture.stores._state import Put, encode_event
+from zephon.capture.stores._filelog import read_log
+from zephon.capture.stores._fsutil import LogCorruptionError, frame_parts
+from zephon.capture.testing import Mutation, assert_mutation_caught
 
 
 @pytest.fixture(autouse=True)
@@ -55,8 +56,8 @@ def _flip(path: Path, offset: int) -> None:
 
 
 def _line_offsets(path: Path) -> list[int]:
-    data = path.read_bytes()
-    return [r.offset for r in scan(data, offset=0, line=1, path=str(path)).records]
+    """Where the head (0) and each record start."""
+    return [0] + [r.offset for r in read_log(path.read_bytes())[1].records]
 
 
 def test_torn_final_record_is_ignored_then_cut_off(tmp_path: Path) -> None:
@@ -79,27 +80,29 @@ def test_torn_final_record_is_ignored_then_cut_off(tmp_path: Path) -> None:
     assert {*FileStore(str(tmp_path)).state_of(rid).entry_keys} == {"c1", "c2"}
     assert log.stat().st_size > valid  # a reader leaves the torn bytes alone
     _run(store.put(c3))  # the next writer cuts them off and appends cleanly
-    result = scan(log.read_bytes(), offset=0, line=1, path=str(log))
+    result = read_log(log.read_bytes())[1]
     assert result.torn == 0
-    assert len(result.records) == 4  # header + three puts
+    assert len(result.records) == 3  # three puts after the head
     snap = _run(FileStore(str(tmp_path)).freeze(rid))
     assert sorted(e.model_call_id for e in snap.entries) == ["c1", "c2", "c3"]
     assert snap.version == 4 and not snap.incomplete
 
 
-def test_corruption_before_the_last_line_is_refused_with_file_and_line(tmp_path: Path) -> None:
+def test_corruption_before_the_last_line_is_refused_with_file_and_offset(tmp_path: Path) -> None:
     store = FileStore(str(tmp_path))
     rid = "corrupt"
     for cid in ("c1", "c2", "c3"):
         _run(store.put(make_entry(rid, cid)))
     log = Path(store.log_path(rid))
-    _flip(log, _line_offsets(log)[1] + 40)  # inside line 2 (the first put)
+    first_put = _line_offsets(log)[1]
+    _flip(log, first_put + 40)
     reset_process_cache()
     cold = FileStore(str(tmp_path))
-    with pytest.raises(LogCorruptionError, match=rf"{log}.* line 2"):
+    with pytest.raises(LogCorruptionError, match=rf"{log} is damaged at byte {first_put}:"):
         _run(cold.put(make_entry(rid, "c4")))
-    with pytest.raises(LogCorruptionError, match="line 2"):
+    with pytest.raises(LogCorruptionError, match=f"byte {first_put}") as info:
         _run(cold.freeze(rid))
+    assert (info.value.path, info.value.offset) == (str(log), first_put)
 
 
 def test_put_does_not_reparse_the_log(tmp_path: Path) -> None:
@@ -236,7 +239,7 @@ def test_bad_file_urls_are_refused(url: str) -> None:
         FileStore.from_url(url)
 
 
-def test_file_store_mutations_are_caught(tmp_path: Path, mutation: Mutation) -> None:  # noqa: F811
+def test_file_store_mutations_are_caught(tmp_path: Path, mutation: Mutation) -> None:
     url = f"file://{tmp_path}/cap"
     assert_mutation_caught(lambda: open_store(url), mutation)
 
@@ -257,8 +260,13 @@ def test_cached_snapshots_are_bounded(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_a_file_that_is_not_a_capture_log_is_refused(tmp_path: Path) -> None:
     store = FileStore(str(tmp_path))
     Path(store.log_path("alien")).write_bytes(b"".join(frame_parts(b"e", b'{"op":"retire"}')))
-    with pytest.raises(LogCorruptionError, match="line 1 is not a zephon capture log header"):
-        _run(store.freeze("alien"))
+    before = Path(store.log_path("alien")).read_bytes()
+    for attempt in (store.freeze("alien"), store.put(make_entry("alien", "c1"))):
+        with pytest.raises(LogCorruptionError, match="is not a zephon capture log"):
+            _run(attempt)
+    with pytest.raises(LogCorruptionError, match="never modifies it"):
+        _run(store.delete("alien"))
+    assert Path(store.log_path("alien")).read_bytes() == before
 
 
 @pytest.mark.timeout(60)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from tests.capture._workload import make_entry
-from tests.capture.mutations import Mutation, assert_mutation_caught, mutation  # noqa: F401
 from zephon.capture.conformance import run_conformance
 from zephon.capture.protocols import TokenCaptureFrozenError
 from zephon.capture.stores import open_store
 from zephon.capture.stores._sqlite import SqliteStore
+from zephon.capture.testing import Mutation, assert_mutation_caught
 
 
 @pytest.mark.parametrize("offload", ["thread", "inline"])
@@ -76,6 +76,6 @@ def test_sqlite_urls(tmp_path: Path) -> None:
         SqliteStore.from_url(f"sqlite://{tmp_path}/x.db?journal=delete")
 
 
-def test_sqlite_store_mutations_are_caught(tmp_path: Path, mutation: Mutation) -> None:  # noqa: F811
+def test_sqlite_store_mutations_are_caught(tmp_path: Path, mutation: Mutation) -> None:
     url = f"sqlite://{tmp_path}/cap.db"
     assert_mutation_caught(lambda: open_store(url), mutation)

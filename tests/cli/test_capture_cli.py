@@ -11,6 +11,7 @@ import pytest
 
 from zephon.capture import ParentResolutionStatus, TokenEntry, compute_digest
 from zephon.capture.stores import open_store
+from zephon.capture.testing import STORE_KINDS
 from zephon.cli import main
 
 
@@ -79,3 +80,52 @@ def test_export_jsonl_and_parquet(store_url: str, tmp_path: Path, capsys) -> Non
     assert table[0]["loss_mask"] == rows[0]["loss_mask"]
     assert main(["capture", "export", str(out), "--store", "memory://x"]) == 2
     assert main(["capture", "export", str(out), "--store", "memory://x", "--all"]) == 2
+
+
+def _live_rollout(url: str) -> None:
+    """A rollout whose agent is still running: one committed call, one admitted."""
+
+    async def go() -> None:
+        store = open_store(url)
+        await store.put(_entry("live", "c1", list(b"q"), list(b"a"), None))
+        await store.begin_call("live", "c2")
+        await store.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", ["file", "sqlite"])
+def test_inspect_and_export_read_without_freezing(kind: str, tmp_path: Path, capsys) -> None:
+    url = STORE_KINDS[kind].url(str(tmp_path))
+    _live_rollout(url)
+    files = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert main(["capture", "inspect", "live", "--store", url, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["snapshot_id"] == "" and row["mask_reasons"] == ["capture_incomplete"]
+    out = tmp_path / "out.jsonl"
+    args = ["capture", "export", str(out), "--store", url, "--rollout", "live", "--quiet"]
+    assert main([*args, "--include-masked"]) == 0
+    assert "exported 1 rollout(s)" in capsys.readouterr().out
+    if kind == "file":  # the log is not touched at all
+        assert {p: p.read_bytes() for p in files} == files
+
+    async def agent_continues() -> None:
+        store = open_store(url)
+        await store.put(_entry("live", "c2", list(b"qa?"), list(b"b"), "c1"))  # no 409
+        snap = await store.freeze("live")
+        assert {e.model_call_id for e in snap.entries} == {"c1", "c2"} and not snap.incomplete
+        await store.close()
+
+    asyncio.run(agent_continues())
+    assert main(["capture", "inspect", "live", "--store", url, "--json", "--freeze"]) == 0
+    assert json.loads(capsys.readouterr().out)["snapshot_id"] != ""
+
+
+@pytest.mark.parametrize("kind", ["file", "sqlite"])
+def test_a_missing_store_is_an_error_and_is_not_created(kind: str, tmp_path: Path, capsys) -> None:
+    url = STORE_KINDS[kind].url(str(tmp_path / "typo"))
+    assert main(["capture", "inspect", "r1", "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and str(tmp_path / "typo") in err
+    assert main(["capture", "export", str(tmp_path / "o.jsonl"), "--store", url, "--all"]) == 2
+    assert not (tmp_path / "typo").exists()

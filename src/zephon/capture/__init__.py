@@ -1,10 +1,16 @@
 """Durable RL token capture: records, protocols, stores and the conformance suite.
 
-See ``docs/capture.md``. Everything here imports without a server stack.
+See ``docs/capture.md``. Everything here imports without a server stack; the store classes
+(``MemoryStore``, ``FileStore``, ``SqliteStore``, ``PostgresStore``) are imported on first
+access, so ``import zephon.capture`` never pulls in a database driver.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from zephon.capture import protocols as _protocols
+from zephon.capture import stores
 from zephon.capture.builder import (
     BuildNotes,
     BuildOutput,
@@ -17,6 +23,13 @@ from zephon.capture.builder import (
     build_rollout,
     prefix_merging,
 )
+from zephon.capture.conformance import (
+    ConformanceError,
+    ConformanceReport,
+    ConformanceWarning,
+    run_conformance,
+    run_conformance_sync,
+)
 from zephon.capture.lineage import (
     FINGERPRINT_VERSION,
     IncrementalResolver,
@@ -26,6 +39,7 @@ from zephon.capture.lineage import (
     conversation_digest,
     stamp_continuation,
 )
+from zephon.capture.protocols import *  # noqa: F403 - every protocol, extension and error
 from zephon.capture.records import (
     CallRecord,
     CaptureLedgerCommit,
@@ -40,17 +54,31 @@ from zephon.capture.records import (
     cumulative_tokens,
     encode_token_ids,
 )
+from zephon.capture.stores import STORE_CLASSES, STORE_SCHEMES, LogCorruptionError, open_store
+
+
+def __getattr__(name: str) -> Any:
+    """The store classes, imported on first access (see the module docstring)."""
+    if name not in STORE_CLASSES:
+        raise AttributeError(f"module 'zephon.capture' has no attribute {name!r}")
+    return getattr(stores, name)
+
 
 __all__ = [
     "FINGERPRINT_VERSION",
+    "STORE_SCHEMES",
     "BuildNotes",
     "BuildOutput",
     "CallRecord",
     "CaptureLedgerCommit",
     "Chain",
     "ChainLink",
+    "ConformanceError",
+    "ConformanceReport",
+    "ConformanceWarning",
     "EngineRefusalRecord",
     "IncrementalResolver",
+    "LogCorruptionError",
     "ManifestFailure",
     "ParentResolutionStatus",
     "RolloutBuild",
@@ -69,6 +97,10 @@ __all__ = [
     "conversation_digest",
     "cumulative_tokens",
     "encode_token_ids",
+    "open_store",
     "prefix_merging",
+    "run_conformance",
+    "run_conformance_sync",
     "stamp_continuation",
 ]
+__all__ += [*_protocols.__all__, *STORE_CLASSES]

@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 
 from zephon.capture._conformance_kit import (
     CHECKS,
     ConformanceError,
     _by_call,
     _check,
-    _commit,
     _Ctx,
     _entry,
     _freeze,
     _require_fenced,
     _Skip,
     _wire,
+    sample_commit,
 )
 from zephon.capture.protocols import (
     CaptureAdmissionRefused,
@@ -51,6 +52,18 @@ async def _check_put_then_freeze_visibility(ctx: _Ctx) -> None:
     ctx.require(bool(snap.snapshot_id), "empty snapshot_id")
     ctx.require(isinstance(snap.version, int), f"version {snap.version!r} is not an int")
     ctx.require(not tuple(getattr(snap, "engine_refusals", ())), "unexpected engine_refusals")
+
+
+@_check
+async def _check_non_finite_log_probs_refused(ctx: _Ctx) -> None:
+    rid = ctx.rid()
+    bad = _entry(rid, "c1").with_changes(generation_log_probs=[-0.1, math.nan])
+    exc = await ctx.raises((await ctx.sink()).put(bad), ValueError, "put of a NaN log-prob")
+    ctx.require("generation_log_probs" in str(exc), f"the error does not name the field: {exc}")
+    good = _entry(rid, "c2")
+    await (await ctx.sink()).put(good)
+    snap = await _freeze(ctx, rid)
+    ctx.require(_by_call(snap) == {"c2": _wire(good)}, "unreadable after the refused put")
 
 
 @_check
@@ -372,7 +385,7 @@ async def _check_concurrent_clients(ctx: _Ctx) -> None:
 async def _check_ledger_record_visibility(ctx: _Ctx) -> None:
     rid = ctx.rid()
     ledger = await ctx.ledger()
-    commit = _commit(rid, "c1")
+    commit = sample_commit(rid, "c1")
     ctx.require(await ledger.has_rows(rid) is False, "an unused rollout has ledger rows")
     await ledger.record(commit)
     await (await ctx.ledger()).record(commit)
@@ -386,7 +399,7 @@ async def _check_ledger_record_visibility(ctx: _Ctx) -> None:
         "cumulative_token_ids" not in canonical_json(manifest).decode(), "token ids in manifest"
     )
     ctx.require(await (await ctx.ledger()).has_rows(rid) is True, "has_rows False after record")
-    changed = _commit(rid, "c1").record
+    changed = sample_commit(rid, "c1").record
     other = CaptureLedgerCommit(
         rollout_id=rid,
         record=changed,
@@ -418,13 +431,13 @@ async def _check_ledger_failure_rows(ctx: _Ctx) -> None:
 @_check
 async def _check_ledger_retirement(ctx: _Ctx) -> None:
     rid = ctx.rid()
-    await (await ctx.ledger()).record(_commit(rid, "c1"))
+    await (await ctx.ledger()).record(sample_commit(rid, "c1"))
     removal = await (await ctx.ledger()).retire([rid])
     ctx.require(
         list(removal.changed) == [rid], f"ledger retire did not report the change: {removal}"
     )
     ledger = await ctx.ledger()
-    await ledger.record(_commit(rid, "c2"))  # discarded, not raised
+    await ledger.record(sample_commit(rid, "c2"))  # discarded, not raised
     await ledger.record_failure(rid, "c3", "late")
     await ctx.raises(ledger.manifest(rid), RolloutRetiredError, "manifest of a retired rollout")
     await ctx.raises(ledger.has_rows(rid), RolloutRetiredError, "has_rows of a retired rollout")
@@ -444,7 +457,7 @@ async def _check_ledger_admission_cut(ctx: _Ctx) -> None:
     if not callable(getattr(ledger, "begin_call", None)):
         raise _Skip("ledger has close_admissions() but no begin_call()")
     await ledger.begin_call(rid, "c1")
-    await (await ctx.ledger()).record(_commit(rid, "c0"))
+    await (await ctx.ledger()).record(sample_commit(rid, "c0"))
     manifest = await (await ctx.ledger()).close_admissions(rid)
     ctx.require(
         [r["model_call_id"] for r in manifest["records"]] == ["c0"], f"cut manifest {manifest}"
@@ -454,7 +467,13 @@ async def _check_ledger_admission_cut(ctx: _Ctx) -> None:
         CaptureAdmissionRefused,
         "begin_call after close_admissions",
     )
-    await (await ctx.ledger()).record(_commit(rid, "c1"))  # admitted before the cut: may commit
+    await ctx.raises(
+        (await ctx.ledger()).record(sample_commit(rid, "stray")),
+        CaptureAdmissionRefused,
+        "record of a call without an intent after close_admissions",
+    )
+    # Admitted before the cut: may still commit.
+    await (await ctx.ledger()).record(sample_commit(rid, "c1"))
     manifest = await (await ctx.ledger()).manifest(rid)
     ctx.require(
         {r["model_call_id"] for r in manifest["records"]} == {"c0", "c1"}, "admitted call lost"
@@ -470,7 +489,7 @@ async def _check_refuse_call_resolution(ctx: _Ctx) -> None:
     if not callable(getattr(ledger, "begin_call", None)):
         raise _Skip("ledger has refuse_call() but no begin_call()")
     await ledger.begin_call(rid, "c1")
-    await (await ctx.ledger()).record(_commit(rid, "c0"))
+    await (await ctx.ledger()).record(sample_commit(rid, "c0"))
     await (await ctx.ledger()).refuse_call(rid, "c1")
     manifest = await (await ctx.ledger()).manifest(rid)
     ctx.require([r["model_call_id"] for r in manifest["records"]] == ["c0"], f"manifest {manifest}")

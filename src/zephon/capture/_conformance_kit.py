@@ -11,8 +11,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from zephon.capture.lineage import assistant_fingerprint
 from zephon.capture.protocols import TokenCaptureRetiredError
-from zephon.capture.records import CallRecord, CaptureLedgerCommit, TokenEntry, canonical_json
+from zephon.capture.records import (
+    FINGERPRINT_VERSION,
+    CallRecord,
+    CaptureLedgerCommit,
+    TokenEntry,
+    canonical_json,
+)
 
 Factory = Callable[[], Any]
 
@@ -174,13 +181,27 @@ def _by_call(snapshot: Any) -> dict[str, bytes]:
     return {e.model_call_id: _wire(e) for e in snapshot.entries}
 
 
-def _commit(rollout_id: str, call_id: str) -> CaptureLedgerCommit:
+def sample_commit(
+    rollout_id: str,
+    call_id: str,
+    *,
+    request_items: list[dict[str, Any]] | None = None,
+    response_items: list[dict[str, Any]] | None = None,
+    weight_version: int = 1,
+    resolvable: bool = False,
+) -> CaptureLedgerCommit:
+    """A valid root ledger row; ``resolvable`` stamps the continuation fingerprint of its
+    request and response so a continuation can resolve to it."""
+    request = request_items if request_items is not None else [{"role": "user", "content": "hi"}]
+    response = (
+        [{"role": "assistant", "content": "ok"}] if response_items is None else response_items
+    )
     record = CallRecord(
         model_call_id=call_id,
         prev_len=0,
         delta_len=4,
         cum_len=4,
-        weight_version=1,
+        weight_version=weight_version,
         digest="1" * 64,
         extras_digest="2" * 64,
         staging_key=f"stage/{rollout_id}/{call_id}",
@@ -188,12 +209,17 @@ def _commit(rollout_id: str, call_id: str) -> CaptureLedgerCommit:
         chain_hash="3" * 64,
         cumulative_hash="4" * 64,
         response_id=f"resp-{call_id}",
+        continuation_fingerprint=(
+            assistant_fingerprint([*request, *response]) if resolvable else None
+        ),
+        fingerprint_version=FINGERPRINT_VERSION if resolvable else 0,
     )
     return CaptureLedgerCommit(
         rollout_id=rollout_id,
         record=record,
-        request_items=[{"role": "user", "content": "hi"}],
-        response_items=[{"role": "assistant", "content": "ok"}],
+        staging_chain=(record.staging_key,),
+        request_items=request,
+        response_items=response,
     )
 
 

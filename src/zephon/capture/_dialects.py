@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from zephon.capture.protocols import CaptureHistoryUnrepresentable as Unrepresentable
 from zephon.capture.records import canonical_json
 
 __all__ = [
@@ -36,12 +37,12 @@ _INT_MAX = 2**64 - 1
 def _check_json(value: Any, depth: int = 0) -> None:
     """Refuse what the reference's JSON encoder refuses (so both sides fail alike)."""
     if depth > 254:
-        raise ValueError("unsupported prompt content: nesting deeper than 254 levels")
+        raise Unrepresentable("unsupported prompt content: nesting deeper than 254 levels")
     if value is None or isinstance(value, (bool, float, str)):
         return
     if isinstance(value, int):
         if not _INT_MIN <= value <= _INT_MAX:
-            raise ValueError(f"unsupported prompt content: integer {value} exceeds 64 bits")
+            raise Unrepresentable(f"unsupported prompt content: integer {value} exceeds 64 bits")
         return
     if isinstance(value, (list, tuple)):
         for v in value:
@@ -50,10 +51,10 @@ def _check_json(value: Any, depth: int = 0) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
-                raise ValueError(f"unsupported prompt content: non-string key {k!r}")
+                raise Unrepresentable(f"unsupported prompt content: non-string key {k!r}")
             _check_json(v, depth + 1)
         return
-    raise ValueError(f"unsupported prompt content: {type(value).__name__}")
+    raise Unrepresentable(f"unsupported prompt content: {type(value).__name__}")
 
 
 def canonical_text(value: Any) -> str:
@@ -103,7 +104,7 @@ def content_parts(content: Any) -> list[tuple[str, str]]:
     if isinstance(content, str):
         return [("text", content)] if content else []
     if not isinstance(content, list):
-        raise ValueError(
+        raise Unrepresentable(
             f"unsupported message content of type {type(content).__name__}: expected a string, "
             "a list of content blocks or null"
         )
@@ -114,7 +115,7 @@ def content_parts(content: Any) -> list[tuple[str, str]]:
                 parts.append(("text", block))
             continue
         if not isinstance(block, dict):
-            raise ValueError(f"unsupported content block of type {type(block).__name__}")
+            raise Unrepresentable(f"unsupported content block of type {type(block).__name__}")
         block_type = str(block.get("type") or "")
         if block_type in _SKIPPED_BLOCK_TYPES:
             continue
@@ -124,7 +125,7 @@ def content_parts(content: Any) -> list[tuple[str, str]]:
                 parts.append(("text", text))
             continue
         if not block_type:
-            raise ValueError("content block has neither a 'type' nor a string 'text'")
+            raise Unrepresentable("content block has neither a 'type' nor a string 'text'")
         parts.append((block_type, canonical_text(block)))
     return parts
 
@@ -171,10 +172,10 @@ def tool_calls(item: dict[str, Any]) -> list[tuple[str, str, str]]:
     for call in item.get("tool_calls") or []:
         call = call or {}
         if not isinstance(call, dict):
-            raise ValueError(f"tool_calls holds a {type(call).__name__}, expected objects")
+            raise Unrepresentable(f"tool_calls holds a {type(call).__name__}, expected objects")
         function = call.get("function") or {}
         if not isinstance(function, dict):
-            raise ValueError(f"tool_calls[].function is a {type(function).__name__}")
+            raise Unrepresentable(f"tool_calls[].function is a {type(function).__name__}")
         calls.append(
             (
                 _call_field(call, "id"),

@@ -23,9 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from zephon.capture._refusals import place_refusals
 from zephon.capture._terminal import TerminalAttribution, attribute_terminal
 from zephon.capture.lineage import materialize
 from zephon.capture.records import (
+    EngineRefusalRecord,
     ParentResolutionStatus,
     TokenCaptureSnapshot,
     TokenEntry,
@@ -67,6 +69,7 @@ class Chain:
     chain_id: str
     root_prompt: list[int]
     links: list[ChainLink] = field(default_factory=list)
+    refusals: list[EngineRefusalRecord] = field(default_factory=list)  # refusals ending it
 
     @property
     def call_ids(self) -> list[str]:
@@ -139,6 +142,7 @@ class BuildNotes:
     empty_generation_calls: list[str] = field(default_factory=list)
     parent_link_failures: dict[str, int] = field(default_factory=dict)
     unresolved_parent_calls: list[str] = field(default_factory=list)
+    unplaced_refusals: list[str] = field(default_factory=list)
     decisions: list[str] = field(default_factory=list)
 
     def fail(self, call_id: str, reason: str, *, boundary: bool = True) -> None:
@@ -443,6 +447,8 @@ def _verdict(
                 reasons.append("unresolved_retries")
             if notes.unresolved_parent_calls:
                 reasons.append("unresolved_parent_calls")
+            if notes.unplaced_refusals:
+                reasons.append("unplaced_engine_refusals")
             if notes.roots != 1:
                 reasons.append(f"roots={notes.roots}")
             if notes.chains != 1:
@@ -471,6 +477,7 @@ def build_rollout(
         entries, call_id=terminal_call_id, response_id=terminal_response_id, response=response
     )
     out = prefix_merging(entries, attribution.call_id)
+    place_refusals(snapshot.engine_refusals, out)
     if attribution.attributed:
         out.notes.decisions.insert(
             0, f"terminal {attribution.call_id} attributed by {attribution.method}"

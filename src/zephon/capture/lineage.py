@@ -34,9 +34,14 @@ from zephon.capture._dialects import (
     tool_calls,
     tool_results,
 )
-from zephon.capture.protocols import LineageMatch, LineageResolution
+from zephon.capture.protocols import (
+    CaptureHistoryUnrepresentable,
+    LineageMatch,
+    LineageResolution,
+)
 from zephon.capture.records import (
     FINGERPRINT_VERSION,
+    CaptureLedgerCommit,
     ParentResolutionStatus,
     TokenEntry,
     compute_digest,
@@ -53,6 +58,7 @@ __all__ = [
     "conversation_digest",
     "has_model_authored_item",
     "resolve_among",
+    "resolve_from_ledger",
     "stamp_continuation",
 ]
 
@@ -79,7 +85,7 @@ def _field(h: Any, tag: bytes, value: str) -> None:
 def _items(items: Iterable[Any]) -> Iterable[dict[str, Any]]:
     for i, item in enumerate(items or ()):
         if not isinstance(item, dict):
-            raise ValueError(
+            raise CaptureHistoryUnrepresentable(
                 f"request item #{i} is a {type(item).__name__}; lineage needs JSON objects"
             )
         yield item
@@ -330,9 +336,58 @@ def resolve_among(
     """Resolve against a complete list of one rollout's entries (no caching)."""
     if not has_model_authored_item(request_items):
         return _ROOT
-    by_id = {e.model_call_id: e for e in entries}
-    lineage = RolloutLineage.from_entries(by_id.values())
-    return lineage.resolve(request_items, lambda node: materialize(node.call_id, by_id))
+    by_id: dict[str, TokenEntry] = {}
+    conflicted: set[str] = set()
+    for entry in entries:
+        known = by_id.setdefault(entry.model_call_id, entry)
+        if known is not entry and known.canonical_bytes() != entry.canonical_bytes():
+            conflicted.add(entry.model_call_id)  # two committed payloads: zero candidates
+    usable = {cid: e for cid, e in by_id.items() if cid not in conflicted}
+    lineage = RolloutLineage.from_entries(usable.values())
+    lineage.conflicted |= conflicted
+    return lineage.resolve(request_items, lambda node: materialize(node.call_id, usable))
+
+
+def resolve_from_ledger(
+    request_items: Sequence[dict[str, Any]], commits: Iterable[CaptureLedgerCommit]
+) -> LineageResolution | None:
+    """The parent among framework-staged ledger rows, when the entries gave no answer.
+
+    A ledger ``record`` publishes a staged call for parent resolution: exactly one row must
+    carry the request's fingerprint (current version) and a recorded request that the new
+    request extends verbatim. The match has no token ids (the framework staged them); it
+    names the staging chain, ``prev_len`` and ``chain_hash`` instead. None when no single row
+    proves itself (failure rows carry no fingerprint, so they never count).
+    """
+    fp = assistant_fingerprint(request_items)
+    if not fp:
+        return None
+    rows = [
+        c
+        for c in commits
+        if c.record.continuation_fingerprint == fp
+        and c.record.fingerprint_version == FINGERPRINT_VERSION
+    ]
+    if len(rows) != 1:
+        return None
+    commit = rows[0]
+    n = len(commit.request_items)
+    if len(request_items) < n:
+        return None
+    if conversation_digest(request_items[:n]) != conversation_digest(commit.request_items):
+        return None
+    record = commit.record
+    return LineageResolution(
+        ParentResolutionStatus.RESOLVED,
+        match=LineageMatch(
+            model_call_id=record.model_call_id,
+            cumulative_token_ids=(),
+            digest=record.digest,
+            staging_chain=commit.staging_chain,
+            prev_len=record.cum_len,
+            chain_hash=record.chain_hash,
+        ),
+    )
 
 
 # --------------------------------------------------------------------------- incremental

@@ -26,6 +26,7 @@ __all__ = [
     "CaptureAdmissionRefused",
     "CaptureHistoryUnrepresentable",
     "CaptureLedger",
+    "CaptureStore",
     "LineageMatch",
     "LineageResolution",
     "LineageResolver",
@@ -33,6 +34,8 @@ __all__ = [
     "SupportsBeginCall",
     "SupportsCloseAdmissions",
     "SupportsEngineRefusal",
+    "SupportsFailCall",
+    "SupportsPeek",
     "SupportsRefuseCall",
     "TokenCaptureFrozenError",
     "TokenCaptureRequestRefused",
@@ -150,6 +153,18 @@ class SupportsBeginCall(Protocol):
 
 
 @runtime_checkable
+class SupportsFailCall(Protocol):
+    """Mark the rollout incomplete for an admitted call that failed, unless it is frozen.
+
+    The serving path's variant of ``mark_incomplete``: after a freeze it raises
+    :class:`TokenCaptureFrozenError` and changes nothing, because the freeze already judged the
+    call from its durable intent and a late mark would stale the consumed snapshot.
+    """
+
+    async def fail_call(self, rollout_id: str, model_call_id: str) -> None: ...
+
+
+@runtime_checkable
 class SupportsEngineRefusal(Protocol):
     """Records that the engine refused a call before generating; resolves its intent."""
 
@@ -225,6 +240,31 @@ class SupportsRefuseCall(Protocol):
     """Settles an intent after the worker acknowledged refusing the call before generating."""
 
     async def refuse_call(self, rollout_id: str, model_call_id: str) -> None: ...
+
+
+@runtime_checkable
+class SupportsPeek(Protocol):
+    """A read-only view: the snapshot a freeze would show, without freezing or fencing."""
+
+    async def peek(self, rollout_id: str) -> TokenCaptureSnapshot: ...
+
+
+@runtime_checkable
+class CaptureStore(
+    TokenSink,
+    TokenSource,
+    CaptureLedger,
+    SupportsBeginCall,
+    SupportsEngineRefusal,
+    SupportsFailCall,
+    SupportsCloseAdmissions,
+    SupportsRefuseCall,
+    SupportsPeek,
+    Protocol,
+):
+    """Everything a zephon store implements over one backend (what ``open_store`` returns)."""
+
+    def describe(self) -> str: ...
 
 
 # --------------------------------------------------------------------------- installers

@@ -46,6 +46,7 @@ __all__ = [
     "cumulative_tokens",
     "encode_token_ids",
     "entry_key",
+    "require_finite",
     "validate_capture_keys",
     "validate_rollout_id",
 ]
@@ -329,6 +330,30 @@ class TokenEntry(msgspec.Struct, kw_only=True, dict=True):
         if "_extra" in self.__dict__:
             new.__dict__["_extra"] = dict(self.__dict__["_extra"])
         return new
+
+
+def require_finite(entry: TokenEntry) -> None:
+    """Refuse an entry with a non-finite float before it is stored.
+
+    JSON has no NaN or infinity: the canonical bytes would carry ``null`` and no reader could
+    decode the entry again, so every ``put`` checks this first (the error names field and index).
+    """
+    lps = entry.generation_log_probs
+    if not math.isfinite(sum(lps)):  # one C loop; the index is searched only on failure
+        bad = next((i for i, x in enumerate(lps) if not math.isfinite(x)), None)
+    else:
+        bad = None
+    if bad is not None:
+        raise ValueError(
+            f"rollout {entry.rollout_id!r} call {entry.model_call_id!r}: "
+            f"generation_log_probs[{bad}] is {lps[bad]!r}; log-probs must be finite numbers "
+            "(fix the engine's logprobs or drop the call)"
+        )
+    if not math.isfinite(entry.created_at):
+        raise ValueError(
+            f"rollout {entry.rollout_id!r} call {entry.model_call_id!r}: created_at is "
+            f"{entry.created_at!r}; it must be a finite timestamp"
+        )
 
 
 _ENTRY_FIELDS = TokenEntry.__struct_fields__

@@ -1,8 +1,10 @@
 """``zephon capture inspect`` (a built trajectory, loss mask highlighted) and
 ``zephon capture export`` (built trajectories to JSONL or Parquet).
 
-Both freeze the rollouts they read: only a frozen snapshot can be built, and freezing is
-atomic and idempotent (a rollout still being written refuses further puts afterwards).
+Both are read-only by default: they open the store without creating it and read each rollout
+through the store's read-only view (``peek``), so nothing is frozen or fenced and an agent that
+is still running keeps writing. ``--freeze`` builds from a frozen snapshot instead (atomic and
+idempotent; a rollout still being written refuses further puts afterwards).
 """
 
 from __future__ import annotations
@@ -18,15 +20,18 @@ from urllib.parse import unquote, urlsplit
 
 from zephon.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, fail
 
+_FREEZE_HELP = "freeze each rollout first (its agent can write no more) and build that snapshot"
+
 
 def register_tools(capture_subparsers: Any) -> None:
     """Add ``inspect`` and ``export`` to the ``zephon capture`` group."""
     ins = capture_subparsers.add_parser(
         "inspect",
         help="show a rollout's built trajectory with the loss mask highlighted",
-        description="Freeze ROLLOUT in --store, build it (zephon.capture.build_rollout) and "
-        "show the verdict, the calls of the chain and the token stream: generated tokens "
-        "(loss mask 1) highlighted, prompt and tool tokens (loss mask 0) dimmed.",
+        description="Read ROLLOUT in --store without changing it, build it "
+        "(zephon.capture.build_rollout) and show the verdict, the calls of the chain and the "
+        "token stream: generated tokens (loss mask 1) highlighted, prompt and tool tokens "
+        "(loss mask 0) dimmed.",
     )
     ins.add_argument("rollout", metavar="ROLLOUT")
     ins.add_argument("--store", required=True, metavar="URL", help="file:///DIR, sqlite:///F...")
@@ -37,12 +42,13 @@ def register_tools(capture_subparsers: Any) -> None:
     )  # fmt: skip
     ins.add_argument("--max-tokens", type=int, default=2000, help="tokens to show (2000)")
     ins.add_argument("--json", action="store_true", help="print the build as JSON")
+    ins.add_argument("--freeze", action="store_true", help=_FREEZE_HELP)
     ins.set_defaults(func=_inspect)
 
     exp = capture_subparsers.add_parser(
         "export",
         help="export built trajectories to JSONL or Parquet",
-        description="Freeze and build each rollout and write one row per trainable rollout: "
+        description="Build each rollout (read-only) and write one row per trainable rollout: "
         "rollout_id, snapshot_id, version, input_ids, loss_mask, logprobs, call_ids, "
         "prompt_len (and masked, mask_reasons). Exit code 1 when a rollout cannot be read.",
     )
@@ -59,6 +65,7 @@ def register_tools(capture_subparsers: Any) -> None:
         "--include-masked", action="store_true", help="also write masked rollouts (no tokens)"
     )
     exp.add_argument("--json", action="store_true", help="print a JSON summary")
+    exp.add_argument("--freeze", action="store_true", help=_FREEZE_HELP)
     exp.add_argument("--quiet", action="store_true", help="no progress bar")
     exp.set_defaults(func=_export)
 
@@ -67,29 +74,25 @@ def register_tools(capture_subparsers: Any) -> None:
 
 
 def _open(url: str) -> Any:
+    """A reader's client: a store that does not exist is an error, never created."""
     from zephon.capture.stores import open_store
 
-    return open_store(url)
-
-
-def known_in_file_store(url: str, rollout_id: str) -> bool:
-    """False when ``url`` is a file:// store without a log for ``rollout_id`` (freezing an id
-    nobody wrote would fence it); True otherwise (other stores cannot be asked cheaply)."""
-    parts = urlsplit(url)
-    if parts.scheme != "file":
-        return True
-    return (Path(unquote(parts.path)) / f"{rollout_id}.log").is_file()
+    return open_store(url, create=False)
 
 
 async def _build(
-    store: Any, rollout_id: str, terminal_call_id: str | None = None, url: str = ""
+    store: Any, rollout_id: str, terminal_call_id: str | None = None, *, freeze: bool = False
 ) -> Any:
+    """Build from the read-only view (``freeze``: from a frozen snapshot). An id nobody
+    wrote is a :class:`LookupError` either way, so it is never fenced by a typo."""
     from zephon.capture.builder import build_rollout
 
-    if url and not known_in_file_store(url, rollout_id):
-        raise LookupError(f"no rollout {rollout_id!r} in {url} (nothing was changed)")
-
-    snapshot = await store.freeze(rollout_id)
+    try:
+        snapshot = await store.peek(rollout_id)
+    except LookupError as exc:
+        raise LookupError(f"{exc} (nothing was changed)") from None
+    if freeze:
+        snapshot = await store.freeze(rollout_id)
     return build_rollout(snapshot, terminal_call_id=terminal_call_id)
 
 
@@ -153,7 +156,8 @@ def render(
         else Text("trainable", style="bold green")
     )
     head = Text.assemble(
-        ("rollout ", "bold"), row["rollout_id"], f"  snapshot {row['snapshot_id'][:12]}",
+        ("rollout ", "bold"), row["rollout_id"],
+        f"  snapshot {row['snapshot_id'][:12] or '(not frozen)'}",
         f" v{row['version']}  ", verdict,
     )  # fmt: skip
     n = len(row["input_ids"])
@@ -192,10 +196,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
     try:
         store = _open(args.store)
-    except (ValueError, ImportError) as exc:
+    except (ValueError, ImportError, OSError) as exc:
         return fail("capture inspect", exc, EXIT_USAGE)
     try:
-        built = asyncio.run(_build(store, args.rollout, args.terminal_call_id, args.store))
+        built = asyncio.run(_build(store, args.rollout, args.terminal_call_id, freeze=args.freeze))
     except LookupError as exc:
         return fail("capture inspect", str(exc).strip("'\""), EXIT_FAILURE)
     except (ValueError, OSError) as exc:
@@ -286,7 +290,7 @@ def _export(args: argparse.Namespace) -> int:
         task = progress.add_task("export", total=len(ids), r="")
         for rid in ids:
             try:
-                built = await _build(store, rid, url=args.store)
+                built = await _build(store, rid, freeze=args.freeze)
             except (ValueError, LookupError, OSError) as exc:
                 failed.append(f"{rid}: {exc}")
             else:

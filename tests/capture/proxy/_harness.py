@@ -9,6 +9,7 @@ built trajectory with the engine's tokens exactly.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,14 @@ from zephon.capture.builder import build_rollout
 from zephon.capture.records import ParentResolutionStatus, TokenCaptureSnapshot
 
 CAP = "/ng-rollout/{rid}/training-token-capture"
+
+
+def wait_held(http: httpx.Client, engine_url: str, token: str) -> None:
+    """Until the test engine holds a call tagged ``token`` (a condition, not a timed sleep)."""
+    deadline = time.monotonic() + 20
+    while http.get(f"{engine_url}/test/stats").json()["held"].get(token, 0) < 1:
+        assert time.monotonic() < deadline, "the held call never reached the engine"
+
 
 _PARAMS = {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
 TOOLS_CHAT = [

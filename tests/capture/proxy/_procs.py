@@ -7,6 +7,7 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,11 @@ class Proc:
 
 
 def child_env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]))
+    """The environment of test children: this checkout on the path, and spill journals in a
+    temporary folder rather than the user's state directory."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]))
+    env.setdefault("ZEPHON_CAPTURE_SPILL_DIR", os.path.join(tempfile.gettempdir(), "zephon-spill"))
+    return env
 
 
 def _spawn(

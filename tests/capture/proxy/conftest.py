@@ -61,13 +61,13 @@ def rid() -> str:
     return f"r-{uuid.uuid4().hex[:12]}"
 
 
-def store_call(url: str, method: str, *args: Any) -> Any:
+def store_call(url: str, method: str, *args: Any, **kwargs: Any) -> Any:
     """One call on a fresh client of the store (what a trainer process would do)."""
 
     async def run() -> Any:
         store = open_store(url)
         try:
-            return await getattr(store, method)(*args)
+            return await getattr(store, method)(*args, **kwargs)
         finally:
             await store.close()
 

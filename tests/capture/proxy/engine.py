@@ -12,7 +12,8 @@ Faults for tests, chosen per request with the extra body field ``test_engine_fau
 ``partial`` (ids without log-probs), ``no_prompt_ids`` (prompt ids only via ``/tokenize``),
 ``no_token_ids`` (generated ids only via log-prob tokens), ``mismatch`` (the two disagree),
 ``error500``, ``hold`` (with ``test_engine_hold`` = a token: wait until
-``POST /test/release/<token>``; ``GET /test/stats`` counts held calls per token). A prompt
+``POST /test/release/<token>``, then apply ``test_engine_after_hold`` as the fault;
+``GET /test/stats`` counts held calls per token). A prompt
 longer than ``--max-model-len`` minus ``max_tokens`` gets vLLM's 400 context-length error.
 
 Run: ``python -m tests.capture.proxy.engine --tokenizer FILE [--port 0]``; prints
@@ -201,6 +202,9 @@ def build_app(model: Model) -> Any:
             token = str(body.get("test_engine_hold", ""))
             stats["held"][token] = stats["held"].get(token, 0) + 1
             await releases.setdefault(token, asyncio.Event()).wait()
+            body["test_engine_fault"] = after = body.get("test_engine_after_hold")
+            if after == "error500":
+                return JSONResponse({"object": "error", "message": "boom", "code": 500}, 500)
         if body.get("n", 1) != 1:
             return JSONResponse({"object": "error", "message": "n must be 1", "code": 400}, 400)
         return None

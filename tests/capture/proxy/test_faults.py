@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.capture.proxy._harness import CAP
+from tests.capture.proxy._harness import CAP, wait_held
 from tests.capture.proxy._procs import REPO, Proc, child_env, start_proxy
-from tests.capture.proxy.conftest import freeze
+from tests.capture.proxy.conftest import freeze, store_call
 from zephon.capture.records import ParentResolutionStatus
 from zephon.capture.stores import open_store
 
@@ -60,6 +60,9 @@ def test_bad_requests_are_refused_before_any_capture_state(
          400, "unsupported_previous_response_id"),
         ("/v1/embeddings", b'{"model": "t", "input": "x"}', 404, "unknown_capture_route"),
         ("/v1/messages", b'{"model": "t", "messages": []}', 404, "unknown_capture_route"),
+        ("/v1/chat/completions", b'{"model": "t", "messages": [{"role": "user", "content": '
+         b'[{"type": "input_image", "image": ' + b"[" * 300 + b"]" * 300 + b"}]}]}",
+         400, "history_unrepresentable"),
     ]  # fmt: skip
     for route, raw, status, code in cases:
         resp = http.post(_url(proxy, rid, route), content=raw)
@@ -169,13 +172,6 @@ def test_frozen_rollout_refuses_before_generation(
     assert freeze(store_url, rid).version == snap.version
 
 
-def _wait_held(http: httpx.Client, engine: Proc, token: str) -> None:
-    """Until the engine holds a call tagged ``token`` (a condition, not a timed sleep)."""
-    deadline = time.monotonic() + 20
-    while http.get(f"{engine.url}/test/stats").json()["held"].get(token, 0) < 1:
-        assert time.monotonic() < deadline, "the held call never reached the engine"
-
-
 def test_client_disconnect_does_not_lose_the_capture(
     proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client
 ) -> None:
@@ -195,7 +191,7 @@ def test_client_disconnect_does_not_lose_the_capture(
             f"Content-Length: {len(raw)}\r\n\r\n".encode()
             + raw
         )
-        _wait_held(http, engine, rid)
+        wait_held(http, engine.url, rid)
     # The client is gone; the engine now answers.
     http.post(f"{engine.url}/test/release/{rid}")
     continuation = [*messages, expected, {"role": "user", "content": "next"}]
@@ -220,12 +216,32 @@ def test_client_disconnect_does_not_lose_the_capture(
     assert entry.parent_call_id == first and entry.model_call_id == res.match.model_call_id
 
 
-def test_write_after_freeze_is_dropped_without_touching_the_snapshot(
-    proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client
+@pytest.fixture
+def slow_proxy(engine: Proc, store_url: str, logs: Path) -> Iterator[Proc]:
+    """A proxy that gives up on an engine call after 2 s."""
+    proxy = start_proxy(engine.url, store_url, logs, "--engine-timeout", "2")
+    yield proxy
+    proxy.stop()
+
+
+@pytest.mark.parametrize("after_hold", ["none", "error500", "partial", "timeout"])
+def test_a_call_that_ends_after_the_freeze_leaves_the_snapshot_alone(
+    request: pytest.FixtureRequest,
+    engine: Proc,
+    store_url: str,
+    rid: str,
+    http: httpx.Client,
+    after_hold: str,
 ) -> None:
+    """A call still at the engine when the rollout is frozen: its entry, or its failure (HTTP
+    500, an answer without token data, a timeout), is dropped and nothing is marked. The
+    freeze already masked it through its intent, and the consumed snapshot stays retirable."""
+    proxy: Proc = request.getfixturevalue("slow_proxy" if after_hold == "timeout" else "proxy")
     first, _ = _good_turn(http, proxy, rid)
     result: dict[str, httpx.Response] = {}
     body = {"model": "tiny", "messages": MSGS, "test_engine_fault": "hold", "test_engine_hold": rid}
+    if after_hold not in ("none", "timeout"):
+        body["test_engine_after_hold"] = after_hold
 
     def call() -> None:
         with httpx.Client(timeout=30) as client:
@@ -233,16 +249,21 @@ def test_write_after_freeze_is_dropped_without_touching_the_snapshot(
 
     worker = threading.Thread(target=call)
     worker.start()
-    _wait_held(http, engine, rid)
+    wait_held(http, engine.url, rid)
     frozen = http.post(f"{proxy.url}{CONTROL}/rollouts/{rid}/freeze").json()
     assert frozen["incomplete"]  # its intent has no entry at freeze time
-    http.post(f"{engine.url}/test/release/{rid}")
+    if after_hold != "timeout":  # a timeout ends the call while the engine still holds it
+        http.post(f"{engine.url}/test/release/{rid}")
     worker.join(30)
+    http.post(f"{engine.url}/test/release/{rid}")
     resp = result["resp"]
-    assert resp.status_code == 200 and resp.headers["x-zephon-capture"] == "late"
+    assert resp.status_code == {"error500": 500, "timeout": 504}.get(after_hold, 200)
+    assert resp.headers["x-zephon-capture"] == "late"
     again = freeze(store_url, rid)
     assert (again.snapshot_id, again.version) == (frozen["snapshot_id"], frozen["version"])
     assert [e.model_call_id for e in again.entries] == [first]
+    kw = {"snapshot_id": frozen["snapshot_id"], "version": frozen["version"]}
+    assert store_call(store_url, "drop", rid, **kw) is True
 
 
 # --------------------------------------------------------------------------- broken engines
@@ -314,26 +335,32 @@ def test_engine_that_closes_or_times_out_masks_and_keeps_earlier_entries(
     assert health.status_code == 503
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
-def test_unreachable_store_fails_startup_with_a_clear_error(workers: str) -> None:
-    cmd = [
-        sys.executable,
-        "-c",
-        "import sys; from zephon.cli._capture import main; sys.exit(main())",
-        "serve",
-        "--engine",
-        "http://127.0.0.1:9",
-        "--store",
-        "postgresql://zephon@127.0.0.1:1/nowhere",
-        "--port",
-        "0",
-        "--workers",
-        workers,
-    ]
-    done = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env()
+def _serve(*args: str, preamble: str = "") -> subprocess.CompletedProcess[str]:
+    code = f"{preamble}import sys; from zephon.cli._capture import main; sys.exit(main())"
+    cmd = [sys.executable, "-c", code, "serve", "--engine", "http://127.0.0.1:9", "--port", "0"]
+    return subprocess.run(
+        [*cmd, *args], capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env()
     )
-    assert done.returncode != 0
-    assert "127.0.0.1" in done.stderr and "startup failed" in done.stderr.lower()
-    if workers == "2":
-        assert "workers keep exiting right after start" in done.stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_unreachable_store_fails_startup_with_one_line_before_listening(workers: str) -> None:
+    done = _serve("--store", "postgresql://zephon@127.0.0.1:1/nowhere", "--workers", workers)
+    assert done.returncode == 1  # the documented exit status of a failed startup
+    assert "listening" not in done.stdout
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "store postgresql://zephon@127.0.0.1:1/nowhere is unreachable" in lines[0]
+
+
+def test_a_missing_server_stack_names_the_extra_to_install(tmp_path: Path) -> None:
+    # The interpreter cannot import starlette, as in an install without the extra.
+    done = _serve(
+        "--store", f"file://{tmp_path}", preamble="import sys; sys.modules['starlette'] = None; "
+    )
+    assert done.returncode == 2
+    assert "listening" not in done.stdout
+    assert done.stderr.strip().splitlines() == [
+        "zephon capture serve: error: the capture proxy needs starlette, which is not "
+        "installed: pip install 'zephon[proxy]'"
+    ]

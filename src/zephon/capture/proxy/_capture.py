@@ -34,9 +34,11 @@ import msgspec
 from zephon.capture.lineage import conversation_digest, stamp_continuation
 from zephon.capture.protocols import (
     CaptureAdmissionRefused,
+    CaptureHistoryUnrepresentable,
     LineageResolution,
     SupportsBeginCall,
     SupportsEngineRefusal,
+    SupportsFailCall,
     TokenCaptureFrozenError,
 )
 from zephon.capture.proxy._engine import EngineAnswer, EngineClient, EngineUnavailable
@@ -49,6 +51,7 @@ from zephon.capture.proxy._responses import (
     served_id,
     token_item_index,
 )
+from zephon.capture.proxy._spill import SpilledMark, SpillJournal
 from zephon.capture.proxy._tokens import TokenDataError, extract_generation, prompt_ids_of
 from zephon.capture.records import ParentResolutionStatus, TokenEntry, compute_digest
 
@@ -99,11 +102,13 @@ class CaptureService:
         metrics: Metrics,
         *,
         delta_prompts: bool = False,
+        spill: SpillJournal | None = None,
     ) -> None:
         self.stores = stores
         self.engine = engine
         self.metrics = metrics
         self.delta_prompts = delta_prompts
+        self.spill = spill
 
     # -- entry point ---------------------------------------------------------------------------
 
@@ -121,8 +126,11 @@ class CaptureService:
             conversation_digest(call.request_items)  # refuse unhashable history up front
         except BadRequest as exc:
             return self._bad(exc)
+        except CaptureHistoryUnrepresentable as exc:
+            message = f"request history cannot be captured: {exc}"
+            return self._bad(BadRequest(message, code="history_unrepresentable"))
         except ValueError as exc:
-            return self._bad(BadRequest(f"request history cannot be captured: {exc}"))
+            return self._bad(BadRequest(f"the request cannot be captured: {exc}"))
         call_id = uuid.uuid4().hex
         # Shield: a client disconnect must not cancel a call between intent and entry.
         task = asyncio.ensure_future(self._capture(rollout_id, call, call_id, headers))
@@ -183,9 +191,8 @@ class CaptureService:
         try:
             answer = await self.engine.post_json(call.engine_path, call.engine_body, _auth(headers))
         except EngineUnavailable as exc:
-            await self._fail(rollout_id, call_id, f"engine_{exc.kind}")
+            hdrs["x-zephon-capture"] = await self._fail(rollout_id, call_id, f"engine_{exc.kind}")
             status = 504 if exc.kind == "timeout" else 502
-            hdrs["x-zephon-capture"] = "incomplete"
             return CallResult(status, error_body(str(exc), f"engine_{exc.kind}", status), hdrs)
         finally:
             self.metrics.observe(
@@ -196,8 +203,8 @@ class CaptureService:
             hdrs["x-zephon-capture"] = "refused"
             return CallResult(answer.status, None, hdrs, answer.body, answer.content_type)
         if answer.status != 200:
-            await self._fail(rollout_id, call_id, f"engine_http_{answer.status}")
-            hdrs["x-zephon-capture"] = "incomplete"
+            reason = f"engine_http_{answer.status}"
+            hdrs["x-zephon-capture"] = await self._fail(rollout_id, call_id, reason)
             return CallResult(answer.status, None, hdrs, answer.body, answer.content_type)
         try:
             data = answer.json()
@@ -205,8 +212,7 @@ class CaptureService:
                 raise TokenDataError("engine answer is not a completion object")
             items = output_items_of(data, call, call_id)
         except (msgspec.DecodeError, TokenDataError, AttributeError, KeyError, TypeError) as exc:
-            await self._fail(rollout_id, call_id, "engine_bad_answer")
-            hdrs["x-zephon-capture"] = "incomplete"
+            hdrs["x-zephon-capture"] = await self._fail(rollout_id, call_id, "engine_bad_answer")
             msg = f"engine returned an unusable answer: {exc}"
             return CallResult(502, error_body(msg, "engine_bad_answer", 502), hdrs)
         tokens, outcome = await self._commit(rollout_id, call, call_id, res, data, items, headers)
@@ -255,8 +261,7 @@ class CaptureService:
             entry = stamp_continuation(entry, call.request_items)
         except Exception as exc:
             log.warning("capture of %s/%s failed: %r", rollout_id, call_id, exc)
-            await self._fail(rollout_id, call_id, "token_data")
-            return None, "incomplete"
+            return None, await self._fail(rollout_id, call_id, "token_data")
         tokens = (prompt, gen.token_ids, gen.log_probs)
         put_started = time.perf_counter()
         try:
@@ -267,8 +272,7 @@ class CaptureService:
             return tokens, "late"
         except Exception as exc:
             log.error("put of %s/%s failed: %r", rollout_id, call_id, exc)
-            await self._fail(rollout_id, call_id, "put_error")
-            return tokens, "incomplete"
+            return tokens, await self._fail(rollout_id, call_id, "put_error")
         finally:
             self.metrics.observe("zephon_proxy_put_seconds", time.perf_counter() - put_started)
         return tokens, "committed"
@@ -308,23 +312,74 @@ class CaptureService:
 
     # -- failure paths -------------------------------------------------------------------------
 
-    async def _fail(self, rollout_id: str, call_id: str, reason: str) -> None:
-        """Mark the rollout incomplete; if even that fails, log loudly (silent-loss case)."""
+    async def _mark(self, rollout_id: str, call_id: str) -> None:
+        """The durable loss signal: ``fail_call`` where supported (refused once frozen)."""
+        store = self.stores.of(rollout_id)
+        if isinstance(store, SupportsFailCall):
+            await store.fail_call(rollout_id, call_id)
+        else:
+            await store.mark_incomplete(rollout_id, call_id)
+
+    async def _fail(self, rollout_id: str, call_id: str, reason: str) -> str:
+        """Mark the rollout incomplete unless it is frozen; the capture outcome header value.
+
+        When the store cannot take the mark, it goes to the local spill journal (replayed
+        later); only if that fails too is the loss merely logged (the silent-loss case).
+        """
         self.metrics.inc("zephon_proxy_capture_failures_total", reason=reason)
         try:
-            await self.stores.of(rollout_id).mark_incomplete(rollout_id, call_id)
+            await self._mark(rollout_id, call_id)
         except TokenCaptureFrozenError:
-            pass  # retired: nothing of this attempt can be trained on anyway
+            # Frozen or retired: the freeze already judged this call from its intent; a mark
+            # now would change the consumed snapshot and break its retirement.
+            self.metrics.inc("zephon_proxy_capture_failures_total", reason="late_after_freeze")
+            return "late"
         except Exception as exc:
+            self._spill(rollout_id, call_id, reason, exc)
+        return "incomplete"
+
+    def _spill(self, rollout_id: str, call_id: str, reason: str, exc: Exception) -> None:
+        try:
+            if self.spill is None:
+                raise RuntimeError("no spill journal configured")
+            self.spill.append(SpilledMark(rollout_id, call_id, reason))
+        except Exception as spill_exc:
             self.metrics.inc("zephon_proxy_capture_failures_total", reason="mark_failed")
             log.critical(
-                "capture of %s/%s failed (%s) AND mark_incomplete failed: %r; the rollout's "
-                "dangling intent still masks it at freeze",
+                "capture of %s/%s failed (%s) AND mark_incomplete failed: %r, and the spill "
+                "journal failed: %r; the rollout's dangling intent still masks it at freeze",
                 rollout_id,
                 call_id,
                 reason,
                 exc,
+                spill_exc,
             )
+            return
+        self.metrics.inc("zephon_proxy_capture_failures_total", reason="mark_spilled")
+        log.error(
+            "mark_incomplete of %s/%s failed (%r); spilled to %s for replay",
+            rollout_id,
+            call_id,
+            exc,
+            self.spill.path,
+        )
+
+    async def replay_spill(self) -> int:
+        """Send the spilled marks to the store; returns how many are still waiting."""
+        if self.spill is None:
+            return 0
+
+        async def send(mark: SpilledMark) -> bool:
+            try:
+                await self._mark(mark.rollout_id, mark.call_id)
+            except TokenCaptureFrozenError:
+                return True  # judged by its freeze already
+            except Exception as exc:
+                log.warning("spilled mark of %s still waits: %r", mark.rollout_id, exc)
+                return False
+            return True
+
+        return await self.spill.replay(send)
 
     async def _refusal(
         self, rollout_id: str, call_id: str, res: LineageResolution, answer: EngineAnswer

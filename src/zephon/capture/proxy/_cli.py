@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from typing import Any
@@ -51,22 +52,73 @@ def register_serve(capture_subparsers: Any) -> None:
         default=os.environ.get("ZEPHON_CAPTURE_CONTROL_TOKEN"),
         help="bearer token for the control routes (env ZEPHON_CAPTURE_CONTROL_TOKEN)",
     )
+    p.add_argument(
+        "--spill-dir",
+        default=os.environ.get("ZEPHON_CAPTURE_SPILL_DIR"),
+        metavar="DIR",
+        help="local journal of incomplete marks the store could not take "
+        "(env ZEPHON_CAPTURE_SPILL_DIR; default $XDG_STATE_HOME/zephon/capture-spill)",
+    )
+    p.add_argument(
+        "--spill-replay-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds between replays of the spill journal into the store (5)",
+    )
     p.add_argument("--log-level", default="warning", help="uvicorn log level (warning)")
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.set_defaults(func=_serve)
 
 
+EXIT_STARTUP, EXIT_USAGE = 1, 2
+
+
+def _error(message: object) -> None:
+    """One line on stderr, whatever the exception's text looks like."""
+    text = " ".join(str(message).split("\n", 1)[0].split())
+    print(f"zephon capture serve: error: {text}", file=sys.stderr, flush=True)
+
+
+def _probe_store(url: str) -> str | None:
+    """Why the store cannot serve (one line), or None: checked before "listening"."""
+    from zephon.capture.protocols import RolloutRetiredError
+    from zephon.capture.stores import open_store
+
+    async def probe() -> None:
+        store = open_store(url)
+        try:
+            await store.has_rows("zephon-proxy-startup-probe")
+        except RolloutRetiredError:
+            pass
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(probe())
+    except ImportError as exc:
+        extra = "postgres" if url.lower().startswith("postgres") else "proxy"
+        package = (exc.name or str(exc)).split(".")[0]
+        return f"store {url.split('?')[0]} needs {package}: pip install 'zephon[{extra}]'"
+    except Exception as exc:
+        return f"capture store {url.split('?')[0]} is unreachable: {exc}"
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
+        import uvicorn  # noqa: F401 - the server stack, checked before anything else
+
         from zephon.capture.proxy._config import ProxyConfig
+        from zephon.capture.proxy.app import create_app  # noqa: F401 - starlette, httpx
         from zephon.capture.proxy.server import serve
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        print(
-            f"error: the capture proxy needs the 'serve' extra ({exc}); "
-            "install it with: pip install 'zephon[serve]'",
-            file=sys.stderr,
+    except ImportError as exc:
+        package = (exc.name or str(exc)).split(".")[0]
+        _error(
+            f"the capture proxy needs {package}, which is not installed: "
+            "pip install 'zephon[proxy]'"
         )
-        return 2
+        return EXIT_USAGE
     try:
         from zephon.capture.stores import store_class
 
@@ -79,7 +131,17 @@ def _serve(args: argparse.Namespace) -> int:
             store_clients=args.store_clients,
             delta_prompts=args.delta_prompts,
             control_token=args.control_token or None,
+            spill_dir=args.spill_dir or None,
+            spill_replay_s=args.spill_replay_interval,
         )
+    except ValueError as exc:
+        _error(exc)
+        return EXIT_USAGE
+    problem = _probe_store(args.store)
+    if problem is not None:
+        _error(problem)
+        return EXIT_STARTUP
+    try:
         return serve(
             config,
             host=args.host,
@@ -89,5 +151,5 @@ def _serve(args: argparse.Namespace) -> int:
             access_log=args.access_log,
         )
     except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        _error(exc)
+        return EXIT_USAGE

@@ -6,6 +6,7 @@ configuration travels as JSON in ``ZEPHON_CAPTURE_PROXY_CONFIG`` rather than as 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, fields
@@ -30,7 +31,9 @@ class ProxyConfig:
     a resolved continuation's prompt as the suffix after its parent's tokens (``prompt_is_delta``),
     which keeps a long rollout's storage linear instead of quadratic.
     ``metrics_dir`` is where workers of one server share their metrics (set by ``serve`` when it
-    runs several workers).
+    runs several workers). ``spill_dir`` holds the local journal of incomplete marks the store
+    could not take (replayed at start and every ``spill_replay_s`` seconds), in a folder per
+    store URL; by default under ``$XDG_STATE_HOME/zephon/capture-spill``.
     """
 
     engine_url: str
@@ -42,6 +45,8 @@ class ProxyConfig:
     delta_prompts: bool = False
     control_token: str | None = None
     metrics_dir: str | None = None
+    spill_dir: str | None = None
+    spill_replay_s: float = 5.0
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.engine_url)
@@ -60,6 +65,19 @@ class ProxyConfig:
             raise ValueError("max_engine_connections must be >= 1")
         if self.store_clients < 1:
             raise ValueError("--store-clients must be >= 1")
+        if self.spill_replay_s <= 0:
+            raise ValueError("--spill-replay-interval must be > 0 seconds")
+
+    @property
+    def spill_path(self) -> str:
+        """This store's spill journal folder: one per store URL under ``spill_dir`` (or the
+        per-user default), so a replay only ever sends marks to the store they were meant for."""
+        base = self.spill_dir
+        if not base:
+            state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+            base = os.path.join(state, "zephon", "capture-spill")
+        key = hashlib.sha256(self.store_url.encode()).hexdigest()[:16]
+        return os.path.join(base, key)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -92,11 +92,15 @@ class EngineClient:
         hdrs = {"content-type": "application/json", "accept": "application/json"}
         if headers:
             hdrs.update(headers)
+        content = msgspec.json.encode(payload)
         try:
-            resp = await self._client.post(path, content=msgspec.json.encode(payload), headers=hdrs)
+            resp = await self._client.post(path, content=content, headers=hdrs)
         except httpx.TimeoutException as exc:
             raise EngineUnavailable("timeout", f"POST {path}: {type(exc).__name__}") from exc
-        except httpx.TransportError as exc:
+        except (httpx.TransportError, OSError, AttributeError) as exc:
+            # When the engine dies while a connection is being set up, the HTTP stack can also
+            # fail in its own socket bookkeeping (an OSError, or an AttributeError on a socket
+            # that is already gone); for the caller it is the same lost connection.
             raise EngineUnavailable(
                 "connection", f"POST {path}: {type(exc).__name__}: {exc}"
             ) from exc

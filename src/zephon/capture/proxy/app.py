@@ -38,6 +38,7 @@ from zephon.capture.proxy._engine import EngineClient, forward_headers
 from zephon.capture.proxy._metrics import Metrics
 from zephon.capture.proxy._pool import StoreClients
 from zephon.capture.proxy._requests import CAPTURE_ROUTES
+from zephon.capture.proxy._spill import SpillJournal
 from zephon.capture.proxy._sse import sse_events
 from zephon.capture.records import TokenCaptureSnapshot, validate_rollout_id
 
@@ -101,13 +102,25 @@ class _State:
             max_connections=config.max_engine_connections,
         )
         self.metrics = Metrics(config.metrics_dir)
+        self.spill = SpillJournal(config.spill_path)
         self.service = CaptureService(
-            self.stores, self.engine, self.metrics, delta_prompts=config.delta_prompts
+            self.stores,
+            self.engine,
+            self.metrics,
+            delta_prompts=config.delta_prompts,
+            spill=self.spill,
         )
+
+    async def replay_forever(self) -> None:
+        """Replay spilled marks at start and then every ``spill_replay_s`` seconds."""
+        while True:
+            await self.service.replay_spill()
+            await asyncio.sleep(self.config.spill_replay_s)
 
     async def aclose(self) -> None:
         await self.engine.aclose()
         await self.stores.close()
+        self.spill.close()
 
 
 def create_app(config: ProxyConfig) -> Starlette:
@@ -121,6 +134,7 @@ def create_app(config: ProxyConfig) -> Starlette:
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         state["s"] = s = _State(config)
         await s.stores.check()  # fail at startup, not on the first model call
+        replayer = asyncio.create_task(s.replay_forever())
         flusher = None
         if config.metrics_dir:
 
@@ -133,6 +147,7 @@ def create_app(config: ProxyConfig) -> Starlette:
         try:
             yield
         finally:
+            replayer.cancel()
             if flusher is not None:
                 flusher.cancel()
                 s.metrics.flush()

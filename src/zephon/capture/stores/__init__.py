@@ -11,7 +11,20 @@ import importlib
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["STORE_SCHEMES", "open_store", "store_class"]
+from zephon.capture.protocols import CaptureStore
+from zephon.capture.stores._durable import DurableStore
+from zephon.capture.stores._fsio import FileSystem
+from zephon.capture.stores._fsutil import LogCorruptionError
+
+__all__ = [
+    "STORE_CLASSES",
+    "STORE_SCHEMES",
+    "DurableStore",
+    "FileSystem",
+    "LogCorruptionError",
+    "open_store",
+    "store_class",
+]
 
 STORE_SCHEMES: dict[str, str] = {
     "memory": "zephon.capture.stores._memory:MemoryStore",
@@ -20,7 +33,23 @@ STORE_SCHEMES: dict[str, str] = {
     "postgresql": "zephon.capture.stores._postgres:PostgresStore",
     "postgres": "zephon.capture.stores._postgres:PostgresStore",
 }
-"""URL scheme -> ``"module:Class"``; every class has a ``from_url(url: str)`` classmethod."""
+"""URL scheme -> ``"module:Class"``; every class has a ``from_url(url, *, create)`` classmethod."""
+
+STORE_CLASSES: dict[str, str] = {
+    "MemoryStore": "memory",
+    "FileStore": "file",
+    "SqliteStore": "sqlite",
+    "PostgresStore": "postgresql",
+}
+"""Store class name -> its URL scheme; the classes are attributes of this module, imported on
+first access."""
+
+
+def __getattr__(name: str) -> Any:
+    scheme = STORE_CLASSES.get(name)
+    if scheme is None:
+        raise AttributeError(f"module 'zephon.capture.stores' has no attribute {name!r}")
+    return store_class(f"{scheme}://")
 
 
 def store_class(url: str) -> Any:
@@ -38,6 +67,12 @@ def store_class(url: str) -> Any:
     return getattr(module, class_name)
 
 
-def open_store(url: str) -> Any:
-    """Open a new client of the store at ``url`` (``memory://name``, ``file:///dir``, ...)."""
-    return store_class(url).from_url(url)
+def open_store(url: str, *, create: bool = True) -> CaptureStore:
+    """Open a new client of the store at ``url`` (``memory://name``, ``file:///dir``, ...).
+
+    ``create=False`` is for readers: a store that does not exist yet (a missing directory,
+    database file or set of tables) raises :class:`FileNotFoundError` naming it instead of
+    being created.
+    """
+    store: CaptureStore = store_class(url).from_url(url, create=create)
+    return store

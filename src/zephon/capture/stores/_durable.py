@@ -28,7 +28,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
-from zephon.capture.lineage import IncrementalResolver, has_model_authored_item
+from zephon.capture.lineage import (
+    IncrementalResolver,
+    has_model_authored_item,
+    resolve_from_ledger,
+)
 from zephon.capture.protocols import LineageResolution
 from zephon.capture.records import (
     CaptureLedgerCommit,
@@ -38,6 +42,7 @@ from zephon.capture.records import (
     RolloutRemoval,
     TokenCaptureSnapshot,
     TokenEntry,
+    require_finite,
     validate_capture_keys,
     validate_rollout_id,
 )
@@ -105,6 +110,11 @@ class DurableStore:
     def _freeze(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
         raise NotImplementedError
 
+    def _peek(self, rollout_id: str) -> TokenCaptureSnapshot | None:
+        """The snapshot a freeze would show now, read without writing anything; None for a
+        rollout id without any state; the retired error for a retired one."""
+        raise NotImplementedError
+
     def _lineage_fetch(
         self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]
     ) -> tuple[Mapping[str, str], Sequence[TokenEntry]]:
@@ -145,12 +155,16 @@ class DurableStore:
 
     async def put(self, entry: TokenEntry) -> None:
         validate_rollout_id(entry.rollout_id)
+        require_finite(entry)
         canonical = entry.canonical_bytes()
         call_id = entry.model_call_id
         await self._decide(entry.rollout_id, lambda s: s.put(call_id, canonical))
 
     async def mark_incomplete(self, rollout_id: str, model_call_id: str = "") -> None:
         await self._decide(rollout_id, lambda s: s.mark_incomplete(model_call_id))
+
+    async def fail_call(self, rollout_id: str, model_call_id: str) -> None:
+        await self._decide(rollout_id, lambda s: s.fail_call(model_call_id))
 
     async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
         if not model_call_id:
@@ -180,6 +194,18 @@ class DurableStore:
         validate_rollout_id(rollout_id)
         return await self._run(self._freeze, rollout_id, uuid.uuid4().hex)
 
+    async def peek(self, rollout_id: str) -> TokenCaptureSnapshot:
+        """Read the rollout as a freeze would show it, without freezing or fencing it.
+
+        Until a freeze, ``snapshot_id`` is empty and ``version`` moves with every write. A
+        rollout id nobody wrote raises :class:`LookupError` (and stays unused).
+        """
+        validate_rollout_id(rollout_id)
+        snap = await self._run(self._peek, rollout_id)
+        if snap is None:
+            raise LookupError(f"no rollout {rollout_id!r} in {self.describe()}")
+        return snap
+
     async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
         result: bool = await self._decide(rollout_id, lambda s: s.drop(snapshot_id, version))
         return result
@@ -190,9 +216,16 @@ class DurableStore:
         keys = validate_capture_keys(rollout_ids)
         changed = []
         for key in keys:
-            if await self._decide(key, lambda s: s.retire() if action == "retire" else s.delete()):
+            if await self._run(self._remove_one, key, action):
                 changed.append(key)
         return RolloutRemoval(action=action, capture_keys=tuple(keys), changed=tuple(changed))
+
+    def _remove_one(self, rollout_id: str, action: Literal["retire", "delete"]) -> bool:
+        """Blocking retire or delete of one rollout. A store that can detect damage overrides
+        this so that both still work on a damaged rollout: they are how an operator clears it."""
+        return bool(
+            self._transact(rollout_id, lambda s: s.retire() if action == "retire" else s.delete())
+        )
 
     async def retire(self, rollout_ids: str | Sequence[str]) -> RolloutRemoval:
         return await self._remove(rollout_ids, "retire")
@@ -240,7 +273,21 @@ class DurableStore:
         if self._resolver is None:
             # One incremental cache per client: each look reads only entries committed since.
             self._resolver = IncrementalResolver(self._lineage_fetch)
-        return await self._run(self._resolver.resolve, rollout_id, request_items)
+        return await self._run(self._resolve_blocking, self._resolver, rollout_id, request_items)
+
+    def _resolve_blocking(
+        self, resolver: IncrementalResolver, rollout_id: str, request_items: list[dict[str, Any]]
+    ) -> LineageResolution:
+        res = resolver.resolve(rollout_id, request_items)
+        if res.status is not ParentResolutionStatus.UNRESOLVED:
+            return res
+        commits: list[CaptureLedgerCommit] = self._transact(
+            rollout_id,
+            lambda s: Transition(),
+            lambda s, _t: list(s.ledger_commits.values()),
+            write=False,
+        )
+        return resolve_from_ledger(request_items, commits) or res
 
     def is_process_shared(self) -> bool:
         return True

@@ -1,71 +1,77 @@
 """The embedded default capture store: one append-only log file per rollout (``file:///dir``).
 
-Layout: ``<dir>/<rollout_id>.log``. Line 1 is a header record; every later line is one event
-of the state machine in :mod:`._state` (puts carry the entry's canonical bytes), framed with a
-CRC-32 by :mod:`._fsutil`. Lifecycle transitions (intent, incomplete, refusal, freeze, ledger
-rows) are log records like puts. ``retire`` (and a matching ``drop``) compacts the log into a
-header plus one state record (the fence, snapshot id and version; records are gone) by an
-atomic rename; ``delete`` unlinks the log.
+Layout: ``<dir>/<rollout_id>.log``, in the format of :mod:`._filelog`: a header and two commit
+slots, then one line per event of the state machine in :mod:`._state` (puts carry the entry's
+canonical bytes), each framed with a CRC-32 by :mod:`._fsutil`. Lifecycle transitions (intent,
+incomplete, refusal, freeze, ledger rows) are log records like puts. ``retire`` (and a
+matching ``drop``) compacts the log into a head plus one state record (the fence, snapshot id
+and version; records are gone) by an atomic rename; ``delete`` unlinks the log.
 
 Why it is fast: each process keeps, per rollout, the open descriptor, the replayed state, the
 byte offset up to which it has replayed, and where each entry's record sits. Under the lock an
 operation calls ``fstat``; if the size equals the cached offset nothing is read, otherwise only
-the appended tail is parsed. A put is then: lock, fstat, SHA-256 of the canonical bytes, one
-``write`` + ``fdatasync``, unlock. The descriptor keeps the inode alive, so a cached offset can
-never be confused with a new file of the same inode number; a replaced or unlinked log shows
-``st_nlink == 0`` and is reopened. Repeated freezes of an unchanged rollout return the cached
-snapshot without reading the file.
+the head and the appended tail are parsed. A put is then: lock, fstat, SHA-256 of the canonical
+bytes, one vector write of the record, one small write of its commit slot, one ``fdatasync``,
+unlock. The descriptor keeps the inode alive, so a cached offset can never be confused with a
+new file of the same inode number; a replaced or unlinked log shows ``st_nlink == 0`` and is
+reopened. Repeated freezes of an unchanged rollout return the cached snapshot.
 
-Durability: ``put`` returns after ``fdatasync`` of the log; the directory is fsynced after the
-log is created (before its first record is written) and after every rename or unlink.
+Damage: acknowledged data that is missing or altered is never skipped silently (see
+:mod:`._filelog` for how the commit slots tell it from a torn write). ``retire`` and ``delete``
+still work on a damaged log; they are how an operator clears it.
 """
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
-
-import msgspec
 
 from zephon.capture.records import TokenCaptureSnapshot, TokenEntry
 from zephon.capture.stores._durable import Decide, DurableStore, Offload, parse_offload
+from zephon.capture.stores._events import (
+    LOST_TAIL,
+    Delete,
+    Event,
+    MarkIncomplete,
+    Put,
+    Retire,
+    decode_event,
+    encode_event,
+)
+from zephon.capture.stores._filelog import (
+    HEAD_READ,
+    Head,
+    judge,
+    looks_like_capture_log,
+    new_log,
+    parse_head,
+    slot_line,
+)
+from zephon.capture.stores._fsio import OS_FS, FileSystem
 from zephon.capture.stores._fsutil import (
     LogCorruptionError,
     Record,
-    append_parts,
     close_quietly,
+    create_durable,
     frame,
     frame_parts,
-    fsync_dir,
-    lock_fd,
+    line_is_intact,
     open_locked,
     pread_exact,
     replace_durable,
     scan,
     unlink_durable,
-    unlock_fd,
 )
-from zephon.capture.stores._state import (
-    Delete,
-    Event,
-    Put,
-    Retire,
-    RolloutState,
-    Transition,
-    decode_event,
-    encode_event,
-)
+from zephon.capture.stores._state import RolloutState, Transition
 
-__all__ = ["LOG_FORMAT", "FileStore"]
+__all__ = ["FileStore", "reset_process_cache"]
 
-LOG_FORMAT = "zephon-capture-log"
-LOG_VERSION = 1
-_HEADER = b"H"
+_LOG = logging.getLogger("zephon.capture")
 _EVENT = b"e"
 _PUT = b"p"  # body: the Put event without payload, a tab, the entry's canonical bytes
 _STATE = b"S"
@@ -73,29 +79,22 @@ _SUFFIX = ".log"
 _MAX_HANDLES = int(os.environ.get("ZEPHON_FILE_STORE_HANDLES", "256"))
 
 
-class _Header(msgspec.Struct):
-    format: str
-    version: int
-    rollout_id: str
-
-
-def _header(rollout_id: str) -> bytes:
-    body = msgspec.json.encode(_Header(LOG_FORMAT, LOG_VERSION, rollout_id))
-    return frame(_HEADER, body)
-
-
 class _Handle:
     """This process's view of one rollout log (guarded by ``mutex``)."""
 
     __slots__ = (
         "fd",
+        "head",
         "index",
         "lines",
         "mutex",
         "offset",
         "path",
         "rollout_id",
+        "seq",
+        "size",
         "snapshot",
+        "stale",
         "state",
     )
 
@@ -109,14 +108,18 @@ class _Handle:
     def reset(self) -> None:
         """Forget everything read from the file (the descriptor is handled by the caller)."""
         self.offset = 0
+        self.size = 0
         self.lines = 0
+        self.seq = 0
+        self.head: Head | None = None
+        self.stale = False
         self.state = RolloutState.empty(self.rollout_id)
         self.index: dict[str, tuple[int, int]] = {}
         self.snapshot: tuple[int, TokenCaptureSnapshot] | None = None
 
-    def close(self) -> None:
+    def close(self, fs: FileSystem) -> None:
         if self.fd is not None:
-            close_quietly(self.fd)
+            close_quietly(fs, self.fd)
             self.fd = None
         self.reset()
 
@@ -124,19 +127,23 @@ class _Handle:
     state: RolloutState
     index: dict[str, tuple[int, int]]
     snapshot: tuple[int, TokenCaptureSnapshot] | None
+    head: Head | None
     offset: int
+    size: int
     lines: int
+    seq: int
+    stale: bool
 
 
-_HANDLES: OrderedDict[tuple[str, str], _Handle] = OrderedDict()
+_HANDLES: OrderedDict[tuple[FileSystem, str, str], _Handle] = OrderedDict()
 _HANDLES_LOCK = threading.Lock()
 _HANDLES_PID = os.getpid()
 
 
-def _handle(directory: str, rollout_id: str) -> _Handle:
+def _handle(fs: FileSystem, directory: str, rollout_id: str) -> _Handle:
     """The process-wide handle of a rollout log (LRU-bounded; reset after fork)."""
     global _HANDLES_PID
-    key = (directory, rollout_id)
+    key = (fs, directory, rollout_id)
     with _HANDLES_LOCK:
         if os.getpid() != _HANDLES_PID:  # forked: locks and descriptors are not ours to reuse
             _HANDLES.clear()
@@ -150,7 +157,7 @@ def _handle(directory: str, rollout_id: str) -> _Handle:
             for old_key, old in list(_HANDLES.items())[: len(_HANDLES) - _MAX_HANDLES]:
                 if old.mutex.acquire(blocking=False):
                     try:
-                        old.close()
+                        old.close(old_key[0])
                     finally:
                         old.mutex.release()
                     del _HANDLES[old_key]
@@ -176,25 +183,49 @@ def _remember_snapshot(h: _Handle) -> None:
 def reset_process_cache() -> None:
     """Close every cached log descriptor of this process (tests use it to mimic a restart)."""
     with _HANDLES_LOCK:
-        for h in _HANDLES.values():
+        for (fs, _, _), h in _HANDLES.items():
             with h.mutex:
-                h.close()
+                h.close(fs)
         _HANDLES.clear()
         _SNAPSHOT_HOLDERS.clear()
 
 
+def _event_line(event: Event) -> list[bytes]:
+    if isinstance(event, Put):
+        return frame_parts(_PUT, encode_event(event.without_entry()), b"\t", event.entry_bytes)
+    return [frame(_EVENT, encode_event(event))]
+
+
 class FileStore(DurableStore):
-    """A client of the capture logs in one directory; any number of processes may share it."""
+    """A client of the capture logs in one directory; any number of processes may share it.
+
+    ``fs`` is the file-system seam (tests pass a recording one); ``create=False`` refuses a
+    directory that does not exist instead of creating it (read-only tools).
+    """
 
     kind = "file"
 
-    def __init__(self, directory: str, *, offload: Offload = "thread") -> None:
+    def __init__(
+        self,
+        directory: str,
+        *,
+        offload: Offload = "thread",
+        fs: FileSystem = OS_FS,
+        create: bool = True,
+    ) -> None:
         super().__init__(offload=offload)
-        os.makedirs(directory, exist_ok=True)
+        if create:
+            os.makedirs(directory, exist_ok=True)
+        elif not os.path.isdir(directory):
+            raise FileNotFoundError(
+                f"file capture store {directory} does not exist (check the path; a store is "
+                "only created by a writer)"
+            )
         self.directory = os.path.realpath(directory)
+        self.fs = fs
 
     @classmethod
-    def from_url(cls, url: str) -> FileStore:
+    def from_url(cls, url: str, *, create: bool = True) -> FileStore:
         """``file:///abs/dir`` (optionally ``?offload=inline``)."""
         parts = urlsplit(url)
         if parts.scheme != "file" or parts.netloc not in ("", "localhost") or not parts.path:
@@ -205,7 +236,8 @@ class FileStore(DurableStore):
         unknown = set(query) - {"offload"}
         if unknown:
             raise ValueError(f"file capture store URL {url!r}: unknown option(s) {sorted(unknown)}")
-        return cls(unquote(parts.path), offload=parse_offload(query.get("offload"), url))
+        offload = parse_offload(query.get("offload"), url)
+        return cls(unquote(parts.path), offload=offload, create=create)
 
     def describe(self) -> str:
         return f"file store {self.directory}"
@@ -215,25 +247,24 @@ class FileStore(DurableStore):
 
     # -- locking and replay -------------------------------------------------------------
 
-    def _lock_and_sync(self, h: _Handle, *, exclusive: bool, create: bool) -> bool:
+    def _lock_and_sync(self, h: _Handle, *, exclusive: bool) -> bool:
         """Lock ``h``'s current log and catch up with its tail; False if there is no log."""
+        fs = self.fs
         while True:
             if h.fd is None:
-                fd = open_locked(h.path, create=create, exclusive=exclusive)
-                if fd is None:
-                    h.reset()
-                    return False
+                fd = open_locked(fs, h.path, exclusive=exclusive)
                 h.reset()
+                if fd is None:
+                    return False
                 h.fd = fd
-                st = os.fstat(fd)
             else:
-                lock_fd(h.fd, exclusive)
-                st = os.fstat(h.fd)
-                if st.st_nlink == 0:  # replaced (retire) or unlinked (delete) by another holder
-                    h.close()
-                    continue
-            if st.st_size != h.offset:
-                self._catch_up(h, st.st_size, exclusive)
+                fs.lock(h.fd, exclusive)
+            size, links = fs.size_and_links(h.fd)
+            if links == 0:  # replaced (retire) or unlinked (delete) by another holder
+                h.close(fs)
+                continue
+            if size != h.offset or h.head is None:
+                self._catch_up(h, size, exclusive)
             return True
 
     def _catch_up(self, h: _Handle, size: int, exclusive: bool) -> None:
@@ -241,119 +272,136 @@ class FileStore(DurableStore):
         if size < h.offset:
             raise LogCorruptionError(
                 f"capture log {h.path} shrank from {h.offset} to {size} bytes behind this "
-                "store's back; something other than zephon modified it"
+                "store's back; restore it, or retire or delete the rollout",
+                path=h.path,
+                offset=size,
             )
-        buf = pread_exact(h.fd, size - h.offset, h.offset, h.path)
-        result = scan(buf, offset=h.offset, line=h.lines + 1, path=h.path)
-        for rec in result.records:
-            self._apply_record(h, rec)
+        h.size = size
+        head = parse_head(self.fs.pread(h.fd, HEAD_READ, 0), h.path, h.rollout_id)
+        if h.head is None:
+            h.head, h.offset, h.lines = head, head.start, 3
+        h.seq = head.seq
+        buf = pread_exact(self.fs, h.fd, size - h.offset, h.offset, h.path)
+        end = self._apply_all(h, scan(buf, offset=h.offset, line=h.lines + 1).records)
+        verdict = judge(head, end, size, h.path)
+        if verdict == "lost_tail":
+            self._lost_tail(h, head, exclusive)
+
+    def _apply_all(self, h: _Handle, records: list[Record]) -> int:
+        """Apply valid records in order; returns where the applied ones end."""
+        for rec in records:
+            try:
+                self._apply_record(h, rec)
+            except ValueError:
+                return rec.offset  # checksummed but not ours to apply: damaged like a bad line
             h.offset = rec.end
             h.lines = rec.line
-        if result.records:
             h.snapshot = None
-        if result.torn and exclusive:
-            # A writer died mid-record: that record was never acknowledged. Cut it off so the
-            # next record starts on a clean line.
-            os.ftruncate(h.fd, h.offset)
-            os.fdatasync(h.fd)
+        return h.offset
+
+    def _lost_tail(self, h: _Handle, head: Head, exclusive: bool) -> None:
+        """The newest write is gone: in flight at a crash, or acknowledged and then damaged."""
+        if h.state.retired:
+            return
+        mark = MarkIncomplete(reason=LOST_TAIL)
+        _LOG.warning(
+            "capture log %s: the write claimed up to byte %d ends at byte %d; it was in flight "
+            "at a crash or was damaged after it was acknowledged, so rollout %r is marked "
+            "incomplete",
+            h.path,
+            head.claimed,
+            h.offset,
+            h.rollout_id,
+        )
+        if exclusive:
+            self._append(h, _event_line(mark))
+            h.lines += 1
+        else:  # a reader never writes: reflect the verdict, re-read on the next call
+            h.stale = True
+        h.state.apply(mark)
+        h.snapshot = None
 
     def _apply_record(self, h: _Handle, rec: Record) -> None:
-        try:
-            if rec.line == 1 and rec.tag != _HEADER:
-                raise ValueError("line 1 is not a zephon capture log header")
-            if rec.tag == _PUT:
-                # Only the small event before the tab is parsed; the payload is not (the
-                # record's CRC already vouches for it).
-                event = decode_event(rec.body[: rec.body.index(b"\t")])
-                if not isinstance(event, Put):
-                    raise ValueError(f"a put record holds a {type(event).__name__} event")
-                h.index[event.call_id] = (rec.offset, rec.end)
-                h.state.apply(event)
-            elif rec.tag == _EVENT:
-                event = decode_event(rec.body)
-                if isinstance(event, Put):
-                    raise ValueError("a put event outside a put record")
-                if isinstance(event, Retire | Delete):
-                    h.index.clear()
-                h.state.apply(event)
-            elif rec.tag == _HEADER:
-                header = msgspec.json.decode(rec.body, type=_Header)
-                if rec.line != 1 or header.format != LOG_FORMAT:
-                    raise ValueError("unexpected header record")
-                if header.version != LOG_VERSION or header.rollout_id != h.rollout_id:
-                    raise ValueError(
-                        f"log version {header.version} of rollout {header.rollout_id!r} "
-                        f"(this reader handles version {LOG_VERSION} of {h.rollout_id!r})"
-                    )
-            elif rec.tag == _STATE:
-                h.state = RolloutState.from_json(rec.body)
+        if rec.tag == _PUT:
+            # Only the small event before the tab is parsed; the payload is not (the
+            # record's CRC already vouches for it).
+            event = decode_event(rec.body[: rec.body.index(b"\t")])
+            if not isinstance(event, Put):
+                raise ValueError(f"a put record holds a {type(event).__name__} event")
+            h.index[event.call_id] = (rec.offset, rec.end)
+            h.state.apply(event)
+        elif rec.tag == _EVENT:
+            event = decode_event(rec.body)
+            if isinstance(event, Put):
+                raise ValueError("a put event outside a put record")
+            if isinstance(event, Retire | Delete):
                 h.index.clear()
-            else:
-                raise ValueError(f"unknown record tag {rec.tag!r}")
-        except (ValueError, msgspec.DecodeError) as exc:
-            raise LogCorruptionError(
-                f"capture log {h.path} line {rec.line} (byte {rec.offset}) cannot be applied: "
-                f"{exc}; restore the file or delete the rollout"
-            ) from None
+            h.state.apply(event)
+        elif rec.tag == _STATE:
+            h.state = RolloutState.from_json(rec.body)
+            h.index.clear()
+        else:
+            raise ValueError(f"unknown record tag {rec.tag!r}")
 
     # -- persisting ---------------------------------------------------------------------
 
+    def _append(self, h: _Handle, parts: list[bytes]) -> None:
+        """Write ``parts`` at the valid end, claim them in the next commit slot, sync once."""
+        assert h.fd is not None and h.head is not None
+        fs = self.fs
+        end = h.offset + sum(len(p) for p in parts)
+        seq = h.seq + 1
+        fs.pwritev(h.fd, parts, h.offset)
+        if h.size > end:  # a torn tail longer than this record
+            fs.truncate(h.fd, end)
+        fs.pwritev(h.fd, [slot_line(seq, end)], h.head.next_slot(seq))
+        fs.datasync(h.fd)
+        h.seq, h.offset, h.size = seq, end, end
+
     def _persist(self, h: _Handle, events: tuple[Event, ...]) -> None:
-        assert h.fd is not None
         if any(isinstance(e, Retire | Delete) for e in events):
             self._rewrite(h, events)
             return
-        parts: list[bytes] = []
-        pos = h.offset
-        if pos == 0:
-            # The log was just created: make its directory entry durable before any record
-            # that a caller could be told is durable.
-            fsync_dir(self.directory)
-            parts.append(_header(h.rollout_id))
-            pos += len(parts[0])
         # Every transition of the state machine decides at most one event, so a torn batch
-        # can never leave half a transition behind (the header is complete on its own).
-        spans: list[tuple[Put, int, int]] = []
+        # can never leave half a transition behind.
+        parts: list[bytes] = []
+        spans: list[tuple[str, int, int]] = []
+        pos = h.offset
         for event in events:
-            if isinstance(event, Put):
-                line = frame_parts(
-                    _PUT, encode_event(event.without_entry()), b"\t", event.entry_bytes
-                )
-            else:
-                line = [frame(_EVENT, encode_event(event))]
+            line = _event_line(event)
             size = sum(len(b) for b in line)
             if isinstance(event, Put):
-                spans.append((event, pos, pos + size))
+                spans.append((event.call_id, pos, pos + size))
             parts += line
             pos += size
-        append_parts(h.fd, parts)
-        for event, start, end in spans:
-            h.index[event.call_id] = (start, end)
+        self._append(h, parts)
+        for call_id, start, end in spans:
+            h.index[call_id] = (start, end)
         h.state.apply_all(events)
-        h.lines += len(events) + (1 if h.offset == 0 else 0)
-        h.offset = pos
+        h.lines += len(events)
         h.snapshot = None
 
     def _rewrite(self, h: _Handle, events: tuple[Event, ...]) -> None:
         """Retire compacts the log to its fence; delete removes it."""
         state = h.state.copy()
         state.apply_all(events)
+        fs = self.fs
         if state.is_empty():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(h.path + ".tmp")  # a crashed retire's leftover, if any
-            unlink_durable(self.directory, h.path)
-            h.close()
+            fs.unlink(h.path + ".tmp")  # a crashed retire's leftover, if any
+            unlink_durable(fs, self.directory, h.path)
+            h.close(fs)
             return
-        data = _header(h.rollout_id) + frame(_STATE, state.to_json())
-        replace_durable(self.directory, h.path, data)
-        h.close()  # releases our lock on the detached inode; waiters will reopen
+        data = new_log(h.rollout_id, frame(_STATE, state.to_json()))
+        replace_durable(fs, self.directory, h.path, data)
+        h.close(fs)  # releases our lock on the detached inode; waiters will reopen
         try:
-            h.fd = os.open(h.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+            h.fd = fs.open(h.path, os.O_RDWR)
         except FileNotFoundError:  # deleted by another process right after our rename
             return
+        h.head = parse_head(data, h.path, h.rollout_id)
         h.state = state
-        h.offset = len(data)
-        h.lines = 2
+        h.offset = h.size = len(data)
+        h.lines = 4
 
     # -- the primitives -----------------------------------------------------------------
 
@@ -365,25 +413,81 @@ class FileStore(DurableStore):
         *,
         write: bool,
     ) -> Any:
-        h = _handle(self.directory, rollout_id)
+        h = _handle(self.fs, self.directory, rollout_id)
         with h.mutex:
-            exists = self._lock_and_sync(h, exclusive=write, create=False)
             try:
+                exists = self._lock_and_sync(h, exclusive=write)
                 t = decide(h.state)
                 if t.events:
                     if not write:
                         raise AssertionError(f"read-only capture operation decided {t.events}")
-                    if not exists:
-                        self._lock_and_sync(h, exclusive=True, create=True)
-                        t = decide(h.state)  # someone may have created it meanwhile
-                    if t.events:
+                    if not exists and not self._create(h, t.events):
+                        t = decide(h.state)  # another process created it meanwhile
+                        if t.events:
+                            self._persist(h, t.events)
+                    elif exists:
                         self._persist(h, t.events)
                 if t.error is not None:
                     raise t.error
                 return then(h, t)
             finally:
-                if h.fd is not None:
-                    unlock_fd(h.fd)
+                self._release(h)
+
+    def _create(self, h: _Handle, events: tuple[Event, ...]) -> bool:
+        """Create the log already holding ``events`` (one sync of the new file, one of the
+        directory, like any first write must pay); False if another process created it first.
+        Either way ``h`` is then locked on the log and caught up with it."""
+        records = b"".join(b"".join(_event_line(e)) for e in events)
+        created = create_durable(self.fs, self.directory, h.path, new_log(h.rollout_id, records))
+        self._lock_and_sync(h, exclusive=True)
+        return created
+
+    def _release(self, h: _Handle) -> None:
+        if h.fd is not None:
+            self.fs.unlock(h.fd)
+            if h.stale:
+                h.close(self.fs)
+
+    def _remove_one(self, rollout_id: str, action: Literal["retire", "delete"]) -> bool:
+        """Retire or delete, also when the log is damaged (how an operator clears it)."""
+        try:
+            return bool(super()._remove_one(rollout_id, action))
+        except LogCorruptionError:
+            pass
+        h = _handle(self.fs, self.directory, rollout_id)
+        with h.mutex:
+            h.close(self.fs)
+            fd = open_locked(self.fs, h.path, exclusive=True)
+            if fd is None:
+                return False
+            h.fd = fd
+            try:
+                if not looks_like_capture_log(self.fs.pread(fd, HEAD_READ, 0)):
+                    raise LogCorruptionError(
+                        f"{h.path} is not a zephon capture log; this store never modifies it: "
+                        "move it out of the store directory",
+                        path=h.path,
+                        offset=0,
+                    )
+                self._salvage(h)
+                _LOG.warning("capture log %s is damaged; %s it anyway", h.path, action)
+                self._rewrite(h, (Retire(),) if action == "retire" else (Delete(),))
+                return True
+            finally:
+                self._release(h)
+
+    def _salvage(self, h: _Handle) -> None:
+        """Replay the valid prefix of a damaged log into ``h.state`` (the fence it kept)."""
+        assert h.fd is not None
+        size = self.fs.size_and_links(h.fd)[0]
+        try:
+            head = parse_head(self.fs.pread(h.fd, HEAD_READ, 0), h.path, h.rollout_id)
+        except LogCorruptionError:
+            return  # an unreadable head: nothing to salvage
+        buf = self.fs.pread(h.fd, max(0, size - head.start), head.start)
+        h.head, h.offset, h.lines = head, head.start, 3
+        self._apply_all(h, scan(buf, offset=head.start, line=4).records)
+        h.state.apply(MarkIncomplete(reason=LOST_TAIL))
 
     def _transact(
         self,
@@ -401,21 +505,22 @@ class FileStore(DurableStore):
         )
         return snap
 
+    def _peek(self, rollout_id: str) -> TokenCaptureSnapshot | None:
+        def then(h: _Handle, t: Transition[Any]) -> TokenCaptureSnapshot | None:
+            return None if h.state.is_empty() else self._snapshot(h, t)
+
+        return self._op(  # type: ignore[no-any-return]
+            rollout_id, lambda s: s.read_snapshot(), then, write=False
+        )
+
     def _snapshot(self, h: _Handle, _t: Transition[Any]) -> TokenCaptureSnapshot:
         cached = h.snapshot
         if cached is not None and cached[0] == h.offset:
             return cached[1]
-        state = h.state
-        snap = TokenCaptureSnapshot(
-            rollout_id=h.rollout_id,
-            entries=tuple(self._read_entries(h, list(state.entry_keys))),
-            incomplete=state.snapshot_incomplete(),
-            snapshot_id=state.snapshot_id,
-            version=state.version,
-            engine_refusals=tuple(state.refusals),
-        )
-        h.snapshot = (h.offset, snap)
-        _remember_snapshot(h)
+        snap = h.state.snapshot(self._read_entries(h, list(h.state.entry_keys)))
+        if not h.stale:
+            h.snapshot = (h.offset, snap)
+            _remember_snapshot(h)
         return snap
 
     def _read_entries(self, h: _Handle, call_ids: list[str]) -> list[TokenEntry]:
@@ -425,11 +530,19 @@ class FileStore(DurableStore):
         spans = [h.index[c] for c in call_ids]
         lo = min(s[0] for s in spans)
         hi = max(s[1] for s in spans)
-        buf = pread_exact(h.fd, hi - lo, lo, h.path)
+        buf = pread_exact(self.fs, h.fd, hi - lo, lo, h.path)
         entries = []
         for start, end in spans:
-            line = buf[start - lo : end - lo - 1]
-            entries.append(TokenEntry.from_json(line[line.index(b"\t") + 1 :]))
+            line = buf[start - lo : end - lo]
+            if not line_is_intact(line):
+                raise LogCorruptionError(
+                    f"capture log {h.path} is damaged at byte {start}: an acknowledged entry "
+                    "changed after it was read; restore the file, or retire or delete the "
+                    "rollout",
+                    path=h.path,
+                    offset=start,
+                )
+            entries.append(TokenEntry.from_json(line[line.index(b"\t") + 1 : -1]))
         return entries
 
     def _lineage_fetch(

@@ -1,49 +1,56 @@
-"""Durable append-only log files: framing, torn-tail recovery, flock and fsync helpers.
+"""Durable log files: line framing, scanning, and the durable create/replace/unlink steps.
 
 A log is a sequence of lines ``<tag> <crc32 hex8> <body>\\n``. ``body`` never contains a
-newline (it is compact JSON), so a line is the unit of atomicity: a line without its newline,
-or whose checksum does not match, at the very end of the file was torn by a crash while being
-written (it was never acknowledged, so it is ignored and cut off by the next writer); the same
-damage anywhere before the last line is corruption and is refused with the file and line.
+newline (it is compact JSON), so a line is the unit of atomicity. :func:`scan` reads valid lines
+up to the first damaged one and reports where that is; whether the damage is a torn write that
+was never acknowledged or lost acknowledged data is decided by the caller, which knows how far
+the log was acknowledged (see :mod:`._filelog`).
 
-Locking: writers hold ``flock(LOCK_EX)`` on the log file itself while they append and fsync;
-readers hold ``LOCK_SH``, so a reader never sees a record whose fsync has not finished. A file
+Locking: writers hold ``flock(LOCK_EX)`` on the log file itself while they write and sync;
+readers hold ``LOCK_SH``, so a reader never sees a record whose sync has not finished. A file
 may be replaced (retire) or unlinked (delete) under the exclusive lock; every locker re-checks
-``st_nlink`` after acquiring the lock and reopens the path when its inode was detached.
+the link count after acquiring the lock and reopens the path when its inode was detached.
+Every operation goes through a :class:`~._fsio.FileSystem`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
+import uuid
 import zlib
 from dataclasses import dataclass
 
+from zephon.capture.stores._fsio import FileSystem
 from zephon.errors import DataFormatError
 
 __all__ = [
     "LogCorruptionError",
     "Record",
     "Scan",
-    "append_all",
-    "append_parts",
+    "close_quietly",
+    "create_durable",
     "frame",
     "frame_parts",
-    "fsync_dir",
-    "lock_fd",
+    "line_is_intact",
     "open_locked",
     "pread_exact",
     "replace_durable",
     "scan",
     "unlink_durable",
-    "unlock_fd",
 ]
 
 
 class LogCorruptionError(DataFormatError):
-    """A capture log is damaged before its last line (names the file and line)."""
+    """A capture log lost or altered acknowledged data, or is not a capture log at all.
+
+    ``path`` and ``offset`` say where: the file and the byte at which valid data ends.
+    """
+
+    def __init__(self, message: str, *, path: str = "", offset: int = -1) -> None:
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
 
 
 def frame(tag: bytes, body: bytes) -> bytes:
@@ -76,86 +83,64 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class Scan:
-    """The valid records of a buffer, where they end, and how many bytes after were torn."""
+    """The valid records of a buffer, where they end, and how many bytes after are not valid.
+
+    ``followed``: the invalid bytes hold more than one line (something was written after the
+    damaged line, so it cannot be a single torn write).
+    """
 
     records: list[Record]
     end: int
     lines: int
     torn: int
+    followed: bool = False
 
 
-def _parse_line(line: bytes) -> tuple[bytes, bytes] | None:
+def parse_line(line: bytes) -> tuple[bytes, bytes] | None:
+    """``(tag, body)`` of a line without its newline, or None if framing or checksum is bad."""
     sp = line.find(b" ")
     if sp <= 0 or len(line) < sp + 10 or line[sp + 9 : sp + 10] != b" ":
         return None
-    try:
-        crc = int(line[sp + 1 : sp + 9], 16)
-    except ValueError:
-        return None
     body = line[sp + 10 :]
-    if zlib.crc32(body) != crc:
+    if line[sp + 1 : sp + 9] != b"%08x" % zlib.crc32(body):  # exact bytes: no case variants
         return None
     return line[:sp], body
 
 
-def scan(buf: bytes, *, offset: int, line: int, path: str) -> Scan:
-    """Parse the records in ``buf``, which starts at file ``offset`` on 1-based line ``line``.
+def line_is_intact(line: bytes) -> bool:
+    """Whether ``line`` (newline included) is one well-framed line with a matching checksum."""
+    return line.endswith(b"\n") and parse_line(line[:-1]) is not None
 
-    A damaged last line (missing newline or bad checksum, nothing after it) is reported as
-    ``torn`` bytes; a damaged line with anything after it raises :class:`LogCorruptionError`.
-    """
+
+def scan(buf: bytes, *, offset: int, line: int) -> Scan:
+    """Parse the valid records in ``buf`` (file ``offset``, 1-based ``line``) up to the first
+    line that is unterminated or fails its checksum."""
     records: list[Record] = []
     pos = 0
     size = len(buf)
     while pos < size:
         nl = buf.find(b"\n", pos)
-        if nl < 0:
-            return Scan(records, offset + pos, line - 1, size - pos)
-        parsed = _parse_line(buf[pos:nl])
+        parsed = None if nl < 0 else parse_line(buf[pos:nl])
         if parsed is None:
-            if nl + 1 == size:
-                return Scan(records, offset + pos, line - 1, size - pos)
-            raise LogCorruptionError(
-                f"capture log {path} is corrupt at line {line} (byte {offset + pos}): bad "
-                f"framing or checksum, and {size - nl - 1} more bytes follow, so this is not a "
-                "torn final write; restore the file from a backup or delete the rollout"
-            )
+            followed = nl >= 0 and nl + 1 < size
+            return Scan(records, offset + pos, line - 1, size - pos, followed)
         records.append(Record(parsed[0], parsed[1], offset + pos, line))
         pos = nl + 1
         line += 1
     return Scan(records, offset + pos, line - 1, 0)
 
 
-def append_all(fd: int, data: bytes) -> None:
-    """Write all of ``data`` (a write may be short) and make it durable with ``fdatasync``."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        view = view[n:]
-    os.fdatasync(fd)
-
-
-def append_parts(fd: int, parts: list[bytes]) -> None:
-    """Append ``parts`` with one ``writev`` (falling back to a joined write if it is short),
-    then ``fdatasync``. The file is opened with ``O_APPEND``, so a short vector write is
-    completed by appending the rest."""
-    total = sum(len(p) for p in parts)
-    n = os.writev(fd, parts) if len(parts) <= 1024 else 0
-    if n < total:
-        append_all(fd, b"".join(parts)[n:])
-    else:
-        os.fdatasync(fd)
-
-
-def pread_exact(fd: int, size: int, offset: int, path: str) -> bytes:
+def pread_exact(fs: FileSystem, fd: int, size: int, offset: int, path: str) -> bytes:
     """Read exactly ``size`` bytes at ``offset`` (the caller knows they exist)."""
     chunks = []
     while size > 0:
-        chunk = os.pread(fd, size, offset)
+        chunk = fs.pread(fd, size, offset)
         if not chunk:
             raise LogCorruptionError(
                 f"capture log {path} ended early at byte {offset}: it was truncated by "
-                "something other than this store"
+                "something other than this store; restore it or retire/delete the rollout",
+                path=path,
+                offset=offset,
             )
         chunks.append(chunk)
         size -= len(chunk)
@@ -163,74 +148,73 @@ def pread_exact(fd: int, size: int, offset: int, path: str) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def fsync_dir(path: str) -> None:
-    """Make a directory's entries (a created, renamed or removed file) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def lock_fd(fd: int, exclusive: bool) -> None:
-    fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-
-
-def unlock_fd(fd: int) -> None:
-    fcntl.flock(fd, fcntl.LOCK_UN)
-
-
-def open_locked(path: str, *, create: bool, exclusive: bool) -> int | None:
-    """Open ``path`` and lock it; None when it does not exist and ``create`` is false.
+def open_locked(fs: FileSystem, path: str, *, exclusive: bool) -> int | None:
+    """Open the existing ``path`` and lock it; None when it does not exist.
 
     Loops while the locked inode turns out to be detached (replaced or unlinked by the holder
     of the previous lock), so the returned descriptor is the file currently at ``path``.
     """
-    flags = os.O_RDWR | os.O_APPEND | os.O_CLOEXEC | (os.O_CREAT if create else 0)
     while True:
         try:
-            fd = os.open(path, flags, 0o644)
+            fd = fs.open(path, os.O_RDWR)
         except FileNotFoundError:
             return None
         try:
-            lock_fd(fd, exclusive)
-            if os.fstat(fd).st_nlink > 0:
+            fs.lock(fd, exclusive)
+            if fs.size_and_links(fd)[1] > 0:
                 return fd
         except BaseException:
-            os.close(fd)
+            fs.close(fd)
             raise
-        os.close(fd)
+        fs.close(fd)
 
 
-def replace_durable(dir_path: str, path: str, data: bytes) -> None:
-    """Atomically replace ``path`` with ``data``: temp file, fsync, rename, fsync directory.
+def _write_synced(fs: FileSystem, path: str, data: bytes) -> None:
+    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        fs.pwritev(fd, [data], 0)
+        fs.datasync(fd)
+    finally:
+        fs.close(fd)
+
+
+def create_durable(fs: FileSystem, dir_path: str, path: str, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` as one atomic, durable step; False if it exists.
+
+    A temp file is written and synced, then hard-linked into place, so ``path`` never exists
+    half-written and a concurrent creator's file is never overwritten.
+    """
+    tmp = f"{path}.{uuid.uuid4().hex[:12]}.new"
+    _write_synced(fs, tmp, data)
+    try:
+        created = fs.link(tmp, path)
+    finally:
+        fs.unlink(tmp)
+    fs.sync_dir(dir_path)
+    return created
+
+
+def replace_durable(fs: FileSystem, dir_path: str, path: str, data: bytes) -> None:
+    """Atomically replace ``path`` with ``data``: temp file, sync, rename, sync directory.
 
     The temp name is fixed (``<path>.tmp``): callers hold the exclusive lock of ``path``, and
     a later locker can only reach the renamed file, so two writers never share the temp file;
     a leftover from a crash is simply overwritten by the next replace.
     """
     tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-    try:
-        append_all(fd, data)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(dir_path)
+    _write_synced(fs, tmp, data)
+    fs.replace(tmp, path)
+    fs.sync_dir(dir_path)
 
 
-def unlink_durable(dir_path: str, path: str) -> bool:
+def unlink_durable(fs: FileSystem, dir_path: str, path: str) -> bool:
     """Remove ``path`` if present and make the removal durable; True when a file was removed."""
-    try:
-        os.unlink(path)
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            raise
+    if not fs.unlink(path):
         return False
-    fsync_dir(dir_path)
+    fs.sync_dir(dir_path)
     return True
 
 
-def close_quietly(fd: int) -> None:
+def close_quietly(fs: FileSystem, fd: int) -> None:
     with contextlib.suppress(OSError):
-        os.close(fd)
+        fs.close(fd)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from zephon.capture.lineage import IncrementalResolver
+from zephon.capture.lineage import IncrementalResolver, resolve_from_ledger
 from zephon.capture.protocols import LineageResolution
 from zephon.capture.records import (
     CaptureLedgerCommit,
@@ -23,17 +23,12 @@ from zephon.capture.records import (
     RolloutRemoval,
     TokenCaptureSnapshot,
     TokenEntry,
+    require_finite,
     validate_capture_keys,
     validate_rollout_id,
 )
-from zephon.capture.stores._state import (
-    Delete,
-    Event,
-    Put,
-    Retire,
-    RolloutState,
-    Transition,
-)
+from zephon.capture.stores._events import Delete, Event, Put, Retire
+from zephon.capture.stores._state import RolloutState, Transition
 
 __all__ = ["MemoryStore", "drop_memory_backend"]
 
@@ -85,7 +80,8 @@ class MemoryStore:
         self._resolver: IncrementalResolver | None = None
 
     @classmethod
-    def from_url(cls, url: str) -> MemoryStore:
+    def from_url(cls, url: str, *, create: bool = True) -> MemoryStore:
+        """``memory://NAME`` (a backend of this process; ``create`` has nothing to create)."""
         parts = urlsplit(url)
         if parts.scheme != "memory":
             raise ValueError(f"MemoryStore needs a memory:// URL, got {url!r}")
@@ -95,6 +91,9 @@ class MemoryStore:
     @property
     def name(self) -> str:
         return self._backend.name
+
+    def describe(self) -> str:
+        return f"memory store {self.name!r}"
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -149,11 +148,15 @@ class MemoryStore:
     # -- sink ----------------------------------------------------------------------------
 
     async def put(self, entry: TokenEntry) -> None:
+        require_finite(entry)
         canonical = entry.canonical_bytes()
         self._transact(entry.rollout_id, lambda s: s.put(entry.model_call_id, canonical))
 
     async def mark_incomplete(self, rollout_id: str, model_call_id: str = "") -> None:
         self._transact(rollout_id, lambda s: s.mark_incomplete(model_call_id))
+
+    async def fail_call(self, rollout_id: str, model_call_id: str) -> None:
+        self._transact(rollout_id, lambda s: s.fail_call(model_call_id))
 
     async def begin_call(self, rollout_id: str, model_call_id: str) -> None:
         if not model_call_id:
@@ -189,16 +192,20 @@ class MemoryStore:
                 return cached
             state = b.states[rollout_id]
             payloads = b.payloads.get(rollout_id, {})
-            snapshot = TokenCaptureSnapshot(
-                rollout_id=rollout_id,
-                entries=tuple(payloads[cid] for cid in state.entry_keys),
-                incomplete=state.snapshot_incomplete(),
-                snapshot_id=state.snapshot_id,
-                version=state.version,
-                engine_refusals=tuple(state.refusals),
-            )
+            snapshot = state.snapshot(payloads[cid] for cid in state.entry_keys)
             b.snapshots[rollout_id] = snapshot
             return snapshot
+
+    async def peek(self, rollout_id: str) -> TokenCaptureSnapshot:
+        """Read the rollout as a freeze would show it, without freezing or fencing it."""
+        b = self._backend
+        with b.lock:
+            state = b.states.get(rollout_id)
+            if state is None:
+                raise LookupError(f"no rollout {rollout_id!r} in memory store {self.name!r}")
+            state.read_snapshot().unwrap()
+            payloads = b.payloads.get(rollout_id, {})
+            return state.snapshot(payloads[cid] for cid in state.entry_keys)
 
     async def drop(self, rollout_id: str, *, snapshot_id: str, version: int) -> bool:
         return self._transact(rollout_id, lambda s: s.drop(snapshot_id, version))
@@ -268,7 +275,13 @@ class MemoryStore:
         validate_rollout_id(rollout_id)
         if self._resolver is None:
             self._resolver = IncrementalResolver(self._lineage_fetch)
-        return self._resolver.resolve(rollout_id, request_items)
+        res = self._resolver.resolve(rollout_id, request_items)
+        if res.status is not ParentResolutionStatus.UNRESOLVED:
+            return res
+        commits = self._transact(
+            rollout_id, lambda s: Transition(result=list(s.ledger_commits.values()))
+        )
+        return resolve_from_ledger(request_items, commits) or res
 
     def is_process_shared(self) -> bool:
         return False

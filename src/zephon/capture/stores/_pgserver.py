@@ -47,6 +47,18 @@ def postgres_bin_dir() -> Path:
     return bin_dir
 
 
+def _shutdown(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """Fast shutdown (SIGINT), escalating to SIGKILL."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -88,6 +100,7 @@ class EmbeddedPostgres:
         }
         self._proc: subprocess.Popen[bytes] | None = None
         self._root: Path | None = None
+        self._paused = False
         self.port = 0
 
     @property
@@ -181,16 +194,35 @@ class EmbeddedPostgres:
             f"postgres did not accept connections within the timeout; log:\n{self._log_tail()}"
         )
 
+    def pause(self, timeout: float = 30.0) -> None:
+        """Stop the server process but keep its data (an outage); :meth:`resume` restarts it."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            raise EmbeddedPostgresError("the embedded server is not running")
+        self._paused = True
+        _shutdown(proc, timeout)
+
+    def resume(self, timeout: float = 60.0) -> None:
+        """Restart a paused server on the same port and data directory."""
+        if not self._paused or self._root is None:
+            raise EmbeddedPostgresError("resume() needs a server stopped by pause()")
+        user = _run_user()
+        kwargs: dict[str, object] = {}
+        if user is not None:
+            kwargs = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+        if not self._launch(
+            postgres_bin_dir(), self._root / "data", kwargs, time.monotonic() + timeout
+        ):
+            raise EmbeddedPostgresError(
+                f"postgres did not restart on port {self.port}; log:\n{self._log_tail()}"
+            )
+        self._paused = False
+
     def stop(self, timeout: float = 30.0) -> None:
         """Fast shutdown (SIGINT), escalating to SIGKILL; then remove the data directory."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            _shutdown(proc, timeout)
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
             self._root = None

@@ -13,6 +13,7 @@ missing), ``offload`` is ``thread`` (default) or ``inline``. Everything else is 
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -50,7 +51,14 @@ class PostgresStore(SqlStore):
     kind = "postgres"
     P = "%b"  # binary parameters: payloads travel as raw bytes, not hex text
 
-    def __init__(self, dsn: str, *, schema: str | None = None, offload: Offload = "thread") -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str | None = None,
+        offload: Offload = "thread",
+        create: bool = True,
+    ) -> None:
         super().__init__(offload=offload)
         import psycopg
 
@@ -59,10 +67,18 @@ class PostgresStore(SqlStore):
         options: dict[str, Any] = {}
         if schema:
             options["options"] = f"-c search_path={schema}"
-        self._conn = psycopg.connect(dsn, autocommit=True, **options)
+        self._connect = functools.partial(psycopg.connect, dsn, autocommit=True, **options)
+        self._conn = self._connect()
         row = self._conn.execute("SELECT to_regclass('capture_entries')").fetchone()
         if row is not None and row[0] is not None:
             return  # tables exist (the common case): skip the DDL and its lock
+        if not create:
+            self._conn.close()
+            where = f"schema {schema}" if schema else "the database"
+            raise FileNotFoundError(
+                f"postgres capture store {self._dsn_for_errors}: {where} has no capture tables "
+                "(check the URL; a store is only created by a writer)"
+            )
         with self._conn.transaction(), self._conn.cursor() as cur:
             # Serialise schema creation between clients starting at the same time.
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (zlib.crc32(b"zephon-capture"),))
@@ -72,7 +88,7 @@ class PostgresStore(SqlStore):
                 cur.execute(stmt)
 
     @classmethod
-    def from_url(cls, url: str) -> PostgresStore:
+    def from_url(cls, url: str, *, create: bool = True) -> PostgresStore:
         parts = urlsplit(url)
         if parts.scheme not in ("postgresql", "postgres"):
             raise ValueError(f"postgres capture store URL {url!r} must start with postgresql://")
@@ -80,9 +96,8 @@ class PostgresStore(SqlStore):
         mine = {k: v for k, v in params if k in ("schema", "offload")}
         rest = [(k, v) for k, v in params if k not in ("schema", "offload")]
         dsn = urlunsplit(parts._replace(query=urlencode(rest)))
-        return cls(
-            dsn, schema=mine.get("schema") or None, offload=parse_offload(mine.get("offload"), url)
-        )
+        offload = parse_offload(mine.get("offload"), url)
+        return cls(dsn, schema=mine.get("schema") or None, offload=offload, create=create)
 
     def describe(self) -> str:
         where = f" schema {self.schema}" if self.schema else ""
@@ -92,6 +107,10 @@ class PostgresStore(SqlStore):
     def _txn(self, write: bool) -> Iterator[Cursor]:
         # Pipeline mode: statements whose results are not read (the inserts and the state
         # update after the decision) go out without waiting, so a put costs ~2 round trips.
+        if self._conn.broken or self._conn.closed:
+            # The server went away (restart, failover): the call that saw it failed; this one
+            # reconnects, or fails the same way while the server is still down.
+            self._conn = self._connect()
         with (
             self._conn.pipeline(),
             self._conn.transaction(),

@@ -25,7 +25,8 @@ from typing import Any, Protocol
 
 from zephon.capture.records import TokenCaptureSnapshot, TokenEntry, entry_key
 from zephon.capture.stores._durable import Decide, DurableStore, Offload
-from zephon.capture.stores._state import Delete, Event, Put, Retire, RolloutState, Transition
+from zephon.capture.stores._events import Delete, Event, Put, Retire
+from zephon.capture.stores._state import RolloutState, Transition
 
 __all__ = ["Cursor", "SqlStore"]
 
@@ -166,19 +167,21 @@ class SqlStore(DurableStore):
                     payloads = self._payloads(cur, rollout_id)
             if t.error is not None:
                 raise t.error
-            snap = TokenCaptureSnapshot(
-                rollout_id=rollout_id,
-                entries=tuple(TokenEntry.from_json(payloads[c]) for c in state.entry_keys),
-                incomplete=state.snapshot_incomplete(),
-                snapshot_id=state.snapshot_id,
-                version=state.version,
-                engine_refusals=tuple(state.refusals),
-            )
+            snap = state.snapshot(TokenEntry.from_json(payloads[c]) for c in state.entry_keys)
             self._snapshots[rollout_id] = snap
             self._snapshots.move_to_end(rollout_id)
             while len(self._snapshots) > _MAX_SNAPSHOTS:
                 self._snapshots.popitem(last=False)
             return snap
+
+    def _peek(self, rollout_id: str) -> TokenCaptureSnapshot | None:
+        with self._lock, self._txn(False) as cur:
+            state = self._load(cur, rollout_id, for_update=False)
+            if state is None or state.is_empty():
+                return None
+            state.read_snapshot().unwrap()
+            payloads = self._payloads(cur, rollout_id)
+        return state.snapshot(TokenEntry.from_json(payloads[c]) for c in state.entry_keys)
 
     def _payloads(self, cur: Cursor, rollout_id: str) -> dict[str, bytes]:
         cur.execute(

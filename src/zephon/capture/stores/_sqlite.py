@@ -47,9 +47,21 @@ class SqliteStore(SqlStore):
 
     kind = "sqlite"
 
-    def __init__(self, path: str, *, offload: Offload = "thread", timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        offload: Offload = "thread",
+        timeout: float = 60.0,
+        create: bool = True,
+    ) -> None:
         super().__init__(offload=offload)
         self.path = os.path.abspath(path)
+        if not create and not os.path.isfile(self.path):
+            raise FileNotFoundError(
+                f"sqlite capture store {self.path} does not exist (check the path; a store is "
+                "only created by a writer)"
+            )
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._writer_lock = os.open(
             self.path + ".writer-lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644
@@ -62,12 +74,25 @@ class SqliteStore(SqlStore):
         if str(mode).lower() != "wal":
             raise RuntimeError(f"sqlite capture store {self.path}: cannot enable WAL (got {mode})")
         self._conn.execute("PRAGMA synchronous = FULL")
+        if not create:
+            self._require_tables()
+            return
         with self._txn(True) as cur:
             for stmt in iter_statements(_SCHEMA):
                 cur.execute(stmt)
 
+    def _require_tables(self) -> None:
+        row = self._conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'capture_entries'"
+        ).fetchone()
+        if not row or not row[0]:
+            self._close()
+            raise FileNotFoundError(
+                f"{self.path} is not a zephon capture store (no capture tables); check the path"
+            )
+
     @classmethod
-    def from_url(cls, url: str) -> SqliteStore:
+    def from_url(cls, url: str, *, create: bool = True) -> SqliteStore:
         """``sqlite:///abs/path.db`` (also ``sqlite:////abs/path.db``; ``?offload=inline``)."""
         parts = urlsplit(url)
         if parts.scheme != "sqlite" or parts.netloc not in ("", "localhost") or not parts.path:
@@ -79,7 +104,7 @@ class SqliteStore(SqlStore):
                 f"sqlite capture store URL {url!r}: unknown option(s) {sorted(unknown)}"
             )
         path = "/" + unquote(parts.path).lstrip("/")
-        return cls(path, offload=parse_offload(query.get("offload"), url))
+        return cls(path, offload=parse_offload(query.get("offload"), url), create=create)
 
     def describe(self) -> str:
         return f"sqlite store {self.path}"

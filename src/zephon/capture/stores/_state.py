@@ -41,166 +41,35 @@ from zephon.capture.records import (
     EngineRefusalRecord,
     ManifestFailure,
     RolloutManifest,
+    TokenCaptureSnapshot,
+    TokenEntry,
     canonical_json,
     entry_key,
 )
-
-__all__ = [
-    "CloseAdmissions",
-    "Delete",
-    "Event",
-    "Freeze",
-    "Intent",
-    "LedgerFailure",
-    "LedgerRecord",
-    "MarkIncomplete",
-    "Put",
-    "Refusal",
-    "RefuseCall",
-    "Retire",
-    "RolloutState",
-    "Transition",
-    "decode_event",
-    "encode_event",
-    "event_from_builtins",
-    "event_to_builtins",
-]
-
-T = TypeVar("T")
-
-# Reason codes recorded by MarkIncomplete / LedgerFailure events.
-MARKED = "marked"
-CONFLICTING_PUT = "conflicting_put"
-CONFLICTING_REFUSAL = "conflicting_refusal"
-REFUSAL_FOR_COMMITTED_CALL = "refusal_for_committed_call"
-CONFLICTING_LEDGER_RECORD = "conflicting_ledger_record"
-RECORD_FOR_REFUSED_CALL = "record_for_refused_call"
-
-
-# --------------------------------------------------------------------------- events
-
-
-class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
-    pass
-
-
-class Put(_Event, tag="put", frozen=True, omit_defaults=True):
-    """A new entry. ``entry`` carries its canonical JSON (raw, not re-parsed); a store either
-    persists it inside the event (file log line) or strips it and stores the payload beside
-    the event (SQL column). An empty ``entry`` is omitted from the encoded event."""
-
-    call_id: str
-    key: str
-    entry: msgspec.Raw = msgspec.Raw(b"")
-
-    @property
-    def entry_bytes(self) -> bytes:
-        """The canonical entry bytes (empty if the event was stored without its payload)."""
-        return bytes(self.entry)
-
-    def without_entry(self) -> Put:
-        return Put(call_id=self.call_id, key=self.key)
-
-
-class Intent(_Event, tag="intent", frozen=True):
-    """A durable pre-dispatch intent (``begin_call``)."""
-
-    call_id: str
-
-
-class Refusal(_Event, tag="refusal", frozen=True):
-    """The engine refused ``record.model_call_id`` before generating."""
-
-    record: EngineRefusalRecord
-
-
-class MarkIncomplete(_Event, tag="incomplete", frozen=True):
-    """The rollout lost a call (``reason``: marked, conflicting_put, ...); poisons it."""
-
-    call_id: str = ""
-    reason: str = MARKED
-
-
-class Freeze(_Event, tag="freeze", frozen=True):
-    """First freeze: fences sink writes; dangling intents fold into ``incomplete``."""
-
-    snapshot_id: str
-
-
-class Retire(_Event, tag="retire", frozen=True):
-    """Records removed, fence kept (matching ``drop`` or unconditional ``retire``)."""
-
-
-class Delete(_Event, tag="delete", frozen=True):
-    """Records and fence removed; the rollout id reads as unused again."""
-
-
-class LedgerRecord(_Event, tag="ledger_record", frozen=True):
-    """A committed ledger row (token-free)."""
-
-    call_id: str
-    key: str
-    commit: CaptureLedgerCommit
-
-
-class LedgerFailure(_Event, tag="ledger_failure", frozen=True):
-    """A poison row of the ledger."""
-
-    call_id: str
-    reason: str
-
-
-class CloseAdmissions(_Event, tag="close_admissions", frozen=True):
-    """Later ``begin_call`` is refused; existing intents may still commit."""
-
-
-class RefuseCall(_Event, tag="refuse_call", frozen=True):
-    """The worker acknowledged refusing the call; its intent is settled, kept for audit."""
-
-    call_id: str
-
-
-Event = (
-    Put
-    | Intent
-    | Refusal
-    | MarkIncomplete
-    | Freeze
-    | Retire
-    | Delete
-    | LedgerRecord
-    | LedgerFailure
-    | CloseAdmissions
-    | RefuseCall
+from zephon.capture.stores._events import (
+    CONFLICTING_LEDGER_RECORD,
+    CONFLICTING_PUT,
+    CONFLICTING_REFUSAL,
+    MARKED,
+    RECORD_FOR_REFUSED_CALL,
+    REFUSAL_FOR_COMMITTED_CALL,
+    CloseAdmissions,
+    Delete,
+    Event,
+    Freeze,
+    Intent,
+    LedgerFailure,
+    LedgerRecord,
+    MarkIncomplete,
+    Put,
+    Refusal,
+    RefuseCall,
+    Retire,
 )
 
-_EVENT_DECODER: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)  # type: ignore[arg-type]
-_EVENT_ENCODER = msgspec.json.Encoder()
+__all__ = ["PutOutcome", "RolloutState", "Transition"]
 
-
-def encode_event(event: Event) -> bytes:
-    """Compact JSON of one event (one log line without the newline)."""
-    return _EVENT_ENCODER.encode(event)
-
-
-def decode_event(data: bytes | str) -> Event:
-    """Decode one event; unknown keys are ignored, so stores may add their own."""
-    try:
-        return _EVENT_DECODER.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise ValueError(f"invalid capture event: {exc}") from None
-
-
-def event_to_builtins(event: Event) -> dict[str, Any]:
-    """A plain dict of the event (e.g. for a JSONB column); ``Put.entry`` decoded if present."""
-    out: dict[str, Any] = msgspec.json.decode(_EVENT_ENCODER.encode(event))
-    return out
-
-
-def event_from_builtins(data: dict[str, Any]) -> Event:
-    """Convert a dict (e.g. a JSONB row) back into an event."""
-    return decode_event(msgspec.json.encode(data))
-
+T = TypeVar("T")
 
 # --------------------------------------------------------------------------- transition
 
@@ -316,6 +185,17 @@ class RolloutState(msgspec.Struct, kw_only=True):
             return self.incomplete  # dangling intents were folded in at the first freeze
         return self.incomplete or bool(self.dangling_intents())
 
+    def snapshot(self, entries: Iterable[TokenEntry]) -> TokenCaptureSnapshot:
+        """The snapshot of this state with the given entries (every store builds it here)."""
+        return TokenCaptureSnapshot(
+            rollout_id=self.rollout_id,
+            entries=tuple(entries),
+            incomplete=self.snapshot_incomplete(),
+            snapshot_id=self.snapshot_id,
+            version=self.version,
+            engine_refusals=tuple(self.refusals),
+        )
+
     def manifest(self) -> RolloutManifest:
         """The token-free ledger (call only when not retired; see :meth:`read_manifest`)."""
         return RolloutManifest(
@@ -409,6 +289,9 @@ class RolloutState(msgspec.Struct, kw_only=True):
         fence = self._write_fence(f"put of call {call_id!r}")
         if fence is not None:
             return _fail(fence)
+        cut = self._admission_cut("put", call_id)
+        if cut is not None:
+            return _fail(cut)
         key = entry_key(canonical)
         if self.refusal_for(call_id) is not None:
             return _fail(
@@ -442,6 +325,23 @@ class RolloutState(msgspec.Struct, kw_only=True):
             assert fence is not None
             return _fail(fence)
         return Transition(events=(MarkIncomplete(call_id=call_id, reason=MARKED),))
+
+    def fail_call(self, call_id: str) -> Transition[None]:
+        """A failed admitted call: marks while open; refused (no change) once frozen."""
+        fence = self._write_fence(f"failure mark of call {call_id!r}")
+        if fence is not None:
+            return _fail(fence)
+        return Transition(events=(MarkIncomplete(call_id=call_id, reason=MARKED),))
+
+    def _admission_cut(self, what: str, call_id: str) -> Exception | None:
+        """After ``close_admissions`` only calls admitted before the cut may still commit."""
+        if self.admissions_closed and call_id not in self.intents:
+            return CaptureAdmissionRefused(
+                f"rollout {self.rollout_id!r} closed its admissions: {what} of call {call_id!r} "
+                "has no intent from before the cut and is refused (call begin_call before "
+                "close_admissions)"
+            )
+        return None
 
     def begin_call(self, call_id: str) -> Transition[None]:
         """Record a pre-dispatch intent; refused when frozen, retired or admissions closed."""
@@ -542,6 +442,9 @@ class RolloutState(msgspec.Struct, kw_only=True):
                 ),
                 LedgerFailure(call_id=call_id, reason=CONFLICTING_LEDGER_RECORD),
             )
+        cut = self._admission_cut("ledger record", call_id)
+        if cut is not None:
+            return _fail(cut)
         if call_id in self.refused_calls:
             return _fail(
                 ValueError(
@@ -602,6 +505,11 @@ class RolloutState(msgspec.Struct, kw_only=True):
         if fence is not None:
             return _fail(fence)
         return Transition(result=self.manifest())
+
+    def read_snapshot(self) -> Transition[None]:
+        """A read-only look at the snapshot: refused once retired (its records are gone)."""
+        fence = self._read_fence("read its snapshot")
+        return Transition() if fence is None else _fail(fence)
 
     def read_has_rows(self) -> Transition[bool]:
         fence = self._read_fence("check its ledger rows")

@@ -1,26 +1,25 @@
-"""Reusable mutation harness: break one contract clause of ANY store, expect one check to fail.
+"""Mutation harness: break one contract clause of ANY store, expect one check to fail.
 
-Each mutation wraps a store client (black box, so it works for memory, file, sqlite and postgres
-alike) and breaks exactly one clause. Usage from another test module::
+Why: a conformance suite is only as good as the clauses it notices breaking. Each mutation wraps
+a store client (black box, so it works for memory, file, sqlite, postgres and yours alike) and
+breaks exactly one clause; :func:`assert_mutation_caught` runs the suite on the mutant and
+asserts the expected check failed. Parametrise a test over :data:`MUTATIONS`::
 
-    from tests.capture.mutations import assert_mutation_caught, mutation  # noqa: F401 (fixture)
-
-    def test_my_store_mutations(mutation, tmp_path):
-        assert_mutation_caught(lambda: MyStore.from_url(f"file://{tmp_path}"), mutation)
-
-The ``mutation`` fixture is parametrised over :data:`MUTATIONS`.
+    @pytest.mark.parametrize("name", sorted(MUTATIONS))
+    def test_my_store_mutations(name, tmp_path):
+        assert_mutation_caught(lambda: MyStore.from_url(f"my://{tmp_path}"), MUTATIONS[name])
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-import pytest
 
 from zephon.capture.conformance import ConformanceReport, run_conformance
 from zephon.capture.protocols import (
@@ -164,6 +163,15 @@ class DuplicatedEntries(Wrapper):
         return msgspec.structs.replace(snap, entries=snap.entries + snap.entries)
 
 
+class NonFiniteAccepted(Wrapper):
+    """A put with a NaN or infinite log-prob reports success (the entry is silently lost)."""
+
+    async def put(self, entry: TokenEntry) -> None:
+        if not all(math.isfinite(x) for x in entry.generation_log_probs):
+            return
+        await self._inner.put(entry)
+
+
 class LedgerConflictAccepted(Wrapper):
     async def record(self, commit: Any) -> None:
         key = (commit.rollout_id, commit.record.model_call_id)
@@ -281,6 +289,12 @@ MUTATIONS: dict[str, Mutation] = {
             "unstable_snapshot_id", "freeze is idempotent", "freeze_idempotency", UnstableSnapshotId
         ),
         Mutation(
+            "non_finite_accepted",
+            "non-finite log-probs are refused at put, naming the field",
+            "non_finite_log_probs_refused",
+            NonFiniteAccepted,
+        ),
+        Mutation(
             "duplicated_entries",
             "entries are unique per call id",
             "idempotent_reput",
@@ -334,10 +348,3 @@ def assert_mutation_caught(
         f"{mutation.expected_check!r}; failed checks: {failed}"
     )
     return report
-
-
-@pytest.fixture(params=sorted(MUTATIONS))
-def mutation(request: pytest.FixtureRequest) -> Mutation:
-    """Parametrised over every mutation; combine with any store factory."""
-    result: Mutation = MUTATIONS[request.param]
-    return result

@@ -1,0 +1,66 @@
+"""The store author's kit: prove a capture store exactly as zephon proves its own.
+
+* :func:`run_conformance` - every contract check a black box can exercise;
+* :data:`MUTATIONS` / :func:`assert_mutation_caught` - each mutant breaks one clause, and the
+  suite must notice;
+* :class:`RecordingFileSystem` / :func:`power_loss_images` - record the file operations of a
+  store built on the file-system seam and rebuild what a power loss at any point leaves;
+* :data:`STORE_KINDS` - the registry every parametrised store test runs over;
+* :func:`sample_commit` - a valid ledger row to record.
+
+Importable without pytest.
+"""
+
+from __future__ import annotations
+
+from zephon.capture._conformance_kit import sample_commit
+from zephon.capture.conformance import (
+    CHECKS,
+    CheckResult,
+    ConformanceError,
+    ConformanceReport,
+    ConformanceWarning,
+    run_conformance,
+    run_conformance_sync,
+)
+from zephon.capture.testing._kinds import STORE_KINDS, StoreKind, durable_kinds
+from zephon.capture.testing._mutations import (
+    MUTATIONS,
+    Mutation,
+    Wrapper,
+    assert_mutation_caught,
+    mutated_factory,
+    run_mutation,
+)
+from zephon.capture.testing._powerloss import (
+    Image,
+    Op,
+    RecordingFileSystem,
+    marks_before,
+    power_loss_images,
+)
+
+__all__ = [
+    "CHECKS",
+    "MUTATIONS",
+    "STORE_KINDS",
+    "CheckResult",
+    "ConformanceError",
+    "ConformanceReport",
+    "ConformanceWarning",
+    "Image",
+    "Mutation",
+    "Op",
+    "RecordingFileSystem",
+    "StoreKind",
+    "Wrapper",
+    "assert_mutation_caught",
+    "durable_kinds",
+    "marks_before",
+    "mutated_factory",
+    "power_loss_images",
+    "run_conformance",
+    "run_conformance_sync",
+    "run_mutation",
+    "sample_commit",
+]

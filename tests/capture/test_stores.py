@@ -1,0 +1,142 @@
+"""Clauses every store kind of the registry must honour the same way."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
+from tests.capture._procs import store_url
+from tests.capture._workload import make_entry
+from zephon.capture.protocols import CaptureAdmissionRefused, CaptureStore, RolloutRetiredError
+from zephon.capture.records import CaptureLedgerCommit, ParentResolutionStatus
+from zephon.capture.stores import open_store
+from zephon.capture.testing import STORE_KINDS, sample_commit
+
+UNRESOLVED = ParentResolutionStatus.UNRESOLVED
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("kind", sorted(STORE_KINDS))
+def test_non_finite_log_probs_are_refused_at_put(
+    kind: str, bad: float, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+
+    async def go() -> None:
+        store = open_store(url)
+        try:
+            entry = make_entry("nan", "c1")
+            lps = list(entry.generation_log_probs)
+            lps[2] = bad
+            with pytest.raises(ValueError, match=r"generation_log_probs\[2\] is .*finite"):
+                await store.put(entry.with_changes(generation_log_probs=lps))
+            await store.put(make_entry("nan", "c2"))
+            snap = await store.freeze("nan")  # the rollout stays readable
+            assert [e.model_call_id for e in snap.entries] == ["c2"]
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+def _commit(rid: str, call_id: str, request: list[dict[str, Any]]) -> CaptureLedgerCommit:
+    answer = [{"role": "assistant", "content": "4"}]
+    return sample_commit(
+        rid, call_id, request_items=request, response_items=answer, resolvable=True
+    )
+
+
+@pytest.mark.parametrize("kind", sorted(STORE_KINDS))
+def test_ledger_records_take_part_in_parent_resolution(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+    ask = [{"role": "user", "content": "2+2?"}]
+
+    async def go() -> None:
+        writer, reader = open_store(url), open_store(url)
+        try:
+            commit = _commit("led", "s1", ask)
+            await writer.record(commit)
+            follow = [*ask, *commit.response_items, {"role": "user", "content": "and 3+3?"}]
+            res = await reader.resolve("led", follow)
+            assert res.status is ParentResolutionStatus.RESOLVED, res
+            assert res.match is not None and res.match.model_call_id == "s1"
+            assert res.match.staging_chain == commit.staging_chain
+            assert (res.match.prev_len, res.match.chain_hash) == (4, "3" * 64)
+            assert res.match.cumulative_token_ids == ()
+            rewritten = [{"role": "user", "content": "2+3?"}, *follow[1:]]
+            assert (await reader.resolve("led", rewritten)).status is UNRESOLVED
+            await writer.record(_commit("led", "s2", ask))  # same fingerprint: never a guess
+            assert (await reader.resolve("led", follow)).status is UNRESOLVED
+        finally:
+            await writer.close()
+            await reader.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", sorted(STORE_KINDS))
+def test_the_admission_cut_refuses_calls_without_an_intent(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+    ask = [{"role": "user", "content": "hi"}]
+
+    async def go() -> None:
+        store = open_store(url)
+        try:
+            await store.begin_call("cut", "admitted")
+            await store.close_admissions("cut")
+            with pytest.raises(CaptureAdmissionRefused, match=r"'stray'.*no intent"):
+                await store.put(make_entry("cut", "stray"))
+            with pytest.raises(CaptureAdmissionRefused, match=r"'stray'.*no intent"):
+                await store.record(_commit("cut", "stray", ask))
+            await store.record(_commit("cut", "admitted", ask))  # admitted before the cut
+            await store.put(make_entry("cut", "admitted"))
+            manifest = await store.manifest("cut")
+            assert [r["model_call_id"] for r in manifest["records"]] == ["admitted"]
+            snap = await store.freeze("cut")
+            assert [e.model_call_id for e in snap.entries] == ["admitted"]
+            assert not snap.incomplete
+        finally:
+            await store.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", sorted(STORE_KINDS))
+def test_peek_reads_without_freezing_and_never_creates(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+
+    async def go() -> None:
+        store = open_store(url)
+        assert isinstance(store, CaptureStore)
+        try:
+            with pytest.raises(LookupError, match="no rollout 'nobody'"):
+                await store.peek("nobody")
+            await store.begin_call("p", "c1")
+            await store.put(make_entry("p", "c1"))
+            await store.begin_call("p", "c2")
+            seen = await store.peek("p")
+            assert [e.model_call_id for e in seen.entries] == ["c1"]
+            assert seen.snapshot_id == "" and seen.incomplete  # c2 is still in flight
+            await store.put(make_entry("p", "c2"))  # not fenced by the look
+            snap = await store.freeze("p")
+            assert not snap.incomplete and len(snap.entries) == 2
+            assert await store.peek("p") == snap
+            await store.retire("p")
+            with pytest.raises(RolloutRetiredError):
+                await store.peek("p")
+            assert (await store.delete("nobody")).changed == ()  # the look created nothing
+        finally:
+            await store.close()
+
+    asyncio.run(go())
