@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from zephon._engine import checkpoint as ckpt
@@ -108,7 +109,10 @@ class Engine:
                 if lc.replay_cursor is not None and not lc.done:
                     targets[lane] = lc.replay_cursor
         self.specs = with_replay_filter(specs, targets, monotone=self.monotone)
-        self.plan, self.contexts = compile_plan(self.specs, options, self.lanes)
+        seed = getattr(source, "seed", 0)
+        self.plan, self.contexts = compile_plan(
+            self.specs, options, self.lanes, source_seed=seed if isinstance(seed, int) else 0
+        )
         self.stats = RunStats()
         self.op_stats: list[OpStats] | None = None
         if options.track_stats:
@@ -169,8 +173,10 @@ class Engine:
     def _cores(self) -> list[StageCore]:
         cores = []
         for i, (spec, ctx) in enumerate(zip(self.specs, self.contexts, strict=True)):
-            acc = spec.op.accumulator(deterministic=self.options.deterministic, ctx=ctx)
             stats = self.op_stats[i] if self.op_stats is not None else None
+            if stats is not None:
+                ctx = replace(ctx, services={**ctx.services, "stats": stats})
+            acc = spec.op.accumulator(deterministic=self.options.deterministic, ctx=ctx)
             log = self._state_log(i, spec.op, acc) if has_lane_state(acc) else None
             cores.append(
                 StageCore(

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import xxhash
 
 from zephon.ops import BaseOp, CountingAccumulator, OpContext
 from zephon.options import RuntimeOptions
@@ -80,8 +83,13 @@ def stalls_sentinels(op: BaseOp) -> bool:
     return isinstance(op, BatchOp) and op.drop_last
 
 
+def op_seed(source_seed: int, index: int, name: str) -> int:
+    """A 63-bit seed per operator: the source's seed, the stage and the name, hashed."""
+    return xxhash.xxh64_intdigest(f"{source_seed}:{index}:{name}".encode()) >> 1
+
+
 def compile_plan(
-    specs: list[OpSpec], options: RuntimeOptions, lanes: list[int]
+    specs: list[OpSpec], options: RuntimeOptions, lanes: list[int], *, source_seed: int = 0
 ) -> tuple[Plan, list[OpContext]]:
     """Decide runner, width and queues per operator; return the plan and each op's context."""
     monotone = all(s.op.traits().preserves_cursor_order for s in specs)
@@ -114,6 +122,9 @@ def compile_plan(
             num_workers=width,
             deterministic=options.deterministic,
             runner=runner,
+            seed=op_seed(source_seed, index, op.name),
+            services={"logger": logging.getLogger(f"zephon.op.{op.name}")},
+            lanes=tuple(lanes),
         )
         contexts.append(ctx)
         acc = op.accumulator(deterministic=options.deterministic, ctx=ctx)

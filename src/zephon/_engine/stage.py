@@ -51,8 +51,8 @@ class UnsupportedElementError(ContractError, TypeError):
 
 
 def call_process_many(op: BaseOp, elems: list[StreamItem]) -> list[StreamItem]:
-    """Run ``op.process_many`` and check the contract on its output."""
-    out = op.process_many(elems)
+    """Run ``op.process_many`` (``process_one`` for a single element) and check the output."""
+    out = op.process_one(elems[0]) if len(elems) == 1 else op.process_many(elems)
     if not isinstance(out, list):
         out = list(out)
     for item in out:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,17 @@ class OpTraits:
 
 @dataclass(frozen=True)
 class OpContext:
-    """Runtime facts handed to ``setup`` and ``accumulator``."""
+    """Runtime facts handed to ``setup`` and ``accumulator``.
+
+    ``op_index``: the operator's stage (0 is fetch). ``worker_index`` / ``num_workers``: which
+    copy this is. ``runner``: where ``process_many`` runs (inline, driver, threads, process,
+    ray). ``seed``: derived from the work source's seed and the operator's stage and name, so
+    two operators (or two runs with another source seed) never share random streams. ``lanes``:
+    the lanes this rank runs. ``services``: ``"logger"``, a ``logging.Logger`` named
+    ``zephon.op.<name>``; in the accumulator's context (the driver) also ``"stats"``, the
+    operator's live counters (``OpStats``: ``elements_in``, ``elements_out``, ...), or absent
+    when ``track_stats`` is off.
+    """
 
     op_name: str
     op_index: int
@@ -40,6 +51,14 @@ class OpContext:
     runner: str = "inline"
     seed: int = 0
     services: Mapping[str, Any] = field(default_factory=dict)
+    lanes: tuple[int, ...] = ()
+
+    @property
+    def logger(self) -> logging.Logger:
+        logger = self.services.get("logger")
+        if isinstance(logger, logging.Logger):
+            return logger
+        return logging.getLogger(f"zephon.op.{self.op_name}")
 
 
 def constructor_arguments(op: BaseOp) -> dict[str, Any]:

@@ -295,6 +295,11 @@ class StaticMixtureWorkSource(WorkSource):
         return self._mixture
 
     @property
+    def seed(self) -> int:
+        """The seed of every shuffle and deal; operators' seeds are derived from it too."""
+        return self._seed
+
+    @property
     def lane(self) -> tuple[int, int] | None:
         """``(lane_id, canonical_replicas)`` for a lane clone, else ``None``."""
         if self._lane_id is None or self._lanes is None:
