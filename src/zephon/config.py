@@ -25,26 +25,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from zephon.errors import ConfigError, ZephonError
+from zephon.pipeline import OPERATOR_METHODS
 
 __all__ = ["OPERATORS", "ConfigFileError", "PipelineConfig", "load_config", "parse_config"]
 
 TOP_LEVEL_KEYS = ("datasets", "mixture", "source", "fetch", "operators", "runner", "options")
 DATASET_KEYS = ("name", "path", "format", "columns", "storage_options", "cache_dir", "cache")
 
-#: Operator name in YAML -> Pipeline builder method of the same name.
-OPERATORS = (
-    "decode_text",
-    "map_transform",
-    "filter",
-    "tokenize",
-    "expand_chat",
-    "tokenize_chat",
-    "pack_flat",
-    "pack_sequences",
-    "shuffle",
-    "ensure_mixture",
-    "batch",
-)
+#: Operator name in YAML -> Pipeline builder method of the same name (one registry).
+OPERATORS = tuple(OPERATOR_METHODS)
+#: Operators that may follow ``batch`` (they see SampleBatch objects).
+AFTER_BATCH = ("map_batch",)
 
 
 class ConfigFileError(ConfigError):
@@ -512,10 +503,15 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
     batches = [op.key for op in operators if op.name == "batch"]
     if len(batches) > 1:
         raise ConfigFileError(batches[1], "batch can appear only once")
-    if batches and operators[-1].name != "batch":
-        raise ConfigFileError(
-            operators[-1].key, f"{operators[-1].name} cannot follow batch; move it before batch"
-        )
+    if batches:
+        after = operators[[op.key for op in operators].index(batches[0]) + 1 :]
+        for op in after:
+            if op.name not in AFTER_BATCH:
+                raise ConfigFileError(
+                    op.key,
+                    f"{op.name} cannot follow batch; move it before batch (only "
+                    f"{', '.join(AFTER_BATCH)} may follow it)",
+                )
 
     options_raw = dict(_mapping(data.get("options"), "options"))
     if data.get("runner") is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from zephon._engine import checkpoint as ckpt
 from zephon._engine.engine import Engine
@@ -30,6 +30,16 @@ from zephon.types import SampleBatch, StreamItem
 from zephon.work import MixtureSpec, WorkSource
 
 Placement = Literal["local", "remote"]
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+#: The builder methods that append a built-in operator, in definition order. Their names are
+#: the operators' YAML names, and their signatures the YAML parameters (zephon.config).
+OPERATOR_METHODS: list[str] = []
+
+
+def _operator(method: _Method) -> _Method:
+    OPERATOR_METHODS.append(method.__name__)
+    return method
 
 
 class Pipeline:
@@ -100,12 +110,14 @@ class Pipeline:
         self._fetch_on_error = on_error
         return self
 
+    @_operator
     def decode_text(
         self, parallelism: int | None = None, *, placement: Placement = "local", **kwargs: Any
     ) -> Pipeline:
         """Make text fields ``str``; kwargs: fields, encoding, errors, normalize_newlines..."""
         return self._append(DecodeTextOp(**kwargs), parallelism, placement)
 
+    @_operator
     def map_transform(
         self,
         fn: Callable[[Any], Any],
@@ -119,6 +131,7 @@ class Pipeline:
         op = MapTransformOp(fn, drop_none=drop_none, name=name)
         return self._append(op, parallelism, placement)
 
+    @_operator
     def filter(
         self,
         predicate: Callable[[Any], bool],
@@ -130,6 +143,7 @@ class Pipeline:
         """Keep records whose payload satisfies ``predicate``."""
         return self._append(FilterOp(predicate, name=name), parallelism, placement)
 
+    @_operator
     def tokenize(
         self,
         tokenizer: Any = "bytes",
@@ -157,6 +171,7 @@ class Pipeline:
         )
         return self._append(op, parallelism, placement)
 
+    @_operator
     def expand_chat(
         self,
         *,
@@ -168,6 +183,7 @@ class Pipeline:
         (child lineage; conversations without an assistant turn become tombstones)."""
         return self._append(ExpandChatOp(field=field), parallelism, placement)
 
+    @_operator
     def tokenize_chat(
         self,
         tokenizer: Any,
@@ -200,6 +216,7 @@ class Pipeline:
         )
         return self._append(op, parallelism, placement)
 
+    @_operator
     def batch(self, microbatch_size: int, *, drop_last: bool = True) -> Pipeline:
         """Group each lane's records into ``SampleBatch`` es of ``microbatch_size``."""
         if self._batched:
@@ -210,6 +227,7 @@ class Pipeline:
 
     # -- stateful operators: packing, shuffling, mixture correction (issue 5) ----------------
 
+    @_operator
     def pack_sequences(
         self,
         max_length: int,
@@ -246,6 +264,7 @@ class Pipeline:
         )
         return self._append(op, parallelism, placement)
 
+    @_operator
     def pack_flat(
         self,
         max_length: int,
@@ -284,6 +303,7 @@ class Pipeline:
         )
         return self._append(op, parallelism, placement)
 
+    @_operator
     def shuffle(
         self,
         buffer_size: int = 8192,
@@ -299,6 +319,7 @@ class Pipeline:
         op = ShuffleOp(buffer_size, seed=seed, algorithm=algorithm, warmup_growth=warmup_growth)
         return self._append(op, parallelism, placement)
 
+    @_operator
     def ensure_mixture(
         self,
         *,
@@ -346,6 +367,7 @@ class Pipeline:
         )
         return self._append(op, 1)
 
+    @_operator
     def stateful_transform(
         self,
         name: str,
@@ -370,6 +392,7 @@ class Pipeline:
         )
         return self._append(op, 1)
 
+    @_operator
     def map_batch(
         self,
         fn: Callable[[SampleBatch], SampleBatch | None],
@@ -381,6 +404,7 @@ class Pipeline:
         """Apply ``fn`` to each ``SampleBatch`` (after ``batch``); ``None`` drops the batch."""
         return self._append(MapBatchOp(fn, name=name), parallelism, placement)
 
+    @_operator
     def materialize(self) -> Pipeline:
         """A passthrough stage boundary: payloads are resolved there (from shared memory)."""
         return self._append(MaterializeOp(), 1)
