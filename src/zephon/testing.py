@@ -141,7 +141,7 @@ class _Checker:
             if runner == "inline":
                 continue
             for workers in self.workers if runner == "threads" else (2,):
-                got = _run(self.variant(runner, workers, reuse_workers=True), self.key)
+                got = _run(self.variant(runner, workers), self.key)
                 if got != expected:
                     raise OperatorCheckError(
                         "runner equality",

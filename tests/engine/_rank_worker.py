@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from tests.engine.test_checkpoint_stateful import REFERENCE_CFG, build, key
+from tests.engine._stateful import REFERENCE_CFG, build, key
 from zephon.distributed import gather_checkpoints
 
 

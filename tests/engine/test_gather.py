@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.test_checkpoint_stateful import REFERENCE_CFG, build, key, lane_streams
+from tests.engine._stateful import REFERENCE_CFG, build, key, lane_streams
 from zephon.distributed import gather_checkpoints
 from zephon.errors import CheckpointError
 

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 SPECIAL = [
@@ -180,3 +181,21 @@ def make_conversation(rng: random.Random, *, tools: bool = True) -> dict[str, An
 def conversations(n: int, seed: int = 0, *, tools: bool = True) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     return [{"id": i, **make_conversation(rng, tools=tools)} for i in range(n)]
+
+
+def runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, stop) of each run of ones."""
+    padded = np.concatenate([[0], mask.astype(np.int8), [0]])
+    edges = np.flatnonzero(np.diff(padded))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
+
+
+def chatml_turn(message: dict[str, Any]) -> str:
+    """What a ChatML assistant turn must produce after the generation prompt."""
+    out = ""
+    if message.get("reasoning_content"):
+        out += f"<think>{message['reasoning_content']}</think>\n"
+    out += message.get("content") or ""
+    for call in message.get("tool_calls") or []:
+        out += f"<tool_call>{json.dumps(call['function'], ensure_ascii=False)}</tool_call>"
+    return out + "<|im_end|>\n"

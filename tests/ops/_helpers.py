@@ -6,13 +6,14 @@ traced back to its documents and positions without trusting the operator's own m
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from zephon import Dataset, Pipeline
-from zephon.types import TAG_CONTRIBUTORS, TAG_PACKING, SampleRecord
+from zephon.types import TAG_CONTRIBUTORS, TAG_PACKING, SampleBatch, SampleRecord
 from zephon.work import WorkChunk, WorkSource
 
 STRIDE = 1 << 20
@@ -118,3 +119,31 @@ def packing(record: SampleRecord) -> Mapping[str, Any]:
 
 def has_contributors(record: SampleRecord) -> bool:
     return TAG_CONTRIBUTORS in record.meta.tags
+
+
+def describe(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return (str(value.dtype), hashlib.sha1(value.tobytes()).hexdigest())
+    if isinstance(value, dict):
+        return sorted((k, describe(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return [describe(v) for v in value]
+    return value
+
+
+def digest(items) -> list[Any]:
+    out = []
+    for item in items:
+        records = item.records if isinstance(item, SampleBatch) else [item]
+        for r in records:
+            tags = r.meta.tags
+            out.append(
+                (
+                    r.meta.lane_id,
+                    r.meta.cursor,
+                    tuple(tags.get(TAG_CONTRIBUTORS, ())),
+                    describe(dict(tags.get(TAG_PACKING, {}))),
+                    describe(r.payload),
+                )
+            )
+    return out

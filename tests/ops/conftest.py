@@ -6,10 +6,6 @@ from typing import Any
 
 import pytest
 
-from tests.engine.conftest import docs, hf_tokenizer_dir
-
-__all__ = ["chat_tokenizer_dir", "docs", "hf_chat_tokenizer", "hf_tokenizer_dir"]
-
 
 @pytest.fixture(scope="session")
 def chat_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

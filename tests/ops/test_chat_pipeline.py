@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from tests.engine._resume import run_with_stops
-from tests.ops._chat import CHATML, CHATML_TAGGED, LLAMA3, conversations
-from tests.ops.test_runners import digest
-from tests.ops.test_tokenize_chat import chatml_turn, runs
+from tests.ops._chat import CHATML, CHATML_TAGGED, LLAMA3, chatml_turn, conversations, runs
+from tests.ops._helpers import digest
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon._ops.expand_chat import ExpandChatOp
 from zephon.capture.builder import Trajectory

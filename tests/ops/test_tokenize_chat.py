@@ -16,7 +16,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.ops._chat import CHATML, CHATML_TAGGED, LLAMA3, TOOLS, conversations, make_conversation
+from tests.ops._chat import (
+    CHATML,
+    CHATML_TAGGED,
+    LLAMA3,
+    TOOLS,
+    chatml_turn,
+    conversations,
+    make_conversation,
+    runs,
+)
 from zephon._ops.tokenize_chat import TokenizeChatOp
 from zephon.errors import ChatFormatError, ConfigError
 from zephon.types import TAG_ERROR, SampleMeta, SampleRecord
@@ -38,24 +47,6 @@ def oracle(hf: Any, row: dict[str, Any], template: str) -> dict[str, Any]:
         return_dict=True,
         return_assistant_tokens_mask="{% generation %}" in template,
     )
-
-
-def runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    """[start, stop) of each run of ones."""
-    padded = np.concatenate([[0], mask.astype(np.int8), [0]])
-    edges = np.flatnonzero(np.diff(padded))
-    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
-
-
-def chatml_turn(message: dict[str, Any]) -> str:
-    """What a ChatML assistant turn must produce after the generation prompt."""
-    out = ""
-    if message.get("reasoning_content"):
-        out += f"<think>{message['reasoning_content']}</think>\n"
-    out += message.get("content") or ""
-    for call in message.get("tool_calls") or []:
-        out += f"<tool_call>{json.dumps(call['function'], ensure_ascii=False)}</tool_call>"
-    return out + "<|im_end|>\n"
 
 
 def llama3_turn(message: dict[str, Any]) -> str:

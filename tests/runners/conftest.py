@@ -1,4 +1,4 @@
-"""Shared fixtures: docs and a local tokenizer, one Ray session, and a leak check per test."""
+"""One Ray session for the runner tests, and a leak check after each test."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from tests.engine.conftest import docs, hf_tokenizer_dir  # noqa: F401  (fixtures)
 from tests.runners._leaks import our_segments, semaphores_mapped_by
 
 
@@ -19,7 +18,8 @@ def ray_session() -> Iterator[Any]:
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # "local": a cluster of our own, never one another process started on this machine
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from tests._corpus import make_docs
 from tests.engine._sources import RangeSource
-from tests.engine.conftest import make_docs
 from tests.runners._faulty import KillWorkerOp
 from tests.runners._pipes import digest, reference, run_with_stops, stateful
 from zephon import Dataset, Pipeline
@@ -88,7 +88,7 @@ DRIVER = """
 import hashlib, sys
 import ray
 from pathlib import Path
-from tests.engine.conftest import make_docs
+from tests._corpus import make_docs
 from tests.runners._pipes import digest, reference
 
 ray.init(address=sys.argv[1], log_to_driver=False)
@@ -123,9 +123,9 @@ def test_a_driver_attached_to_an_existing_cluster_gets_the_same_bytes(
 def test_checkpoint_after_a_ray_worker_failure_resumes_exactly(
     ray_session, tmp_path, docs, hf_tokenizer_dir
 ):
+    from tests.runners._failure import fail_then_resume, faulty_stateful
     from tests.runners._faulty import FailWhileArmedOp
     from tests.runners._pipes import key
-    from tests.runners.test_failure_resume import fail_then_resume, faulty_stateful
 
     armed = tmp_path / "armed"
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from tests.engine.conftest import WORDS
+from tests._corpus import WORDS
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource, TokenCalibration
 from zephon.errors import CheckpointError, ConfigError
 

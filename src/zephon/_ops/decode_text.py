@@ -17,6 +17,8 @@ class DecodeTextOp(BaseOp):
     """Decodes ``fields`` to ``str``; optionally normalises newlines and lowercases."""
 
     name = "decode_text"
+    # micro-batch sizes cannot change the output (every runner and worker count agree)
+    config_exclude = ("max_batch", "max_latency_ms")
 
     def __init__(
         self,

@@ -319,6 +319,10 @@ class EnsureMixtureOp(BaseOp):
 
     name = "ensure_mixture"
 
+    # the names come from the source (which the fingerprint describes); the tolerance only
+    # decides when a warning is logged
+    config_exclude = ("component_names", "warn_tolerance")
+
     def __init__(
         self,
         mixture: Mapping[int, float],
@@ -377,6 +381,7 @@ class EnsureMixtureOp(BaseOp):
             "max_buffer_size": self.max_buffer_size,
             "drain_target_ratio": self.drain_target_ratio,
             "obsolete_drain_rate": self.obsolete_drain_rate,
+            "tokens_field": self.tokens_field,
         }
 
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:

@@ -25,6 +25,8 @@ class ExpandChatOp(BaseOp):
     """Fans each conversation out into its assistant-turn prefixes (see the module docstring)."""
 
     name = "expand_chat"
+    # micro-batch sizes cannot change the output (every runner and worker count agree)
+    config_exclude = ("max_batch", "max_latency_ms")
 
     def __init__(self, *, field: str = "messages", max_batch: int = EXPAND_MICRO_BATCH) -> None:
         super().__init__()

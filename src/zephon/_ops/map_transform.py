@@ -20,6 +20,8 @@ class MapTransformOp(BaseOp):
     """Applies ``fn(payload) -> payload``; ``None`` drops the record (a tombstone closes it)."""
 
     name = "map_transform"
+    # micro-batch sizes cannot change the output (every runner and worker count agree)
+    config_exclude = ("max_batch", "max_latency_ms")
 
     def __init__(
         self,
@@ -59,6 +61,8 @@ class FilterOp(BaseOp):
     """Keeps records whose payload satisfies ``predicate``; the rest become tombstones."""
 
     name = "filter"
+    # micro-batch sizes cannot change the output (every runner and worker count agree)
+    config_exclude = ("max_batch", "max_latency_ms")
 
     def __init__(
         self,

@@ -27,6 +27,8 @@ class TokenizeOp(BaseOp):
     """
 
     name = "tokenize"
+    # micro-batch sizes cannot change the output (every runner and worker count agree)
+    config_exclude = ("max_batch", "max_latency_ms")
 
     def __init__(
         self,

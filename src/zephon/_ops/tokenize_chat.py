@@ -78,6 +78,8 @@ class TokenizeChatOp(BaseOp):
     """
 
     name = "tokenize_chat"
+    # micro-batch sizes cannot change the output (every runner and worker count agree)
+    config_exclude = ("max_batch", "max_latency_ms")
 
     def __init__(
         self,

@@ -1,0 +1,104 @@
+"""Every built-in operator passes ``zephon.testing.check_operator``: one line per operator.
+
+Each entry appends the operator under test to a small upstream pipeline that feeds it the
+input it expects; ``check_operator`` then proves it under every runner and worker count, at
+many stop points, on other rank counts, and against the contract's direct probes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.ops._chat import CHATML_TAGGED, conversations
+from zephon import Dataset, MixtureSpec, Pipeline, SampleBatch, SampleRecord
+from zephon import StaticMixtureWorkSource as Source
+from zephon.testing import check_operator
+
+TEXTS = [{"id": i, "text": "alpha beta " * (1 + i % 7) + f"doc {i}"} for i in range(200)]
+OTHER = [{"id": 1000 + i, "text": "gamma " * (1 + i % 3)} for i in range(120)]
+CHATS = conversations(48, seed=3)
+
+
+def text_source() -> Source:
+    return Source([Dataset.from_records("a", TEXTS, shard_size=50)], chunk_size=16, seed=1)
+
+
+def two_sources() -> Source:
+    return Source(
+        [Dataset.from_records("a", TEXTS, shard_size=50),
+         Dataset.from_records("b", OTHER, shard_size=40)],
+        mixture=MixtureSpec({"a": 0.6, "b": 0.4}), chunk_size=16, seed=2,
+    )  # fmt: skip
+
+
+def tokens(source: Source) -> Pipeline:
+    return Pipeline(source).decode_text().tokenize("bytes", max_length=48)
+
+
+def keep_short(payload: dict[str, Any]) -> bool:
+    return len(payload["text"]) < 60
+
+
+def shout(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "text": payload["text"].upper()}
+
+
+def count_words(state: int, payload: dict[str, Any]) -> tuple[int, list[Any]]:
+    total = state + len(payload["text"].split())
+    return total, [{**payload, "words_so_far": total}]
+
+
+def lengths(batch: SampleBatch) -> SampleBatch:
+    return SampleBatch(
+        [SampleRecord(r.meta, {"n": len(r.payload["input_ids"])}) for r in batch.records]
+    )
+
+
+Build = Callable[[Path], Pipeline]
+BUILTINS: dict[str, Build] = {
+    "decode_text": lambda tok: Pipeline(text_source()).decode_text(),
+    "map_transform": lambda tok: Pipeline(text_source()).decode_text().map_transform(shout),
+    "filter": lambda tok: Pipeline(text_source()).decode_text().filter(keep_short),
+    "tokenize": lambda tok: Pipeline(text_source()).decode_text().tokenize(tok, max_length=40),
+    "expand_chat": lambda tok: Pipeline(
+        Source([Dataset.from_records("c", CHATS)], chunk_size=8)
+    ).expand_chat(),
+    "tokenize_chat": lambda tok: (
+        Pipeline(Source([Dataset.from_records("c", CHATS)], chunk_size=8))
+        .expand_chat()
+        .tokenize_chat(tok, chat_template=CHATML_TAGGED, max_length=96)
+    ),
+    "batch": lambda tok: tokens(text_source()).batch(4),
+    "pack_sequences": lambda tok: tokens(text_source()).pack_sequences(64, algorithm="wrap"),
+    "pack_flat": lambda tok: tokens(text_source()).pack_flat(64, 0, num_bins=4),
+    "shuffle": lambda tok: tokens(text_source()).shuffle(24, seed=4),
+    "ensure_mixture": lambda tok: tokens(two_sources()).ensure_mixture(max_buffer_size=32),
+    "stateful_transform": lambda tok: (
+        Pipeline(text_source())
+        .decode_text()
+        .stateful_transform("words", init_state=0, push=count_words)
+    ),
+    "map_batch": lambda tok: tokens(text_source()).batch(4).map_batch(lengths),
+    "materialize": lambda tok: tokens(text_source()).materialize(),
+}
+
+
+def test_every_registered_operator_is_checked():
+    from zephon.pipeline import OPERATOR_METHODS
+
+    assert sorted(BUILTINS) == sorted(OPERATOR_METHODS)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", sorted(BUILTINS))
+def test_builtin_operator_passes_check_operator(name, chat_tokenizer_dir):
+    def build() -> Pipeline:
+        return BUILTINS[name](chat_tokenizer_dir).options(canonical_replicas=2)
+
+    report = check_operator(build, runners=("inline", "threads", "process"), workers=(1, 2, 4))
+    assert report.items > 10
+    assert len(report.passed) >= 10
