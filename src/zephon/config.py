@@ -450,6 +450,20 @@ def _operator(raw: Any, key: str) -> OperatorConfig:
     return OperatorConfig(name, check_call(method, params, key, what=name), key)
 
 
+def _check_batch_order(operators: Sequence[OperatorConfig]) -> None:
+    """``batch`` at most once, and only operators on batches after it."""
+    batches = [i for i, op in enumerate(operators) if op.name == "batch"]
+    if len(batches) > 1:
+        raise ConfigFileError(operators[batches[1]].key, "batch can appear only once")
+    for op in operators[batches[0] + 1 :] if batches else ():
+        if op.name not in AFTER_BATCH:
+            raise ConfigFileError(
+                op.key,
+                f"{op.name} cannot follow batch; move it before batch (only "
+                f"{', '.join(AFTER_BATCH)} may follow it)",
+            )
+
+
 def parse_config(
     data: Any, *, base_dir: str | os.PathLike[str] = ".", file: str | None = None
 ) -> PipelineConfig:
@@ -500,18 +514,7 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
     if not isinstance(raw_ops, list):
         raise ConfigFileError("operators", f"expected a list, got {_show(raw_ops)}")
     operators = [_operator(op, f"operators[{i}]") for i, op in enumerate(raw_ops)]
-    batches = [op.key for op in operators if op.name == "batch"]
-    if len(batches) > 1:
-        raise ConfigFileError(batches[1], "batch can appear only once")
-    if batches:
-        after = operators[[op.key for op in operators].index(batches[0]) + 1 :]
-        for op in after:
-            if op.name not in AFTER_BATCH:
-                raise ConfigFileError(
-                    op.key,
-                    f"{op.name} cannot follow batch; move it before batch (only "
-                    f"{', '.join(AFTER_BATCH)} may follow it)",
-                )
+    _check_batch_order(operators)
 
     options_raw = dict(_mapping(data.get("options"), "options"))
     if data.get("runner") is not None:
