@@ -322,7 +322,11 @@ class PipelineConfig:
                 else:
                     getattr(pipe, op.name)(**op.params)
             except (ConfigError, TypeError, ValueError) as exc:
-                raise self._fail(op.key, f"{op.name}: {exc}") from None
+                param = getattr(exc, "param", None)
+                text = str(exc)
+                if not text.startswith(f"{op.name}:"):
+                    text = f"{op.name}: {text}"
+                raise self._fail(f"{op.key}.{param}" if param else op.key, text) from None
         if self.options:
             try:
                 pipe.options(**self.options)
@@ -415,7 +419,25 @@ def _cache(raw: Any, key: str, resolve: Any) -> dict[str, Any] | None:
     return {"dir": resolve(cache_dir), "max_bytes": max_bytes}
 
 
-def _operator(raw: Any, key: str) -> OperatorConfig:
+#: Operator parameters that may name a file, resolved relative to the YAML file's folder.
+PATH_PARAMS = {"tokenize": ("tokenizer",), "tokenize_chat": ("tokenizer", "chat_template")}
+
+
+def _resolve_paths(name: str, params: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """Relative tokenizer and template paths -> paths under ``base_dir`` (like datasets)."""
+    out = dict(params)
+    for param in PATH_PARAMS.get(name, ()):
+        value = out.get(param)
+        if not isinstance(value, str) or value == "bytes" or "{" in value or "://" in value:
+            continue
+        if not os.path.isabs(os.path.expanduser(value)):
+            out[param] = str(base_dir / value)
+        else:
+            out[param] = os.path.expanduser(value)
+    return out
+
+
+def _operator(raw: Any, key: str, base_dir: Path) -> OperatorConfig:
     from zephon.ops import BaseOp
     from zephon.pipeline import Pipeline
 
@@ -456,7 +478,8 @@ def _operator(raw: Any, key: str) -> OperatorConfig:
             "(or 'package.module:Class' for your own BaseOp subclass)",
         )
     method = getattr(Pipeline, name)
-    return OperatorConfig(name, check_call(method, params, key, what=name), key)
+    checked = check_call(method, params, key, what=name)
+    return OperatorConfig(name, _resolve_paths(name, checked, base_dir), key)
 
 
 def parse_config(
@@ -508,7 +531,7 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
     raw_ops = data.get("operators") or []
     if not isinstance(raw_ops, list):
         raise ConfigFileError("operators", f"expected a list, got {_show(raw_ops)}")
-    operators = [_operator(op, f"operators[{i}]") for i, op in enumerate(raw_ops)]
+    operators = [_operator(op, f"operators[{i}]", base_dir) for i, op in enumerate(raw_ops)]
     batches = [op.key for op in operators if op.name == "batch"]
     if len(batches) > 1:
         raise ConfigFileError(batches[1], "batch can appear only once")

@@ -4,6 +4,7 @@
 
     ZephonError
     ├── ConfigError (ValueError)          wrong option, unknown dataset, bad weight
+    │   └── MissingDependencyError (ImportError)  an optional package is not installed
     ├── DataError (ValueError)            a record or shard cannot be read
     │   ├── DataFormatError               malformed line or corrupt shard (names file and line)
     │   ├── MissingFieldError (KeyError)  a record lacks a field (names field and sample id)
@@ -26,7 +27,36 @@ class ZephonError(Exception):
 
 
 class ConfigError(ZephonError, ValueError):
-    """A configuration value is invalid (the message names the option or key)."""
+    """A configuration value is invalid (the message names the option or key).
+
+    ``param``, when set, is the parameter at fault, so a YAML error can name its full key
+    (``operators[1].special_tokens``).
+    """
+
+    def __init__(self, *args: object, param: str | None = None) -> None:
+        super().__init__(*args)
+        self.param = param
+
+
+class MissingDependencyError(ConfigError, ImportError):
+    """An optional package is not installed; the message names the extra that installs it.
+
+    ``module`` is the missing top-level module, ``extra`` the ``zephon[EXTRA]`` to install.
+    """
+
+    def __init__(self, module: str, extra: str, needed_for: str) -> None:
+        super().__init__(
+            f"{needed_for} needs {module}, which is not installed: pip install 'zephon[{extra}]'"
+        )
+        self.module = module
+        self.extra = extra
+        self.name = module
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.module, self.extra, self._needed_for()))
+
+    def _needed_for(self) -> str:
+        return str(self).split(" needs ", 1)[0]
 
 
 class DataError(ZephonError, ValueError):

@@ -20,6 +20,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+from zephon._optional import require
 from zephon.errors import ConfigError
 
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -60,15 +61,11 @@ def _strftime_now(fmt: str) -> str:
 
 
 def _environment() -> Any:
-    try:
-        import jinja2
-        import jinja2.ext
-        from jinja2 import nodes
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        raise ConfigError(
-            "tokenize_chat needs jinja2 to render chat templates; pip install 'zephon[chat]'"
-        ) from None
+    require("jinja2", "tokenize_chat (rendering chat templates)")
+    import jinja2
+    import jinja2.ext
+    from jinja2 import nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class GenerationSpans(jinja2.ext.Extension):
         """``{% generation %}`` blocks render their body and record its character span."""
