@@ -84,10 +84,32 @@ def _rebuild_format_error(message: str, location: str | None, line: int | None) 
 
 
 class MissingFieldError(DataError, KeyError):
-    """A record lacks a field an operator needs; the message names the field and sample id."""
+    """A record lacks a field an operator needs (or it has the wrong type); the message names
+    the field and sample id. ``sample_id``, when known, lets the command line name the file
+    and line the record came from."""
+
+    def __init__(self, message: str, *, sample_id: tuple[int, int, int] | None = None) -> None:
+        super().__init__(message)
+        self.sample_id = sample_id
+
+    def __reduce__(self) -> tuple[object, ...]:  # keep sample_id across processes
+        return (_rebuild_missing_field, (str(self), self.sample_id))
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+def json_type(value: object) -> str:
+    """A value's type as a data file would say it (``null`` rather than ``NoneType``)."""
+    names = {type(None): "null", bool: "a boolean", int: "a number", float: "a number"}
+    names.update({list: "a list", dict: "an object"})
+    return names.get(type(value), type(value).__name__)
+
+
+def _rebuild_missing_field(
+    message: str, sample_id: tuple[int, int, int] | None
+) -> MissingFieldError:
+    return MissingFieldError(message, sample_id=sample_id)
 
 
 class ChatFormatError(DataError):

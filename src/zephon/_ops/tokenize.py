@@ -9,7 +9,7 @@ from typing import Any, Literal
 import numpy as np
 
 from zephon._ops._tokenizers import BatchEncoder, load_tokenizer
-from zephon.errors import ConfigError, MissingFieldError
+from zephon.errors import ConfigError, MissingFieldError, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem
 
@@ -134,12 +134,14 @@ class TokenizeOp(BaseOp):
                 fields = sorted(payload) if isinstance(payload, dict) else type(payload).__name__
                 raise MissingFieldError(
                     f"tokenize: record {elem.meta.sample_id} has no field {field!r} "
-                    f"(fields: {fields})"
+                    f"(fields: {fields})",
+                    sample_id=elem.meta.sample_id,
                 ) from None
             if not isinstance(text, str):
                 raise MissingFieldError(
                     f"tokenize: field {field!r} of record {elem.meta.sample_id} is "
-                    f"{type(text).__name__}, expected str (add decode_text() before tokenize)"
+                    f"{json_type(text)}, expected str (add decode_text() before tokenize)",
+                    sample_id=elem.meta.sample_id,
                 )
             texts.append(text)
         ids_list = encoder.encode_many(texts)

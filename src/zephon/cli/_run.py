@@ -430,7 +430,7 @@ class RunLoop:
             _print_summary(summary, stats if args.stats else None)
         if self.error is not None:
             code = EXIT_USAGE if isinstance(self.error, ConfigError) else EXIT_FAILURE
-            return fail("run", _describe_error(self.error), code)
+            return fail("run", _describe_error(self.error, pipe), code)
         if self.status == "terminated":
             return EXIT_TERMINATED
         if self.status == "interrupted":
@@ -460,13 +460,30 @@ class RunLoop:
         }
 
 
-def _describe_error(error: BaseException) -> str:
-    """``Type: message``, naming the operator it was raised in when the engine knows it."""
+def _describe_error(error: BaseException, pipe: Any = None) -> str:
+    """``Type: message``, naming the operator it was raised in when the engine knows it, and
+    the file and line of the record when the error names one."""
     text = f"{type(error).__name__}: {error}"
     op_name = getattr(error, "zephon_op_name", None)
     if op_name and repr(op_name) not in text:
         text = f"operator {op_name!r}: {text}"
-    return text
+    where = _record_location(error, pipe)
+    return f"{where}: {text}" if where else text
+
+
+def _record_location(error: BaseException | None, pipe: Any) -> str | None:
+    """``FILE, line N`` of the record a :class:`MissingFieldError` (or its cause) names."""
+    seen = 0
+    while error is not None and seen < 5:
+        sample_id = getattr(error, "sample_id", None)
+        if isinstance(sample_id, tuple) and len(sample_id) == 3 and pipe is not None:
+            try:
+                dataset = pipe.work_source.datasets[int(sample_id[0])]
+                return str(dataset.locate(int(sample_id[1]), int(sample_id[2])))
+            except (AttributeError, IndexError, ZephonError, OSError):
+                return None
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
 
 
 def _prometheus_text(pipe: Any) -> str:
