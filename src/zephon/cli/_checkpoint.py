@@ -173,9 +173,27 @@ def _inspect(args: argparse.Namespace) -> int:
             "yes" if lane["done"] else "no",
         )
     console.print(table)
+    for line in LANE_LEGEND:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     tail = info["tail"]
     console.print(f"tail: lanes {tail['lanes']}, next turn {tail['turn']}")
+    console.print(
+        "(the consumer takes items from the lanes round-robin in this order; "
+        "next turn is the position whose lane delivers the next item)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     return EXIT_OK
+
+
+#: What the lane table's columns mean (printed under it).
+LANE_LEGEND = (
+    "delivered: items this lane handed to the consumer; restart chunk: the chunk a restore "
+    "regenerates this lane from;",
+    "last cursor: CHUNK:OFFSET of the last record delivered (OFFSET its position in the chunk; "
+    "/N.M after it: which derived record, e.g. a chat turn); done: the lane has no data left",
+)
 
 
 def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:

@@ -375,7 +375,9 @@ class RunLoop:
 
     def execute(self) -> int:
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import TextColumn
+
+        from zephon._progress import progress_bar, total_field
 
         args = self.args
         console = Console(stderr=True)
@@ -388,19 +390,13 @@ class RunLoop:
             self.record = open(args.record, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
         total = None if self.resumed_from is not None else _total_reads(self.config, self.pipe)
         start = time.perf_counter()
-        progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed:,} read"),
-            TextColumn("{task.fields[rates]}"),
-            TimeElapsedColumn(),
-            console=console,
-            disable=args.quiet,
-            transient=False,
+        progress = progress_bar(
+            console, "records", TextColumn("{task.fields[rates]}"), disable=args.quiet
         )
         try:
             with progress:
-                task = progress.add_task(Path(args.config).name, total=total, rates="")
+                name = Path(args.config).name
+                task = progress.add_task(name, total=total, rates="", **total_field(total))
                 self._iterate(progress, task)
                 _update(
                     progress, task, self.pipe, self.items, self.tokens, time.perf_counter() - start
@@ -498,7 +494,7 @@ def _update(progress: Any, task: Any, pipe: Any, items: int, tokens: int, elapse
     progress.update(
         task,
         completed=read,
-        rates=f"{items:,} items · {items / rate:,.1f} items/s · {tokens / rate:,.0f} tokens/s",
+        rates=f"· {items:,} items · {tokens / rate:,.0f} tokens/s",
     )
 
 
