@@ -54,6 +54,6 @@ def progress_bar(console: Console, unit: str, *extra: ProgressColumn, **kwargs: 
     )
 
 
-def total_field(total: int | None) -> dict[str, str]:
-    """The ``of`` field for :func:`progress_bar` tasks: ``/20,000`` or nothing."""
-    return {"of": "" if total is None else f"/{total:,}"}
+def of_total(total: int | None) -> str:
+    """The ``of`` field of :func:`progress_bar` tasks: ``/20,000``, or nothing when unknown."""
+    return "" if total is None else f"/{total:,}"

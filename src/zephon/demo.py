@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
-from zephon._progress import progress_bar, total_field
+from zephon._progress import progress_bar, of_total
 from zephon.types import SampleBatch
 
 _TEXT = (
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with progress_bar(console, "docs") as progress:
         total = dataset.total()
-        task = progress.add_task("decode -> tokenize -> batch", total=total, **total_field(total))
+        task = progress.add_task("decode -> tokenize -> batch", total=total, of=of_total(total))
         for item in pipeline:
             assert isinstance(item, SampleBatch)
             if first is None:

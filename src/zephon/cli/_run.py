@@ -377,7 +377,7 @@ class RunLoop:
         from rich.console import Console
         from rich.progress import TextColumn
 
-        from zephon._progress import progress_bar, total_field
+        from zephon._progress import progress_bar, of_total
 
         args = self.args
         console = Console(stderr=True)
@@ -396,7 +396,7 @@ class RunLoop:
         try:
             with progress:
                 name = Path(args.config).name
-                task = progress.add_task(name, total=total, rates="", **total_field(total))
+                task = progress.add_task(name, total=total, rates="", of=of_total(total))
                 self._iterate(progress, task)
                 _update(
                     progress, task, self.pipe, self.items, self.tokens, time.perf_counter() - start
