@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
-from zephon._progress import progress_bar, of_total
+from zephon._progress import of_total, progress_bar
 from zephon.types import SampleBatch
 
 _TEXT = (

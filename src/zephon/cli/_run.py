@@ -377,7 +377,7 @@ class RunLoop:
         from rich.console import Console
         from rich.progress import TextColumn
 
-        from zephon._progress import progress_bar, of_total
+        from zephon._progress import of_total, progress_bar
 
         args = self.args
         console = Console(stderr=True)
