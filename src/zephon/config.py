@@ -110,12 +110,31 @@ def import_object(spec: str, key: str) -> Any:
     return obj
 
 
+def _literals(tp: Any) -> list[str]:
+    """The string values a ``Literal`` (or a union holding one) accepts."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return [a for a in typing.get_args(tp) if isinstance(a, str)]
+    if origin in (typing.Union, types.UnionType):
+        return [v for a in typing.get_args(tp) for v in _literals(a)]
+    return []
+
+
+def _did_you_mean(value: Any, tp: Any) -> str:
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, _literals(tp), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def check_value(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` (as loaded from YAML) against the type hint ``tp``; return it converted
     (import paths become callables, mixtures ``MixtureSpec``). Raises naming ``key``."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
-    bad = ConfigFileError(key, f"expected {_type_name(tp)}, got {_show(value)}")
+    bad = ConfigFileError(
+        key, f"expected {_type_name(tp)}, got {_show(value)}{_did_you_mean(value, tp)}"
+    )
     if tp is Any or tp is object:
         return value
     if tp is type(None) or tp is None:

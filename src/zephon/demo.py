@@ -49,8 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--docs", type=int, default=20_000, help="documents to generate")
     parser.add_argument("--shards", type=int, default=8, help="JSONL shards to write")
     parser.add_argument("--tokenizer", default="bytes", help="'bytes' or a tokenizer.json path")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--runner", default="threads", choices=["inline", "threads", "process"])
+    parser.add_argument("--batch-size", type=int, default=8, help="records per batch (8)")
+    parser.add_argument(
+        "--runner", default="threads", choices=["inline", "threads", "process"],
+        help="where operators run: in the loop, in threads (default) or in processes",
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

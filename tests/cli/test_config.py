@@ -135,3 +135,22 @@ def test_mixture_and_both_operator_forms_agree(workdir: Path) -> None:
     assert ids_one == ids_two and len(ids_one) > 1200  # "a" repeats until "b" finished a pass
     share_a = sum(1 for s in ids_one if s[0] == 0) / len(ids_one)
     assert share_a == pytest.approx(0.75, abs=0.01)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("datasets: [{name: web, path: my-data, format: jsnl}]",
+         "datasets[0].format: expected one of 'jsonl', 'parquet', 'arrow', 'hf', 'lance', "
+         "'mds' or null, got 'jsnl'; did you mean 'jsonl'?"),
+        (DATA + "runner: thread", "runner: expected one of 'inline', 'threads', 'process', "
+         "'ray', got 'thread'; did you mean 'threads'?"),
+        (DATA + "operators: [{op: tokenize, special_tokens: eso}]",
+         "operators[0].special_tokens: expected one of 'bos_eos', 'bos', 'eos', 'none', got "
+         "'eso'; did you mean 'eos'?"),
+    ],
+)  # fmt: skip
+def test_enum_values_get_did_you_mean(tmp_path: Path, text: str, expected: str) -> None:
+    (tmp_path / "my-data").mkdir()
+    (tmp_path / "my-data" / "a.jsonl").write_text('{"text": "a"}\n')
+    assert _error(tmp_path, text) == expected

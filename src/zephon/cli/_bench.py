@@ -58,11 +58,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--full", action="store_true", help="use each script's default (large) sizes"
     )
-    parser.add_argument("--out", type=Path, default=Path("bench-report.json"), metavar="FILE")
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench-report.json"), metavar="FILE",
+        help="where to write the JSON report (bench-report.json)",
+    )  # fmt: skip
     parser.add_argument(
         "--plots", type=Path, default=None, metavar="DIR", help="PNG folder (bench-plots/)"
     )
-    parser.add_argument("--benchmarks-dir", type=Path, default=None, metavar="DIR")
+    parser.add_argument(
+        "--benchmarks-dir", type=Path, default=None, metavar="DIR",
+        help="folder holding the benchmark scripts (default: benchmarks/ of the checkout)",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per benchmark")
     parser.add_argument("--json", action="store_true", help="print the report on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress, no tables")

@@ -24,10 +24,11 @@ def register(subparsers: Any) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", metavar="CONFIG.yaml")
+    parser.add_argument("config", metavar="CONFIG.yaml", help="pipeline description")
     parser.add_argument(
-        "--format", dest="fmt", choices=("text", "json", "mermaid", "dot"), default="text"
-    )
+        "--format", dest="fmt", choices=("text", "json", "mermaid", "dot"), default="text",
+        help="text table (default), JSON, or a Mermaid / Graphviz dot diagram",
+    )  # fmt: skip
 
 
 def _source_label(pipe: Any) -> str:

@@ -35,6 +35,7 @@ from zephon.cli._common import (
 )
 from zephon.cli._signals import RunSignals
 from zephon.errors import CheckpointError, ConfigError, ZephonError
+from zephon.options import RUNNERS
 
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 
@@ -58,7 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-batches", type=int, default=None, metavar="N",
         help="stop after N items (batches when the pipeline ends with batch); checkpointed",
     )  # fmt: skip
-    parser.add_argument("--checkpoint-dir", type=Path, default=None, metavar="DIR")
+    parser.add_argument(
+        "--checkpoint-dir", type=Path, default=None, metavar="DIR",
+        help="write DIR/ckpt-<items>.json when the run stops (and every --checkpoint-every N)",
+    )  # fmt: skip
     parser.add_argument(
         "--checkpoint-every", type=int, default=0, metavar="N",
         help="also checkpoint every N items (default: only when the run stops)",
@@ -68,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume", action="store_true",
         help="restore the newest checkpoint of --checkpoint-dir (start fresh if there is none)",
     )  # fmt: skip
-    parser.add_argument("--runner", default=None, help="override options.runner")
+    parser.add_argument("--runner", default=None, choices=RUNNERS, help="override options.runner")
     parser.add_argument(
         "--record", type=Path, default=None, metavar="FILE",
         help="append one JSON line per item: its lane and sample ids (for audits and tests)",
