@@ -50,6 +50,9 @@ def _tojson(
     )
 
 
+_NEEDED_FOR = "tokenize_chat (rendering chat templates)"
+
+
 def _raise(message: str) -> None:
     import jinja2
 
@@ -61,7 +64,7 @@ def _strftime_now(fmt: str) -> str:
 
 
 def _environment() -> Any:
-    require("jinja2", "tokenize_chat (rendering chat templates)")
+    require("jinja2", _NEEDED_FOR)
     import jinja2
     import jinja2.ext
     from jinja2 import nodes
@@ -99,7 +102,7 @@ def _environment() -> Any:
 @lru_cache(maxsize=32)
 def compile_template(source: str) -> Any:
     """The compiled template for ``source`` (cached; compiled templates are thread-safe)."""
-    import jinja2
+    jinja2 = require("jinja2", _NEEDED_FOR)
 
     try:
         return _environment().from_string(source)
