@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 BLOCKED = frozenset(
-    [
+    {
         "torch",
         "torchdata",
         "ray",
@@ -37,7 +37,7 @@ BLOCKED = frozenset(
         "matplotlib",
         "transformers",
         "moto",
-    ]
+    }
 )
 
 
