@@ -321,12 +321,36 @@ class PipelineConfig:
 
     def build(self) -> Any:
         """Open the datasets, build the work source and the pipeline (errors name the key)."""
+        return self._assemble(self.open_datasets(), self.mixture)
+
+    def list_datasets(self) -> list[list[tuple[str, str, int | None]]]:
+        """Each dataset's shards as ``(url, format, rows or None)``, from metadata alone."""
+        from zephon.io import list_shards
+
+        out = []
+        for d in self.datasets:
+            path: Any = d.paths[0] if len(d.paths) == 1 else d.paths
+            try:
+                out.append(list_shards(path, fmt=d.fmt, storage_options=d.storage_options))
+            except ZephonError as exc:
+                raise self._fail(f"{d.key}.path", str(exc)) from None
+        return out
+
+    def build_unread(self) -> Any:
+        """The pipeline over one-row placeholders instead of the datasets: every operator and
+        option is built and checked, nothing is read (``zephon explain``). The mixture is
+        validated when parsed but not applied: its weights need the real row counts."""
+        from zephon.io import Dataset
+
+        self.list_datasets()
+        return self._assemble([Dataset.from_records(d.name, [{}]) for d in self.datasets], None)
+
+    def _assemble(self, datasets: list[Any], mixture: Any) -> Any:
         from zephon.pipeline import Pipeline
         from zephon.work import StaticMixtureWorkSource
 
-        datasets = self.open_datasets()
         try:
-            source = StaticMixtureWorkSource(datasets, self.mixture, **self.source)
+            source = StaticMixtureWorkSource(datasets, mixture, **self.source)
         except ConfigError as exc:
             raise self._fail("source", str(exc)) from None
         pipe = Pipeline(source)
