@@ -466,18 +466,30 @@ def _cache(raw: Any, key: str, resolve: Any) -> dict[str, Any] | None:
 PATH_PARAMS = {"tokenize": ("tokenizer",), "tokenize_chat": ("tokenizer", "chat_template")}
 
 
+def _resolve_path(value: Any, base_dir: Path) -> Any:
+    """A relative tokenizer or template path -> the path under ``base_dir`` (like datasets);
+    ``bytes``, template text, URLs and non-strings are returned unchanged."""
+    if not isinstance(value, str) or value == "bytes" or "{" in value or "://" in value:
+        return value
+    expanded = os.path.expanduser(value)
+    return expanded if os.path.isabs(expanded) else str(base_dir / value)
+
+
 def _resolve_paths(name: str, params: dict[str, Any], base_dir: Path) -> dict[str, Any]:
-    """Relative tokenizer and template paths -> paths under ``base_dir`` (like datasets)."""
     out = dict(params)
     for param in PATH_PARAMS.get(name, ()):
-        value = out.get(param)
-        if not isinstance(value, str) or value == "bytes" or "{" in value or "://" in value:
-            continue
-        if not os.path.isabs(os.path.expanduser(value)):
-            out[param] = str(base_dir / value)
-        else:
-            out[param] = os.path.expanduser(value)
+        if param in out:
+            out[param] = _resolve_path(out[param], base_dir)
     return out
+
+
+def _calibration_paths(raw: Any, base_dir: Path) -> Any:
+    """The mixture with ``calibration.tokenizer`` resolved like operator tokenizers."""
+    calibration = raw.get("calibration") if isinstance(raw, dict) else None
+    if not isinstance(calibration, dict) or "tokenizer" not in calibration:
+        return raw
+    tokenizer = _resolve_path(calibration["tokenizer"], base_dir)
+    return {**raw, "calibration": {**calibration, "tokenizer": tokenizer}}
 
 
 def _operator(raw: Any, key: str, base_dir: Path) -> OperatorConfig:
@@ -560,7 +572,7 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
 
     from zephon._mixture_config import parse_mixture
 
-    mixture = parse_mixture(data.get("mixture"), names)
+    mixture = parse_mixture(_calibration_paths(data.get("mixture"), base_dir), names)
 
     source = check_call(
         StaticMixtureWorkSource.__init__,
