@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from zephon.errors import ConfigError, ZephonError
+from zephon.errors import ConfigError, ZephonError, did_you_mean
 
 __all__ = ["OPERATORS", "ConfigFileError", "PipelineConfig", "load_config", "parse_config"]
 
@@ -121,10 +121,7 @@ def _literals(tp: Any) -> list[str]:
 
 
 def _did_you_mean(value: Any, tp: Any) -> str:
-    if not isinstance(value, str):
-        return ""
-    close = difflib.get_close_matches(value, _literals(tp), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    return did_you_mean(value, _literals(tp))
 
 
 def check_value(value: Any, tp: Any, key: str) -> Any:

@@ -21,6 +21,9 @@ Token capture has its own tree in :mod:`zephon.capture.protocols`.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class ZephonError(Exception):
     """Base class of every error zephon raises on purpose."""
@@ -97,6 +100,14 @@ class MissingFieldError(DataError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+def did_you_mean(value: object, choices: Iterable[object]) -> str:
+    """``"; did you mean 'eos'?"`` for the choice closest to a mistyped string, else ``""``."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, [c for c in choices if isinstance(c, str)], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def json_type(value: object) -> str:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import numpy as np
 
 from zephon._ops._tokenizers import BatchEncoder, load_tokenizer
-from zephon.errors import ConfigError, MissingFieldError, json_type
+from zephon.errors import ConfigError, MissingFieldError, did_you_mean, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem
 
@@ -46,6 +46,7 @@ class TokenizeOp(BaseOp):
             raise ConfigError(
                 f"tokenize: special_tokens must be 'bos_eos', 'bos', 'eos' or 'none', "
                 f"got {special_tokens!r}"
+                + did_you_mean(special_tokens, ("bos_eos", "bos", "eos", "none"))
             )
         if truncation is None:
             truncation = max_length is not None
