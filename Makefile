@@ -1,29 +1,37 @@
-# Two commands: `make demo` and `make test`. Each creates .venv and installs what is missing.
+# Two commands: `make demo` and `make test`. Each creates .venv and installs what is missing:
+# the demo needs only the core install, the tests need the dev extras.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+CORE := $(VENV)/.core-stamp
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit walkthrough bench clean
 
-$(STAMP): pyproject.toml
+$(CORE): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $(CORE)
+
+$(STAMP): $(CORE)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(CORE)
 	$(BIN)/python -m zephon.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest
+
+walkthrough: $(STAMP)
+	$(BIN)/python scripts/new_user_walkthrough.py
 
 test: lint typecheck unit
 

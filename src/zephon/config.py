@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from zephon.errors import ConfigError, ZephonError
+from zephon.errors import ConfigError, ZephonError, did_you_mean
 from zephon.pipeline import OPERATOR_METHODS
 
 __all__ = ["OPERATORS", "ConfigFileError", "PipelineConfig", "load_config", "parse_config"]
@@ -101,12 +101,28 @@ def import_object(spec: str, key: str) -> Any:
     return obj
 
 
+def _literals(tp: Any) -> list[str]:
+    """The string values a ``Literal`` (or a union holding one) accepts."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return [a for a in typing.get_args(tp) if isinstance(a, str)]
+    if origin in (typing.Union, types.UnionType):
+        return [v for a in typing.get_args(tp) for v in _literals(a)]
+    return []
+
+
+def _did_you_mean(value: Any, tp: Any) -> str:
+    return did_you_mean(value, _literals(tp))
+
+
 def check_value(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` (as loaded from YAML) against the type hint ``tp``; return it converted
     (import paths become callables, mixtures ``MixtureSpec``). Raises naming ``key``."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
-    bad = ConfigFileError(key, f"expected {_type_name(tp)}, got {_show(value)}")
+    bad = ConfigFileError(
+        key, f"expected {_type_name(tp)}, got {_show(value)}{_did_you_mean(value, tp)}"
+    )
     if tp is Any or tp is object:
         return value
     if tp is type(None) or tp is None:
@@ -293,12 +309,36 @@ class PipelineConfig:
 
     def build(self) -> Any:
         """Open the datasets, build the work source and the pipeline (errors name the key)."""
+        return self._assemble(self.open_datasets(), self.mixture)
+
+    def list_datasets(self) -> list[list[tuple[str, str, int | None]]]:
+        """Each dataset's shards as ``(url, format, rows or None)``, from metadata alone."""
+        from zephon.io import list_shards
+
+        out = []
+        for d in self.datasets:
+            path: Any = d.paths[0] if len(d.paths) == 1 else d.paths
+            try:
+                out.append(list_shards(path, fmt=d.fmt, storage_options=d.storage_options))
+            except ZephonError as exc:
+                raise self._fail(f"{d.key}.path", str(exc)) from None
+        return out
+
+    def build_unread(self) -> Any:
+        """The pipeline over one-row placeholders instead of the datasets: every operator and
+        option is built and checked, nothing is read (``zephon explain``). The mixture is
+        validated when parsed but not applied: its weights need the real row counts."""
+        from zephon.io import Dataset
+
+        self.list_datasets()
+        return self._assemble([Dataset.from_records(d.name, [{}]) for d in self.datasets], None)
+
+    def _assemble(self, datasets: list[Any], mixture: Any) -> Any:
         from zephon.pipeline import Pipeline
         from zephon.work import StaticMixtureWorkSource
 
-        datasets = self.open_datasets()
         try:
-            source = StaticMixtureWorkSource(datasets, self.mixture, **self.source)
+            source = StaticMixtureWorkSource(datasets, mixture, **self.source)
         except ConfigError as exc:
             raise self._fail("source", str(exc)) from None
         pipe = Pipeline(source)
@@ -313,7 +353,11 @@ class PipelineConfig:
                 else:
                     getattr(pipe, op.name)(**op.params)
             except (ConfigError, TypeError, ValueError) as exc:
-                raise self._fail(op.key, f"{op.name}: {exc}") from None
+                param = getattr(exc, "param", None)
+                text = str(exc)
+                if not text.startswith(f"{op.name}:"):
+                    text = f"{op.name}: {text}"
+                raise self._fail(f"{op.key}.{param}" if param else op.key, text) from None
         if self.options:
             try:
                 pipe.options(**self.options)
@@ -406,7 +450,37 @@ def _cache(raw: Any, key: str, resolve: Any) -> dict[str, Any] | None:
     return {"dir": resolve(cache_dir), "max_bytes": max_bytes}
 
 
-def _operator(raw: Any, key: str) -> OperatorConfig:
+#: Operator parameters that may name a file, resolved relative to the YAML file's folder.
+PATH_PARAMS = {"tokenize": ("tokenizer",), "tokenize_chat": ("tokenizer", "chat_template")}
+
+
+def _resolve_path(value: Any, base_dir: Path) -> Any:
+    """A relative tokenizer or template path -> the path under ``base_dir`` (like datasets);
+    ``bytes``, template text, URLs and non-strings are returned unchanged."""
+    if not isinstance(value, str) or value == "bytes" or "{" in value or "://" in value:
+        return value
+    expanded = os.path.expanduser(value)
+    return expanded if os.path.isabs(expanded) else str(base_dir / value)
+
+
+def _resolve_paths(name: str, params: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    out = dict(params)
+    for param in PATH_PARAMS.get(name, ()):
+        if param in out:
+            out[param] = _resolve_path(out[param], base_dir)
+    return out
+
+
+def _calibration_paths(raw: Any, base_dir: Path) -> Any:
+    """The mixture with ``calibration.tokenizer`` resolved like operator tokenizers."""
+    calibration = raw.get("calibration") if isinstance(raw, dict) else None
+    if not isinstance(calibration, dict) or "tokenizer" not in calibration:
+        return raw
+    tokenizer = _resolve_path(calibration["tokenizer"], base_dir)
+    return {**raw, "calibration": {**calibration, "tokenizer": tokenizer}}
+
+
+def _operator(raw: Any, key: str, base_dir: Path) -> OperatorConfig:
     from zephon.ops import BaseOp
     from zephon.pipeline import Pipeline
 
@@ -447,7 +521,8 @@ def _operator(raw: Any, key: str) -> OperatorConfig:
             "(or 'package.module:Class' for your own BaseOp subclass)",
         )
     method = getattr(Pipeline, name)
-    return OperatorConfig(name, check_call(method, params, key, what=name), key)
+    checked = check_call(method, params, key, what=name)
+    return OperatorConfig(name, _resolve_paths(name, checked, base_dir), key)
 
 
 def _check_batch_order(operators: Sequence[OperatorConfig]) -> None:
@@ -499,7 +574,7 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
 
     from zephon._mixture_config import parse_mixture
 
-    mixture = parse_mixture(data.get("mixture"), names)
+    mixture = parse_mixture(_calibration_paths(data.get("mixture"), base_dir), names)
 
     source = check_call(
         StaticMixtureWorkSource.__init__,
@@ -513,7 +588,7 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
     raw_ops = data.get("operators") or []
     if not isinstance(raw_ops, list):
         raise ConfigFileError("operators", f"expected a list, got {_show(raw_ops)}")
-    operators = [_operator(op, f"operators[{i}]") for i, op in enumerate(raw_ops)]
+    operators = [_operator(op, f"operators[{i}]", base_dir) for i, op in enumerate(raw_ops)]
     _check_batch_order(operators)
 
     options_raw = dict(_mapping(data.get("options"), "options"))

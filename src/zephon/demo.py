@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon._progress import of_total, progress_bar
 from zephon.types import SampleBatch
 
 _TEXT = (
@@ -49,8 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--docs", type=int, default=20_000, help="documents to generate")
     parser.add_argument("--shards", type=int, default=8, help="JSONL shards to write")
     parser.add_argument("--tokenizer", default="bytes", help="'bytes' or a tokenizer.json path")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--runner", default="threads", choices=["inline", "threads", "process"])
+    parser.add_argument("--batch-size", type=int, default=8, help="records per batch (8)")
+    parser.add_argument(
+        "--runner", default="threads", choices=["inline", "threads", "process"],
+        help="where operators run: in the loop, in threads (default) or in processes",
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,19 +79,14 @@ def run(args: argparse.Namespace) -> int:
         .options(runner=args.runner, canonical_replicas=2)
     )
     console.print(f"[bold]corpus[/] {folder} ({dataset.total():,} docs, {args.shards} shards)")
-    console.print(str(pipeline.explain()))
+    console.print(str(pipeline.explain()), soft_wrap=True, highlight=False)
 
     first: SampleBatch | None = None
     tokens = records = batches = 0
     start = time.perf_counter()
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed:,}/{task.total:,} docs"),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
-        task = progress.add_task("decode -> tokenize -> batch", total=dataset.total())
+    with progress_bar(console, "docs") as progress:
+        total = dataset.total()
+        task = progress.add_task("decode -> tokenize -> batch", total=total, of=of_total(total))
         for item in pipeline:
             assert isinstance(item, SampleBatch)
             if first is None:
@@ -131,7 +129,22 @@ def run(args: argparse.Namespace) -> int:
             f"{stats.tombstones} record(s) closed by tombstones "
             "(each lane's final partial batch is dropped: batch(drop_last=True))"
         )
+    for line in closing_lines(args, records, tokens, batches):
+        console.print(line, highlight=False, soft_wrap=True)
     return 0
+
+
+def closing_lines(args: argparse.Namespace, docs: int, tokens: int, batches: int) -> list[str]:
+    """Three lines: what the demo did, what it guarantees, and the next command to try."""
+    return [
+        f"done: {docs:,} docs from {args.shards} JSONL shards in {args.data} were decoded, "
+        f"tokenized ({args.tokenizer}) into {tokens:,} tokens and batched into {batches:,} "
+        f"batches of {args.batch_size}.",
+        "every rerun gives these exact batches, on any runner or worker count and after a "
+        "stop and resume.",
+        "next: point a YAML pipeline at your own data (docs/index.md), then run "
+        "`zephon explain pipeline.yaml` and `zephon run pipeline.yaml --checkpoint-dir ckpt`.",
+    ]
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 
     ZephonError
     ├── ConfigError (ValueError)          wrong option, unknown dataset, bad weight
+    │   └── MissingDependencyError (ImportError)  an optional package is not installed
     ├── DataError (ValueError)            a record or shard cannot be read
     │   ├── DataFormatError               malformed line or corrupt shard (names file and line)
     │   ├── MissingFieldError (KeyError)  a record lacks a field (names field and sample id)
@@ -20,13 +21,45 @@ Token capture has its own tree in :mod:`zephon.capture.protocols`.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class ZephonError(Exception):
     """Base class of every error zephon raises on purpose."""
 
 
 class ConfigError(ZephonError, ValueError):
-    """A configuration value is invalid (the message names the option or key)."""
+    """A configuration value is invalid (the message names the option or key).
+
+    ``param``, when set, is the parameter at fault, so a YAML error can name its full key
+    (``operators[1].special_tokens``).
+    """
+
+    def __init__(self, *args: object, param: str | None = None) -> None:
+        super().__init__(*args)
+        self.param = param
+
+
+class MissingDependencyError(ConfigError, ImportError):
+    """An optional package is not installed; the message names the extra that installs it.
+
+    ``module`` is the missing top-level module, ``extra`` the ``zephon[EXTRA]`` to install.
+    """
+
+    def __init__(self, module: str, extra: str, needed_for: str) -> None:
+        super().__init__(
+            f"{needed_for} needs {module}, which is not installed: pip install 'zephon[{extra}]'"
+        )
+        self.module = module
+        self.extra = extra
+        self.name = module
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.module, self.extra, self._needed_for()))
+
+    def _needed_for(self) -> str:
+        return str(self).split(" needs ", 1)[0]
 
 
 class DataError(ZephonError, ValueError):
@@ -54,10 +87,40 @@ def _rebuild_format_error(message: str, location: str | None, line: int | None) 
 
 
 class MissingFieldError(DataError, KeyError):
-    """A record lacks a field an operator needs; the message names the field and sample id."""
+    """A record lacks a field an operator needs (or it has the wrong type); the message names
+    the field and sample id. ``sample_id``, when known, lets the command line name the file
+    and line the record came from."""
+
+    def __init__(self, message: str, *, sample_id: tuple[int, int, int] | None = None) -> None:
+        super().__init__(message)
+        self.sample_id = sample_id
+
+    def __reduce__(self) -> tuple[object, ...]:  # keep sample_id across processes
+        return (_rebuild_missing_field, (str(self), self.sample_id))
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+def did_you_mean(value: object, choices: Iterable[object]) -> str:
+    """``"; did you mean 'eos'?"`` for the choice closest to a mistyped string, else ``""``."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, [c for c in choices if isinstance(c, str)], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def json_type(value: object) -> str:
+    """A value's type as a data file would say it (``null`` rather than ``NoneType``)."""
+    names = {type(None): "null", bool: "a boolean", int: "a number", float: "a number"}
+    names.update({list: "a list", dict: "an object"})
+    return names.get(type(value), type(value).__name__)
+
+
+def _rebuild_missing_field(
+    message: str, sample_id: tuple[int, int, int] | None
+) -> MissingFieldError:
+    return MissingFieldError(message, sample_id=sample_id)
 
 
 class ChatFormatError(DataError):

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-from zephon.errors import ConfigError
+from zephon.errors import ConfigError, did_you_mean
 
 RunnerName = Literal["inline", "threads", "process", "ray"]
 RUNNERS: tuple[str, ...] = ("inline", "threads", "process", "ray")
@@ -76,7 +76,10 @@ class RuntimeOptions:
 
     def validate(self) -> None:
         if self.runner not in RUNNERS:
-            raise ConfigError(f"runner must be one of {list(RUNNERS)}, got {self.runner!r}")
+            raise ConfigError(
+                f"runner must be one of {list(RUNNERS)}, got {self.runner!r}"
+                + did_you_mean(self.runner, RUNNERS)
+            )
         if self.queue_size < 1:
             raise ConfigError(f"queue_size must be >= 1, got {self.queue_size}")
         if self.max_inflight is not None and self.max_inflight < 1:
@@ -97,6 +100,10 @@ class RuntimeOptions:
         if self.process_pool not in ("shared", "per_op"):
             raise ConfigError(
                 f"process_pool must be 'shared' or 'per_op', got {self.process_pool!r}"
+                + did_you_mean(self.process_pool, ("shared", "per_op"))
             )
         if self.on_error not in ("raise", "skip"):
-            raise ConfigError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+            raise ConfigError(
+                f"on_error must be 'raise' or 'skip', got {self.on_error!r}"
+                + did_you_mean(self.on_error, ("raise", "skip"))
+            )

@@ -13,6 +13,7 @@ import copy
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from zephon._optional import require
 from zephon.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
 
     def __init__(self, pipeline: Pipeline, transform: Callable[[Any], Any] | None = None) -> None:
         if get_worker_info is None:
-            raise ConfigError("to_torch_dataset needs torch: pip install 'zephon[torch]'")
+            require("torch", "to_torch_dataset")
         self.pipeline = pipeline
         self.transform = transform
         self._worker_pipeline: Pipeline | None = None

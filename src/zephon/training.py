@@ -179,13 +179,9 @@ def to_training(
 
 
 def _to_torch(arrays: dict[str, Any]) -> dict[str, Any]:
-    try:
-        import torch  # type: ignore[import-not-found]
-    except ImportError:
-        raise ConfigError(
-            "to_training(return_tensors='pt') needs torch, which is not installed; install "
-            "torch or use return_tensors='np'"
-        ) from None
+    from zephon._optional import require
+
+    torch = require("torch", "to_training(return_tensors='pt') (or use return_tensors='np')")
     return {
         k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
         for k, v in arrays.items()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -59,11 +60,15 @@ def test_clean_to_a_size_then_everything(filled: Path, capsys: pytest.CaptureFix
     assert main(["cache", "clean", "--dir", str(filled), "--max-bytes", "-1"]) == 2
 
 
-def test_explain_writes_nothing_into_the_data_folder(
-    workdir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_explain_reads_metadata_only(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZEPHON_CACHE_DIR", str(workdir / "cache"))
+    shard = next((workdir / "my-data").glob("*.jsonl"))
+    with open(shard, "rb") as src, gzip.open(f"{shard}.gz", "wb") as dst:
+        dst.write(src.read())
+    shard.unlink()  # one compressed shard: explain must not decompress it
     before = sorted(p.name for p in (workdir / "my-data").iterdir())
     assert main(["explain", str(workdir / "pipeline.yaml")]) == 0
     assert sorted(p.name for p in (workdir / "my-data").iterdir()) == before
-    assert list((workdir / "cache").rglob("*.zidx"))  # the indexes went to the cache
+    assert not (workdir / "cache").exists()  # no index, no decompressed copy anywhere
+    assert main(["run", str(workdir / "pipeline.yaml"), "--quiet", "--max-batches", "1"]) == 0
+    assert list((workdir / "cache").rglob("*.zidx"))  # a run builds them, in the cache

@@ -159,3 +159,46 @@ def test_map_batch_may_follow_batch_in_yaml_and_nothing_else():
     ops.append("decode_text")
     with pytest.raises(ConfigFileError, match=r"operators\[2\].*only map_batch may follow"):
         parse_config({"datasets": [{"name": "d", "path": "."}], "operators": ops})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("datasets: [{name: web, path: my-data, format: jsnl}]",
+         "datasets[0].format: expected one of 'jsonl', 'parquet', 'arrow', 'hf', 'lance', "
+         "'mds' or null, got 'jsnl'; did you mean 'jsonl'?"),
+        (DATA + "runner: thread", "runner: expected one of 'inline', 'threads', 'process', "
+         "'ray', got 'thread'; did you mean 'threads'?"),
+        (DATA + "operators: [{op: tokenize, special_tokens: eso}]",
+         "operators[0].special_tokens: expected one of 'bos_eos', 'bos', 'eos', 'none', got "
+         "'eso'; did you mean 'eos'?"),
+    ],
+)  # fmt: skip
+def test_enum_values_get_did_you_mean(tmp_path: Path, text: str, expected: str) -> None:
+    (tmp_path / "my-data").mkdir()
+    (tmp_path / "my-data" / "a.jsonl").write_text('{"text": "a"}\n')
+    assert _error(tmp_path, text) == expected
+
+
+def test_tokenizer_and_template_paths_are_relative_to_the_yaml(tmp_path: Path) -> None:
+    data = {
+        "datasets": [{"name": "web", "path": "my-data"}],
+        "mixture": {
+            "weights": {"web": 1},
+            "unit": "tokens",
+            "calibration": {"tokenizer": "tok/tokenizer.json", "field": "text"},
+        },
+        "operators": [
+            {"op": "tokenize", "tokenizer": "tok/tokenizer.json"},
+            {"op": "tokenize_chat", "tokenizer": "bytes", "chat_template": "t/chat.jinja"},
+            {"op": "tokenize", "tokenizer": str(tmp_path / "abs.json")},
+        ],
+    }
+    config = parse_config(data, base_dir=tmp_path / "cfg")
+    first, chat, absolute = (op.params for op in config.operators)
+    assert first["tokenizer"] == str(tmp_path / "cfg" / "tok" / "tokenizer.json")
+    assert chat["tokenizer"] == "bytes"
+    assert chat["chat_template"] == str(tmp_path / "cfg" / "t" / "chat.jinja")
+    assert absolute["tokenizer"] == str(tmp_path / "abs.json")
+    calibration = config.mixture.calibration
+    assert calibration.tokenizer == str(tmp_path / "cfg" / "tok" / "tokenizer.json")

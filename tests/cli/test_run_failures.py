@@ -168,3 +168,20 @@ def test_runner_ray_without_ray_is_a_configuration_error(workdir: Path):
     done = subprocess.run(command, cwd=workdir, capture_output=True, text=True, env=env, timeout=99)
     assert done.returncode == 2
     assert "pip install 'zephon[ray]'" in done.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(("value", "shown"), [("null", "null"), ("17", "a number")])
+def test_a_non_string_text_field_names_file_line_and_field(
+    tmp_path: Path, value: str, shown: str
+) -> None:
+    data = tmp_path / "my-data"
+    data.mkdir()
+    rows = ['{"text": "fine"}'] * 5
+    rows[3] = '{"text": ' + value + "}"
+    (data / "a.jsonl").write_text("\n".join(rows[:2]) + "\n\n" + "\n".join(rows[2:]) + "\n")
+    (tmp_path / "pipeline.yaml").write_text(PIPELINE_YAML)
+    proc = zephon("run", "pipeline.yaml", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 1
+    line = proc.stderr.strip().splitlines()[-1]
+    assert f"{data / 'a.jsonl'}, line 5: " in line  # row 3 is line 5: a blank line before it
+    assert f"field 'text' of record (0, 0, 3) is {shown}, expected str or bytes" in line

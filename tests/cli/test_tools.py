@@ -22,10 +22,13 @@ def test_explain_formats(workdir: Path, capsys) -> None:
     cfg = str(workdir / "pipeline.yaml")
     assert main(["explain", cfg]) == 0
     text = capsys.readouterr().out
-    assert "web (600 rows)" in text and "pack_flat" in text and "lanes=[0, 1]" in text
+    assert "web (3 jsonl shards, rows counted when run)" in text and "pack_flat" in text
+    assert "lanes=[0, 1]" in text and "* added by the engine: fetch" in text
+    assert main(["index", str(workdir / "my-data")]) == 0  # index.json: rows known up front
     assert main(["explain", cfg, "--format", "json"]) == 0
-    plan = json.loads(capsys.readouterr().out)
-    assert plan["canonical_replicas"] == 2 and plan["datasets"] == [{"name": "web", "rows": 600}]
+    plan = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    web = {"name": "web", "shards": 3, "formats": ["jsonl"], "rows": 600}
+    assert plan["canonical_replicas"] == 2 and plan["datasets"] == [web]
     assert plan["stages"][0]["op_name"] == "fetch"
     assert main(["explain", cfg, "--format", "mermaid"]) == 0
     mermaid = capsys.readouterr().out

@@ -27,4 +27,7 @@ def test_new_user_walkthrough(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "identical to the uninterrupted run" in proc.stdout
     assert (tmp_path / "ckpt").is_dir() and (tmp_path / "capture").is_dir()
+    assert "first hour ok: every message says what to do" in proc.stdout
+    assert (tmp_path / "project" / "tok" / "tokenizer.json").is_file()
+    assert not (tmp_path / "fresh-cache").exists()  # explain wrote nothing
     assert "walkthrough ok" in proc.stdout

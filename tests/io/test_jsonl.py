@@ -105,3 +105,49 @@ def test_shard_pickles_without_handles(tmp_path: Path) -> None:
         clone = loads(dumps(ds))
         assert clone.read(0, [99, 0]) == [{"i": 99}, {"i": 0}]
         assert len(dumps(ds)) < 2000  # the offset index is not shipped
+
+
+def _first_error(path: Path) -> str:
+    shard = JsonlShard(str(path))
+    with pytest.raises(DataFormatError) as info:
+        shard.read(list(range(len(shard))))
+    return str(info.value)
+
+
+def test_a_pretty_printed_json_array_is_named_as_such(tmp_path: Path) -> None:
+    p = tmp_path / "data.json"
+    p.write_text(json.dumps([{"text": "a"}, {"text": "b"}], indent=2))
+    message = _first_error(p)
+    assert message.startswith(f"{p}, line 1: the file is one JSON array, not JSON Lines")
+    assert "jq -c '.[]'" in message and "truncated" not in message
+
+
+def test_a_byte_order_mark_is_named_as_such(tmp_path: Path) -> None:
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + b'{"text": "a"}\n{"text": "b"}\n')
+    message = _first_error(p)
+    assert message.startswith(f"{p}, line 1: the file starts with a UTF-8 byte order mark")
+    assert "byte 0" not in message
+
+
+def test_a_binary_file_given_as_jsonl_is_named_as_such(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = tmp_path / "really-parquet.jsonl"
+    pq.write_table(pa.table({"text": ["a", "b"]}), p)
+    assert "the file is binary, not JSON Lines text" in _first_error(p)
+
+
+def test_pretty_printed_objects_are_named_as_such(tmp_path: Path) -> None:
+    p = tmp_path / "pretty.jsonl"
+    p.write_text(json.dumps({"text": "a"}, indent=2) + "\n")
+    assert "pretty-printed JSON spread over several lines" in _first_error(p)
+
+
+def test_crlf_lines_read_exactly(tmp_path: Path) -> None:
+    p = tmp_path / "crlf.jsonl"
+    p.write_bytes(b'{"text": "a"}\r\n\r\n{"text": "b"}\r\n')
+    shard = JsonlShard(str(p))
+    assert shard.read([0, 1]) == [{"text": "a"}, {"text": "b"}]
+    assert shard.line_of(1) == 3

@@ -11,6 +11,12 @@ import xxhash
 from zephon.ops import BaseOp, CountingAccumulator, OpContext
 from zephon.options import RuntimeOptions
 
+#: Operators the engine adds itself, with what they do (the legend of ``str(plan)``).
+ENGINE_OPS = {
+    "fetch": "reads each chunk's rows",
+    "replay_filter": "skips what was delivered before a restore",
+}
+
 
 @dataclass(frozen=True)
 class OpSpec:
@@ -67,13 +73,35 @@ class Plan:
             order = "kept" if s.preserves_cursor_order else "changed"
             if s.stalls_sentinels:
                 order += ", stalls sentinels"
+            name = f"{s.op_name}*" if s.op_name in ENGINE_OPS else s.op_name
             lines.append(
-                f"{s.index:>2} {s.op_name:<18} {s.runner:<8} {s.parallelism:>7} {micro:>6} "
+                f"{s.index:>2} {name:<18} {s.runner:<8} {s.parallelism:>7} {micro:>6} "
                 f"{s.queue_size:>5} {s.max_inflight:>8} {order}"
             )
             if s.detail:
                 lines.append(f"   {s.op_name}: {s.detail}")
-        return "\n".join(lines)
+        return "\n".join(lines + self._legend())
+
+    def _legend(self) -> list[str]:
+        """What the table's jargon means, for a reader who has not read docs/concepts.md."""
+        added = [
+            f"{s.op_name} {ENGINE_OPS[s.op_name]}" for s in self.stages if s.op_name in ENGINE_OPS
+        ]
+        lines = [f"* added by the engine: {'; '.join(added)}"] if added else []
+        lines.append(
+            "order: kept = in input order, changed = reorders; "
+            "stalls sentinels = holds a chunk's end marker until a batch fills"
+        )
+        if self.monotone:
+            lines.append(
+                "monotone: nothing reorders, so a restore replays at most one chunk per lane"
+            )
+        else:
+            lines.append(
+                f"not monotone: reordering operators flush every {self.flush_every_k_chunks} "
+                "chunks per lane; a restore replays from the last flush"
+            )
+        return lines
 
 
 def stalls_sentinels(op: BaseOp) -> bool:

@@ -27,7 +27,6 @@ import cloudpickle
 from zephon._engine.pools import WorkerCrashedError, WorkerPool
 from zephon._engine.shm import resolve_items
 from zephon._engine.stage import annotate, call_process_many
-from zephon.errors import ConfigError
 from zephon.ops import BaseOp, OpContext
 from zephon.types import StreamItem
 
@@ -35,13 +34,9 @@ log = logging.getLogger("zephon")
 
 
 def import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError(
-            "runner='ray' and placement='remote' need Ray: pip install 'zephon[ray]'"
-        ) from None
-    return ray
+    from zephon._optional import require
+
+    return require("ray", "runner='ray' and placement='remote'")
 
 
 class OpActor:

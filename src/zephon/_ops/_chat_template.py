@@ -20,6 +20,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+from zephon._optional import require
 from zephon.errors import ConfigError
 
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -49,6 +50,9 @@ def _tojson(
     )
 
 
+_NEEDED_FOR = "tokenize_chat (rendering chat templates)"
+
+
 def _raise(message: str) -> None:
     import jinja2
 
@@ -60,15 +64,11 @@ def _strftime_now(fmt: str) -> str:
 
 
 def _environment() -> Any:
-    try:
-        import jinja2
-        import jinja2.ext
-        from jinja2 import nodes
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        raise ConfigError(
-            "tokenize_chat needs jinja2 to render chat templates; pip install 'zephon[chat]'"
-        ) from None
+    require("jinja2", _NEEDED_FOR)
+    import jinja2
+    import jinja2.ext
+    from jinja2 import nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class GenerationSpans(jinja2.ext.Extension):
         """``{% generation %}`` blocks render their body and record its character span."""
@@ -102,7 +102,7 @@ def _environment() -> Any:
 @lru_cache(maxsize=32)
 def compile_template(source: str) -> Any:
     """The compiled template for ``source`` (cached; compiled templates are thread-safe)."""
-    import jinja2
+    jinja2 = require("jinja2", _NEEDED_FOR)
 
     try:
         return _environment().from_string(source)

@@ -21,6 +21,8 @@ from zephon.errors import ConfigError
 
 _BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "[CLS]", "<|startoftext|>")
 _EOS_NAMES = ("</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[SEP]")
+_BOS_WORDS = ("bos", "begin_of_text", "startoftext", "start_of_text")
+_EOS_WORDS = ("eos", "end_of_text", "endoftext", "eot")
 
 
 class BatchEncoder(Protocol):
@@ -107,6 +109,18 @@ def _guess(tokenizer: Any, names: Sequence[str]) -> int | None:
     return None
 
 
+def _from_added(tokenizer: Any, words: Sequence[str]) -> int | None:
+    """The first special added token whose text names the role (``<|im_end|>``-style)."""
+    decoder = getattr(tokenizer, "get_added_tokens_decoder", None)
+    if decoder is None:
+        return None
+    for tid, token in sorted(decoder().items()):
+        content = str(getattr(token, "content", token)).lower()
+        if getattr(token, "special", True) and any(w in content for w in words):
+            return int(tid)
+    return None
+
+
 def _from_file(path: Path) -> HFTokenizer:
     from tokenizers import Tokenizer
 
@@ -119,11 +133,20 @@ def _from_file(path: Path) -> HFTokenizer:
             cfg = json.loads(cfg_path.read_text())
             bos = bos if bos is not None else _special_id(tok, cfg.get("bos_token"))
             eos = eos if eos is not None else _special_id(tok, cfg.get("eos_token"))
+    return HFTokenizer(tok, *_specials(tok, bos, eos))
+
+
+def _specials(tok: Any, bos: int | None, eos: int | None) -> tuple[int | None, int | None]:
+    """BOS and EOS: the configured ids, else well-known names, else added special tokens."""
     if bos is None:
         bos = _guess(tok, _BOS_NAMES)
+    if bos is None:
+        bos = _from_added(tok, _BOS_WORDS)
     if eos is None:
         eos = _guess(tok, _EOS_NAMES)
-    return HFTokenizer(tok, bos, eos)
+    if eos is None:
+        eos = _from_added(tok, _EOS_WORDS)
+    return bos, eos
 
 
 def load_tokenizer(spec: Any) -> BatchEncoder:
@@ -147,7 +170,7 @@ def load_tokenizer(spec: Any) -> BatchEncoder:
             "directory holding one; zephon never downloads tokenizers"
         )
     if hasattr(spec, "encode_batch") and hasattr(spec, "token_to_id"):
-        return HFTokenizer(spec, _guess(spec, _BOS_NAMES), _guess(spec, _EOS_NAMES))
+        return HFTokenizer(spec, *_specials(spec, None, None))
     backend = getattr(spec, "backend_tokenizer", None)
     if backend is not None:
         return HFTokenizer(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from zephon.errors import ConfigError, MissingFieldError
+from zephon.errors import ConfigError, MissingFieldError, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem
 
@@ -69,14 +69,16 @@ class DecodeTextOp(BaseOp):
                     known = sorted(payload) if isinstance(payload, dict) else type(payload).__name__
                     raise MissingFieldError(
                         f"decode_text: record {elem.meta.sample_id} has no field {name!r}"
-                        f" (fields: {known})"
+                        f" (fields: {known})",
+                        sample_id=elem.meta.sample_id,
                     ) from None
                 if isinstance(value, (bytes, bytearray, memoryview)):
                     value = bytes(value).decode(self.encoding, self.errors)
                 elif not isinstance(value, str):
                     raise MissingFieldError(
                         f"decode_text: field {name!r} of record {elem.meta.sample_id} is "
-                        f"{type(value).__name__}, expected str or bytes"
+                        f"{json_type(value)}, expected str or bytes",
+                        sample_id=elem.meta.sample_id,
                     )
                 if self.normalize_newlines and "\r" in value:
                     value = value.replace("\r\n", "\n").replace("\r", "\n")

@@ -29,7 +29,7 @@ from zephon._ops._packing_algos import (
     PackingAlgorithm,
     make_packer,
 )
-from zephon.errors import ConfigError, DataError, MissingFieldError
+from zephon.errors import ConfigError, DataError, MissingFieldError, did_you_mean
 from zephon.ops import Accumulator, BaseOp, OpContext, OpTraits
 from zephon.ops.accumulators import MicroBatch
 from zephon.types import (
@@ -288,6 +288,7 @@ class PackOpBase(BaseOp):
         if algorithm not in ALGORITHMS:
             raise ConfigError(
                 f"{label}: algorithm must be one of {list(ALGORITHMS)}, got {algorithm!r}"
+                + did_you_mean(algorithm, ALGORITHMS)
             )
         if num_bins < 1:
             raise ConfigError(f"{label}: num_bins must be >= 1, got {num_bins}")
@@ -303,6 +304,7 @@ class PackOpBase(BaseOp):
         if flush_strategy not in ("fifo", "fullest"):
             raise ConfigError(
                 f"{label}: flush_strategy must be 'fifo' or 'fullest', got {flush_strategy!r}"
+                + did_you_mean(flush_strategy, ("fifo", "fullest"))
             )
         if candidate_pool_size < 1:
             raise ConfigError(

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from zephon._ops._bookkeeping import CloserTracker, cursor_hash, mix, settle_block
-from zephon.errors import ConfigError
+from zephon.errors import ConfigError, did_you_mean
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.ops.accumulators import MicroBatch
 from zephon.types import LaneId, SampleRecord, StreamItem
@@ -190,7 +190,7 @@ class ShuffleOp(BaseOp):
         if algorithm not in ("streaming", "block", "block_warmup"):
             raise ConfigError(
                 "shuffle: algorithm must be 'streaming', 'block' or 'block_warmup', got "
-                f"{algorithm!r}"
+                f"{algorithm!r}" + did_you_mean(algorithm, ("streaming", "block", "block_warmup"))
             )
         if not warmup_growth > 1.0:
             raise ConfigError(f"shuffle: warmup_growth must be > 1, got {warmup_growth}")

@@ -9,7 +9,7 @@ from typing import Any, Literal
 import numpy as np
 
 from zephon._ops._tokenizers import BatchEncoder, load_tokenizer
-from zephon.errors import ConfigError, MissingFieldError
+from zephon.errors import ConfigError, MissingFieldError, did_you_mean, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem
 
@@ -48,6 +48,7 @@ class TokenizeOp(BaseOp):
             raise ConfigError(
                 f"tokenize: special_tokens must be 'bos_eos', 'bos', 'eos' or 'none', "
                 f"got {special_tokens!r}"
+                + did_you_mean(special_tokens, ("bos_eos", "bos", "eos", "none"))
             )
         if truncation is None:
             truncation = max_length is not None
@@ -59,8 +60,6 @@ class TokenizeOp(BaseOp):
                 f"tokenize: max_length={max_length} leaves no room for content next to "
                 f"{n_specials} special token(s)"
             )
-        if isinstance(tokenizer, (str, os.PathLike)) and tokenizer != "bytes":
-            load_tokenizer(tokenizer)  # fail fast on a bad path, in the driver
         self.tokenizer_spec = tokenizer
         self.field = field
         self.output_field = output_field
@@ -71,8 +70,8 @@ class TokenizeOp(BaseOp):
         self.truncation = truncation
         self.max_batch = max_batch
         self._encoder: BatchEncoder | None = None
-        self._bos: int | None = None
-        self._eos: int | None = None
+        # Resolved now, in the driver: a missing BOS/EOS is a config error before any data.
+        self._bos, self._eos = self._specials(load_tokenizer(tokenizer))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -98,23 +97,33 @@ class TokenizeOp(BaseOp):
             "truncation": self.truncation,
         }
 
-    def _load(self) -> BatchEncoder:
-        encoder = load_tokenizer(self.tokenizer_spec)
+    def _specials(self, encoder: BatchEncoder) -> tuple[int | None, int | None]:
+        """The BOS and EOS ids ``special_tokens`` needs; raises naming the key to set."""
         bos = self.bos_token_id if self.bos_token_id is not None else encoder.bos_token_id
         eos = self.eos_token_id if self.eos_token_id is not None else encoder.eos_token_id
-        if self.special_tokens in ("bos_eos", "bos") and bos is None:
-            raise ConfigError(
-                "tokenize: the tokenizer defines no BOS token; pass bos_token_id=... or "
-                "special_tokens='eos'/'none'"
-            )
-        if self.special_tokens in ("bos_eos", "eos") and eos is None:
-            raise ConfigError(
-                "tokenize: the tokenizer defines no EOS token; pass eos_token_id=... or "
-                "special_tokens='bos'/'none'"
-            )
-        self._bos, self._eos = bos, eos
-        self._encoder = encoder
-        return encoder
+        for role, tid, modes, other in (
+            ("BOS", bos, ("bos_eos", "bos"), "eos"),
+            ("EOS", eos, ("bos_eos", "eos"), "bos"),
+        ):
+            if self.special_tokens in modes and tid is None:
+                raise ConfigError(
+                    f"tokenize: the tokenizer {self._describe()} defines no {role} token (none in "
+                    "tokenizer_config.json, special_tokens_map.json or its added tokens); set "
+                    f"special_tokens: none | {other} | bos_eos (now {self.special_tokens!r}) "
+                    f"or {role.lower()}_token_id: ID",
+                    param="special_tokens",
+                )
+        return bos, eos
+
+    def _describe(self) -> str:
+        spec = self.tokenizer_spec
+        return (
+            repr(os.fspath(spec)) if isinstance(spec, (str, os.PathLike)) else type(spec).__name__
+        )
+
+    def _load(self) -> BatchEncoder:
+        self._encoder = load_tokenizer(self.tokenizer_spec)
+        return self._encoder
 
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
         encoder = self._encoder or self._load()
@@ -128,12 +137,14 @@ class TokenizeOp(BaseOp):
                 fields = sorted(payload) if isinstance(payload, dict) else type(payload).__name__
                 raise MissingFieldError(
                     f"tokenize: record {elem.meta.sample_id} has no field {field!r} "
-                    f"(fields: {fields})"
+                    f"(fields: {fields})",
+                    sample_id=elem.meta.sample_id,
                 ) from None
             if not isinstance(text, str):
                 raise MissingFieldError(
                     f"tokenize: field {field!r} of record {elem.meta.sample_id} is "
-                    f"{type(text).__name__}, expected str (add decode_text() before tokenize)"
+                    f"{json_type(text)}, expected str (add decode_text() before tokenize)",
+                    sample_id=elem.meta.sample_id,
                 )
             texts.append(text)
         ids_list = encoder.encode_many(texts)

@@ -30,7 +30,7 @@ from zephon._ops._chat_spans import (
 )
 from zephon._ops._chat_template import compile_template, has_generation_tags
 from zephon._ops._tokenizers import load_tokenizer
-from zephon.errors import ChatFormatError, ConfigError
+from zephon.errors import ChatFormatError, ConfigError, did_you_mean
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem, tombstone_meta
 
@@ -41,7 +41,10 @@ NO_SUPERVISED = "tokenize_chat: no supervised token"
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"tokenize_chat: {name} must be one of {list(choices)}, got {value!r}")
+        raise ConfigError(
+            f"tokenize_chat: {name} must be one of {list(choices)}, got {value!r}"
+            + did_you_mean(value, choices)
+        )
 
 
 def prefix_links(elems: list[StreamItem], texts: list[str]) -> list[int | None]:

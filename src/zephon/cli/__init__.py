@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from zephon.cli._parser import Parser
+
 # Subcommand modules; each exposes ``register(subparsers)`` that sets ``func`` on its parser.
 _COMMANDS = (
     "zephon.cli._demo",
@@ -20,7 +22,7 @@ _COMMANDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="zephon", description="Exactly reproducible LLM training data and RL token capture"
     )
     from zephon import __version__

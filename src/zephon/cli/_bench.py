@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zephon._optional import require
 from zephon.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, fail, write_json_atomic
+from zephon.errors import MissingDependencyError
 
 #: Benchmark script -> arguments for a small run ({tmp} is a scratch folder). Run order.
 SMALL: dict[str, list[str]] = {
@@ -56,11 +58,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--full", action="store_true", help="use each script's default (large) sizes"
     )
-    parser.add_argument("--out", type=Path, default=Path("bench-report.json"), metavar="FILE")
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench-report.json"), metavar="FILE",
+        help="where to write the JSON report (bench-report.json)",
+    )  # fmt: skip
     parser.add_argument(
         "--plots", type=Path, default=None, metavar="DIR", help="PNG folder (bench-plots/)"
     )
-    parser.add_argument("--benchmarks-dir", type=Path, default=None, metavar="DIR")
+    parser.add_argument(
+        "--benchmarks-dir", type=Path, default=None, metavar="DIR",
+        help="folder holding the benchmark scripts (default: benchmarks/ of the checkout)",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per benchmark")
     parser.add_argument("--json", action="store_true", help="print the report on stdout")
     parser.add_argument("--quiet", action="store_true", help="no progress, no tables")
@@ -106,8 +114,7 @@ def numeric_leaves(data: Any, prefix: str = "") -> list[tuple[str, float]]:
 
 def plot(report: dict[str, Any], folder: Path) -> list[Path]:
     """One horizontal bar chart (log scale) per benchmark of its numeric results."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "zephon bench plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -206,9 +213,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         pngs = plot(report, plots_dir)
         report["plots"] = [str(p) for p in pngs]
-    except ImportError:
+    except MissingDependencyError as exc:
         report["plots"] = []
-        report["plots_note"] = "matplotlib is not installed: pip install 'zephon[plots]'"
+        report["plots_note"] = str(exc)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out, report)
     if args.json:

@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
         description="FILE is a checkpoint JSON file, or a --checkpoint-dir of `zephon run` "
         "(its newest checkpoint is shown).",
     )
-    inspect.add_argument("file", metavar="FILE")
+    inspect.add_argument("file", metavar="FILE", help="checkpoint file or checkpoint folder")
     inspect.add_argument("--json", action="store_true", help="print the summary as JSON")
     inspect.set_defaults(func=_inspect)
     diff = sub.add_parser(
@@ -32,8 +32,8 @@ def register(subparsers: Any) -> None:
         description="Exit code 0 when A and B are identical, 1 when they differ, 2 when one "
         "cannot be read (like diff(1)).",
     )
-    diff.add_argument("a", metavar="A")
-    diff.add_argument("b", metavar="B")
+    diff.add_argument("a", metavar="A", help="checkpoint file or folder")
+    diff.add_argument("b", metavar="B", help="checkpoint file or folder to compare with A")
     diff.add_argument("--json", action="store_true", help="print the comparison as JSON")
     diff.set_defaults(func=_diff)
     parser.set_defaults(func=lambda _args: parser.print_help() or EXIT_USAGE)
@@ -173,9 +173,27 @@ def _inspect(args: argparse.Namespace) -> int:
             "yes" if lane["done"] else "no",
         )
     console.print(table)
+    for line in LANE_LEGEND:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     tail = info["tail"]
     console.print(f"tail: lanes {tail['lanes']}, next turn {tail['turn']}")
+    console.print(
+        "(the consumer takes items from the lanes round-robin in this order; "
+        "next turn is the position whose lane delivers the next item)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     return EXIT_OK
+
+
+#: What the lane table's columns mean (printed under it).
+LANE_LEGEND = (
+    "delivered: items this lane handed to the consumer; restart chunk: the chunk a restore "
+    "regenerates this lane from;",
+    "last cursor: CHUNK:OFFSET of the last record delivered (OFFSET its position in the chunk; "
+    "/N.M after it: which derived record, e.g. a chat turn); done: the lane has no data left",
+)
 
 
 def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:

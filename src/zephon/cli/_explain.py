@@ -15,23 +15,44 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "explain",
         help="show the compiled plan of a YAML pipeline (text, json, mermaid, dot)",
-        description="Validate CONFIG, open its datasets and print the plan the engine would run: "
-        "per operator its runner, workers, micro-batch, queue and in-flight sizes and whether it "
-        "keeps cursor order; lanes, ranks and flush_every_k_chunks. Nothing is read or run.",
+        description="Validate CONFIG, list its datasets' shards and print the plan the engine "
+        "would run: per operator its runner, workers, micro-batch, queue and in-flight sizes and "
+        "whether it keeps cursor order; lanes, ranks and flush_every_k_chunks. Only metadata is "
+        "read (listings, index.json): no shard is opened, indexed or decompressed.",
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", metavar="CONFIG.yaml")
+    parser.add_argument("config", metavar="CONFIG.yaml", help="pipeline description")
     parser.add_argument(
-        "--format", dest="fmt", choices=("text", "json", "mermaid", "dot"), default="text"
-    )
+        "--format", dest="fmt", choices=("text", "json", "mermaid", "dot"), default="text",
+        help="text table (default), JSON, or a Mermaid / Graphviz dot diagram",
+    )  # fmt: skip
 
 
-def _source_label(pipe: Any) -> str:
-    parts = [f"{d.name} ({d.total():,} rows)" for d in pipe.work_source.datasets]
+def describe_datasets(config: Any) -> list[dict[str, Any]]:
+    """Name, shard count, formats and rows (``None`` unless index.json says) per dataset."""
+    out = []
+    for d, shards in zip(config.datasets, config.list_datasets(), strict=True):
+        rows = [r for _, _, r in shards]
+        out.append(
+            {
+                "name": d.name,
+                "shards": len(shards),
+                "formats": sorted({f for _, f, _ in shards}),
+                "rows": None if None in rows else sum(r for r in rows if r is not None),
+            }
+        )
+    return out
+
+
+def _source_label(datasets: list[dict[str, Any]]) -> str:
+    parts = []
+    for d in datasets:
+        rows = "rows counted when run" if d["rows"] is None else f"{d['rows']:,} rows"
+        parts.append(f"{d['name']} ({d['shards']} {'/'.join(d['formats'])} shards, {rows})")
     return "source: " + ", ".join(parts)
 
 
@@ -74,16 +95,17 @@ def run(args: argparse.Namespace) -> int:
     from zephon.config import load_config
 
     try:
-        pipe = load_config(args.config).build()
-        plan = pipe.explain()
+        config = load_config(args.config)
+        datasets = describe_datasets(config)
+        plan = config.build_unread().explain()
     except ConfigError as exc:
         return fail("explain", exc, EXIT_USAGE)
     except ZephonError as exc:
         return fail("explain", f"{args.config}: {exc}", EXIT_USAGE)
-    label = _source_label(pipe)
+    label = _source_label(datasets)
     if args.fmt == "json":
         data = plan.to_dict()
-        data["datasets"] = [{"name": d.name, "rows": d.total()} for d in pipe.work_source.datasets]
+        data["datasets"] = datasets
         print(json.dumps(data, indent=1))
     elif args.fmt == "mermaid":
         print(to_mermaid(plan, label))

@@ -7,7 +7,8 @@ import sys
 import time
 from typing import Any
 
-from zephon.errors import ZephonError
+from zephon.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, fail
+from zephon.errors import ConfigError, ZephonError
 
 
 def register(subparsers: Any) -> None:
@@ -41,15 +42,16 @@ def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         index = build_index(args.path, fmt=args.fmt, cache_dir=args.cache_dir)
-    except ZephonError as e:
-        print(f"zephon index: error: {e}", file=sys.stderr)
-        return 1
+    except ConfigError as e:  # a missing extra, a bad format
+        return fail("index", e, EXIT_USAGE)
+    except ZephonError as e:  # data that cannot be read
+        return fail("index", e, EXIT_FAILURE)
     elapsed = time.perf_counter() - start
     print(
         f"wrote {args.path.rstrip('/')}/index.json: {len(index['shards'])} shards, "
         f"{index['total_rows']} rows ({elapsed:.2f} s)"
     )
-    return 0
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,7 @@ from zephon.cli._common import (
 )
 from zephon.cli._signals import RunSignals
 from zephon.errors import CheckpointError, ConfigError, ZephonError
+from zephon.options import RUNNERS
 
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 
@@ -58,7 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-batches", type=int, default=None, metavar="N",
         help="stop after N items (batches when the pipeline ends with batch); checkpointed",
     )  # fmt: skip
-    parser.add_argument("--checkpoint-dir", type=Path, default=None, metavar="DIR")
+    parser.add_argument(
+        "--checkpoint-dir", type=Path, default=None, metavar="DIR",
+        help="write DIR/ckpt-<items>.json when the run stops (and every --checkpoint-every N)",
+    )  # fmt: skip
     parser.add_argument(
         "--checkpoint-every", type=int, default=0, metavar="N",
         help="also checkpoint every N items (default: only when the run stops)",
@@ -68,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume", action="store_true",
         help="restore the newest checkpoint of --checkpoint-dir (start fresh if there is none)",
     )  # fmt: skip
-    parser.add_argument("--runner", default=None, help="override options.runner")
+    parser.add_argument("--runner", default=None, choices=RUNNERS, help="override options.runner")
     parser.add_argument(
         "--record", type=Path, default=None, metavar="FILE",
         help="append one JSON line per item: its lane and sample ids (for audits and tests)",
@@ -375,7 +379,9 @@ class RunLoop:
 
     def execute(self) -> int:
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import TextColumn
+
+        from zephon._progress import of_total, progress_bar
 
         args = self.args
         console = Console(stderr=True)
@@ -388,19 +394,13 @@ class RunLoop:
             self.record = open(args.record, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
         total = None if self.resumed_from is not None else _total_reads(self.config, self.pipe)
         start = time.perf_counter()
-        progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed:,} read"),
-            TextColumn("{task.fields[rates]}"),
-            TimeElapsedColumn(),
-            console=console,
-            disable=args.quiet,
-            transient=False,
+        progress = progress_bar(
+            console, "records", TextColumn("{task.fields[rates]}"), disable=args.quiet
         )
         try:
             with progress:
-                task = progress.add_task(Path(args.config).name, total=total, rates="")
+                name = Path(args.config).name
+                task = progress.add_task(name, total=total, rates="", of=of_total(total))
                 self._iterate(progress, task)
                 _update(
                     progress, task, self.pipe, self.items, self.tokens, time.perf_counter() - start
@@ -430,7 +430,7 @@ class RunLoop:
             _print_summary(summary, stats if args.stats else None)
         if self.error is not None:
             code = EXIT_USAGE if isinstance(self.error, ConfigError) else EXIT_FAILURE
-            return fail("run", _describe_error(self.error), code)
+            return fail("run", _describe_error(self.error, pipe), code)
         if self.status == "terminated":
             return EXIT_TERMINATED
         if self.status == "interrupted":
@@ -460,13 +460,30 @@ class RunLoop:
         }
 
 
-def _describe_error(error: BaseException) -> str:
-    """``Type: message``, naming the operator it was raised in when the engine knows it."""
+def _describe_error(error: BaseException, pipe: Any = None) -> str:
+    """``Type: message``, naming the operator it was raised in when the engine knows it, and
+    the file and line of the record when the error names one."""
     text = f"{type(error).__name__}: {error}"
     op_name = getattr(error, "zephon_op_name", None)
     if op_name and repr(op_name) not in text:
         text = f"operator {op_name!r}: {text}"
-    return text
+    where = _record_location(error, pipe)
+    return f"{where}: {text}" if where else text
+
+
+def _record_location(error: BaseException | None, pipe: Any) -> str | None:
+    """``FILE, line N`` of the record a :class:`MissingFieldError` (or its cause) names."""
+    seen = 0
+    while error is not None and seen < 5:
+        sample_id = getattr(error, "sample_id", None)
+        if isinstance(sample_id, tuple) and len(sample_id) == 3 and pipe is not None:
+            try:
+                dataset = pipe.work_source.datasets[int(sample_id[0])]
+                return str(dataset.locate(int(sample_id[1]), int(sample_id[2])))
+            except (AttributeError, IndexError, ZephonError, OSError):
+                return None
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
 
 
 def _prometheus_text(pipe: Any) -> str:
@@ -481,7 +498,7 @@ def _update(progress: Any, task: Any, pipe: Any, items: int, tokens: int, elapse
     progress.update(
         task,
         completed=read,
-        rates=f"{items:,} items · {items / rate:,.1f} items/s · {tokens / rate:,.0f} tokens/s",
+        rates=f"· {items:,} items · {tokens / rate:,.0f} tokens/s",
     )
 
 

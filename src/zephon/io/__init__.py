@@ -3,7 +3,7 @@ Face ``save_to_disk`` folders, Lance and MDS; local, on any fsspec URL, or throu
 
 from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Dataset, InMemoryShard, Row, Shard
-from zephon.io._discover import build_index
+from zephon.io._discover import build_index, list_shards
 from zephon.io._jsonl import JsonlShard
 from zephon.io._stats import SourceStats
 
@@ -16,4 +16,5 @@ __all__ = [
     "Shard",
     "SourceStats",
     "build_index",
+    "list_shards",
 ]

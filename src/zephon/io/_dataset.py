@@ -111,6 +111,14 @@ class Dataset:
         """Rows ``indices`` of shard ``shard_id``, in the order asked."""
         return self.shards[shard_id].read(indices)
 
+    def locate(self, shard_id: int, row: int) -> str:
+        """Where row ``row`` of shard ``shard_id`` is, for error messages: ``FILE, line N``
+        for JSON Lines, ``FILE, row N`` otherwise (1-based)."""
+        shard = self.shards[shard_id]
+        line_of = getattr(shard, "line_of", None)
+        where = f"line {line_of(row)}" if line_of is not None else f"row {row + 1}"
+        return f"{shard.location}, {where}"
+
     def stats(self) -> SourceStats:
         """I/O of this dataset's shards in this process so far (bytes fetched, requests,
         retries, node-cache hits, downloads, evictions, refetches)."""

@@ -287,3 +287,23 @@ def build_index(
     with fs.open(index_file, "wb") as f:
         f.write(json.dumps(index, indent=1).encode())
     return index
+
+
+def list_shards(
+    path: PathArg, *, fmt: str | None = None, storage_options: dict[str, Any] | None = None
+) -> list[tuple[str, str, int | None]]:
+    """``[(url, format, rows or None)]`` of a dataset path from metadata alone: listings and
+    ``index.json``; no shard is opened, scanned, indexed or decompressed (for ``explain``).
+    A self-describing folder (hf, lance, mds) is one entry with unknown rows."""
+    if fmt is not None and fmt not in FORMATS:
+        raise ConfigError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    out: list[tuple[str, str, int | None]] = []
+    for entry in _entries(path):
+        kind = fmt if fmt in FOLDER_FORMATS else None
+        if fmt is None and not any(c in entry for c in "*?[") and detect_format(entry) is None:
+            kind = folder_format(entry, storage_options)
+        if kind is not None:
+            out.append((entry, kind, None))
+            continue
+        out += discover(entry, fmt=fmt, storage_options=storage_options)
+    return out

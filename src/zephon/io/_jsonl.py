@@ -261,8 +261,10 @@ class JsonlShard(Shard):
                 row = decode(raw)
             except msgspec.DecodeError as e:
                 line = self._line_number(int(bounds[idx][0]))
+                why = sniff_not_jsonl(self._read_range(0, min(_SNIFF, int(bounds[-1][1]))), raw)
                 raise DataFormatError(
-                    f"{self._url}, line {line}: malformed JSON ({e}); fix or remove that line",
+                    f"{self._url}, line {line}: "
+                    + (why or f"malformed JSON ({e}); fix or remove that line"),
                     location=self._url,
                     line=line,
                 ) from None
@@ -270,7 +272,7 @@ class JsonlShard(Shard):
                 line = self._line_number(int(bounds[idx][0]))
                 raise DataFormatError(
                     f"{self._url}, line {line}: expected a JSON object per line, got "
-                    f"{type(row).__name__}",
+                    f"{type(row).__name__}{_ARRAY_HINT if isinstance(row, list) else ''}",
                     location=self._url,
                     line=line,
                 )
@@ -291,6 +293,10 @@ class JsonlShard(Shard):
                 f"{sorted(rows[pos])}. Fix `columns=` or the data"
             ) from None
 
+    def line_of(self, row: int) -> int:
+        """1-based line number of row ``row`` (blank lines are not rows; error path only)."""
+        return self._line_number(int(self._bounds_array()[row][0]))
+
     def _line_number(self, offset: int) -> int:
         """1-based line number of the line starting at ``offset`` (error path only)."""
         count = 0
@@ -300,6 +306,46 @@ class JsonlShard(Shard):
             count += self._read_range(pos, end).count(b"\n")
             pos = end
         return count + 1
+
+
+_SNIFF = 4096
+_ARRAY_HINT = "; for a file holding one JSON array: jq -c '.[]' FILE > FILE.jsonl"
+_BOM = b"\xef\xbb\xbf"
+
+
+def sniff_not_jsonl(head: bytes, line: bytes) -> str | None:
+    """Why a file whose ``line`` failed to decode is not JSON Lines, when its first bytes
+    (``head``) show it: a byte order mark, binary data, a JSON array or pretty-printed JSON."""
+    if line.startswith(_BOM):
+        return (
+            "the file starts with a UTF-8 byte order mark (BOM), which JSON Lines does not "
+            "allow; save it as UTF-8 without BOM"
+        )
+    if b"\0" in head or _not_utf8(head):
+        return (
+            "the file is binary, not JSON Lines text; give the dataset's real format "
+            "(format: parquet | arrow | hf | lance | mds) or a file with one JSON object per line"
+        )
+    first = head.lstrip()[:1]
+    if first == b"[":
+        return (
+            "the file is one JSON array, not JSON Lines (one object per line); convert it, "
+            "e.g. jq -c '.[]' FILE > FILE.jsonl"
+        )
+    if first == b"{" and (line.strip() in (b"{", b"}") or line.lstrip()[:1] == b'"'):
+        return (
+            "the file looks like pretty-printed JSON spread over several lines; JSON Lines "
+            "needs each object on one line (jq -c . FILE > FILE.jsonl)"
+        )
+    return None
+
+
+def _not_utf8(head: bytes) -> bool:
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start < len(head) - 3  # a multi-byte character cut at the end is fine
+    return False
 
 
 def _load_index(path: Path, stamp: tuple[int, int]) -> tuple[np.ndarray, int] | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon._optional import require
 from zephon.errors import DataFormatError
 from zephon.io._dataset import Row, Shard, checked_indices, missing_columns
 from zephon.io._file_shard import LazyShard
@@ -26,8 +27,7 @@ def is_lance(path: str) -> bool:
 
 
 def _open(uri: str, version: int | None, storage_options: dict[str, Any] | None) -> Any:
-    import lance
-
+    lance = require("lance", f"reading the lance dataset {uri}")
     try:
         return lance.dataset(uri, version=version, storage_options=storage_options or None)
     except (OSError, ValueError) as e:

@@ -13,7 +13,12 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from zephon._optional import require
+
 LOCAL_PROTOCOLS = frozenset({"file", "local"})
+#: fsspec backends zephon has an extra for: protocol -> the module fsspec imports.
+_BACKENDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs",
+             "abfs": "adlfs", "abfss": "adlfs"}  # fmt: skip
 
 
 def split_protocol(url: str) -> tuple[str, str]:
@@ -30,13 +35,21 @@ def get_fs(protocol: str, storage_options: dict[str, Any] | None = None) -> Any:
     """The fsspec filesystem for ``protocol`` (imported lazily: fsspec costs import time)."""
     import fsspec
 
+    _require_backend(protocol)
     return fsspec.filesystem(protocol, **(storage_options or {}))
+
+
+def _require_backend(protocol: str) -> None:
+    module = _BACKENDS.get(protocol)
+    if module is not None:
+        require(module, f"{protocol}:// paths")
 
 
 def strip_protocol(protocol: str, path: str) -> str:
     """The filesystem-internal path of ``path`` (no protocol), without instantiating a client."""
     import fsspec
 
+    _require_backend(protocol)
     stripped: str = fsspec.get_filesystem_class(protocol)._strip_protocol(path)
     return stripped
 

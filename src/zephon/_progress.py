@@ -1,0 +1,59 @@
+"""The progress bar of ``zephon run`` and the demo: count, rate and, when the total is known,
+the time left (rich)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+
+class RateColumn(ProgressColumn):
+    """``12,345 docs/s`` from rich's moving-window speed of ``completed``."""
+
+    def __init__(self, unit: str) -> None:
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("" if speed is None else f"{speed:,.0f} {self.unit}/s")
+
+
+class EtaColumn(TimeRemainingColumn):
+    """Time left, shown only when the total is known (an unknown total has no ETA)."""
+
+    def render(self, task: Task) -> Text:
+        if task.total is None:
+            return Text("")
+        return Text("eta ") + super().render(task)
+
+
+def progress_bar(console: Console, unit: str, *extra: ProgressColumn, **kwargs: Any) -> Progress:
+    """A bar: description, bar, ``done/total UNIT``, rate, elapsed and ETA, then ``extra``."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,}" + "{task.fields[of]}" + f" {unit}"),
+        RateColumn(unit),
+        TimeElapsedColumn(),
+        EtaColumn(),
+        *extra,
+        console=console,
+        **kwargs,
+    )
+
+
+def of_total(total: int | None) -> str:
+    """The ``of`` field of :func:`progress_bar` tasks: ``/20,000``, or nothing when unknown."""
+    return "" if total is None else f"/{total:,}"

@@ -1,0 +1,92 @@
+"""tokenize resolves BOS/EOS when the pipeline is built; a missing one names the key to set."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from tests.cli.conftest import ZEPHON
+from zephon import Dataset
+from zephon.errors import ConfigError
+from zephon.pipeline import Pipeline
+from zephon.work import StaticMixtureWorkSource
+
+
+def _train(folder: Path, specials: list[str]) -> Path:
+    """A small real BPE tokenizer.json with exactly ``specials`` as added special tokens."""
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]", *specials])
+    tok.train_from_iterator(["the data loader reads shards of text"] * 20, trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder / "tokenizer.json"
+
+
+def _pipe() -> Pipeline:
+    data = Dataset.from_records("d", [{"text": "the data loader"}] * 4)
+    return Pipeline(StaticMixtureWorkSource([data], None, chunk_size=4, seed=0)).decode_text()
+
+
+def test_missing_bos_fails_at_build_time_naming_the_parameter(tmp_path: Path) -> None:
+    path = _train(tmp_path / "tok", ["<pad>"])
+    with pytest.raises(ConfigError) as info:
+        _pipe().tokenize(str(path))
+    assert info.value.param == "special_tokens"
+    assert "defines no BOS token" in str(info.value)
+    assert "special_tokens: none | eos | bos_eos" in str(info.value)
+    items = list(_pipe().tokenize(str(path), special_tokens="none").batch(2))
+    assert all(len(r.payload["input_ids"]) > 0 for b in items for r in b)
+
+
+def test_specials_from_config_then_added_tokens(tmp_path: Path) -> None:
+    added = _train(tmp_path / "added", ["[BOS]", "[EOS]"])
+    op = _pipe().tokenize(str(added)).batch(1)
+    (first,) = next(iter(op)).records
+    ids = first.payload["input_ids"].tolist()
+    vocab = Tokenizer.from_file(str(added)).get_vocab()
+    assert (ids[0], ids[-1]) == (vocab["[BOS]"], vocab["[EOS]"])
+
+    cfg = _train(tmp_path / "cfg", ["<pad>", "<go>", "<stop>"])
+    (tmp_path / "cfg" / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<go>", "eos_token": {"content": "<stop>"}})
+    )
+    (first,) = next(iter(_pipe().tokenize(str(cfg)).batch(1))).records
+    vocab = Tokenizer.from_file(str(cfg)).get_vocab()
+    ids = first.payload["input_ids"].tolist()
+    assert (ids[0], ids[-1]) == (vocab["<go>"], vocab["<stop>"])
+
+
+def test_yaml_tokenizer_path_is_relative_to_the_yaml_and_errors_exit_2(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "project"
+    _train(project / "tok", ["<pad>"])
+    (project / "data").mkdir()
+    (project / "data" / "a.jsonl").write_text('{"text": "the data"}\n' * 8)
+    yaml_text = (
+        "datasets: [{name: d, path: data}]\n"
+        "operators:\n  - decode_text\n  - {op: tokenize, tokenizer: tok/tokenizer.json}\n"
+    )
+    (project / "p.yaml").write_text(yaml_text)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc = subprocess.run(
+        [ZEPHON, "run", str(project / "p.yaml"), "--quiet"],
+        cwd=elsewhere, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "p.yaml: operators[1].special_tokens: tokenize: the tokenizer" in line
+    assert "special_tokens: none | eos | bos_eos" in line and "bos_token_id: ID" in line
+    (project / "p.yaml").write_text(yaml_text.replace("json}", "json, special_tokens: none}"))
+    proc = subprocess.run(
+        [ZEPHON, "run", str(project / "p.yaml"), "--quiet", "--json"],
+        cwd=elsewhere, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["items"] == 8
