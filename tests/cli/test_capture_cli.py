@@ -129,3 +129,47 @@ def test_a_missing_store_is_an_error_and_is_not_created(kind: str, tmp_path: Pat
     assert "does not exist" in err and str(tmp_path / "typo") in err
     assert main(["capture", "export", str(tmp_path / "o.jsonl"), "--store", url, "--all"]) == 2
     assert not (tmp_path / "typo").exists()
+
+
+def test_inspect_decodes_byte_level_tokens_to_text(tmp_path: Path, hf_tokenizer_dir: Path, capsys):
+    from tokenizers import Tokenizer
+
+    tok_path = hf_tokenizer_dir / "tokenizer.json"
+    tok = Tokenizer.from_file(str(tok_path))
+    prompt = tok.encode("data token lane").ids
+    answer = tok.encode(" chunk batch shard").ids
+    url = (tmp_path / "s").as_uri()
+    store = open_store(url)
+
+    async def fill() -> None:
+        await store.put(_entry("r", "c1", prompt, answer, None))
+        await store.close()
+
+    asyncio.run(fill())
+    args = ["capture", "inspect", "r", "--store", url, "--tokenizer", str(tok_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "data token lane chunk batch shard" in out and "Ġ" not in out
+    assert main([*args, "--ids"]) == 0
+    assert " ".join(map(str, answer)) in capsys.readouterr().out
+
+
+def test_export_all_after_every_rollout_was_retired(store_url: str, tmp_path: Path, capsys):
+    async def retire(*ids: str) -> None:
+        store = open_store(store_url)
+        for rid in ids:
+            await store.freeze(rid)
+            await store.retire(rid)
+        await store.close()
+
+    asyncio.run(retire("good"))
+    out = tmp_path / "one.jsonl"
+    assert main(["capture", "export", str(out), "--store", store_url, "--all", "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing to export of 2 rollout(s): 1 retired, 1 masked" in err[0]
+    assert not out.exists()
+    both = tmp_path / "both.jsonl"
+    args = ["capture", "export", str(both), "--store", store_url, "--all", "--quiet"]
+    assert main([*args, "--include-masked", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["retired"] == ["good"] and summary["rows"] == 1 and summary["failed"] == []

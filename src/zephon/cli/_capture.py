@@ -18,7 +18,7 @@ def register(subparsers: Any) -> None:
         description="Run zephon.capture.conformance against fresh clients of STORE_URL "
         "(memory://NAME, file:///DIR, sqlite:///FILE, postgresql://...). Exit code 1 on failure.",
     )
-    conf.add_argument("store_url", metavar="STORE_URL")
+    conf.add_argument("store_url", metavar="STORE_URL", help="the store to check (see above)")
     conf.add_argument("--prefix", default=None, help="rollout id prefix (default: unique per run)")
     conf.add_argument(
         "--check", action="append", default=None, metavar="NAME", help="run only this check"

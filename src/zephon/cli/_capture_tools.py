@@ -33,13 +33,22 @@ def register_tools(capture_subparsers: Any) -> None:
         "token stream: generated tokens (loss mask 1) highlighted, prompt and tool tokens "
         "(loss mask 0) dimmed.",
     )
-    ins.add_argument("rollout", metavar="ROLLOUT")
-    ins.add_argument("--store", required=True, metavar="URL", help="file:///DIR, sqlite:///F...")
-    ins.add_argument("--terminal-call-id", default=None, metavar="ID")
+    ins.add_argument("rollout", metavar="ROLLOUT", help="the rollout id to show")
+    ins.add_argument(
+        "--store", required=True, metavar="URL",
+        help="the capture store: file:///DIR, sqlite:///FILE, postgresql://...",
+    )  # fmt: skip
+    ins.add_argument(
+        "--terminal-call-id", default=None, metavar="ID",
+        help="build the chain that ends in this call (default: the rollout's terminal call)",
+    )  # fmt: skip
     ins.add_argument(
         "--tokenizer", default=None,
-        help="show token text: 'bytes' or a tokenizer.json path (default: token ids)",
+        help="decode the tokens to text: 'bytes' or a tokenizer.json path (default: token ids)",
     )  # fmt: skip
+    ins.add_argument(
+        "--ids", action="store_true", help="show token ids even when --tokenizer is given"
+    )
     ins.add_argument("--max-tokens", type=int, default=2000, help="tokens to show (2000)")
     ins.add_argument("--json", action="store_true", help="print the build as JSON")
     ins.add_argument("--freeze", action="store_true", help=_FREEZE_HELP)
@@ -52,13 +61,19 @@ def register_tools(capture_subparsers: Any) -> None:
         "rollout_id, snapshot_id, version, input_ids, loss_mask, logprobs, call_ids, "
         "prompt_len (and masked, mask_reasons). Exit code 1 when a rollout cannot be read.",
     )
-    exp.add_argument("out", metavar="OUT")
+    exp.add_argument("out", metavar="OUT", help="the file to write (.jsonl or .parquet)")
     exp.add_argument(
         "--rollout", dest="rollouts", action="append", default=[], metavar="ID",
         help="a rollout to export (repeatable)",
     )  # fmt: skip
-    exp.add_argument("--store", required=True, metavar="URL")
-    exp.add_argument("--format", dest="fmt", choices=("jsonl", "parquet"), default=None)
+    exp.add_argument(
+        "--store", required=True, metavar="URL",
+        help="the capture store: file:///DIR, sqlite:///FILE, postgresql://...",
+    )  # fmt: skip
+    exp.add_argument(
+        "--format", dest="fmt", choices=("jsonl", "parquet"), default=None,
+        help="output format (default: from OUT's suffix, else jsonl)",
+    )  # fmt: skip
     exp.add_argument("--rollouts-file", type=Path, default=None, help="one rollout id per line")
     exp.add_argument("--all", action="store_true", help="every rollout of a file:// store")
     exp.add_argument(
@@ -86,9 +101,12 @@ async def _build(
     """Build from the read-only view (``freeze``: from a frozen snapshot). An id nobody
     wrote is a :class:`LookupError` either way, so it is never fenced by a typo."""
     from zephon.capture.builder import build_rollout
+    from zephon.capture.protocols import RolloutRetiredError
 
     try:
         snapshot = await store.peek(rollout_id)
+    except RolloutRetiredError:
+        raise  # its own type: an export counts it apart from failures
     except LookupError as exc:
         raise LookupError(f"{exc} (nothing was changed)") from None
     if freeze:
@@ -116,34 +134,45 @@ def build_row(built: Any) -> dict[str, Any]:
     return row
 
 
-def _token_text(spec: str | None) -> Callable[[int], str] | None:
+def _decoder(spec: str | None) -> Callable[[list[int]], str] | None:
+    """Decode a run of token ids to text: 'bytes' or a tokenizer.json (None: show ids)."""
     if spec is None:
         return None
     if spec == "bytes":
 
-        def byte_text(t: int) -> str:
-            if t == 256:
-                return "<bos>"
-            if t == 257:
-                return "<eos>"
-            if 32 <= t < 127:
-                return chr(t)
-            return "\n" if t == 10 else f"\\x{t:02x}" if t < 256 else f"<{t}>"
+        def byte_text(ids: list[int]) -> str:
+            specials = {256: "<bos>", 257: "<eos>"}
+            data = bytes(t for t in ids if t < 256)
+            text = data.decode("utf-8", errors="replace")
+            return "".join(specials.get(t, "") for t in ids if t >= 256) + text
 
         return byte_text
-    from tokenizers import Tokenizer
+    from tokenizers import Tokenizer, decoders, pre_tokenizers
 
     tok = Tokenizer.from_file(spec)
+    if tok.decoder is None and isinstance(tok.pre_tokenizer, pre_tokenizers.ByteLevel):
+        tok.decoder = decoders.ByteLevel()  # a byte-level BPE saved without its decoder
 
-    def hf_text(t: int) -> str:
-        piece = tok.id_to_token(t)
-        return f"<{t}>" if piece is None else piece
+    def hf_text(ids: list[int]) -> str:
+        return str(tok.decode(ids, skip_special_tokens=False))
 
     return hf_text
 
 
+def _spans(ids: Sequence[int], mask: Sequence[int]) -> list[tuple[list[int], int]]:
+    """Consecutive runs of tokens with the same loss mask value (decoded as one piece, so
+    byte-level pieces become readable text)."""
+    spans: list[tuple[list[int], int]] = []
+    for tok, m in zip(ids, mask, strict=False):
+        if spans and spans[-1][1] == m:
+            spans[-1][0].append(tok)
+        else:
+            spans.append(([tok], m))
+    return spans
+
+
 def render(
-    built: Any, row: dict[str, Any], text_of: Callable[[int], str] | None, limit: int
+    built: Any, row: dict[str, Any], decode: Callable[[list[int]], str] | None, limit: int
 ) -> Any:
     """Rich renderables: header, calls table, token stream with the loss mask highlighted."""
     from rich.console import Group
@@ -178,8 +207,8 @@ def render(
             str(len(link.entry.generation_token_ids)), mean,
         )  # fmt: skip
     stream = Text()
-    for tok, mask in list(zip(row["input_ids"], row["loss_mask"]))[:limit]:
-        piece = text_of(tok) if text_of is not None else f"{tok} "
+    for ids, mask in _spans(row["input_ids"][:limit], row["loss_mask"][:limit]):
+        piece = decode(ids) if decode is not None else " ".join(map(str, ids)) + " "
         stream.append(piece, style="bold black on green" if mask else "dim")
     if n > limit:
         stream.append(f" ... ({n - limit} more tokens; --max-tokens)", style="italic")
@@ -210,10 +239,10 @@ def _inspect(args: argparse.Namespace) -> int:
         print(json.dumps(row))
         return EXIT_OK
     try:
-        text_of = _token_text(args.tokenizer)
+        decode = None if args.ids else _decoder(args.tokenizer)
     except Exception as exc:
         return fail("capture inspect", f"--tokenizer {args.tokenizer}: {exc}", EXIT_USAGE)
-    Console(highlight=False).print(render(built, row, text_of, args.max_tokens))
+    Console(highlight=False).print(render(built, row, decode, args.max_tokens))
     return EXIT_OK
 
 
@@ -265,6 +294,8 @@ def _export(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from zephon.capture.protocols import RolloutRetiredError
+
     out = Path(args.out)
     fmt = args.fmt or ("parquet" if out.suffix == ".parquet" else "jsonl")
     ids = list(args.rollouts)
@@ -279,7 +310,7 @@ def _export(args: argparse.Namespace) -> int:
     ids = list(dict.fromkeys(ids))
     if not ids:
         return fail("capture export", "no rollouts: pass --rollout ID, --rollouts-file or --all", 2)
-    rows, masked, failed = [], [], []
+    rows, masked, retired, failed = [], [], [], []
     console = Console(stderr=True)
     progress = Progress(
         TextColumn("export"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[r]}"),
@@ -291,6 +322,8 @@ def _export(args: argparse.Namespace) -> int:
         for rid in ids:
             try:
                 built = await _build(store, rid, freeze=args.freeze)
+            except RolloutRetiredError:
+                retired.append(rid)  # consumed and retired by a trainer: nothing left to export
             except (ValueError, LookupError, OSError) as exc:
                 failed.append(f"{rid}: {exc}")
             else:
@@ -302,12 +335,18 @@ def _export(args: argparse.Namespace) -> int:
 
     with progress:
         asyncio.run(go())
+    if not rows and not failed:
+        why = f"{len(retired)} retired, {len(masked)} masked"
+        hint = "" if args.include_masked or not masked else " (--include-masked writes those)"
+        return fail("capture export", f"nothing to export of {len(ids)} rollout(s): {why}"
+                    f"{hint}; {out} was not written", EXIT_FAILURE)  # fmt: skip
     write_rows(rows, out, fmt)
     summary = {
         "out": str(out),
         "format": fmt,
         "rows": len(rows),
         "masked": masked,
+        "retired": retired,
         "failed": failed,
         "tokens": sum(len(r["input_ids"]) for r in rows),
     }
@@ -315,6 +354,7 @@ def _export(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         skipped = "" if args.include_masked else f", {len(masked)} masked left out"
+        skipped += f", {len(retired)} retired" if retired else ""
         print(
             f"exported {len(rows)} rollout(s), {summary['tokens']} tokens to {out} ({fmt}){skipped}"
         )

@@ -8,6 +8,9 @@ import os
 import sys
 from typing import Any
 
+from zephon._optional import require
+from zephon.errors import MissingDependencyError
+
 __all__ = ["register_serve"]
 
 
@@ -107,17 +110,12 @@ def _probe_store(url: str) -> str | None:
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        import uvicorn  # noqa: F401 - the server stack, checked before anything else
-
+        for module in ("uvicorn", "starlette", "httpx"):  # the server stack, checked first
+            require(module, "the capture proxy")
         from zephon.capture.proxy._config import ProxyConfig
-        from zephon.capture.proxy.app import create_app  # noqa: F401 - starlette, httpx
         from zephon.capture.proxy.server import serve
-    except ImportError as exc:
-        package = (exc.name or str(exc)).split(".")[0]
-        _error(
-            f"the capture proxy needs {package}, which is not installed: "
-            "pip install 'zephon[proxy]'"
-        )
+    except MissingDependencyError as exc:
+        _error(str(exc))
         return EXIT_USAGE
     try:
         from zephon.capture.stores import store_class
