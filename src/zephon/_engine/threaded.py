@@ -104,6 +104,7 @@ class OpDriver(threading.Thread):
         deterministic: bool,
         max_inflight: int,
         stop: threading.Event,
+        count_work: bool = True,
     ) -> None:
         super().__init__(name=f"zephon-engine-driver-{core.op.name}", daemon=True)
         self.core = core
@@ -117,6 +118,8 @@ class OpDriver(threading.Thread):
         self._passthrough: dict[int, list[StreamItem]] = {}
         self._dispatched_at: dict[int, int] = {}
         self.stats = core.stats
+        # A fused chain counts its operators' work itself (see fusion.py).
+        self.work_stats = core.stats if count_work else None
 
     def run(self) -> None:
         try:
@@ -164,7 +167,7 @@ class OpDriver(threading.Thread):
             return False
         if task.passthrough:
             self._passthrough[task.seq] = task.passthrough
-        if stats is not None:
+        if self.work_stats is not None:
             self._dispatched_at[task.seq] = time.perf_counter_ns()
         self.pool.submit(task.work).add_done_callback(self._on_done(task.seq))
         return True
@@ -212,10 +215,11 @@ class OpDriver(threading.Thread):
                 inflight -= 1
                 seq, future = message[1], message[2]
                 result = future.result()  # re-raises the worker's exception, already annotated
-                if self.stats is not None:
-                    self.stats.micro_batches += 1
-                    self.stats.elements_out += len(result)
-                    self.stats.worker_ns += time.perf_counter_ns() - self._dispatched_at.pop(seq)
+                stats = self.work_stats
+                if stats is not None:
+                    stats.micro_batches += 1
+                    stats.elements_out += len(result)
+                    stats.worker_ns += time.perf_counter_ns() - self._dispatched_at.pop(seq)
                 extra = self._passthrough.pop(seq, None)
                 if extra:
                     result.extend(extra)
