@@ -42,7 +42,8 @@ class RuntimeOptions:
 
     ``fuse``: run adjacent element-wise operators (fetch, decode_text, map_transform, filter,
     tokenize) that share a runner as one worker task each micro-batch, saving a hand-off per
-    operator; the output is the same either way, and ``explain()`` names the fused operators.
+    operator, and let consecutive driver operators (replay filter, batch) share a driver thread;
+    the output is the same either way, and ``explain()`` names the fused and chained operators.
 
     ``quarantine``: a JSONL file that receives one line per record skipped with
     ``on_error="skip"`` (dataset, shard, row, file, line, reason), each record once even across

@@ -64,12 +64,15 @@ def test_stop_and_restore_across_fusion_settings(fuse, reference):
     assert out == reference
 
 
-def test_explain_names_the_fused_operators_and_fuse_false_keeps_them_apart():
+def test_explain_names_fused_and_chained_operators_and_fuse_false_keeps_them_apart():
     fused = build("threads").explain()
     assert fused.fused == [[0, 1, 2, 3, 4]]
     assert "fused: 0 fetch + 1 decode_text + 2 map_transform + 3 filter + 4 tokenize" in str(fused)
+    assert fused.chained == [[5, 6]]  # the replay filter and batch share a driver thread
+    assert "chained: 5 replay_filter + 6 batch (one driver thread)" in str(fused)
     apart = build("threads", fuse=False).explain()
     assert apart.fused == [] and "fused:" not in str(apart)
+    assert apart.chained == [] and "chained:" not in str(apart)
     assert build("inline").explain().fused == []
 
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from zephon._engine import checkpoint as ckpt
+from zephon._engine.driver_chain import run_tasks
 from zephon._engine.fusion import Unit, build_units
 from zephon._engine.lane_state import LaneStateLog, has_lane_state
 from zephon._engine.plan import OpSpec, Plan, compile_plan, stalls_sentinels
@@ -17,7 +18,7 @@ from zephon._engine.pools import WorkerPool, build_pools, check_not_bootstrappin
 from zephon._engine.quarantine import Quarantine
 from zephon._engine.shm import ShmSession, resolve_items
 from zephon._engine.source import LaneStart, SourceFeeder
-from zephon._engine.stage import StageCore, Task, annotate, call_process_many
+from zephon._engine.stage import StageCore
 from zephon._engine.stats import LaneProgress, OpStats, RunStats
 from zephon._engine.tail import LaneMux
 from zephon._engine.threaded import DATA, END, ERROR, STOP, Channel, OpDriver, SourceThread
@@ -409,32 +410,12 @@ class Engine:
 
     # -- inline: everything on the calling thread (the reference runner) --------------------
 
-    @staticmethod
-    def _run_tasks(core: StageCore, tasks: list[Task]) -> list[StreamItem]:
-        out: list[StreamItem] = []
-        op = core.op
-        stats = core.stats
-        for task in tasks:
-            if task.work:
-                start = time.perf_counter_ns()
-                try:
-                    result = call_process_many(op, task.work)
-                except BaseException as exc:
-                    raise annotate(exc, op.name) from None
-                if stats is not None:
-                    stats.worker_ns += time.perf_counter_ns() - start
-                    stats.micro_batches += 1
-                    stats.elements_out += len(result)
-                out.extend(result)
-            out.extend(task.passthrough)
-        return out
-
     def _run_inline(self, feeder: SourceFeeder, mux: LaneMux) -> Iterator[StreamItem]:
         cores = self._cores()
         for core, ctx in zip(cores, self.contexts, strict=True):
             core.op.setup(ctx)
         self._inline_ops = cores
-        run = self._run_tasks
+        run = run_tasks
         for items in feeder:
             outs = items
             for core in cores:
@@ -471,8 +452,9 @@ class Engine:
             core = unit.core
             pool = pools.get(unit.first)
             if pool is None:
-                core.op.setup(self.contexts[unit.first])
-                self._inline_ops.append(core)
+                for index in range(unit.first, unit.last + 1):
+                    cores[index].op.setup(self.contexts[index])
+                    self._inline_ops.append(cores[index])
             self._threads.append(
                 OpDriver(
                     core,

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from zephon._engine.driver_chain import DriverChain
 from zephon._engine.lane_state import has_lane_state
 from zephon._engine.stage import StageCore, annotate, call_process_many
 from zephon._engine.stats import OpStats
@@ -60,6 +61,12 @@ def fusion_groups(flags: Sequence[bool], runners: Sequence[str]) -> list[list[in
         else:
             groups.append([index])
     return groups
+
+
+def driver_chains(runners: Sequence[str]) -> list[list[int]]:
+    """Runs of two or more consecutive ``driver`` stages (they share a driver thread)."""
+    groups = fusion_groups([r == "driver" for r in runners], runners)
+    return [g for g in groups if len(g) > 1 and runners[g[0]] == "driver"]
 
 
 @dataclass
@@ -150,14 +157,15 @@ class FusedOp(BaseOp):
 class Unit:
     """What one driver thread runs: a stage, or a fused chain ``first..last`` as one stage."""
 
-    core: StageCore
+    core: StageCore | DriverChain
     stage: StagePlan
     first: int
     last: int
 
     @property
     def fused(self) -> bool:
-        return self.last > self.first
+        """A fused worker chain (which counts its own work), not a driver chain."""
+        return self.last > self.first and isinstance(self.core, StageCore)
 
 
 def build_units(
@@ -165,18 +173,23 @@ def build_units(
 ) -> list[Unit]:
     """One unit per stage, except that each of ``plan.fused`` becomes one unit."""
     heads = {group[0]: group for group in plan.fused}
+    chains = {group[0]: group for group in plan.chained}
     units: list[Unit] = []
     index = 0
     while index < len(cores):
-        group = heads.get(index, [index])
+        group = heads.get(index) or chains.get(index) or [index]
         first, last = group[0], group[-1]
-        core, stage = cores[first], plan.stages[first]
-        if len(group) > 1:
+        core: StageCore | DriverChain = cores[first]
+        stage = plan.stages[first]
+        if first in chains:
+            core = DriverChain([cores[i] for i in group])
+        elif len(group) > 1:
             width = max(plan.stages[i].parallelism for i in group)
             counters = FusedCounters([cores[i].stats for i in group])
             op = FusedOp([cores[i].op for i in group], [contexts[i] for i in group], counters)
+            head = cores[first]
             core = StageCore(
-                op, core.acc, stalls_sentinels=False, stats=core.stats, lanes=core.lanes
+                op, head.acc, stalls_sentinels=False, stats=head.stats, lanes=head.lanes
             )
             stage = replace(
                 stage, op_name=op.name, parallelism=width, max_inflight=max_inflight or 2 * width

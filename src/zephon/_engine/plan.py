@@ -8,7 +8,7 @@ from typing import Any
 
 import xxhash
 
-from zephon._engine.fusion import fusible, fusion_groups
+from zephon._engine.fusion import driver_chains, fusible, fusion_groups
 from zephon.ops import BaseOp, CountingAccumulator, OpContext
 from zephon.options import RuntimeOptions
 
@@ -52,6 +52,8 @@ class Plan:
     stages: list[StagePlan] = field(default_factory=list)
     fused: list[list[int]] = field(default_factory=list)
     """Groups of consecutive stage indices that run as one worker task."""
+    chained: list[list[int]] = field(default_factory=list)
+    """Groups of consecutive driver stages that share one driver thread."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,6 +81,9 @@ class Plan:
         for group in self.fused:
             names = " + ".join(f"{i} {self.stages[i].op_name}" for i in group)
             lines.append(f"fused: {names} (one worker task per micro-batch)")
+        for group in self.chained:
+            names = " + ".join(f"{i} {self.stages[i].op_name}" for i in group)
+            lines.append(f"chained: {names} (one driver thread)")
         return "\n".join(lines)
 
 
@@ -169,5 +174,6 @@ def compile_plan(
         monotone=monotone,
         stages=stages,
         fused=[g for g in fusion_groups(can_fuse, [s.runner for s in stages]) if len(g) > 1],
+        chained=driver_chains([s.runner for s in stages]) if options.fuse else [],
     )
     return plan, contexts
