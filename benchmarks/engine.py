@@ -1,5 +1,9 @@
 """Engine throughput: per-record overhead per runner, and tokenization against the raw tokenizer.
 
+0. engine overhead: 100,000 one-word records (``Dataset.from_records``, chunk 4096,
+   ``batch(64)``) with no map and with 4 identity ``map_transform`` s, inline and threads
+   (fused and ``fuse=False``), in interleaved rounds: docs/s and process CPU-us per doc, and
+   the threads/inline ratio of docs/s per round;
 1. records/s of a passthrough ``map_transform`` pipeline (in-memory rows) for each runner,
    reported as per-record overhead in microseconds;
 2. tokens/s of fetch -> decode_text -> tokenize -> batch over JSONL shards, against raw
@@ -123,19 +127,72 @@ def passthrough_rate(runner: str, n: int, track_stats: bool = True) -> float:
     return n / (time.perf_counter() - start)
 
 
+def overhead_run(maps: int, runner: str, fuse: bool, n: int) -> tuple[float, float]:
+    """docs/s and CPU-us per doc (this process, every thread) of the overhead pipeline."""
+    rows = [{"text": "word"} for _ in range(n)]
+    source = StaticMixtureWorkSource(
+        datasets=[Dataset.from_records("rows", rows)],
+        mixture=MixtureSpec({"rows": 1.0}),
+        chunk_size=4096,
+        seed=0,
+    )
+    pipe = Pipeline(source)
+    for _ in range(maps):
+        pipe = pipe.map_transform(_identity)
+    pipe = pipe.batch(64).options(runner=runner, fuse=fuse)
+    cpu, wall = time.process_time(), time.perf_counter()
+    count = sum(len(batch) for batch in pipe)
+    assert count == n - n % 64, count
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    return count / wall, cpu / count * 1e6
+
+
+OVERHEAD_CONFIGS = (("inline", True), ("threads", True), ("threads", False))
+
+
+def overhead_rows(n: int, rounds: int) -> list[dict[str, Any]]:
+    """Rounds interleave every configuration, so ratios compare runs under the same load."""
+    rows: list[dict[str, Any]] = []
+    for maps in (0, 4):
+        runs: dict[tuple[str, bool], list[tuple[float, float]]] = {c: [] for c in OVERHEAD_CONFIGS}
+        for _ in range(rounds):
+            for runner, fuse in OVERHEAD_CONFIGS:
+                runs[(runner, fuse)].append(overhead_run(maps, runner, fuse, n))
+        inline = runs[("inline", True)]
+        for (runner, fuse), got in runs.items():
+            ratio = [g[0] / i[0] for g, i in zip(got, inline, strict=True)]
+            rows.append(
+                {
+                    "bench": f"overhead, {maps} x map" if maps else "overhead, no map",
+                    "runner": runner if runner == "inline" or fuse else f"{runner} fuse=False",
+                    "records_per_s": round(statistics.median(g[0] for g in got)),
+                    "cpu_us_per_doc": round(statistics.median(g[1] for g in got), 2),
+                    "vs_inline": round(statistics.median(ratio), 3),
+                }
+            )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--docs", type=int, default=4000)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--data", type=Path, default=Path("bench-data/engine"))
+    parser.add_argument(
+        "--only-overhead", action="store_true", help="run the engine-overhead rounds only"
+    )
     args = parser.parse_args()
+
+    rows: list[dict[str, Any]] = overhead_rows(args.records, args.repeats + 2)
+    if args.only_overhead:
+        _print(rows, "")
+        return
 
     texts = make_corpus(args.data / "corpus", args.docs, shards=8)
     tok_path = args.data / "tokenizer.json"
     tok = train_tokenizer(texts, tok_path)
 
-    rows: list[dict[str, Any]] = []
     for runner in ("inline", "threads", "process"):
         rate = statistics.median(passthrough_rate(runner, args.records) for _ in range(2))
         rows.append(
@@ -178,6 +235,16 @@ def main() -> None:
             assert run[1] == raw[1], "pipeline and raw tokenized different text"
             runs[(runner, workers)].append(run)
             ratios[(runner, workers)].append(run[0] / raw[0])
+    proc_vs_threads = [
+        p[0] / t[0] for p, t in zip(runs[("process", 2)], runs[("threads", 2)], strict=True)
+    ]
+    rows.append(
+        {
+            "bench": "process vs threads (tokenize)",
+            "runner": "process x2 / threads x2",
+            "vs_threads": round(statistics.median(proc_vs_threads), 3),
+        }
+    )
     rows.append(
         {
             "bench": "raw encode_batch (64 docs, all cores)",
@@ -197,17 +264,24 @@ def main() -> None:
             }
         )
 
+    _print(rows, f"  docs: {args.docs}  tokens: {raw_runs[0][1]:,}")
+
+
+def _print(rows: list[dict[str, Any]], note: str) -> None:
     cols = [
         "bench",
         "runner",
         "records_per_s",
+        "cpu_us_per_doc",
+        "vs_inline",
         "us_per_record",
         "tokens_per_s",
         "ratio_vs_raw",
+        "vs_threads",
         "first_batch_s",
         "tracking_cost",
     ]
-    print(f"cores: {os.cpu_count()}  docs: {args.docs}  tokens: {raw_runs[0][1]:,}")
+    print(f"cores: {os.cpu_count()}{note}")
     print(" | ".join(f"{c:>14}" for c in cols))
     for row in rows:
         print(" | ".join(f"{row.get(c, ''):>14}" for c in cols))

@@ -40,6 +40,11 @@ class RuntimeOptions:
     or ``"per_op"``. ``reuse_workers``: keep the worker processes after an iteration and reuse
     them in the next one of this process. See docs/runners.md.
 
+    ``fuse``: run adjacent element-wise operators (fetch, decode_text, map_transform, filter,
+    tokenize) that share a runner as one worker task each micro-batch, saving a hand-off per
+    operator, and let consecutive driver operators (replay filter, batch) share a driver thread;
+    the output is the same either way, and ``explain()`` names the fused and chained operators.
+
     ``quarantine``: a JSONL file that receives one line per record skipped with
     ``on_error="skip"`` (dataset, shard, row, file, line, reason), each record once even across
     restores. Skipped records are logged and counted in ``stats()`` with or without it.
@@ -62,6 +67,7 @@ class RuntimeOptions:
     track_stats: bool = True
     log_every_s: float | None = None
     quarantine: str | os.PathLike[str] | None = None
+    fuse: bool = True
 
     def updated(self, **changes: Any) -> RuntimeOptions:
         known = {f.name for f in fields(self)}

@@ -10,13 +10,15 @@ from dataclasses import replace
 from typing import Any
 
 from zephon._engine import checkpoint as ckpt
+from zephon._engine.driver_chain import run_tasks
+from zephon._engine.fusion import Unit, build_units
 from zephon._engine.lane_state import LaneStateLog, has_lane_state
 from zephon._engine.plan import OpSpec, Plan, compile_plan, stalls_sentinels
 from zephon._engine.pools import WorkerPool, build_pools, check_not_bootstrapping
 from zephon._engine.quarantine import Quarantine
 from zephon._engine.shm import ShmSession, resolve_items
 from zephon._engine.source import LaneStart, SourceFeeder
-from zephon._engine.stage import StageCore, Task, annotate, call_process_many
+from zephon._engine.stage import StageCore
 from zephon._engine.stats import LaneProgress, OpStats, RunStats
 from zephon._engine.tail import LaneMux
 from zephon._engine.threaded import DATA, END, ERROR, STOP, Channel, OpDriver, SourceThread
@@ -248,10 +250,10 @@ class Engine:
         if self._started_at:
             stats.elapsed_s = time.monotonic() - self._started_at
         if self.op_stats is not None:
-            channels = getattr(self, "_channels", None)
+            channels = getattr(self, "_op_channels", None)
             if channels is not None:
                 for op_stats, channel in zip(self.op_stats, channels, strict=False):
-                    op_stats.queue_depth = max(0, channel.depth)
+                    op_stats.queue_depth = 0 if channel is None else max(0, channel.depth)
             stats.operators = [OpStats(**o.to_dict()) for o in self.op_stats]
         if feeder is not None and mux is not None:
             counts = feeder.inflight_counts()
@@ -408,32 +410,12 @@ class Engine:
 
     # -- inline: everything on the calling thread (the reference runner) --------------------
 
-    @staticmethod
-    def _run_tasks(core: StageCore, tasks: list[Task]) -> list[StreamItem]:
-        out: list[StreamItem] = []
-        op = core.op
-        stats = core.stats
-        for task in tasks:
-            if task.work:
-                start = time.perf_counter_ns()
-                try:
-                    result = call_process_many(op, task.work)
-                except BaseException as exc:
-                    raise annotate(exc, op.name) from None
-                if stats is not None:
-                    stats.worker_ns += time.perf_counter_ns() - start
-                    stats.micro_batches += 1
-                    stats.elements_out += len(result)
-                out.extend(result)
-            out.extend(task.passthrough)
-        return out
-
     def _run_inline(self, feeder: SourceFeeder, mux: LaneMux) -> Iterator[StreamItem]:
         cores = self._cores()
         for core, ctx in zip(cores, self.contexts, strict=True):
             core.op.setup(ctx)
         self._inline_ops = cores
-        run = self._run_tasks
+        run = run_tasks
         for items in feeder:
             outs = items
             for core in cores:
@@ -453,22 +435,26 @@ class Engine:
 
     # -- threads / process: a source thread and one driver thread per operator --------------
 
-    def _run_threaded(self, feeder: SourceFeeder, mux: LaneMux) -> Iterator[StreamItem]:
-        stop = self._stop
-        cores = self._cores()
-        channels = [Channel(self.options.queue_size, stop) for _ in range(len(cores) + 1)]
-        self._channels = channels
-        for i, core in enumerate(cores):
-            channels[i + 1].producer_stats = core.stats
-        pools, self._shm = build_pools(
-            self.plan.stages, [c.op for c in cores], self.contexts, self.options
-        )
+    def _start_drivers(
+        self, cores: list[StageCore], units: list[Unit], channels: list[Channel]
+    ) -> None:
+        """A pool and a driver thread per unit (a stage, or a fused chain of stages)."""
+        ops = [c.op for c in cores]
+        contexts = list(self.contexts)
+        for unit in units:
+            ops[unit.first] = unit.core.op
+            contexts[unit.first] = replace(
+                contexts[unit.first], op_name=unit.core.op.name, num_workers=unit.stage.parallelism
+            )
+        pools, self._shm = build_pools([u.stage for u in units], ops, contexts, self.options)
         self._pools.extend(pools.values())
-        for i, core in enumerate(cores):
-            pool = pools.get(i)
+        for i, unit in enumerate(units):
+            core = unit.core
+            pool = pools.get(unit.first)
             if pool is None:
-                core.op.setup(self.contexts[i])
-                self._inline_ops.append(core)
+                for index in range(unit.first, unit.last + 1):
+                    cores[index].op.setup(self.contexts[index])
+                    self._inline_ops.append(cores[index])
             self._threads.append(
                 OpDriver(
                     core,
@@ -476,10 +462,23 @@ class Engine:
                     channels[i],
                     channels[i + 1],
                     deterministic=self.options.deterministic,
-                    max_inflight=self.plan.stages[i].max_inflight,
-                    stop=stop,
+                    max_inflight=unit.stage.max_inflight,
+                    stop=self._stop,
+                    count_work=not unit.fused,
                 )
             )
+
+    def _run_threaded(self, feeder: SourceFeeder, mux: LaneMux) -> Iterator[StreamItem]:
+        stop = self._stop
+        cores = self._cores()
+        units = build_units(self.plan, cores, self.contexts, self.options.max_inflight)
+        channels = [Channel(self.options.queue_size, stop) for _ in range(len(units) + 1)]
+        self._channels = channels
+        self._op_channels: list[Channel | None] = [None] * len(cores)
+        for i, unit in enumerate(units):
+            channels[i + 1].producer_stats = cores[unit.last].stats
+            self._op_channels[unit.first] = channels[i]
+        self._start_drivers(cores, units, channels)
         self._threads.insert(0, SourceThread(feeder, channels[0], stop))
         for thread in self._threads:
             thread.start()

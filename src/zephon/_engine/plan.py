@@ -8,6 +8,7 @@ from typing import Any
 
 import xxhash
 
+from zephon._engine.fusion import driver_chains, fusible, fusion_groups
 from zephon.ops import BaseOp, CountingAccumulator, OpContext
 from zephon.options import RuntimeOptions
 
@@ -55,6 +56,10 @@ class Plan:
     flush_every_k_chunks: int
     monotone: bool
     stages: list[StagePlan] = field(default_factory=list)
+    fused: list[list[int]] = field(default_factory=list)
+    """Groups of consecutive stage indices that run as one worker task."""
+    chained: list[list[int]] = field(default_factory=list)
+    """Groups of consecutive driver stages that share one driver thread."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +85,12 @@ class Plan:
             )
             if s.detail:
                 lines.append(f"   {s.op_name}: {s.detail}")
+        for group in self.fused:
+            names = " + ".join(f"{i} {self.stages[i].op_name}" for i in group)
+            lines.append(f"fused: {names} (one worker task per micro-batch)")
+        for group in self.chained:
+            names = " + ".join(f"{i} {self.stages[i].op_name}" for i in group)
+            lines.append(f"chained: {names} (one driver thread)")
         return "\n".join(lines + self._legend())
 
     def _legend(self) -> list[str]:
@@ -133,6 +144,7 @@ def compile_plan(
         )
     stages: list[StagePlan] = []
     contexts: list[OpContext] = []
+    can_fuse: list[bool] = []
     for index, spec in enumerate(specs):
         op = spec.op
         traits = op.traits()
@@ -157,6 +169,12 @@ def compile_plan(
         contexts.append(ctx)
         acc = op.accumulator(deterministic=options.deterministic, ctx=ctx)
         micro = acc.max_batch if isinstance(acc, CountingAccumulator) else None
+        can_fuse.append(
+            options.fuse
+            and spec.placement == "local"
+            and fusible(op, acc, runner)
+            and not stalls_sentinels(op)
+        )
         inflight = options.max_inflight or 2 * width
         stages.append(
             StagePlan(
@@ -183,5 +201,7 @@ def compile_plan(
         flush_every_k_chunks=k,
         monotone=monotone,
         stages=stages,
+        fused=[g for g in fusion_groups(can_fuse, [s.runner for s in stages]) if len(g) > 1],
+        chained=driver_chains([s.runner for s in stages]) if options.fuse else [],
     )
     return plan, contexts

@@ -115,6 +115,13 @@ class StageCore:
         return Task(seq, work, passthrough if passthrough is not None else [])
 
     @property
+    def reads_payload(self) -> bool:
+        return self.acc.reads_payload
+
+    def next_deadline_ns(self) -> int | None:
+        return self.acc.next_deadline_ns()
+
+    @property
     def dispatched(self) -> int:
         return self._next_seq
 

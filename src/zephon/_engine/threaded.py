@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
+from zephon._engine.driver_chain import DriverChain, run_tasks
 from zephon._engine.pools import WorkerPool
 from zephon._engine.reorder import ReorderBuffer
 from zephon._engine.shm import resolve_items
-from zephon._engine.stage import StageCore, Task, annotate, call_process_many
+from zephon._engine.stage import StageCore, Task, annotate
 from zephon._engine.stats import OpStats
 from zephon.types import TAG_TOMBSTONE, StreamItem
 
@@ -96,7 +97,7 @@ class OpDriver(threading.Thread):
 
     def __init__(
         self,
-        core: StageCore,
+        core: StageCore | DriverChain,
         pool: WorkerPool | None,
         inbox: Channel,
         downstream: Channel,
@@ -104,6 +105,7 @@ class OpDriver(threading.Thread):
         deterministic: bool,
         max_inflight: int,
         stop: threading.Event,
+        count_work: bool = True,
     ) -> None:
         super().__init__(name=f"zephon-engine-driver-{core.op.name}", daemon=True)
         self.core = core
@@ -117,6 +119,8 @@ class OpDriver(threading.Thread):
         self._passthrough: dict[int, list[StreamItem]] = {}
         self._dispatched_at: dict[int, int] = {}
         self.stats = core.stats
+        # A fused chain counts its operators' work itself (see fusion.py).
+        self.work_stats = core.stats if count_work else None
 
     def run(self) -> None:
         try:
@@ -146,25 +150,18 @@ class OpDriver(threading.Thread):
         if not task.work:
             self._complete(task.seq, task.passthrough, barrier=has_marker(task.passthrough))
             return False
-        stats = self.stats
         if self.pool is None:
-            op = self.core.op
-            start = time.perf_counter_ns()
+            core = self.core
+            assert isinstance(core, StageCore)  # a driver chain's tasks carry no work
             try:
                 resolve_items(task.work)
-                result = call_process_many(op, task.work)
             except BaseException as exc:
-                raise annotate(exc, op.name) from None
-            if stats is not None:
-                stats.worker_ns += time.perf_counter_ns() - start
-                stats.micro_batches += 1
-                stats.elements_out += len(result)
-            result.extend(task.passthrough)
-            self._complete(task.seq, result)
+                raise annotate(exc, core.op.name) from None
+            self._complete(task.seq, run_tasks(core, [task]))
             return False
         if task.passthrough:
             self._passthrough[task.seq] = task.passthrough
-        if stats is not None:
+        if self.work_stats is not None:
             self._dispatched_at[task.seq] = time.perf_counter_ns()
         self.pool.submit(task.work).add_done_callback(self._on_done(task.seq))
         return True
@@ -184,7 +181,7 @@ class OpDriver(threading.Thread):
                     break
                 items = pending_inputs.popleft()
                 self.inbox.release()
-                if core.acc.reads_payload:
+                if core.reads_payload:
                     resolve_items(items)
                 ready.extend(core.feed(items))
             if ended and not pending_inputs and not ready and not finished:
@@ -197,7 +194,7 @@ class OpDriver(threading.Thread):
                 return
             timeout = None
             if latency:
-                deadline = core.acc.next_deadline_ns()
+                deadline = core.next_deadline_ns()
                 if deadline is not None:
                     timeout = max(0.0, (deadline - time.monotonic_ns()) / 1e9)
             try:
@@ -212,10 +209,11 @@ class OpDriver(threading.Thread):
                 inflight -= 1
                 seq, future = message[1], message[2]
                 result = future.result()  # re-raises the worker's exception, already annotated
-                if self.stats is not None:
-                    self.stats.micro_batches += 1
-                    self.stats.elements_out += len(result)
-                    self.stats.worker_ns += time.perf_counter_ns() - self._dispatched_at.pop(seq)
+                stats = self.work_stats
+                if stats is not None:
+                    stats.micro_batches += 1
+                    stats.elements_out += len(result)
+                    stats.worker_ns += time.perf_counter_ns() - self._dispatched_at.pop(seq)
                 extra = self._passthrough.pop(seq, None)
                 if extra:
                     result.extend(extra)

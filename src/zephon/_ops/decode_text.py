@@ -46,7 +46,7 @@ class DecodeTextOp(BaseOp):
         return CountingAccumulator(self.max_batch, None if deterministic else DECODE_LATENCY_MS)
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=1)
+        return OpTraits(preserves_cursor_order=True, parallelism=1, elementwise=True)
 
     def config(self) -> Mapping[str, Any]:
         return {

@@ -40,7 +40,7 @@ class FetchOp(BaseOp):
         return CountingAccumulator(self.max_batch, None if deterministic else FETCH_LATENCY_MS)
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=2)
+        return OpTraits(preserves_cursor_order=True, parallelism=2, elementwise=True)
 
     def config(self) -> Mapping[str, Any]:
         # on_error is left out on purpose: a run that raised never delivered the record a

@@ -40,7 +40,7 @@ class MapTransformOp(BaseOp):
         return CountingAccumulator(self.max_batch, None if deterministic else MAP_LATENCY_MS)
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=1)
+        return OpTraits(preserves_cursor_order=True, parallelism=1, elementwise=True)
 
     def config(self) -> Mapping[str, Any]:
         return {"fn": _fn_name(self.fn), "drop_none": self.drop_none}
@@ -79,7 +79,7 @@ class FilterOp(BaseOp):
         return CountingAccumulator(self.max_batch, None if deterministic else MAP_LATENCY_MS)
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=1)
+        return OpTraits(preserves_cursor_order=True, parallelism=1, elementwise=True)
 
     def config(self) -> Mapping[str, Any]:
         return {"predicate": _fn_name(self.predicate)}

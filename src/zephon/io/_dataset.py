@@ -80,6 +80,11 @@ class InMemoryShard(Shard):
         # Copy so an operator mutating its payload never changes the dataset.
         return [dict(rows[i]) for i in indices]
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> InMemoryShard:
+        """The rows are never written (reads copy them), so a worker's copy of an operator
+        shares them: copying every row per worker thread cost more than reading them."""
+        return self
+
 
 class Dataset:
     """A named dataset: shards plus their row counts."""

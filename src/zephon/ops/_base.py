@@ -22,11 +22,17 @@ class OpTraits:
     that does not (packing, shuffling, mixture correction) gets per-lane flush sentinels.
     ``parallelism``: default worker count. ``runs_in_driver``: the work is trivial, so the
     runner calls ``process_many`` on the driver thread instead of shipping it to a worker.
+    ``elementwise``: ``process_many`` returns, in order, what each element alone becomes, so
+    how the elements are grouped into micro-batches cannot change the output; with a plain
+    counting or passthrough accumulator the runner may then fuse the operator with its
+    element-wise neighbours into one worker task. A subclass that changes ``process_many``
+    must say again whether this still holds.
     """
 
     preserves_cursor_order: bool
     parallelism: int = 1
     runs_in_driver: bool = False
+    elementwise: bool = False
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,199 @@
+"""Operator fusion: adjacent element-wise operators run as one worker task.
+
+Every hop between two operators costs a channel hand-off, a driver thread wake-up, a worker
+dispatch and a reorder step per micro-batch, all under the GIL. For operators whose output is
+the concatenation of what each element alone becomes (``OpTraits.elementwise``) and whose
+accumulator only groups by count (no state, no payload inspection), the micro-batch
+boundaries of the later operator cannot change what it emits. Such a chain is run on one
+pool: the first operator's accumulator cuts micro-batches, and each worker task runs the
+whole chain on its micro-batch, so the output is the same as unfused, element for element.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from zephon._engine.driver_chain import DriverChain
+from zephon._engine.lane_state import has_lane_state
+from zephon._engine.stage import StageCore, annotate, call_process_many
+from zephon._engine.stats import OpStats
+from zephon.ops import (
+    Accumulator,
+    BaseOp,
+    CountingAccumulator,
+    OpContext,
+    OpTraits,
+    PassthroughAccumulator,
+)
+from zephon.types import StreamItem, is_control
+
+if TYPE_CHECKING:
+    from zephon._engine.plan import Plan, StagePlan
+
+FUSED_RUNNERS = ("threads",)
+"""Runners whose stages fuse: the fused task's counters must reach ``pipeline.stats()``."""
+
+
+def fusible(op: BaseOp, acc: Accumulator, runner: str) -> bool:
+    """Whether ``op`` may share a worker task with a fusible neighbour on ``runner``."""
+    traits = op.traits()
+    return (
+        runner in FUSED_RUNNERS
+        and traits.elementwise
+        and not traits.runs_in_driver
+        and type(acc) in (CountingAccumulator, PassthroughAccumulator)
+        and not has_lane_state(acc)
+        and getattr(acc, "on_marker", None) is None
+    )
+
+
+def fusion_groups(flags: Sequence[bool], runners: Sequence[str]) -> list[list[int]]:
+    """Consecutive stage indices that run as one task (groups of one are not fused)."""
+    groups: list[list[int]] = []
+    for index, ok in enumerate(flags):
+        prev = groups[-1] if groups else None
+        if ok and prev is not None and flags[prev[-1]] and runners[prev[-1]] == runners[index]:
+            prev.append(index)
+        else:
+            groups.append([index])
+    return groups
+
+
+def driver_chains(runners: Sequence[str]) -> list[list[int]]:
+    """Runs of two or more consecutive ``driver`` stages (they share a driver thread)."""
+    groups = fusion_groups([r == "driver" for r in runners], runners)
+    return [g for g in groups if len(g) > 1 and runners[g[0]] == "driver"]
+
+
+@dataclass
+class FusedCounters:
+    """Per-operator worker counters of a fused chain, shared by every copy of it."""
+
+    stats: list[OpStats | None]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, counts: list[tuple[int, int, int]]) -> None:
+        with self.lock:
+            for stats, (n_in, n_out, ns) in zip(self.stats, counts, strict=True):
+                if stats is None or not n_in:
+                    continue
+                if stats is not self.stats[0]:  # the head's input is counted by its driver
+                    stats.elements_in += n_in
+                stats.elements_out += n_out
+                stats.micro_batches += 1
+                stats.worker_ns += ns
+
+
+class FusedOp(BaseOp):
+    """A chain of element-wise operators run as one ``process_many``.
+
+    Records an operator turns into tombstones (or any control element it returns) skip the
+    rest of the chain and leave before the later operators' output, as they would unfused.
+    """
+
+    name = "fused"
+
+    def __init__(
+        self,
+        ops: Sequence[BaseOp],
+        contexts: Sequence[OpContext],
+        counters: FusedCounters | None,
+    ) -> None:
+        super().__init__(name="+".join(op.name for op in ops))
+        self.ops = list(ops)
+        self.contexts = list(contexts)
+        self.counters = counters
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> FusedOp:
+        """A worker's copy copies the operators, never the shared counters (nor their lock)."""
+        import copy
+
+        return FusedOp(copy.deepcopy(self.ops, memo), self.contexts, self.counters)
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, elementwise=True)
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        return self.ops[0].accumulator(deterministic=deterministic, ctx=self.contexts[0])
+
+    def setup(self, ctx: OpContext) -> None:
+        for op, own in zip(self.ops, self.contexts, strict=True):
+            op.setup(replace(own, worker_index=ctx.worker_index, num_workers=ctx.num_workers))
+
+    def teardown(self) -> None:
+        for op in self.ops:
+            op.teardown()
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        controls: list[StreamItem] = []
+        counts: list[tuple[int, int, int]] = []
+        work = elems
+        last = len(self.ops) - 1
+        for index, op in enumerate(self.ops):
+            if not work:
+                counts.append((0, 0, 0))
+                continue
+            start = time.perf_counter_ns()
+            try:
+                out = call_process_many(op, work)
+            except BaseException as exc:
+                raise annotate(exc, op.name) from None
+            counts.append((len(work), len(out), time.perf_counter_ns() - start))
+            work = out
+            if index < last and any(item.meta.tags for item in out):
+                work = [item for item in out if not is_control(item)]
+                if len(work) != len(out):
+                    controls.extend(item for item in out if is_control(item))
+        if self.counters is not None:
+            self.counters.add(counts)
+        return [*controls, *work] if controls else work
+
+
+@dataclass
+class Unit:
+    """What one driver thread runs: a stage, or a fused chain ``first..last`` as one stage."""
+
+    core: StageCore | DriverChain
+    stage: StagePlan
+    first: int
+    last: int
+
+    @property
+    def fused(self) -> bool:
+        """A fused worker chain (which counts its own work), not a driver chain."""
+        return self.last > self.first and isinstance(self.core, StageCore)
+
+
+def build_units(
+    plan: Plan, cores: Sequence[StageCore], contexts: Sequence[OpContext], max_inflight: int | None
+) -> list[Unit]:
+    """One unit per stage, except that each of ``plan.fused`` becomes one unit."""
+    heads = {group[0]: group for group in plan.fused}
+    chains = {group[0]: group for group in plan.chained}
+    units: list[Unit] = []
+    index = 0
+    while index < len(cores):
+        group = heads.get(index) or chains.get(index) or [index]
+        first, last = group[0], group[-1]
+        core: StageCore | DriverChain = cores[first]
+        stage = plan.stages[first]
+        if first in chains:
+            core = DriverChain([cores[i] for i in group])
+        elif len(group) > 1:
+            width = max(plan.stages[i].parallelism for i in group)
+            counters = FusedCounters([cores[i].stats for i in group])
+            op = FusedOp([cores[i].op for i in group], [contexts[i] for i in group], counters)
+            head = cores[first]
+            core = StageCore(
+                op, head.acc, stalls_sentinels=False, stats=head.stats, lanes=head.lanes
+            )
+            stage = replace(
+                stage, op_name=op.name, parallelism=width, max_inflight=max_inflight or 2 * width
+            )
+        units.append(Unit(core, stage, first, last))
+        index = last + 1
+    return units
