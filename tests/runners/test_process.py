@@ -173,11 +173,11 @@ class SeesPayload(CountingAccumulator):
 class Probe(BaseOp):
     def __init__(self, name: str, reads_payload: bool) -> None:
         super().__init__(name=name)
-        self.reads = reads_payload
+        self.reads_payload = reads_payload  # kept under its name: config() reads it
         self.seen: list[str] = []
 
     def accumulator(self, *, deterministic, ctx):
-        return SeesPayload(self.seen, self.reads)
+        return SeesPayload(self.seen, self.reads_payload)
 
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=True)
