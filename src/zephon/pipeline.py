@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
 from zephon._engine import checkpoint as ckpt
 from zephon._engine.engine import Engine
-from zephon._engine.plan import OpSpec, Plan
+from zephon._engine.plan import OpSpec, Plan, Resources, ray_resources
 from zephon._engine.stats import RunStats
 from zephon._ops._chat_spans import LossScope, SpanSource
 from zephon._ops._packing_algos import FlushStrategy, PackingAlgorithm
@@ -62,6 +63,7 @@ class Pipeline:
         self._specs: list[OpSpec] = []
         self._fetch_parallelism: int | None = None
         self._fetch_placement: Placement = "local"
+        self._fetch_resources: tuple[tuple[str, float], ...] = ()
         self._fetch_max_batch = 64
         self._fetch_on_error: Literal["raise", "skip"] | None = None
         self._options = RuntimeOptions()
@@ -74,7 +76,11 @@ class Pipeline:
     # -- builder -------------------------------------------------------------------------
 
     def _append(
-        self, op: BaseOp, parallelism: int | None, placement: Placement = "local"
+        self,
+        op: BaseOp,
+        parallelism: int | None,
+        placement: Placement = "local",
+        resources: Resources | None = None,
     ) -> Pipeline:
         if self._batched and not isinstance(op, (BatchOp, MapBatchOp)):
             raise ConfigError(
@@ -90,7 +96,9 @@ class Pipeline:
                 f"{op.name}: placement must be 'local' or 'remote' (Ray actors), got {placement!r}"
             )
         width = parallelism if parallelism is not None else op.traits().parallelism
-        self._specs.append(OpSpec(op, max(1, width), placement))
+        self._specs.append(
+            OpSpec(op, max(1, width), placement, ray_resources(op.name, resources, placement))
+        )
         return self
 
     def fetch(
@@ -100,11 +108,13 @@ class Pipeline:
         max_batch: int = 64,
         on_error: Literal["raise", "skip"] | None = None,
         placement: Placement = "local",
+        resources: Resources | None = None,
     ) -> Pipeline:
         """Configure the implicit first operator that reads rows for the pointers."""
         if placement not in ("local", "remote"):
             raise ConfigError(f"fetch: placement must be 'local' or 'remote', got {placement!r}")
         self._fetch_placement = placement
+        self._fetch_resources = ray_resources("fetch", resources, placement)
         self._fetch_parallelism = parallelism
         self._fetch_max_batch = max_batch
         self._fetch_on_error = on_error
@@ -112,10 +122,15 @@ class Pipeline:
 
     @_operator
     def decode_text(
-        self, parallelism: int | None = None, *, placement: Placement = "local", **kwargs: Any
+        self,
+        parallelism: int | None = None,
+        *,
+        placement: Placement = "local",
+        resources: Resources | None = None,
+        **kwargs: Any,
     ) -> Pipeline:
         """Make text fields ``str``; kwargs: fields, encoding, errors, normalize_newlines..."""
-        return self._append(DecodeTextOp(**kwargs), parallelism, placement)
+        return self._append(DecodeTextOp(**kwargs), parallelism, placement, resources)
 
     @_operator
     def map_transform(
@@ -126,10 +141,11 @@ class Pipeline:
         parallelism: int | None = None,
         name: str | None = None,
         placement: Placement = "local",
+        resources: Resources | None = None,
     ) -> Pipeline:
         """Apply ``fn`` to each payload; returning ``None`` drops the record."""
         op = MapTransformOp(fn, drop_none=drop_none, name=name)
-        return self._append(op, parallelism, placement)
+        return self._append(op, parallelism, placement, resources)
 
     @_operator
     def filter(
@@ -139,9 +155,10 @@ class Pipeline:
         parallelism: int | None = None,
         name: str | None = None,
         placement: Placement = "local",
+        resources: Resources | None = None,
     ) -> Pipeline:
         """Keep records whose payload satisfies ``predicate``."""
-        return self._append(FilterOp(predicate, name=name), parallelism, placement)
+        return self._append(FilterOp(predicate, name=name), parallelism, placement, resources)
 
     @_operator
     def tokenize(
@@ -157,6 +174,7 @@ class Pipeline:
         truncation: bool | None = None,
         parallelism: int | None = None,
         placement: Placement = "local",
+        resources: Resources | None = None,
     ) -> Pipeline:
         """Tokenize ``field`` into ``output_field`` (numpy int32 ids)."""
         op = TokenizeOp(
@@ -169,7 +187,7 @@ class Pipeline:
             max_length=max_length,
             truncation=truncation,
         )
-        return self._append(op, parallelism, placement)
+        return self._append(op, parallelism, placement, resources)
 
     @_operator
     def expand_chat(
@@ -178,10 +196,11 @@ class Pipeline:
         field: str = "messages",
         parallelism: int | None = None,
         placement: Placement = "local",
+        resources: Resources | None = None,
     ) -> Pipeline:
         """One record per assistant turn: the conversation in ``field`` up to that turn
         (child lineage; conversations without an assistant turn become tombstones)."""
-        return self._append(ExpandChatOp(field=field), parallelism, placement)
+        return self._append(ExpandChatOp(field=field), parallelism, placement, resources)
 
     @_operator
     def tokenize_chat(
@@ -199,6 +218,7 @@ class Pipeline:
         mask_field: str = "loss_mask",
         parallelism: int | None = None,
         placement: Placement = "local",
+        resources: Resources | None = None,
     ) -> Pipeline:
         """Render ``field`` with a chat template and tokenize it into ``output_field`` and
         ``mask_field`` (1 on supervised tokens); see docs/sft.md."""
@@ -214,7 +234,7 @@ class Pipeline:
             output_field=output_field,
             mask_field=mask_field,
         )
-        return self._append(op, parallelism, placement)
+        return self._append(op, parallelism, placement, resources)
 
     @_operator
     def batch(self, microbatch_size: int, *, drop_last: bool = True) -> Pipeline:
@@ -244,6 +264,7 @@ class Pipeline:
         max_candidate_age: int | None = None,
         parallelism: int | None = None,
         placement: Placement = "local",
+        resources: Resources | None = None,
     ) -> Pipeline:
         """Pack records into ``{"packed_samples": [...]}`` envelopes of <= ``max_length`` tokens.
 
@@ -262,7 +283,7 @@ class Pipeline:
             candidate_pool_size=candidate_pool_size,
             max_candidate_age=max_candidate_age,
         )
-        return self._append(op, parallelism, placement)
+        return self._append(op, parallelism, placement, resources)
 
     @_operator
     def pack_flat(
@@ -283,6 +304,7 @@ class Pipeline:
         max_candidate_age: int | None = None,
         parallelism: int | None = None,
         placement: Placement = "local",
+        resources: Resources | None = None,
     ) -> Pipeline:
         """Pack records into flat token rows padded to ``max_length`` (``positions``,
         ``document_ids`` and aligned fields alongside); ``batch.to_training()`` reads them."""
@@ -301,7 +323,7 @@ class Pipeline:
             candidate_pool_size=candidate_pool_size,
             max_candidate_age=max_candidate_age,
         )
-        return self._append(op, parallelism, placement)
+        return self._append(op, parallelism, placement, resources)
 
     @_operator
     def shuffle(
@@ -313,11 +335,12 @@ class Pipeline:
         warmup_growth: float = 1.5,
         parallelism: int | None = None,
         placement: Placement = "local",
+        resources: Resources | None = None,
     ) -> Pipeline:
         """Shuffle each lane within ``buffer_size`` records; randomness comes from the records'
         cursors and ``seed`` only (docs/shuffle-and-mixture.md)."""
         op = ShuffleOp(buffer_size, seed=seed, algorithm=algorithm, warmup_growth=warmup_growth)
-        return self._append(op, parallelism, placement)
+        return self._append(op, parallelism, placement, resources)
 
     @_operator
     def ensure_mixture(
@@ -400,9 +423,10 @@ class Pipeline:
         parallelism: int | None = None,
         name: str | None = None,
         placement: Placement = "local",
+        resources: Resources | None = None,
     ) -> Pipeline:
         """Apply ``fn`` to each ``SampleBatch`` (after ``batch``); ``None`` drops the batch."""
-        return self._append(MapBatchOp(fn, name=name), parallelism, placement)
+        return self._append(MapBatchOp(fn, name=name), parallelism, placement, resources)
 
     @_operator
     def materialize(self) -> Pipeline:
@@ -416,11 +440,12 @@ class Pipeline:
         *,
         parallelism: int | None = None,
         placement: Placement = "local",
+        resources: Resources | None = None,
     ) -> Pipeline:
         """Append a custom operator (a :class:`zephon.ops.BaseOp` subclass instance)."""
         if not isinstance(op, BaseOp):
             raise ConfigError(f"add_op needs a BaseOp instance, got {type(op).__name__}")
-        return self._append(op, parallelism, placement)
+        return self._append(op, parallelism, placement, resources)
 
     def options(self, **options: Any) -> Pipeline:
         """Set runtime options (see :class:`zephon.options.RuntimeOptions`); returns self."""
@@ -433,7 +458,7 @@ class Pipeline:
         """Run the last operator on ``width`` workers (the output must not change)."""
         if self._specs:
             spec = self._specs[-1]
-            self._specs[-1] = OpSpec(spec.op, max(1, width), spec.placement)
+            self._specs[-1] = replace(spec, parallelism=max(1, width))
 
     def _drop_last_op(self) -> None:
         """Remove the last operator: what is left produces that operator's input."""
@@ -454,7 +479,7 @@ class Pipeline:
             self.work_source.datasets, max_batch=self._fetch_max_batch, on_error=on_error
         )
         width = self._fetch_parallelism or fetch.traits().parallelism
-        return [OpSpec(fetch, width, self._fetch_placement), *self._specs]
+        return [OpSpec(fetch, width, self._fetch_placement, self._fetch_resources), *self._specs]
 
     def explain(self) -> Plan:
         """The compiled plan: stages, runners, parallelism, queue sizes (``str()`` for text)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,15 @@ def ray_session() -> Iterator[Any]:
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def idle_ray_actors_released() -> Iterator[None]:
+    """Actors kept for the next iteration go with the test (the session's Ray stays lean)."""
+    yield
+    module = sys.modules.get("zephon._engine.ray_pool")
+    if module is not None:
+        module.release_actors()
 
 
 @pytest.fixture(autouse=True)

@@ -173,7 +173,7 @@ class SeesPayload(CountingAccumulator):
 class Probe(BaseOp):
     def __init__(self, name: str, reads_payload: bool) -> None:
         super().__init__(name=name)
-        self.reads_payload = reads_payload
+        self.reads_payload = reads_payload  # kept under its name: config() reads it
         self.seen: list[str] = []
 
     def accumulator(self, *, deterministic, ctx):

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import xxhash
 
 from zephon._engine.fusion import driver_chains, fusible, fusion_groups
+from zephon.errors import ConfigError
 from zephon.ops import BaseOp, CountingAccumulator, OpContext
 from zephon.options import RuntimeOptions
+
+Resources = Mapping[str, float]
+"""Ray resources each actor of a ``placement="remote"`` stage asks for, e.g. ``{"io": 1}``."""
 
 #: Operators the engine adds itself, with what they do (the legend of ``str(plan)``).
 ENGINE_OPS = {
@@ -21,11 +26,38 @@ ENGINE_OPS = {
 
 @dataclass(frozen=True)
 class OpSpec:
-    """An operator as the user configured it."""
+    """An operator as the user configured it (``resources``: sorted Ray resource requests)."""
 
     op: BaseOp
     parallelism: int
     placement: str = "local"
+    resources: tuple[tuple[str, float], ...] = ()
+
+
+def services(op_name: str, resources: tuple[tuple[str, float], ...]) -> dict[str, Any]:
+    """The operator's services; ``"ray_resources"`` tells the Ray pool where actors go."""
+    out: dict[str, Any] = {"logger": logging.getLogger(f"zephon.op.{op_name}")}
+    if resources:
+        out["ray_resources"] = dict(resources)
+    return out
+
+
+def ray_resources(
+    op_name: str, resources: Resources | None, placement: str
+) -> tuple[tuple[str, float], ...]:
+    """``resources`` checked and frozen: only Ray actors ask for resources, never negative."""
+    if not resources:
+        return ()
+    if placement != "remote":
+        raise ConfigError(
+            f"{op_name}: resources={dict(resources)!r} place Ray actors; add placement='remote'"
+        )
+    for name, amount in resources.items():
+        if not isinstance(name, str) or not isinstance(amount, (int, float)) or amount < 0:
+            raise ConfigError(
+                f"{op_name}: resources must map names to amounts >= 0, got {name!r}: {amount!r}"
+            )
+    return tuple(sorted((name, float(amount)) for name, amount in resources.items()))
 
 
 @dataclass(frozen=True)
@@ -136,8 +168,6 @@ def compile_plan(
     if k is None:
         k = 0 if monotone else 8
     elif k == 0 and not monotone:
-        from zephon.errors import ConfigError
-
         raise ConfigError(
             "flush_every_k_chunks=0 is not allowed for a plan with an order-changing operator "
             "(packing, shuffling, mixture correction): epochs need flush sentinels"
@@ -163,7 +193,7 @@ def compile_plan(
             deterministic=options.deterministic,
             runner=runner,
             seed=op_seed(source_seed, index, op.name),
-            services={"logger": logging.getLogger(f"zephon.op.{op.name}")},
+            services=services(op.name, spec.resources if runner == "ray" else ()),
             lanes=tuple(lanes),
         )
         contexts.append(ctx)

@@ -9,15 +9,25 @@ loaded actor. When an actor dies (its process killed, its node lost) it is repla
 micro-batch it held is sent again, up to ``max_retries`` times each.
 
 Nothing about checkpoints lives in the actors: they are stateless workers, and the checkpoint
-is taken from the driver process that iterates the pipeline.
+is taken from the driver process that iterates the pipeline. That is also why they can be kept:
+when an iteration ends its actors (operator set up, tokenizer loaded) wait idle, and the next
+iteration of the same operator in the same Ray session takes them over. ``release_actors``
+tears the idle ones down; the least recently used groups go when too many wait.
+
+Actors ask for no CPU; ``resources`` (from ``placement="remote", resources={...}``) is passed
+to Ray as is, so a custom resource a node was started with (``ray start --resources``) pins a
+stage to the nodes that carry it.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import hashlib
 import logging
 import os
 import threading
+from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
@@ -50,6 +60,11 @@ class OpActor:
     def pid(self) -> int:
         return os.getpid()
 
+    def node_id(self) -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
     def run(self, elems: list[StreamItem]) -> tuple[str, Any]:
         op = self._op
         try:
@@ -66,6 +81,68 @@ class OpActor:
         if self._op is not None:
             self._op.teardown()
             self._op = None
+
+
+# Idle actor groups by (session, operator name, identity of operator + context + resources).
+_IDLE: OrderedDict[tuple[str, str, str], list[Any]] = OrderedDict()
+_IDLE_LOCK = threading.Lock()
+_MAX_IDLE_GROUPS = 8
+
+
+def _session(ray: Any) -> str:
+    """Names this Ray session: handles from an earlier cluster must never be reused."""
+    node = getattr(getattr(ray, "_private", None), "worker", None)
+    node = getattr(getattr(node, "global_worker", None), "node", None)
+    name = getattr(node, "session_name", None)
+    return str(name or ray.get_runtime_context().gcs_address)
+
+
+def _take_idle(key: tuple[str, str, str], count: int) -> list[Any]:
+    with _IDLE_LOCK:
+        actors = _IDLE.pop(key, [])
+    return actors[:count] + [None] * (count - len(actors[:count]))
+
+
+def _retire(actors: list[Any], ray: Any) -> None:
+    """Tear operator copies down (10 s at most) and let the actors exit."""
+    with contextlib.suppress(Exception):
+        ray.get([a.teardown.remote() for a in actors], timeout=10)
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            actor.__ray_terminate__.remote()  # exits once its queue is empty
+
+
+def _keep_idle(key: tuple[str, str, str], actors: list[Any], ray: Any) -> None:
+    with _IDLE_LOCK:
+        evicted = _IDLE.pop(key, [])  # a second pool of the same operator closed first
+        _IDLE[key] = actors
+        while len(_IDLE) > _MAX_IDLE_GROUPS:
+            evicted += _IDLE.popitem(last=False)[1]
+    _retire(evicted, ray)
+
+
+def idle_actors() -> dict[str, list[Any]]:
+    """Actor handles waiting for the next iteration, by operator name (for diagnostics)."""
+    out: dict[str, list[Any]] = {}
+    with _IDLE_LOCK:
+        for (_, name, _), actors in _IDLE.items():
+            out.setdefault(name, []).extend(actors)
+    return out
+
+
+def release_actors() -> None:
+    """Tear down and stop every idle actor of this process (also done at interpreter exit)."""
+    with _IDLE_LOCK:
+        groups = list(_IDLE.values())
+        _IDLE.clear()
+    if not groups:
+        return
+    ray = import_ray()
+    if ray.is_initialized():
+        _retire([a for g in groups for a in g], ray)
+
+
+atexit.register(release_actors)
 
 
 @dataclass
@@ -94,12 +171,17 @@ class RayWorkerPool(WorkerPool):
         self._ctx = ctx
         self._max_retries = max_retries
         # Actors take no CPU reservation: parallelism is the user's call, as with processes.
+        self._resources = dict(ctx.services.get("ray_resources", {}))
         self._cls = ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)(OpActor)
-        self._blob = ray.put(cloudpickle.dumps(op))
+        blob = cloudpickle.dumps(op)
+        identity = hashlib.sha256(blob + cloudpickle.dumps((ctx, sorted(self._resources.items()))))
+        self._key = (_session(ray), op.name, identity.hexdigest())
+        self._blob = ray.put(blob)
         self._lock = threading.Lock()
         self._closed = False
         self.replaced = 0
-        self._actors = [self._new_actor(i) for i in range(parallelism)]
+        kept = _take_idle(self._key, parallelism)
+        self._actors = [a if a is not None else self._new_actor(i) for i, a in enumerate(kept)]
         self._load = [0] * parallelism
         self._pending: dict[Any, tuple[_Job, int, Any]] = {}
         self._wake = threading.Event()
@@ -109,7 +191,10 @@ class RayWorkerPool(WorkerPool):
         self._collector.start()
 
     def _new_actor(self, slot: int) -> Any:
-        return self._cls.options(scheduling_strategy="SPREAD").remote(self._blob, self._ctx, slot)
+        options: dict[str, Any] = {"scheduling_strategy": "SPREAD"}
+        if self._resources:
+            options["resources"] = self._resources
+        return self._cls.options(**options).remote(self._blob, self._ctx, slot)
 
     def pids(self) -> list[int]:
         """Process ids of the actors (starts them if needed; for tests and diagnostics)."""
@@ -206,15 +291,12 @@ class RayWorkerPool(WorkerPool):
         self._send(job)
 
     def shutdown(self) -> None:
-        """Stop collecting, tear the operator copies down (10 s at most), let actors exit."""
+        """Stop collecting; keep the actors for the next iteration (see the module docstring)."""
         self._closed = True
         self._wake.set()
         self._collector.join(timeout=30)
         with self._lock:
             actors = list(self._actors)
             self._actors = []
-        with contextlib.suppress(Exception):
-            self._ray.get([a.teardown.remote() for a in actors], timeout=10)
-        for actor in actors:
-            with contextlib.suppress(Exception):
-                actor.__ray_terminate__.remote()  # exits once its queue is empty
+        if self._ray.is_initialized():
+            _keep_idle(self._key, actors, self._ray)

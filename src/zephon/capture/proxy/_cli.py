@@ -56,6 +56,17 @@ def register_serve(capture_subparsers: Any) -> None:
         help="bearer token for the control routes (env ZEPHON_CAPTURE_CONTROL_TOKEN)",
     )
     p.add_argument(
+        "--capture-token",
+        default=os.environ.get("ZEPHON_CAPTURE_TOKEN"),
+        help="value of the X-Zephon-Capture-Token header every capture route requires "
+        "(env ZEPHON_CAPTURE_TOKEN)",
+    )
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="listen beyond loopback without --control-token (logged as a warning)",
+    )
+    p.add_argument(
         "--spill-dir",
         default=os.environ.get("ZEPHON_CAPTURE_SPILL_DIR"),
         metavar="DIR",
@@ -129,11 +140,18 @@ def _serve(args: argparse.Namespace) -> int:
             store_clients=args.store_clients,
             delta_prompts=args.delta_prompts,
             control_token=args.control_token or None,
+            capture_token=args.capture_token or None,
             spill_dir=args.spill_dir or None,
             spill_replay_s=args.spill_replay_interval,
         )
     except ValueError as exc:
         _error(exc)
+        return EXIT_USAGE
+    from zephon.capture.proxy.server import exposure_problem
+
+    exposed = exposure_problem(args.host, config.control_token, insecure=args.insecure_no_auth)
+    if exposed is not None and not args.insecure_no_auth:
+        _error(exposed)
         return EXIT_USAGE
     problem = _probe_store(args.store)
     if problem is not None:
@@ -147,6 +165,7 @@ def _serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             log_level=args.log_level,
             access_log=args.access_log,
+            insecure_no_auth=args.insecure_no_auth,
         )
     except (ValueError, OSError) as exc:
         _error(exc)

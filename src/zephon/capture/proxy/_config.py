@@ -24,7 +24,9 @@ class ProxyConfig:
     ``engine_url`` is the engine's server root (``http://127.0.0.1:8000``; a trailing ``/v1`` is
     accepted and removed). ``engine_timeout_s`` bounds one whole engine call (generation
     included); ``connect_timeout_s`` only the TCP connect. ``control_token``, when set, is the
-    bearer token the control routes (freeze, manifest, drop, retire, delete) require.
+    bearer token every control route (health, metrics, freeze, manifest, drop, retire, delete)
+    requires; ``capture_token``, when set, the ``X-Zephon-Capture-Token`` header a capture
+    route requires (the rollout workers' secret: the ``Authorization`` header stays the engine's).
     ``store_clients`` store clients are opened per worker and each rollout always uses the same
     one (a SQL store client is one connection whose calls queue; several let rollouts proceed in
     parallel, and one client per rollout keeps its lineage cache warm). ``delta_prompts`` stores
@@ -44,6 +46,7 @@ class ProxyConfig:
     store_clients: int = 4
     delta_prompts: bool = False
     control_token: str | None = None
+    capture_token: str | None = None
     metrics_dir: str | None = None
     spill_dir: str | None = None
     spill_replay_s: float = 5.0

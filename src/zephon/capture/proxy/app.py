@@ -42,10 +42,17 @@ from zephon.capture.proxy._spill import SpillJournal
 from zephon.capture.proxy._sse import sse_events
 from zephon.capture.records import TokenCaptureSnapshot, validate_rollout_id
 
-__all__ = ["CAPTURE_SEGMENT", "CONTROL_PREFIX", "create_app", "create_app_from_env"]
+__all__ = [
+    "CAPTURE_SEGMENT",
+    "CAPTURE_TOKEN_HEADER",
+    "CONTROL_PREFIX",
+    "create_app",
+    "create_app_from_env",
+]
 
 CAPTURE_SEGMENT = "training-token-capture"
 CONTROL_PREFIX = "/training-token-capture/control"
+CAPTURE_TOKEN_HEADER = "x-zephon-capture-token"
 MAX_BATCH = 1024
 _READ_ONLY = frozenset({"v1/models", "tokenize", "detokenize", "health", "version"})
 
@@ -58,6 +65,13 @@ def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -
 
 def _error(message: str, code: str, status: int) -> Response:
     return _json(error_body(message, code, status), status)
+
+
+def token_matches(given: str | None, token: str | None) -> bool:
+    """True without a token; otherwise a constant-time comparison (no timing oracle)."""
+    if not token:
+        return True
+    return hmac.compare_digest((given or "").encode(), token.encode())
 
 
 def snapshot_summary(snap: TokenCaptureSnapshot) -> dict[str, Any]:
@@ -200,6 +214,9 @@ def create_app(config: ProxyConfig) -> Starlette:
     # -- capture -----------------------------------------------------------------------------
 
     async def capture(request: Request) -> tuple[str, Response]:
+        if not token_matches(request.headers.get(CAPTURE_TOKEN_HEADER), config.capture_token):
+            message = f"capture routes need the '{CAPTURE_TOKEN_HEADER}' header"
+            return "capture_unauthorized", _error(message, "unauthorized", 401)
         rid = request.path_params["rollout_id"]
         rest = request.path_params["rest"][len(CAPTURE_SEGMENT) :].strip("/")
         try:
@@ -239,10 +256,8 @@ def create_app(config: ProxyConfig) -> Starlette:
 
     def authorised(request: Request) -> bool:
         token = config.control_token
-        if not token:
-            return True
-        given = request.headers.get("authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+        given = request.headers.get("authorization")
+        return token_matches(given, f"Bearer {token}" if token else None)
 
     def control(fn: Callable[[Request], Awaitable[Response]]) -> Any:
         async def wrapped(request: Request) -> Response:
@@ -323,8 +338,8 @@ def create_app(config: ProxyConfig) -> Starlette:
 
     c = CONTROL_PREFIX
     routes = [
-        Route(f"{c}/health", counted("control", health), methods=["GET"]),
-        Route(f"{c}/metrics", metrics, methods=["GET"]),
+        Route(f"{c}/health", counted("control", control(health)), methods=["GET"]),
+        Route(f"{c}/metrics", control(metrics), methods=["GET"]),
         Route(
             f"{c}/rollouts/{{rollout_id}}/freeze",
             counted("control", control(freeze)),

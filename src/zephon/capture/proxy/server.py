@@ -8,6 +8,7 @@ SIGTERM stops the workers gracefully (in-flight calls finish) and then the super
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -22,11 +23,39 @@ from typing import Any
 
 from zephon.capture.proxy._config import CONFIG_ENV, ProxyConfig
 
-__all__ = ["bind_socket", "serve"]
+__all__ = ["bind_socket", "exposure_problem", "serve"]
 
 log = logging.getLogger("zephon.capture.proxy")
 _QUICK_DEATH_S = 10.0  # a worker that dies this soon after starting failed its startup
 _MAX_QUICK_DEATHS = 3
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def exposure_problem(host: str, control_token: str | None, *, insecure: bool) -> str | None:
+    """Why listening on ``host`` is refused (or, with ``insecure``, a warning); None if fine.
+
+    Beyond loopback anyone who reaches the port could freeze, retire or delete rollouts.
+    """
+    if control_token or is_loopback(host):
+        return None
+    if insecure:
+        return (
+            f"warning: listening on {host} without --control-token (--insecure-no-auth): anyone "
+            "who reaches this port can freeze, retire and delete rollouts"
+        )
+    return (
+        f"refusing to listen on {host} without --control-token: anyone who reaches it could "
+        "freeze, retire and delete rollouts; set a token (and --capture-token for rollout "
+        "workers), listen on 127.0.0.1, or pass --insecure-no-auth"
+    )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -76,12 +105,18 @@ def serve(
     workers: int = 1,
     log_level: str = "warning",
     access_log: bool = False,
+    insecure_no_auth: bool = False,
 ) -> int:
     """Serve until SIGINT/SIGTERM; prints one ``listening on`` line with the bound port."""
     import uvicorn
 
     from zephon.capture.proxy.app import create_app
 
+    problem = exposure_problem(host, config.control_token, insecure=insecure_no_auth)
+    if problem is not None and not insecure_no_auth:
+        raise ValueError(problem)
+    if problem is not None:
+        log.warning("zephon capture proxy: %s", problem)
     if workers < 1:
         raise ValueError("--workers must be >= 1")
     if workers > 1 and config.store_url.lower().startswith("memory:"):
