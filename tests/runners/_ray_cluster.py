@@ -23,7 +23,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import ray
 from ray.cluster_utils import Cluster
 
-from tests.engine.conftest import make_docs
+from tests._corpus import make_docs
 from tests.runners._pipes import key
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon._engine import ray_pool
