@@ -29,7 +29,7 @@ from zephon.ops import BaseOp, OpContext
 from zephon.pipeline import Pipeline
 from zephon.types import SampleBatch, StreamItem, is_control
 
-__all__ = ["CheckReport", "OperatorCheckError", "check_operator", "item_key"]
+__all__ = ["CheckReport", "OperatorCheckError", "check_operator", "item_key", "run_with_stops"]
 
 Key = Callable[[StreamItem], Any]
 
@@ -85,7 +85,7 @@ def _first_difference(expected: Sequence[Any], got: Sequence[Any]) -> str:
     return f"{len(got)} items instead of {len(expected)}"
 
 
-def _run_with_stops(build: Callable[[], Pipeline], key: Key, stops: Sequence[int]) -> list[Any]:
+def run_with_stops(build: Callable[[], Pipeline], key: Key, stops: Sequence[int]) -> list[Any]:
     """Items delivered when stopped after each count in ``stops``, checkpointed through JSON
     and restored in a freshly built pipeline each time."""
     out: list[Any] = []
@@ -158,7 +158,7 @@ class _Checker:
 
         plans = [[s] for s in stops] + [[stops[len(stops) // 2], stops[len(stops) // 2] + 1]]
         for plan in plans:
-            got = _run_with_stops(build, self.key, plan)
+            got = run_with_stops(build, self.key, plan)
             if got != expected:
                 where = " then ".join(str(s) for s in plan)
                 raise OperatorCheckError(

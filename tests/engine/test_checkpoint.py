@@ -266,17 +266,20 @@ def test_restore_refuses_another_configuration():
         build({**cfg, "replicas": 1}).restore(state)
 
 
+SMALL_CFG: dict[str, Any] = {
+    "rows": 50,
+    "chunk": 5,
+    "filter": False,
+    "reorder": False,
+    "batch": None,
+    "drop_last": True,
+    "replicas": 2,
+    "k": None,
+}
+
+
 def test_restore_refuses_corrupt_truncated_and_newer_checkpoints():
-    cfg = {
-        "rows": 50,
-        "chunk": 5,
-        "filter": False,
-        "reorder": False,
-        "batch": None,
-        "drop_last": True,
-        "replicas": 2,
-        "k": None,
-    }
+    cfg = dict(SMALL_CFG)
     state = json.loads(json.dumps(build(cfg).checkpoint()))
     truncated = {k: v for k, v in state.items() if k != "lanes"}
     with pytest.raises(CheckpointError, match="does not match its checksum"):
@@ -305,16 +308,7 @@ def test_restore_refuses_corrupt_truncated_and_newer_checkpoints():
 
 
 def test_a_version_1_checkpoint_without_checksum_still_restores():
-    cfg = {
-        "rows": 50,
-        "chunk": 5,
-        "filter": False,
-        "reorder": False,
-        "batch": None,
-        "drop_last": True,
-        "replicas": 2,
-        "k": None,
-    }
+    cfg = dict(SMALL_CFG)
     pipe = build(cfg)
     it = iter(pipe)
     first = [next(it).meta.sample_id for _ in range(7)]
