@@ -1,8 +1,13 @@
-"""Bounded recovery: checkpoint size and restore-to-first-batch time after 10, 100, 1000 steps.
+"""Bounded recovery: checkpoint size and restore-to-first-batch time.
 
-Both must stay flat: a checkpoint holds per-lane cursors and source states, never the
-history, and a restore regenerates only the chunks still in flight. Prints a table and a
-final JSON line. Usage: ``python benchmarks/checkpoint.py``.
+Table 1 (a monotone pipeline): after 10, 100, 1000 steps; both must stay flat, since a
+checkpoint holds per-lane cursors and source states, never the history.
+
+Table 2 (pack + shuffle + ensure_mixture + batch at production chunk sizes): restore to first
+batch at 10 stop points, from the newest snapshot (default) against a replay from the last
+flush (``snapshot_every_chunks=0``, the previous behaviour), as a ratio to the cold first batch
+of the same run; plus checkpoint bytes per buffered record. Prints the tables and a final JSON
+line. Usage: ``python benchmarks/checkpoint.py [--docs 240000] [--skip-monotone]``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import time
 from typing import Any
 
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon.checkpoints import refetch_counts
 
 
 def build(docs: int, lanes: int) -> Pipeline:
@@ -61,17 +67,121 @@ def measure(steps: int, docs: int, lanes: int) -> dict[str, Any]:
     }
 
 
+WORDS = ["token", "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta"]
+
+
+def build_packed(docs: int, lanes: int, *, every: int, records: int | None) -> Pipeline:
+    rows = [
+        {"id": i, "text": f"document {i} " + " ".join(WORDS[(i + j) % 8] for j in range(i % 97))}
+        for i in range(docs)
+    ]
+    source = StaticMixtureWorkSource(
+        datasets=[
+            Dataset.from_records("a", rows[: docs * 2 // 3], shard_size=4096),
+            Dataset.from_records("b", rows[docs * 2 // 3 :], shard_size=4096),
+        ],
+        mixture=MixtureSpec({"a": 0.6, "b": 0.4}),
+        chunk_size=16_384,
+        seed=1,
+    )
+    return (
+        Pipeline(source)
+        .decode_text()
+        .tokenize("bytes", max_length=2048)
+        .pack_flat(2048, 0)
+        .shuffle(256, seed=3)
+        .ensure_mixture(max_buffer_size=256)
+        .batch(8)
+        .options(
+            runner="threads",
+            canonical_replicas=lanes,
+            flush_every_k_chunks=8,
+            snapshot_every_chunks=every,
+            snapshot_every_records=records,
+        )
+    )
+
+
+def first_batch_s(pipe: Pipeline) -> tuple[float, Any]:
+    start = time.perf_counter()
+    it = iter(pipe)
+    first = next(it)
+    elapsed = time.perf_counter() - start
+    it.close()  # type: ignore[attr-defined]
+    return elapsed, first
+
+
+def restore_points(docs: int, lanes: int, points: int, records: int | None) -> dict[str, Any]:
+    """Restore to first batch at ``points`` stop points: snapshots against epoch replay."""
+    probe = build_packed(docs, lanes, every=1, records=records)
+    cold_s, _ = first_batch_s(probe)
+    total = sum(1 for _ in build_packed(docs, lanes, every=1, records=records))
+    stops = sorted({max(1, total * i // (points + 1)) for i in range(1, points + 1)} | {total - 2})
+    rows = []
+    for stop in stops[-points:]:
+        pipe = build_packed(docs, lanes, every=1, records=records)
+        it = iter(pipe)
+        for _ in range(stop):
+            next(it)
+        state = json.loads(json.dumps(pipe.checkpoint()))
+        expected = next(it)
+        it.close()  # type: ignore[attr-defined]
+        row: dict[str, Any] = {"stop": stop, "checkpoint_bytes": len(json.dumps(state))}
+        row["refetch"] = sum(refetch_counts(state).values())
+        replay = replay_state(docs, lanes, stop, records)
+        for name, saved in (("snapshot", state), ("replay", replay)):
+            every = 1 if name == "snapshot" else 0
+            restored = build_packed(docs, lanes, every=every, records=records).restore(saved)
+            seconds, first = first_batch_s(restored)
+            assert first.ids == expected.ids, f"{name} restore at {stop} did not continue exactly"
+            row[f"{name}_s"] = round(seconds, 3)
+            row[f"{name}_x_cold"] = round(seconds / cold_s, 2)
+        rows.append(row)
+    return {"cold_first_batch_s": round(cold_s, 3), "batches": total, "rows": rows}
+
+
+def replay_state(docs: int, lanes: int, stop: int, records: int | None) -> dict[str, Any]:
+    """A checkpoint at ``stop`` taken without snapshots (what a replay restore starts from)."""
+    pipe = build_packed(docs, lanes, every=0, records=records)
+    it = iter(pipe)
+    for _ in range(stop):
+        next(it)
+    state = json.loads(json.dumps(pipe.checkpoint()))
+    it.close()  # type: ignore[attr-defined]
+    return state
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    cols = list(rows[0])
+    print(" | ".join(f"{c:>16}" for c in cols))
+    for row in rows:
+        print(" | ".join(f"{row[c]:>16}" for c in cols))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--docs", type=int, default=60_000)
+    parser.add_argument("--docs", type=int, default=60_000, help="documents of table 1")
     parser.add_argument("--lanes", type=int, default=4)
+    parser.add_argument("--packed-docs", type=int, default=240_000, help="documents of table 2")
+    parser.add_argument("--packed-lanes", type=int, default=2)
+    parser.add_argument("--points", type=int, default=10)
+    parser.add_argument("--snapshot-every-records", type=int, default=2048)
+    parser.add_argument("--skip-monotone", action="store_true")
     args = parser.parse_args()
-    rows = [measure(steps, args.docs, args.lanes) for steps in (10, 100, 1000)]
-    cols = list(rows[0])
-    print(" | ".join(f"{c:>24}" for c in cols))
-    for row in rows:
-        print(" | ".join(f"{row[c]:>24}" for c in cols))
-    print(json.dumps({"benchmark": "checkpoint", "lanes": args.lanes, "rows": rows}))
+    out: dict[str, Any] = {"benchmark": "checkpoint"}
+    if not args.skip_monotone:
+        rows = [measure(steps, args.docs, args.lanes) for steps in (10, 100, 1000)]
+        print_table(rows)
+        out.update(lanes=args.lanes, rows=rows)
+    packed = restore_points(
+        args.packed_docs, args.packed_lanes, args.points, args.snapshot_every_records
+    )
+    print(f"cold first batch {packed['cold_first_batch_s']} s, {packed['batches']} batches")
+    print_table(packed["rows"])
+    worst = max(r["snapshot_x_cold"] for r in packed["rows"])
+    print(f"worst snapshot restore: {worst}x the cold first batch")
+    out["packed"] = {**packed, "docs": args.packed_docs, "lanes": args.packed_lanes}
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -96,7 +96,12 @@ def main() -> int:
     sh(ZEPHON, "run", "pipeline.yaml", "--checkpoint-dir", "ckpt", "--resume",
        "--record", "resumed.jsonl", cwd=work)  # fmt: skip
     shown = sh(ZEPHON, "checkpoint", "inspect", "ckpt", cwd=work)
-    expect(shown, "restart chunk: the chunk a restore", "last cursor: CHUNK:OFFSET")
+    expect(
+        shown,
+        "restart: CHUNK:OFFSET a restore",
+        "re-fetch: source records",
+        "last cursor: CHUNK:OFFSET",
+    )
     sh(ZEPHON, "run", "pipeline.yaml", "--record", "straight.jsonl", "--quiet", cwd=work)
     resumed = (work / "resumed.jsonl").read_text()
     if resumed != (work / "straight.jsonl").read_text() or resumed.count("\n") <= 20:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from zephon._engine import checkpoint as _ckpt
+from zephon._engine.snapshot_codec import named_sources
 from zephon.errors import CheckpointError
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "checkpoint_path",
     "latest_checkpoint",
     "load_checkpoint",
+    "refetch_counts",
     "save_checkpoint",
     "seal",
 ]
@@ -39,6 +41,20 @@ REJECTED_SUFFIX = ".invalid"
 def seal(state: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``state`` with a fresh checksum: call it after adding entries of your own."""
     return _ckpt.seal(state)
+
+
+def refetch_counts(state: Mapping[str, Any]) -> dict[int, int]:
+    """Per lane: how many source records a restore from ``state`` reads again to rebuild the
+    open state its snapshot names (open pack bins, shuffle and mixture buffers).
+
+    Records from the restart point to the last delivered one are replayed besides; both are
+    bounded by the buffers and the snapshot interval, never by how far training has gone.
+    """
+    parsed = _ckpt.parse(state)
+    return {
+        lane: len(named_sources(lc.operator_state or {})) if not lc.done else 0
+        for lane, lc in sorted(parsed.lanes.items())
+    }
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:

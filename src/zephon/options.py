@@ -45,6 +45,15 @@ class RuntimeOptions:
     operator, and let consecutive driver operators (replay filter, batch) share a driver thread;
     the output is the same either way, and ``explain()`` names the fused and chained operators.
 
+    ``snapshot_every_chunks`` / ``snapshot_every_records``: how often a plan with packing,
+    shuffling or mixture correction takes an aligned snapshot of its open state (at every
+    ``snapshot_every_chunks``-th chunk start, and within a chunk every
+    ``snapshot_every_records`` records, 2048 by default). A restore starts at the newest
+    delivered snapshot instead of the last flush, re-fetching only the records the snapshot
+    names. Neither
+    changes the output; ``snapshot_every_chunks=0`` turns snapshots off (restores replay from
+    the last flush).
+
     ``quarantine``: a JSONL file that receives one line per record skipped with
     ``on_error="skip"`` (dataset, shard, row, file, line, reason), each record once even across
     restores. Skipped records are logged and counted in ``stats()`` with or without it.
@@ -68,6 +77,8 @@ class RuntimeOptions:
     log_every_s: float | None = None
     quarantine: str | os.PathLike[str] | None = None
     fuse: bool = True
+    snapshot_every_chunks: int = 1
+    snapshot_every_records: int | None = 2048
 
     def updated(self, **changes: Any) -> RuntimeOptions:
         known = {f.name for f in fields(self)}
@@ -93,6 +104,15 @@ class RuntimeOptions:
         if self.flush_every_k_chunks is not None and self.flush_every_k_chunks < 0:
             raise ConfigError(
                 f"flush_every_k_chunks must be >= 0 or None, got {self.flush_every_k_chunks}"
+            )
+        if self.snapshot_every_chunks < 0:
+            raise ConfigError(
+                f"snapshot_every_chunks must be >= 0 (0: no snapshots), got "
+                f"{self.snapshot_every_chunks}"
+            )
+        if self.snapshot_every_records is not None and self.snapshot_every_records < 1:
+            raise ConfigError(
+                f"snapshot_every_records must be >= 1 or None, got {self.snapshot_every_records}"
             )
         if self.log_every_s is not None and self.log_every_s <= 0:
             raise ConfigError(f"log_every_s must be positive or None, got {self.log_every_s}")

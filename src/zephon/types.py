@@ -29,6 +29,8 @@ TAG_ERROR = "_error"
 TAG_PACKING = "_packing_metadata"
 TAG_TARGET_MIXTURE = "_target_mixture"
 TAG_SKIPPED = "_skipped"  # on a tombstone: where the unreadable record is and why (fetch skip)
+TAG_SNAPSHOT = "_snapshot"  # a snapshot marker: (chunk id, offset) of the cut it stands for
+TAG_SNAPSHOT_REPLAY = "_snapshot_replay"  # on a marker: last cursor a restore there re-delivers
 RESERVED_TAGS = frozenset(
     {
         TAG_CONTRIBUTORS,
@@ -40,6 +42,8 @@ RESERVED_TAGS = frozenset(
         TAG_PACKING,
         TAG_TARGET_MIXTURE,
         TAG_SKIPPED,
+        TAG_SNAPSHOT,
+        TAG_SNAPSHOT_REPLAY,
     }
 )
 
@@ -271,11 +275,24 @@ def end_of_data(lane_id: LaneId) -> SampleRecord:
     return SampleRecord(meta, None)
 
 
+def snapshot_marker(lane_id: LaneId, chunk_id: ChunkId, offset: ChunkOffset) -> SampleRecord:
+    """A cut of ``lane_id`` before record ``offset`` of chunk ``chunk_id``: every stateful
+    accumulator saves its lane state as the marker passes, so a restore can start there."""
+    meta = SampleMeta(
+        (-1, -1, -1), lane_id, chunk_id, offset, (), -1, {}, {TAG_SNAPSHOT: (chunk_id, offset)}
+    )
+    return SampleRecord(meta, None)
+
+
 def is_control(item: StreamItem) -> bool:
-    """Tombstones and sentinels: elements that bypass operators and never reach the consumer."""
+    """Tombstones, sentinels and markers: elements that bypass operators and never reach the
+    consumer."""
     tags = item.meta.tags
     return bool(tags) and (
-        TAG_TOMBSTONE in tags or TAG_FLUSH_SENTINEL in tags or TAG_END_OF_DATA in tags
+        TAG_TOMBSTONE in tags
+        or TAG_FLUSH_SENTINEL in tags
+        or TAG_END_OF_DATA in tags
+        or TAG_SNAPSHOT in tags
     )
 
 

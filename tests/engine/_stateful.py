@@ -30,7 +30,13 @@ def build(cfg: dict[str, Any], **options: Any) -> Pipeline:
     if cfg["mixture"]:
         pipe = pipe.ensure_mixture(max_buffer_size=cfg["mixture"])
     pipe = pipe.batch(cfg["batch"], drop_last=cfg["drop_last"])
-    opts = {"canonical_replicas": cfg["replicas"], "flush_every_k_chunks": cfg["k"], **options}
+    opts = {
+        "canonical_replicas": cfg["replicas"],
+        "flush_every_k_chunks": cfg["k"],
+        "snapshot_every_chunks": cfg.get("snap_chunks", 1),
+        "snapshot_every_records": cfg.get("snap_records", 2048),
+        **options,
+    }
     return pipe.options(**opts)
 
 

@@ -33,6 +33,8 @@ CONFIGS = st.fixed_dictionaries(
         "drop_last": st.booleans(),
         "replicas": st.sampled_from([1, 2, 4]),
         "k": st.sampled_from([None, 1, 2, 3]),
+        "snap_chunks": st.sampled_from([0, 1, 2]),
+        "snap_records": st.sampled_from([None, 1, 2, 5, 2048]),
     }
 )
 

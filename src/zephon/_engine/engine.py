@@ -12,12 +12,14 @@ from typing import Any
 from zephon._engine import checkpoint as ckpt
 from zephon._engine.driver_chain import run_tasks
 from zephon._engine.fusion import Unit, build_units
-from zephon._engine.lane_state import LaneStateLog, has_lane_state
+from zephon._engine.lane_state import has_lane_state
+from zephon._engine.operator_states import OperatorStates
 from zephon._engine.plan import OpSpec, Plan, compile_plan, stalls_sentinels
 from zephon._engine.pools import WorkerPool, build_pools, check_not_bootstrapping
 from zephon._engine.quarantine import Quarantine
 from zephon._engine.shm import ShmSession, resolve_items
-from zephon._engine.source import LaneStart, SourceFeeder
+from zephon._engine.snapshots import SnapshotPlan, plan_snapshots
+from zephon._engine.source import LaneStart, SnapshotPolicy, SourceFeeder
 from zephon._engine.stage import StageCore
 from zephon._engine.stats import LaneProgress, OpStats, RunStats
 from zephon._engine.tail import LaneMux
@@ -25,7 +27,6 @@ from zephon._engine.threaded import DATA, END, ERROR, STOP, Channel, OpDriver, S
 from zephon._ops.batch import BatchOp
 from zephon._ops.replay_filter import ReplayFilterOp
 from zephon.errors import CheckpointError, ZephonError
-from zephon.ops import BaseOp
 from zephon.options import RuntimeOptions
 from zephon.types import SampleCursor, StreamItem
 from zephon.work import WorkSource, lanes_for_rank
@@ -84,6 +85,26 @@ def _hint_for(diff: str) -> str:
     return ""
 
 
+def plan_snapshots_for(
+    specs: list[OpSpec], accs: list[Any], options: RuntimeOptions
+) -> SnapshotPlan:
+    """The snapshot plan of a plan that is not monotone, or why it takes none."""
+    if not options.snapshot_every_chunks:
+        return SnapshotPlan([], [], "snapshot_every_chunks=0")
+    return plan_snapshots([s.op for s in specs], accs)
+
+
+def snapshot_note(plan: SnapshotPlan, options: RuntimeOptions) -> str:
+    """Where a restore starts, for ``explain()``."""
+    if not plan.enabled:
+        return f"snapshots off ({plan.reason}): a restore replays from the last flush"
+    every = options.snapshot_every_chunks
+    note = f"snapshots every {every} chunk{'s' if every > 1 else ''}"
+    if options.snapshot_every_records is not None:
+        note += f" and every {options.snapshot_every_records} records"
+    return note + ": a restore starts at the newest delivered snapshot"
+
+
 class Engine:
     """One iteration of a pipeline. Not reusable: build a new one per ``iter(pipeline)``."""
 
@@ -133,7 +154,12 @@ class Engine:
         self.feeder: SourceFeeder | None = None
         self.mux: LaneMux | None = None
         self.quarantine = Quarantine(options.quarantine)
-        self._state_logs: dict[int, LaneStateLog] = {}  # stage index -> stateful accumulator
+        self._restart: dict[int, tuple[int, int]] = {}  # lane -> newest delivered restart point
+        self.states = OperatorStates(
+            self._lane_starts(), resume, self._state_key, self.plan.flush_every_k_chunks
+        )
+        self._accs: list[Any] = []
+        self.snapshot_plan = SnapshotPlan([], [], "not prepared")
 
     def _check_resume(self, resume: ckpt.ParsedCheckpoint) -> None:
         diff = ckpt.first_difference(resume.config, self.config)
@@ -155,7 +181,17 @@ class Engine:
             options.dp_rank, options.dp_world_size, options.canonical_replicas, options.mapping
         )
         monotone = compile_plan(specs, options, lanes)[0].monotone
-        return compile_plan(with_replay_filter(specs, {}, monotone=monotone), options, lanes)[0]
+        all_specs = with_replay_filter(specs, {}, monotone=monotone)
+        plan, contexts = compile_plan(all_specs, options, lanes)
+        if monotone:
+            return plan
+        accs = [
+            s.op.accumulator(deterministic=options.deterministic, ctx=ctx)
+            for s, ctx in zip(all_specs, contexts, strict=True)
+        ]
+        return replace(
+            plan, snapshots=snapshot_note(plan_snapshots_for(all_specs, accs, options), options)
+        )
 
     def _feeder(self) -> SourceFeeder:
         replicas = self.options.canonical_replicas
@@ -166,40 +202,56 @@ class Engine:
             lanes = [lane for lane in lanes if not self.resume.lanes[lane].done]
             for lane in lanes:
                 lc = self.resume.lanes[lane]
-                starts[lane] = LaneStart(lc.start_chunk_id, lc.source_state)
+                starts[lane] = LaneStart(lc.start_chunk_id, lc.source_state, lc.start_offset)
         lane_sources = [(lane, self.source.clone_for_lane(lane, replicas)) for lane in lanes]
-        return SourceFeeder(
-            lane_sources, flush_every_k_chunks=self.plan.flush_every_k_chunks, starts=starts
-        )
+        k = self.plan.flush_every_k_chunks
+        policy = None
+        if self.snapshot_plan.enabled:
+            policy = SnapshotPolicy(
+                self.options.snapshot_every_chunks, self.options.snapshot_every_records, k
+            )
+        return SourceFeeder(lane_sources, flush_every_k_chunks=k, starts=starts, snapshots=policy)
 
-    def _cores(self) -> list[StageCore]:
-        cores = []
+    def _accumulators(self) -> list[Any]:
+        """One accumulator per stage (with the live counters in its context)."""
+        accs = []
         for i, (spec, ctx) in enumerate(zip(self.specs, self.contexts, strict=True)):
             stats = self.op_stats[i] if self.op_stats is not None else None
             if stats is not None:
                 ctx = replace(ctx, services={**ctx.services, "stats": stats})
-            acc = spec.op.accumulator(deterministic=self.options.deterministic, ctx=ctx)
-            log = self._state_log(i, spec.op, acc) if has_lane_state(acc) else None
+            accs.append(spec.op.accumulator(deterministic=self.options.deterministic, ctx=ctx))
+        return accs
+
+    def _cores(self) -> list[StageCore]:
+        accs = self._accs
+        modes = self.snapshot_plan.modes
+        cores = []
+        for i, (spec, acc) in enumerate(zip(self.specs, accs, strict=True)):
+            log = self.states.attach(i, spec.op, acc) if has_lane_state(acc) else None
             cores.append(
                 StageCore(
                     spec.op,
                     acc,
                     stalls_sentinels=stalls_sentinels(spec.op),
-                    stats=stats,
+                    stats=self.op_stats[i] if self.op_stats is not None else None,
                     lanes=self.lanes,
                     state_log=log,
+                    marker_mode=modes[i] if self.snapshot_plan.enabled else "pass",
                 )
             )
+        self.states.load([s.op for s in self.specs], self.contexts, self.snapshot_plan.roles)
+        for index, core in enumerate(cores):
+            core.resolve = self.states.resolver(index)
         return cores
 
-    def _lane_starts(self) -> dict[int, int]:
-        """The first chunk each fed lane (re)generates: 0, or the restored start chunk."""
+    def _lane_starts(self) -> dict[int, tuple[int, int]]:
+        """Where each fed lane (re)starts: the beginning, or the restored restart point."""
         if self.resume is None:
-            return dict.fromkeys(self.lanes, 0)
+            return dict.fromkeys(self.lanes, (0, 0))
         return {
-            lane: self.resume.lanes[lane].start_chunk_id
-            for lane in self.lanes
-            if not self.resume.lanes[lane].done
+            lane: (lc.start_chunk_id, lc.start_offset)
+            for lane, lc in self.resume.lanes.items()
+            if lane in self.lanes and not lc.done
         }
 
     def _state_key(self, index: int) -> str:
@@ -208,33 +260,18 @@ class Engine:
         replay = next(i for i, s in enumerate(self.specs) if isinstance(s.op, ReplayFilterOp))
         return str(index - 1 if index > replay else index)
 
-    def _state_log(self, index: int, op: BaseOp, acc: Any) -> LaneStateLog:
-        """Load a stateful accumulator's saved lane states and start logging snapshots."""
-        starts = self._lane_starts()
-        log = LaneStateLog(op.name, starts)
-        key = self._state_key(index)
-        for lane in starts:
-            if self.resume is None:
-                log.set_initial(lane, acc.state_dict(lane))
-                continue
-            saved = self.resume.lanes[lane].operator_state or {}
-            if key not in saved:
-                raise CheckpointError(
-                    f"checkpoint holds no state of operator {op.name!r} (stage {index}) for "
-                    f"lane {lane}, but its accumulator keeps state (state_dict); the checkpoint "
-                    "was taken with another version of the operator"
-                )
-            acc.load_state_dict(lane, saved[key])
-            log.set_initial(lane, saved[key])
-        self._state_logs[index] = log
-        return log
+    def _restart_at(self, lane: int, position: tuple[int, int]) -> None:
+        """Everything of ``lane`` before ``position`` is delivered: a restore may start there."""
+        if position <= self._restart.get(lane, (-1, 0)):
+            return
+        self._restart[lane] = position
+        assert self.feeder is not None
+        self.feeder.evict_below(lane, position[0])
+        self.states.forget_below(lane, position)
 
     def _evicted(self, lane: int, chunk_id: int) -> None:
         """Chunks of ``lane`` below ``chunk_id`` are delivered: forget what replays them."""
-        assert self.feeder is not None
-        self.feeder.evict_below(lane, chunk_id)
-        for log in self._state_logs.values():
-            log.forget_below(lane, chunk_id)
+        self._restart_at(lane, (chunk_id, 0))
 
     def snapshot(self) -> RunStats:
         """Live statistics: totals, per-operator counters, per-lane progress."""
@@ -272,12 +309,14 @@ class Engine:
         on_epoch = None if self.monotone else self._evicted
         resume = self.resume
         on_skip = self.quarantine.add
+        on_snapshot = self._restart_at if self.snapshot_plan.enabled else None
         if resume is None:
             return LaneMux(
                 self.lanes,
                 on_epoch_delivered=on_epoch,
                 on_lane_done=feeder.finish_lane,
                 on_skip=on_skip,
+                on_snapshot=on_snapshot,
             )
         lanes = {lane: resume.lanes[lane] for lane in self.lanes}
         finished = [lane for lane, lc in lanes.items() if lc.done]
@@ -307,6 +346,7 @@ class Engine:
             delivered={lane: lc.delivered for lane, lc in lanes.items()},
             finished=finished,
             on_skip=on_skip,
+            on_snapshot=on_snapshot,
         )
         mux.order = order
         mux._turn = turn % len(order) if order else 0
@@ -315,8 +355,16 @@ class Engine:
     def prepare(self) -> None:
         """Build the source feeder and tail without starting (for a checkpoint before data)."""
         if self.feeder is None:
+            self._accs = self._accumulators()
+            self.snapshot_plan = self._plan_snapshots()
+            self._restart = self._lane_starts()
             self.feeder = self._feeder()
             self.mux = self._mux(self.feeder)
+
+    def _plan_snapshots(self) -> SnapshotPlan:
+        if self.monotone:
+            return SnapshotPlan([], [], "the plan keeps cursor order (a restore replays a chunk)")
+        return plan_snapshots_for(self.specs, self._accs, self.options)
 
     def _lane_start(self, lane: int) -> tuple[int, Any]:
         feeder = self.feeder
@@ -337,6 +385,8 @@ class Engine:
         lanes = []
         for lane in self.lanes:
             start_cid, state = self._lane_start(lane)
+            restart = self._restart.get(lane, (start_cid, 0))
+            offset = restart[1] if restart[0] == start_cid else 0
             done = lane in mux.finished_lanes
             lanes.append(
                 ckpt.LaneCheckpoint(
@@ -346,7 +396,10 @@ class Engine:
                     replay_cursor=mux.replay_cursor.get(lane),
                     delivered=mux.delivered[lane],
                     done=done,
-                    operator_state=None if done else self._operator_state(lane, start_cid),
+                    operator_state=None
+                    if done
+                    else self._operator_state(lane, (start_cid, offset)),
+                    start_offset=offset,
                 )
             )
         world = {
@@ -357,17 +410,14 @@ class Engine:
         }
         return ckpt.build(self.config, world, lanes, self.lanes, mux.order, mux.turn)
 
-    def _operator_state(self, lane: int, start_chunk: int) -> dict[str, Any] | None:
-        """Each stateful accumulator's lane state at the chunk a restore regenerates from."""
-        if not self._state_logs:  # not iterated yet: a pending restore's state still holds
+    def _operator_state(self, lane: int, start: tuple[int, int]) -> dict[str, Any] | None:
+        """Each stateful accumulator's lane state at the point a restore regenerates from."""
+        if not self.states.logs:  # not iterated yet: a pending restore's state still holds
             if self.resume is None or lane not in self.resume.lanes:
                 return None
             saved = self.resume.lanes[lane].operator_state
             return dict(saved) if saved is not None else None
-        return {
-            self._state_key(index): log.state_at(lane, start_chunk)
-            for index, log in sorted(self._state_logs.items())
-        }
+        return self.states.at(lane, start)
 
     def __iter__(self) -> Iterator[StreamItem]:
         check_not_bootstrapping()
@@ -394,7 +444,7 @@ class Engine:
     def _deliver(self, mux: LaneMux) -> Iterator[StreamItem]:
         evict = None
         if self.monotone and self.feeder is not None:
-            evict = self._evicted if self._state_logs else self.feeder.evict_below
+            evict = self._evicted if self.states.logs else self.feeder.evict_below
         log_every = self.options.log_every_s
         while True:
             item = mux.pop()
@@ -518,5 +568,6 @@ class Engine:
             if self._shm is not None:
                 self._shm.close()
         self.quarantine.close()
+        self.states.close()
         for core in self._inline_ops:
             core.op.teardown()

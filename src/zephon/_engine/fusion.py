@@ -189,7 +189,12 @@ def build_units(
             op = FusedOp([cores[i].op for i in group], [contexts[i] for i in group], counters)
             head = cores[first]
             core = StageCore(
-                op, head.acc, stalls_sentinels=False, stats=head.stats, lanes=head.lanes
+                op,
+                head.acc,
+                stalls_sentinels=False,
+                stats=head.stats,
+                lanes=head.lanes,
+                marker_mode=head.marker_mode,
             )
             stage = replace(
                 stage, op_name=op.name, parallelism=width, max_inflight=max_inflight or 2 * width

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from zephon.errors import CheckpointError, ContractError
@@ -44,19 +44,37 @@ def frozen_copy(state: Any, op_name: str) -> Any:
         ) from None
 
 
-class LaneStateLog:
-    """Per lane: ``(first chunk, last chunk, state)`` entries, oldest first (thread-safe)."""
+Position = tuple[int, int]
+"""``(chunk id, offset)``: a cut in a lane's stream, before record ``offset`` of that chunk."""
 
-    def __init__(self, op_name: str, starts: Mapping[int, int]) -> None:
+
+class LaneStateLog:
+    """Per lane: ``(first, last, state)`` entries over positions, oldest first (thread-safe).
+
+    Two ways to fill it. In a monotone plan ``record`` is called before the first record of
+    every newer chunk, and the entry holds for every chunk start since the last record. In a
+    plan with snapshots ``record_cut`` is called as each snapshot marker passes the stage, and
+    the entry holds at that cut only. ``freeze`` makes the copy later pushes cannot change.
+    """
+
+    def __init__(
+        self,
+        op_name: str,
+        starts: Mapping[int, Position],
+        freeze: Callable[[Any, str], Any] = frozen_copy,
+    ) -> None:
         self.op_name = op_name
+        self._freeze = freeze
         self._starts = dict(starts)
-        self._last_chunk = {lane: start - 1 for lane, start in starts.items()}
-        self._entries: dict[int, deque[tuple[int, int, Any]]] = {lane: deque() for lane in starts}
+        self._last_chunk = {lane: start[0] - 1 for lane, start in starts.items()}
+        self._entries: dict[int, deque[tuple[Position, Position, Any]]] = {
+            lane: deque() for lane in starts
+        }
         self._initial: dict[int, Any] = {}
         self._lock = threading.Lock()
 
     def set_initial(self, lane: int, state: Any) -> None:
-        self._initial[lane] = frozen_copy(state, self.op_name)
+        self._initial[lane] = self._freeze(state, self.op_name)
 
     def is_new_chunk(self, lane: int, chunk_id: int) -> bool:
         return chunk_id > self._last_chunk.get(lane, chunk_id)
@@ -68,27 +86,35 @@ class LaneStateLog:
         last = self._last_chunk[lane]
         if chunk_id <= last:
             return
-        entry = (last + 1, chunk_id, frozen_copy(state, self.op_name))
+        entry = ((last + 1, 0), (chunk_id, 0), self._freeze(state, self.op_name))
         with self._lock:
             self._entries[lane].append(entry)
             self._last_chunk[lane] = chunk_id
 
-    def forget_below(self, lane: int, chunk_id: int) -> None:
-        """Chunks below ``chunk_id`` are delivered: no restore starts there any more."""
+    def record_cut(self, lane: int, position: Position, state: Any) -> None:
+        """``state`` is the lane's state at the cut ``position`` (a snapshot marker passed)."""
+        entry = (position, position, self._freeze(state, self.op_name))
+        with self._lock:
+            self._entries[lane].append(entry)
+            self._last_chunk[lane] = max(self._last_chunk.get(lane, -1), position[0])
+
+    def forget_below(self, lane: int, position: Position) -> None:
+        """Positions below ``position`` are delivered: no restore starts there any more."""
         with self._lock:
             entries = self._entries.get(lane)
-            while entries and entries[0][1] < chunk_id:
+            while entries and entries[0][1] < position:
                 entries.popleft()
 
-    def state_at(self, lane: int, chunk_id: int) -> Any:
-        """The lane's state at the start of ``chunk_id`` (a checkpoint's restart chunk)."""
+    def state_at(self, lane: int, chunk_id: int, offset: int = 0) -> Any:
+        """The lane's state at the cut ``(chunk_id, offset)`` (a checkpoint's restart point)."""
+        position = (chunk_id, offset)
         with self._lock:
-            entries = self._entries.get(lane, deque())
-            for first, last, state in entries:
-                if first <= chunk_id <= last:
+            if position == self._starts.get(lane):
+                return self._initial.get(lane)  # where this run started: nothing pushed before
+            for first, last, state in reversed(self._entries.get(lane, ())):
+                if first <= position <= last:
                     return state
-            if not entries and chunk_id == self._starts.get(lane):
-                return self._initial.get(lane)  # nothing of this lane has reached the stage
         raise CheckpointError(
             f"no saved state of operator {self.op_name!r} for lane {lane} at chunk {chunk_id}"
+            + (f" offset {offset}" if offset else "")
         )

@@ -92,6 +92,8 @@ class Plan:
     """Groups of consecutive stage indices that run as one worker task."""
     chained: list[list[int]] = field(default_factory=list)
     """Groups of consecutive driver stages that share one driver thread."""
+    snapshots: str = ""
+    """Where a restore starts, for a plan that is not monotone (see ``Engine.explain``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,7 +144,7 @@ class Plan:
         else:
             lines.append(
                 f"not monotone: reordering operators flush every {self.flush_every_k_chunks} "
-                "chunks per lane; a restore replays from the last flush"
+                f"chunks per lane; {self.snapshots or 'a restore replays from the last flush'}"
             )
         return lines
 

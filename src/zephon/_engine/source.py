@@ -25,16 +25,44 @@ from zephon.types import (
     StreamItem,
     end_of_data,
     flush_sentinel,
+    snapshot_marker,
 )
 from zephon.work import WorkChunk, WorkSource
 
 
 @dataclass(frozen=True)
 class LaneStart:
-    """Where a restored lane resumes: source state and the chunk id it regenerates first."""
+    """Where a restored lane resumes: source state and the chunk id it regenerates first;
+    ``offset`` records of that chunk are before the restored snapshot and are not re-read."""
 
     chunk_id: int
     source_state: Mapping[str, Any] | None
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class SnapshotPolicy:
+    """Where the feeder cuts a lane for an aligned snapshot: every ``every_chunks``-th chunk
+    start and every ``every_records`` records inside a chunk, never at an epoch start (the
+    flush there leaves nothing to save). ``every_chunks=0``: no snapshots."""
+
+    every_chunks: int = 0
+    every_records: int | None = None
+    flush_every_k_chunks: int = 0
+
+    def cuts(self, chunk_id: int, offset: int) -> bool:
+        if not self.every_chunks:
+            return False
+        if offset == 0:
+            k = self.flush_every_k_chunks
+            return chunk_id % self.every_chunks == 0 and not (k and chunk_id % k == 0)
+        return self.every_records is not None and offset % self.every_records == 0
+
+    def next_cut(self, offset: int) -> int | None:
+        """The first in-chunk cut after ``offset`` (None: none before the chunk ends)."""
+        if not self.every_chunks or self.every_records is None:
+            return None
+        return (offset // self.every_records + 1) * self.every_records
 
 
 @dataclass
@@ -50,6 +78,9 @@ class LaneState:
     inflight: deque[tuple[int, dict[str, Any]]] = field(default_factory=deque)
     # (next chunk id, source state from which that chunk will be generated).
     frontier: tuple[int, dict[str, Any]] = (0, {})
+    # records of the first regenerated chunk already inside a restored snapshot
+    resume_offset: int = 0
+    resumed_at: tuple[int, int] | None = None
 
 
 class SourceFeeder:
@@ -62,11 +93,13 @@ class SourceFeeder:
         flush_every_k_chunks: int = 0,
         interleave: int = 64,
         starts: Mapping[int, LaneStart] | None = None,
+        snapshots: SnapshotPolicy | None = None,
     ) -> None:
         self.lanes = [LaneState(lane, src) for lane, src in lane_sources]
         self._by_lane = {lane.lane_id: lane for lane in self.lanes}
         self.flush_every_k_chunks = flush_every_k_chunks
         self.interleave = max(1, interleave)
+        self.snapshots = snapshots or SnapshotPolicy()
         self.samples_emitted = 0
         self.chunks_admitted = 0
         self._lock = threading.Lock()
@@ -75,6 +108,8 @@ class SourceFeeder:
             if start.source_state is not None:
                 lane.source.load_state_dict(start.source_state)
             lane.frontier = (start.chunk_id, {})
+            lane.resume_offset = start.offset
+            lane.resumed_at = (start.chunk_id, start.offset)
         for lane in self.lanes:
             lane.frontier = (lane.frontier[0], lane.source.state_dict())
 
@@ -95,7 +130,8 @@ class SourceFeeder:
                 if len(chunk) == 0:
                     continue  # an empty chunk still consumes its id, keeping ids aligned
                 lane.inflight.append((cid, before))
-            lane.chunk, lane.chunk_id, lane.position = chunk, cid, 0
+            lane.chunk, lane.chunk_id, lane.position = chunk, cid, lane.resume_offset
+            lane.resume_offset = 0
             lane.rows = chunk.pointers.tolist()
             self.chunks_admitted += 1
             return True
@@ -108,6 +144,9 @@ class SourceFeeder:
         start = lane.position
         stop = min(start + self.interleave, len(rows))
         lane_id, chunk_id = lane.lane_id, lane.chunk_id
+        cut = self.snapshots.next_cut(start)
+        if cut is not None and cut < stop:
+            stop = cut
         out: list[StreamItem] = [
             SampleRecord(SampleMeta((r[0], r[1], r[2]), lane_id, chunk_id, offset, (), r[0]), None)
             for offset, r in enumerate(rows[start:stop], start)
@@ -118,6 +157,10 @@ class SourceFeeder:
             first = out[0].meta
             target = dict(lane.chunk.target_mixture)
             out[0] = SampleRecord(first.with_tags(**{TAG_TARGET_MIXTURE: target}), None)
+        if (chunk_id, start) == lane.resumed_at:
+            lane.resumed_at = None  # the restored states are the ones after this cut
+        elif self.snapshots.cuts(chunk_id, start):
+            out.insert(0, snapshot_marker(lane_id, chunk_id, start))
         lane.position = stop
         self.samples_emitted += len(out)
         if stop >= len(rows):

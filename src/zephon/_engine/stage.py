@@ -25,6 +25,8 @@ from zephon.types import (
     TAG_BOUNDARY_CID,
     TAG_END_OF_DATA,
     TAG_FLUSH_SENTINEL,
+    TAG_SNAPSHOT,
+    TAG_SNAPSHOT_REPLAY,
     TAG_TOMBSTONE,
     SampleBatch,
     SampleRecord,
@@ -85,6 +87,18 @@ def _no_state(lane_id: int) -> None:
     return None
 
 
+MARKER_MODES = ("pass", "snapshot", "flush", "hold", "replay")
+"""What a stage does when a snapshot marker of a lane reaches it.
+
+``snapshot``: record the accumulator's lane state for that cut. ``flush``: an element-wise
+stage emits the lane's partial micro-batch first, so nothing pushed before the cut leaves after
+it. ``hold``: a stage after the replay filter (``batch``) keeps the marker until the lane's
+partial batch has left, and stamps it with that batch's cursor: a restore at the cut re-delivers
+up to there, and the replay filter drops it. ``replay``: the replay filter stamps the marker with
+the cursor it still waits for. ``pass``: nothing to do.
+"""
+
+
 class StageCore:
     """Accumulator handling and sequence numbering for one operator (single-threaded)."""
 
@@ -97,8 +111,19 @@ class StageCore:
         stats: OpStats | None = None,
         lanes: Sequence[int] = (),
         state_log: LaneStateLog | None = None,
+        marker_mode: str = "pass",
     ) -> None:
+        if marker_mode not in MARKER_MODES:
+            raise ValueError(f"marker_mode must be one of {MARKER_MODES}, got {marker_mode!r}")
         self.op = op
+        self.marker_mode = marker_mode
+        self._chunk_snapshots = state_log is not None and marker_mode != "snapshot"
+        # hold mode: lane -> (micro-batches emitted, cursor of the last one's last element)
+        self._last_out: dict[int, tuple[int, Any]] = {}
+        self._held_at: dict[int, int] = {}  # id(held marker) -> lane's emitted count then
+        # after a restore: gives restored records their payloads as they leave; False when
+        # none is left (then unset)
+        self.resolve: Callable[[Sequence[StreamItem]], bool] | None = None
         self.lanes = tuple(lanes)
         self.stats = stats
         self.acc = accumulator
@@ -126,9 +151,16 @@ class StageCore:
         return self._next_seq
 
     def _tasks_for(self, batches: Sequence[list[StreamItem]], out: list[Task]) -> None:
+        hold = self.marker_mode == "hold"
         for mb in batches:
             if not mb:
                 continue
+            if self.resolve is not None and not self.resolve(mb):
+                self.resolve = None
+            if hold:
+                lane = mb[-1].meta.lane_id
+                count = self._last_out.get(lane, (0, None))[0]
+                self._last_out[lane] = (count + 1, mb[-1].meta.cursor)
             if not any(e.meta.tags for e in mb):  # fast path: plain records only
                 out.append(self._task(mb))
                 continue
@@ -173,12 +205,26 @@ class StageCore:
     def _push(self, data: Sequence[StreamItem], out: list[Task]) -> None:
         if self.stats is not None:
             self.stats.elements_in += len(data)
-        if self.state_log is None:
-            self._tasks_for(self.acc.push_many(data), out)
-        else:
+        if self._chunk_snapshots:
             self._push_snapshotting(data, out)
+        elif self._held and self.marker_mode == "hold":
+            self._push_releasing(data, out)
+            return
+        else:
+            self._tasks_for(self.acc.push_many(data), out)
         if self._held:
             self._release_held(out)
+
+    def _push_releasing(self, data: Sequence[StreamItem], out: list[Task]) -> None:
+        """Push one element at a time while markers are held, so each leaves right after the
+        batch that empties its lane (not at the end of the run, when another has begun)."""
+        for i, item in enumerate(data):
+            self._tasks_for(self.acc.push_many([item]), out)
+            self._release_held(out)
+            if not self._held:
+                if i + 1 < len(data):
+                    self._tasks_for(self.acc.push_many(data[i + 1 :]), out)
+                return
 
     def _push_snapshotting(self, data: Sequence[StreamItem], out: list[Task]) -> None:
         """Push ``data``, recording the lane state before the first record of each new chunk."""
@@ -197,8 +243,13 @@ class StageCore:
 
     def _snapshot_at_boundary(self, lane: int, boundary: int) -> None:
         """After an epoch boundary's flush: the state a replay from ``boundary`` starts with."""
-        if self.state_log is not None:
-            self.state_log.record(lane, boundary, self._state_of(lane))
+        log = self.state_log
+        if log is None:
+            return
+        if self._chunk_snapshots:
+            log.record(lane, boundary, self._state_of(lane))
+        else:
+            log.record_cut(lane, (boundary, 0), self._state_of(lane))
 
     def _control(self, controls: Sequence[StreamItem], out: list[Task]) -> None:
         passthrough: list[StreamItem] = []
@@ -206,6 +257,12 @@ class StageCore:
             tags = item.meta.tags
             if self._on_marker is not None and TAG_TOMBSTONE not in tags:
                 self._on_marker(item)
+            if TAG_SNAPSHOT in tags:
+                if passthrough:
+                    out.append(self._task([], passthrough))
+                    passthrough = []
+                self._cut(item, out)
+                continue
             if TAG_END_OF_DATA in tags:
                 if passthrough:
                     out.append(self._task([], passthrough))
@@ -223,10 +280,32 @@ class StageCore:
                 out.append(self._task([], passthrough))
                 passthrough = []
             self._flush_lane(lane, out)
+            for marker in self._held.pop(lane, ()):  # held markers were cut before the flush
+                out.append(self._task([], [self._release_marker(marker, lane)]))
             self._snapshot_at_boundary(lane, int(tags[TAG_BOUNDARY_CID]))
             out.append(self._task([], [item]))
         if passthrough:
             out.append(self._task([], passthrough))
+
+    def _cut(self, marker: StreamItem, out: list[Task]) -> None:
+        """A snapshot marker: act on it by ``marker_mode`` (see ``MARKER_MODES``)."""
+        lane = marker.meta.lane_id
+        mode = self.marker_mode
+        if mode == "snapshot" and self.state_log is not None:
+            position = marker.meta.tags[TAG_SNAPSHOT]
+            self.state_log.record_cut(lane, (position[0], position[1]), self._state_of(lane))
+        elif mode == "flush" and self.acc.has_pending_data(lane):
+            self._tasks_for(self.acc.flush(reset=True, lane_id=lane), out)
+        elif mode == "hold" and (lane in self._held or self.acc.has_pending_data(lane)):
+            self._held.setdefault(lane, deque()).append(marker)
+            self._held_at[id(marker)] = self._last_out.get(lane, (0, None))[0]
+            return
+        elif mode == "replay":
+            pending = getattr(self.acc, "pending_target", None)
+            target = pending(lane) if pending is not None else None
+            if target is not None:
+                marker = SampleRecord(marker.meta.with_tags(**{TAG_SNAPSHOT_REPLAY: target}), None)
+        out.append(self._task([], [marker]))
 
     def _end_lane(self, marker: StreamItem, out: list[Task]) -> None:
         """A lane's stream ended: emit everything of that lane, then the marker."""
@@ -275,13 +354,27 @@ class StageCore:
         for lane in list(self._held):
             queue = self._held[lane]
             while queue:
-                boundary = int(queue[0].meta.tags[TAG_BOUNDARY_CID])
+                tags = queue[0].meta.tags
+                if TAG_SNAPSHOT in tags:
+                    if self.acc.has_pending_data(lane):
+                        break
+                    out.append(self._task([], [self._release_marker(queue.popleft(), lane)]))
+                    continue
+                boundary = int(tags[TAG_BOUNDARY_CID])
                 if not self.acc.try_epoch_reset(boundary, lane):
                     break
                 self._snapshot_at_boundary(lane, boundary)
                 out.append(self._task([], [queue.popleft()]))
             if not queue:
                 del self._held[lane]
+
+    def _release_marker(self, marker: StreamItem, lane: int) -> StreamItem:
+        """A held marker leaves after the batch that emptied the lane: a restore at its cut
+        re-delivers everything up to that batch's last record (the replay filter drops it)."""
+        count, last = self._last_out.get(lane, (0, None))
+        if last is None or count == self._held_at.pop(id(marker), count):
+            return marker
+        return SampleRecord(marker.meta.with_tags(**{TAG_SNAPSHOT_REPLAY: last}), None)
 
     def poll(self, now_ns: int) -> list[Task]:
         """Tasks due by a latency bound (non-deterministic mode only)."""

@@ -20,12 +20,15 @@ from zephon.types import (
     TAG_ERROR,
     TAG_FLUSH_SENTINEL,
     TAG_SKIPPED,
+    TAG_SNAPSHOT,
+    TAG_SNAPSHOT_REPLAY,
     TAG_TOMBSTONE,
     SampleCursor,
     StreamItem,
 )
 
 EpochCallback = Callable[[int, int], None]
+SnapshotCallback = Callable[[int, tuple[int, int]], None]
 SkipCallback = Callable[[tuple[int, int, int], Mapping[str, Any]], None]
 
 
@@ -43,6 +46,7 @@ class LaneMux:
         turn: int = 0,
         finished: Iterable[int] = (),
         on_skip: SkipCallback | None = None,
+        on_snapshot: SnapshotCallback | None = None,
     ) -> None:
         done = set(finished)
         self.order = [lane for lane in lanes if lane not in done]
@@ -58,6 +62,7 @@ class LaneMux:
         self._on_epoch = on_epoch_delivered
         self._on_lane_done = on_lane_done
         self._on_skip = on_skip
+        self._on_snapshot = on_snapshot
 
     def add(self, items: Iterable[StreamItem]) -> None:
         queues = self._queues
@@ -90,6 +95,14 @@ class LaneMux:
                     self.replay_cursor[lane] = None
                 if self._on_epoch is not None:
                     self._on_epoch(lane, boundary)
+            elif TAG_SNAPSHOT in tags:
+                # Everything before the cut is delivered; a restore there re-delivers up to the
+                # stamped cursor (the replay filter drops it again), or nothing.
+                queue.popleft()
+                self.replay_cursor[lane] = tags.get(TAG_SNAPSHOT_REPLAY)
+                if self._on_snapshot is not None:
+                    position = tags[TAG_SNAPSHOT]
+                    self._on_snapshot(lane, (int(position[0]), int(position[1])))
             elif TAG_END_OF_DATA in tags:
                 queue.popleft()
                 self.finished_lanes.add(lane)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
+from typing import Any
 
 import xxhash
 
@@ -122,6 +123,18 @@ class CloserTracker:
 
     def __bool__(self) -> bool:
         return bool(self._open) or bool(self._deferred)
+
+    def state(self) -> dict[str, Any]:
+        """Open base offsets (with fragment counts) and deferred closers, for a snapshot:
+        copies made in C, since a snapshot is taken every few thousand records."""
+        return {"open": dict(self._open), "deferred": list(self._deferred)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> CloserTracker:
+        tracker = cls()
+        tracker._open = {(int(c), int(o)): int(n) for (c, o), n in state["open"].items()}
+        tracker._deferred = {(int(c), int(o)) for c, o in state["deferred"]}
+        return tracker
 
 
 def settle_block(records: Iterable[SampleRecord]) -> list[SampleRecord]:

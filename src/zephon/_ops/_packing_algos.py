@@ -18,7 +18,7 @@ timing or on other lanes, which is what makes packing identical for any runner a
 from __future__ import annotations
 
 import bisect
-from typing import Literal
+from typing import Any, Literal
 
 from zephon.types import SampleRecord
 
@@ -41,6 +41,17 @@ class Bin:
     def put(self, record: SampleRecord, start: int, stop: int, last: bool) -> None:
         self.segments.append((record, start, stop, last))
         self.used += stop - start
+
+    def state(self) -> list[Any]:
+        return [self.opened, [list(seg) for seg in self.segments]]
+
+    @classmethod
+    def from_state(cls, state: list[Any]) -> Bin:
+        opened, segments = state
+        b = cls(opened)
+        for record, start, stop, last in segments:
+            b.put(record, start, stop, last)
+        return b
 
 
 class Limits:
@@ -86,6 +97,20 @@ class LanePacker:
         raise NotImplementedError
 
     def pending(self) -> bool:
+        raise NotImplementedError
+
+    def state(self) -> dict[str, Any]:
+        """The open bins (records by reference) and counters, in fresh containers."""
+        return {"opened": self._opened, **self._open_state()}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self._opened = int(state["opened"])
+        self._load_open(state)
+
+    def _open_state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _load_open(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
 
 
@@ -147,6 +172,12 @@ class FitPacker(LanePacker):
     def pending(self) -> bool:
         return bool(self.bins)
 
+    def _open_state(self) -> dict[str, Any]:
+        return {"bins": [b.state() for b in self.bins]}
+
+    def _load_open(self, state: dict[str, Any]) -> None:
+        self.bins = [Bin.from_state(b) for b in state["bins"]]
+
 
 class WrapPacker(LanePacker):
     """One window filled in stream order; records are split at the window edge."""
@@ -178,6 +209,13 @@ class WrapPacker(LanePacker):
 
     def pending(self) -> bool:
         return self.current is not None
+
+    def _open_state(self) -> dict[str, Any]:
+        return {"current": None if self.current is None else self.current.state()}
+
+    def _load_open(self, state: dict[str, Any]) -> None:
+        current = state["current"]
+        self.current = None if current is None else Bin.from_state(current)
 
 
 class _Candidate:
@@ -260,6 +298,18 @@ class BestFitWrapPacker(LanePacker):
 
     def pending(self) -> bool:
         return bool(self._by_arrival)
+
+    def _open_state(self) -> dict[str, Any]:
+        # in the pool's iteration order, which decides the "oldest" candidate
+        pool = [[c.arrival, c.record, c.start, c.stop] for c in self._by_arrival.values()]
+        return {"arrivals": self._arrivals, "pool": pool}
+
+    def _load_open(self, state: dict[str, Any]) -> None:
+        self._arrivals = int(state["arrivals"])
+        self._by_len = []
+        self._by_arrival = {}
+        for arrival, record, start, stop in state["pool"]:
+            self._insert(_Candidate(record, start, stop, arrival))
 
 
 def make_packer(

@@ -116,6 +116,35 @@ class MixtureAccumulator(Accumulator):
     """Per-lane SWRR selector over component queues; see the module docstring."""
 
     reads_payload = True
+    state_holds_records = True  # queued records are saved by meta and rebuilt
+    state_payloads_lazy = True  # payloads are read only at push, so rebuilt on leaving
+
+    def state_dict(self, lane_id: LaneId) -> dict[str, Any]:
+        """The lane's target, emitted amounts, queues (records by meta) and counters."""
+        lane = self._lanes.get(lane_id)
+        if lane is None:
+            return {}
+        return {
+            "target": dict(lane.target),
+            "emitted": dict(lane.emitted),
+            "queues": {k: list(q) for k, q in lane.queues.items()},
+            "mixed": list(lane.mixed),
+            "obsolete": list(lane.obsolete),
+            "counters": [lane.buffered, lane.arrivals, lane.outputs, lane.draining],
+            "tracker": lane.tracker.state(),
+        }
+
+    def load_state_dict(self, lane_id: LaneId, state: dict[str, Any]) -> None:
+        self._lanes.pop(lane_id, None)
+        if not state:
+            return
+        lane = self._lanes[lane_id] = _Lane(dict(state["target"]))
+        lane.emitted = dict(state["emitted"])
+        lane.queues = {k: deque(q) for k, q in state["queues"].items()}
+        lane.mixed = list(state["mixed"])
+        lane.obsolete = deque(state["obsolete"])
+        lane.buffered, lane.arrivals, lane.outputs, lane.draining = state["counters"]
+        lane.tracker = CloserTracker.from_state(state["tracker"])
 
     def __init__(self, op: EnsureMixtureOp) -> None:
         self.op = op

@@ -37,7 +37,7 @@ class ExpandChatOp(BaseOp):
         return CountingAccumulator(self.max_batch, None if deterministic else EXPAND_LATENCY_MS)
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=1)
+        return OpTraits(preserves_cursor_order=True, parallelism=1, elementwise=True)
 
     def config(self) -> Mapping[str, Any]:
         return {"field": self.field}

@@ -107,6 +107,22 @@ class PackAccumulator(Accumulator):
     """Per-lane bins; emits a packed record (with a deferred payload) when a bin closes."""
 
     reads_payload = True
+    state_holds_records = True  # open bins' records are saved by meta and rebuilt
+
+    def state_dict(self, lane_id: LaneId) -> dict[str, Any]:
+        """The lane's open bins (their records and segment offsets) and closer tracking."""
+        state = self._lanes.get(lane_id)
+        if state is None:
+            return {}
+        return {"packer": state.packer.state(), "tracker": state.tracker.state()}
+
+    def load_state_dict(self, lane_id: LaneId, saved: dict[str, Any]) -> None:
+        self._lanes.pop(lane_id, None)
+        if not saved:
+            return
+        state = self._lane(lane_id)
+        state.packer.load(saved["packer"])
+        state.tracker = CloserTracker.from_state(saved["tracker"])
 
     def __init__(self, op: PackOpBase) -> None:
         self.op = op

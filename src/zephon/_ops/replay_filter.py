@@ -15,6 +15,7 @@ from zephon.ops import Accumulator, BaseOp, OpContext, OpTraits
 from zephon.types import (
     TAG_BOUNDARY_CID,
     TAG_FLUSH_SENTINEL,
+    TAG_SNAPSHOT,
     LaneId,
     SampleCursor,
     SampleRecord,
@@ -54,13 +55,18 @@ class ReplayFilterAccumulator(Accumulator):
             out.append(SampleRecord(tombstone_meta(elem.meta, reason="replayed"), None))
         return [out] if out else []
 
+    def pending_target(self, lane: LaneId) -> SampleCursor | None:
+        """The cursor this lane still waits for (None once met, or without a restore)."""
+        return self.targets.get(lane)
+
     def on_marker(self, marker: StreamItem) -> None:
-        """A sentinel or end-of-data for a lane: the target must have appeared by then."""
+        """A sentinel or end-of-data for a lane: the target must have appeared by then (a
+        snapshot marker may come first: a restore there re-delivers up to the target)."""
         lane = marker.meta.lane_id
         target = self.targets.get(lane)
-        if target is None:
-            return
         tags = marker.meta.tags
+        if target is None or TAG_SNAPSHOT in tags:
+            return
         if TAG_FLUSH_SENTINEL in tags:
             if target.chunk_id < int(tags[TAG_BOUNDARY_CID]):
                 raise _missed(lane, target, f"finished epoch {tags[TAG_BOUNDARY_CID]}")

@@ -65,6 +65,31 @@ class _Reservoir:
 class StreamingShuffleAccumulator(Accumulator):
     """Per-lane reservoirs; each arrival past the target evicts a hashed victim (O(1))."""
 
+    state_holds_records = True  # the reservoir's records are saved by meta and rebuilt
+    state_payloads_lazy = True  # payloads are read only at push, so rebuilt on leaving
+
+    def state_dict(self, lane_id: LaneId) -> dict[str, Any]:
+        """The lane's reservoir (records in slot order), target and emission count."""
+        res = self._lanes.get(lane_id)
+        if res is None:
+            return {}
+        return {
+            "items": list(res.items),
+            "emitted": res.emitted,
+            "target": res.target,
+            "tracker": res.tracker.state(),
+        }
+
+    def load_state_dict(self, lane_id: LaneId, state: dict[str, Any]) -> None:
+        self._lanes.pop(lane_id, None)
+        if not state:
+            return
+        res = self._lane(lane_id)
+        res.items = list(state["items"])
+        res.emitted = int(state["emitted"])
+        res.target = int(state["target"])
+        res.tracker = CloserTracker.from_state(state["tracker"])
+
     def __init__(self, buffer_size: int, seed: int) -> None:
         self.buffer_size = buffer_size
         self.seed = seed

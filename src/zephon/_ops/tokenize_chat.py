@@ -141,7 +141,9 @@ class TokenizeChatOp(BaseOp):
         return CountingAccumulator(self.max_batch, None if deterministic else CHAT_LATENCY_MS)
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=os.cpu_count() or 1)
+        return OpTraits(
+            preserves_cursor_order=True, parallelism=os.cpu_count() or 1, elementwise=True
+        )
 
     def describe(self) -> str:
         how = (

@@ -76,8 +76,11 @@ def _cursor(value: Any) -> str:
 
 
 def summary(path: Path, raw: dict[str, Any], parsed: Any) -> dict[str, Any]:
+    from zephon.checkpoints import refetch_counts
+
     config = raw["config"]
     source = config.get("source", {})
+    refetch = refetch_counts(raw)
     lanes = []
     for key in sorted(raw["lanes"], key=int):
         lane = raw["lanes"][key]
@@ -86,6 +89,8 @@ def summary(path: Path, raw: dict[str, Any], parsed: Any) -> dict[str, Any]:
                 "lane": int(key),
                 "delivered": lane["delivered"],
                 "restart_chunk": lane["start_chunk_id"],
+                "restart_offset": lane.get("start_offset", 0),
+                "refetch": refetch[int(key)],
                 "replay_cursor": lane.get("replay_cursor"),
                 "done": lane["done"],
             }
@@ -162,13 +167,14 @@ def _inspect(args: argparse.Namespace) -> int:
             f"{saved['bytes']:,} bytes over all lanes"
         )
     table = Table(title=f"lanes ({info['delivered']:,} items delivered)")
-    for col in ("lane", "delivered", "restart chunk", "last cursor", "done"):
+    for col in ("lane", "delivered", "restart", "re-fetch", "last cursor", "done"):
         table.add_column(col, justify="right")
     for lane in info["lanes"]:
         table.add_row(
             str(lane["lane"]),
             f"{lane['delivered']:,}",
-            str(lane["restart_chunk"]),
+            f"{lane['restart_chunk']}:{lane['restart_offset']}",
+            f"{lane['refetch']:,}",
             _cursor(lane["replay_cursor"]),
             "yes" if lane["done"] else "no",
         )
@@ -189,8 +195,10 @@ def _inspect(args: argparse.Namespace) -> int:
 
 #: What the lane table's columns mean (printed under it).
 LANE_LEGEND = (
-    "delivered: items this lane handed to the consumer; restart chunk: the chunk a restore "
-    "regenerates this lane from;",
+    "delivered: items this lane handed to the consumer; restart: CHUNK:OFFSET a restore "
+    "regenerates this lane from (its newest delivered snapshot, or the last flush);",
+    "re-fetch: source records a restore reads again to rebuild the open state the snapshot "
+    "names (pack bins, shuffle and mixture buffers);",
     "last cursor: CHUNK:OFFSET of the last record delivered (OFFSET its position in the chunk; "
     "/N.M after it: which derived record, e.g. a chat turn); done: the lane has no data left",
 )

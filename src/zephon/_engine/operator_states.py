@@ -1,0 +1,187 @@
+"""The lane states of a plan's stateful accumulators: loaded at a restore, logged at every
+restart point while running, and written into checkpoints.
+
+A state that names buffered records (``snapshot_codec``) is kept with the record objects while
+running (cheap: the accumulator returns fresh containers) and encoded only when a checkpoint
+asks for it. At a restore those records' payloads are rebuilt from the source first
+(``snapshots.Rebuilder``), then every state is loaded.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from zephon._engine import checkpoint as ckpt
+from zephon._engine.lane_state import LaneStateLog, Position, frozen_copy
+from zephon._engine.snapshot_codec import HeldRecord, decode, encode, fill, held_records
+from zephon._engine.snapshots import Rebuilder, holds_records
+from zephon.errors import CheckpointError
+from zephon.ops import Accumulator, BaseOp, OpContext
+from zephon.types import SampleMeta
+
+
+class PendingPayload:
+    """The payload of a restored record that is rebuilt when it leaves its accumulator."""
+
+    __slots__ = ("index", "lane", "meta")
+
+    def __init__(self, index: int, lane: int, meta: SampleMeta) -> None:
+        self.index = index
+        self.lane = lane
+        self.meta = meta
+
+
+def _shared(state: Any, op_name: str) -> Any:
+    """States with records are fresh containers already; they are encoded at checkpoint."""
+    return state
+
+
+class OperatorStates:
+    """Every stateful stage's :class:`LaneStateLog`, by stage index."""
+
+    def __init__(
+        self,
+        starts: Mapping[int, Position],
+        resume: ckpt.ParsedCheckpoint | None,
+        key_of: Callable[[int], str],
+        flush_every_k_chunks: int,
+    ) -> None:
+        self.starts = dict(starts)
+        self.resume = resume
+        self.key_of = key_of
+        self.k = flush_every_k_chunks
+        self.logs: dict[int, LaneStateLog] = {}
+        self._records: set[int] = set()  # stages whose states hold records
+        self._pending: list[tuple[int, BaseOp, Accumulator, int, Any]] = []
+        self.refetched = 0  # base records read again at the restore
+        self.lazy: dict[int, int] = {}  # stage -> restored records still waiting for payloads
+        self._rebuilder: Rebuilder | None = None
+        self._set_up: list[tuple[BaseOp, OpContext]] = []
+        self._ready: list[BaseOp] = []  # operator copies set up for the rebuild
+        self._lock = threading.Lock()
+
+    def attach(self, index: int, op: BaseOp, acc: Accumulator) -> LaneStateLog:
+        """Start logging ``acc``'s lane states; queue the saved ones for :meth:`load`."""
+        records = holds_records(acc)
+        log = LaneStateLog(op.name, self.starts, _shared if records else frozen_copy)
+        if records:
+            self._records.add(index)
+        self.logs[index] = log
+        key = self.key_of(index)
+        for lane in self.starts:
+            if self.resume is None:
+                log.set_initial(lane, acc.state_dict(lane))  # type: ignore[attr-defined]
+                continue
+            saved = self.resume.lanes[lane].operator_state or {}
+            if key in saved:
+                self._pending.append((index, op, acc, lane, saved[key]))
+            elif records and self._at_epoch_start(lane):
+                log.set_initial(lane, acc.state_dict(lane))  # type: ignore[attr-defined]
+            else:
+                raise CheckpointError(
+                    f"checkpoint holds no state of operator {op.name!r} (stage {index}) for "
+                    f"lane {lane}, but its accumulator keeps state (state_dict); the checkpoint "
+                    "was taken with another version of the operator"
+                )
+        return log
+
+    def _at_epoch_start(self, lane: int) -> bool:
+        """A restore at an epoch start needs no buffer state: the flush there emptied it."""
+        chunk, offset = self.starts[lane]
+        return offset == 0 and (chunk == 0 or (self.k > 0 and chunk % self.k == 0))
+
+    def load(
+        self, ops: Sequence[BaseOp], contexts: Sequence[OpContext], roles: Sequence[str]
+    ) -> None:
+        """Load the queued saved states. Records a state names get their payloads rebuilt now
+        (``state_payloads_lazy`` unset) or when they leave their accumulator (see
+        :meth:`resolver`), so a restore does not wait for a whole shuffle buffer."""
+        decoded: list[tuple[int, Accumulator, int, Any, Any]] = []
+        eager: dict[int, list[tuple[int, HeldRecord]]] = {}
+        payloads: dict[int, Any] = {}
+        for index, _op, acc, lane, saved in self._pending:
+            state = decode(saved) if index in self._records else saved
+            named = held_records(state) if index in self._records else []
+            if named and getattr(acc, "state_payloads_lazy", False):
+                payloads.update((id(h), PendingPayload(index, lane, h.meta)) for h in named)
+                self.lazy[index] = self.lazy.get(index, 0) + len(named)
+            elif named:
+                eager.setdefault(index, []).extend((lane, h) for h in named)
+            decoded.append((index, acc, lane, state, saved))
+        self._pending.clear()
+        if eager or self.lazy:
+            self._rebuilder = Rebuilder([copy.copy(op) for op in ops], roles)
+            self._set_up = list(zip(self._rebuilder.ops, contexts, strict=True))
+        if eager:
+            payloads.update(self._rebuild(eager))
+        for index, acc, lane, state, saved in decoded:
+            if index in self._records:
+                state = fill(state, payloads)
+                self.logs[index].set_initial(lane, state)
+            else:
+                self.logs[index].set_initial(lane, saved)
+            acc.load_state_dict(lane, state)  # type: ignore[attr-defined]
+
+    def _rebuild(self, held: Mapping[int, Sequence[tuple[int, Any]]]) -> dict[int, Any]:
+        """``id(record) -> payload`` for ``held`` records by the stage that holds them."""
+        rebuilder = self._rebuilder
+        assert rebuilder is not None
+        with self._lock:
+            while self._set_up and len(self._ready) < max(held):
+                op, ctx = self._set_up[len(self._ready)]
+                op.setup(ctx)
+                self._ready.append(op)
+            try:
+                payloads: dict[int, Any] = {}
+                for index in sorted(held):
+                    payloads.update(rebuilder.payloads(index, held[index]))
+            except Exception as exc:
+                raise CheckpointError(
+                    f"a record the checkpoint's operator state names could not be rebuilt "
+                    f"({type(exc).__name__}: {exc}); the checkpoint is damaged, or the data or "
+                    "the pipeline changed since it was taken"
+                ) from exc
+            self.refetched = rebuilder.fetched
+        return payloads
+
+    def resolver(self, index: int) -> Callable[[Sequence[Any]], bool] | None:
+        """For stage ``index`` with lazily restored records: a function that gives the
+        records of one emitted micro-batch their payloads, and says whether any are left."""
+        if not self.lazy.get(index):
+            return None
+
+        def resolve(batch: Sequence[Any]) -> bool:
+            waiting = [(r.payload.lane, r) for r in batch if type(r.payload) is PendingPayload]
+            if waiting:
+                held = [(lane, HeldRecord(r.payload.meta)) for lane, r in waiting]
+                rebuilt = self._rebuild({index: held})
+                for (_, record), (_, h) in zip(waiting, held, strict=True):
+                    record.payload = rebuilt[id(h)]
+                self.lazy[index] -= len(waiting)
+            return self.lazy[index] > 0
+
+        return resolve
+
+    def close(self) -> None:
+        """Tear down the operator copies the rebuild set up."""
+        with self._lock:
+            ready, self._ready = self._ready, []
+        for op in ready:
+            op.teardown()
+
+    def forget_below(self, lane: int, position: Position) -> None:
+        for log in self.logs.values():
+            log.forget_below(lane, position)
+
+    def at(self, lane: int, position: Position) -> dict[str, Any]:
+        """Each stateful stage's lane state at the restart point, as checkpoint JSON."""
+        out: dict[str, Any] = {}
+        for index, log in sorted(self.logs.items()):
+            state = log.state_at(lane, *position)
+            if index in self._records:
+                state = encode(state, f"operator {log.op_name!r} state_dict()")
+            out[self.key_of(index)] = state
+        return out

@@ -1,0 +1,199 @@
+"""Snapshot states as JSON: held records become their meta (a cursor and its bookkeeping).
+
+An accumulator that buffers records (open pack bins, a shuffle reservoir, mixture queues)
+returns them in ``state_dict`` as the ``SampleRecord`` objects themselves. In a checkpoint each
+one is written as its meta only, never its payload, so a checkpoint stays small whatever the
+records hold; a restore rebuilds the payloads from the source (see ``rebuild.py``).
+
+Values keep their Python types across the round trip (tuples, integer dict keys, cursors,
+contributor refs), because the restored records must equal the originals exactly. Tagged forms
+are one-key dicts whose key starts with ``$z``; a plain dict with such a key is written tagged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from zephon.errors import CheckpointError, ContractError
+from zephon.types import TAG_PACKING, ContributorRef, SampleCursor, SampleMeta, SampleRecord
+
+_TUPLE, _DICT, _DEQUE, _CURSOR, _REF, _RECORD, _FLOAT = (
+    "$zt",
+    "$zd",
+    "$zq",
+    "$zc",
+    "$zr",
+    "$zrec",
+    "$zf",
+)
+_REFS, _SEGMENTS = "$zR", "$zS"  # compact forms of contributor refs and packing segments
+_TAGS = frozenset({_TUPLE, _DICT, _DEQUE, _CURSOR, _REF, _RECORD, _FLOAT, _REFS, _SEGMENTS})
+
+
+class HeldRecord:
+    """A record named by a restored snapshot, waiting for its payload to be rebuilt."""
+
+    __slots__ = ("meta",)
+
+    def __init__(self, meta: SampleMeta) -> None:
+        self.meta = meta
+
+
+def _cursor(cursor: SampleCursor) -> list[Any]:
+    return [cursor[0], cursor[1], list(cursor[2]), list(cursor[3])]
+
+
+def encode_meta(meta: SampleMeta) -> list[Any]:
+    counts = meta.component_counts
+    return [
+        list(meta.sample_id),
+        meta.lane_id,
+        meta.chunk_id,
+        meta.chunk_offset,
+        list(meta.lineage),
+        meta.component_id,
+        None if counts is None else encode(dict(counts)),
+        encode(dict(meta.tags)) if meta.tags else {},
+    ]
+
+
+def encode(value: Any, where: str = "state") -> Any:
+    """``value`` as plain JSON data (see the module docstring)."""
+    kind = type(value)
+    if value is None or kind is bool or kind is int or kind is str:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else {_FLOAT: repr(value)}
+    if kind is list:
+        return [encode(v, where) for v in value]
+    if kind is SampleRecord:
+        return {_RECORD: encode_meta(value.meta)}
+    if kind is SampleCursor:
+        return {_CURSOR: _cursor(value)}
+    if kind is ContributorRef:
+        return {_REF: [_cursor(value.cursor), bool(value.is_last_child)]}
+    if kind is tuple:
+        if value and type(value[0]) is ContributorRef:
+            return {_REFS: [[*_cursor(r.cursor), bool(r.is_last_child)] for r in value]}
+        if value and type(value[0]) is tuple and value[0] and type(value[0][0]) is SampleCursor:
+            return {_SEGMENTS: [[*_cursor(c), start, stop] for c, start, stop in value]}
+        return {_TUPLE: [encode(v, where) for v in value]}
+    if kind is deque:
+        return {_DEQUE: [encode(v, where) for v in value]}
+    if isinstance(value, Mapping):
+        if all(type(k) is str and k not in _TAGS for k in value):
+            return {k: encode(v, where) for k, v in value.items()}
+        return {_DICT: [[encode(k, where), encode(v, where)] for k, v in value.items()]}
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return encode(float(value), where)
+    raise ContractError(
+        f"{where}: cannot save a {kind.__name__} in a checkpoint; state_dict() may hold JSON "
+        "data, tuples, deques, SampleRecord objects and their cursors only"
+    )
+
+
+def _cursor_of(value: Any) -> SampleCursor:
+    chunk, offset, lineage, sid = value
+    return SampleCursor(int(chunk), int(offset), tuple(lineage), tuple(sid))  # type: ignore[arg-type]
+
+
+def decode_meta(value: Any) -> SampleMeta:
+    sid, lane, chunk, offset, lineage, component, counts, tags = value
+    return SampleMeta(
+        tuple(sid),  # type: ignore[arg-type]
+        lane,
+        chunk,
+        offset,
+        tuple(lineage),
+        component,
+        None if counts is None else decode(counts),
+        decode(tags) if tags else {},
+    )
+
+
+def decode(value: Any) -> Any:
+    """The inverse of :func:`encode`; records come back as :class:`HeldRecord` s."""
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        ((key, body),) = value.items()
+        try:
+            if key == _RECORD:
+                return HeldRecord(decode_meta(body))
+            if key == _REFS:
+                return tuple(
+                    ContributorRef(SampleCursor(c, o, tuple(lin), tuple(sid)), last)
+                    for c, o, lin, sid, last in body
+                )
+            if key == _SEGMENTS:
+                return tuple(
+                    (SampleCursor(c, o, tuple(lin), tuple(sid)), start, stop)
+                    for c, o, lin, sid, start, stop in body
+                )
+            if key == _CURSOR:
+                return _cursor_of(body)
+            if key == _REF:
+                return ContributorRef(_cursor_of(body[0]), bool(body[1]))
+            if key == _TUPLE:
+                return tuple(decode(v) for v in body)
+            if key == _DEQUE:
+                return deque(decode(v) for v in body)
+            if key == _DICT:
+                return {decode(k): decode(v) for k, v in body}
+            if key == _FLOAT:
+                return float(body)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint operator state is damaged at {key}: {exc}") from None
+    return {k: decode(v) for k, v in value.items()}
+
+
+def held_records(value: Any) -> list[HeldRecord]:
+    """Every :class:`HeldRecord` in a decoded state, in walk order."""
+    out: list[HeldRecord] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, HeldRecord):
+            out.append(item)
+        elif isinstance(item, (list, tuple, deque)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return out
+
+
+def fill(value: Any, payloads: Mapping[int, Any]) -> Any:
+    """A decoded state with each held record replaced by a record with its rebuilt payload
+    (``payloads`` by ``id()`` of the held record)."""
+    if isinstance(value, HeldRecord):
+        return SampleRecord(value.meta, payloads[id(value)])
+    if isinstance(value, list):
+        return [fill(v, payloads) for v in value]
+    if isinstance(value, tuple):
+        return tuple(fill(v, payloads) for v in value)
+    if isinstance(value, deque):
+        return deque(fill(v, payloads) for v in value)
+    if isinstance(value, dict):
+        return {k: fill(v, payloads) for k, v in value.items()}
+    return value
+
+
+def named_sources(states: Mapping[str, Any]) -> set[tuple[int, int, tuple[int, ...]]]:
+    """The source records ``(chunk id, offset, sample id)`` a restore re-reads to rebuild the
+    records one lane's encoded operator states name (a packed record names its segments')."""
+    out: set[tuple[int, int, tuple[int, ...]]] = set()
+    for state in states.values():
+        for held in held_records(decode(state)):
+            packing = held.meta.tags.get(TAG_PACKING)
+            cursors = [seg[0] for seg in packing["segments"]] if packing else [held.meta.cursor]
+            out.update((c[0], c[1], tuple(c[3])) for c in cursors)
+    return out

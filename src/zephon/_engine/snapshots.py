@@ -1,0 +1,185 @@
+"""Aligned snapshots of a plan's open state, and rebuilding the records they name.
+
+The feeder injects a snapshot marker into a lane at a cut (a chunk start, or every N records).
+Markers travel in stream order like any control element; each stage acts on one by its marker
+mode (``stage.MARKER_MODES``): stateful accumulators record their lane state, element-wise
+stages first emit what they buffered, ``batch`` holds it until its partial batch has left. When
+the marker reaches the tail everything before the cut is delivered, and a restore can start at
+the cut: the source resumes there, each accumulator loads its state, and the replay filter drops
+what was delivered after the cut.
+
+States name their buffered records by meta only (``snapshot_codec``). A restore rebuilds each
+named record's payload by re-running only those records, by sample id, through the operators
+before the stage that held them: element-wise operators run as usual, packing reassembles a bin
+from its segments, and shuffle and mixture correction leave payloads as they are. A plan with a
+stage that cannot be rebuilt this way (an order-changing operator without state, or a stateful
+one upstream of a buffering one) takes no snapshots and restores from the last flush.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from zephon._engine.lane_state import has_lane_state
+from zephon._engine.snapshot_codec import HeldRecord
+from zephon._engine.stage import call_process_many
+from zephon._ops.ensure_mixture import EnsureMixtureOp
+from zephon._ops.pack import DeferredBin, PackOpBase
+from zephon._ops.replay_filter import ReplayFilterOp
+from zephon._ops.shuffle import ShuffleOp
+from zephon.ops import Accumulator, BaseOp, CountingAccumulator, PassthroughAccumulator
+from zephon.types import TAG_PACKING, SampleCursor, SampleMeta, SampleRecord, is_control
+
+REBUILD_BATCH = 1024
+Key = tuple[int, SampleCursor]  # (lane, cursor): cursors repeat across lanes
+
+
+def holds_records(acc: Accumulator) -> bool:
+    """Whether ``acc``'s lane state names buffered records (written by meta, rebuilt later)."""
+    return bool(getattr(acc, "state_holds_records", False))
+
+
+def _role(op: BaseOp, acc: Accumulator) -> str:
+    """How a record that left ``op`` is rebuilt: ``elementwise`` (run the operator again),
+    ``pack`` (reassemble from segments), ``reorder`` (payload unchanged), ``stateful`` (its
+    output depends on state: never upstream of a buffer) or ``opaque`` (no snapshots)."""
+    if isinstance(op, PackOpBase):
+        return "pack"
+    if isinstance(op, EnsureMixtureOp) or (
+        isinstance(op, ShuffleOp) and op.algorithm == "streaming"
+    ):
+        return "reorder"
+    if has_lane_state(acc):
+        return "stateful"
+    if op.traits().elementwise and type(acc) in (CountingAccumulator, PassthroughAccumulator):
+        return "elementwise"
+    return "opaque"
+
+
+@dataclass(frozen=True)
+class SnapshotPlan:
+    """Per stage: its marker mode and rebuild role; ``reason`` says why snapshots are off."""
+
+    modes: list[str]
+    roles: list[str]
+    reason: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.reason is None
+
+
+def plan_snapshots(ops: Sequence[BaseOp], accs: Sequence[Accumulator]) -> SnapshotPlan:
+    """Decide each stage's marker mode, or why this plan cannot take snapshots."""
+    replay = next(i for i, op in enumerate(ops) if isinstance(op, ReplayFilterOp))
+    roles = [_role(op, acc) for op, acc in zip(ops, accs, strict=True)]
+    modes: list[str] = []
+    reason: str | None = None
+    last_buffer = max((i for i in range(replay) if holds_records(accs[i])), default=-1)
+    for i, (op, acc, role) in enumerate(zip(ops, accs, roles, strict=True)):
+        if i == replay:
+            modes.append("replay")
+        elif has_lane_state(acc):
+            modes.append("snapshot")
+            if i < last_buffer and not holds_records(acc) and reason is None:
+                reason = (
+                    f"stateful operator {op.name!r} feeds a buffering operator, whose records "
+                    "could not be rebuilt"
+                )
+        elif role == "elementwise":
+            modes.append("flush")
+        elif i > replay:
+            modes.append("hold")
+        else:
+            modes.append("pass")
+            if reason is None:
+                reason = f"operator {op.name!r} changes order without saving its state (state_dict)"
+    return SnapshotPlan(modes, roles, reason)
+
+
+def _meta_of(lane: int, cursor: SampleCursor) -> SampleMeta:
+    """A stand-in meta for a record known by cursor only (payload rebuilds read no meta)."""
+    chunk, offset, lineage, sid = cursor
+    return SampleMeta(sid, lane, chunk, offset, lineage, sid[0])
+
+
+class Rebuilder:
+    """Rebuilds payloads of records named by restored snapshots (one restore, all lanes)."""
+
+    def __init__(self, ops: Sequence[BaseOp], roles: Sequence[str]) -> None:
+        self.ops = list(ops)
+        self.roles = list(roles)
+        self.prefix = next((i for i, role in enumerate(roles) if role != "elementwise"), len(roles))
+        self.fetched = 0  # base records read again
+
+    def payloads(self, stage: int, held: Sequence[tuple[int, HeldRecord]]) -> dict[int, Any]:
+        """``id(held record) -> payload`` as the records entered stage ``stage``."""
+        wanted = {(lane, h.meta.cursor): h.meta for lane, h in held}
+        rebuilt = self._inputs(stage, wanted)
+        return {id(h): rebuilt[(lane, h.meta.cursor)] for lane, h in held}
+
+    def _inputs(self, stage: int, wanted: Mapping[Key, SampleMeta | None]) -> dict[Key, Any]:
+        if stage <= self.prefix:
+            return self._from_source(stage, wanted)
+        j = stage - 1
+        role = self.roles[j]
+        if role == "reorder":
+            return self._inputs(j, wanted)
+        if role == "pack":
+            return self._assembled(j, wanted)
+        if role == "elementwise":
+            inputs = self._inputs(j, wanted)
+            return self._run(j, {key: inputs[key] for key in wanted}, wanted)
+        raise AssertionError(f"stage {j} ({self.ops[j].name}) cannot be rebuilt")
+
+    def _from_source(self, stage: int, wanted: Mapping[Key, SampleMeta | None]) -> dict[Key, Any]:
+        """Fetch the base records again and run them through the element-wise prefix."""
+        bases: dict[Key, None] = {}
+        for lane, cursor in wanted:
+            bases[(lane, SampleCursor(cursor[0], cursor[1], (), cursor[3]))] = None
+        self.fetched += len(bases)
+        current: dict[Key, Any] = dict(bases)
+        for j in range(stage):
+            current = self._run(j, current, {})
+        return {key: current[key] for key in wanted}
+
+    def _run(
+        self, j: int, inputs: Mapping[Key, Any], metas: Mapping[Key, SampleMeta | None]
+    ) -> dict[Key, Any]:
+        """Operator ``j`` over ``inputs`` in batches; outputs by ``(lane, cursor)``."""
+        op = self.ops[j]
+        keys = list(inputs)
+        out: dict[Key, Any] = {}
+        for start in range(0, len(keys), REBUILD_BATCH):
+            batch = [
+                SampleRecord(metas.get(key) or _meta_of(key[0], key[1]), inputs[key])
+                for key in keys[start : start + REBUILD_BATCH]
+            ]
+            for item in call_process_many(op, list(batch)):
+                if not is_control(item):
+                    out[(item.meta.lane_id, item.meta.cursor)] = item.payload
+        return out
+
+    def _assembled(self, j: int, wanted: Mapping[Key, SampleMeta | None]) -> dict[Key, Any]:
+        op = self.ops[j]
+        assert isinstance(op, PackOpBase)
+        segments: dict[Key, list[tuple[SampleCursor, int, int]]] = {}
+        for key, meta in wanted.items():
+            if meta is None or TAG_PACKING not in meta.tags:
+                raise AssertionError(f"packed record {key} has no packing metadata")
+            segments[key] = list(meta.tags[TAG_PACKING]["segments"])
+        need = {(key[0], seg[0]): None for key, segs in segments.items() for seg in segs}
+        inputs = self._inputs(j, need)
+        out: dict[Key, Any] = {}
+        for key, segs in segments.items():
+            parts = []
+            for cursor, start, stop in segs:
+                record = SampleRecord(_meta_of(key[0], cursor), inputs[(key[0], cursor)])
+                fields, full = op.extract(record)
+                parts.append((fields, start, stop, full))
+            meta = wanted[key]
+            assert meta is not None
+            out[key] = op.assemble(meta, DeferredBin(parts))
+        return out

@@ -1,0 +1,177 @@
+"""Aligned snapshots: a restore starts at the newest delivered cut, not at the last flush."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from tests.engine import _resume as resume
+from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon.checkpoints import refetch_counts, seal
+from zephon.errors import CheckpointError
+from zephon.types import SampleBatch
+
+TEXTS = [{"id": i, "text": "alpha beta " * (1 + i % 7) + f"doc {i}"} for i in range(420)]
+OTHER = [{"id": 1000 + i, "text": "gamma " * (1 + i % 3)} for i in range(260)]
+RECORD_STATES = ("3", "4", "5")  # pack_flat, shuffle, ensure_mixture in the configuration
+
+
+def build(
+    algorithm: str = "best_fit",
+    *,
+    shuffle: str = "streaming",
+    every: int = 1,
+    records: int | None = None,
+    **options: Any,
+) -> Pipeline:
+    source = StaticMixtureWorkSource(
+        [
+            Dataset.from_records("a", TEXTS, shard_size=50),
+            Dataset.from_records("b", OTHER, shard_size=40),
+        ],
+        mixture=MixtureSpec({"a": 0.6, "b": 0.4}),
+        chunk_size=32,
+        seed=2,
+    )
+    opts = {
+        "runner": "inline",
+        "canonical_replicas": 2,
+        "flush_every_k_chunks": 4,
+        "snapshot_every_chunks": every,
+        "snapshot_every_records": records,
+        **options,
+    }
+    return (
+        Pipeline(source)
+        .decode_text()
+        .tokenize("bytes", max_length=48)
+        .pack_flat(64, 0, num_bins=4, algorithm=algorithm)  # type: ignore[arg-type]
+        .shuffle(24, seed=4, algorithm=shuffle)  # type: ignore[arg-type]
+        .ensure_mixture(max_buffer_size=16)
+        .batch(3)
+        .options(**opts)
+    )
+
+
+def key(batch: Any) -> Any:
+    assert isinstance(batch, SampleBatch)
+    return [(r.meta.cursor, r.payload["input_ids"].tobytes()) for r in batch.records]
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[Any]:
+    return [key(b) for b in build(every=0)]
+
+
+def checkpoint_after(pipe: Pipeline, n: int) -> dict[str, Any]:
+    it = iter(pipe)
+    for _ in range(n):
+        next(it)
+    state = json.loads(json.dumps(pipe.checkpoint()))
+    it.close()  # type: ignore[attr-defined]
+    return state
+
+
+@pytest.mark.parametrize("records", [None, 5])
+@pytest.mark.parametrize("every", [1, 3])
+def test_snapshot_settings_never_change_the_output(reference, every, records):
+    assert [key(b) for b in build(every=every, records=records)] == reference
+    threads = build(every=every, records=records, runner="threads", max_inflight=3)
+    assert [key(b) for b in threads] == reference
+
+
+@pytest.mark.parametrize("algorithm", ["first_fit", "best_fit", "wrap", "best_fit_wrap"])
+def test_every_stop_point_restores_exactly(algorithm):
+    full = [key(b) for b in build(algorithm)]
+    for stop in range(1, len(full), 2):
+        got = resume.run_with_stops(lambda: build(algorithm, records=7), key, [stop])
+        assert got == full, f"stop {stop}"
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads", "process"])
+def test_restore_again_and_again_on_every_runner(reference, runner):
+    stops = [1, 2, 9, 10, 11, 30, 31, 58] if runner != "process" else [9, 31]
+    got = resume.run_with_stops(lambda: build(runner=runner, records=6), key, stops)
+    assert got == reference
+
+
+def test_a_mid_epoch_checkpoint_restarts_at_the_snapshot_with_records_by_meta(reference):
+    state = checkpoint_after(build(records=8), 20)
+    lane = state["lanes"]["0"]
+    k = state["config"]["flush_every_k_chunks"]
+    assert (lane["start_chunk_id"], lane.get("start_offset", 0)) > (
+        lane["start_chunk_id"] // k * k,
+        0,
+    ), "the restart point must be newer than the last flush"
+    text = json.dumps(lane["operator_state"])
+    assert "$zrec" in text and "input_ids" not in text  # records by meta, never payloads
+    counts = refetch_counts(state)
+    assert 0 < counts[0] <= len(TEXTS) + len(OTHER)
+    restored = [key(b) for b in build(records=8).restore(state)]
+    assert restored == reference[20:]
+
+
+def test_a_restore_reads_far_less_than_an_epoch_replay():
+    """Records the source hands out between restore and the first batch: snapshot vs replay."""
+
+    def read_to_first_batch(every: int, stop: int) -> int:
+        state = checkpoint_after(build(every=every, records=4), stop)
+        pipe = build(every=every, records=4).restore(state)
+        it = iter(pipe)
+        next(it)
+        stats = pipe.stats()
+        it.close()  # type: ignore[attr-defined]
+        assert stats is not None
+        return stats.samples_read
+
+    # 38 batches in: late in an epoch, where a replay from the flush is longest
+    assert 3 * read_to_first_batch(1, 38) < read_to_first_batch(0, 38)
+
+
+def as_version_2(state: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint as the previous format wrote it: no buffer states, restart at a flush."""
+    old = json.loads(json.dumps(state))
+    old["version"] = 2
+    for lane in old["lanes"].values():
+        for key_ in RECORD_STATES:
+            (lane.get("operator_state") or {}).pop(key_, None)
+    return seal(old)
+
+
+def test_a_version_2_checkpoint_still_restores_by_replay(reference):
+    state = checkpoint_after(build(every=0), 25)
+    assert all(lane.get("start_offset", 0) == 0 for lane in state["lanes"].values())
+    restored = [key(b) for b in build().restore(as_version_2(state))]
+    assert restored == reference[25:]
+
+
+def test_a_version_2_checkpoint_cut_inside_an_epoch_is_refused_without_its_state():
+    state = checkpoint_after(build(records=8), 20)
+    with pytest.raises(CheckpointError, match="holds no state of operator 'pack_flat'"):
+        list(build(records=8).restore(as_version_2(state)))
+
+
+def test_damaged_record_state_is_refused_with_a_clear_error():
+    state = checkpoint_after(build(records=8), 20)
+    lanes = [lane for lane in state["lanes"].values() if "$zrec" in json.dumps(lane)]
+    saved = lanes[0]["operator_state"]
+    key_ = next(k for k in RECORD_STATES if "$zrec" in json.dumps(saved[k]))
+    # the first named record now points into a dataset the source does not have
+    text = re.sub(r'"\$zrec": \[\[\d+', '"$zrec": [[7', json.dumps(saved[key_]), count=1)
+    saved[key_] = json.loads(text)
+    with pytest.raises(CheckpointError, match=r"could not be rebuilt .*IndexError"):
+        list(build(records=8).restore(seal(state)))
+
+
+def test_a_plan_that_cannot_snapshot_says_why_and_restores_from_the_flush(reference):
+    pipe = build(shuffle="block")
+    assert "snapshots off" in str(pipe.explain()) and "'shuffle'" in str(pipe.explain())
+    full = [key(b) for b in build(shuffle="block")]
+    state = checkpoint_after(build(shuffle="block"), 20)
+    k = state["config"]["flush_every_k_chunks"]
+    assert all(lane["start_chunk_id"] % k == 0 for lane in state["lanes"].values())
+    assert [key(b) for b in build(shuffle="block").restore(state)] == full[20:]
+    assert "snapshots every 1 chunk" in str(build().explain())
