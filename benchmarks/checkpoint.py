@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from typing import Any
 
@@ -111,42 +112,67 @@ def first_batch_s(pipe: Pipeline) -> tuple[float, Any]:
     return elapsed, first
 
 
+def median_first_batch(make: Any, repeats: int) -> tuple[float, Any]:
+    runs = [first_batch_s(make()) for _ in range(repeats)]
+    return statistics.median(r[0] for r in runs), runs[0][1]
+
+
+def state_bytes(state: dict[str, Any]) -> dict[str, float]:
+    """Checkpoint bytes per open pack bin, per buffered shuffle record, per queued record."""
+    sizes = {"per_open_bin": [0, 0], "per_shuffled": [0, 0], "per_mixture_queued": [0, 0]}
+    for lane in state["lanes"].values():
+        ops = lane.get("operator_state") or {}
+        pack, shuffle, mixture = ops.get("3") or {}, ops.get("4") or {}, ops.get("5") or {}
+        if pack:
+            sizes["per_open_bin"][0] += len(json.dumps(pack))
+            sizes["per_open_bin"][1] += len(pack["packer"]["bins"])
+        if shuffle:
+            sizes["per_shuffled"][0] += len(json.dumps(shuffle))
+            sizes["per_shuffled"][1] += len(shuffle["items"])
+        if mixture:
+            queued = json.dumps(mixture).count("$zrec")
+            sizes["per_mixture_queued"][0] += len(json.dumps(mixture))
+            sizes["per_mixture_queued"][1] += queued
+    return {k: round(b / n) if n else 0 for k, (b, n) in sizes.items()}
+
+
 def restore_points(docs: int, lanes: int, points: int, records: int | None) -> dict[str, Any]:
     """Restore to first batch at ``points`` stop points: snapshots against epoch replay."""
-    probe = build_packed(docs, lanes, every=1, records=records)
-    cold_s, _ = first_batch_s(probe)
-    total = sum(1 for _ in build_packed(docs, lanes, every=1, records=records))
-    stops = sorted({max(1, total * i // (points + 1)) for i in range(1, points + 1)} | {total - 2})
+
+    def make(every: int, state: dict[str, Any] | None = None) -> Pipeline:
+        pipe = build_packed(docs, lanes, every=every, records=records)
+        return pipe if state is None else pipe.restore(state)
+
+    total = sum(1 for _ in make(1))
+    stops = sorted({max(1, total * i // (points + 1)) for i in range(1, points)} | {total - 2})
     rows = []
-    for stop in stops[-points:]:
-        pipe = build_packed(docs, lanes, every=1, records=records)
-        it = iter(pipe)
-        for _ in range(stop):
-            next(it)
-        state = json.loads(json.dumps(pipe.checkpoint()))
-        expected = next(it)
-        it.close()  # type: ignore[attr-defined]
-        row: dict[str, Any] = {"stop": stop, "checkpoint_bytes": len(json.dumps(state))}
+    sizes: dict[str, float] = {}
+    for stop in stops:
+        cold_s, _ = median_first_batch(lambda: make(1), 3)
+        state = checkpoint_at(make(1), stop)
+        expected_ids = state.pop("expected")
+        replay = checkpoint_at(make(0), stop)
+        replay.pop("expected")
+        row: dict[str, Any] = {"stop": stop, "cold_s": round(cold_s, 3)}
+        row["checkpoint_bytes"] = len(json.dumps(state))
         row["refetch"] = sum(refetch_counts(state).values())
-        replay = replay_state(docs, lanes, stop, records)
-        for name, saved in (("snapshot", state), ("replay", replay)):
-            every = 1 if name == "snapshot" else 0
-            restored = build_packed(docs, lanes, every=every, records=records).restore(saved)
-            seconds, first = first_batch_s(restored)
-            assert first.ids == expected.ids, f"{name} restore at {stop} did not continue exactly"
+        for name, every, saved, repeats in (("snapshot", 1, state, 3), ("replay", 0, replay, 1)):
+            seconds, first = median_first_batch(lambda e=every, s=saved: make(e, s), repeats)
+            assert first.ids == expected_ids, f"{name} restore at {stop} did not continue exactly"
             row[f"{name}_s"] = round(seconds, 3)
             row[f"{name}_x_cold"] = round(seconds / cold_s, 2)
         rows.append(row)
-    return {"cold_first_batch_s": round(cold_s, 3), "batches": total, "rows": rows}
+        sizes = sizes or state_bytes(state)
+    return {"batches": total, "rows": rows, "state_bytes": sizes}
 
 
-def replay_state(docs: int, lanes: int, stop: int, records: int | None) -> dict[str, Any]:
-    """A checkpoint at ``stop`` taken without snapshots (what a replay restore starts from)."""
-    pipe = build_packed(docs, lanes, every=0, records=records)
+def checkpoint_at(pipe: Pipeline, stop: int) -> dict[str, Any]:
+    """The checkpoint after ``stop`` batches (JSON round trip), with the next batch's ids."""
     it = iter(pipe)
     for _ in range(stop):
         next(it)
     state = json.loads(json.dumps(pipe.checkpoint()))
+    state["expected"] = next(it).ids
     it.close()  # type: ignore[attr-defined]
     return state
 
@@ -165,7 +191,7 @@ def main() -> None:
     parser.add_argument("--packed-docs", type=int, default=240_000, help="documents of table 2")
     parser.add_argument("--packed-lanes", type=int, default=2)
     parser.add_argument("--points", type=int, default=10)
-    parser.add_argument("--snapshot-every-records", type=int, default=2048)
+    parser.add_argument("--snapshot-every-records", type=int, default=1024)
     parser.add_argument("--skip-monotone", action="store_true")
     args = parser.parse_args()
     out: dict[str, Any] = {"benchmark": "checkpoint"}
@@ -176,7 +202,7 @@ def main() -> None:
     packed = restore_points(
         args.packed_docs, args.packed_lanes, args.points, args.snapshot_every_records
     )
-    print(f"cold first batch {packed['cold_first_batch_s']} s, {packed['batches']} batches")
+    print(f"{packed['batches']} batches; checkpoint bytes: {packed['state_bytes']}")
     print_table(packed["rows"])
     worst = max(r["snapshot_x_cold"] for r in packed["rows"])
     print(f"worst snapshot restore: {worst}x the cold first batch")
