@@ -27,6 +27,7 @@ import sys
 import time
 from array import array
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
@@ -346,7 +347,9 @@ class Driver:
             _next_messages(messages, choice["message"], k)
         return run
 
-    async def until(self, condition: Any, what: str, timeout: float = _DEADLINE_S) -> None:
+    async def until(
+        self, condition: Callable[[], bool], what: str, timeout: float = _DEADLINE_S
+    ) -> None:
         """Wait for ``condition()`` (re-checked whenever the harness makes progress)."""
         deadline = time.monotonic() + timeout
         while not condition():
