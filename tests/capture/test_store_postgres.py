@@ -11,6 +11,7 @@ from tests.capture._pg import fresh_schema_url, pg_dsn, pg_url  # noqa: F401
 from tests.capture._workload import make_entry
 from zephon.capture.conformance import run_conformance
 from zephon.capture.stores import open_store
+from zephon.capture.stores._pgserver import EmbeddedPostgres
 from zephon.capture.stores._postgres import PostgresStore
 from zephon.capture.testing import Mutation, assert_mutation_caught
 
@@ -71,3 +72,25 @@ def test_schema_is_created_when_missing_and_options_are_stripped(pg_dsn: str) ->
 @pytest.mark.timeout(60)
 def test_postgres_store_mutations_are_caught(pg_url: str, mutation: Mutation) -> None:  # noqa: F811
     assert_mutation_caught(lambda: open_store(pg_url), mutation)
+
+
+@pytest.mark.timeout(90)
+def test_a_client_idle_through_a_server_restart_works_on_its_first_call() -> None:
+    """Every pooled client that sat idle while the server restarted held a dead connection;
+    its next operation (a proxy's lineage lookup, intent or put, possibly long after the
+    outage) must not be the one that fails."""
+    server = EmbeddedPostgres()
+    server.start()
+    try:
+        url = fresh_schema_url(server.dsn)
+        writer, reader = PostgresStore.from_url(url), PostgresStore.from_url(url)
+        asyncio.run(writer.put(make_entry("idle", "c1")))
+        server.pause()
+        server.resume()  # the same port and data: both clients' connections are gone
+        asyncio.run(writer.put(make_entry("idle", "c2")))
+        snap = asyncio.run(reader.freeze("idle"))
+        assert sorted(e.model_call_id for e in snap.entries) == ["c1", "c2"]
+        asyncio.run(writer.close())
+        asyncio.run(reader.close())
+    finally:
+        server.stop()

@@ -14,7 +14,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 
-__all__ = ["REPO", "Proc", "child_env", "start_engine", "start_proxy", "wait_for_workers"]
+__all__ = [
+    "REPO",
+    "Proc",
+    "child_env",
+    "start_engine",
+    "start_proxy",
+    "wait_for_workers",
+    "wait_group_gone",
+]
 
 
 @dataclass
@@ -40,6 +48,27 @@ class Proc:
         self.popen.kill()
         self.popen.wait(10)
 
+    def kill_group(self, timeout: float = 20.0) -> None:
+        """SIGKILL the process and every process it started (a proxy's workers): the whole
+        server crashes at once. Returns once none of them is left."""
+        os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(timeout)
+        wait_group_gone(self.popen.pid, timeout)
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+
+
+def wait_group_gone(pgid: int, timeout: float = 20.0) -> None:
+    """Until no process of group ``pgid`` is left (a condition polled with a deadline)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, f"processes of group {pgid} are still running"
+        time.sleep(0.02)  # polling a condition of other processes, not synchronising on time
+
 
 def child_env() -> dict[str, str]:
     """The environment of test children: this checkout on the path, and spill journals in a
@@ -53,8 +82,15 @@ def _spawn(
     cmd: list[str], marker: str, log: Path, timeout: float = 30.0
 ) -> tuple[subprocess.Popen[str], str]:
     err = open(log, "w")  # noqa: SIM115 - the child owns it
+    # A session (and process group) of its own: kill_group reaches every process it starts.
     popen = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO, env=child_env()
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+        cwd=REPO,
+        env=child_env(),
+        start_new_session=True,
     )
     err.close()
     assert popen.stdout is not None

@@ -13,7 +13,9 @@ Faults for tests, chosen per request with the extra body field ``test_engine_fau
 ``no_token_ids`` (generated ids only via log-prob tokens), ``mismatch`` (the two disagree),
 ``error500``, ``hold`` (with ``test_engine_hold`` = a token: wait until
 ``POST /test/release/<token>``, then apply ``test_engine_after_hold`` as the fault;
-``GET /test/stats`` counts held calls per token). A prompt
+``GET /test/stats`` counts held calls per token). A chat request tagged with the extra body
+field ``test_engine_tag`` is logged once generated: ``GET /test/generated`` maps each tag to
+the hex sha256 of its prompt ids (what a test compares the store against). A prompt
 longer than ``--max-model-len`` minus ``max_tokens`` gets vLLM's 400 context-length error.
 
 Run: ``python -m tests.capture.proxy.engine --tokenizer FILE [--port 0]``; prints
@@ -181,6 +183,7 @@ def build_app(model: Model) -> Any:
 
     stats: dict[str, Any] = {"chat": 0, "completions": 0, "tokenize": 0, "held": {}}
     releases: dict[str, asyncio.Event] = {}
+    generated: dict[str, str] = {}
 
     def too_long(prompt: list[int], max_tokens: int) -> Response | None:
         if len(prompt) + max_tokens <= model.max_model_len:
@@ -254,7 +257,10 @@ def build_app(model: Model) -> Any:
             prompt, tools, messages[-1]["role"], max_tokens
         )
         logprobs, token_ids = choice_tokens(body, gen, chat=True)
-        cid = "chatcmpl-" + hashlib.sha256(array("Q", prompt).tobytes()).hexdigest()[:16]
+        prompt_hash = hashlib.sha256(array("Q", prompt).tobytes()).hexdigest()
+        if body.get("test_engine_tag"):
+            generated[str(body["test_engine_tag"])] = prompt_hash
+        cid = "chatcmpl-" + prompt_hash[:16]
         message = {
             "role": "assistant",
             "content": content if not calls else None,
@@ -353,6 +359,9 @@ def build_app(model: Model) -> Any:
     async def get_stats(_request: Request) -> Response:
         return JSONResponse(stats)
 
+    async def get_generated(_request: Request) -> Response:
+        return JSONResponse(generated)
+
     async def do_release(request: Request) -> Response:
         releases.setdefault(request.path_params["token"], asyncio.Event()).set()
         return JSONResponse({"released": True})
@@ -365,6 +374,7 @@ def build_app(model: Model) -> Any:
             Route("/v1/models", models_, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/test/stats", get_stats, methods=["GET"]),
+            Route("/test/generated", get_generated, methods=["GET"]),
             Route("/test/release/{token}", do_release, methods=["POST"]),
         ]
     )

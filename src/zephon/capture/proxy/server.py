@@ -3,7 +3,8 @@
 The socket is bound once, in the supervisor, and inherited by every worker (so ``--port 0``
 works and all workers accept on the same port); each worker is a spawned process running its
 own event loop, engine client and store client. A worker that dies is replaced. SIGINT or
-SIGTERM stops the workers gracefully (in-flight calls finish) and then the supervisor.
+SIGTERM stops the workers gracefully (in-flight calls finish) and then the supervisor; a
+supervisor that dies (SIGKILL) takes its workers with it, each finishing its in-flight calls.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -87,6 +89,25 @@ def _uvicorn_config(app: Any, log_level: str, access_log: bool) -> Any:
     )
 
 
+def _follow_supervisor(server: Any) -> None:
+    """Shut the worker down gracefully once its supervisor is gone.
+
+    A supervisor that is SIGKILLed cannot stop its workers; without this they would keep
+    serving the inherited socket unsupervised and hold the port, so the proxy could not be
+    restarted on it.
+    """
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        log.warning("zephon capture proxy: supervisor exited; worker %d stops", os.getpid())
+        server.should_exit = True
+
+    threading.Thread(target=watch, name="zephon-proxy-supervisor-watch", daemon=True).start()
+
+
 def _worker(config_env: str, sock: socket.socket, log_level: str, access_log: bool) -> None:
     import uvicorn
 
@@ -94,6 +115,7 @@ def _worker(config_env: str, sock: socket.socket, log_level: str, access_log: bo
 
     os.environ[CONFIG_ENV] = config_env
     server = uvicorn.Server(_uvicorn_config(create_app_from_env(), log_level, access_log))
+    _follow_supervisor(server)
     server.run(sockets=[sock])
 
 

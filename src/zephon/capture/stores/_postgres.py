@@ -13,7 +13,9 @@ missing), ``offload`` is ``thread`` (default) or ``inline``. Everything else is 
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import select
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +41,21 @@ CREATE TABLE IF NOT EXISTS capture_entries (
 );
 ALTER TABLE capture_entries ALTER COLUMN payload SET STORAGE EXTERNAL
 """
+
+
+def _closed_by_server(conn: Any) -> bool:
+    """Whether the server dropped this idle connection (restart, failover, idle timeout).
+
+    Between transactions the server sends nothing unasked, so a readable socket means it
+    said goodbye (a termination notice, then EOF). Found before a transaction starts, a
+    reconnect is safe: nothing of the operation was sent yet. Otherwise every client idle
+    through a restart would fail its next operation, however long after the outage.
+    """
+    try:
+        readable, _, _ = select.select([conn.pgconn.socket], [], [], 0)
+    except Exception:  # no socket any more (a broken connection)
+        return True
+    return bool(readable)
 
 
 def _quote_ident(name: str) -> str:
@@ -107,9 +124,11 @@ class PostgresStore(SqlStore):
     def _txn(self, write: bool) -> Iterator[Cursor]:
         # Pipeline mode: statements whose results are not read (the inserts and the state
         # update after the decision) go out without waiting, so a put costs ~2 round trips.
-        if self._conn.broken or self._conn.closed:
-            # The server went away (restart, failover): the call that saw it failed; this one
+        if self._conn.broken or self._conn.closed or _closed_by_server(self._conn):
+            # The server went away (restart, failover): a call that saw it failed; this one
             # reconnects, or fails the same way while the server is still down.
+            with contextlib.suppress(Exception):
+                self._conn.close()
             self._conn = self._connect()
         with (
             self._conn.pipeline(),
