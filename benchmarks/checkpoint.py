@@ -191,7 +191,7 @@ def main() -> None:
     parser.add_argument("--packed-docs", type=int, default=240_000, help="documents of table 2")
     parser.add_argument("--packed-lanes", type=int, default=2)
     parser.add_argument("--points", type=int, default=10)
-    parser.add_argument("--snapshot-every-records", type=int, default=1024)
+    parser.add_argument("--snapshot-every-records", type=int, default=512)
     parser.add_argument("--skip-monotone", action="store_true")
     args = parser.parse_args()
     out: dict[str, Any] = {"benchmark": "checkpoint"}

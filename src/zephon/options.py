@@ -48,7 +48,7 @@ class RuntimeOptions:
     ``snapshot_every_chunks`` / ``snapshot_every_records``: how often a plan with packing,
     shuffling or mixture correction takes an aligned snapshot of its open state (at every
     ``snapshot_every_chunks``-th chunk start, and within a chunk every
-    ``snapshot_every_records`` records, 1024 by default). A restore starts at the newest
+    ``snapshot_every_records`` records, 512 by default). A restore starts at the newest
     delivered snapshot instead of the last flush, re-fetching only the records the snapshot
     names. Neither
     changes the output; ``snapshot_every_chunks=0`` turns snapshots off (restores replay from
@@ -78,7 +78,7 @@ class RuntimeOptions:
     quarantine: str | os.PathLike[str] | None = None
     fuse: bool = True
     snapshot_every_chunks: int = 1
-    snapshot_every_records: int | None = 1024
+    snapshot_every_records: int | None = 512
 
     def updated(self, **changes: Any) -> RuntimeOptions:
         known = {f.name for f in fields(self)}

@@ -56,8 +56,15 @@ def test_checkpoint_inspect_and_diff(workdir: Path, capsys) -> None:
     assert info["file"] == str(b) and info["delivered"] == 10
     assert [lane["lane"] for lane in info["lanes"]] == [0, 1]
     assert info["operators"] == ["fetch", "decode_text", "tokenize", "pack_flat", "batch"]
+    # still inside the first chunk: no snapshot delivered yet, so nothing to re-read
+    assert [(lane["restart_chunk"], lane["restart_offset"]) for lane in info["lanes"]] == [
+        (0, 0),
+        (0, 0),
+    ]
+    assert [lane["refetch"] for lane in info["lanes"]] == [0, 0]
     assert main(["checkpoint", "inspect", str(a)]) == 0
-    assert "lanes (4 items delivered)" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "lanes (4 items delivered)" in shown and "re-fetch" in shown
 
     assert main(["checkpoint", "diff", str(a), str(a)]) == 0
     assert "identical" in capsys.readouterr().out

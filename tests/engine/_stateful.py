@@ -34,7 +34,7 @@ def build(cfg: dict[str, Any], **options: Any) -> Pipeline:
         "canonical_replicas": cfg["replicas"],
         "flush_every_k_chunks": cfg["k"],
         "snapshot_every_chunks": cfg.get("snap_chunks", 1),
-        "snapshot_every_records": cfg.get("snap_records", 1024),
+        "snapshot_every_records": cfg.get("snap_records", 512),
         **options,
     }
     return pipe.options(**opts)

@@ -125,8 +125,7 @@ class CloserTracker:
         return bool(self._open) or bool(self._deferred)
 
     def state(self) -> dict[str, Any]:
-        """Open base offsets (with fragment counts) and deferred closers, for a snapshot:
-        copies made in C, since a snapshot is taken every few thousand records."""
+        """Open base offsets (with fragment counts) and deferred closers, for a snapshot."""
         return {"open": dict(self._open), "deferred": list(self._deferred)}
 
     @classmethod
@@ -134,6 +133,19 @@ class CloserTracker:
         tracker = cls()
         tracker._open = {(int(c), int(o)): int(n) for (c, o), n in state["open"].items()}
         tracker._deferred = {(int(c), int(o)) for c, o in state["deferred"]}
+        return tracker
+
+    def deferred(self) -> list[BaseKey]:
+        """The deferred closers alone: a buffer's open offsets follow from what it holds."""
+        return list(self._deferred)
+
+    @classmethod
+    def of_buffer(cls, metas: Iterable[SampleMeta], deferred: Iterable[Any]) -> CloserTracker:
+        """The tracker of a buffer holding ``metas``: each was added and not yet settled."""
+        tracker = cls()
+        for meta in metas:
+            tracker.add(meta)
+        tracker._deferred = {(int(c), int(o)) for c, o in deferred}
         return tracker
 
 

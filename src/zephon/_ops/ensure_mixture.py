@@ -131,7 +131,7 @@ class MixtureAccumulator(Accumulator):
             "mixed": list(lane.mixed),
             "obsolete": list(lane.obsolete),
             "counters": [lane.buffered, lane.arrivals, lane.outputs, lane.draining],
-            "tracker": lane.tracker.state(),
+            "deferred": lane.tracker.deferred(),
         }
 
     def load_state_dict(self, lane_id: LaneId, state: dict[str, Any]) -> None:
@@ -144,7 +144,9 @@ class MixtureAccumulator(Accumulator):
         lane.mixed = list(state["mixed"])
         lane.obsolete = deque(state["obsolete"])
         lane.buffered, lane.arrivals, lane.outputs, lane.draining = state["counters"]
-        lane.tracker = CloserTracker.from_state(state["tracker"])
+        held = [e[1].meta for q in lane.queues.values() for e in q]
+        held += [e[1].meta for e in lane.mixed] + [e[1].meta for e in lane.obsolete]
+        lane.tracker = CloserTracker.of_buffer(held, state["deferred"])
 
     def __init__(self, op: EnsureMixtureOp) -> None:
         self.op = op

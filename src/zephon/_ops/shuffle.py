@@ -69,7 +69,8 @@ class StreamingShuffleAccumulator(Accumulator):
     state_payloads_lazy = True  # payloads are read only at push, so rebuilt on leaving
 
     def state_dict(self, lane_id: LaneId) -> dict[str, Any]:
-        """The lane's reservoir (records in slot order), target and emission count."""
+        """The lane's reservoir (records in slot order), target and emission count. Copies a
+        list only: the closer tracker's open offsets are those of the records it holds."""
         res = self._lanes.get(lane_id)
         if res is None:
             return {}
@@ -77,7 +78,7 @@ class StreamingShuffleAccumulator(Accumulator):
             "items": list(res.items),
             "emitted": res.emitted,
             "target": res.target,
-            "tracker": res.tracker.state(),
+            "deferred": res.tracker.deferred(),
         }
 
     def load_state_dict(self, lane_id: LaneId, state: dict[str, Any]) -> None:
@@ -88,7 +89,7 @@ class StreamingShuffleAccumulator(Accumulator):
         res.items = list(state["items"])
         res.emitted = int(state["emitted"])
         res.target = int(state["target"])
-        res.tracker = CloserTracker.from_state(state["tracker"])
+        res.tracker = CloserTracker.of_buffer((e.meta for e in res.items), state["deferred"])
 
     def __init__(self, buffer_size: int, seed: int) -> None:
         self.buffer_size = buffer_size

@@ -1,0 +1,89 @@
+"""Snapshot states through JSON: records by meta, every Python type back as it was."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from zephon._engine.snapshot_codec import HeldRecord, decode, encode, fill, held_records
+from zephon.errors import ContractError
+from zephon.types import (
+    TAG_CONTRIBUTORS,
+    TAG_PACKING,
+    TAG_TARGET_MIXTURE,
+    ContributorRef,
+    SampleCursor,
+    SampleMeta,
+    SampleRecord,
+)
+
+ints = st.integers(min_value=-5, max_value=10**9)
+cursors = st.builds(
+    SampleCursor,
+    ints,
+    ints,
+    st.tuples(*[st.integers(0, 9)] * 2) | st.just(()),
+    st.tuples(ints, ints, ints),
+)
+metas = st.builds(
+    lambda cursor, lane, refs, segments, counts, target: SampleMeta(
+        cursor.sample_id,
+        lane,
+        cursor.chunk_id,
+        cursor.chunk_offset,
+        cursor.lineage,
+        cursor.sample_id[0],
+        counts,
+        {
+            TAG_CONTRIBUTORS: tuple(ContributorRef(c, last) for c, last in refs),
+            TAG_PACKING: {"segments": tuple(segments), "component_tokens": {0: 3, 1: 4}},
+            TAG_TARGET_MIXTURE: target,
+            "user": [1, "two", {"three": 3.5}],
+        },
+    ),
+    cursors,
+    st.integers(0, 7),
+    st.lists(st.tuples(cursors, st.booleans()), min_size=1, max_size=4),
+    st.lists(st.tuples(cursors, st.integers(0, 99), st.integers(0, 99)), min_size=1),
+    st.none() | st.dictionaries(st.integers(0, 3), st.integers(0, 9)),
+    st.dictionaries(st.sampled_from(["a", "b"]), st.floats(0.01, 1.0)),
+)
+
+
+@given(st.lists(metas, max_size=4), st.integers(), st.floats(allow_nan=False))
+def test_records_come_back_as_their_metas_and_everything_else_equal(metas_, n, x):
+    state: dict[str, Any] = {
+        "items": [SampleRecord(m, {"input_ids": [1, 2, 3]}) for m in metas_],
+        "queues": {0: deque([(1, SampleRecord(m, None), {0: 1.0}) for m in metas_])},
+        "counters": (n, x, True, None),
+        "$zt": "a plain key that looks like a tag",
+    }
+    text = json.dumps(encode(state))
+    assert "input_ids" not in text  # payloads are never written
+    back = decode(json.loads(text))
+    held = held_records(back)
+    assert all(isinstance(h, HeldRecord) for h in held)
+    assert sorted(map(repr, (h.meta for h in held))) == sorted(map(repr, metas_ * 2))
+    filled = fill(back, {id(h): "rebuilt" for h in held})
+    assert [r.meta for r in filled["items"]] == metas_
+    assert all(r.payload == "rebuilt" for r in filled["items"])
+    assert [(a, r.meta, c) for a, r, c in filled["queues"][0]] == [(1, m, {0: 1.0}) for m in metas_]
+    assert isinstance(filled["queues"][0], deque)
+    assert filled["counters"] == (n, x, True, None)
+    assert filled["$zt"] == "a plain key that looks like a tag"
+
+
+def test_numpy_scalars_become_numbers_and_infinities_survive():
+    back = decode(json.loads(json.dumps(encode([np.int64(3), np.float32(0.5), float("inf")]))))
+    assert back == [3, 0.5, float("inf")]
+
+
+def test_what_a_checkpoint_cannot_hold_is_named():
+    with pytest.raises(ContractError, match=r"operator 'x'.*cannot save a ndarray"):
+        encode({"buffer": np.zeros(3)}, "operator 'x'")
