@@ -45,6 +45,12 @@ class RuntimeOptions:
     operator, and let consecutive driver operators (replay filter, batch) share a driver thread;
     the output is the same either way, and ``explain()`` names the fused and chained operators.
 
+    ``engine_process``: run the whole engine (source, operators, tail) in a spawned child
+    process and hand finished items to this one through shared memory, so a consumer that
+    holds the GIL (a training loop) and the engine's own Python work do not slow each other
+    down. Checkpoints stay exact: they are taken where you receive the items. See
+    docs/runners.md.
+
     ``quarantine``: a JSONL file that receives one line per record skipped with
     ``on_error="skip"`` (dataset, shard, row, file, line, reason), each record once even across
     restores. Skipped records are logged and counted in ``stats()`` with or without it.
@@ -68,6 +74,7 @@ class RuntimeOptions:
     log_every_s: float | None = None
     quarantine: str | os.PathLike[str] | None = None
     fuse: bool = True
+    engine_process: bool = False
 
     def updated(self, **changes: Any) -> RuntimeOptions:
         known = {f.name for f in fields(self)}
@@ -107,6 +114,12 @@ class RuntimeOptions:
             raise ConfigError(
                 f"process_pool must be 'shared' or 'per_op', got {self.process_pool!r}"
                 + did_you_mean(self.process_pool, ("shared", "per_op"))
+            )
+        if self.engine_process and self.runner == "ray":
+            raise ConfigError(
+                "engine_process=True cannot run runner='ray': Ray stages belong to the Ray "
+                "session of the process that iterates; use runner='threads' or 'process' "
+                "with engine_process, or drop engine_process"
             )
         if self.on_error not in ("raise", "skip"):
             raise ConfigError(
