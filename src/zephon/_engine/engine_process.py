@@ -196,7 +196,7 @@ class EngineProcess:
         try:
             while True:
                 try:
-                    message = receiver.recv()
+                    message = receiver.recv(shm.loads_resolved)
                 except EOFError:
                     raise self._died(receiver.received) from None
                 except FileNotFoundError:
@@ -210,7 +210,6 @@ class EngineProcess:
                     _, item, self._position, stats = message
                     if stats is not None:
                         self._last_stats = stats
-                    shm.resolve_items((item,))
                     yield item
                 elif kind == END:
                     _, self._position, self._last_stats = message

@@ -148,10 +148,13 @@ class ShmArrayRef:
         return f"ShmArrayRef(segment={self.args[0]!r}, dtype={self.dtype}, shape={self.shape})"
 
 
+_RESOLVING = threading.local()  # set by loads_resolved() around its unpickling
+
+
 def _load_array(name: str, offset: int, dtype: Any, shape: tuple[int, ...]) -> Any:
     """Unpickle hook: an array view in workers, a lazy handle in the engine process."""
     args = (name, offset, dtype, shape)
-    if _RESOLVE_ON_LOAD:
+    if _RESOLVE_ON_LOAD or getattr(_RESOLVING, "on", False):
         return _view(args)
     return ShmArrayRef(_map(name), args)
 
@@ -244,6 +247,16 @@ class Encoder:
 
 def loads(data: bytes) -> Any:
     return pickle.loads(data)
+
+
+def loads_resolved(data: bytes) -> Any:
+    """Unpickle with every array as a view on its segment (for a final consumer: no handles
+    to resolve afterwards, so no walk over the payloads)."""
+    _RESOLVING.on = True
+    try:
+        return pickle.loads(data)
+    finally:
+        _RESOLVING.on = False
 
 
 # -- resolving handles where payloads are read ----------------------------------------------
