@@ -201,8 +201,10 @@ class EngineProcess:
                     raise self._died(receiver.received) from None
                 except FileNotFoundError:
                     # A message sent just before the child died names segments its workers
-                    # removed when they saw it go: that item was never handed over.
-                    if self._proc.is_alive():
+                    # removed when they saw it go: that item was never handed over. (They
+                    # see it go as its pipes close, a moment before it can be reaped.)
+                    self._proc.join(timeout=10)
+                    if self._proc.exitcode is None:
                         raise
                     raise self._died(receiver.received) from None
                 kind = message[0]
