@@ -26,6 +26,7 @@ from typing import Any
 
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+from overhead import CONFIGS, rows_for
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 
 
@@ -127,50 +128,12 @@ def passthrough_rate(runner: str, n: int, track_stats: bool = True) -> float:
     return n / (time.perf_counter() - start)
 
 
-def overhead_run(maps: int, runner: str, fuse: bool, n: int) -> tuple[float, float]:
-    """docs/s and CPU-us per doc (this process, every thread) of the overhead pipeline."""
-    rows = [{"text": "word"} for _ in range(n)]
-    source = StaticMixtureWorkSource(
-        datasets=[Dataset.from_records("rows", rows)],
-        mixture=MixtureSpec({"rows": 1.0}),
-        chunk_size=4096,
-        seed=0,
-    )
-    pipe = Pipeline(source)
-    for _ in range(maps):
-        pipe = pipe.map_transform(_identity)
-    pipe = pipe.batch(64).options(runner=runner, fuse=fuse)
-    cpu, wall = time.process_time(), time.perf_counter()
-    count = sum(len(batch) for batch in pipe)
-    assert count == n - n % 64, count
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    return count / wall, cpu / count * 1e6
-
-
-OVERHEAD_CONFIGS = (("inline", True), ("threads", True), ("threads", False))
+OVERHEAD_CONFIGS = {name: CONFIGS[name] for name in ("inline", "threads", "threads fuse=False")}
 
 
 def overhead_rows(n: int, rounds: int) -> list[dict[str, Any]]:
-    """Rounds interleave every configuration, so ratios compare runs under the same load."""
-    rows: list[dict[str, Any]] = []
-    for maps in (0, 4):
-        runs: dict[tuple[str, bool], list[tuple[float, float]]] = {c: [] for c in OVERHEAD_CONFIGS}
-        for _ in range(rounds):
-            for runner, fuse in OVERHEAD_CONFIGS:
-                runs[(runner, fuse)].append(overhead_run(maps, runner, fuse, n))
-        inline = runs[("inline", True)]
-        for (runner, fuse), got in runs.items():
-            ratio = [g[0] / i[0] for g, i in zip(got, inline, strict=True)]
-            rows.append(
-                {
-                    "bench": f"overhead, {maps} x map" if maps else "overhead, no map",
-                    "runner": runner if runner == "inline" or fuse else f"{runner} fuse=False",
-                    "records_per_s": round(statistics.median(g[0] for g in got)),
-                    "cpu_us_per_doc": round(statistics.median(g[1] for g in got), 2),
-                    "vs_inline": round(statistics.median(ratio), 3),
-                }
-            )
-    return rows
+    """The engine-overhead rows of benchmarks/overhead.py for inline and threads."""
+    return [r for maps in (0, 4) for r in rows_for(maps, n, rounds, configs=OVERHEAD_CONFIGS)]
 
 
 def main() -> None:
@@ -272,6 +235,7 @@ def _print(rows: list[dict[str, Any]], note: str) -> None:
         "bench",
         "runner",
         "records_per_s",
+        "docs_per_s",
         "cpu_us_per_doc",
         "vs_inline",
         "us_per_record",

@@ -1,3 +1,5 @@
+import pickle
+
 import pytest
 
 from zephon.types import (
@@ -45,3 +47,16 @@ def test_batch_rejects_mixed_lanes():
 def test_sentinel_is_control():
     s = flush_sentinel(3, 8)
     assert s.meta.is_sentinel and is_control(s) and s.meta.lane_id == 3
+
+
+def test_records_metas_and_batches_pickle_to_equal_objects():
+    metas = [
+        SampleMeta((0, 1, i), 2, 7, i, (0, i), 1, {1: 1}, {"_contributors": ()}) for i in range(5)
+    ]
+    batch = SampleBatch([SampleRecord(m, {"ids": [i]}) for i, m in enumerate(metas)])
+    for value in (metas[0], batch.records[0], batch, SampleBatch([])):
+        copy = pickle.loads(pickle.dumps(value, protocol=5))
+        assert copy == value and type(copy) is type(value)
+    copy = pickle.loads(pickle.dumps(batch))
+    assert [r.meta.tags for r in copy] == [m.tags for m in metas]
+    assert copy.records[0].meta.tags is not copy.records[1].meta.tags

@@ -12,6 +12,7 @@
     ├── OperatorError (RuntimeError)      an operator raised; carries its name and the cause
     ├── ContractError (RuntimeError)      an operator or accumulator broke the contract
     ├── ReorderError (RuntimeError)       a duplicate or missing micro-batch sequence number
+    ├── EngineProcessError (RuntimeError) the engine process (engine_process=True) died
     └── CheckpointError (ValueError)      a checkpoint is corrupt or from another configuration
 
 Warnings: ``CacheThrashingWarning`` (UserWarning), a node cache too small for its working set.
@@ -152,6 +153,25 @@ class ContractError(ZephonError, RuntimeError):
 
 class ReorderError(ZephonError, RuntimeError):
     """The reorder buffer saw a duplicate or a missing sequence number."""
+
+
+class EngineProcessError(ZephonError, RuntimeError):
+    """The child process running the engine (``engine_process=True``) died or could not start.
+
+    ``exitcode`` is its exit status (negative: killed by that signal; None: unknown). What was
+    delivered before stays delivered: ``pipeline.checkpoint()`` resumes right after it.
+    """
+
+    def __init__(self, message: str, *, exitcode: int | None = None) -> None:
+        super().__init__(message)
+        self.exitcode = exitcode
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_engine_process_error, (str(self), self.exitcode))
+
+
+def _rebuild_engine_process_error(message: str, exitcode: int | None) -> EngineProcessError:
+    return EngineProcessError(message, exitcode=exitcode)
 
 
 class CheckpointError(ZephonError, ValueError):

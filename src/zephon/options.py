@@ -54,6 +54,12 @@ class RuntimeOptions:
     changes the output; ``snapshot_every_chunks=0`` turns snapshots off (restores replay from
     the last flush).
 
+    ``engine_process``: run the whole engine (source, operators, tail) in a spawned child
+    process and hand finished items to this one through shared memory, so a consumer that
+    holds the GIL (a training loop) and the engine's own Python work do not slow each other
+    down. Checkpoints stay exact: they are taken where you receive the items. See
+    docs/runners.md.
+
     ``quarantine``: a JSONL file that receives one line per record skipped with
     ``on_error="skip"`` (dataset, shard, row, file, line, reason), each record once even across
     restores. Skipped records are logged and counted in ``stats()`` with or without it.
@@ -79,6 +85,7 @@ class RuntimeOptions:
     fuse: bool = True
     snapshot_every_chunks: int = 1
     snapshot_every_records: int | None = 512
+    engine_process: bool = False
 
     def updated(self, **changes: Any) -> RuntimeOptions:
         known = {f.name for f in fields(self)}
@@ -127,6 +134,12 @@ class RuntimeOptions:
             raise ConfigError(
                 f"process_pool must be 'shared' or 'per_op', got {self.process_pool!r}"
                 + did_you_mean(self.process_pool, ("shared", "per_op"))
+            )
+        if self.engine_process and self.runner == "ray":
+            raise ConfigError(
+                "engine_process=True cannot run runner='ray': Ray stages belong to the Ray "
+                "session of the process that iterates; use runner='threads' or 'process' "
+                "with engine_process, or drop engine_process"
             )
         if self.on_error not in ("raise", "skip"):
             raise ConfigError(

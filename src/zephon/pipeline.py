@@ -8,6 +8,7 @@ from typing import Any, Literal, TypeVar
 
 from zephon._engine import checkpoint as ckpt
 from zephon._engine.engine import Engine
+from zephon._engine.engine_process import EngineProcess
 from zephon._engine.plan import OpSpec, Plan, Resources, ray_resources
 from zephon._engine.stats import RunStats
 from zephon._ops._chat_spans import LossScope, SpanSource
@@ -69,7 +70,7 @@ class Pipeline:
         self._options = RuntimeOptions()
         self.last_stats: RunStats | None = None
         self._batched = False
-        self._engine: Engine | None = None
+        self._engine: Engine | EngineProcess | None = None
         self._engine_done = True
         self._resume: ckpt.ParsedCheckpoint | None = None
 
@@ -493,7 +494,8 @@ class Pipeline:
             raise RuntimeError(
                 "this pipeline is already being iterated; finish or close that iterator first"
             )
-        engine = Engine(self.work_source, self._all_specs(), self._options, self._resume)
+        make = EngineProcess if self._options.engine_process else Engine
+        engine = make(self.work_source, self._all_specs(), self._options, self._resume)
         self._resume = None
         self._engine = engine
         self._engine_done = False
@@ -512,7 +514,7 @@ class Pipeline:
         first batch it describes the start (or the pending restore).
         """
         engine = self._engine
-        if engine is not None and self._resume is None and engine.feeder is not None:
+        if engine is not None and self._resume is None and engine.prepared:
             return engine.checkpoint()
         engine = Engine(self.work_source, self._all_specs(), self._options, self._resume)
         engine.prepare()

@@ -64,22 +64,25 @@ def test_stop_and_restore_across_fusion_settings(fuse, reference):
     assert out == reference
 
 
-def test_explain_names_fused_and_chained_operators_and_fuse_false_keeps_them_apart():
-    fused = build("threads").explain()
+@pytest.mark.parametrize("runner", ["threads", "process"])
+def test_explain_names_fused_and_chained_operators_and_fuse_false_keeps_them_apart(runner):
+    fused = build(runner).explain()
     assert fused.fused == [[0, 1, 2, 3, 4]]
     assert "fused: 0 fetch + 1 decode_text + 2 map_transform + 3 filter + 4 tokenize" in str(fused)
     assert fused.chained == [[5, 6]]  # the replay filter and batch share a driver thread
     assert "chained: 5 replay_filter + 6 batch (one driver thread)" in str(fused)
-    apart = build("threads", fuse=False).explain()
+    apart = build(runner, fuse=False).explain()
     assert apart.fused == [] and "fused:" not in str(apart)
     assert apart.chained == [] and "chained:" not in str(apart)
     assert build("inline").explain().fused == []
 
 
-def test_fused_stats_count_every_operator_as_unfused():
+@pytest.mark.parametrize("runner", ["threads", "process"])
+def test_fused_stats_count_every_operator_as_unfused(runner):
+    """Process workers send a fused chain's per-operator counts back with each reply."""
     counters = {}
     for fuse in (True, False):
-        pipe = build("threads", fuse=fuse)
+        pipe = build(runner, fuse=fuse)
         list(pipe)
         stats = pipe.stats()
         assert stats is not None
@@ -90,7 +93,8 @@ def test_fused_stats_count_every_operator_as_unfused():
     assert counters[True] == counters[False]
 
 
-def test_an_error_in_a_fused_operator_names_that_operator():
+@pytest.mark.parametrize("runner", ["threads", "process"])
+def test_an_error_in_a_fused_operator_names_that_operator(runner):
     def boom(payload: dict[str, Any]) -> dict[str, Any]:
         if payload["id"] == 321:
             raise ValueError("bad row")
@@ -98,6 +102,7 @@ def test_an_error_in_a_fused_operator_names_that_operator():
 
     ds = Dataset.from_records("rows", ROWS, shard_size=70)
     pipe = Pipeline(RangeSource([ds], chunk_size=24)).decode_text().map_transform(boom, name="b")
+    pipe.options(runner=runner)
     assert pipe.explain().fused == [[0, 1, 2]]
     with pytest.raises(ValueError, match="bad row") as info:
         list(pipe)

@@ -98,6 +98,12 @@ def test_restore_again_and_again_on_every_runner(reference, runner):
     assert got == reference
 
 
+def test_restore_with_the_engine_in_a_child_process(reference):
+    """Positions travel with every item; buffer states only when a newer snapshot is passed."""
+    got = resume.run_with_stops(lambda: build(engine_process=True, records=6), key, [9, 31])
+    assert got == reference
+
+
 def test_a_mid_epoch_checkpoint_restarts_at_the_snapshot_with_records_by_meta(reference):
     state = checkpoint_after(build(records=8), 20)
     lane = state["lanes"]["0"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import select
+import time
 from pathlib import Path
 
 from zephon._engine.shm import NAME_PREFIX, segment_files
@@ -34,3 +36,37 @@ def process_gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return "\nState:\tZ" in status
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid`` (from /proc; empty once it is gone)."""
+    found: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except (FileNotFoundError, ProcessLookupError):
+        return found
+    for task in tasks:
+        try:
+            found.extend(int(c) for c in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return found
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """Wait (on pidfds, no polling) until every process in ``pids`` has exited; return those
+    still running after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    alive = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        finally:
+            os.close(fd)
+        if not ready and not process_gone(pid):
+            alive.append(pid)
+    return alive

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import replace
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 from zephon._engine import checkpoint as ckpt
@@ -103,6 +103,15 @@ def snapshot_note(plan: SnapshotPlan, options: RuntimeOptions) -> str:
     if options.snapshot_every_records is not None:
         note += f" and every {options.snapshot_every_records} records"
     return note + ": a restore starts at the newest delivered snapshot"
+
+
+@dataclass(frozen=True)
+class Position:
+    """The consumer's position as a checkpoint records it, before encoding."""
+
+    lanes: list[ckpt.LaneCheckpoint]
+    order: list[int]
+    turn: int
 
 
 class Engine:
@@ -376,8 +385,13 @@ class Engine:
         lc = self.resume.lanes[lane]
         return lc.start_chunk_id, lc.source_state
 
-    def checkpoint(self) -> dict[str, Any]:
-        """The consumer-visible state: what has been delivered, per lane (see checkpoint.py)."""
+    @property
+    def prepared(self) -> bool:
+        """Whether the feeder and tail exist (a checkpoint then describes this iteration)."""
+        return self.feeder is not None
+
+    def position(self) -> Position:
+        """What a checkpoint records of the consumer's position (cheap: no encoding)."""
         feeder, mux = self.feeder, self.mux
         if feeder is None or mux is None:
             raise CheckpointError("the engine has not started")
@@ -402,13 +416,23 @@ class Engine:
                     start_offset=offset,
                 )
             )
+        return Position(lanes, list(mux.order), mux.turn)
+
+    def checkpoint_at(self, position: Position) -> dict[str, Any]:
+        """The checkpoint of ``position`` (taken by this engine or one of the same pipeline)."""
         world = {
             "canonical_replicas": self.options.canonical_replicas,
             "dp_rank": self.options.dp_rank,
             "dp_world_size": self.options.dp_world_size,
             "mapping": self.options.mapping,
         }
-        return ckpt.build(self.config, world, lanes, self.lanes, mux.order, mux.turn)
+        return ckpt.build(
+            self.config, world, position.lanes, self.lanes, position.order, position.turn
+        )
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The consumer-visible state: what has been delivered, per lane (see checkpoint.py)."""
+        return self.checkpoint_at(self.position())
 
     def _operator_state(self, lane: int, start: tuple[int, int]) -> dict[str, Any] | None:
         """Each stateful accumulator's lane state at the point a restore regenerates from."""
@@ -420,16 +444,8 @@ class Engine:
         return self.states.at(lane, start)
 
     def __iter__(self) -> Iterator[StreamItem]:
-        check_not_bootstrapping()
-        self.prepare()
-        feeder, mux = self.feeder, self.mux
-        assert feeder is not None and mux is not None
-        self._started_at = self._last_log = time.monotonic()
         try:
-            if self.options.runner == "inline":
-                yield from self._run_inline(feeder, mux)
-            else:
-                yield from self._run_threaded(feeder, mux)
+            yield from self.stream()
         finally:
             self.snapshot()
             self.close()
@@ -440,6 +456,19 @@ class Engine:
                 self.quarantine.count,
                 f"; they are listed in {where}" if where is not None else "",
             )
+
+    def stream(self) -> Generator[StreamItem, None, None]:
+        """The delivered items; unlike ``iter()`` it leaves closing the engine to the caller
+        (the engine process keeps shared memory alive until the consumer has mapped it)."""
+        check_not_bootstrapping()
+        self.prepare()
+        feeder, mux = self.feeder, self.mux
+        assert feeder is not None and mux is not None
+        self._started_at = self._last_log = time.monotonic()
+        if self.options.runner == "inline":
+            yield from self._run_inline(feeder, mux)
+        else:
+            yield from self._run_threaded(feeder, mux)
 
     def _deliver(self, mux: LaneMux) -> Iterator[StreamItem]:
         evict = None

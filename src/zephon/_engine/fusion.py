@@ -34,8 +34,9 @@ from zephon.types import StreamItem, is_control
 if TYPE_CHECKING:
     from zephon._engine.plan import Plan, StagePlan
 
-FUSED_RUNNERS = ("threads",)
-"""Runners whose stages fuse: the fused task's counters must reach ``pipeline.stats()``."""
+FUSED_RUNNERS = ("threads", "process")
+"""Runners whose stages fuse: the fused task's counters must reach ``pipeline.stats()``
+(process workers send theirs back with each reply, see ``FusedOp.take_counts``)."""
 
 
 def fusible(op: BaseOp, acc: Accumulator, runner: str) -> bool:
@@ -107,6 +108,17 @@ class FusedOp(BaseOp):
         self.ops = list(ops)
         self.contexts = list(contexts)
         self.counters = counters
+        self._counts: list[tuple[int, int, int]] | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A worker process's copy has no shared counters: it hands its counts back instead."""
+        return (FusedOp, (self.ops, self.contexts, None))
+
+    def take_counts(self) -> list[tuple[int, int, int]] | None:
+        """``(in, out, ns)`` per operator of the last micro-batch run without shared counters
+        (in a worker process); the engine adds them to its counters when the reply comes."""
+        counts, self._counts = self._counts, None
+        return counts
 
     def __deepcopy__(self, memo: dict[int, Any]) -> FusedOp:
         """A worker's copy copies the operators, never the shared counters (nor their lock)."""
@@ -150,6 +162,8 @@ class FusedOp(BaseOp):
                     controls.extend(item for item in out if is_control(item))
         if self.counters is not None:
             self.counters.add(counts)
+        else:
+            self._counts = counts
         return [*controls, *work] if controls else work
 
 

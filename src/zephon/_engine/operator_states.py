@@ -62,6 +62,7 @@ class OperatorStates:
         self._set_up: list[tuple[BaseOp, OpContext]] = []
         self._ready: list[BaseOp] = []  # operator copies set up for the rebuild
         self._lock = threading.Lock()
+        self._at: dict[int, tuple[Position, dict[str, Any]]] = {}  # lane -> last encoded
 
     def attach(self, index: int, op: BaseOp, acc: Accumulator) -> LaneStateLog:
         """Start logging ``acc``'s lane states; queue the saved ones for :meth:`load`."""
@@ -177,7 +178,16 @@ class OperatorStates:
             log.forget_below(lane, position)
 
     def at(self, lane: int, position: Position) -> dict[str, Any]:
-        """Each stateful stage's lane state at the restart point, as checkpoint JSON."""
+        """Each stateful stage's lane state at the restart point, as checkpoint JSON: the same
+        object while the restart point stays (a state there never changes once recorded)."""
+        cached = self._at.get(lane)
+        if cached is not None and cached[0] == position:
+            return cached[1]
+        out = self._encode_at(lane, position)
+        self._at[lane] = (position, out)
+        return out
+
+    def _encode_at(self, lane: int, position: Position) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for index, log in sorted(self.logs.items()):
             state = log.state_at(lane, *position)

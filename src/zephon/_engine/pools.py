@@ -234,7 +234,9 @@ def _worker_main(conn: Connection, prefix: str, min_bytes: int) -> None:
             stage, elems = message
             op = ops[stage]
             try:
-                reply, _ = encoder.dumps(("ok", call_process_many(op, elems)))
+                out = call_process_many(op, elems)
+                take = getattr(op, "take_counts", None)  # a fused chain's per-operator counts
+                reply, _ = encoder.dumps(("ok", out, take() if take is not None else None))
             except BaseException as exc:
                 reply = _error_reply(annotate(exc, op.name))
             del elems, message
@@ -315,6 +317,12 @@ class ProcessFleet:
         reuse: bool = False,
     ) -> None:
         self._names = {stage: op.name for stage, (op, _) in specs.items()}
+        # fused chains: the engine-side counters that the workers' counts are added to
+        self._counters = {
+            stage: counters
+            for stage, (op, _) in specs.items()
+            if (counters := getattr(op, "counters", None)) is not None
+        }
         self._blobs = {stage: (op.name, _pickle_op(op, ctx)) for stage, (op, ctx) in specs.items()}
         self._session = session
         self._max_retries = max_retries
@@ -532,13 +540,16 @@ class ProcessFleet:
 
     def _finish(self, job: _Job, reply: bytes) -> None:
         try:
-            kind, value = shm.loads(reply)
+            kind, value, *counts = shm.loads(reply)
         except BaseException as exc:
             job.future.set_exception(annotate(exc, self._names[job.stage]))
             return
         finally:
             job.data, job.keep, job.elems = None, [], []
         if kind == "ok":
+            counters = self._counters.get(job.stage)
+            if counters is not None and counts and counts[0] is not None:
+                counters.add(counts[0])
             job.future.set_result(value)
         else:
             job.future.set_exception(value)

@@ -10,9 +10,11 @@ resolves only where a payload is read (threads and driver workers, accumulators 
 unchanged input array in a worker's output, or a resolved view shipped on to the next stage) is
 sent as the same handle again, never copied.
 
-Lifetime: the engine process owns every segment. A segment's file is unlinked when the last
-mapping of it in the engine process goes away (handles and resolved views keep it), and every
-file of an engine is unlinked when the engine closes, on SIGTERM, and at interpreter exit.
+Lifetime: the engine process owns every segment (its pid is in the name). A segment's file is
+unlinked when the last mapping of it in the engine process goes away (handles and resolved views
+keep it), and every file of an engine is unlinked when the engine closes, on SIGTERM, and at
+interpreter exit. Another process that maps a segment (the consumer of an engine process) never
+unlinks it.
 Names are ``zephon-shm-<owner pid>-<engine token>-...``, so files left by a killed run (owner
 pid gone) are found and removed when the next engine starts.
 """
@@ -85,7 +87,9 @@ def _map(name: str) -> mmap.mmap:
         finally:
             os.close(fd)
         _MAPS[name] = mm
-        if _OWNER:
+        if _OWNER and name.startswith(f"{NAME_PREFIX}{os.getpid()}-"):
+            # Only the process named in the segment owns it: a consumer of an engine process
+            # maps segments the engine may still send again, so it must not unlink them.
             weakref.finalize(mm, _unlink, path)
         return mm
 
@@ -144,10 +148,13 @@ class ShmArrayRef:
         return f"ShmArrayRef(segment={self.args[0]!r}, dtype={self.dtype}, shape={self.shape})"
 
 
+_RESOLVING = threading.local()  # set by loads_resolved() around its unpickling
+
+
 def _load_array(name: str, offset: int, dtype: Any, shape: tuple[int, ...]) -> Any:
     """Unpickle hook: an array view in workers, a lazy handle in the engine process."""
     args = (name, offset, dtype, shape)
-    if _RESOLVE_ON_LOAD:
+    if _RESOLVE_ON_LOAD or getattr(_RESOLVING, "on", False):
         return _view(args)
     return ShmArrayRef(_map(name), args)
 
@@ -240,6 +247,16 @@ class Encoder:
 
 def loads(data: bytes) -> Any:
     return pickle.loads(data)
+
+
+def loads_resolved(data: bytes) -> Any:
+    """Unpickle with every array as a view on its segment (for a final consumer: no handles
+    to resolve afterwards, so no walk over the payloads)."""
+    _RESOLVING.on = True
+    try:
+        return pickle.loads(data)
+    finally:
+        _RESOLVING.on = False
 
 
 # -- resolving handles where payloads are read ----------------------------------------------

@@ -1,0 +1,301 @@
+"""``engine_process=True``: the whole engine in a spawned child process.
+
+A training loop holds the GIL for most of each step; so does the engine's own Python work
+(source, accumulators, reorder, tail). In one process they take turns. Here the child runs an
+ordinary :class:`Engine` and sends each delivered item, together with the consumer position a
+checkpoint records right after it, through the hand-off (``handoff.py``). The consumer keeps
+the position of the last item it received, so ``checkpoint()`` is exact wherever the child
+has got to, and stays exact after the child dies: the items received are delivered, the rest
+is regenerated on restore.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing
+import pickle
+import signal
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Iterator
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+
+from zephon._engine import checkpoint as ckpt
+from zephon._engine import shm
+from zephon._engine.engine import Engine, Position
+from zephon._engine.handoff import END, FAILED, ITEM, Receiver, Sender
+from zephon._engine.plan import OpSpec
+from zephon._engine.pools import (
+    MAIN_GUARD_EXIT,
+    WORKER_NAME_PREFIX,
+    _describe_exit,
+    _main_script,
+    check_not_bootstrapping,
+)
+from zephon._engine.stats import RunStats
+from zephon.errors import ConfigError, EngineProcessError
+from zephon.options import RuntimeOptions
+from zephon.types import StreamItem
+from zephon.work import WorkSource
+
+PROCESS_NAME = f"{WORKER_NAME_PREFIX}engine"
+STATS_EVERY_S = 0.5
+_NO_SHM = 1 << 62
+
+
+def _transferable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a RuntimeError carrying its traceback."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        text = "".join(traceback.format_exception(exc)).rstrip()
+        return RuntimeError(f"{type(exc).__name__}: {exc}\n\nengine process traceback:\n{text}")
+
+
+# -- positions: operator states are sent only when they change ------------------------------
+
+UNCHANGED = {"$unchanged": True}
+"""Stands for "the lane's operator state of the previous position" in a sent position (the
+open state of a buffer is large and stays the same until the next snapshot is delivered)."""
+
+
+def thin(position: Position, sent: dict[int, Any]) -> Position:
+    """``position`` with each lane's operator state replaced by :data:`UNCHANGED` when it is
+    the object already sent (``sent``: lane -> the last operator state sent, updated)."""
+    lanes = []
+    for lc in position.lanes:
+        state = lc.operator_state
+        if state is not None and sent.get(lc.lane) is state:
+            lc = replace(lc, operator_state=UNCHANGED)
+        else:
+            sent[lc.lane] = state
+        lanes.append(lc)
+    return replace(position, lanes=lanes)
+
+
+def thicken(position: Position, previous: Position | None) -> Position:
+    """The inverse of :func:`thin`, given the previous full position."""
+    before = {lc.lane: lc.operator_state for lc in previous.lanes} if previous else {}
+    lanes = [
+        replace(lc, operator_state=before[lc.lane]) if lc.operator_state == UNCHANGED else lc
+        for lc in position.lanes
+    ]
+    return replace(position, lanes=lanes)
+
+
+# -- the child -------------------------------------------------------------------------------
+
+
+def _pump(engine: Engine, sender: Sender) -> None:
+    """Send every item with its position, then the end (or the error) and wait for the close."""
+    items = engine.stream()
+    track = engine.options.track_stats
+    next_stats = time.monotonic() + STATS_EVERY_S
+    sent: dict[int, Any] = {}
+    try:
+        for item in items:
+            stats = None
+            if track and time.monotonic() >= next_stats:
+                next_stats = time.monotonic() + STATS_EVERY_S
+                stats = engine.snapshot()
+            if not sender.send((ITEM, item, thin(engine.position(), sent), stats)):
+                return
+        final: tuple[Any, ...] = (END, thin(engine.position(), sent), engine.snapshot())
+    except BaseException as exc:
+        final = (FAILED, _transferable(exc), engine.snapshot())
+    finally:
+        items.close()
+    if sender.send(final):
+        sender.wait_closed()
+
+
+def child_main(conn: Connection, blob: bytes) -> None:
+    """The engine process: build the engine from the pickled pipeline and run it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the consumer decides when to stop
+    source, specs, options, resume = cloudpickle.loads(blob)
+    session = shm.ShmSession(options.shm_min_bytes or _NO_SHM)
+    sender = Sender(conn, session.encoder("h"), options.queue_size)
+    threading.Thread(target=sender.serve, name="zephon-engine-handoff", daemon=True).start()
+    engine: Engine | None = None
+    try:
+        engine = Engine(source, specs, options, resume)
+        _pump(engine, sender)
+    except BaseException as exc:
+        if sender.send((FAILED, _transferable(exc), None)):
+            sender.wait_closed()
+    finally:
+        try:
+            if engine is not None:
+                engine.close()
+        finally:
+            session.close()
+            conn.close()
+
+
+# -- the consumer ----------------------------------------------------------------------------
+
+_LIVE: weakref.WeakSet[EngineProcess] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live() -> None:
+    """Stop engine processes still running at exit (multiprocessing would wait for them)."""
+    for engine in list(_LIVE):
+        engine.close()
+
+
+class EngineProcess:
+    """The consumer's side of an engine running in a child process (same shape as Engine)."""
+
+    def __init__(
+        self,
+        source: WorkSource,
+        specs: list[OpSpec],
+        options: RuntimeOptions,
+        resume: ckpt.ParsedCheckpoint | None = None,
+    ) -> None:
+        self.local = Engine(source, specs, options, resume)  # validates; builds checkpoints
+        remote = [s.op_name for s in self.local.plan.stages if s.runner == "ray"]
+        if remote:
+            raise ConfigError(
+                f"engine_process=True cannot run operators on Ray (placement='remote': "
+                f"{remote}): Ray stages belong to the Ray session of the process that iterates; "
+                "drop engine_process or keep those operators local"
+            )
+        child_options = replace(options, engine_process=False)
+        try:
+            self._blob: bytes = cloudpickle.dumps((source, specs, child_options, resume))
+        except Exception as exc:
+            raise ConfigError(
+                f"the pipeline cannot be sent to the engine process (engine_process=True): "
+                f"{type(exc).__name__}: {exc}. Keep no open files, locks, sockets or generators "
+                "in operators and sources (create them in setup()), or drop engine_process"
+            ) from exc
+        self.options = options
+        self.stats = self.local.stats
+        self._window = options.queue_size
+        self._position: Position | None = None
+        self._last_stats: RunStats | None = None
+        self._proc: Any = None
+        self._pid: int | None = None
+        self._conn: Connection | None = None
+        self._closed = False
+
+    @property
+    def prepared(self) -> bool:
+        return True
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's id while it runs (for diagnostics and tests)."""
+        return self._pid
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The position right after the last item received (the start before the first)."""
+        if self._position is None:
+            self.local.prepare()
+            return self.local.checkpoint()
+        return self.local.checkpoint_at(self._position)
+
+    def snapshot(self) -> RunStats:
+        """The engine process's latest statistics (sent about every half second)."""
+        return self._last_stats if self._last_stats is not None else self.local.snapshot()
+
+    def _start(self) -> Receiver:
+        mp = multiprocessing.get_context("spawn")
+        parent, child = mp.Pipe(duplex=True)
+        self._proc = mp.Process(
+            target=child_main, args=(child, self._blob), name=PROCESS_NAME, daemon=False
+        )
+        self._proc.start()
+        self._pid = self._proc.pid
+        child.close()
+        self._conn = parent
+        _LIVE.add(self)
+        return Receiver(parent, self._window)
+
+    def __iter__(self) -> Iterator[StreamItem]:
+        check_not_bootstrapping()
+        receiver = self._start()
+        try:
+            while True:
+                try:
+                    message = receiver.recv(shm.loads_resolved)
+                except EOFError:
+                    raise self._died(receiver.received) from None
+                except FileNotFoundError:
+                    # A message sent just before the child died names segments its workers
+                    # removed when they saw it go: that item was never handed over. (They
+                    # see it go as its pipes close, a moment before it can be reaped.)
+                    self._proc.join(timeout=10)
+                    if self._proc.exitcode is None:
+                        raise
+                    raise self._died(receiver.received) from None
+                kind = message[0]
+                if kind == ITEM:
+                    _, item, position, stats = message
+                    self._position = thicken(position, self._position)
+                    if stats is not None:
+                        self._last_stats = stats
+                    yield item
+                elif kind == END:
+                    _, position, self._last_stats = message
+                    self._position = thicken(position, self._position)
+                    return
+                elif kind == FAILED:
+                    _, error, stats = message
+                    if stats is not None:
+                        self._last_stats = stats
+                    raise error
+        finally:
+            self.close()
+
+    def _died(self, received: int) -> EngineProcessError:
+        """The error for a child that went away without an end message."""
+        proc = self._proc
+        proc.join(timeout=30)
+        code = proc.exitcode
+        if code == MAIN_GUARD_EXIT:
+            return EngineProcessError(
+                f"the engine process (engine_process=True) could not start: {_main_script()} "
+                "starts the pipeline when imported; put that code under `if __name__ == "
+                '"__main__":` (spawned processes import the main script)',
+                exitcode=code,
+            )
+        hint = " (the OOM killer sends SIGKILL when memory runs out)" if code == -9 else ""
+        return EngineProcessError(
+            f"the engine process (engine_process=True, pid {proc.pid}) {_describe_exit(code)}"
+            f"{hint} after handing over {received} item(s). What you received stays "
+            "delivered: pipeline.checkpoint() is the position right after it; restore that "
+            "into a new pipeline (pipe.restore(state)) and iterate to go on from there",
+            exitcode=code,
+        )
+
+    def close(self) -> None:
+        """Stop the engine process and remove what it left; safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        _LIVE.discard(self)
+        if self._conn is not None:
+            self._conn.close()  # the child's signal to stop
+        proc = self._proc
+        if proc is None:
+            return
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=30)
+        for name in shm.segment_files(f"{shm.NAME_PREFIX}{proc.pid}-"):
+            with contextlib.suppress(FileNotFoundError):
+                (shm.shm_dir() / name).unlink()
+        if proc.exitcode is not None:
+            proc.close()
