@@ -14,7 +14,16 @@ from zephon._engine.driver_chain import run_tasks
 from zephon._engine.fusion import Unit, build_units
 from zephon._engine.lane_state import has_lane_state
 from zephon._engine.operator_states import OperatorStates
-from zephon._engine.plan import OpSpec, Plan, compile_plan, stalls_sentinels
+from zephon._engine.plan import (
+    OpSpec,
+    Plan,
+    accumulators_for,
+    compile_contexts,
+    compile_plan,
+    flush_every,
+    is_monotone,
+    stalls_sentinels,
+)
 from zephon._engine.pools import WorkerPool, build_pools, check_not_bootstrapping
 from zephon._engine.quarantine import Quarantine
 from zephon._engine.shm import ShmSession, resolve_items
@@ -129,9 +138,9 @@ class Engine:
         self.lanes = lanes_for_rank(
             options.dp_rank, options.dp_world_size, options.canonical_replicas, options.mapping
         )
-        base_plan, _ = compile_plan(specs, options, self.lanes)
-        self.monotone = base_plan.monotone
-        self.config = pipeline_config(source, specs, options, base_plan.flush_every_k_chunks)
+        self.monotone = is_monotone(specs)
+        k = flush_every(options, self.monotone)
+        self.config = pipeline_config(source, specs, options, k)
         self.resume = resume
         targets: dict[int, SampleCursor] = {}
         if resume is not None:
@@ -142,16 +151,18 @@ class Engine:
                     targets[lane] = lc.replay_cursor
         self.specs = with_replay_filter(specs, targets, monotone=self.monotone)
         seed = getattr(source, "seed", 0)
-        self.plan, self.contexts = compile_plan(
+        self.contexts = compile_contexts(
             self.specs, options, self.lanes, source_seed=seed if isinstance(seed, int) else 0
         )
         self.stats = RunStats()
         self.op_stats: list[OpStats] | None = None
         if options.track_stats:
             self.op_stats = [
-                OpStats(name=st.op_name, runner=st.runner, parallelism=st.parallelism)
-                for st in self.plan.stages
+                OpStats(name=ctx.op_name, runner=ctx.runner, parallelism=ctx.num_workers)
+                for ctx in self.contexts
             ]
+        self._accs = self._accumulators()
+        self.plan = compile_plan(self.specs, options, self.lanes, self.contexts, self._accs)
         self._started_at = 0.0
         self._last_log = 0.0
         self._stop = threading.Event()
@@ -164,10 +175,11 @@ class Engine:
         self.mux: LaneMux | None = None
         self.quarantine = Quarantine(options.quarantine)
         self._restart: dict[int, tuple[int, int]] = {}  # lane -> newest delivered restart point
+        self._channels: list[Channel] = []  # threads / process runners: between the stages
+        self._op_channels: list[Channel | None] = []  # stage index -> its inbox (stats)
         self.states = OperatorStates(
             self._lane_starts(), resume, self._state_key, self.plan.flush_every_k_chunks
         )
-        self._accs: list[Any] = []
         self.snapshot_plan = SnapshotPlan([], [], "not prepared")
 
     def _check_resume(self, resume: ckpt.ParsedCheckpoint) -> None:
@@ -189,15 +201,13 @@ class Engine:
         lanes = lanes_for_rank(
             options.dp_rank, options.dp_world_size, options.canonical_replicas, options.mapping
         )
-        monotone = compile_plan(specs, options, lanes)[0].monotone
+        monotone = is_monotone(specs)
         all_specs = with_replay_filter(specs, {}, monotone=monotone)
-        plan, contexts = compile_plan(all_specs, options, lanes)
+        contexts = compile_contexts(all_specs, options, lanes)
+        accs = accumulators_for(all_specs, contexts, options)
+        plan = compile_plan(all_specs, options, lanes, contexts, accs)
         if monotone:
             return plan
-        accs = [
-            s.op.accumulator(deterministic=options.deterministic, ctx=ctx)
-            for s, ctx in zip(all_specs, contexts, strict=True)
-        ]
         return replace(
             plan, snapshots=snapshot_note(plan_snapshots_for(all_specs, accs, options), options)
         )
@@ -296,9 +306,8 @@ class Engine:
         if self._started_at:
             stats.elapsed_s = time.monotonic() - self._started_at
         if self.op_stats is not None:
-            channels = getattr(self, "_op_channels", None)
-            if channels is not None:
-                for op_stats, channel in zip(self.op_stats, channels, strict=False):
+            if self._op_channels:
+                for op_stats, channel in zip(self.op_stats, self._op_channels, strict=False):
                     op_stats.queue_depth = 0 if channel is None else max(0, channel.depth)
             stats.operators = [OpStats(**o.to_dict()) for o in self.op_stats]
         if feeder is not None and mux is not None:
@@ -315,56 +324,53 @@ class Engine:
         return stats
 
     def _mux(self, feeder: SourceFeeder) -> LaneMux:
-        on_epoch = None if self.monotone else self._evicted
+        callbacks: dict[str, Any] = {
+            "on_epoch_delivered": None if self.monotone else self._evicted,
+            "on_lane_done": feeder.finish_lane,
+            "on_skip": self.quarantine.add,
+            "on_snapshot": self._restart_at if self.snapshot_plan.enabled else None,
+        }
         resume = self.resume
-        on_skip = self.quarantine.add
-        on_snapshot = self._restart_at if self.snapshot_plan.enabled else None
         if resume is None:
-            return LaneMux(
-                self.lanes,
-                on_epoch_delivered=on_epoch,
-                on_lane_done=feeder.finish_lane,
-                on_skip=on_skip,
-                on_snapshot=on_snapshot,
-            )
+            return LaneMux(self.lanes, **callbacks)
         lanes = {lane: resume.lanes[lane] for lane in self.lanes}
         finished = [lane for lane, lc in lanes.items() if lc.done]
-        if resume.tail_lanes == self.lanes:
-            order = [lane for lane in resume.tail_order if lane not in finished]
-            turn = resume.tail_turn
-        else:
-            order = [lane for lane in self.lanes if lane not in finished]
-            counts = [lanes[lane].delivered for lane in order]
-            every = {lane: lc.delivered for lane, lc in resume.lanes.items() if not lc.done}
-            if len(set(every.values())) > 1:
-                log.warning(
-                    "zephon: this checkpoint was not cut at a window boundary (lanes %s "
-                    "delivered %s items): every sample still comes exactly once, but the "
-                    "rest of the current window is grouped into steps differently than in an "
-                    "uninterrupted run. Checkpoint after a multiple of canonical_replicas "
-                    "batches per step to keep global batches identical.",
-                    sorted(every),
-                    [every[lane] for lane in sorted(every)],
-                )
-            turn = counts.index(min(counts)) if counts else 0
-        mux = LaneMux(
+        order, turn = self._resumed_turn(resume, finished)
+        return LaneMux(
             self.lanes,
-            on_epoch_delivered=on_epoch,
-            on_lane_done=feeder.finish_lane,
             replay_cursors={lane: lc.replay_cursor for lane, lc in lanes.items()},
             delivered={lane: lc.delivered for lane, lc in lanes.items()},
             finished=finished,
-            on_skip=on_skip,
-            on_snapshot=on_snapshot,
+            order=order,
+            turn=turn,
+            **callbacks,
         )
-        mux.order = order
-        mux._turn = turn % len(order) if order else 0
-        return mux
+
+    def _resumed_turn(
+        self, resume: ckpt.ParsedCheckpoint, finished: list[int]
+    ) -> tuple[list[int], int]:
+        """The tail's lane order and turn after a restore: the saved ones on the same lanes,
+        else the lane with the fewest deliveries goes first (elastic resume)."""
+        if resume.tail_lanes == self.lanes:
+            return [lane for lane in resume.tail_order if lane not in finished], resume.tail_turn
+        order = [lane for lane in self.lanes if lane not in finished]
+        counts = [resume.lanes[lane].delivered for lane in order]
+        every = {lane: lc.delivered for lane, lc in resume.lanes.items() if not lc.done}
+        if len(set(every.values())) > 1:
+            log.warning(
+                "zephon: this checkpoint was not cut at a window boundary (lanes %s "
+                "delivered %s items): every sample still comes exactly once, but the "
+                "rest of the current window is grouped into steps differently than in an "
+                "uninterrupted run. Checkpoint after a multiple of canonical_replicas "
+                "batches per step to keep global batches identical.",
+                sorted(every),
+                [every[lane] for lane in sorted(every)],
+            )
+        return order, counts.index(min(counts)) if counts else 0
 
     def prepare(self) -> None:
         """Build the source feeder and tail without starting (for a checkpoint before data)."""
         if self.feeder is None:
-            self._accs = self._accumulators()
             self.snapshot_plan = self._plan_snapshots()
             self._restart = self._lane_starts()
             self.feeder = self._feeder()
@@ -553,7 +559,7 @@ class Engine:
         units = build_units(self.plan, cores, self.contexts, self.options.max_inflight)
         channels = [Channel(self.options.queue_size, stop) for _ in range(len(units) + 1)]
         self._channels = channels
-        self._op_channels: list[Channel | None] = [None] * len(cores)
+        self._op_channels = [None] * len(cores)
         for i, unit in enumerate(units):
             channels[i + 1].producer_stats = cores[unit.last].stats
             self._op_channels[unit.first] = channels[i]
@@ -584,7 +590,7 @@ class Engine:
             return
         self._closed = True
         self._stop.set()
-        for channel in getattr(self, "_channels", []):
+        for channel in self._channels:
             channel.put((STOP,))
         for thread in self._threads:
             thread.join(timeout=30)

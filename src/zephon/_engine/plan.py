@@ -11,7 +11,7 @@ import xxhash
 
 from zephon._engine.fusion import driver_chains, fusible, fusion_groups
 from zephon.errors import ConfigError
-from zephon.ops import BaseOp, CountingAccumulator, OpContext
+from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext
 from zephon.options import RuntimeOptions
 
 Resources = Mapping[str, float]
@@ -161,69 +161,110 @@ def op_seed(source_seed: int, index: int, name: str) -> int:
     return xxhash.xxh64_intdigest(f"{source_seed}:{index}:{name}".encode()) >> 1
 
 
-def compile_plan(
-    specs: list[OpSpec], options: RuntimeOptions, lanes: list[int], *, source_seed: int = 0
-) -> tuple[Plan, list[OpContext]]:
-    """Decide runner, width and queues per operator; return the plan and each op's context."""
-    monotone = all(s.op.traits().preserves_cursor_order for s in specs)
+def is_monotone(specs: list[OpSpec]) -> bool:
+    """No operator changes cursor order: a restore replays at most one chunk per lane."""
+    return all(s.op.traits().preserves_cursor_order for s in specs)
+
+
+def flush_every(options: RuntimeOptions, monotone: bool) -> int:
+    """``flush_every_k_chunks`` resolved: 0 for monotone plans, 8 otherwise, or as given."""
     k = options.flush_every_k_chunks
     if k is None:
-        k = 0 if monotone else 8
-    elif k == 0 and not monotone:
+        return 0 if monotone else 8
+    if k == 0 and not monotone:
         raise ConfigError(
             "flush_every_k_chunks=0 is not allowed for a plan with an order-changing operator "
             "(packing, shuffling, mixture correction): epochs need flush sentinels"
         )
-    stages: list[StagePlan] = []
-    contexts: list[OpContext] = []
-    can_fuse: list[bool] = []
+    return k
+
+
+def _runner_of(spec: OpSpec, options: RuntimeOptions) -> tuple[str, int]:
+    """Where the operator's ``process_many`` runs, and how many copies."""
+    if options.runner == "inline":
+        return "inline", 1
+    if spec.op.traits().runs_in_driver:
+        return "driver", 1
+    if spec.placement == "remote":
+        return "ray", spec.parallelism
+    return options.runner, spec.parallelism
+
+
+def compile_contexts(
+    specs: list[OpSpec], options: RuntimeOptions, lanes: list[int], *, source_seed: int = 0
+) -> list[OpContext]:
+    """Each operator's context: its runner, width, seed and services."""
+    contexts = []
     for index, spec in enumerate(specs):
         op = spec.op
-        traits = op.traits()
-        if options.runner == "inline":
-            runner, width = "inline", 1
-        elif traits.runs_in_driver:
-            runner, width = "driver", 1
-        elif spec.placement == "remote":
-            runner, width = "ray", spec.parallelism
-        else:
-            runner, width = options.runner, spec.parallelism
-        ctx = OpContext(
-            op_name=op.name,
-            op_index=index,
-            num_workers=width,
-            deterministic=options.deterministic,
-            runner=runner,
-            seed=op_seed(source_seed, index, op.name),
-            services=services(op.name, spec.resources if runner == "ray" else ()),
-            lanes=tuple(lanes),
-        )
-        contexts.append(ctx)
-        acc = op.accumulator(deterministic=options.deterministic, ctx=ctx)
-        micro = acc.max_batch if isinstance(acc, CountingAccumulator) else None
-        can_fuse.append(
-            options.fuse
-            and spec.placement == "local"
-            and fusible(op, acc, runner)
-            and not stalls_sentinels(op)
-        )
-        inflight = options.max_inflight or 2 * width
-        stages.append(
-            StagePlan(
-                index=index,
+        runner, width = _runner_of(spec, options)
+        contexts.append(
+            OpContext(
                 op_name=op.name,
-                op_type=type(op).__name__,
+                op_index=index,
+                num_workers=width,
+                deterministic=options.deterministic,
                 runner=runner,
-                parallelism=width,
-                micro_batch=micro,
-                queue_size=options.queue_size,
-                max_inflight=inflight,
-                preserves_cursor_order=traits.preserves_cursor_order,
-                stalls_sentinels=stalls_sentinels(op),
-                detail=op.describe(),
+                seed=op_seed(source_seed, index, op.name),
+                services=services(op.name, spec.resources if runner == "ray" else ()),
+                lanes=tuple(lanes),
             )
         )
-    plan = Plan(
+    return contexts
+
+
+def accumulators_for(
+    specs: list[OpSpec], contexts: list[OpContext], options: RuntimeOptions
+) -> list[Accumulator]:
+    return [
+        spec.op.accumulator(deterministic=options.deterministic, ctx=ctx)
+        for spec, ctx in zip(specs, contexts, strict=True)
+    ]
+
+
+def _stage(
+    index: int, spec: OpSpec, ctx: OpContext, acc: Accumulator, options: RuntimeOptions
+) -> StagePlan:
+    op = spec.op
+    return StagePlan(
+        index=index,
+        op_name=op.name,
+        op_type=type(op).__name__,
+        runner=ctx.runner,
+        parallelism=ctx.num_workers,
+        micro_batch=acc.max_batch if isinstance(acc, CountingAccumulator) else None,
+        queue_size=options.queue_size,
+        max_inflight=options.max_inflight or 2 * ctx.num_workers,
+        preserves_cursor_order=op.traits().preserves_cursor_order,
+        stalls_sentinels=stalls_sentinels(op),
+        detail=op.describe(),
+    )
+
+
+def compile_plan(
+    specs: list[OpSpec],
+    options: RuntimeOptions,
+    lanes: list[int],
+    contexts: list[OpContext],
+    accumulators: list[Accumulator],
+) -> Plan:
+    """Decide the stages, fusion and driver chains of ``specs`` with their contexts and the
+    accumulators the run uses (a stage's micro-batch and fusibility come from them)."""
+    monotone = is_monotone(specs)
+    k = flush_every(options, monotone)
+    stages = [
+        _stage(i, spec, ctx, acc, options)
+        for i, (spec, ctx, acc) in enumerate(zip(specs, contexts, accumulators, strict=True))
+    ]
+    can_fuse = [
+        options.fuse
+        and spec.placement == "local"
+        and fusible(spec.op, acc, ctx.runner)
+        and not stalls_sentinels(spec.op)
+        for spec, ctx, acc in zip(specs, contexts, accumulators, strict=True)
+    ]
+    runners = [s.runner for s in stages]
+    return Plan(
         runner=options.runner,
         deterministic=options.deterministic,
         lanes=lanes,
@@ -233,7 +274,6 @@ def compile_plan(
         flush_every_k_chunks=k,
         monotone=monotone,
         stages=stages,
-        fused=[g for g in fusion_groups(can_fuse, [s.runner for s in stages]) if len(g) > 1],
-        chained=driver_chains([s.runner for s in stages]) if options.fuse else [],
+        fused=[g for g in fusion_groups(can_fuse, runners) if len(g) > 1],
+        chained=driver_chains(runners) if options.fuse else [],
     )
-    return plan, contexts

@@ -262,6 +262,19 @@ def loads_resolved(data: bytes) -> Any:
 # -- resolving handles where payloads are read ----------------------------------------------
 
 
+_CONTAINERS = (ShmArrayRef, dict, list, tuple)
+
+
+def _resolve_in_place(obj: Any, items: Any, depth: int) -> Any:
+    """Resolve the values of a dict or list (``items``: its ``(key, value)`` pairs) in place."""
+    for key, value in items:
+        if type(value) in _CONTAINERS:
+            new = _resolve(value, depth + 1)
+            if new is not value:
+                obj[key] = new
+    return obj
+
+
 def _resolve(obj: Any, depth: int = 0) -> Any:
     cls = type(obj)
     if cls is ShmArrayRef:
@@ -269,24 +282,12 @@ def _resolve(obj: Any, depth: int = 0) -> Any:
     if depth > 8:
         return obj
     if cls is dict:
-        for key, value in obj.items():
-            vcls = type(value)
-            if vcls is ShmArrayRef or vcls is dict or vcls is list or vcls is tuple:
-                new = _resolve(value, depth + 1)
-                if new is not value:
-                    obj[key] = new
-        return obj
+        return _resolve_in_place(obj, obj.items(), depth)  # same keys: safe while iterating
     if cls is list:
-        for i, value in enumerate(obj):
-            vcls = type(value)
-            if vcls is ShmArrayRef or vcls is dict or vcls is list or vcls is tuple:
-                new = _resolve(value, depth + 1)
-                if new is not value:
-                    obj[i] = new
-        return obj
+        return _resolve_in_place(obj, enumerate(obj), depth)
     if cls is tuple:
         items = [_resolve(v, depth + 1) for v in obj]
-        if any(a is not b for a, b in zip(items, obj)):
+        if any(a is not b for a, b in zip(items, obj, strict=True)):
             return tuple(items)
     return obj
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -62,37 +62,50 @@ def encode_meta(meta: SampleMeta) -> list[Any]:
     ]
 
 
+def _tuple(value: tuple[Any, ...], where: str) -> Any:
+    if value and type(value[0]) is ContributorRef:
+        return {_REFS: [[*_cursor(r.cursor), bool(r.is_last_child)] for r in value]}
+    if value and type(value[0]) is tuple and value[0] and type(value[0][0]) is SampleCursor:
+        return {_SEGMENTS: [[*_cursor(c), start, stop] for c, start, stop in value]}
+    return {_TUPLE: [encode(v, where) for v in value]}
+
+
+def _mapping(value: Mapping[Any, Any], where: str) -> Any:
+    if all(type(k) is str and k not in _TAGS for k in value):
+        return {k: encode(v, where) for k, v in value.items()}
+    return {_DICT: [[encode(k, where), encode(v, where)] for k, v in value.items()]}
+
+
+def _float(value: float, where: str) -> Any:
+    return value if math.isfinite(value) else {_FLOAT: repr(value)}
+
+
+_ENCODERS: dict[type, Callable[[Any, str], Any]] = {
+    float: _float,
+    list: lambda value, where: [encode(v, where) for v in value],
+    SampleRecord: lambda value, where: {_RECORD: encode_meta(value.meta)},
+    SampleCursor: lambda value, where: {_CURSOR: _cursor(value)},
+    ContributorRef: lambda value, where: {_REF: [_cursor(value.cursor), value.is_last_child]},
+    tuple: _tuple,
+    deque: lambda value, where: {_DEQUE: [encode(v, where) for v in value]},
+    dict: _mapping,
+}
+
+
 def encode(value: Any, where: str = "state") -> Any:
     """``value`` as plain JSON data (see the module docstring)."""
     kind = type(value)
     if value is None or kind is bool or kind is int or kind is str:
         return value
-    if kind is float:
-        return value if math.isfinite(value) else {_FLOAT: repr(value)}
-    if kind is list:
-        return [encode(v, where) for v in value]
-    if kind is SampleRecord:
-        return {_RECORD: encode_meta(value.meta)}
-    if kind is SampleCursor:
-        return {_CURSOR: _cursor(value)}
-    if kind is ContributorRef:
-        return {_REF: [_cursor(value.cursor), bool(value.is_last_child)]}
-    if kind is tuple:
-        if value and type(value[0]) is ContributorRef:
-            return {_REFS: [[*_cursor(r.cursor), bool(r.is_last_child)] for r in value]}
-        if value and type(value[0]) is tuple and value[0] and type(value[0][0]) is SampleCursor:
-            return {_SEGMENTS: [[*_cursor(c), start, stop] for c, start, stop in value]}
-        return {_TUPLE: [encode(v, where) for v in value]}
-    if kind is deque:
-        return {_DEQUE: [encode(v, where) for v in value]}
+    encoder = _ENCODERS.get(kind)
+    if encoder is not None:
+        return encoder(value, where)
     if isinstance(value, Mapping):
-        if all(type(k) is str and k not in _TAGS for k in value):
-            return {k: encode(v, where) for k, v in value.items()}
-        return {_DICT: [[encode(k, where), encode(v, where)] for k, v in value.items()]}
+        return _mapping(value, where)
     if isinstance(value, np.integer):
         return int(value)
     if isinstance(value, np.floating):
-        return encode(float(value), where)
+        return _float(float(value), where)
     raise ContractError(
         f"{where}: cannot save a {kind.__name__} in a checkpoint; state_dict() may hold JSON "
         "data, tuples, deques, SampleRecord objects and their cursors only"
@@ -118,6 +131,25 @@ def decode_meta(value: Any) -> SampleMeta:
     )
 
 
+_DECODERS: dict[str, Callable[[Any], Any]] = {
+    _RECORD: lambda body: HeldRecord(decode_meta(body)),
+    _REFS: lambda body: tuple(
+        ContributorRef(SampleCursor(c, o, tuple(lin), tuple(sid)), last)
+        for c, o, lin, sid, last in body
+    ),
+    _SEGMENTS: lambda body: tuple(
+        (SampleCursor(c, o, tuple(lin), tuple(sid)), start, stop)
+        for c, o, lin, sid, start, stop in body
+    ),
+    _CURSOR: _cursor_of,
+    _REF: lambda body: ContributorRef(_cursor_of(body[0]), bool(body[1])),
+    _TUPLE: lambda body: tuple(decode(v) for v in body),
+    _DEQUE: lambda body: deque(decode(v) for v in body),
+    _DICT: lambda body: {decode(k): decode(v) for k, v in body},
+    _FLOAT: float,
+}
+
+
 def decode(value: Any) -> Any:
     """The inverse of :func:`encode`; records come back as :class:`HeldRecord` s."""
     if isinstance(value, list):
@@ -126,33 +158,14 @@ def decode(value: Any) -> Any:
         return value
     if len(value) == 1:
         ((key, body),) = value.items()
-        try:
-            if key == _RECORD:
-                return HeldRecord(decode_meta(body))
-            if key == _REFS:
-                return tuple(
-                    ContributorRef(SampleCursor(c, o, tuple(lin), tuple(sid)), last)
-                    for c, o, lin, sid, last in body
-                )
-            if key == _SEGMENTS:
-                return tuple(
-                    (SampleCursor(c, o, tuple(lin), tuple(sid)), start, stop)
-                    for c, o, lin, sid, start, stop in body
-                )
-            if key == _CURSOR:
-                return _cursor_of(body)
-            if key == _REF:
-                return ContributorRef(_cursor_of(body[0]), bool(body[1]))
-            if key == _TUPLE:
-                return tuple(decode(v) for v in body)
-            if key == _DEQUE:
-                return deque(decode(v) for v in body)
-            if key == _DICT:
-                return {decode(k): decode(v) for k, v in body}
-            if key == _FLOAT:
-                return float(body)
-        except (TypeError, ValueError) as exc:
-            raise CheckpointError(f"checkpoint operator state is damaged at {key}: {exc}") from None
+        decoder = _DECODERS.get(key)
+        if decoder is not None:
+            try:
+                return decoder(body)
+            except (TypeError, ValueError) as exc:
+                raise CheckpointError(
+                    f"checkpoint operator state is damaged at {key}: {exc}"
+                ) from None
     return {k: decode(v) for k, v in value.items()}
 
 

@@ -47,9 +47,12 @@ class LaneMux:
         finished: Iterable[int] = (),
         on_skip: SkipCallback | None = None,
         on_snapshot: SnapshotCallback | None = None,
+        order: Sequence[int] | None = None,
     ) -> None:
         done = set(finished)
-        self.order = [lane for lane in lanes if lane not in done]
+        # ``order``: the round-robin order of the unfinished lanes (a restored tail's), else
+        # ``lanes`` without the finished ones
+        self.order = [lane for lane in (lanes if order is None else order) if lane not in done]
         self._queues: dict[int, deque[StreamItem]] = {lane: deque() for lane in lanes}
         self._turn = turn % len(self.order) if self.order else 0
         self.ended = False

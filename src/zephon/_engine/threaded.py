@@ -118,6 +118,10 @@ class OpDriver(threading.Thread):
         self.reorder: ReorderBuffer[list[StreamItem]] = ReorderBuffer(deterministic=deterministic)
         self._passthrough: dict[int, list[StreamItem]] = {}
         self._dispatched_at: dict[int, int] = {}
+        self._pending_inputs: deque[list[StreamItem]] = deque()
+        self._ready: deque[Task] = deque()
+        self._inflight = 0
+        self._ended = False
         self.stats = core.stats
         # A fused chain counts its operators' work itself (see fusion.py).
         self.work_stats = core.stats if count_work else None
@@ -166,60 +170,65 @@ class OpDriver(threading.Thread):
         self.pool.submit(task.work).add_done_callback(self._on_done(task.seq))
         return True
 
+    def _dispatch(self) -> None:
+        """Start ready tasks while worker slots are free; feed inputs to make more ready."""
+        core, ready, pending = self.core, self._ready, self._pending_inputs
+        while True:
+            while ready and self._inflight < self.max_inflight:
+                self._inflight += self._start(ready.popleft())
+            if ready or not pending or self._inflight >= self.max_inflight:
+                return
+            items = pending.popleft()
+            self.inbox.release()
+            if core.reads_payload:
+                resolve_items(items)
+            ready.extend(core.feed(items))
+
+    def _timeout(self) -> float | None:
+        """Seconds until the accumulator's latency deadline (non-deterministic mode only)."""
+        if self.deterministic:
+            return None
+        deadline = self.core.next_deadline_ns()
+        return None if deadline is None else max(0.0, (deadline - time.monotonic_ns()) / 1e9)
+
+    def _task_done(self, seq: int, future: Future[list[StreamItem]]) -> None:
+        self._inflight -= 1
+        result = future.result()  # re-raises the worker's exception, already annotated
+        stats = self.work_stats
+        if stats is not None:
+            stats.micro_batches += 1
+            stats.elements_out += len(result)
+            stats.worker_ns += time.perf_counter_ns() - self._dispatched_at.pop(seq)
+        extra = self._passthrough.pop(seq, None)
+        if extra:
+            result.extend(extra)
+        self._complete(seq, result)
+
     def _loop(self) -> None:
         core = self.core
-        pending_inputs: deque[list[StreamItem]] = deque()
-        ready: deque[Task] = deque()
-        inflight = 0
-        ended = finished = False
-        latency = not self.deterministic
+        finished = False
         while True:
-            while True:
-                while ready and inflight < self.max_inflight:
-                    inflight += self._start(ready.popleft())
-                if ready or not pending_inputs or inflight >= self.max_inflight:
-                    break
-                items = pending_inputs.popleft()
-                self.inbox.release()
-                if core.reads_payload:
-                    resolve_items(items)
-                ready.extend(core.feed(items))
-            if ended and not pending_inputs and not ready and not finished:
-                ready.extend(core.finish())
+            self._dispatch()
+            if self._ended and not self._pending_inputs and not self._ready and not finished:
+                self._ready.extend(core.finish())
                 finished = True
                 continue
-            if finished and not ready and inflight == 0:
+            if finished and not self._ready and self._inflight == 0:
                 self.reorder.close()
                 self.downstream.put((END,))
                 return
-            timeout = None
-            if latency:
-                deadline = core.next_deadline_ns()
-                if deadline is not None:
-                    timeout = max(0.0, (deadline - time.monotonic_ns()) / 1e9)
             try:
-                message = self.inbox.queue.get(timeout=timeout)
+                message = self.inbox.queue.get(timeout=self._timeout())
             except queue.Empty:
-                ready.extend(core.poll(time.monotonic_ns()))
+                self._ready.extend(core.poll(time.monotonic_ns()))
                 continue
             kind = message[0]
             if kind == DATA:
-                pending_inputs.append(message[1])
+                self._pending_inputs.append(message[1])
             elif kind == DONE:
-                inflight -= 1
-                seq, future = message[1], message[2]
-                result = future.result()  # re-raises the worker's exception, already annotated
-                stats = self.work_stats
-                if stats is not None:
-                    stats.micro_batches += 1
-                    stats.elements_out += len(result)
-                    stats.worker_ns += time.perf_counter_ns() - self._dispatched_at.pop(seq)
-                extra = self._passthrough.pop(seq, None)
-                if extra:
-                    result.extend(extra)
-                self._complete(seq, result)
+                self._task_done(message[1], message[2])
             elif kind == END:
-                ended = True
+                self._ended = True
             elif kind == ERROR:
                 self.downstream.put(message)  # forward unchanged: the consumer raises it
                 return
