@@ -34,6 +34,8 @@ from zephon.types import TAG_PACKING
 if TYPE_CHECKING:
     from zephon.types import SampleBatch
 
+__all__ = ["TOKEN_FIELDS", "to_training"]
+
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 
 
