@@ -101,8 +101,7 @@ def concurrent(url_of: Callable[[str], str], rollouts: int, turns: int) -> float
 
 def postgres_url(stack: list[Callable[[], None]]) -> str:
     import psycopg
-
-    from zephon.capture.stores._pgserver import EmbeddedPostgres
+    from tests.capture._pgserver import EmbeddedPostgres
 
     server = EmbeddedPostgres()
     server.start()

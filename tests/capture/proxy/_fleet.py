@@ -37,12 +37,12 @@ import httpx
 import numpy as np
 
 from tests.capture._pg import fresh_schema_url
+from tests.capture._pgserver import EmbeddedPostgres
 from tests.capture.proxy._harness import CAP, TOOLS_CHAT
 from tests.capture.proxy._procs import Proc, child_env, start_engine, start_proxy, wait_for_workers
 from zephon.capture.builder import RolloutBuild, build_rollout
 from zephon.capture.records import TokenCaptureSnapshot
 from zephon.capture.stores import open_store
-from zephon.capture.stores._pgserver import EmbeddedPostgres
 
 __all__ = ["Fleet", "FleetPlan", "FleetReport", "run_fleet"]
 

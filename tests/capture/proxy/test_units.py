@@ -237,6 +237,6 @@ def test_serve_is_registered_in_the_capture_group() -> None:
         3,
         8100,
     )
-    assert args.func.__module__ == "zephon.capture.proxy._cli"
+    assert args.func.__module__ == "zephon.cli._capture_serve"
     conf = parser.parse_args(["capture", "conformance", "memory://x"])
     assert conf.func.__name__ == "_conformance"  # the group's existing command is unchanged
