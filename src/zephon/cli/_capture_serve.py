@@ -14,16 +14,45 @@ from zephon.errors import MissingDependencyError
 __all__ = ["register_serve"]
 
 
+class _RenamedOption(argparse.Action):
+    """Store the value; when given under its former name (the last option string), say on
+    stderr that the name is deprecated. Both names keep working."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if option_string is not None and option_string == self.option_strings[-1]:
+            print(
+                f"zephon capture serve: {option_string} is deprecated; use "
+                f"{self.option_strings[0]}",
+                file=sys.stderr,
+            )
+        setattr(namespace, self.dest, values)
+
+
 def register_serve(capture_subparsers: Any) -> None:
     """Add ``serve`` to the ``zephon capture`` sub-command group."""
     p = capture_subparsers.add_parser(
         "serve",
-        help="run the token capture proxy in front of an OpenAI-compatible engine",
-        description="Proxy /v1/chat/completions, /v1/completions and /v1/responses to ENGINE; "
+        help="run the token capture proxy in front of an OpenAI-compatible inference server",
+        description="Proxy /v1/chat/completions, /v1/completions and /v1/responses to the "
+        "inference server; "
         "requests under /ng-rollout/<rollout_id>/training-token-capture/v1/... are captured "
         "into STORE_URL before they are answered. See docs/capture-proxy.md.",
     )
-    p.add_argument("--engine", required=True, metavar="URL", help="engine server root URL")
+    p.add_argument(
+        "--inference-server",
+        "--engine",
+        dest="inference_server",
+        action=_RenamedOption,
+        required=True,
+        metavar="URL",
+        help="root URL of the inference server (vLLM, SGLang); --engine is its deprecated alias",
+    )
     p.add_argument(
         "--store",
         required=True,
@@ -34,10 +63,19 @@ def register_serve(capture_subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=8100, help="listen port (8100; 0 = any free)")
     p.add_argument("--workers", type=int, default=1, help="worker processes (1)")
     p.add_argument(
-        "--engine-timeout", type=float, default=600.0, help="seconds per engine call (600)"
+        "--inference-timeout",
+        "--engine-timeout",
+        dest="inference_timeout",
+        action=_RenamedOption,
+        type=float,
+        default=600.0,
+        help="seconds per inference call (600); --engine-timeout is its deprecated alias",
     )
     p.add_argument(
-        "--connect-timeout", type=float, default=10.0, help="seconds to connect to the engine"
+        "--connect-timeout",
+        type=float,
+        default=10.0,
+        help="seconds to connect to the inference server",
     )
     p.add_argument(
         "--store-clients",
@@ -133,9 +171,9 @@ def _serve(args: argparse.Namespace) -> int:
 
         store_class(args.store)
         config = ProxyConfig(
-            engine_url=args.engine,
+            engine_url=args.inference_server,
             store_url=args.store,
-            engine_timeout_s=args.engine_timeout,
+            engine_timeout_s=args.inference_timeout,
             connect_timeout_s=args.connect_timeout,
             store_clients=args.store_clients,
             delta_prompts=args.delta_prompts,

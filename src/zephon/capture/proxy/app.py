@@ -34,7 +34,7 @@ from starlette.routing import Route
 from zephon.capture.protocols import RolloutRetiredError
 from zephon.capture.proxy._capture import CallResult, CaptureService, error_body
 from zephon.capture.proxy._config import ProxyConfig
-from zephon.capture.proxy._engine import EngineClient, forward_headers
+from zephon.capture.proxy._inference import InferenceClient, forward_headers
 from zephon.capture.proxy._metrics import Metrics
 from zephon.capture.proxy._pool import StoreClients
 from zephon.capture.proxy._requests import CAPTURE_ROUTES
@@ -109,7 +109,7 @@ class _State:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.stores = StoreClients(config.store_url, config.store_clients)
-        self.engine = EngineClient(
+        self.inference = InferenceClient(
             config.engine_url,
             timeout_s=config.engine_timeout_s,
             connect_timeout_s=config.connect_timeout_s,
@@ -119,7 +119,7 @@ class _State:
         self.spill = SpillJournal(config.spill_path)
         self.service = CaptureService(
             self.stores,
-            self.engine,
+            self.inference,
             self.metrics,
             delta_prompts=config.delta_prompts,
             spill=self.spill,
@@ -132,7 +132,7 @@ class _State:
             await asyncio.sleep(self.config.spill_replay_s)
 
     async def aclose(self) -> None:
-        await self.engine.aclose()
+        await self.inference.aclose()
         await self.stores.close()
         self.spill.close()
 
@@ -192,7 +192,7 @@ def _counted(route: str, fn: Handler) -> Handler:
 
 async def _forward(request: Request, path: str) -> Response:
     """Send the request to the engine at ``path`` and stream its answer back untouched."""
-    client = _state(request).engine.client
+    client = _state(request).inference.client
     url = httpx.URL(path=path, query=request.url.query.encode("ascii"))
     req = client.build_request(
         request.method,
@@ -310,7 +310,7 @@ def _control(fn: Handler) -> Handler:
 
 async def _health(request: Request) -> Response:
     s = _state(request)
-    ok, detail = await s.engine.healthy()
+    ok, detail = await s.inference.healthy()
     body = {
         "status": "ok" if ok else "engine_unavailable",
         "engine": {"url": s.config.engine_url, "ok": ok, "detail": detail},
