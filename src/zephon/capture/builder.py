@@ -12,7 +12,7 @@ is masked unless a terminal is attributed). Every decision is written to ``notes
 The output of a rollout (:func:`build_rollout`) is its main chain as a :class:`Trajectory`:
 token ids, a loss mask (0 on the root prompt and every interstitial, 1 on generated tokens)
 and per-token log-probs (the captured ones on generated tokens, 0.0 elsewhere), plus the
-masking verdict and its reasons. Facts follow NeMo Gym's ``prefix_merging`` (reference §5.3).
+masking verdict and its reasons. Facts follow NeMo Gym's ``prefix_merging``.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ SMALL: dict[str, list[str]] = {
         "--puts", "40", "--stores", "memory,file", "--freeze-rollouts", "4", "--dir", "{tmp}/s",
     ],
 }  # fmt: skip
-#: Run only when asked for with --only (needs the peer installed in its own venv).
+#: Run only when asked for with --only (installs the released zephon from PyPI in its own venv).
 OPTIONAL = ("compare_zephon",)
 
 

@@ -5,7 +5,7 @@ The *global* chunk sequence ``g = 0, 1, 2, ...`` is a pure function of the confi
 (:mod:`zephon.work._order`) and interleaves them smoothly. Chunks are dealt to
 ``canonical_replicas`` lanes one per lane per block of ``L`` consecutive chunks (``permute``: a
 keyed permutation per block; ``modulo``: ``g % L``), so lane ``l``'s ``k``-th chunk is
-``k*L + j_l(k)`` in closed form. A lane clone advances the source state over its peers' chunks
+``k*L + j_l(k)`` in closed form. A lane clone advances the source state over the other lanes' chunks
 with integer arithmetic only (batched when no dataset can run out in between) and builds
 pointers for its own chunks alone. Nothing depends on the number of data-parallel ranks.
 
