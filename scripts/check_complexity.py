@@ -53,7 +53,7 @@ def offenders(src: Path = SRC) -> list[tuple[str, str, int, int, int]]:
     """``(path, name, line, cc, lines)`` of every function over a limit."""
     out = []
     for path in sorted(src.rglob("*.py")):
-        rel = path.relative_to(ROOT).as_posix()
+        rel = (path.relative_to(ROOT) if path.is_relative_to(ROOT) else path).as_posix()
         visitor = ComplexityVisitor.from_code(path.read_text(), no_assert=True)
         for name, fn in _blocks(visitor):
             lines = fn.endline - fn.lineno + 1

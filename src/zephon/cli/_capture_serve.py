@@ -77,6 +77,15 @@ def register_serve(capture_subparsers: Any) -> None:
         default=10.0,
         help="seconds to connect to the inference server",
     )
+    _store_arguments(p)
+    _access_arguments(p)
+    p.add_argument("--log-level", default="warning", help="uvicorn log level (warning)")
+    p.add_argument("--access-log", action="store_true", help="log every request")
+    p.set_defaults(func=_serve)
+
+
+def _store_arguments(p: argparse.ArgumentParser) -> None:
+    """How the proxy writes to the store: clients, delta prompts, the spill journal."""
     p.add_argument(
         "--store-clients",
         type=int,
@@ -88,6 +97,24 @@ def register_serve(capture_subparsers: Any) -> None:
         action="store_true",
         help="store a resolved continuation's prompt as the suffix after its parent's tokens",
     )
+    p.add_argument(
+        "--spill-dir",
+        default=os.environ.get("ZEPHON_CAPTURE_SPILL_DIR"),
+        metavar="DIR",
+        help="local journal of incomplete marks the store could not take "
+        "(env ZEPHON_CAPTURE_SPILL_DIR; default $XDG_STATE_HOME/zephon/capture-spill)",
+    )
+    p.add_argument(
+        "--spill-replay-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds between replays of the spill journal into the store (5)",
+    )
+
+
+def _access_arguments(p: argparse.ArgumentParser) -> None:
+    """Who may call the proxy: the control and capture tokens."""
     p.add_argument(
         "--control-token",
         default=os.environ.get("ZEPHON_CAPTURE_CONTROL_TOKEN"),
@@ -104,23 +131,6 @@ def register_serve(capture_subparsers: Any) -> None:
         action="store_true",
         help="listen beyond loopback without --control-token (logged as a warning)",
     )
-    p.add_argument(
-        "--spill-dir",
-        default=os.environ.get("ZEPHON_CAPTURE_SPILL_DIR"),
-        metavar="DIR",
-        help="local journal of incomplete marks the store could not take "
-        "(env ZEPHON_CAPTURE_SPILL_DIR; default $XDG_STATE_HOME/zephon/capture-spill)",
-    )
-    p.add_argument(
-        "--spill-replay-interval",
-        type=float,
-        default=5.0,
-        metavar="S",
-        help="seconds between replays of the spill journal into the store (5)",
-    )
-    p.add_argument("--log-level", default="warning", help="uvicorn log level (warning)")
-    p.add_argument("--access-log", action="store_true", help="log every request")
-    p.set_defaults(func=_serve)
 
 
 EXIT_STARTUP, EXIT_USAGE = 1, 2
