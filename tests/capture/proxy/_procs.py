@@ -1,4 +1,4 @@
-"""Start the test engine and `zephon capture serve` as real processes on 127.0.0.1."""
+"""Start the inference stub and `zephon capture serve` as real processes on 127.0.0.1."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fixtures: a tokenizer, the test engine and one proxy (file store), all real processes."""
+"""Fixtures: a tokenizer, the inference stub and one proxy (file store), all real processes."""
 
 from __future__ import annotations
 

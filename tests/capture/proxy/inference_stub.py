@@ -1,4 +1,5 @@
-"""A small deterministic OpenAI-compatible engine for the proxy tests (vLLM-shaped answers).
+"""A small deterministic OpenAI-compatible inference server for the proxy tests (vLLM-shaped
+answers).
 
 It tokenizes with a real byte-level BPE (trained by :func:`train_tokenizer`), renders chats
 with a fixed template whose turns are delimited by special tokens (so a conversation's tokens

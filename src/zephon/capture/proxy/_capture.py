@@ -93,7 +93,7 @@ def refusal_code(answer: InferenceAnswer) -> str:
 
 
 class CaptureService:
-    """The serving path of one worker: a store client, an engine client and metrics."""
+    """The serving path of one worker: a store client, an inference client and metrics."""
 
     def __init__(
         self,

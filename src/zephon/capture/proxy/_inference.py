@@ -1,4 +1,4 @@
-"""The HTTP client to the inference engine: JSON calls for capture, raw forwarding otherwise.
+"""The HTTP client to the inference server: JSON calls for capture, raw forwarding otherwise.
 
 Transport failures are reported as :class:`InferenceUnavailable` with a kind (``timeout`` or
 ``connection``) because the serving path treats them differently from an HTTP answer: an answer
