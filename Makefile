@@ -23,6 +23,8 @@ demo: $(CORE)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/ruff format --check src tests benchmarks scripts
+	$(BIN)/python scripts/check_complexity.py
+	$(BIN)/python scripts/check_import_cycles.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.capture.proxy._fleet import FleetPlan, run_fleet  # noqa: E402
-from tests.capture.proxy.engine import train_tokenizer  # noqa: E402
+from tests.capture.proxy.inference_stub import train_tokenizer  # noqa: E402
 
 
 def main() -> int:

@@ -276,7 +276,9 @@ def main() -> None:
     runs = []
     try:
         if "postgres" in stores:
-            from zephon.capture.stores._pgserver import EmbeddedPostgres
+            # the throwaway server lives with the test support code, in the source checkout
+            sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            from tests.capture._pgserver import EmbeddedPostgres
 
             pg = EmbeddedPostgres()
             pg.start()

@@ -1,16 +1,17 @@
-"""Side by side with the public peer (PyPI ``zephon==0.2.0``) on the reference text pipeline.
+"""Side by side with the released zephon (PyPI ``zephon==0.2.0``) on the reference text pipeline.
 
 JSONL -> decode_text -> tokenize(max_length=2048, truncation) -> pack_flat(2048, best_fit,
 16 bins, fullest) -> batch(8, drop_last=True), 20k generated documents, a local BPE tokenizer;
 ``StaticMixtureWorkSource(chunk_size=1000, seed=42)`` on both sides (1000 divides the corpus, so
-the peer's pass-tail drop loses nothing). The peer gets its tokenizer as a
+the release's pass-tail drop loses nothing). The release gets its tokenizer as a
 ``PreTrainedTokenizerFast`` instance (its ``tokenizer_id`` needs a transformers directory with
 special tokens named) and its own JSONL index (built once, outside the timing).
 
-The peer lives in its own virtual environment (``bench-data/peer-venv``, created on first use
-with ``python -m venv`` + pip; gitignored). Every run is a fresh subprocess; ours and the
-peer's alternate within each round so both see the same machine noise. Prints per-side tokens/s,
-CPU seconds per million tokens and peak RSS, our/peer ratios, and one final JSON line.
+The release lives in its own virtual environment (``bench-data/released-venv``, created on first
+use with ``python -m venv`` + pip; gitignored). Every run is a fresh subprocess; ours and the
+release's alternate within each round so both see the same machine noise. Prints per-side
+tokens/s, CPU seconds per million tokens and peak RSS, our/released ratios, and one final JSON
+line.
 
 Usage: ``python benchmarks/compare_zephon.py [--docs 20000] [--repeats 3] [--workers 2 1]``.
 """
@@ -31,10 +32,10 @@ sys.path.insert(0, str(HERE))
 
 from pipeline import prepare, spawn  # type: ignore[import-not-found]  # noqa: E402
 
-PEER_VERSION = "0.2.0"
-PEER_PACKAGES = [f"zephon=={PEER_VERSION}", "tokenizers", "transformers", "psutil"]
+RELEASED_VERSION = "0.2.0"
+RELEASED_PACKAGES = [f"zephon=={RELEASED_VERSION}", "tokenizers", "transformers", "psutil"]
 
-PEER_CHILD = r"""
+RELEASED_CHILD = r"""
 import json, resource, sys, time
 cfg = json.loads(sys.argv[1])
 start = time.perf_counter()
@@ -80,24 +81,24 @@ print(json.dumps({
 """
 
 
-def peer_python(data: Path) -> Path:
-    """The peer's interpreter, creating its virtual environment on first use."""
-    venv = data / "peer-venv"
+def released_python(data: Path) -> Path:
+    """The release's interpreter, creating its virtual environment on first use."""
+    venv = data / "released-venv"
     python = venv / "bin" / "python"
-    check = [str(python), "-c", f"import zephon; assert zephon.__version__ == '{PEER_VERSION}'"]
+    check = [str(python), "-c", f"import zephon; assert zephon.__version__ == '{RELEASED_VERSION}'"]
     if python.exists() and subprocess.run(check, capture_output=True, cwd="/").returncode == 0:
         return python
-    print(f"creating {venv} with {' '.join(PEER_PACKAGES)} ...", flush=True)
+    print(f"creating {venv} with {' '.join(RELEASED_PACKAGES)} ...", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", *PEER_PACKAGES], check=True, cwd="/"
+        [str(venv / "bin" / "pip"), "install", "-q", *RELEASED_PACKAGES], check=True, cwd="/"
     )
     return python
 
 
-def peer_corpus(corpus: Path, python: Path) -> Path:
-    """The corpus's JSONL files, linked into a folder the peer indexes with its own tool."""
-    folder = corpus.parent / f"peer-{corpus.name}"
+def released_corpus(corpus: Path, python: Path) -> Path:
+    """The corpus's JSONL files, linked into a folder the release indexes with its own tool."""
+    folder = corpus.parent / f"released-{corpus.name}"
     if not (folder / "index.json").exists():
         folder.mkdir(parents=True, exist_ok=True)
         for src in sorted(corpus.glob("part-*.jsonl")):
@@ -113,7 +114,7 @@ def peer_corpus(corpus: Path, python: Path) -> Path:
     return folder
 
 
-def run_peer(python: Path, script: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+def run_released(python: Path, script: Path, cfg: dict[str, Any]) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     proc = subprocess.run(
         [str(python), str(script), json.dumps(cfg)],
@@ -124,7 +125,7 @@ def run_peer(python: Path, script: Path, cfg: dict[str, Any]) -> dict[str, Any]:
         check=False,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"peer run failed:\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"released run failed:\n{proc.stderr[-4000:]}")
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
@@ -142,10 +143,10 @@ def main() -> None:
 
     data = args.data.resolve()
     corpus, tok_dir = prepare(data / "pipeline", args.docs)
-    python = peer_python(data)
-    peer_dir = peer_corpus(corpus, python)
-    script = data / "peer_child.py"
-    script.write_text(PEER_CHILD)
+    python = released_python(data)
+    released_dir = released_corpus(corpus, python)
+    script = data / "released_child.py"
+    script.write_text(RELEASED_CHILD)
 
     table: list[dict[str, Any]] = []
     for workers in args.workers:
@@ -158,40 +159,41 @@ def main() -> None:
             "algorithm": "best_fit",
             "drop_last": True,
         }
-        peer_cfg = {
-            "corpus": str(peer_dir),
+        released_cfg = {
+            "corpus": str(released_dir),
             "tok_file": str(tok_dir / "tokenizer.json"),
             "workers": workers,
         }
         ours: list[dict[str, Any]] = []
-        peer: list[dict[str, Any]] = []
+        released: list[dict[str, Any]] = []
         for _ in range(args.repeats):
             ours.append(spawn("pipeline", ours_cfg))
-            peer.append(run_peer(python, script, peer_cfg))
-        for r in (*ours, *peer):
+            released.append(run_released(python, script, released_cfg))
+        for r in (*ours, *released):
             r["tokens_per_s"] = r["tokens"] / r["wall_s"]
             r["cpu_per_mtok"] = r["cpu_s"] / r["tokens"] * 1e6
-        ratios = [o["tokens_per_s"] / p["tokens_per_s"] for o, p in zip(ours, peer, strict=True)]
+        pairs = zip(ours, released, strict=True)
+        ratios = [o["tokens_per_s"] / p["tokens_per_s"] for o, p in pairs]
         row = {
             "workers": workers,
             "ours_tokens_per_s": round(med(ours, "tokens_per_s")),
-            "peer_tokens_per_s": round(med(peer, "tokens_per_s")),
+            "released_tokens_per_s": round(med(released, "tokens_per_s")),
             "speedup": round(statistics.median(ratios), 3),
             "speedup_range": (round(min(ratios), 2), round(max(ratios), 2)),
             "ours_cpu_s_per_Mtok": round(med(ours, "cpu_per_mtok"), 2),
-            "peer_cpu_s_per_Mtok": round(med(peer, "cpu_per_mtok"), 2),
+            "released_cpu_s_per_Mtok": round(med(released, "cpu_per_mtok"), 2),
             "ours_rss_mb": round(med(ours, "rss_mb")),
-            "peer_rss_mb": round(med(peer, "rss_mb")),
+            "released_rss_mb": round(med(released, "rss_mb")),
             "ours_efficiency": round(ours[0]["efficiency"], 4),
-            "peer_efficiency": round(peer[0]["efficiency"], 4),
+            "released_efficiency": round(released[0]["efficiency"], 4),
             "ours_tokens": ours[0]["tokens"],
-            "peer_tokens": peer[0]["tokens"],
+            "released_tokens": released[0]["tokens"],
             "ours_first_batch_s": round(med(ours, "first_batch_s"), 2),
-            "peer_first_batch_s": round(med(peer, "first_batch_s"), 2),
+            "released_first_batch_s": round(med(released, "first_batch_s"), 2),
         }
         table.append(row)
 
-    print(f"cores: {os.cpu_count()}  docs: {args.docs}  peer: zephon {PEER_VERSION}")
+    print(f"cores: {os.cpu_count()}  docs: {args.docs}  released: zephon {RELEASED_VERSION}")
     keys = [k for k in table[0] if k != "workers"]
     print(f"{'':24}" + "".join(f"{'workers=' + str(r['workers']):>24}" for r in table))
     for k in keys:

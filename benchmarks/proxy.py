@@ -34,11 +34,11 @@ sys.path.insert(0, str(REPO))
 
 from tests.capture.proxy._harness import CAP, TOOLS_CHAT  # noqa: E402
 from tests.capture.proxy._procs import (  # noqa: E402
-    start_engine,
+    start_inference_stub,
     start_proxy,
     wait_for_workers,
 )
-from tests.capture.proxy.engine import train_tokenizer  # noqa: E402
+from tests.capture.proxy.inference_stub import train_tokenizer  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -101,8 +101,7 @@ def concurrent(url_of: Callable[[str], str], rollouts: int, turns: int) -> float
 
 def postgres_url(stack: list[Callable[[], None]]) -> str:
     import psycopg
-
-    from zephon.capture.stores._pgserver import EmbeddedPostgres
+    from tests.capture._pgserver import EmbeddedPostgres
 
     server = EmbeddedPostgres()
     server.start()
@@ -126,7 +125,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="zephon-bench-proxy-"))
     tokenizer = Path(train_tokenizer(str(tmp / "tokenizer.json")))
     cleanup: list[Callable[[], None]] = []
-    engine = start_engine(tokenizer, tmp)
+    engine = start_inference_stub(tokenizer, tmp)
     cleanup.append(engine.stop)
     rows: list[dict[str, Any]] = []
     try:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
+
 from zephon.errors import ConfigError, ZephonError, did_you_mean
 from zephon.pipeline import OPERATOR_METHODS
 
@@ -115,78 +117,162 @@ def _did_you_mean(value: Any, tp: Any) -> str:
     return did_you_mean(value, _literals(tp))
 
 
-def check_value(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` (as loaded from YAML) against the type hint ``tp``; return it converted
-    (import paths become callables, mixtures ``MixtureSpec``). Raises naming ``key``."""
+_SEQUENCES: tuple[Any, ...] = (list, tuple, cabc.Sequence)
+_MAPPINGS: tuple[Any, ...] = (dict, cabc.Mapping)
+_UNIONS: tuple[Any, ...] = (typing.Union, types.UnionType)
+_NOT_CONVERTIBLE: Any = object()  # what ``_schema`` gives for a hint msgspec cannot check
+
+
+def _schema(tp: Any) -> Any:
+    """``tp`` as a type ``msgspec.convert`` checks the way YAML values are meant (sequences
+    as lists, ``object`` as Any), or ``_NOT_CONVERTIBLE`` when it holds an import path, a
+    ``MixtureSpec`` or another class, which :func:`_check_other` handles."""
     origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    bad = ConfigFileError(
+    if tp is Any or tp is object:
+        return Any
+    if tp is None or tp is type(None):
+        return type(None)
+    if tp in (bool, int, float, str):
+        return tp
+    if origin is Literal:
+        plain = all(
+            a is None or (isinstance(a, int | str) and not isinstance(a, bool))
+            for a in typing.get_args(tp)
+        )
+        return tp if plain else _NOT_CONVERTIBLE
+    if origin in _UNIONS:
+        options = [_schema(a) for a in typing.get_args(tp)]
+        if _NOT_CONVERTIBLE in options:
+            return _NOT_CONVERTIBLE
+        return typing.Union[tuple(options)]  # noqa: UP007 - built from a runtime tuple
+    if origin in _SEQUENCES or origin in _MAPPINGS or tp in (*_SEQUENCES, *_MAPPINGS):
+        return _container_schema(tp)
+    return _NOT_CONVERTIBLE
+
+
+def _container_schema(tp: Any) -> Any:
+    """``list[item]`` for any sequence hint, ``dict[key, value]`` for any mapping hint."""
+    args = [_schema(a) for a in typing.get_args(tp)]
+    if _NOT_CONVERTIBLE in args:
+        return _NOT_CONVERTIBLE
+    if (typing.get_origin(tp) or tp) in _SEQUENCES:
+        return list[args[0] if args else Any]  # type: ignore[misc]
+    kt, vt = args if len(args) == 2 else (Any, Any)
+    return dict[kt, vt]  # type: ignore[valid-type]
+
+
+def _mismatch(value: Any, tp: Any, key: str) -> ConfigFileError:
+    return ConfigFileError(
         key, f"expected {_type_name(tp)}, got {_show(value)}{_did_you_mean(value, tp)}"
     )
-    if tp is Any or tp is object:
-        return value
-    if tp is type(None) or tp is None:
-        if value is None:
-            return None
-        raise bad
+
+
+def _converts(value: Any, schema: Any) -> bool:
+    try:
+        msgspec.convert(value, schema, strict=True)
+    except msgspec.ValidationError:
+        return False
+    return True
+
+
+def _refused(value: Any, schema: Any, key: str) -> ConfigFileError:
+    """The error for a value msgspec refused: descend through lists and mappings (not into
+    unions, whose error names the union) to the innermost refused value and its key path."""
+    while True:
+        origin = typing.get_origin(schema)
+        args = typing.get_args(schema)
+        step: tuple[Any, Any, str] | None = None
+        if origin is list and isinstance(value, list):
+            step = next(
+                (
+                    (v, args[0], f"{key}[{i}]")
+                    for i, v in enumerate(value)
+                    if not _converts(v, args[0])
+                ),
+                None,
+            )
+        elif origin is dict and isinstance(value, dict):
+            kt, vt = args
+            step = next(
+                (
+                    (k, kt, key) if not _converts(k, kt) else (v, vt, f"{key}.{k}")
+                    for k, v in value.items()
+                    if not (_converts(k, kt) and _converts(v, vt))
+                ),
+                None,
+            )
+        if step is None:
+            return _mismatch(value, schema, key)
+        value, schema, key = step
+
+
+def check_value(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` (as loaded from YAML) against the type hint ``tp``; return it converted
+    (ints to float where a number is asked for, import paths to callables, mixtures to
+    ``MixtureSpec``). msgspec checks what it can express; raises naming ``key``."""
+    schema = _schema(tp)
+    if schema is not _NOT_CONVERTIBLE:
+        try:
+            return msgspec.convert(value, schema, strict=True)
+        except msgspec.ValidationError:
+            raise _refused(value, schema, key) from None
+        except TypeError:  # a union msgspec cannot tell apart (e.g. two string types)
+            pass
+    return _check_other(value, tp, key)
+
+
+def _check_union(value: Any, tp: Any, key: str) -> Any:
+    for option in typing.get_args(tp):
+        try:
+            return check_value(value, option, key)
+        except ConfigFileError:
+            continue
+    raise _mismatch(value, tp, key)
+
+
+def _check_callable(value: Any, tp: Any, key: str) -> Any:
+    if not isinstance(value, str):
+        raise _mismatch(value, tp, key)
+    obj = import_object(value, key)
+    if not callable(obj):
+        raise ConfigFileError(key, f"{value!r} is not callable")
+    return obj
+
+
+def _check_other(value: Any, tp: Any, key: str) -> Any:
+    """The hints msgspec cannot check: unions of them, containers of them, literals of
+    booleans, import paths, ``MixtureSpec`` and other classes (an instance is passed on)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in _UNIONS:
+        return _check_union(value, tp, key)
     if origin is Literal:
         if value in args and not (isinstance(value, bool) and True not in args):
             return value
-        raise bad
-    if origin in (typing.Union, types.UnionType):
-        for option in args:
-            try:
-                return check_value(value, option, key)
-            except ConfigFileError:
-                continue
-        raise bad
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad
-    if tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        raise bad
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        raise bad
-    if origin in (list, tuple, cabc.Sequence) or tp in (list, tuple):
+        raise _mismatch(value, tp, key)
+    if origin in _SEQUENCES:
         if not isinstance(value, list):
-            raise bad
-        item = args[0] if args else Any
-        return [check_value(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin in (dict, cabc.Mapping) or tp in (dict, cabc.Mapping):
+            raise _mismatch(value, tp, key)
+        return [check_value(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin in _MAPPINGS:
         if not isinstance(value, dict):
-            raise bad
-        kt, vt = args if len(args) == 2 else (Any, Any)
+            raise _mismatch(value, tp, key)
+        kt, vt = args
         return {check_value(k, kt, key): check_value(v, vt, f"{key}.{k}") for k, v in value.items()}
     if origin is cabc.Callable or tp is cabc.Callable:
-        if not isinstance(value, str):
-            raise bad
-        obj = import_object(value, key)
-        if not callable(obj):
-            raise ConfigFileError(key, f"{value!r} is not callable")
-        return obj
+        return _check_callable(value, tp, key)
     from zephon.work import MixtureSpec
 
     if tp is MixtureSpec:
-        if isinstance(value, dict):
-            try:
-                return MixtureSpec(value)
-            except ConfigError as exc:
-                raise ConfigFileError(key, str(exc)) from None
-        raise bad
-    if isinstance(tp, type):
-        if isinstance(value, tp):
-            return value
-        raise bad
-    return value  # an annotation we cannot check statically: let the callee decide
+        if not isinstance(value, dict):
+            raise _mismatch(value, tp, key)
+        try:
+            return MixtureSpec(value)
+        except ConfigError as exc:
+            raise ConfigFileError(key, str(exc)) from None
+    if isinstance(tp, type) and not isinstance(value, tp):
+        raise _mismatch(value, tp, key)
+    return value  # an instance, or an annotation we cannot check statically: the callee decides
 
 
 def _hints(func: Callable[..., Any]) -> dict[str, Any]:
@@ -549,11 +635,7 @@ def parse_config(
         raise exc.in_file(file) if file else exc from None
 
 
-def _parse(data: Any, base_dir: Path) -> PipelineConfig:
-    from zephon.options import RuntimeOptions
-    from zephon.pipeline import Pipeline
-    from zephon.work import StaticMixtureWorkSource
-
+def _check_sections(data: Any) -> None:
     if not isinstance(data, dict):
         raise ConfigFileError("", f"the file must be a mapping of sections, got {_show(data)}")
     for k in data:
@@ -561,7 +643,9 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
             close = difflib.get_close_matches(str(k), TOP_LEVEL_KEYS, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigFileError(str(k), f"unknown section; {hint}known: {TOP_LEVEL_KEYS}")
-    raw_datasets = data.get("datasets")
+
+
+def _datasets(raw_datasets: Any, base_dir: Path) -> list[DatasetConfig]:
     if raw_datasets is None:
         raise ConfigFileError("datasets", "required: a list of {name, path} entries")
     if not isinstance(raw_datasets, list) or not raw_datasets:
@@ -571,25 +655,12 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
     for i, d in enumerate(datasets):
         if names.index(d.name) != i:
             raise ConfigFileError(f"datasets[{i}].name", f"{d.name!r} is used twice")
+    return datasets
 
-    from zephon._mixture_config import parse_mixture
 
-    mixture = parse_mixture(_calibration_paths(data.get("mixture"), base_dir), names)
-
-    source = check_call(
-        StaticMixtureWorkSource.__init__,
-        _mapping(data.get("source"), "source"),
-        "source",
-        skip=("datasets", "mixture"),
-        what="the source",
-    )
-    fetch = check_call(Pipeline.fetch, _mapping(data.get("fetch"), "fetch"), "fetch")
-
-    raw_ops = data.get("operators") or []
-    if not isinstance(raw_ops, list):
-        raise ConfigFileError("operators", f"expected a list, got {_show(raw_ops)}")
-    operators = [_operator(op, f"operators[{i}]", base_dir) for i, op in enumerate(raw_ops)]
-    _check_batch_order(operators)
+def _options(data: dict[str, Any]) -> dict[str, Any]:
+    """The ``options`` section (and the ``runner`` shorthand) as RuntimeOptions keywords."""
+    from zephon.options import RuntimeOptions
 
     options_raw = dict(_mapping(data.get("options"), "options"))
     if data.get("runner") is not None:
@@ -614,13 +685,38 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
         RuntimeOptions().updated(**options)
     except ConfigError as exc:
         raise ConfigFileError("options", str(exc)) from None
+    return options
+
+
+def _parse(data: Any, base_dir: Path) -> PipelineConfig:
+    from zephon._mixture_config import parse_mixture
+    from zephon.pipeline import Pipeline
+    from zephon.work import StaticMixtureWorkSource
+
+    _check_sections(data)
+    datasets = _datasets(data.get("datasets"), base_dir)
+    names = [d.name for d in datasets]
+    mixture = parse_mixture(_calibration_paths(data.get("mixture"), base_dir), names)
+    source = check_call(
+        StaticMixtureWorkSource.__init__,
+        _mapping(data.get("source"), "source"),
+        "source",
+        skip=("datasets", "mixture"),
+        what="the source",
+    )
+    fetch = check_call(Pipeline.fetch, _mapping(data.get("fetch"), "fetch"), "fetch")
+    raw_ops = data.get("operators") or []
+    if not isinstance(raw_ops, list):
+        raise ConfigFileError("operators", f"expected a list, got {_show(raw_ops)}")
+    operators = [_operator(op, f"operators[{i}]", base_dir) for i, op in enumerate(raw_ops)]
+    _check_batch_order(operators)
     return PipelineConfig(
         datasets=datasets,
         mixture=mixture,
         source=source,
         fetch=fetch,
         operators=operators,
-        options=options,
+        options=_options(data),
     )
 
 

@@ -19,6 +19,8 @@ from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 from zephon._progress import of_total, progress_bar
 from zephon.types import SampleBatch
 
+__all__ = ["add_arguments", "closing_lines", "main", "make_corpus", "run"]
+
 _TEXT = (
     "the data loader reads shards of text and turns them into token batches that a model "
     "trains on every run gives the same batches whatever machine or worker count replays them"

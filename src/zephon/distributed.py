@@ -18,6 +18,8 @@ from typing import Any
 from zephon._engine.checkpoint import merge_checkpoints
 from zephon.errors import CheckpointError
 
+__all__ = ["gather_checkpoints"]
+
 
 def _torch_group_ready() -> bool:
     try:

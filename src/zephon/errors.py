@@ -25,6 +25,23 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+__all__ = [
+    "CacheThrashingWarning",
+    "ChatFormatError",
+    "CheckpointError",
+    "ConfigError",
+    "ContractError",
+    "DataError",
+    "DataFormatError",
+    "MissingDependencyError",
+    "MissingFieldError",
+    "OperatorError",
+    "ReorderError",
+    "ZephonError",
+    "did_you_mean",
+    "json_type",
+]
+
 
 class ZephonError(Exception):
     """Base class of every error zephon raises on purpose."""

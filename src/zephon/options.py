@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from zephon.errors import ConfigError, did_you_mean
 
+__all__ = ["RUNNERS", "RunnerName", "RuntimeOptions", "default_workers"]
+
 RunnerName = Literal["inline", "threads", "process", "ray"]
 RUNNERS: tuple[str, ...] = ("inline", "threads", "process", "ray")
 

@@ -31,6 +31,8 @@ from zephon.options import RuntimeOptions
 from zephon.types import SampleBatch, StreamItem
 from zephon.work import MixtureSpec, WorkSource
 
+__all__ = ["OPERATOR_METHODS", "Pipeline", "Placement"]
+
 Placement = Literal["local", "remote"]
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 

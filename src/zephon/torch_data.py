@@ -25,6 +25,8 @@ except ImportError:  # pragma: no cover - exercised when torch is absent
     IterableDataset = object  # type: ignore[misc,assignment]
     get_worker_info = None  # type: ignore[assignment]
 
+__all__ = ["PipelineDataset"]
+
 
 class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
     """Yields the pipeline's items (or ``transform(item)``), resumable via state_dict."""

@@ -24,6 +24,7 @@ Returned keys (numpy arrays, or torch tensors with ``return_tensors="pt"``):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -32,7 +33,9 @@ from zephon.errors import ConfigError, MissingFieldError
 from zephon.types import TAG_PACKING
 
 if TYPE_CHECKING:
-    from zephon.types import SampleBatch
+    from zephon.types import SampleBatch, SampleRecord
+
+__all__ = ["TOKEN_FIELDS", "TrainingOptions", "to_training", "training_arrays"]
 
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 
@@ -69,111 +72,157 @@ def _stack(rows: Sequence[np.ndarray], width: int, fill: Any, dtype: Any) -> np.
     return out
 
 
-def to_training(
-    batch: SampleBatch,
-    *,
-    tokens_field: str = "auto",
-    pad_token_id: int | None = None,
-    ignore_index: int = -100,
-    shift_labels: bool = True,
-    loss_mask_field: str | None = "loss_mask",
-    position_mode: Literal["document", "sequence"] = "document",
-    mask_document_boundaries: bool = True,
-    extra_fields: Sequence[str] = (),
-    dtype: Any = np.int64,
-    return_tensors: Literal["np", "pt"] = "np",
-) -> dict[str, Any]:
-    """Model inputs for ``batch``; see the module docstring for the keys."""
-    if position_mode not in ("document", "sequence"):
-        raise ConfigError(
-            f"to_training: position_mode must be 'document' or 'sequence', got {position_mode!r}"
-        )
-    records = batch.records
-    if not records:
-        raise ConfigError("to_training: the batch is empty")
-    name = _tokens_field(records[0].payload, tokens_field)
+@dataclass(frozen=True)
+class TrainingOptions:
+    """The keyword arguments of :func:`to_training`, checked once (see its docstring)."""
+
+    tokens_field: str = "auto"
+    pad_token_id: int | None = None
+    ignore_index: int = -100
+    shift_labels: bool = True
+    loss_mask_field: str | None = "loss_mask"
+    position_mode: Literal["document", "sequence"] = "document"
+    mask_document_boundaries: bool = True
+    extra_fields: Sequence[str] = ()
+    dtype: Any = np.int64
+    return_tensors: Literal["np", "pt"] = "np"
+
+    def __post_init__(self) -> None:
+        if self.position_mode not in ("document", "sequence"):
+            raise ConfigError(
+                "to_training: position_mode must be 'document' or 'sequence', got "
+                f"{self.position_mode!r}"
+            )
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The batch's token rows right-padded to ``[B, S]``, and where the padding is."""
+
+    records: Sequence[SampleRecord]
+    input_ids: np.ndarray
+    padding_mask: np.ndarray
+    real: np.ndarray  # real tokens per row; the rest of the row is padding
+
+    @property
+    def width(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def stacked(self, field: str, fill: Any, dtype: Any) -> np.ndarray:
+        """``field`` of every payload, right-padded with ``fill``."""
+        return _stack([np.asarray(r.payload[field]) for r in self.records], self.width, fill, dtype)
+
+
+def _rows(records: Sequence[SampleRecord], opts: TrainingOptions) -> _Rows:
+    name = _tokens_field(records[0].payload, opts.tokens_field)
     rows = [np.asarray(r.payload[name]) for r in records]
     lengths = np.array([len(r) for r in rows], dtype=np.int64)
     width = int(lengths.max())
     pads = np.array([_padding_length(r) for r in records], dtype=np.int64)
-    real = lengths - pads  # real tokens per row; the rest of the row is padding
-    if (lengths != width).any() and pad_token_id is None:
+    real = lengths - pads
+    if (lengths != width).any() and opts.pad_token_id is None:
         raise ConfigError(
             "to_training: rows have different lengths (not packed with pack_flat); pass "
             "pad_token_id=... to right-pad them"
         )
-    fill = 0 if pad_token_id is None else pad_token_id
-    input_ids = _stack(rows, width, fill, dtype)
-    cols = np.arange(width)
-    padding_mask = cols[None, :] >= real[:, None]
+    fill = 0 if opts.pad_token_id is None else opts.pad_token_id
+    input_ids = _stack(rows, width, fill, opts.dtype)
+    padding_mask = np.arange(width)[None, :] >= real[:, None]
+    return _Rows(records, input_ids, padding_mask, real)
 
-    payload0 = records[0].payload
-    if "document_ids" in payload0:
-        doc_ids = _stack(
-            [np.asarray(r.payload["document_ids"]) for r in records], width, -1, np.int32
-        )
-        doc_ids[padding_mask] = -1
-    else:
-        doc_ids = np.where(padding_mask, -1, 0).astype(np.int32)
-    if "positions" in payload0:
-        positions = _stack(
-            [np.asarray(r.payload["positions"]) for r in records], width, 0, np.int64
-        )
-    else:
-        positions = np.broadcast_to(cols, (len(rows), width)).copy()
-        # padding restarts at 0 as its own segment
-        positions = np.where(padding_mask, cols[None, :] - real[:, None], positions)
-    if position_mode == "sequence":
-        positions_out = np.broadcast_to(cols, (len(rows), width)).astype(np.int64)
-    else:
-        positions_out = positions.astype(np.int64)
 
+def _document_ids(rows: _Rows) -> np.ndarray:
+    if "document_ids" in rows.records[0].payload:
+        doc_ids = rows.stacked("document_ids", -1, np.int32)
+        doc_ids[rows.padding_mask] = -1
+        return doc_ids
+    return np.where(rows.padding_mask, -1, 0).astype(np.int32)
+
+
+def _positions(rows: _Rows) -> np.ndarray:
+    """Positions as the records give them (padding restarts at 0 as its own segment)."""
+    if "positions" in rows.records[0].payload:
+        return rows.stacked("positions", 0, np.int64)
+    cols = np.arange(rows.width)
+    positions = np.broadcast_to(cols, rows.input_ids.shape).copy()
+    return np.where(rows.padding_mask, cols[None, :] - rows.real[:, None], positions)
+
+
+def _labels(
+    rows: _Rows, doc_ids: np.ndarray, opts: TrainingOptions
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(labels, loss_mask)``: shifted (or not) targets, ``ignore_index`` where masked."""
+    input_ids, padding_mask = rows.input_ids, rows.padding_mask
     valid = ~padding_mask
-    if loss_mask_field and loss_mask_field in payload0:
-        lm = _stack([np.asarray(r.payload[loss_mask_field]) for r in records], width, 0, np.float32)
-        valid &= lm != 0
-    if shift_labels:
-        labels = np.full_like(input_ids, ignore_index)
-        labels[:, :-1] = input_ids[:, 1:]
-        target_ok = np.zeros_like(valid)
-        target_ok[:, :-1] = valid[:, 1:] & ~padding_mask[:, :-1]
-        if mask_document_boundaries:
-            target_ok[:, :-1] &= doc_ids[:, 1:] == doc_ids[:, :-1]
-        labels[~target_ok] = ignore_index
-        loss_mask = target_ok
-    else:
-        labels = np.where(valid, input_ids, ignore_index).astype(input_ids.dtype)
-        loss_mask = valid
+    field = opts.loss_mask_field
+    if field and field in rows.records[0].payload:
+        valid &= rows.stacked(field, 0, np.float32) != 0
+    if not opts.shift_labels:
+        labels = np.where(valid, input_ids, opts.ignore_index).astype(input_ids.dtype)
+        return labels, valid
+    labels = np.full_like(input_ids, opts.ignore_index)
+    labels[:, :-1] = input_ids[:, 1:]
+    target_ok = np.zeros_like(valid)
+    target_ok[:, :-1] = valid[:, 1:] & ~padding_mask[:, :-1]
+    if opts.mask_document_boundaries:
+        target_ok[:, :-1] &= doc_ids[:, 1:] == doc_ids[:, :-1]
+    labels[~target_ok] = opts.ignore_index
+    return labels, target_ok
 
-    # Segment starts: every position reset (documents and the padding run), over B*S tokens.
+
+def _segments(positions: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(cu_seqlens, max_seqlen)``: every position reset (documents and the padding run)
+    starts a segment, over the flattened ``B*S`` tokens."""
     starts = positions == 0
     starts[:, 0] = True
     flat_starts = np.flatnonzero(starts.reshape(-1))
     cu_seqlens = np.append(flat_starts, starts.size).astype(np.int32)
     max_seqlen = int(np.diff(cu_seqlens).max()) if cu_seqlens.size > 1 else 0
+    return cu_seqlens, max_seqlen
 
+
+def to_training(batch: SampleBatch, **options: Any) -> dict[str, Any]:
+    """Model inputs for ``batch``; see the module docstring for the keys and
+    :class:`TrainingOptions` for the keyword arguments."""
+    return training_arrays(batch, TrainingOptions(**options))
+
+
+def training_arrays(batch: SampleBatch, opts: TrainingOptions) -> dict[str, Any]:
+    """:func:`to_training` with its options as one value."""
+    records = batch.records
+    if not records:
+        raise ConfigError("to_training: the batch is empty")
+    rows = _rows(records, opts)
+    doc_ids = _document_ids(rows)
+    positions = _positions(rows)
+    if opts.position_mode == "sequence":
+        positions_out = np.broadcast_to(np.arange(rows.width), positions.shape).astype(np.int64)
+    else:
+        positions_out = positions.astype(np.int64)
+    labels, loss_mask = _labels(rows, doc_ids, opts)
+    cu_seqlens, max_seqlen = _segments(positions)
     out: dict[str, Any] = {
-        "input_ids": input_ids,
+        "input_ids": rows.input_ids,
         "labels": labels,
         "positions": positions_out,
         "loss_mask": loss_mask.astype(np.float32),
-        "padding_mask": padding_mask,
-        "attention_mask": (~padding_mask).astype(np.int64),
+        "padding_mask": rows.padding_mask,
+        "attention_mask": (~rows.padding_mask).astype(np.int64),
         "document_ids": doc_ids,
         "cu_seqlens": cu_seqlens,
         "max_seqlen": max_seqlen,
         "num_valid_tokens": int(loss_mask.sum()),
     }
-    for field in extra_fields:
+    payload0 = records[0].payload
+    for field in opts.extra_fields:
         if field not in payload0:
             raise MissingFieldError(f"to_training: extra field {field!r} is not in the payload")
-        first = np.asarray(payload0[field])
-        out[field] = _stack([np.asarray(r.payload[field]) for r in records], width, 0, first.dtype)
-    if return_tensors == "pt":
+        out[field] = rows.stacked(field, 0, np.asarray(payload0[field]).dtype)
+    if opts.return_tensors == "pt":
         return _to_torch(out)
-    if return_tensors != "np":
+    if opts.return_tensors != "np":
         raise ConfigError(
-            f"to_training: return_tensors must be 'np' or 'pt', got {return_tensors!r}"
+            f"to_training: return_tensors must be 'np' or 'pt', got {opts.return_tensors!r}"
         )
     return out
 

@@ -12,6 +12,40 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple, TypeAlias
 
+__all__ = [
+    "RESERVED_TAGS",
+    "TAG_BOUNDARY_CID",
+    "TAG_CONTRIBUTORS",
+    "TAG_END_OF_DATA",
+    "TAG_ERROR",
+    "TAG_FLUSH_SENTINEL",
+    "TAG_PACKING",
+    "TAG_SKIPPED",
+    "TAG_SNAPSHOT",
+    "TAG_SNAPSHOT_REPLAY",
+    "TAG_TARGET_MIXTURE",
+    "TAG_TOMBSTONE",
+    "ChunkId",
+    "ChunkOffset",
+    "ContributorRef",
+    "LaneId",
+    "LineagePath",
+    "SampleBatch",
+    "SampleCursor",
+    "SampleId",
+    "SampleMeta",
+    "SampleRecord",
+    "StreamItem",
+    "end_of_data",
+    "flush_sentinel",
+    "is_control",
+    "records_of",
+    "snapshot_marker",
+    "spawn_child",
+    "tombstone_meta",
+    "tombstones_for_record",
+]
+
 SampleId: TypeAlias = tuple[int, int, int]
 """``(dataset_id, shard_id, index)``: where a sample lives, independent of how it is read."""
 LaneId: TypeAlias = int

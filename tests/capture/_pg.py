@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from zephon.capture.stores._pgserver import EmbeddedPostgres
+from tests.capture._pgserver import EmbeddedPostgres
 
 __all__ = ["fresh_schema_url", "pg_dsn", "pg_url"]
 

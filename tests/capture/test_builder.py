@@ -1,5 +1,5 @@
-"""Builder fixtures: one scenario per branch of reference §5.3, checked against the peer's
-chains and verdicts (lineage_vectors.json) and with explicit chains, masks and reasons."""
+"""Builder fixtures: one scenario per branch of NeMo Gym's ``prefix_merging``, checked against
+its chains and verdicts (lineage_vectors.json) and with explicit chains, masks and reasons."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def build(name: str, *, incomplete: bool = False, **kw: Any) -> RolloutBuild:
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_matches_peer_builder(name: str) -> None:
+def test_matches_nemo_gym_builder(name: str) -> None:
     want = SCENARIOS[name]["expected"]
     b = build(name)
     assert b.attribution.call_id == want["terminal_call_id"]

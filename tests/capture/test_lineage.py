@@ -1,4 +1,4 @@
-"""Lineage hashes against the peer's vectors, dialect invariance, stamping and the matcher."""
+"""Lineage hashes against NeMo Gym's vectors, dialect invariance, stamping and the matcher."""
 
 from __future__ import annotations
 
@@ -29,18 +29,18 @@ CASES = {c["name"]: c for c in VECTORS["hash_cases"]}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_hashes_match_peer_vectors(name: str) -> None:
+def test_hashes_match_nemo_gym_vectors(name: str) -> None:
     case = CASES[name]
     assert assistant_fingerprint(case["items"]) == case["fingerprint"]
     assert conversation_digest(case["items"]) == case["digest"]
 
 
-def test_tool_arguments_match_peer() -> None:
+def test_tool_arguments_match_nemo_gym() -> None:
     for row in VECTORS["tool_arguments"]:
         assert canonicalize_tool_arguments(row["value"]) == row["canonical"], row
 
 
-def test_stamp_matches_peer_and_does_not_mutate() -> None:
+def test_stamp_matches_nemo_gym_and_does_not_mutate() -> None:
     s = VECTORS["stamp"]
     entry = TokenEntry(
         rollout_id="r",
@@ -69,7 +69,7 @@ def test_same_conversation_three_dialects() -> None:
     assert (
         text["chat"]["digest"] == text["anthropic"]["digest"] == text["responses_plain"]["digest"]
     )
-    # The digest covers every item: an echoed reasoning item is context (pinned by the peer).
+    # The digest covers every item: an echoed reasoning item is context (pinned by NeMo Gym).
     assert text["responses"]["digest"] != text["responses_plain"]["digest"]
 
 

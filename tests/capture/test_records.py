@@ -33,7 +33,7 @@ def _ids(spec: Any) -> list[int]:
 
 
 @pytest.mark.parametrize("vector", GOLDEN["digests"], ids=lambda v: str(v["digest"][:8]))
-def test_compute_digest_matches_peer(vector: dict[str, Any]) -> None:
+def test_compute_digest_matches_nemo_gym(vector: dict[str, Any]) -> None:
     ids = _ids(vector["token_ids"])
     assert compute_digest(ids) == vector["digest"]
     if vector["encoded_hex"] is not None:
@@ -53,7 +53,7 @@ def test_digest_refuses_invalid_token_ids(bad: list[Any]) -> None:
 
 
 @pytest.mark.parametrize("vector", GOLDEN["entries"], ids=lambda v: v["input"]["rollout_id"])
-def test_canonical_bytes_match_peer(vector: dict[str, Any]) -> None:
+def test_canonical_bytes_match_nemo_gym(vector: dict[str, Any]) -> None:
     want = vector["canonical"].encode()
     from_dict = TokenEntry.from_dict(vector["input"])
     from_json = TokenEntry.from_json(json.dumps(vector["input"]))
@@ -64,7 +64,7 @@ def test_canonical_bytes_match_peer(vector: dict[str, Any]) -> None:
         assert compute_digest(cumulative_tokens(from_dict)) == vector["cumulative_digest"]
 
 
-def test_manifest_wire_matches_peer() -> None:
+def test_manifest_wire_matches_nemo_gym() -> None:
     manifest = RolloutManifest.from_wire(GOLDEN["manifest"])
     assert canonical_json(manifest) == GOLDEN["manifest_canonical"].encode()
     assert manifest.to_wire() == GOLDEN["manifest"]
@@ -84,8 +84,8 @@ def test_unknown_fields_are_preserved_and_cannot_shadow_known_ones() -> None:
         entry._set_extra({"model": "x"})
 
 
-def test_large_float_exponents_use_peer_format() -> None:
-    # msgspec writes 1e22; the peer (orjson) writes 1e+22; strings must stay untouched.
+def test_large_float_exponents_use_nemo_gym_format() -> None:
+    # msgspec writes 1e22; NeMo Gym (orjson) writes 1e+22; strings must stay untouched.
     assert canonical_json([1e22, -1.5e17, 1e-7, "a:5e5", {"k": 2.5e16}]) == (
         b'[1e+22,-1.5e+17,1e-7,"a:5e5",{"k":2.5e+16}]'
     )
@@ -129,7 +129,7 @@ def test_missing_required_field_is_named() -> None:
         TokenEntry.from_dict(data)
 
 
-def test_python_construction_coerces_numbers_like_the_peer() -> None:
+def test_python_construction_coerces_numbers_like_nemo_gym() -> None:
     entry = TokenEntry(
         rollout_id="r",
         model_call_id="c",

@@ -8,10 +8,10 @@ import psycopg
 import pytest
 
 from tests.capture._pg import fresh_schema_url, pg_dsn, pg_url  # noqa: F401
+from tests.capture._pgserver import EmbeddedPostgres
 from tests.capture._workload import make_entry
 from zephon.capture.conformance import run_conformance
 from zephon.capture.stores import open_store
-from zephon.capture.stores._pgserver import EmbeddedPostgres
 from zephon.capture.stores._postgres import PostgresStore
 from zephon.capture.testing import Mutation, assert_mutation_caught
 

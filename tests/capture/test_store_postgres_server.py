@@ -8,7 +8,7 @@ import psycopg
 import pytest
 
 from tests.capture._pg import fresh_schema_url, pg_dsn  # noqa: F401
-from zephon.capture.stores._pgserver import EmbeddedPostgres, EmbeddedPostgresError
+from tests.capture._pgserver import EmbeddedPostgres, EmbeddedPostgresError
 
 
 @pytest.mark.timeout(90)

@@ -14,7 +14,9 @@ def test_every_documented_command_is_registered() -> None:
         assert name in help_text
     sub = build_parser().parse_args(["capture", "export", "o.jsonl", "--store", "memory://"])
     assert sub.func.__module__ == "zephon.cli._capture_tools"
-    serve = build_parser().parse_args(["capture", "serve", "--engine", "http://e", "--store", "x"])
+    serve = build_parser().parse_args(
+        ["capture", "serve", "--inference-server", "http://e", "--store", "x"]
+    )
     assert serve.func.__name__ == "_serve"
 
 

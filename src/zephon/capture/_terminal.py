@@ -56,6 +56,34 @@ def _fingerprint(items: list[dict[str, Any]]) -> str:
         return ""
 
 
+def _trailing_fingerprint(items: list[dict[str, Any]]) -> str:
+    """The fingerprint of the model-authored items at the end of the output, when the output
+    also holds other items before them (else empty)."""
+    trailing: list[dict[str, Any]] = []
+    for item in reversed(items):
+        if not is_model_authored(item):
+            break
+        trailing.append(item)
+    return _fingerprint(trailing[::-1]) if trailing and len(trailing) != len(items) else ""
+
+
+def _content_matches(
+    entries: Sequence[TokenEntry], target: str, tail: str
+) -> tuple[dict[str, TokenEntry], bool]:
+    """Entries whose content matches the output, and whether a cumulative fingerprint did."""
+    matches: dict[str, TokenEntry] = {}
+    cumulative = False
+    for entry in entries:
+        version_ok = entry.fingerprint_version in (None, FINGERPRINT_VERSION)
+        if entry.continuation_fingerprint == target and version_ok:
+            matches[entry.model_call_id] = entry
+            cumulative = True
+        own = _fingerprint(list(entry.output_items)) if entry.output_items else ""
+        if own and (own == target or (tail and own == tail)):
+            matches[entry.model_call_id] = entry
+    return matches, cumulative
+
+
 def _content_witness(
     entries: Sequence[TokenEntry], response: dict[str, Any], trail: list[str]
 ) -> tuple[str, TokenEntry] | None:
@@ -68,27 +96,47 @@ def _content_witness(
     if not target:
         trail.append("no_model_authored_output")
         return None
-    trailing: list[dict[str, Any]] = []
-    for item in reversed(items):
-        if not is_model_authored(item):
-            break
-        trailing.append(item)
-    tail = _fingerprint(trailing[::-1]) if trailing and len(trailing) != len(items) else ""
-    matches: dict[str, TokenEntry] = {}
-    cumulative = False
-    for entry in entries:
-        version_ok = entry.fingerprint_version in (None, FINGERPRINT_VERSION)
-        if entry.continuation_fingerprint == target and version_ok:
-            matches[entry.model_call_id] = entry
-            cumulative = True
-        own = _fingerprint(list(entry.output_items)) if entry.output_items else ""
-        if own and (own == target or (tail and own == tail)):
-            matches[entry.model_call_id] = entry
+    matches, cumulative = _content_matches(entries, target, _trailing_fingerprint(items))
     winner = _one(list(matches.values()))
     if winner is None:
         trail.append("content_ambiguous" if matches else "no_content_match")
         return None
     return ("content_cumulative" if cumulative else "content_output", winner)
+
+
+def _response_witnesses(
+    entries: Sequence[TokenEntry], response: dict[str, Any], trail: list[str]
+) -> list[tuple[str, TokenEntry]]:
+    """What the scored response object itself names: its id, then its content."""
+    witnesses: list[tuple[str, TokenEntry]] = []
+    rid = str(response.get("id") or "")
+    if rid:
+        hits = [e for e in entries if e.response_id and e.response_id == rid]
+        winner = _one(hits)
+        if winner is not None:
+            witnesses.append(("response_id", winner))
+        else:
+            trail.append("response_id_ambiguous" if hits else "response_id_no_match")
+    else:
+        trail.append("response_has_no_id")
+    content = _content_witness(entries, response, trail)
+    if content is not None:
+        witnesses.append(content)
+    return witnesses
+
+
+def _verdict(witnesses: list[tuple[str, TokenEntry]], trail: list[str]) -> TerminalAttribution:
+    """One call when every witness names the same one; otherwise none, saying why."""
+    if not witnesses:
+        return TerminalAttribution(None, reason=",".join(trail))
+    if _one([e for _, e in witnesses]) is None:
+        detail = ";".join(f"{m}={e.model_call_id}" for m, e in witnesses)
+        trail.append(f"witness_disagreement[{detail}]")
+        return TerminalAttribution(None, reason=",".join(trail))
+    method, named = witnesses[0]
+    if len(witnesses) > 1:
+        trail.append("corroborated_by=" + "+".join(m for m, _ in witnesses[1:]))
+    return TerminalAttribution(named.model_call_id, method=method, reason=",".join(trail))
 
 
 def attribute_terminal(
@@ -100,10 +148,9 @@ def attribute_terminal(
 ) -> TerminalAttribution:
     """Join the scored response to one captured call; never raises on malformed content."""
     trail: list[str] = []
-    by_id = {e.model_call_id: e for e in entries}
     witnesses: list[tuple[str, TokenEntry]] = []
     if call_id:
-        named = by_id.get(call_id)
+        named = {e.model_call_id: e for e in entries}.get(call_id)
         if named is None:
             trail.append("explicit_terminal_not_captured")
         else:
@@ -116,28 +163,7 @@ def attribute_terminal(
             return TerminalAttribution(None, reason=",".join(trail))
         witnesses.append(("declared", winner))
     if isinstance(response, dict):
-        rid = str(response.get("id") or "")
-        if rid:
-            hits = [e for e in entries if e.response_id and e.response_id == rid]
-            winner = _one(hits)
-            if winner is not None:
-                witnesses.append(("response_id", winner))
-            else:
-                trail.append("response_id_ambiguous" if hits else "response_id_no_match")
-        else:
-            trail.append("response_has_no_id")
-        content = _content_witness(entries, response, trail)
-        if content is not None:
-            witnesses.append(content)
+        witnesses += _response_witnesses(entries, response, trail)
     elif response is None and not (call_id or response_id):
         trail.append("no_response_object")
-    if not witnesses:
-        return TerminalAttribution(None, reason=",".join(trail))
-    if _one([e for _, e in witnesses]) is None:
-        detail = ";".join(f"{m}={e.model_call_id}" for m, e in witnesses)
-        trail.append(f"witness_disagreement[{detail}]")
-        return TerminalAttribution(None, reason=",".join(trail))
-    method, named = witnesses[0]
-    if len(witnesses) > 1:
-        trail.append("corroborated_by=" + "+".join(m for m, _ in witnesses[1:]))
-    return TerminalAttribution(named.model_call_id, method=method, reason=",".join(trail))
+    return _verdict(witnesses, trail)

@@ -12,7 +12,7 @@ is masked unless a terminal is attributed). Every decision is written to ``notes
 The output of a rollout (:func:`build_rollout`) is its main chain as a :class:`Trajectory`:
 token ids, a loss mask (0 on the root prompt and every interstitial, 1 on generated tokens)
 and per-token log-probs (the captured ones on generated tokens, 0.0 elsewhere), plus the
-masking verdict and its reasons. Facts follow NeMo Gym's ``prefix_merging`` (reference §5.3).
+masking verdict and its reasons. Facts follow NeMo Gym's ``prefix_merging``.
 """
 
 from __future__ import annotations
@@ -335,22 +335,20 @@ def _chain(path: list[_Node]) -> Chain:
     return chain
 
 
-def prefix_merging(
-    entries: Iterable[TokenEntry], terminal_call_id: str | None = None
-) -> BuildOutput:
-    """Chains of one rollout's frozen entries (any order); see the module docstring."""
-    notes = BuildNotes(terminal_call_id=terminal_call_id)
+def _kept(entries: Iterable[TokenEntry], notes: BuildNotes) -> list[TokenEntry]:
+    """Deduplicated, materialized entries that generated something, shortest prompt first."""
     kept = _materialize_deltas(_dedupe(entries, notes), notes)
     notes.empty_generation_calls = [e.model_call_id for e in kept if not e.generation_token_ids]
     for cid in notes.empty_generation_calls:
         notes.decisions.append(f"{cid}: generated nothing; dropped")
-    kept = sorted(
+    return sorted(
         (e for e in kept if e.generation_token_ids),
         key=lambda e: (len(e.prompt_token_ids), e.model_call_id),
     )
-    notes.terminal_chain = "not_captured" if terminal_call_id else ""
-    if not kept:
-        return BuildOutput([], [], notes)
+
+
+def _forest(kept: list[TokenEntry], notes: BuildNotes) -> tuple[list[_Node], dict[str, _Node]]:
+    """Every entry as a node linked to its parent (in order), and the nodes by call id."""
     present = {e.model_call_id for e in kept}
     missing_parent = any(e.parent_call_id not in present for e in kept if e.parent_call_id)
     trie = _Trie() if missing_parent else None  # only absent parents need the prefix search
@@ -363,20 +361,27 @@ def prefix_merging(
         by_id[entry.model_call_id] = node
         if trie is not None:
             trie.add(node)
-    roots = [n for n in nodes if n.parent is None]
-    terminal = by_id.get(terminal_call_id) if terminal_call_id else None
-    quarantined: list[str] = []
-    _resolve_retries(nodes, terminal, quarantined, notes)
+    return nodes, by_id
 
-    main: Chain | None = None
-    if terminal is not None:
-        path = _path(terminal)
-        if any(n.quarantined or n.boundary for n in path):
-            notes.terminal_chain = "broken"
-            notes.decisions.append(f"terminal {terminal_call_id}: its path is broken")
-        else:
-            main = _chain(path)
-            notes.terminal_chain = "delivered"
+
+def _terminal_chain(terminal: _Node | None, notes: BuildNotes) -> Chain | None:
+    """The chain ending at the terminal call, unless its path is broken."""
+    if terminal is None:
+        return None
+    path = _path(terminal)
+    if any(n.quarantined or n.boundary for n in path):
+        notes.terminal_chain = "broken"
+        notes.decisions.append(f"terminal {notes.terminal_call_id}: its path is broken")
+        return None
+    notes.terminal_chain = "delivered"
+    return _chain(path)
+
+
+def _chains(
+    nodes: list[_Node], terminal: _Node | None, main: Chain | None, notes: BuildNotes
+) -> tuple[list[Chain], Chain | None]:
+    """Every chain ending at a leaf (main first, named ``main``, the rest ``branch-<n>``) and
+    the main chain: the terminal's, or else the one with the earliest root."""
     chains: list[Chain] = []
     for leaf in (n for n in nodes if not n.children):
         path = _path(leaf)
@@ -387,16 +392,31 @@ def prefix_merging(
         main = min(chains, key=lambda c: (c.links[0].entry.created_at, c.links[0].call_id))
     elif main is not None:
         chains.insert(0, main)
-    branch = 0
-    for chain in chains:
-        if chain is main:
-            chain.chain_id = "main"
-        else:
-            chain.chain_id = f"branch-{branch}"
-            branch += 1
+    branches = (c for c in chains if c is not main)
+    for branch, chain in enumerate(branches):
+        chain.chain_id = f"branch-{branch}"
     if main is not None:
+        main.chain_id = "main"
         how = "terminal delivered" if notes.terminal_chain == "delivered" else "earliest root"
         notes.decisions.append(f"main chain {main.call_ids} ({how})")
+    return chains, main
+
+
+def prefix_merging(
+    entries: Iterable[TokenEntry], terminal_call_id: str | None = None
+) -> BuildOutput:
+    """Chains of one rollout's frozen entries (any order); see the module docstring."""
+    notes = BuildNotes(terminal_call_id=terminal_call_id)
+    kept = _kept(entries, notes)
+    notes.terminal_chain = "not_captured" if terminal_call_id else ""
+    if not kept:
+        return BuildOutput([], [], notes)
+    nodes, by_id = _forest(kept, notes)
+    roots = [n for n in nodes if n.parent is None]
+    terminal = by_id.get(terminal_call_id) if terminal_call_id else None
+    quarantined: list[str] = []
+    _resolve_retries(nodes, terminal, quarantined, notes)
+    chains, main = _chains(nodes, terminal, _terminal_chain(terminal, notes), notes)
     captured = sum(len(e.generation_token_ids) for e in kept)
     delivered = sum(len(link.entry.generation_token_ids) for link in main.links) if main else 0
     notes.roots, notes.chains = len(roots), len(chains)

@@ -61,8 +61,9 @@ _DIGEST_TAG = b"nemo-gym-tokens"
 _EMPTY_DIGEST = hashlib.sha256(_DIGEST_TAG).hexdigest()
 _ROLLOUT_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
-# An unsigned exponent (msgspec writes 1e22, the peer 1e+22). A hit is a number token when the
-# digits before it follow a structural character; a hit inside a string only costs the slow path.
+# An unsigned exponent (msgspec writes 1e22, NeMo Gym's orjson 1e+22). A hit is a number token
+# when the digits before it follow a structural character; a hit inside a string only costs the
+# slow path.
 _DIGITS = frozenset(b"0123456789")
 _NUMBER_CHARS = frozenset(b"0123456789.-")
 _ENCODER = msgspec.json.Encoder(order="sorted")
@@ -103,7 +104,7 @@ def compute_digest(token_ids: Sequence[int]) -> str:
 
 
 def _fix_exponents(obj: Any) -> Any:
-    """Replace floats whose msgspec form differs from the peer's with exact raw tokens."""
+    """Replace floats whose msgspec form differs from NeMo Gym's with exact raw tokens."""
     if isinstance(obj, float):
         if math.isfinite(obj):
             raw = msgspec.json.encode(obj)
@@ -301,7 +302,7 @@ class TokenEntry(msgspec.Struct, kw_only=True, dict=True):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TokenEntry:
-        """Validate a wire dict (e.g. a peer's ``model_dump(mode="json")``)."""
+        """Validate a wire dict (e.g. NeMo Gym's ``model_dump(mode="json")``)."""
         known = {k: v for k, v in data.items() if k in _ENTRY_FIELD_SET}
         try:
             entry = msgspec.convert(known, cls, strict=False)

@@ -8,6 +8,8 @@ import sys
 
 from zephon.cli._parser import Parser
 
+__all__ = ["build_parser", "main"]
+
 # Subcommand modules; each exposes ``register(subparsers)`` that sets ``func`` on its parser.
 _COMMANDS = (
     "zephon.cli._demo",

@@ -34,7 +34,7 @@ SMALL: dict[str, list[str]] = {
         "--puts", "40", "--stores", "memory,file", "--freeze-rollouts", "4", "--dir", "{tmp}/s",
     ],
 }  # fmt: skip
-#: Run only when asked for with --only (needs the peer installed in its own venv).
+#: Run only when asked for with --only (installs the released zephon from PyPI in its own venv).
 OPTIONAL = ("compare_zephon",)
 
 
@@ -138,10 +138,8 @@ def plot(report: dict[str, Any], folder: Path) -> list[Path]:
     return written
 
 
-def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+def _selected(args: argparse.Namespace) -> tuple[Path, list[str]] | int:
+    """The benchmarks folder and the names to run, or the exit code of a usage error."""
     folder = find_benchmarks(args.benchmarks_dir)
     if folder is None:
         return fail(
@@ -155,8 +153,11 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         have = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
         return fail("bench", f"unknown benchmark(s) {unknown}; available: {have}", EXIT_USAGE)
-    console = Console(stderr=True)
-    report: dict[str, Any] = {
+    return folder, names
+
+
+def _new_report(args: argparse.Namespace) -> dict[str, Any]:
+    return {
         "format": "zephon.bench-report",
         "version": 1,
         "zephon": _version(),
@@ -166,6 +167,37 @@ def run(args: argparse.Namespace) -> int:
         "sizes": "full" if args.full else "small",
         "benchmarks": {},
     }
+
+
+def _run_one(
+    folder: Path, name: str, tmp: str, args: argparse.Namespace
+) -> tuple[dict[str, Any], str]:
+    """Run one benchmark script in ``tmp``: its report entry and its standard output."""
+    extra = [] if args.full else [a.format(tmp=tmp) for a in SMALL.get(name, [])]
+    cmd = [sys.executable, str(folder / f"{name}.py"), *extra]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=args.timeout)
+        code, out, err = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, out, err = -1, str(exc.stdout or ""), f"timed out after {args.timeout} s"
+    result = last_json_line(out) if code == 0 else None
+    entry = {
+        "args": extra,
+        "seconds": round(time.perf_counter() - start, 2),
+        "returncode": code,
+        "result": result,
+        "error": None if result is not None else (err.strip().splitlines() or ["?"])[-1],
+    }
+    return entry, out
+
+
+def _run_all(
+    folder: Path, names: list[str], report: dict[str, Any], args: argparse.Namespace, console: Any
+) -> list[str]:
+    """Run ``names`` under a progress bar, filling ``report``; the names that failed."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     failed = []
     with (
         tempfile.TemporaryDirectory(prefix="zephon-bench-") as tmp,
@@ -181,34 +213,21 @@ def run(args: argparse.Namespace) -> int:
         task = progress.add_task("benchmarks", total=len(names))
         for name in names:
             progress.update(task, description=f"bench {name}")
-            extra = [] if args.full else [a.format(tmp=tmp) for a in SMALL.get(name, [])]
-            cmd = [sys.executable, str(folder / f"{name}.py"), *extra]
-            start = time.perf_counter()
-            try:
-                proc = subprocess.run(
-                    cmd, cwd=tmp, capture_output=True, text=True, timeout=args.timeout
-                )
-                code, out, err = proc.returncode, proc.stdout, proc.stderr
-            except subprocess.TimeoutExpired as exc:
-                code, out, err = -1, str(exc.stdout or ""), f"timed out after {args.timeout} s"
-            seconds = time.perf_counter() - start
-            result = last_json_line(out) if code == 0 else None
-            entry = {
-                "args": extra,
-                "seconds": round(seconds, 2),
-                "returncode": code,
-                "result": result,
-                "error": None if result is not None else (err.strip().splitlines() or ["?"])[-1],
-            }
+            entry, out = _run_one(folder, name, tmp, args)
             report["benchmarks"][name] = entry
-            if result is None:
+            if entry["result"] is None:
                 failed.append(name)
             if not args.quiet and not args.json:
                 table = "\n".join(ln for ln in out.splitlines() if not ln.startswith("{"))
-                progress.console.print(f"[bold]{name}[/] ({seconds:.1f} s)\n{table}")
+                progress.console.print(f"[bold]{name}[/] ({entry['seconds']:.1f} s)\n{table}")
                 if entry["error"]:
                     progress.console.print(f"[red]{name} failed:[/] {entry['error']}")
             progress.advance(task)
+    return failed
+
+
+def _write_report(report: dict[str, Any], args: argparse.Namespace, console: Any) -> None:
+    """Plot (when matplotlib is there), write the report and say where it went."""
     plots_dir = args.plots or args.out.parent / "bench-plots"
     try:
         pngs = plot(report, plots_dir)
@@ -220,12 +239,25 @@ def run(args: argparse.Namespace) -> int:
     write_json_atomic(args.out, report)
     if args.json:
         print(json.dumps(report))
+        return
+    console.print(f"report: {args.out}")
+    if report["plots"]:
+        console.print(f"plots: {plots_dir} ({len(report['plots'])} PNG)")
     else:
-        console.print(f"report: {args.out}")
-        if report["plots"]:
-            console.print(f"plots: {plots_dir} ({len(report['plots'])} PNG)")
-        else:
-            console.print(report.get("plots_note", "no plots"))
+        console.print(report.get("plots_note", "no plots"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    selected = _selected(args)
+    if isinstance(selected, int):
+        return selected
+    folder, names = selected
+    console = Console(stderr=True)
+    report = _new_report(args)
+    failed = _run_all(folder, names, report, args, console)
+    _write_report(report, args, console)
     if failed:
         return fail("bench", f"benchmark(s) failed: {', '.join(failed)}", EXIT_FAILURE)
     return EXIT_OK

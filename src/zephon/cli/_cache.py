@@ -45,8 +45,7 @@ def _dir_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def _cache(args: argparse.Namespace) -> Any:
-    from zephon.io._cache import CacheOptions, NodeCache
-    from zephon.io._paths import cache_root
+    from zephon.io import CacheOptions, NodeCache, cache_root
 
     return NodeCache(CacheOptions(dir=cache_root(args.dir)))
 

@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
     conf.add_argument("--timeout", type=float, default=60.0, help="seconds per check (60)")
     conf.add_argument("--list", action="store_true", help="list the checks and exit")
     conf.set_defaults(func=_conformance)
-    from zephon.capture.proxy._cli import register_serve  # `capture serve` (the proxy)
+    from zephon.cli._capture_serve import register_serve  # `capture serve` (the proxy)
 
     register_serve(sub)
     from zephon.cli._capture_tools import register_tools  # `capture inspect` / `export`

@@ -226,6 +226,42 @@ def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | N
     return None if a == b else (path, a, b)
 
 
+def _lane_row(key: str, la: dict[str, Any] | None, lb: dict[str, Any] | None) -> dict[str, Any]:
+    """One lane of A next to the same lane of B (None where a checkpoint lacks it)."""
+
+    def of(lane: dict[str, Any] | None, field: str) -> Any:
+        return lane[field] if lane else None
+
+    return {
+        "lane": int(key),
+        "a_delivered": of(la, "delivered"),
+        "b_delivered": of(lb, "delivered"),
+        "delta": lb["delivered"] - la["delivered"] if la and lb else None,
+        "a_restart_chunk": of(la, "start_chunk_id"),
+        "b_restart_chunk": of(lb, "start_chunk_id"),
+        "a_done": of(la, "done"),
+        "b_done": of(lb, "done"),
+    }
+
+
+def _verdict(first: Any, config: Any, deltas: list[int]) -> str:
+    if first is None:
+        return "identical"
+    if config is not None:
+        return "different configurations: B cannot resume a run of A"
+    if deltas and all(d >= 0 for d in deltas):
+        return f"same configuration; B is {sum(deltas):,} items ahead of A"
+    if deltas and all(d <= 0 for d in deltas):
+        return f"same configuration; B is {-sum(deltas):,} items behind A"
+    return "same configuration; lanes moved in both directions"
+
+
+def _shown(found: tuple[str, Any, Any] | None) -> dict[str, Any] | None:
+    if found is None:
+        return None
+    return {"key": found[0], "a": found[1], "b": found[2]}
+
+
 def compare(raw_a: dict[str, Any], raw_b: dict[str, Any]) -> dict[str, Any]:
     """Configuration, world and per-lane comparison of two checkpoints."""
     config = first_difference(raw_a["config"], raw_b["config"], "config")
@@ -235,45 +271,15 @@ def compare(raw_a: dict[str, Any], raw_b: dict[str, Any]) -> dict[str, Any]:
         {k: v for k, v in raw_a.items() if k not in derived},
         {k: v for k, v in raw_b.items() if k not in derived},
     )
-    lanes = []
     keys = sorted(set(raw_a["lanes"]) | set(raw_b["lanes"]), key=int)
-    for key in keys:
-        la, lb = raw_a["lanes"].get(key), raw_b["lanes"].get(key)
-        lanes.append(
-            {
-                "lane": int(key),
-                "a_delivered": la["delivered"] if la else None,
-                "b_delivered": lb["delivered"] if lb else None,
-                "delta": lb["delivered"] - la["delivered"] if la and lb else None,
-                "a_restart_chunk": la["start_chunk_id"] if la else None,
-                "b_restart_chunk": lb["start_chunk_id"] if lb else None,
-                "a_done": la["done"] if la else None,
-                "b_done": lb["done"] if lb else None,
-            }
-        )
+    lanes = [_lane_row(k, raw_a["lanes"].get(k), raw_b["lanes"].get(k)) for k in keys]
     deltas = [lane["delta"] for lane in lanes if lane["delta"] is not None]
-    if first is None:
-        verdict = "identical"
-    elif config is not None:
-        verdict = "different configurations: B cannot resume a run of A"
-    elif deltas and all(d >= 0 for d in deltas):
-        verdict = f"same configuration; B is {sum(deltas):,} items ahead of A"
-    elif deltas and all(d <= 0 for d in deltas):
-        verdict = f"same configuration; B is {-sum(deltas):,} items behind A"
-    else:
-        verdict = "same configuration; lanes moved in both directions"
-
-    def show(found: tuple[str, Any, Any] | None) -> dict[str, Any] | None:
-        if found is None:
-            return None
-        return {"key": found[0], "a": found[1], "b": found[2]}
-
     return {
         "identical": first is None,
-        "verdict": verdict,
-        "first_difference": show(first),
-        "config_difference": show(config),
-        "world_difference": show(world),
+        "verdict": _verdict(first, config, deltas),
+        "first_difference": _shown(first),
+        "config_difference": _shown(config),
+        "world_difference": _shown(world),
         "lanes": lanes,
     }
 

@@ -1,10 +1,11 @@
 """Datasets and shard formats: JSONL (plain, .gz, .zst), Parquet, Arrow IPC / Feather, Hugging
 Face ``save_to_disk`` folders, Lance and MDS; local, on any fsspec URL, or through a node cache."""
 
-from zephon.io._cache import CacheOptions
+from zephon.io._cache import CacheOptions, NodeCache
 from zephon.io._dataset import Dataset, InMemoryShard, Row, Shard
 from zephon.io._discover import build_index, list_shards
 from zephon.io._jsonl import JsonlShard
+from zephon.io._paths import cache_root
 from zephon.io._stats import SourceStats
 
 __all__ = [
@@ -12,9 +13,11 @@ __all__ = [
     "Dataset",
     "InMemoryShard",
     "JsonlShard",
+    "NodeCache",
     "Row",
     "Shard",
     "SourceStats",
     "build_index",
+    "cache_root",
     "list_shards",
 ]

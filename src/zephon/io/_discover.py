@@ -139,6 +139,49 @@ def make_shard(
     raise ConfigError(f"unknown format {fmt!r} for {url}; use one of {', '.join(FILE_FORMATS)}")
 
 
+def _indexed(
+    folder: str, protocol: str, storage_options: dict[str, Any] | None
+) -> list[tuple[str, str, int | None]] | None:
+    """The shards a folder's index lists, or None when it has no index."""
+    index = _read_index(folder, protocol, storage_options)
+    if index is None:
+        return None
+    return [
+        (
+            _as_url(protocol, _join(protocol, folder, item["path"])),
+            item.get("format") or index["format"],
+            int(item["rows"]),
+        )
+        for item in index["shards"]
+    ]
+
+
+def _listed(
+    entry: str, files: list[str], folder: str | None, fmt: str | None
+) -> list[tuple[str, str, int | None]]:
+    """The shards among ``files`` (index, sidecars and hidden files left out)."""
+    unknown: list[str] = []
+    out: list[tuple[str, str, int | None]] = []
+    for f in files:
+        base = os.path.basename(f)
+        if base == INDEX_NAME or base.endswith(_SIDECARS) or base.startswith("."):
+            continue
+        kind = fmt or detect_format(f)
+        if kind is None:
+            if folder is None and len(files) == 1:
+                raise DataError(
+                    f"unknown shard format for {f}: expected one of {KNOWN_SUFFIXES} "
+                    f"(or pass fmt= one of {', '.join(FORMATS)})"
+                )
+            unknown.append(base)
+            continue
+        out.append((f, kind, None))
+    if not out:
+        hint = f"; unsupported files found: {', '.join(unknown[:5])}" if unknown else ""
+        raise DataError(f"no shards found in {entry} (looked for {KNOWN_SUFFIXES}){hint}")
+    return out
+
+
 def discover(
     path: PathArg,
     *,
@@ -146,9 +189,7 @@ def discover(
     storage_options: dict[str, Any] | None = None,
 ) -> list[tuple[str, str, int | None]]:
     """``[(url, format, rows or None)]`` for every shard of ``path``, in shard-id order."""
-    entries = (
-        [os.fspath(path)] if isinstance(path, str | os.PathLike) else [os.fspath(p) for p in path]
-    )
+    entries = _entries(path)
     if not entries:
         raise DataError("dataset path list is empty; pass a folder, a glob or a list of shards")
     if fmt is not None and fmt not in FILE_FORMATS:
@@ -157,39 +198,8 @@ def discover(
     for entry in entries:
         files, folder = _expand(entry, storage_options)
         protocol, _ = split_protocol(entry)
-        if folder is not None:
-            index = _read_index(folder, protocol, storage_options)
-            if index is not None:
-                for item in index["shards"]:
-                    url = _join(protocol, folder, item["path"])
-                    out.append(
-                        (
-                            _as_url(protocol, url),
-                            item.get("format") or index["format"],
-                            int(item["rows"]),
-                        )
-                    )
-                continue
-        unknown: list[str] = []
-        found = 0
-        for f in files:
-            base = os.path.basename(f)
-            if base == INDEX_NAME or base.endswith(_SIDECARS) or base.startswith("."):
-                continue
-            kind = fmt or detect_format(f)
-            if kind is None:
-                if folder is None and len(files) == 1:
-                    raise DataError(
-                        f"unknown shard format for {f}: expected one of {KNOWN_SUFFIXES} "
-                        f"(or pass fmt= one of {', '.join(FORMATS)})"
-                    )
-                unknown.append(base)
-                continue
-            out.append((f, kind, None))
-            found += 1
-        if not found:
-            hint = f"; unsupported files found: {', '.join(unknown[:5])}" if unknown else ""
-            raise DataError(f"no shards found in {entry} (looked for {KNOWN_SUFFIXES}){hint}")
+        indexed = None if folder is None else _indexed(folder, protocol, storage_options)
+        out += indexed if indexed is not None else _listed(entry, files, folder, fmt)
     return out
 
 

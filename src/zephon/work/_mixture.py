@@ -8,7 +8,7 @@ remainders (ties: lower component id). This is largest-remainder (Hamilton) appo
 the *cumulative* target, so after any number of chunks every component is within one sample of
 ``w_k * total``. When every ``W_k*C >= S`` (each component owed at least one sample per chunk)
 no quota is ever clamped and ``m`` chunks can be allocated in one step (:func:`allocate` with
-``chunks=m``), which is how a lane skips its peers' chunks in O(components).
+``chunks=m``), which is how a lane skips the other lanes' chunks in O(components).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The *global* chunk sequence ``g = 0, 1, 2, ...`` is a pure function of the confi
 (:mod:`zephon.work._order`) and interleaves them smoothly. Chunks are dealt to
 ``canonical_replicas`` lanes one per lane per block of ``L`` consecutive chunks (``permute``: a
 keyed permutation per block; ``modulo``: ``g % L``), so lane ``l``'s ``k``-th chunk is
-``k*L + j_l(k)`` in closed form. A lane clone advances the source state over its peers' chunks
+``k*L + j_l(k)`` in closed form. A lane clone advances the source state over the other lanes' chunks
 with integer arithmetic only (batched when no dataset can run out in between) and builds
 pointers for its own chunks alone. Nothing depends on the number of data-parallel ranks.
 
@@ -22,6 +22,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
 import numpy as np
 import xxhash
 
@@ -59,6 +60,139 @@ def _per_dataset(value: Any, names: Sequence[str], option: str, default: Any) ->
             )
         return [value.get(n, default) for n in names]
     return [default if value is None else value for _ in names]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _checked_datasets(datasets: Sequence[Dataset]) -> list[Dataset]:
+    """At least one dataset, unique names, none empty."""
+    out = list(datasets)
+    if not out:
+        raise ConfigError("StaticMixtureWorkSource needs at least one dataset")
+    names = [d.name for d in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"dataset names must be unique; repeated: {dupes}")
+    for d in out:
+        if d.total() == 0:
+            raise ConfigError(f"dataset {d.name!r} has no rows; remove it from the source")
+    return out
+
+
+def _checked_policies(value: Any, names: Sequence[str]) -> tuple[str, ...]:
+    policies = _per_dataset(value, names, "exhausted_policy", "repeat")
+    for n, p in zip(names, policies, strict=True):
+        if p not in _POLICIES:
+            raise ConfigError(f"exhausted_policy for {n!r} must be one of {_POLICIES}, got {p!r}")
+    return tuple(policies)
+
+
+def _checked_repeats(value: Any, names: Sequence[str]) -> tuple[int | None, ...]:
+    repeats = _per_dataset(value, names, "max_repeats", None)
+    for n, r in zip(names, repeats, strict=True):
+        if r is not None and not (_is_int(r) and r >= 0):
+            raise ConfigError(f"max_repeats for {n!r} must be an integer >= 0, got {r!r}")
+    return tuple(repeats)
+
+
+def _checked_passes(
+    value: Any, names: Sequence[str], policies: Sequence[str], repeats: Sequence[int | None]
+) -> int | None:
+    """``stop_after_passes``: a positive int or None, and only with plain ``repeat``."""
+    if value is None:
+        return None
+    if not (_is_int(value) and value >= 1):
+        raise ConfigError(f"stop_after_passes must be a positive integer or None, got {value!r}")
+    bad = [
+        n
+        for n, p, r in zip(names, policies, repeats, strict=True)
+        if p != "repeat" or r is not None
+    ]
+    if bad:
+        raise ConfigError(
+            f"stop_after_passes cannot be combined with 'stop'/'redistribute' policies "
+            f"or max_repeats (datasets {bad}); use one or the other"
+        )
+    return int(value)
+
+
+def _block_sizes(
+    value: int | str | None, datasets: Sequence[Dataset], totals: Sequence[int]
+) -> list[int | None]:
+    """The shuffle block of each dataset's read order (None: no block shuffle)."""
+    if value is None:
+        return [None] * len(datasets)
+    if value == "auto":
+        return [8 * max(max(d.counts()) for d in datasets)] * len(datasets)
+    if value == "global":
+        return list(totals)
+    if _is_int(value) and int(value) >= 1:
+        return [int(value)] * len(datasets)
+    raise ConfigError(
+        f"shuffle_block_size must be None, a positive integer, 'auto' or 'global', got {value!r}"
+    )
+
+
+class SourceOptions(msgspec.Struct, frozen=True):
+    """The validated options of a :class:`StaticMixtureWorkSource`, one value per dataset
+    where an option may differ by dataset. Built once by :meth:`validated`."""
+
+    chunk_size: int
+    seed: int
+    shuffle_shards: bool
+    shuffle_within_shard: bool
+    shuffle_block_size: int | str | None
+    policies: tuple[str, ...]
+    max_repeats: tuple[int | None, ...]
+    stop_after_passes: int | None
+    lane_assignment: str
+    reshuffle_on_repeat: bool
+
+    @classmethod
+    def validated(
+        cls,
+        names: Sequence[str],
+        *,
+        chunk_size: Any,
+        seed: Any,
+        shuffle_shards: Any,
+        shuffle_within_shard: Any,
+        shuffle_block_size: Any,
+        exhausted_policy: Any,
+        max_repeats: Any,
+        stop_after_passes: Any,
+        lane_assignment: Any,
+        reshuffle_on_repeat: Any,
+    ) -> SourceOptions:
+        """Check every option (as passed, so any value may arrive from YAML) and resolve the
+        per-dataset ones; raise ConfigError naming the option."""
+        if not (_is_int(chunk_size) and chunk_size >= 1):
+            raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        if not _is_int(seed):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        if lane_assignment not in ("permute", "modulo"):
+            raise ConfigError(
+                f"lane_assignment must be 'permute' or 'modulo', got {lane_assignment!r}"
+            )
+        if stop_after_passes is _UNSET:
+            explicit = exhausted_policy is not None or max_repeats is not None
+            stop_after_passes = None if explicit else 1
+        policies = _checked_policies(exhausted_policy, names)
+        repeats = _checked_repeats(max_repeats, names)
+        return cls(
+            chunk_size=chunk_size,
+            seed=seed,
+            shuffle_shards=bool(shuffle_shards),
+            shuffle_within_shard=bool(shuffle_within_shard),
+            shuffle_block_size=shuffle_block_size,
+            policies=policies,
+            max_repeats=repeats,
+            stop_after_passes=_checked_passes(stop_after_passes, names, policies, repeats),
+            lane_assignment=lane_assignment,
+            reshuffle_on_repeat=bool(reshuffle_on_repeat),
+        )
 
 
 class StaticMixtureWorkSource(WorkSource):
@@ -100,65 +234,25 @@ class StaticMixtureWorkSource(WorkSource):
         lane_assignment: LaneAssignment = "permute",
         reshuffle_on_repeat: bool = True,
     ) -> None:
-        self._datasets = list(datasets)
-        if not self._datasets:
-            raise ConfigError("StaticMixtureWorkSource needs at least one dataset")
+        self._datasets = _checked_datasets(datasets)
         names = [d.name for d in self._datasets]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ConfigError(f"dataset names must be unique; repeated: {dupes}")
-        for d in self._datasets:
-            if d.total() == 0:
-                raise ConfigError(f"dataset {d.name!r} has no rows; remove it from the source")
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
-        if lane_assignment not in ("permute", "modulo"):
-            raise ConfigError(
-                f"lane_assignment must be 'permute' or 'modulo', got {lane_assignment!r}"
-            )
+        options = SourceOptions.validated(
+            names,
+            chunk_size=chunk_size,
+            seed=seed,
+            shuffle_shards=shuffle_shards,
+            shuffle_within_shard=shuffle_within_shard,
+            shuffle_block_size=shuffle_block_size,
+            exhausted_policy=exhausted_policy,
+            max_repeats=max_repeats,
+            stop_after_passes=stop_after_passes,
+            lane_assignment=lane_assignment,
+            reshuffle_on_repeat=reshuffle_on_repeat,
+        )
         self._set_mixture(mixture, names)
-        self._chunk_size = chunk_size
-        self._seed = seed
-        self._lane_assignment = lane_assignment
-
-        explicit = exhausted_policy is not None or max_repeats is not None
-        if stop_after_passes is _UNSET:
-            stop_after_passes = None if explicit else 1
-        policies = _per_dataset(exhausted_policy, names, "exhausted_policy", "repeat")
-        for n, p in zip(names, policies, strict=True):
-            if p not in _POLICIES:
-                raise ConfigError(
-                    f"exhausted_policy for {n!r} must be one of {_POLICIES}, got {p!r}"
-                )
-        repeats = _per_dataset(max_repeats, names, "max_repeats", None)
-        for n, r in zip(names, repeats, strict=True):
-            if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):
-                raise ConfigError(f"max_repeats for {n!r} must be an integer >= 0, got {r!r}")
-        if stop_after_passes is not None:
-            if (
-                isinstance(stop_after_passes, bool)
-                or not isinstance(stop_after_passes, int)
-                or (stop_after_passes < 1)
-            ):
-                raise ConfigError(
-                    f"stop_after_passes must be a positive integer or None, got "
-                    f"{stop_after_passes!r}"
-                )
-            bad = [
-                n
-                for n, p, r in zip(names, policies, repeats, strict=True)
-                if p != "repeat" or r is not None
-            ]
-            if bad:
-                raise ConfigError(
-                    f"stop_after_passes cannot be combined with 'stop'/'redistribute' policies "
-                    f"or max_repeats (datasets {bad}); use one or the other"
-                )
         if (
             self._schedule is not None
-            and stop_after_passes is not None
+            and options.stop_after_passes is not None
             and 0 in self._phases[-1].weights
         ):
             raise ConfigError(
@@ -166,39 +260,24 @@ class StaticMixtureWorkSource(WorkSource):
                 "stop_after_passes that dataset would never finish its pass; weight every "
                 "dataset in the last phase or pass exhausted_policy=..."
             )
-        self._policies: list[str] = policies
-        self._max_repeats: list[int | None] = repeats
-        self._stop_after_passes: int | None = stop_after_passes
+        self._chunk_size = options.chunk_size
+        self._seed = options.seed
+        self._lane_assignment = options.lane_assignment
+        self._policies: list[str] = list(options.policies)
+        self._max_repeats: list[int | None] = list(options.max_repeats)
+        self._stop_after_passes: int | None = options.stop_after_passes
         self._totals = [d.total() for d in self._datasets]
-        self._limits: list[int | None] = []
-        for p, r, rows in zip(policies, repeats, self._totals, strict=True):
-            if p == "repeat" and r is None:
-                self._limits.append(None)
-            else:
-                self._limits.append(rows * (1 + (r or 0)))
-
-        max_shard = max(max(d.counts()) for d in self._datasets)
-        if shuffle_block_size is None:
-            self._block_sizes: list[int | None] = [None] * len(names)
-        elif shuffle_block_size == "auto":
-            self._block_sizes = [8 * max_shard] * len(names)
-        elif shuffle_block_size == "global":
-            self._block_sizes = list(self._totals)
-        elif (
-            isinstance(shuffle_block_size, int)
-            and not isinstance(shuffle_block_size, bool)
-            and shuffle_block_size >= 1
-        ):
-            self._block_sizes = [shuffle_block_size] * len(names)
-        else:
-            raise ConfigError(
-                "shuffle_block_size must be None, a positive integer, 'auto' or 'global', got "
-                f"{shuffle_block_size!r}"
-            )
-        self._shuffle_block_size = shuffle_block_size
-        self._shuffle_shards = bool(shuffle_shards)
-        self._shuffle_within_shard = bool(shuffle_within_shard)
-        self._reshuffle = bool(reshuffle_on_repeat)
+        self._limits: list[int | None] = [
+            None if p == "repeat" and r is None else rows * (1 + (r or 0))
+            for p, r, rows in zip(self._policies, self._max_repeats, self._totals, strict=True)
+        ]
+        self._block_sizes: list[int | None] = _block_sizes(
+            options.shuffle_block_size, self._datasets, self._totals
+        )
+        self._shuffle_block_size = options.shuffle_block_size
+        self._shuffle_shards = options.shuffle_shards
+        self._shuffle_within_shard = options.shuffle_within_shard
+        self._reshuffle = options.reshuffle_on_repeat
         self._config = self._make_config()
         self._fingerprint = xxhash.xxh64_hexdigest(
             json.dumps(self._config, sort_keys=True).encode()
@@ -380,14 +459,9 @@ class StaticMixtureWorkSource(WorkSource):
         total = sum(live.values())
         return {n: w / total for n, w in live.items()}
 
-    def _step(self, generate: bool) -> WorkChunk | None:
-        """Compute global chunk ``self._g``; build its pointers only when ``generate``."""
-        self._enter_phase()
-        weights = self._active_weights()
-        if not any(weights):  # every dataset of this phase has been retired
-            self._done = True
-            return None
-        target = self._target(weights)
+    def _quotas(self, weights: list[int]) -> tuple[list[int], list[int]]:
+        """This chunk's per-dataset quotas (cut at the phase end and at each dataset's limit)
+        and the quota debts after it."""
         size = self._chunk_size
         switch = self._next_switch()
         if switch is not None:
@@ -396,24 +470,38 @@ class StaticMixtureWorkSource(WorkSource):
         for k, limit in enumerate(self._limits):
             if limit is not None and self._active[k]:
                 quotas[k] = min(quotas[k], limit - self._pos[k])
-        final = False
+        return quotas, debts
+
+    def _cap_at_passes(self, quotas: list[int]) -> bool:
+        """With ``stop_after_passes``: when this chunk completes every dataset's passes, top up
+        the lagging datasets to their last pass (in place) and say it is the final chunk."""
         sap = self._stop_after_passes
-        if sap is not None and all(
+        if sap is None or not all(
             p + q >= sap * n for p, q, n in zip(self._pos, quotas, self._totals, strict=True)
         ):
-            final = True
-            for k, n in enumerate(self._totals):
-                if self._pos[k] < sap * n:
-                    quotas[k] = sap * n - self._pos[k]
-        exhausted: list[int] = []
-        retire = False
-        for k, limit in enumerate(self._limits):
-            if limit is not None and self._active[k] and self._pos[k] + quotas[k] >= limit:
-                exhausted.append(k)
-                if self._policies[k] == "redistribute":
-                    retire = True
-                else:
-                    final = True
+            return False
+        for k, n in enumerate(self._totals):
+            if self._pos[k] < sap * n:
+                quotas[k] = sap * n - self._pos[k]
+        return True
+
+    def _step(self, generate: bool) -> WorkChunk | None:
+        """Compute global chunk ``self._g``; build its pointers only when ``generate``."""
+        self._enter_phase()
+        weights = self._active_weights()
+        if not any(weights):  # every dataset of this phase has been retired
+            self._done = True
+            return None
+        target = self._target(weights)
+        quotas, debts = self._quotas(weights)
+        final = self._cap_at_passes(quotas)
+        exhausted = [
+            k
+            for k, limit in enumerate(self._limits)
+            if limit is not None and self._active[k] and self._pos[k] + quotas[k] >= limit
+        ]
+        retire = any(self._policies[k] == "redistribute" for k in exhausted)
+        final = final or any(self._policies[k] != "redistribute" for k in exhausted)
         chunk: WorkChunk | None = None
         if generate:
             chunk = self._build(quotas, target, exhausted, final)

@@ -37,12 +37,18 @@ import httpx
 import numpy as np
 
 from tests.capture._pg import fresh_schema_url
+from tests.capture._pgserver import EmbeddedPostgres
 from tests.capture.proxy._harness import CAP, TOOLS_CHAT
-from tests.capture.proxy._procs import Proc, child_env, start_engine, start_proxy, wait_for_workers
+from tests.capture.proxy._procs import (
+    Proc,
+    child_env,
+    start_inference_stub,
+    start_proxy,
+    wait_for_workers,
+)
 from zephon.capture.builder import RolloutBuild, build_rollout
 from zephon.capture.records import TokenCaptureSnapshot
 from zephon.capture.stores import open_store
-from zephon.capture.stores._pgserver import EmbeddedPostgres
 
 __all__ = ["Fleet", "FleetPlan", "FleetReport", "run_fleet"]
 
@@ -175,7 +181,7 @@ class Fleet:
     def start(self) -> None:
         self.pg.start()
         self.url = fresh_schema_url(self.pg.dsn)
-        self.engine = start_engine(self.tokenizer, self.workdir)
+        self.engine = start_inference_stub(self.tokenizer, self.workdir)
         self.proxies = [self._proxy(i) for i in range(self.plan.proxies)]
         for proxy in self.proxies:
             wait_for_workers(proxy, self.plan.workers)
@@ -195,7 +201,7 @@ class Fleet:
             str(self.spill_dir(index)),
             "--spill-replay-interval",
             "0.2",
-            "--engine-timeout",
+            "--inference-timeout",
             "30",
             *extra,
         )

@@ -1,4 +1,4 @@
-"""Start the test engine and `zephon capture serve` as real processes on 127.0.0.1."""
+"""Start the inference stub and `zephon capture serve` as real processes on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ __all__ = [
     "REPO",
     "Proc",
     "child_env",
-    "start_engine",
+    "start_inference_stub",
     "start_proxy",
     "wait_for_workers",
     "wait_group_gone",
@@ -109,9 +109,15 @@ def _spawn(
     raise RuntimeError(f"{cmd[:4]} did not start: {log.read_text()[-2000:]}")
 
 
-def start_engine(tokenizer: Path, log_dir: Path, *extra: str) -> Proc:
+def start_inference_stub(tokenizer: Path, log_dir: Path, *extra: str) -> Proc:
     log = log_dir / f"engine-{time.monotonic_ns()}.log"
-    cmd = [sys.executable, "-m", "tests.capture.proxy.engine", "--tokenizer", str(tokenizer)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tests.capture.proxy.inference_stub",
+        "--tokenizer",
+        str(tokenizer),
+    ]
     popen, line = _spawn([*cmd, *extra], "ENGINE_PORT", log)
     return Proc(popen, f"http://127.0.0.1:{line.split()[-1]}", log)
 
@@ -125,7 +131,7 @@ def start_proxy(engine_url: str, store_url: str, log_dir: Path, *extra: str) -> 
         # The `zephon capture` command group (zephon.cli registers the same group).
         "import sys; from zephon.cli._capture import main; sys.exit(main())",
         "serve",
-        "--engine",
+        "--inference-server",
         engine_url,
         "--store",
         store_url,

@@ -1,4 +1,4 @@
-"""Fixtures: a tokenizer, the test engine and one proxy (file store), all real processes."""
+"""Fixtures: a tokenizer, the inference stub and one proxy (file store), all real processes."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401 (fixtures for test modules)
-from tests.capture.proxy._procs import Proc, start_engine, start_proxy
-from tests.capture.proxy.engine import train_tokenizer
+from tests.capture.proxy._procs import Proc, start_inference_stub, start_proxy
+from tests.capture.proxy.inference_stub import train_tokenizer
 from zephon.capture.records import TokenCaptureSnapshot
 from zephon.capture.stores import open_store
 
@@ -31,7 +31,7 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def engine(tokenizer: Path, logs: Path) -> Iterator[Proc]:
-    proc = start_engine(tokenizer, logs, "--max-model-len", "2048")
+    proc = start_inference_stub(tokenizer, logs, "--max-model-len", "2048")
     yield proc
     proc.stop()
 
@@ -43,7 +43,7 @@ def store_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def proxy(engine: Proc, store_url: str, logs: Path) -> Iterator[Proc]:
-    proc = start_proxy(engine.url, store_url, logs, "--engine-timeout", "30")
+    proc = start_proxy(engine.url, store_url, logs, "--inference-timeout", "30")
     yield proc
     # uvicorn re-raises the SIGTERM it handled gracefully, hence -15.
     assert proc.stop() in (0, -signal.SIGTERM), proc.log.read_text()[-2000:]

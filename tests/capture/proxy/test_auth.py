@@ -75,7 +75,7 @@ def test_a_capture_without_the_capture_token_is_refused_and_writes_nothing(
 def test_a_non_loopback_bind_without_a_control_token_is_refused(
     engine: Proc, tmp_path: Path
 ) -> None:
-    cmd = [sys.executable, "-m", "zephon.cli", "capture", "serve", "--engine", engine.url]
+    cmd = [sys.executable, "-m", "zephon.cli", "capture", "serve", "--inference-server", engine.url]
     cmd += ["--store", f"file://{tmp_path}", "--host", "0.0.0.0", "--port", "0"]
     proc = subprocess.run(
         cmd, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=60

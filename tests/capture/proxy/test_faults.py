@@ -219,7 +219,7 @@ def test_client_disconnect_does_not_lose_the_capture(
 @pytest.fixture
 def slow_proxy(engine: Proc, store_url: str, logs: Path) -> Iterator[Proc]:
     """A proxy that gives up on an engine call after 2 s."""
-    proxy = start_proxy(engine.url, store_url, logs, "--engine-timeout", "2")
+    proxy = start_proxy(engine.url, store_url, logs, "--inference-timeout", "2")
     yield proxy
     proxy.stop()
 
@@ -310,7 +310,7 @@ class BrokenEngine:
 @pytest.fixture(params=["close", "hang"])
 def broken(request: pytest.FixtureRequest, store_url: str, logs: Path) -> Iterator[Any]:
     engine = BrokenEngine(request.param)
-    proxy = start_proxy(engine.url, store_url, logs, "--engine-timeout", "0.5")
+    proxy = start_proxy(engine.url, store_url, logs, "--inference-timeout", "0.5")
     yield request.param, engine, proxy
     proxy.stop()
     engine.close()
@@ -337,7 +337,16 @@ def test_engine_that_closes_or_times_out_masks_and_keeps_earlier_entries(
 
 def _serve(*args: str, preamble: str = "") -> subprocess.CompletedProcess[str]:
     code = f"{preamble}import sys; from zephon.cli._capture import main; sys.exit(main())"
-    cmd = [sys.executable, "-c", code, "serve", "--engine", "http://127.0.0.1:9", "--port", "0"]
+    cmd = [
+        sys.executable,
+        "-c",
+        code,
+        "serve",
+        "--inference-server",
+        "http://127.0.0.1:9",
+        "--port",
+        "0",
+    ]
     return subprocess.run(
         [*cmd, *args], capture_output=True, text=True, timeout=60, cwd=REPO, env=child_env()
     )

@@ -14,7 +14,7 @@ from tests.capture.proxy._harness import (
     responses_rollout,
     verify_rollout,
 )
-from tests.capture.proxy._procs import Proc, start_engine, start_proxy, wait_for_workers
+from tests.capture.proxy._procs import Proc, start_inference_stub, start_proxy, wait_for_workers
 from zephon.capture.records import TokenCaptureSnapshot
 from zephon.capture.stores import open_store
 
@@ -35,7 +35,7 @@ def _client() -> httpx.AsyncClient:
 def test_64_rollouts_x_8_turns_on_two_workers_lose_nothing(
     tokenizer: Path, logs: Path, tmp_path: Path
 ) -> None:
-    engine = start_engine(tokenizer, logs)
+    engine = start_inference_stub(tokenizer, logs)
     url = f"file://{tmp_path / 'capture'}"
     proxy = start_proxy(engine.url, url, logs, "--workers", "2")
     wait_for_workers(proxy, 2)
@@ -66,7 +66,7 @@ def test_64_rollouts_x_8_turns_on_two_workers_lose_nothing(
 def test_engine_killed_mid_run_masks_only_the_affected_rollouts(
     tokenizer: Path, logs: Path, tmp_path: Path
 ) -> None:
-    engine: Proc = start_engine(tokenizer, logs)
+    engine: Proc = start_inference_stub(tokenizer, logs)
     url = f"file://{tmp_path / 'capture'}"
     proxy = start_proxy(engine.url, url, logs, "--workers", "2", "--connect-timeout", "2")
     done_before = [f"before-{i:02d}" for i in range(16)]
@@ -112,7 +112,7 @@ def test_engine_killed_mid_run_masks_only_the_affected_rollouts(
 
 @pytest.mark.timeout(90)
 def test_two_workers_share_a_postgres_store(tokenizer: Path, logs: Path, pg_url: str) -> None:
-    engine = start_engine(tokenizer, logs)
+    engine = start_inference_stub(tokenizer, logs)
     proxy = start_proxy(engine.url, pg_url, logs, "--workers", "2")
     rids = [f"pg-{i:02d}" for i in range(12)]
 

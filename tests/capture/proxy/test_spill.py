@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.capture._pg import fresh_schema_url
+from tests.capture._pgserver import EmbeddedPostgres
 from tests.capture._workload import make_entry
 from tests.capture.proxy._harness import CAP, wait_held
 from tests.capture.proxy._procs import Proc, start_proxy
@@ -24,7 +25,6 @@ from tests.capture.proxy.conftest import store_call
 from zephon.capture.proxy import ProxyConfig
 from zephon.capture.proxy._spill import SpilledMark, SpillJournal
 from zephon.capture.stores import open_store
-from zephon.capture.stores._pgserver import EmbeddedPostgres
 
 pytestmark = pytest.mark.timeout(120)
 

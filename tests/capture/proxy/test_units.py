@@ -11,7 +11,7 @@ import pytest
 from zephon.capture.lineage import assistant_fingerprint
 from zephon.capture.proxy import ProxyConfig
 from zephon.capture.proxy._capture import refusal_code
-from zephon.capture.proxy._engine import EngineAnswer
+from zephon.capture.proxy._inference import InferenceAnswer
 from zephon.capture.proxy._metrics import Metrics
 from zephon.capture.proxy._requests import BadRequest, prepare_call
 from zephon.capture.proxy._responses import output_items_of, token_item_index
@@ -175,9 +175,9 @@ def test_output_items_fingerprint_like_the_echoed_chat_message() -> None:
 
 def test_refusal_codes() -> None:
     ctx = b'{"message": "This model\'s maximum context length is 10 tokens."}'
-    assert refusal_code(EngineAnswer(400, ctx, "application/json")) == "context_length_exceeded"
-    assert refusal_code(EngineAnswer(400, b'{"message": "bad"}', "")) == "http_400"
-    assert refusal_code(EngineAnswer(404, b"", "")) == "http_404"
+    assert refusal_code(InferenceAnswer(400, ctx, "application/json")) == "context_length_exceeded"
+    assert refusal_code(InferenceAnswer(400, b'{"message": "bad"}', "")) == "http_400"
+    assert refusal_code(InferenceAnswer(404, b"", "")) == "http_404"
 
 
 def test_metrics_sum_over_workers(tmp_path: Path) -> None:
@@ -214,10 +214,18 @@ def test_cli_refuses_a_process_local_store_with_several_workers(
 ) -> None:
     from zephon.cli._capture import main
 
-    argv = ["serve", "--engine", "http://127.0.0.1:9", "--store", "memory://x", "--workers", "2"]
+    argv = [
+        "serve",
+        "--inference-server",
+        "http://127.0.0.1:9",
+        "--store",
+        "memory://x",
+        "--workers",
+        "2",
+    ]
     assert main(argv) == 2
     assert "use a shared store" in capsys.readouterr().err
-    assert main(["serve", "--engine", "http://127.0.0.1:9", "--store", "s3://b/x"]) == 2
+    assert main(["serve", "--inference-server", "http://127.0.0.1:9", "--store", "s3://b/x"]) == 2
     assert "unknown capture store URL" in capsys.readouterr().err
 
 
@@ -229,14 +237,54 @@ def test_serve_is_registered_in_the_capture_group() -> None:
     parser = argparse.ArgumentParser(prog="zephon")
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(
-        ["capture", "serve", "--engine", "http://e:1", "--store", "file:///x", "--workers", "3"]
+        [
+            "capture",
+            "serve",
+            "--inference-server",
+            "http://e:1",
+            "--store",
+            "file:///x",
+            "--workers",
+            "3",
+        ]
     )
-    assert (args.engine, args.store, args.workers, args.port) == (
+    assert (args.inference_server, args.store, args.workers, args.port) == (
         "http://e:1",
         "file:///x",
         3,
         8100,
     )
-    assert args.func.__module__ == "zephon.capture.proxy._cli"
+    assert args.func.__module__ == "zephon.cli._capture_serve"
     conf = parser.parse_args(["capture", "conformance", "memory://x"])
     assert conf.func.__name__ == "_conformance"  # the group's existing command is unchanged
+
+
+def test_serve_keeps_the_former_engine_flags_as_deprecated_aliases(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import argparse
+
+    from zephon.cli._capture import register
+
+    parser = argparse.ArgumentParser(prog="zephon")
+    register(parser.add_subparsers(dest="command"))
+    argv = [
+        "capture",
+        "serve",
+        "--engine",
+        "http://e:1",
+        "--engine-timeout",
+        "5",
+        "--store",
+        "x",
+    ]
+    args = parser.parse_args(argv)
+    assert (args.inference_server, args.inference_timeout) == ("http://e:1", 5.0)
+    err = capsys.readouterr().err
+    assert "--engine is deprecated; use --inference-server" in err
+    assert "--engine-timeout is deprecated; use --inference-timeout" in err
+    new = parser.parse_args(
+        ["capture", "serve", "--inference-server", "http://e:1", "--store", "x"]
+    )
+    assert new.inference_server == "http://e:1" and new.inference_timeout == 600.0
+    assert "deprecated" not in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """HTTP capture proxy in front of an OpenAI-compatible engine (vLLM, SGLang).
 
-``zephon capture serve --engine URL --store STORE_URL`` or, from Python::
+``zephon capture serve --inference-server URL --store STORE_URL`` or, from Python::
 
     from zephon.capture.proxy import ProxyConfig, create_app, serve
 

@@ -41,7 +41,7 @@ from zephon.capture.protocols import (
     SupportsFailCall,
     TokenCaptureFrozenError,
 )
-from zephon.capture.proxy._engine import EngineAnswer, EngineClient, EngineUnavailable
+from zephon.capture.proxy._inference import InferenceAnswer, InferenceClient, InferenceUnavailable
 from zephon.capture.proxy._metrics import Metrics
 from zephon.capture.proxy._pool import StoreClients
 from zephon.capture.proxy._requests import BadRequest, Dialect, PreparedCall, prepare_call
@@ -84,7 +84,7 @@ def error_body(message: str, code: str, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": code}}
 
 
-def refusal_code(answer: EngineAnswer) -> str:
+def refusal_code(answer: InferenceAnswer) -> str:
     """A stable code for an engine's 4xx: ``context_length_exceeded`` or ``http_<status>``."""
     text = answer.body[:4096].decode("utf-8", "replace").lower()
     if answer.status in (400, 413, 422) and any(m in text for m in _CONTEXT_MARKERS):
@@ -93,19 +93,19 @@ def refusal_code(answer: EngineAnswer) -> str:
 
 
 class CaptureService:
-    """The serving path of one worker: a store client, an engine client and metrics."""
+    """The serving path of one worker: a store client, an inference client and metrics."""
 
     def __init__(
         self,
         stores: StoreClients,
-        engine: EngineClient,
+        inference: InferenceClient,
         metrics: Metrics,
         *,
         delta_prompts: bool = False,
         spill: SpillJournal | None = None,
     ) -> None:
         self.stores = stores
-        self.engine = engine
+        self.inference = inference
         self.metrics = metrics
         self.delta_prompts = delta_prompts
         self.spill = spill
@@ -189,8 +189,10 @@ class CaptureService:
             return CallResult(status, error_body(msg, code, status), hdrs)
         engine_started = time.perf_counter()
         try:
-            answer = await self.engine.post_json(call.engine_path, call.engine_body, _auth(headers))
-        except EngineUnavailable as exc:
+            answer = await self.inference.post_json(
+                call.engine_path, call.engine_body, _auth(headers)
+            )
+        except InferenceUnavailable as exc:
             hdrs["x-zephon-capture"] = await self._fail(rollout_id, call_id, f"engine_{exc.kind}")
             status = 504 if exc.kind == "timeout" else 502
             return CallResult(status, error_body(str(exc), f"engine_{exc.kind}", status), hdrs)
@@ -300,7 +302,7 @@ class CaptureService:
                     payload[key] = body[key]
         else:
             payload["prompt"] = body["prompt"]
-        answer = await self.engine.post_json("/tokenize", payload, _auth(headers))
+        answer = await self.inference.post_json("/tokenize", payload, _auth(headers))
         if answer.status != 200:
             raise TokenDataError(
                 f"engine gave no prompt ids and /tokenize answered HTTP {answer.status}"
@@ -382,7 +384,7 @@ class CaptureService:
         return await self.spill.replay(send)
 
     async def _refusal(
-        self, rollout_id: str, call_id: str, res: LineageResolution, answer: EngineAnswer
+        self, rollout_id: str, call_id: str, res: LineageResolution, answer: InferenceAnswer
     ) -> None:
         code = refusal_code(answer)
         self.metrics.inc("zephon_proxy_engine_refusals_total", code=code)

@@ -55,8 +55,8 @@ class ProxyConfig:
         parts = urlsplit(self.engine_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(
-                f"--engine {self.engine_url!r} is not an http(s) URL; pass the engine's server "
-                "root, e.g. http://127.0.0.1:8000"
+                f"--inference-server {self.engine_url!r} is not an http(s) URL; pass the "
+                "inference server's root, e.g. http://127.0.0.1:8000"
             )
         base = self.engine_url.rstrip("/")
         if base.endswith("/v1"):

@@ -162,6 +162,68 @@ def responses_items(body: dict[str, Any]) -> list[dict[str, Any]]:
     return items
 
 
+def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
+    """Append one Responses input item to ``messages`` as Chat Completions messages."""
+    kind = item.get("type")
+    if kind in (None, "message"):
+        role = item.get("role")
+        if not isinstance(role, str):
+            raise BadRequest(f"{where} is a message without a string 'role'")
+        role = "system" if role == "developer" else role
+        messages.append({"role": role, "content": _part_text(item.get("content"), where)})
+    elif kind == "function_call":
+        call = {
+            "id": item.get("call_id") or item.get("id"),
+            "type": "function",
+            "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+        }
+        last = messages[-1] if messages else None
+        if last is not None and last["role"] == "assistant":
+            last.setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    elif kind == "function_call_output":
+        output = item.get("output")
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": item.get("call_id"),
+                "content": output if isinstance(output, str) else json.dumps(output),
+            }
+        )
+    elif kind != "reasoning":  # harnesses need not echo reasoning; engines re-derive it
+        raise BadRequest(f"{where} has type {kind!r}, which the capture proxy cannot send")
+
+
+def _chat_tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise BadRequest("'tools' must be a list")
+    converted = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise BadRequest(f"tools[{i}]: only function tools are supported by the proxy")
+        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+        converted.append({"type": "function", "function": fn})
+    return converted
+
+
+def _chat_options(body: dict[str, Any], chat: dict[str, Any]) -> None:
+    """Carry tools, tool choice, the token limit and logprobs over into ``chat``."""
+    tools = body.get("tools")
+    if tools:
+        chat["tools"] = _chat_tools(tools)
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+    elif choice is not None:
+        chat["tool_choice"] = choice
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    if body.get("top_logprobs"):
+        chat["top_logprobs"] = body["top_logprobs"]
+        chat["logprobs"] = True
+
+
 def responses_to_chat(body: dict[str, Any], items: list[dict[str, Any]]) -> dict[str, Any]:
     """Translate a Responses request (already itemised) into a Chat Completions request."""
     if body.get("previous_response_id"):
@@ -174,63 +236,12 @@ def responses_to_chat(body: dict[str, Any], items: list[dict[str, Any]]) -> dict
         raise BadRequest("'background' responses are not supported by the capture proxy")
     messages: list[dict[str, Any]] = []
     for i, item in enumerate(items):
-        kind = item.get("type")
-        where = f"input[{i}]"
-        if kind in (None, "message"):
-            role = item.get("role")
-            if not isinstance(role, str):
-                raise BadRequest(f"{where} is a message without a string 'role'")
-            role = "system" if role == "developer" else role
-            messages.append({"role": role, "content": _part_text(item.get("content"), where)})
-        elif kind == "function_call":
-            call = {
-                "id": item.get("call_id") or item.get("id"),
-                "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
-            }
-            last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            messages.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": item.get("call_id"),
-                    "content": output if isinstance(output, str) else json.dumps(output),
-                }
-            )
-        elif kind == "reasoning":
-            continue  # harnesses need not echo reasoning; engines re-derive it
-        else:
-            raise BadRequest(f"{where} has type {kind!r}, which the capture proxy cannot send")
+        _add_item(messages, item, f"input[{i}]")
     chat: dict[str, Any] = {
         k: v for k, v in body.items() if k not in _RESPONSES_ONLY and k != "previous_response_id"
     }
     chat["messages"] = messages
-    tools = body.get("tools")
-    if tools:
-        if not isinstance(tools, list):
-            raise BadRequest("'tools' must be a list")
-        converted = []
-        for i, tool in enumerate(tools):
-            if not isinstance(tool, dict) or tool.get("type") != "function":
-                raise BadRequest(f"tools[{i}]: only function tools are supported by the proxy")
-            fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
-            converted.append({"type": "function", "function": fn})
-        chat["tools"] = converted
-    choice = body.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
-    elif choice is not None:
-        chat["tool_choice"] = choice
-    if body.get("max_output_tokens") is not None:
-        chat["max_tokens"] = body["max_output_tokens"]
-    if body.get("top_logprobs"):
-        chat["top_logprobs"] = body["top_logprobs"]
-        chat["logprobs"] = True
+    _chat_options(body, chat)
     return chat
 
 

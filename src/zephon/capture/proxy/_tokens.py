@@ -45,6 +45,37 @@ def _single_choice(answer: dict[str, Any]) -> dict[str, Any]:
     return choice
 
 
+def _raw_logprobs(logprobs: dict[str, Any], chat: bool) -> tuple[Any, Any] | None:
+    """``(values, tokens)`` as the chat or completions answer spells them, or None."""
+    if chat:
+        content = logprobs.get("content")
+        if content is None:
+            return None
+        if not isinstance(content, list) or not all(isinstance(e, dict) for e in content):
+            raise TokenDataError("choices[0].logprobs.content must be a list of objects")
+        return [e.get("logprob") for e in content], [e.get("token") for e in content]
+    values = logprobs.get("token_logprobs")
+    tokens = logprobs.get("tokens")
+    if values is None:
+        return None
+    if not isinstance(values, list) or not isinstance(tokens, list | None):
+        raise TokenDataError("choices[0].logprobs.token_logprobs/tokens must be lists")
+    return values, tokens
+
+
+def _token_ids(tokens: list[Any]) -> list[int] | None:
+    """The ids the entries name (``token_id:<n>``), or None when any entry names none."""
+    parsed: list[int] = []
+    for t in tokens:
+        if not (isinstance(t, str) and t.startswith(_TOKEN_ID_PREFIX)):
+            return None
+        digits = t[len(_TOKEN_ID_PREFIX) :]
+        if not digits.isdigit():
+            raise TokenDataError(f"log-prob token {t!r} does not name a token id")
+        parsed.append(int(digits))
+    return parsed
+
+
 def _logprob_entries(
     choice: dict[str, Any], chat: bool
 ) -> tuple[list[float] | None, list[int] | None]:
@@ -54,40 +85,16 @@ def _logprob_entries(
         return None, None
     if not isinstance(logprobs, dict):
         raise TokenDataError("choices[0].logprobs must be an object")
-    values: Any
-    tokens: Any
-    if chat:
-        content = logprobs.get("content")
-        if content is None:
-            return None, None
-        if not isinstance(content, list) or not all(isinstance(e, dict) for e in content):
-            raise TokenDataError("choices[0].logprobs.content must be a list of objects")
-        values = [e.get("logprob") for e in content]
-        tokens = [e.get("token") for e in content]
-    else:
-        values = logprobs.get("token_logprobs")
-        tokens = logprobs.get("tokens")
-        if values is None:
-            return None, None
-        if not isinstance(values, list) or not isinstance(tokens, list | None):
-            raise TokenDataError("choices[0].logprobs.token_logprobs/tokens must be lists")
+    raw = _raw_logprobs(logprobs, chat)
+    if raw is None:
+        return None, None
+    values, tokens = raw
     lps: list[float] = []
     for i, v in enumerate(values):
         if type(v) not in (float, int) or not math.isfinite(v):
             raise TokenDataError(f"log-prob #{i} is {v!r}; every generated token needs a number")
         lps.append(float(v))
-    ids: list[int] | None = None
-    if tokens is not None and len(tokens) == len(lps) and tokens:
-        parsed: list[int] = []
-        for t in tokens:
-            if not (isinstance(t, str) and t.startswith(_TOKEN_ID_PREFIX)):
-                break
-            digits = t[len(_TOKEN_ID_PREFIX) :]
-            if not digits.isdigit():
-                raise TokenDataError(f"log-prob token {t!r} does not name a token id")
-            parsed.append(int(digits))
-        else:
-            ids = parsed
+    ids = _token_ids(tokens) if tokens is not None and len(tokens) == len(lps) and tokens else None
     return lps, ids
 
 

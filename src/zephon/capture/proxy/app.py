@@ -34,7 +34,7 @@ from starlette.routing import Route
 from zephon.capture.protocols import RolloutRetiredError
 from zephon.capture.proxy._capture import CallResult, CaptureService, error_body
 from zephon.capture.proxy._config import ProxyConfig
-from zephon.capture.proxy._engine import EngineClient, forward_headers
+from zephon.capture.proxy._inference import InferenceClient, forward_headers
 from zephon.capture.proxy._metrics import Metrics
 from zephon.capture.proxy._pool import StoreClients
 from zephon.capture.proxy._requests import CAPTURE_ROUTES
@@ -109,7 +109,7 @@ class _State:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.stores = StoreClients(config.store_url, config.store_clients)
-        self.engine = EngineClient(
+        self.inference = InferenceClient(
             config.engine_url,
             timeout_s=config.engine_timeout_s,
             connect_timeout_s=config.connect_timeout_s,
@@ -119,7 +119,7 @@ class _State:
         self.spill = SpillJournal(config.spill_path)
         self.service = CaptureService(
             self.stores,
-            self.engine,
+            self.inference,
             self.metrics,
             delta_prompts=config.delta_prompts,
             spill=self.spill,
@@ -132,233 +132,264 @@ class _State:
             await asyncio.sleep(self.config.spill_replay_s)
 
     async def aclose(self) -> None:
-        await self.engine.aclose()
+        await self.inference.aclose()
         await self.stores.close()
         self.spill.close()
 
 
-def create_app(config: ProxyConfig) -> Starlette:
-    """The proxy application for one worker process."""
-    state: dict[str, _State] = {}
+def _state(request: Request) -> _State:
+    state: _State = request.app.state.proxy
+    return state
 
-    def st() -> _State:
-        return state["s"]
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        state["s"] = s = _State(config)
-        await s.stores.check()  # fail at startup, not on the first model call
-        replayer = asyncio.create_task(s.replay_forever())
-        flusher = None
-        if config.metrics_dir:
+def _config(request: Request) -> ProxyConfig:
+    config: ProxyConfig = request.app.state.config
+    return config
 
-            async def flush_forever() -> None:
-                while True:
-                    await asyncio.sleep(1.0)
-                    s.metrics.flush()
 
-            flusher = asyncio.create_task(flush_forever())
-        try:
-            yield
-        finally:
-            replayer.cancel()
-            if flusher is not None:
-                flusher.cancel()
-                s.metrics.flush()
-            await s.aclose()
+async def _flush_forever(metrics: Metrics) -> None:
+    while True:
+        await asyncio.sleep(1.0)
+        metrics.flush()
 
-    def counted(route: str, fn: Callable[[Request], Awaitable[Response]]) -> Any:
-        async def wrapped(request: Request) -> Response:
-            resp = await fn(request)
-            st().metrics.inc("zephon_proxy_requests_total", route=route, code=str(resp.status_code))
-            return resp
 
-        return wrapped
+@contextlib.asynccontextmanager
+async def _lifespan(app: Starlette) -> AsyncIterator[None]:
+    """Open the worker's resources (after the worker process started) and close them."""
+    config: ProxyConfig = app.state.config
+    app.state.proxy = s = _State(config)
+    await s.stores.check()  # fail at startup, not on the first model call
+    replayer = asyncio.create_task(s.replay_forever())
+    flusher = asyncio.create_task(_flush_forever(s.metrics)) if config.metrics_dir else None
+    try:
+        yield
+    finally:
+        replayer.cancel()
+        if flusher is not None:
+            flusher.cancel()
+            s.metrics.flush()
+        await s.aclose()
 
-    # -- pass-through ------------------------------------------------------------------------
 
-    async def forward(request: Request, path: str) -> Response:
-        client = st().engine.client
-        url = httpx.URL(path=path, query=request.url.query.encode("ascii"))
-        req = client.build_request(
-            request.method,
-            url,
-            headers=forward_headers(request.headers),
-            content=await request.body(),
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _counted(route: str, fn: Handler) -> Handler:
+    """Count each response of ``fn`` in ``zephon_proxy_requests_total`` under ``route``."""
+
+    async def wrapped(request: Request) -> Response:
+        resp = await fn(request)
+        _state(request).metrics.inc(
+            "zephon_proxy_requests_total", route=route, code=str(resp.status_code)
         )
-        try:
-            upstream = await client.send(req, stream=True)
-        except httpx.TimeoutException as exc:
-            return _error(f"engine timeout: {type(exc).__name__}", "engine_timeout", 504)
-        except httpx.TransportError as exc:
-            return _error(f"engine connection: {exc!r}", "engine_connection", 502)
-        return StreamingResponse(
-            upstream.aiter_raw(),
-            status_code=upstream.status_code,
-            headers=forward_headers(upstream.headers),
-            background=BackgroundTask(upstream.aclose),
-        )
-
-    async def passthrough(request: Request) -> Response:
-        return await forward(request, request.url.path)
-
-    async def correlated(request: Request) -> Response:
-        rest = request.path_params["rest"]
-        if rest.startswith(CAPTURE_SEGMENT + "/") or rest == CAPTURE_SEGMENT:
-            route, resp = await capture(request)
-        else:
-            route, resp = "rollout_passthrough", await forward(request, "/" + rest)
-        st().metrics.inc("zephon_proxy_requests_total", route=route, code=str(resp.status_code))
         return resp
 
-    # -- capture -----------------------------------------------------------------------------
+    return wrapped
 
-    async def capture(request: Request) -> tuple[str, Response]:
-        if not token_matches(request.headers.get(CAPTURE_TOKEN_HEADER), config.capture_token):
-            message = f"capture routes need the '{CAPTURE_TOKEN_HEADER}' header"
-            return "capture_unauthorized", _error(message, "unauthorized", 401)
-        rid = request.path_params["rollout_id"]
-        rest = request.path_params["rest"][len(CAPTURE_SEGMENT) :].strip("/")
-        try:
-            validate_rollout_id(rid)
-        except ValueError as exc:
-            return "capture_invalid", _error(str(exc), "invalid_rollout_id", 400)
-        dialect = CAPTURE_ROUTES.get(rest)
-        if dialect is None:
-            if rest in _READ_ONLY or rest.startswith("v1/models/"):
-                return "capture_read_only", await forward(request, "/" + rest)
-            known = ", ".join("/" + r for r in CAPTURE_ROUTES)
-            return "capture_unknown", _error(
-                f"/{rest} is not a capture route (capture routes: {known}); the request was "
-                "not sent to the engine",
-                "unknown_capture_route",
-                404,
-            )
-        if request.method != "POST":
-            return dialect, _error(f"/{rest} accepts POST only", "method_not_allowed", 405)
-        raw = await request.body()
-        result = await st().service.handle(rid, dialect, raw, dict(request.headers))
-        return dialect, _result(result)
 
-    def _result(result: CallResult) -> Response:
-        if result.raw is not None:
-            return Response(
-                result.raw, result.status, headers=result.headers, media_type=result.content_type
-            )
-        if result.stream and result.call is not None:
-            events = sse_events(result.body, result.call)
-            return StreamingResponse(
-                iter(events), 200, headers=result.headers, media_type="text/event-stream"
-            )
-        return _json(result.body, result.status, result.headers)
+# -- pass-through ----------------------------------------------------------------------------
 
-    # -- control -----------------------------------------------------------------------------
 
-    def authorised(request: Request) -> bool:
-        token = config.control_token
-        given = request.headers.get("authorization")
-        return token_matches(given, f"Bearer {token}" if token else None)
+async def _forward(request: Request, path: str) -> Response:
+    """Send the request to the engine at ``path`` and stream its answer back untouched."""
+    client = _state(request).inference.client
+    url = httpx.URL(path=path, query=request.url.query.encode("ascii"))
+    req = client.build_request(
+        request.method,
+        url,
+        headers=forward_headers(request.headers),
+        content=await request.body(),
+    )
+    try:
+        upstream = await client.send(req, stream=True)
+    except httpx.TimeoutException as exc:
+        return _error(f"engine timeout: {type(exc).__name__}", "engine_timeout", 504)
+    except httpx.TransportError as exc:
+        return _error(f"engine connection: {exc!r}", "engine_connection", 502)
+    return StreamingResponse(
+        upstream.aiter_raw(),
+        status_code=upstream.status_code,
+        headers=forward_headers(upstream.headers),
+        background=BackgroundTask(upstream.aclose),
+    )
 
-    def control(fn: Callable[[Request], Awaitable[Response]]) -> Any:
-        async def wrapped(request: Request) -> Response:
-            if not authorised(request):
-                return _error(
-                    "control routes need 'Authorization: Bearer <token>'", "unauthorized", 401
-                )
-            rid = request.path_params.get("rollout_id")
-            if rid is not None:
-                try:
-                    validate_rollout_id(rid)
-                except ValueError as exc:
-                    return _error(str(exc), "invalid_rollout_id", 400)
-            try:
-                return await fn(request)
-            except RolloutRetiredError as exc:
-                return _error(str(exc), "rollout_retired", 410)
-            except _BodyError as exc:
-                return _error(str(exc), "invalid_request", 400)
 
-        return wrapped
+async def _passthrough(request: Request) -> Response:
+    return await _forward(request, request.url.path)
 
-    async def health(_request: Request) -> Response:
-        s = st()
-        ok, detail = await s.engine.healthy()
-        body = {
-            "status": "ok" if ok else "engine_unavailable",
-            "engine": {"url": s.config.engine_url, "ok": ok, "detail": detail},
-            "store": s.stores.describe(),
-            "pid": os.getpid(),
-        }
-        return _json(body, 200 if ok else 503)
 
-    async def metrics(_request: Request) -> Response:
-        text = await asyncio.to_thread(st().metrics.render)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+async def _correlated(request: Request) -> Response:
+    rest = request.path_params["rest"]
+    if rest.startswith(CAPTURE_SEGMENT + "/") or rest == CAPTURE_SEGMENT:
+        route, resp = await _capture(request)
+    else:
+        route, resp = "rollout_passthrough", await _forward(request, "/" + rest)
+    _state(request).metrics.inc(
+        "zephon_proxy_requests_total", route=route, code=str(resp.status_code)
+    )
+    return resp
 
-    async def freeze(request: Request) -> Response:
-        rid = request.path_params["rollout_id"]
-        snap = await st().stores.of(rid).freeze(rid)
-        return _json(snapshot_summary(snap))
 
-    async def manifest(request: Request) -> Response:
-        rid = request.path_params["rollout_id"]
-        return _json(await st().stores.of(rid).manifest(rid))
+# -- capture ---------------------------------------------------------------------------------
 
-    async def drop(request: Request) -> Response:
-        body = await _body(request, ("snapshot_id", "version"))
-        if not isinstance(body["snapshot_id"], str) or type(body["version"]) is not int:
-            raise _BodyError("'snapshot_id' must be a string and 'version' an integer")
-        rid = request.path_params["rollout_id"]
-        dropped = (
-            await st()
-            .stores.of(rid)
-            .drop(
-                rid,
-                snapshot_id=body["snapshot_id"],
-                version=body["version"],
-            )
+
+async def _capture(request: Request) -> tuple[str, Response]:
+    """A call under the capture segment: ``(route label, response)``."""
+    if not token_matches(request.headers.get(CAPTURE_TOKEN_HEADER), _config(request).capture_token):
+        message = f"capture routes need the '{CAPTURE_TOKEN_HEADER}' header"
+        return "capture_unauthorized", _error(message, "unauthorized", 401)
+    rid = request.path_params["rollout_id"]
+    rest = request.path_params["rest"][len(CAPTURE_SEGMENT) :].strip("/")
+    try:
+        validate_rollout_id(rid)
+    except ValueError as exc:
+        return "capture_invalid", _error(str(exc), "invalid_rollout_id", 400)
+    dialect = CAPTURE_ROUTES.get(rest)
+    if dialect is None:
+        if rest in _READ_ONLY or rest.startswith("v1/models/"):
+            return "capture_read_only", await _forward(request, "/" + rest)
+        known = ", ".join("/" + r for r in CAPTURE_ROUTES)
+        return "capture_unknown", _error(
+            f"/{rest} is not a capture route (capture routes: {known}); the request was "
+            "not sent to the engine",
+            "unknown_capture_route",
+            404,
         )
-        return _json({"dropped": bool(dropped)})
+    if request.method != "POST":
+        return dialect, _error(f"/{rest} accepts POST only", "method_not_allowed", 405)
+    raw = await request.body()
+    result = await _state(request).service.handle(rid, dialect, raw, dict(request.headers))
+    return dialect, _result(result)
 
-    def removal(action: str) -> Callable[[Request], Awaitable[Response]]:
-        async def run(request: Request) -> Response:
-            body = await _body(request, ("capture_keys",))
-            keys = body["capture_keys"]
-            if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-                raise _BodyError("'capture_keys' must be a list of rollout ids")
-            if len(keys) > MAX_BATCH:
-                raise _BodyError(f"at most {MAX_BATCH} capture_keys per request")
+
+def _result(result: CallResult) -> Response:
+    if result.raw is not None:
+        return Response(
+            result.raw, result.status, headers=result.headers, media_type=result.content_type
+        )
+    if result.stream and result.call is not None:
+        events = sse_events(result.body, result.call)
+        return StreamingResponse(
+            iter(events), 200, headers=result.headers, media_type="text/event-stream"
+        )
+    return _json(result.body, result.status, result.headers)
+
+
+# -- control ---------------------------------------------------------------------------------
+
+
+def _authorised(request: Request) -> bool:
+    token = _config(request).control_token
+    given = request.headers.get("authorization")
+    return token_matches(given, f"Bearer {token}" if token else None)
+
+
+def _control(fn: Handler) -> Handler:
+    """A control route: bearer token, a valid rollout id, store errors as HTTP errors."""
+
+    async def wrapped(request: Request) -> Response:
+        if not _authorised(request):
+            return _error(
+                "control routes need 'Authorization: Bearer <token>'", "unauthorized", 401
+            )
+        rid = request.path_params.get("rollout_id")
+        if rid is not None:
             try:
-                result = await getattr(st().stores.first, action)(keys)
+                validate_rollout_id(rid)
             except ValueError as exc:
-                raise _BodyError(str(exc)) from None
-            return _json(result.to_wire())
+                return _error(str(exc), "invalid_rollout_id", 400)
+        try:
+            return await fn(request)
+        except RolloutRetiredError as exc:
+            return _error(str(exc), "rollout_retired", 410)
+        except _BodyError as exc:
+            return _error(str(exc), "invalid_request", 400)
 
-        return run
+    return wrapped
 
+
+async def _health(request: Request) -> Response:
+    s = _state(request)
+    ok, detail = await s.inference.healthy()
+    body = {
+        "status": "ok" if ok else "engine_unavailable",
+        "engine": {"url": s.config.engine_url, "ok": ok, "detail": detail},
+        "store": s.stores.describe(),
+        "pid": os.getpid(),
+    }
+    return _json(body, 200 if ok else 503)
+
+
+async def _metrics(request: Request) -> Response:
+    text = await asyncio.to_thread(_state(request).metrics.render)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+
+async def _freeze(request: Request) -> Response:
+    rid = request.path_params["rollout_id"]
+    snap = await _state(request).stores.of(rid).freeze(rid)
+    return _json(snapshot_summary(snap))
+
+
+async def _manifest(request: Request) -> Response:
+    rid = request.path_params["rollout_id"]
+    return _json(await _state(request).stores.of(rid).manifest(rid))
+
+
+async def _drop(request: Request) -> Response:
+    body = await _body(request, ("snapshot_id", "version"))
+    if not isinstance(body["snapshot_id"], str) or type(body["version"]) is not int:
+        raise _BodyError("'snapshot_id' must be a string and 'version' an integer")
+    rid = request.path_params["rollout_id"]
+    store = _state(request).stores.of(rid)
+    dropped = await store.drop(rid, snapshot_id=body["snapshot_id"], version=body["version"])
+    return _json({"dropped": bool(dropped)})
+
+
+def _removal(action: str) -> Handler:
+    """The ``retire`` or ``delete`` route: a batch of capture keys, answered by the store."""
+
+    async def run(request: Request) -> Response:
+        body = await _body(request, ("capture_keys",))
+        keys = body["capture_keys"]
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise _BodyError("'capture_keys' must be a list of rollout ids")
+        if len(keys) > MAX_BATCH:
+            raise _BodyError(f"at most {MAX_BATCH} capture_keys per request")
+        try:
+            result = await getattr(_state(request).stores.first, action)(keys)
+        except ValueError as exc:
+            raise _BodyError(str(exc)) from None
+        return _json(result.to_wire())
+
+    return run
+
+
+def _routes() -> list[Route]:
     c = CONTROL_PREFIX
-    routes = [
-        Route(f"{c}/health", counted("control", control(health)), methods=["GET"]),
-        Route(f"{c}/metrics", control(metrics), methods=["GET"]),
-        Route(
-            f"{c}/rollouts/{{rollout_id}}/freeze",
-            counted("control", control(freeze)),
-            methods=["POST"],
-        ),
-        Route(
-            f"{c}/rollouts/{{rollout_id}}/manifest",
-            counted("control", control(manifest)),
-            methods=["GET"],
-        ),
-        Route(
-            f"{c}/rollouts/{{rollout_id}}/drop", counted("control", control(drop)), methods=["POST"]
-        ),
-        Route(f"{c}/retire", counted("control", control(removal("retire"))), methods=["POST"]),
-        Route(f"{c}/delete", counted("control", control(removal("delete"))), methods=["POST"]),
-        Route("/ng-rollout/{rollout_id}/{rest:path}", correlated, methods=_ALL),
-        Route("/{path:path}", counted("passthrough", passthrough), methods=_ALL),
+
+    def control(path: str, fn: Handler, method: str) -> Route:
+        return Route(f"{c}/{path}", _counted("control", _control(fn)), methods=[method])
+
+    return [
+        control("health", _health, "GET"),
+        Route(f"{c}/metrics", _control(_metrics), methods=["GET"]),
+        control("rollouts/{rollout_id}/freeze", _freeze, "POST"),
+        control("rollouts/{rollout_id}/manifest", _manifest, "GET"),
+        control("rollouts/{rollout_id}/drop", _drop, "POST"),
+        control("retire", _removal("retire"), "POST"),
+        control("delete", _removal("delete"), "POST"),
+        Route("/ng-rollout/{rollout_id}/{rest:path}", _correlated, methods=_ALL),
+        Route("/{path:path}", _counted("passthrough", _passthrough), methods=_ALL),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def create_app(config: ProxyConfig) -> Starlette:
+    """The proxy application for one worker process: module-level handlers over one
+    ``_State`` (opened in the lifespan, kept in ``app.state.proxy``)."""
+    app = Starlette(routes=_routes(), lifespan=_lifespan)
+    app.state.config = config
+    return app
 
 
 _ALL = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]

@@ -1,7 +1,7 @@
 """The rollout state machine shared by every store: pure decisions, no I/O.
 
 Why pure: the memory, file, sqlite and postgres stores must agree clause for clause on the fence
-state machine (reference §4.5, main-branch semantics). Each store only provides atomicity and
+state machine. Each store only provides atomicity and
 durability; the decisions live here once.
 
 How a store uses it, under its own per-rollout lock or transaction::

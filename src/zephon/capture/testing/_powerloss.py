@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from zephon.capture.stores._fsio import FileSystem
+from zephon.capture.stores import FileSystem
 
 __all__ = ["Image", "Op", "Policy", "RecordingFileSystem", "marks_before", "power_loss_images"]
 

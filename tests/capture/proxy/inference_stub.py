@@ -1,4 +1,5 @@
-"""A small deterministic OpenAI-compatible engine for the proxy tests (vLLM-shaped answers).
+"""A small deterministic OpenAI-compatible inference server for the proxy tests (vLLM-shaped
+answers).
 
 It tokenizes with a real byte-level BPE (trained by :func:`train_tokenizer`), renders chats
 with a fixed template whose turns are delimited by special tokens (so a conversation's tokens
@@ -18,7 +19,7 @@ field ``test_engine_tag`` is logged once generated: ``GET /test/generated`` maps
 the hex sha256 of its prompt ids (what a test compares the store against). A prompt
 longer than ``--max-model-len`` minus ``max_tokens`` gets vLLM's 400 context-length error.
 
-Run: ``python -m tests.capture.proxy.engine --tokenizer FILE [--port 0]``; prints
+Run: ``python -m tests.capture.proxy.inference_stub --tokenizer FILE [--port 0]``; prints
 ``ENGINE_PORT <port>`` once it listens on 127.0.0.1.
 """
 

@@ -14,16 +14,45 @@ from zephon.errors import MissingDependencyError
 __all__ = ["register_serve"]
 
 
+class _RenamedOption(argparse.Action):
+    """Store the value; when given under its former name (the last option string), say on
+    stderr that the name is deprecated. Both names keep working."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if option_string is not None and option_string == self.option_strings[-1]:
+            print(
+                f"zephon capture serve: {option_string} is deprecated; use "
+                f"{self.option_strings[0]}",
+                file=sys.stderr,
+            )
+        setattr(namespace, self.dest, values)
+
+
 def register_serve(capture_subparsers: Any) -> None:
     """Add ``serve`` to the ``zephon capture`` sub-command group."""
     p = capture_subparsers.add_parser(
         "serve",
-        help="run the token capture proxy in front of an OpenAI-compatible engine",
-        description="Proxy /v1/chat/completions, /v1/completions and /v1/responses to ENGINE; "
+        help="run the token capture proxy in front of an OpenAI-compatible inference server",
+        description="Proxy /v1/chat/completions, /v1/completions and /v1/responses to the "
+        "inference server; "
         "requests under /ng-rollout/<rollout_id>/training-token-capture/v1/... are captured "
         "into STORE_URL before they are answered. See docs/capture-proxy.md.",
     )
-    p.add_argument("--engine", required=True, metavar="URL", help="engine server root URL")
+    p.add_argument(
+        "--inference-server",
+        "--engine",
+        dest="inference_server",
+        action=_RenamedOption,
+        required=True,
+        metavar="URL",
+        help="root URL of the inference server (vLLM, SGLang); --engine is its deprecated alias",
+    )
     p.add_argument(
         "--store",
         required=True,
@@ -34,11 +63,29 @@ def register_serve(capture_subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=8100, help="listen port (8100; 0 = any free)")
     p.add_argument("--workers", type=int, default=1, help="worker processes (1)")
     p.add_argument(
-        "--engine-timeout", type=float, default=600.0, help="seconds per engine call (600)"
+        "--inference-timeout",
+        "--engine-timeout",
+        dest="inference_timeout",
+        action=_RenamedOption,
+        type=float,
+        default=600.0,
+        help="seconds per inference call (600); --engine-timeout is its deprecated alias",
     )
     p.add_argument(
-        "--connect-timeout", type=float, default=10.0, help="seconds to connect to the engine"
+        "--connect-timeout",
+        type=float,
+        default=10.0,
+        help="seconds to connect to the inference server",
     )
+    _store_arguments(p)
+    _access_arguments(p)
+    p.add_argument("--log-level", default="warning", help="uvicorn log level (warning)")
+    p.add_argument("--access-log", action="store_true", help="log every request")
+    p.set_defaults(func=_serve)
+
+
+def _store_arguments(p: argparse.ArgumentParser) -> None:
+    """How the proxy writes to the store: clients, delta prompts, the spill journal."""
     p.add_argument(
         "--store-clients",
         type=int,
@@ -50,6 +97,24 @@ def register_serve(capture_subparsers: Any) -> None:
         action="store_true",
         help="store a resolved continuation's prompt as the suffix after its parent's tokens",
     )
+    p.add_argument(
+        "--spill-dir",
+        default=os.environ.get("ZEPHON_CAPTURE_SPILL_DIR"),
+        metavar="DIR",
+        help="local journal of incomplete marks the store could not take "
+        "(env ZEPHON_CAPTURE_SPILL_DIR; default $XDG_STATE_HOME/zephon/capture-spill)",
+    )
+    p.add_argument(
+        "--spill-replay-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds between replays of the spill journal into the store (5)",
+    )
+
+
+def _access_arguments(p: argparse.ArgumentParser) -> None:
+    """Who may call the proxy: the control and capture tokens."""
     p.add_argument(
         "--control-token",
         default=os.environ.get("ZEPHON_CAPTURE_CONTROL_TOKEN"),
@@ -66,23 +131,6 @@ def register_serve(capture_subparsers: Any) -> None:
         action="store_true",
         help="listen beyond loopback without --control-token (logged as a warning)",
     )
-    p.add_argument(
-        "--spill-dir",
-        default=os.environ.get("ZEPHON_CAPTURE_SPILL_DIR"),
-        metavar="DIR",
-        help="local journal of incomplete marks the store could not take "
-        "(env ZEPHON_CAPTURE_SPILL_DIR; default $XDG_STATE_HOME/zephon/capture-spill)",
-    )
-    p.add_argument(
-        "--spill-replay-interval",
-        type=float,
-        default=5.0,
-        metavar="S",
-        help="seconds between replays of the spill journal into the store (5)",
-    )
-    p.add_argument("--log-level", default="warning", help="uvicorn log level (warning)")
-    p.add_argument("--access-log", action="store_true", help="log every request")
-    p.set_defaults(func=_serve)
 
 
 EXIT_STARTUP, EXIT_USAGE = 1, 2
@@ -133,9 +181,9 @@ def _serve(args: argparse.Namespace) -> int:
 
         store_class(args.store)
         config = ProxyConfig(
-            engine_url=args.engine,
+            engine_url=args.inference_server,
             store_url=args.store,
-            engine_timeout_s=args.engine_timeout,
+            engine_timeout_s=args.inference_timeout,
             connect_timeout_s=args.connect_timeout,
             store_clients=args.store_clients,
             delta_prompts=args.delta_prompts,

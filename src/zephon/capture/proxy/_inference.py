@@ -1,6 +1,6 @@
-"""The HTTP client to the inference engine: JSON calls for capture, raw forwarding otherwise.
+"""The HTTP client to the inference server: JSON calls for capture, raw forwarding otherwise.
 
-Transport failures are reported as :class:`EngineUnavailable` with a kind (``timeout`` or
+Transport failures are reported as :class:`InferenceUnavailable` with a kind (``timeout`` or
 ``connection``) because the serving path treats them differently from an HTTP answer: an answer
 with a 4xx status is the engine refusing the call, no answer at all means the call's outcome is
 unknown and the rollout must be masked.
@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import msgspec
 
-__all__ = ["EngineAnswer", "EngineClient", "EngineUnavailable", "forward_headers"]
+__all__ = ["InferenceAnswer", "InferenceClient", "InferenceUnavailable", "forward_headers"]
 
 # Hop-by-hop headers (RFC 9110 7.6.1) plus those httpx/uvicorn recompute.
 _HOP = frozenset(
@@ -38,7 +38,7 @@ def forward_headers(headers: Any) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in _HOP}
 
 
-class EngineUnavailable(Exception):
+class InferenceUnavailable(Exception):
     """No HTTP answer from the engine: it timed out (``kind="timeout"``) or the connection
     failed or was closed (``kind="connection"``)."""
 
@@ -49,7 +49,7 @@ class EngineUnavailable(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class EngineAnswer:
+class InferenceAnswer:
     """One complete HTTP answer of the engine."""
 
     status: int
@@ -60,7 +60,7 @@ class EngineAnswer:
         return msgspec.json.decode(self.body)
 
 
-class EngineClient:
+class InferenceClient:
     """A pooled async client of one engine (one per worker process)."""
 
     def __init__(
@@ -87,7 +87,7 @@ class EngineClient:
 
     async def post_json(
         self, path: str, payload: Any, headers: dict[str, str] | None = None
-    ) -> EngineAnswer:
+    ) -> InferenceAnswer:
         """POST ``payload`` as JSON and read the whole answer."""
         hdrs = {"content-type": "application/json", "accept": "application/json"}
         if headers:
@@ -96,15 +96,15 @@ class EngineClient:
         try:
             resp = await self._client.post(path, content=content, headers=hdrs)
         except httpx.TimeoutException as exc:
-            raise EngineUnavailable("timeout", f"POST {path}: {type(exc).__name__}") from exc
+            raise InferenceUnavailable("timeout", f"POST {path}: {type(exc).__name__}") from exc
         except (httpx.TransportError, OSError, AttributeError) as exc:
             # When the engine dies while a connection is being set up, the HTTP stack can also
             # fail in its own socket bookkeeping (an OSError, or an AttributeError on a socket
             # that is already gone); for the caller it is the same lost connection.
-            raise EngineUnavailable(
+            raise InferenceUnavailable(
                 "connection", f"POST {path}: {type(exc).__name__}: {exc}"
             ) from exc
-        return EngineAnswer(resp.status_code, resp.content, resp.headers.get("content-type", ""))
+        return InferenceAnswer(resp.status_code, resp.content, resp.headers.get("content-type", ""))
 
     async def healthy(self, timeout_s: float = 2.0) -> tuple[bool, str]:
         """Whether ``GET /health`` answers 2xx within ``timeout_s``."""

@@ -1,0 +1,160 @@
+"""Every public module has ``__all__``, and each public namespace exports exactly these names.
+
+A change to a list here is a change to the public API: make it deliberately, with a changelog
+entry. Public modules are those without a leading underscore anywhere in their dotted path.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+def _names(text: str) -> list[str]:
+    """The names of a space-separated literal (one namespace's exports, sorted)."""
+    return text.split()
+
+
+EXPECTED: dict[str, list[str]] = {
+    "zephon": _names(
+        "CacheOptions Dataset MixtureSchedule MixtureSpec Pipeline SampleBatch SampleMeta "
+        "SampleRecord StaticMixtureWorkSource TokenCalibration WorkChunk WorkSource __version__ "
+        "gather_checkpoints merge_checkpoints"
+    ),
+    "zephon.capture": _names(
+        "BuildNotes BuildOutput CallRecord CaptureAdmissionRefused "
+        "CaptureHistoryUnrepresentable CaptureLedger CaptureLedgerCommit CaptureStore Chain "
+        "ChainLink ConformanceError ConformanceReport ConformanceWarning EngineRefusalRecord "
+        "FINGERPRINT_VERSION FileStore IncrementalResolver LineageMatch LineageResolution "
+        "LineageResolver LogCorruptionError ManifestFailure MemoryStore ParentResolutionStatus "
+        "PostgresStore RolloutBuild RolloutLineage RolloutManifest RolloutRemoval "
+        "RolloutRetiredError STORE_SCHEMES SqliteStore SupportsBeginCall "
+        "SupportsCloseAdmissions SupportsEngineRefusal SupportsFailCall SupportsPeek "
+        "SupportsRefuseCall TerminalAttribution TokenCaptureFrozenError "
+        "TokenCaptureRequestRefused TokenCaptureRetiredError TokenCaptureSnapshot TokenEntry "
+        "TokenSink TokenSource Trajectory assistant_fingerprint attribute_terminal "
+        "build_rollout canonicalize_tool_arguments compute_digest conversation_digest "
+        "cumulative_tokens encode_token_ids install_lineage_store install_token_sink "
+        "install_token_source installed_lineage_store installed_token_sink "
+        "installed_token_source open_store prefix_merging run_conformance run_conformance_sync "
+        "stamp_continuation"
+    ),
+    "zephon.capture.builder": _names(
+        "BuildNotes BuildOutput Chain ChainLink RolloutBuild TerminalAttribution Trajectory "
+        "attribute_terminal build_rollout prefix_merging"
+    ),
+    "zephon.capture.conformance": _names(
+        "CHECKS CheckResult ConformanceError ConformanceReport ConformanceWarning "
+        "run_conformance run_conformance_sync"
+    ),
+    "zephon.capture.dataset": _names("CaptureSource RetirementReport TrajectoryShard"),
+    "zephon.capture.lineage": _names(
+        "EntryFetch FINGERPRINT_VERSION IncrementalResolver LineageNode RolloutLineage "
+        "assistant_fingerprint canonicalize_tool_arguments conversation_digest "
+        "has_model_authored_item resolve_among resolve_from_ledger stamp_continuation"
+    ),
+    "zephon.capture.protocols": _names(
+        "CaptureAdmissionRefused CaptureHistoryUnrepresentable CaptureLedger CaptureStore "
+        "LineageMatch LineageResolution LineageResolver RolloutRetiredError SupportsBeginCall "
+        "SupportsCloseAdmissions SupportsEngineRefusal SupportsFailCall SupportsPeek "
+        "SupportsRefuseCall TokenCaptureFrozenError TokenCaptureRequestRefused "
+        "TokenCaptureRetiredError TokenSink TokenSource install_lineage_store "
+        "install_token_sink install_token_source installed_lineage_store installed_token_sink "
+        "installed_token_source"
+    ),
+    "zephon.capture.proxy": _names("CONFIG_ENV ProxyConfig create_app serve"),
+    "zephon.capture.proxy.app": _names(
+        "CAPTURE_SEGMENT CAPTURE_TOKEN_HEADER CONTROL_PREFIX create_app create_app_from_env"
+    ),
+    "zephon.capture.proxy.server": _names("bind_socket exposure_problem serve"),
+    "zephon.capture.records": _names(
+        "CallRecord CaptureLedgerCommit DIGEST_VERSION EngineRefusalRecord FINGERPRINT_VERSION "
+        "ManifestFailure ParentResolutionStatus RolloutManifest RolloutRemoval "
+        "TOKEN_ENTRY_MIN_SCHEMA_VERSION TOKEN_ENTRY_RECORD_SCHEMA_VERSION TokenCaptureSnapshot "
+        "TokenEntry canonical_json compute_digest cumulative_tokens encode_token_ids entry_key "
+        "require_finite validate_capture_keys validate_rollout_id"
+    ),
+    "zephon.capture.stores": _names(
+        "DurableStore FileSystem LogCorruptionError STORE_CLASSES STORE_SCHEMES open_store "
+        "store_class"
+    ),
+    "zephon.capture.testing": _names(
+        "CHECKS CheckResult ConformanceError ConformanceReport ConformanceWarning Image "
+        "MUTATIONS Mutation Op RecordingFileSystem STORE_KINDS StoreKind Wrapper "
+        "assert_mutation_caught durable_kinds marks_before mutated_factory power_loss_images "
+        "run_conformance run_conformance_sync run_mutation sample_commit"
+    ),
+    "zephon.checkpoints": _names(
+        "LatestCheckpoint checkpoint_files checkpoint_path latest_checkpoint load_checkpoint "
+        "refetch_counts save_checkpoint seal"
+    ),
+    "zephon.cli": _names("build_parser main"),
+    "zephon.config": _names("ConfigFileError OPERATORS PipelineConfig load_config parse_config"),
+    "zephon.demo": _names("add_arguments closing_lines main make_corpus run"),
+    "zephon.distributed": _names("gather_checkpoints"),
+    "zephon.errors": _names(
+        "CacheThrashingWarning ChatFormatError CheckpointError ConfigError ContractError "
+        "DataError DataFormatError MissingDependencyError MissingFieldError OperatorError "
+        "ReorderError ZephonError did_you_mean json_type"
+    ),
+    "zephon.io": _names(
+        "CacheOptions Dataset InMemoryShard JsonlShard NodeCache Row Shard SourceStats "
+        "build_index cache_root list_shards"
+    ),
+    "zephon.ops": _names(
+        "Accumulator BaseOp CountingAccumulator MicroBatch OpContext OpTraits "
+        "PassthroughAccumulator spawn_child tombstone_meta tombstones_for_record"
+    ),
+    "zephon.ops.accumulators": _names(
+        "Accumulator CountingAccumulator MicroBatch PassthroughAccumulator"
+    ),
+    "zephon.options": _names("RUNNERS RunnerName RuntimeOptions default_workers"),
+    "zephon.pipeline": _names("OPERATOR_METHODS Pipeline Placement"),
+    "zephon.testing": _names(
+        "CheckReport OperatorCheckError check_operator item_key run_with_stops"
+    ),
+    "zephon.torch_data": _names("PipelineDataset"),
+    "zephon.training": _names("TOKEN_FIELDS TrainingOptions to_training training_arrays"),
+    "zephon.types": _names(
+        "ChunkId ChunkOffset ContributorRef LaneId LineagePath RESERVED_TAGS SampleBatch "
+        "SampleCursor SampleId SampleMeta SampleRecord StreamItem TAG_BOUNDARY_CID "
+        "TAG_CONTRIBUTORS TAG_END_OF_DATA TAG_ERROR TAG_FLUSH_SENTINEL TAG_PACKING TAG_SKIPPED "
+        "TAG_SNAPSHOT TAG_SNAPSHOT_REPLAY TAG_TARGET_MIXTURE TAG_TOMBSTONE end_of_data "
+        "flush_sentinel is_control records_of snapshot_marker spawn_child tombstone_meta "
+        "tombstones_for_record"
+    ),
+    "zephon.work": _names(
+        "ExhaustedPolicy LaneAssignment LaneMapping MixtureSchedule MixtureSpec "
+        "StaticMixtureWorkSource TokenCalibration WorkChunk WorkSource lanes_for_rank"
+    ),
+}
+
+
+def _public_modules() -> list[str]:
+    out = []
+    for path in sorted(SRC.rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        if parts[-1] == "__main__" or any(p.startswith("_") for p in parts):
+            continue
+        out.append(".".join(parts))
+    return out
+
+
+def test_every_public_module_is_pinned() -> None:
+    assert sorted(_public_modules()) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("module", sorted(EXPECTED))
+def test_public_exports(module: str) -> None:
+    mod = importlib.import_module(module)
+    assert hasattr(mod, "__all__"), f"{module} has no __all__"
+    assert sorted(mod.__all__) == EXPECTED[module]
+    assert len(set(mod.__all__)) == len(mod.__all__), f"{module}.__all__ repeats a name"
+    missing = [n for n in mod.__all__ if not hasattr(mod, n)]
+    assert missing == [], f"{module}.__all__ names what it does not define: {missing}"
