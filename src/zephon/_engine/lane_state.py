@@ -1,12 +1,15 @@
-"""Snapshots of stateful accumulators at the points a lane can be replayed from.
+"""Snapshots of stateful accumulators at the points a lane can be restored from.
 
-A restore regenerates a lane from the start of a chunk (its oldest chunk still in flight, or
-the start of its epoch) and replays every record from there. An accumulator whose per-lane
-state outlives an epoch (a dedupe set, running statistics) must then start from its state at
-that chunk start, not from a fresh one. The stage records ``state_dict(lane)`` just before it
-pushes the first record of a newer chunk: that state holds for every chunk start since the last
-record it saw, because state only changes when records are pushed. A checkpoint asks for the
-state at its lane's start chunk; delivered chunks are forgotten as the tail evicts them.
+A restore regenerates a lane from a restart point and replays every record from there; each
+stateful accumulator must then start from its state at that point, not from a fresh one.
+
+In a monotone plan the restart point is the start of the lane's oldest chunk in flight: the
+stage records ``state_dict(lane)`` just before it pushes the first record of a newer chunk,
+a state that holds for every chunk start since the last record it saw (state only changes when
+records are pushed). In a plan that changes order the restart points are the cuts of snapshot
+markers (and epoch starts): the stage records the state as each marker passes. A checkpoint
+asks for the state at its lane's restart point; older entries are forgotten as the tail
+passes newer restart points.
 """
 
 from __future__ import annotations
