@@ -311,8 +311,10 @@ class StageCore:
         """A lane's stream ended: emit everything of that lane, then the marker."""
         lane = marker.meta.lane_id
         self._flush_checked(lane, out, at="at the end of data")
-        held = self._held.pop(lane, None)
-        out.append(self._task([], [*(held or ()), marker]))
+        held = self._held.pop(lane, None) or ()
+        for item in held:
+            self._held_at.pop(id(item), None)  # the lane ends: no snapshot after this
+        out.append(self._task([], [*held, marker]))
 
     def _flush_lane(self, lane: int, out: list[Task]) -> None:
         self._flush_checked(lane, out, at="at a flush sentinel")
@@ -389,4 +391,5 @@ class StageCore:
         for lane in sorted(self._held):
             out.append(self._task([], list(self._held[lane])))
         self._held.clear()
+        self._held_at.clear()
         return out
