@@ -25,6 +25,7 @@ def build(
     shuffle: str = "streaming",
     every: int = 1,
     records: int | None = None,
+    weight_by: Any = "samples",
     **options: Any,
 ) -> Pipeline:
     source = StaticMixtureWorkSource(
@@ -50,7 +51,7 @@ def build(
         .tokenize("bytes", max_length=48)
         .pack_flat(64, 0, num_bins=4, algorithm=algorithm)  # type: ignore[arg-type]
         .shuffle(24, seed=4, algorithm=shuffle)  # type: ignore[arg-type]
-        .ensure_mixture(max_buffer_size=16)
+        .ensure_mixture(max_buffer_size=16, weight_by=weight_by)
         .batch(3)
         .options(**opts)
     )
@@ -135,6 +136,33 @@ def test_a_restore_reads_far_less_than_an_epoch_replay():
 
     # 38 batches in: late in an epoch, where a replay from the flush is longest
     assert 3 * read_to_first_batch(1, 38) < read_to_first_batch(0, 38)
+
+
+def weigh_one(payload: Any) -> float:
+    return 1.0
+
+
+def refetched_to_first_batch(weight_by: Any, stop: int) -> tuple[int, int]:
+    """Source records a restore re-read until its first batch, and those its state names."""
+    reference = [key(b) for b in build(every=0, weight_by=weight_by)]
+    state = checkpoint_after(build(records=4, weight_by=weight_by), stop)
+    pipe = build(records=4, weight_by=weight_by).restore(state)
+    it = iter(pipe)
+    first = key(next(it))
+    stats = pipe.stats()
+    assert stats is not None
+    refetched = stats.samples_refetched
+    assert [first, *(key(b) for b in it)] == reference[stop:]
+    return refetched, sum(refetch_counts(state).values())
+
+
+def test_restored_records_are_rebuilt_only_where_a_payload_is_read():
+    """Shuffled records that the mixture corrector queues by meta, or the replay filter drops,
+    get no payload until the batch reads one; a corrector that weighs payloads reads them."""
+    by_meta, named = refetched_to_first_batch("samples", 38)
+    by_payload, _ = refetched_to_first_batch(weigh_one, 38)
+    assert 0 < by_meta < named / 2
+    assert by_meta < by_payload
 
 
 def as_version_2(state: dict[str, Any]) -> dict[str, Any]:

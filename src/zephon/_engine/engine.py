@@ -258,7 +258,8 @@ class Engine:
                     marker_mode=modes[i] if self.snapshot_plan.enabled else "pass",
                 )
             )
-        self.states.load([s.op for s in self.specs], self.contexts, self.snapshot_plan.roles)
+        plan = self.snapshot_plan
+        self.states.load([s.op for s in self.specs], self.contexts, plan.roles, plan.resolve_at)
         for index, core in enumerate(cores):
             core.resolve = self.states.resolver(index)
         return cores
@@ -298,6 +299,7 @@ class Engine:
         feeder, mux = self.feeder, self.mux
         if feeder is not None:
             stats.samples_read = feeder.samples_emitted
+            stats.samples_refetched = self.states.refetched
             stats.chunks = feeder.chunks_admitted
         if mux is not None:
             stats.tombstones = mux.tombstones

@@ -57,7 +57,8 @@ class OperatorStates:
         self._records: set[int] = set()  # stages whose states hold records
         self._pending: list[tuple[int, BaseOp, Accumulator, int, Any]] = []
         self.refetched = 0  # base records read again at the restore
-        self.lazy: dict[int, int] = {}  # stage -> restored records still waiting for payloads
+        # stage -> restored records still waiting for payloads when they leave that stage
+        self.lazy: dict[int, int] = {}
         self._rebuilder: Rebuilder | None = None
         self._set_up: list[tuple[BaseOp, OpContext]] = []
         self._ready: list[BaseOp] = []  # operator copies set up for the rebuild
@@ -95,11 +96,16 @@ class OperatorStates:
         return offset == 0 and (chunk == 0 or (self.k > 0 and chunk % self.k == 0))
 
     def load(
-        self, ops: Sequence[BaseOp], contexts: Sequence[OpContext], roles: Sequence[str]
+        self,
+        ops: Sequence[BaseOp],
+        contexts: Sequence[OpContext],
+        roles: Sequence[str],
+        resolve_at: Sequence[int],
     ) -> None:
         """Load the queued saved states. Records a state names get their payloads rebuilt now
-        (``state_payloads_lazy`` unset) or when they leave their accumulator (see
-        :meth:`resolver`), so a restore does not wait for a whole shuffle buffer."""
+        (``state_payloads_lazy`` unset) or when they leave stage ``resolve_at[holder]`` (see
+        :meth:`resolver`), so a restore waits neither for a whole shuffle buffer nor for
+        records the replay filter drops."""
         decoded: list[tuple[int, Accumulator, int, Any, Any]] = []
         eager: dict[int, list[tuple[int, HeldRecord]]] = {}
         payloads: dict[int, Any] = {}
@@ -108,7 +114,8 @@ class OperatorStates:
             named = held_records(state) if index in self._records else []
             if named and getattr(acc, "state_payloads_lazy", False):
                 payloads.update((id(h), PendingPayload(index, lane, h.meta)) for h in named)
-                self.lazy[index] = self.lazy.get(index, 0) + len(named)
+                point = resolve_at[index]
+                self.lazy[point] = self.lazy.get(point, 0) + len(named)
             elif named:
                 eager.setdefault(index, []).extend((lane, h) for h in named)
             decoded.append((index, acc, lane, state, saved))
@@ -149,17 +156,24 @@ class OperatorStates:
         return payloads
 
     def resolver(self, index: int) -> Callable[[Sequence[Any]], bool] | None:
-        """For stage ``index`` with lazily restored records: a function that gives the
-        records of one emitted micro-batch their payloads, and says whether any are left."""
+        """For stage ``index`` where lazily restored records get their payloads: a function
+        that gives the records of one emitted micro-batch theirs, and says whether any are
+        left (the records may have been held by an earlier stage)."""
         if not self.lazy.get(index):
             return None
 
         def resolve(batch: Sequence[Any]) -> bool:
-            waiting = [(r.payload.lane, r) for r in batch if type(r.payload) is PendingPayload]
+            waiting = [r for r in batch if type(r.payload) is PendingPayload]
             if waiting:
-                held = [(lane, HeldRecord(r.payload.meta)) for lane, r in waiting]
-                rebuilt = self._rebuild({index: held})
-                for (_, record), (_, h) in zip(waiting, held, strict=True):
+                held: dict[int, list[tuple[int, HeldRecord]]] = {}
+                named = []
+                for record in waiting:
+                    pending = record.payload
+                    h = HeldRecord(pending.meta)
+                    held.setdefault(pending.index, []).append((pending.lane, h))
+                    named.append(h)
+                rebuilt = self._rebuild(held)
+                for record, h in zip(waiting, named, strict=True):
                     record.payload = rebuilt[id(h)]
                 self.lazy[index] -= len(waiting)
             return self.lazy[index] > 0

@@ -19,20 +19,30 @@ one upstream of a buffering one) takes no snapshots and restores from the last f
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from zephon._engine.lane_state import has_lane_state
 from zephon._engine.snapshot_codec import HeldRecord
 from zephon._engine.stage import call_process_many
-from zephon._ops.ensure_mixture import EnsureMixtureOp
+from zephon._ops.batch import BatchAccumulator
+from zephon._ops.ensure_mixture import EnsureMixtureOp, MixtureAccumulator
 from zephon._ops.pack import DeferredBin, PackOpBase
-from zephon._ops.replay_filter import ReplayFilterOp
-from zephon._ops.shuffle import ShuffleOp
+from zephon._ops.replay_filter import ReplayFilterAccumulator, ReplayFilterOp
+from zephon._ops.shuffle import ShuffleOp, StreamingShuffleAccumulator
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, PassthroughAccumulator
 from zephon.types import TAG_PACKING, SampleCursor, SampleMeta, SampleRecord, is_control
 
 REBUILD_BATCH = 1024
+# accumulators whose push never reads a payload unless they say so (``reads_payload``)
+_KNOWN_ACCUMULATORS = (
+    PassthroughAccumulator,
+    CountingAccumulator,
+    BatchAccumulator,
+    StreamingShuffleAccumulator,
+    MixtureAccumulator,
+    ReplayFilterAccumulator,
+)
 Key = tuple[int, SampleCursor]  # (lane, cursor): cursors repeat across lanes
 
 
@@ -65,6 +75,7 @@ class SnapshotPlan:
     modes: list[str]
     roles: list[str]
     reason: str | None = None
+    resolve_at: list[int] = field(default_factory=list)
 
     @property
     def enabled(self) -> bool:
@@ -96,7 +107,32 @@ def plan_snapshots(ops: Sequence[BaseOp], accs: Sequence[Accumulator]) -> Snapsh
             modes.append("pass")
             if reason is None:
                 reason = f"operator {op.name!r} changes order without saving its state (state_dict)"
-    return SnapshotPlan(modes, roles, reason)
+    return SnapshotPlan(modes, roles, reason, resolve_points(ops, accs, roles))
+
+
+def resolve_points(
+    ops: Sequence[BaseOp], accs: Sequence[Accumulator], roles: Sequence[str]
+) -> list[int]:
+    """Per stage ``i``: the stage whose emitted micro-batches give the records restored into
+    ``i``'s state their payloads. That is the last stage before the first step that reads a
+    payload, so records a shuffle hands to a mixture corrector, or the replay filter drops,
+    are never rebuilt at all (only operators that pass payloads through unread are skipped)."""
+    points = []
+    for i in range(len(ops)):
+        j = i
+        while j + 1 < len(ops) and _passes_unread(ops[j], roles[j]) and _pushes_unread(accs[j + 1]):
+            j += 1
+        points.append(j)
+    return points
+
+
+def _passes_unread(op: BaseOp, role: str) -> bool:
+    """Whether ``op``'s ``process_many`` hands payloads on without reading them."""
+    return role == "reorder" or isinstance(op, ReplayFilterOp)
+
+
+def _pushes_unread(acc: Accumulator) -> bool:
+    return type(acc) in _KNOWN_ACCUMULATORS and not acc.reads_payload
 
 
 def _meta_of(lane: int, cursor: SampleCursor) -> SampleMeta:

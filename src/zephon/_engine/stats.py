@@ -49,6 +49,8 @@ class RunStats:
     skipped: int = 0
     skipped_examples: list[str] = field(default_factory=list)
     samples_read: int = 0
+    # source records read again after a restore, to rebuild the records its state names
+    samples_refetched: int = 0
     chunks: int = 0
     elapsed_s: float = 0.0
     operators: list[OpStats] = field(default_factory=list)
@@ -72,6 +74,8 @@ class RunStats:
             f"{prefix}_tombstones_total {self.tombstones}",
             f"# TYPE {prefix}_samples_read_total counter",
             f"{prefix}_samples_read_total {self.samples_read}",
+            f"# TYPE {prefix}_samples_refetched_total counter",
+            f"{prefix}_samples_refetched_total {self.samples_refetched}",
         ]
         for name in (
             "elements_in",

@@ -115,7 +115,7 @@ class _Lane:
 class MixtureAccumulator(Accumulator):
     """Per-lane SWRR selector over component queues; see the module docstring."""
 
-    reads_payload = True
+    reads_payload = True  # unless weighting by samples (see __init__)
     state_holds_records = True  # queued records are saved by meta and rebuilt
     state_payloads_lazy = True  # payloads are read only at push, so rebuilt on leaving
 
@@ -150,6 +150,7 @@ class MixtureAccumulator(Accumulator):
 
     def __init__(self, op: EnsureMixtureOp) -> None:
         self.op = op
+        self.reads_payload = op.weight_by != "samples"  # sample counts live in the meta
         self._lanes: dict[LaneId, _Lane] = {}
         self._period = (
             max(1, round(1.0 / op.obsolete_drain_rate)) if op.obsolete_drain_rate > 0 else 0
