@@ -6,10 +6,11 @@ checkpoint holds per-lane cursors and source states, never the history.
 Table 2 (pack + shuffle + ensure_mixture + batch at production chunk sizes): restore to first
 batch at 10 stop points, from the newest snapshot (default) against a replay from the last
 flush (``snapshot_every_chunks=0``, the previous behaviour), as a ratio to the cold first batch
-of the same run; plus checkpoint bytes per buffered record. Garbage is collected before each
-timed start (cold and restored alike), so a collection owed by building the 240k-row corpus in
-memory is not charged to whichever run happens to trigger it. Prints the tables and a final JSON
-line. Usage: ``python benchmarks/checkpoint.py [--docs 240000] [--skip-monotone]``.
+of the same run (medians of 5; the replay, seconds long, runs once); plus checkpoint bytes per
+buffered record. Garbage is collected before each timed start (cold and restored alike), so a
+collection owed by building the 240k-row corpus in memory is not charged to whichever run
+happens to trigger it. Prints the tables and a final JSON line.
+Usage: ``python benchmarks/checkpoint.py [--docs 240000] [--skip-monotone]``.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def restore_points(docs: int, lanes: int, points: int, records: int | None) -> d
     rows = []
     sizes: dict[str, float] = {}
     for stop in stops:
-        cold_s, _ = median_first_batch(lambda: make(1), 3)
+        cold_s, _ = median_first_batch(lambda: make(1), 5)
         state = checkpoint_at(make(1), stop)
         expected_ids = state.pop("expected")
         replay = checkpoint_at(make(0), stop)
@@ -161,7 +162,7 @@ def restore_points(docs: int, lanes: int, points: int, records: int | None) -> d
         row: dict[str, Any] = {"stop": stop, "cold_s": round(cold_s, 3)}
         row["checkpoint_bytes"] = len(json.dumps(state))
         row["refetch"] = sum(refetch_counts(state).values())
-        for name, every, saved, repeats in (("snapshot", 1, state, 3), ("replay", 0, replay, 1)):
+        for name, every, saved, repeats in (("snapshot", 1, state, 5), ("replay", 0, replay, 1)):
             seconds, first = median_first_batch(lambda e=every, s=saved: make(e, s), repeats)
             assert first.ids == expected_ids, f"{name} restore at {stop} did not continue exactly"
             row[f"{name}_s"] = round(seconds, 3)
@@ -196,7 +197,7 @@ def main() -> None:
     parser.add_argument("--packed-docs", type=int, default=240_000, help="documents of table 2")
     parser.add_argument("--packed-lanes", type=int, default=2)
     parser.add_argument("--points", type=int, default=10)
-    parser.add_argument("--snapshot-every-records", type=int, default=512)
+    parser.add_argument("--snapshot-every-records", type=int, default=128)
     parser.add_argument("--skip-monotone", action="store_true")
     args = parser.parse_args()
     out: dict[str, Any] = {"benchmark": "checkpoint"}

@@ -112,76 +112,61 @@ def encode(value: Any, where: str = "state") -> Any:
     )
 
 
-_SCALARS = frozenset({int, str, float, bool, type(None)})
+def _cursor_of(value: Any) -> SampleCursor:
+    chunk, offset, lineage, sid = value
+    return SampleCursor(int(chunk), int(offset), tuple(lineage), tuple(sid))  # type: ignore[arg-type]
 
 
-class _Decoder:
-    """One decode: equal cursors (a packed record names each contributor in its refs and its
-    segments) become one shared tuple, which halves the allocations of a restore."""
+def decode_meta(value: Any) -> SampleMeta:
+    sid, lane, chunk, offset, lineage, component, counts, tags = value
+    return SampleMeta(
+        tuple(sid),  # type: ignore[arg-type]
+        lane,
+        chunk,
+        offset,
+        tuple(lineage),
+        component,
+        None if counts is None else decode(counts),
+        decode(tags) if tags else {},
+    )
 
-    def __init__(self) -> None:
-        self._cursors: dict[tuple[int, int, tuple[int, ...]], SampleCursor] = {}
-        self._decoders: dict[str, Callable[[Any], Any]] = {
-            _RECORD: lambda body: HeldRecord(self.meta(body)),
-            _REFS: lambda body: tuple(
-                ContributorRef(self.cursor(c, o, lin, sid), last) for c, o, lin, sid, last in body
-            ),
-            _SEGMENTS: lambda body: tuple(
-                (self.cursor(c, o, lin, sid), start, stop) for c, o, lin, sid, start, stop in body
-            ),
-            _CURSOR: lambda body: self.cursor(*body),
-            _REF: lambda body: ContributorRef(self.cursor(*body[0]), bool(body[1])),
-            _TUPLE: lambda body: tuple(self.value(v) for v in body),
-            _DEQUE: lambda body: deque(self.value(v) for v in body),
-            _DICT: lambda body: {self.value(k): self.value(v) for k, v in body},
-            _FLOAT: float,
-        }
 
-    def cursor(self, chunk: Any, offset: Any, lineage: Any, sid: Any) -> SampleCursor:
-        sid_t = tuple(sid)
-        lineage_t = tuple(lineage)
-        key = (int(chunk), int(offset), sid_t)
-        cursor = self._cursors.get(key)
-        if cursor is None or cursor.lineage != lineage_t:
-            cursor = SampleCursor(key[0], key[1], lineage_t, sid_t)  # type: ignore[arg-type]
-            self._cursors[key] = cursor
-        return cursor
-
-    def meta(self, value: Any) -> SampleMeta:
-        sid, lane, chunk, offset, lineage, component, counts, tags = value
-        return SampleMeta(
-            tuple(sid),  # type: ignore[arg-type]
-            lane,
-            chunk,
-            offset,
-            tuple(lineage),
-            component,
-            None if counts is None else self.value(counts),
-            self.value(tags) if tags else {},
-        )
-
-    def value(self, value: Any) -> Any:
-        kind = type(value)
-        if kind is list:
-            return [v if type(v) in _SCALARS else self.value(v) for v in value]
-        if kind is not dict:
-            return value
-        if len(value) == 1:
-            ((key, body),) = value.items()
-            decoder = self._decoders.get(key)
-            if decoder is not None:
-                try:
-                    return decoder(body)
-                except (TypeError, ValueError) as exc:
-                    raise CheckpointError(
-                        f"checkpoint operator state is damaged at {key}: {exc}"
-                    ) from None
-        return {k: v if type(v) in _SCALARS else self.value(v) for k, v in value.items()}
+_DECODERS: dict[str, Callable[[Any], Any]] = {
+    _RECORD: lambda body: HeldRecord(decode_meta(body)),
+    _REFS: lambda body: tuple(
+        ContributorRef(SampleCursor(c, o, tuple(lin), tuple(sid)), last)
+        for c, o, lin, sid, last in body
+    ),
+    _SEGMENTS: lambda body: tuple(
+        (SampleCursor(c, o, tuple(lin), tuple(sid)), start, stop)
+        for c, o, lin, sid, start, stop in body
+    ),
+    _CURSOR: _cursor_of,
+    _REF: lambda body: ContributorRef(_cursor_of(body[0]), bool(body[1])),
+    _TUPLE: lambda body: tuple(decode(v) for v in body),
+    _DEQUE: lambda body: deque(decode(v) for v in body),
+    _DICT: lambda body: {decode(k): decode(v) for k, v in body},
+    _FLOAT: float,
+}
 
 
 def decode(value: Any) -> Any:
     """The inverse of :func:`encode`; records come back as :class:`HeldRecord` s."""
-    return _Decoder().value(value)
+    if isinstance(value, list):
+        return [decode(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        ((key, body),) = value.items()
+        decoder = _DECODERS.get(key)
+        if decoder is not None:
+            try:
+                return decoder(body)
+            except (TypeError, ValueError) as exc:
+                raise CheckpointError(
+                    f"checkpoint operator state is damaged at {key}: {exc}"
+                ) from None
+    return {k: decode(v) for k, v in value.items()}
 
 
 def held_records(value: Any) -> list[HeldRecord]:
