@@ -68,6 +68,15 @@ def node_of(actor: Any) -> str:
         return "dead"
 
 
+def wait_until_dead(node_id: str, timeout_s: float = 60.0) -> None:
+    """Poll the cluster's view until ``node_id`` is marked dead (its health checks failed)."""
+    deadline = time.monotonic() + timeout_s
+    while any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Ray still reports node {node_id} alive after {timeout_s} s")
+        time.sleep(0.2)
+
+
 def placement() -> dict[str, list[list[str]]]:
     """Per operator: [actor id, node id] of each idle actor."""
     return {
@@ -114,6 +123,7 @@ def scenario(cluster: Cluster, nodes: dict[str, Any], docs: list[dict[str, Any]]
 
     out["pids"] = [pid for node in cluster.list_all_nodes() for pid in node_pids(node)]
     out["after_removal"] = run(build(docs, tok, remote=True), remove_after_first)
+    wait_until_dead(ids[victim])  # on a loaded machine the run can end before Ray notices
     out["final_placement"] = placement()
     return out
 
