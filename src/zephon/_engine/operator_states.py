@@ -16,11 +16,23 @@ from typing import Any
 
 from zephon._engine import checkpoint as ckpt
 from zephon._engine.lane_state import LaneStateLog, Position, frozen_copy
-from zephon._engine.snapshot_codec import HeldRecord, decode, encode, fill, held_records
+from zephon._engine.snapshot_codec import (
+    HeldRecord,
+    decode,
+    encode,
+    fill,
+    held_records,
+    materialize,
+)
 from zephon._engine.snapshots import Rebuilder, holds_records
 from zephon.errors import CheckpointError
 from zephon.ops import Accumulator, BaseOp, OpContext
-from zephon.types import SampleMeta
+from zephon.types import TAG_PACKING, SampleMeta
+
+# Tags of lazily restored records decoded only when their payload is rebuilt: a packed
+# record's packing metadata (its segments) is most of its meta, and nothing reads it while
+# the record waits in a shuffle or mixture buffer.
+DEFERRED_TAGS = frozenset({TAG_PACKING})
 
 
 class PendingPayload:
@@ -110,9 +122,11 @@ class OperatorStates:
         eager: dict[int, list[tuple[int, HeldRecord]]] = {}
         payloads: dict[int, Any] = {}
         for index, _op, acc, lane, saved in self._pending:
-            state = decode(saved) if index in self._records else saved
+            lazy = getattr(acc, "state_payloads_lazy", False)
+            defer = DEFERRED_TAGS if lazy else frozenset()
+            state = decode(saved, defer) if index in self._records else saved
             named = held_records(state) if index in self._records else []
-            if named and getattr(acc, "state_payloads_lazy", False):
+            if named and lazy:
                 payloads.update((id(h), PendingPayload(index, lane, h.meta)) for h in named)
                 point = resolve_at[index]
                 self.lazy[point] = self.lazy.get(point, 0) + len(named)
@@ -169,12 +183,13 @@ class OperatorStates:
                 named = []
                 for record in waiting:
                     pending = record.payload
-                    h = HeldRecord(pending.meta)
+                    h = HeldRecord(materialize(pending.meta))
                     held.setdefault(pending.index, []).append((pending.lane, h))
                     named.append(h)
                 rebuilt = self._rebuild(held)
                 for record, h in zip(waiting, named, strict=True):
                     record.payload = rebuilt[id(h)]
+                    record.meta = materialize(record.meta)
                 self.lazy[index] -= len(waiting)
             return self.lazy[index] > 0
 

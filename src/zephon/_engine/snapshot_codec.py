@@ -44,6 +44,23 @@ class HeldRecord:
         self.meta = meta
 
 
+class EncodedTag:
+    """A tag of a restored record still in its checkpoint form (see :func:`materialize`)."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+
+def materialize(meta: SampleMeta) -> SampleMeta:
+    """``meta`` with every tag still in checkpoint form decoded."""
+    deferred = {k: v for k, v in meta.tags.items() if type(v) is EncodedTag}
+    if not deferred:
+        return meta
+    return meta.with_tags(**{k: decode(v.raw) for k, v in deferred.items()})
+
+
 def _cursor(cursor: SampleCursor) -> list[Any]:
     return [cursor[0], cursor[1], list(cursor[2]), list(cursor[3])]
 
@@ -89,6 +106,7 @@ _ENCODERS: dict[type, Callable[[Any, str], Any]] = {
     tuple: _tuple,
     deque: lambda value, where: {_DEQUE: [encode(v, where) for v in value]},
     dict: _mapping,
+    EncodedTag: lambda value, where: value.raw,  # never decoded: already in checkpoint form
 }
 
 
@@ -117,7 +135,11 @@ def _cursor_of(value: Any) -> SampleCursor:
     return SampleCursor(int(chunk), int(offset), tuple(lineage), tuple(sid))  # type: ignore[arg-type]
 
 
-def decode_meta(value: Any) -> SampleMeta:
+Defer = frozenset[str]
+
+
+def decode_meta(value: Any, defer: Defer = frozenset()) -> SampleMeta:
+    """A record's meta; tags named in ``defer`` stay :class:`EncodedTag` s."""
     sid, lane, chunk, offset, lineage, component, counts, tags = value
     return SampleMeta(
         tuple(sid),  # type: ignore[arg-type]
@@ -127,33 +149,41 @@ def decode_meta(value: Any) -> SampleMeta:
         tuple(lineage),
         component,
         None if counts is None else decode(counts),
-        decode(tags) if tags else {},
+        _tags(tags, defer) if tags else {},
     )
 
 
-_DECODERS: dict[str, Callable[[Any], Any]] = {
-    _RECORD: lambda body: HeldRecord(decode_meta(body)),
-    _REFS: lambda body: tuple(
+def _tags(tags: Any, defer: Defer) -> Any:
+    if not defer or (len(tags) == 1 and next(iter(tags)) in _TAGS):
+        return decode(tags)  # nothing deferred, or keys that needed the tagged form
+    return {k: EncodedTag(v) if k in defer else decode(v) for k, v in tags.items()}
+
+
+_DECODERS: dict[str, Callable[[Any, Defer], Any]] = {
+    _RECORD: lambda body, defer: HeldRecord(decode_meta(body, defer)),
+    _REFS: lambda body, defer: tuple(
         ContributorRef(SampleCursor(c, o, tuple(lin), tuple(sid)), last)
         for c, o, lin, sid, last in body
     ),
-    _SEGMENTS: lambda body: tuple(
+    _SEGMENTS: lambda body, defer: tuple(
         (SampleCursor(c, o, tuple(lin), tuple(sid)), start, stop)
         for c, o, lin, sid, start, stop in body
     ),
-    _CURSOR: _cursor_of,
-    _REF: lambda body: ContributorRef(_cursor_of(body[0]), bool(body[1])),
-    _TUPLE: lambda body: tuple(decode(v) for v in body),
-    _DEQUE: lambda body: deque(decode(v) for v in body),
-    _DICT: lambda body: {decode(k): decode(v) for k, v in body},
-    _FLOAT: float,
+    _CURSOR: lambda body, defer: _cursor_of(body),
+    _REF: lambda body, defer: ContributorRef(_cursor_of(body[0]), bool(body[1])),
+    _TUPLE: lambda body, defer: tuple(decode(v, defer) for v in body),
+    _DEQUE: lambda body, defer: deque(decode(v, defer) for v in body),
+    _DICT: lambda body, defer: {decode(k, defer): decode(v, defer) for k, v in body},
+    _FLOAT: lambda body, defer: float(body),
 }
 
 
-def decode(value: Any) -> Any:
-    """The inverse of :func:`encode`; records come back as :class:`HeldRecord` s."""
+def decode(value: Any, defer: Defer = frozenset()) -> Any:
+    """The inverse of :func:`encode`; records come back as :class:`HeldRecord` s. Their tags
+    named in ``defer`` stay in checkpoint form until :func:`materialize` (a restore that may
+    never need them, for records that leave before anyone reads those tags, skips the work)."""
     if isinstance(value, list):
-        return [decode(v) for v in value]
+        return [decode(v, defer) for v in value]
     if not isinstance(value, dict):
         return value
     if len(value) == 1:
@@ -161,12 +191,12 @@ def decode(value: Any) -> Any:
         decoder = _DECODERS.get(key)
         if decoder is not None:
             try:
-                return decoder(body)
-            except (TypeError, ValueError) as exc:
+                return decoder(body, defer)
+            except (TypeError, ValueError, AttributeError) as exc:
                 raise CheckpointError(
                     f"checkpoint operator state is damaged at {key}: {exc}"
                 ) from None
-    return {k: decode(v) for k, v in value.items()}
+    return {k: decode(v, defer) for k, v in value.items()}
 
 
 def held_records(value: Any) -> list[HeldRecord]:
