@@ -45,12 +45,22 @@ class HeldRecord:
 
 
 class EncodedTag:
-    """A tag of a restored record still in its checkpoint form (see :func:`materialize`)."""
+    """A tag of a restored record still in its checkpoint form (see :func:`materialize`).
+    Decoded once: the metas a record had in its buffer and as it leaves share this object."""
 
-    __slots__ = ("raw",)
+    __slots__ = ("_decoded", "raw")
 
     def __init__(self, raw: Any) -> None:
         self.raw = raw
+        self._decoded: Any = _UNSET
+
+    def decoded(self) -> Any:
+        if self._decoded is _UNSET:
+            self._decoded = decode(self.raw)
+        return self._decoded
+
+
+_UNSET: Any = object()
 
 
 def materialize(meta: SampleMeta) -> SampleMeta:
@@ -58,7 +68,7 @@ def materialize(meta: SampleMeta) -> SampleMeta:
     deferred = {k: v for k, v in meta.tags.items() if type(v) is EncodedTag}
     if not deferred:
         return meta
-    return meta.with_tags(**{k: decode(v.raw) for k, v in deferred.items()})
+    return meta.with_tags(**{k: v.decoded() for k, v in deferred.items()})
 
 
 def _cursor(cursor: SampleCursor) -> list[Any]:
