@@ -549,7 +549,8 @@ def _check_lineage(run: FleetRollout, snap: TokenCaptureSnapshot, report: FleetR
         entry = by_id.get(turn.attempt.call_id)
         if entry is not None and entry.parent_resolution_reason == "lookup_error":
             continue  # the store was down when the parent was looked up: a safe UNRESOLVED
-        if turn.resolution != "resolved" or turn.parent_call_id != prev.attempt.call_id:
+        parent = turn.parent_call_id
+        if turn.resolution != "resolved" or not _same_call(by_id, parent, prev.attempt.call_id):
             report.problems.append(
                 f"{turn.attempt.tag}: parent {turn.parent_call_id} ({turn.resolution}), "
                 f"expected {prev.attempt.call_id}"
@@ -557,6 +558,20 @@ def _check_lineage(run: FleetRollout, snap: TokenCaptureSnapshot, report: FleetR
             continue
         report.resolved_links += 1
         report.cross_proxy_links += prev.attempt.proxy != turn.attempt.proxy
+
+
+def _same_call(by_id: dict[str, Any], parent: str | None, acked: str) -> bool:
+    """``parent`` is the acknowledged call, or an identical sibling of it: a proxy that died
+    after committing a call but before answering leaves one when the client retries."""
+    if parent == acked:
+        return True
+    got, want = by_id.get(parent or ""), by_id.get(acked)
+    return (
+        got is not None
+        and want is not None
+        and (got.rollout_id, got.prompt_token_ids, got.generation_token_ids)
+        == (want.rollout_id, want.prompt_token_ids, want.generation_token_ids)
+    )
 
 
 def _check_build(
