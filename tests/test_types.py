@@ -1,3 +1,4 @@
+import gc
 import pickle
 
 import pytest
@@ -60,3 +61,19 @@ def test_records_metas_and_batches_pickle_to_equal_objects():
     copy = pickle.loads(pickle.dumps(batch))
     assert [r.meta.tags for r in copy] == [m.tags for m in metas]
     assert copy.records[0].meta.tags is not copy.records[1].meta.tags
+
+
+def test_records_and_metas_stay_out_of_the_cyclic_garbage_collector():
+    """The engine makes one or more per record: tracked ones would drive collections."""
+    record = _rec(0, 1, 2)
+    assert not gc.is_tracked(record)
+    assert not gc.is_tracked(record.meta)
+    with pytest.raises(AttributeError):
+        record.meta.lane_id = 3  # type: ignore[misc]
+    assert record.meta == SampleMeta((0, 0, 2), 0, 1, 2)
+    assert record == _rec(0, 1, 2)
+
+
+def test_batch_names_both_lanes_it_mixes():
+    with pytest.raises(ValueError, match="mixes lanes 0 and 4"):
+        SampleBatch([_rec(0, 0, 0), _rec(0, 0, 1), _rec(4, 0, 2)])

@@ -9,8 +9,11 @@ exactly once (an output or a tombstone closes it).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, NamedTuple, TypeAlias
+
+import msgspec
 
 __all__ = [
     "RESERVED_TAGS",
@@ -107,9 +110,14 @@ class ContributorRef(NamedTuple):
     is_last_child: bool
 
 
-@dataclass(frozen=True, slots=True)
-class SampleMeta:
-    """Identity, position and bookkeeping of one element. Immutable: derive, never mutate."""
+class SampleMeta(msgspec.Struct, frozen=True, gc=False):
+    """Identity, position and bookkeeping of one element. Immutable: derive, never mutate.
+
+    A C-level struct the cyclic garbage collector does not track: the engine makes one or
+    more per record, and tracked ones kept young-generation collections busy (and promoted
+    in-flight records into full collections of the whole process). So a meta's ``tags`` must
+    never refer back to the meta or its record.
+    """
 
     sample_id: SampleId
     lane_id: LaneId
@@ -118,28 +126,11 @@ class SampleMeta:
     lineage: LineagePath = ()
     component_id: int = 0
     component_counts: Mapping[int, int] | None = None
-    tags: Mapping[str, Any] = field(default_factory=dict)
+    tags: Mapping[str, Any] = msgspec.field(default_factory=dict)
 
     @property
     def cursor(self) -> SampleCursor:
         return SampleCursor(self.chunk_id, self.chunk_offset, self.lineage, self.sample_id)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # The constructor, not the dataclass's slot-by-slot __setstate__: several times
-        # faster to pickle and unpickle, and records cross process boundaries in bulk.
-        return (
-            type(self),
-            (
-                self.sample_id,
-                self.lane_id,
-                self.chunk_id,
-                self.chunk_offset,
-                self.lineage,
-                self.component_id,
-                self.component_counts,
-                self.tags,
-            ),
-        )
 
     @property
     def counts(self) -> Mapping[int, int]:
@@ -198,15 +189,15 @@ class SampleMeta:
         )
 
 
-@dataclass(slots=True)
-class SampleRecord:
-    """One sample: its identity (``meta``) and its data (``payload``, usually a dict)."""
+class SampleRecord(msgspec.Struct, gc=False):
+    """One sample: its identity (``meta``) and its data (``payload``, usually a dict).
+
+    Untracked by the cyclic garbage collector, like :class:`SampleMeta`: a payload must never
+    refer back to its record (a cycle through the record would never be collected).
+    """
 
     meta: SampleMeta
     payload: Any
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.meta, self.payload))
 
     @property
     def lane_id(self) -> LaneId:
@@ -217,6 +208,9 @@ class SampleRecord:
         return self.meta.cursor
 
 
+_LANE_OF = attrgetter("meta.lane_id")
+
+
 @dataclass(slots=True)
 class SampleBatch:
     """Records of one lane that form a training micro-batch."""
@@ -224,14 +218,13 @@ class SampleBatch:
     records: list[SampleRecord]
 
     def __post_init__(self) -> None:
-        if self.records:
-            lane = self.records[0].meta.lane_id
-            for record in self.records:
-                if record.meta.lane_id != lane:
-                    raise ValueError(
-                        f"SampleBatch mixes lanes {lane} and {record.meta.lane_id}; "
-                        "a batch must hold records of a single lane"
-                    )
+        lanes = list(map(_LANE_OF, self.records))
+        if lanes and lanes.count(lanes[0]) != len(lanes):
+            other = next(lane for lane in lanes if lane != lanes[0])
+            raise ValueError(
+                f"SampleBatch mixes lanes {lanes[0]} and {other}; "
+                "a batch must hold records of a single lane"
+            )
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Column by column: one list per meta field pickles several times faster than a
@@ -290,7 +283,7 @@ class SampleBatch:
 
 StreamItem: TypeAlias = SampleRecord | SampleBatch
 
-_META_FIELDS = tuple(f.name for f in fields(SampleMeta))
+_META_FIELDS: tuple[str, ...] = SampleMeta.__struct_fields__
 
 
 def _batch_from_columns(

@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zephon._ops.batch import BatchOp
 from zephon._ops.decode_text import DecodeTextOp
@@ -22,6 +24,32 @@ def test_counting_emits_per_lane_at_max_batch():
     ready = acc.push_many([rec(0, 0, 0), rec(1, 0, 0), rec(0, 0, 1), rec(1, 0, 1), rec(0, 0, 2)])
     assert offsets(ready) == [[(0, 0), (0, 1), (0, 2)]]
     assert acc.has_pending_data(1) and not acc.has_pending_data(0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    max_batch=st.integers(1, 5),
+    pushes=st.lists(st.lists(st.integers(0, 2), max_size=12), max_size=8),
+)
+def test_counting_groups_whole_pushes_like_one_element_at_a_time(max_batch, pushes):
+    """Pushes of one lane take a slicing path, mixed ones a per-element path: both must cut
+    exactly where pushing the same elements one by one does."""
+    counters = {0: 0, 1: 0, 2: 0}
+    groups = []
+    for lanes in pushes:
+        group = []
+        for lane in lanes:
+            group.append(rec(lane, 0, counters[lane]))
+            counters[lane] += 1
+        groups.append(group)
+    whole, single = CountingAccumulator(max_batch), CountingAccumulator(max_batch)
+    got, want = [], []
+    for group in groups:
+        got += offsets(whole.push_many(group))
+        for elem in group:
+            want += offsets(single.push_many([elem]))
+    assert got == want
+    assert offsets(whole.flush()) == offsets(single.flush())
 
 
 def test_flush_of_one_lane_leaves_the_others_untouched():

@@ -552,6 +552,7 @@ class Engine:
                     max_inflight=unit.stage.max_inflight,
                     stop=self._stop,
                     count_work=not unit.fused,
+                    resolve_shm=self._shm is not None,
                 )
             )
 

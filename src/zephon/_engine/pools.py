@@ -84,9 +84,13 @@ class WorkerPool:
 class ThreadWorkerPool(WorkerPool):
     """Threads, each with its own deep copy of the operator (set up once per copy)."""
 
-    def __init__(self, op: BaseOp, parallelism: int, ctx: OpContext) -> None:
+    def __init__(
+        self, op: BaseOp, parallelism: int, ctx: OpContext, *, resolve_shm: bool = True
+    ) -> None:
         self._op = op
         self._ctx = ctx
+        # False when no stage runs in processes: no payload can hold a shared-memory handle
+        self._resolve_shm = resolve_shm
         self._local = threading.local()
         self._counter = itertools.count()
         self._copies: list[BaseOp] = []
@@ -107,7 +111,8 @@ class ThreadWorkerPool(WorkerPool):
     def _run(self, elems: list[StreamItem]) -> list[StreamItem]:
         op: BaseOp = self._local.op
         try:
-            shm.resolve_items(elems)
+            if self._resolve_shm:
+                shm.resolve_items(elems)
             return call_process_many(op, elems)
         except BaseException as exc:
             raise annotate(exc, op.name) from None
@@ -650,7 +655,9 @@ def build_pools(
                     pools[s.index] = ProcessWorkerPool(fleet, s.index, owns_fleet=i == 0)
         for s in stages:
             if s.runner == "threads":
-                pools[s.index] = ThreadWorkerPool(ops[s.index], s.parallelism, contexts[s.index])
+                pools[s.index] = ThreadWorkerPool(
+                    ops[s.index], s.parallelism, contexts[s.index], resolve_shm=bool(process)
+                )
             elif s.runner == "ray":
                 from zephon._engine.ray_pool import RayWorkerPool
 

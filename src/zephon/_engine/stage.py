@@ -15,6 +15,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from zephon._engine.lane_state import LaneStateLog
@@ -33,6 +34,15 @@ from zephon.types import (
     StreamItem,
     is_control,
 )
+
+_TAGS_OF = attrgetter("meta.tags")
+_ELEMENT_TYPES = frozenset({SampleRecord, SampleBatch})
+
+
+def any_tagged(items: Sequence[StreamItem]) -> bool:
+    """Whether any of ``items`` has tags (only tagged elements can be control elements);
+    C-level iteration, since every stage asks it of every micro-batch."""
+    return any(map(_TAGS_OF, items))
 
 
 @dataclass(slots=True)
@@ -57,13 +67,11 @@ def call_process_many(op: BaseOp, elems: list[StreamItem]) -> list[StreamItem]:
     out = op.process_one(elems[0]) if len(elems) == 1 else op.process_many(elems)
     if not isinstance(out, list):
         out = list(out)
+    if _ELEMENT_TYPES.issuperset(map(type, out)):
+        return out
     for item in out:
-        cls = type(item)
-        if (
-            cls is not SampleRecord
-            and cls is not SampleBatch
-            and not isinstance(item, (SampleRecord, SampleBatch))
-        ):
+        if not isinstance(item, (SampleRecord, SampleBatch)):
+            cls = type(item)
             raise UnsupportedElementError(
                 f"Unsupported element type {cls.__name__!r} returned by operator {op.name!r}: "
                 "process_many must return SampleRecord objects (or SampleBatch objects after "
@@ -161,7 +169,7 @@ class StageCore:
                 lane = mb[-1].meta.lane_id
                 count = self._last_out.get(lane, (0, None))[0]
                 self._last_out[lane] = (count + 1, mb[-1].meta.cursor)
-            if not any(e.meta.tags for e in mb):  # fast path: plain records only
+            if not any_tagged(mb):  # fast path: plain records only
                 out.append(self._task(mb))
                 continue
             work = [e for e in mb if not is_control(e)]
@@ -182,6 +190,10 @@ class StageCore:
 
     def _feed(self, items: Sequence[StreamItem]) -> list[Task]:
         out: list[Task] = []
+        if not any_tagged(items):  # fast path: no control element among them
+            if items:
+                self._push(items, out)
+            return out
         run_start = 0
         n = len(items)
         i = 0

@@ -106,6 +106,7 @@ class OpDriver(threading.Thread):
         max_inflight: int,
         stop: threading.Event,
         count_work: bool = True,
+        resolve_shm: bool = True,
     ) -> None:
         super().__init__(name=f"zephon-engine-driver-{core.op.name}", daemon=True)
         self.core = core
@@ -123,6 +124,8 @@ class OpDriver(threading.Thread):
         self._inflight = 0
         self._ended = False
         self.stats = core.stats
+        # False when no stage runs in processes: no payload can hold a shared-memory handle
+        self.resolve_shm = resolve_shm
         # A fused chain counts its operators' work itself (see fusion.py).
         self.work_stats = core.stats if count_work else None
 
@@ -158,7 +161,8 @@ class OpDriver(threading.Thread):
             core = self.core
             assert isinstance(core, StageCore)  # a driver chain's tasks carry no work
             try:
-                resolve_items(task.work)
+                if self.resolve_shm:
+                    resolve_items(task.work)
             except BaseException as exc:
                 raise annotate(exc, core.op.name) from None
             self._complete(task.seq, run_tasks(core, [task]))
@@ -180,7 +184,7 @@ class OpDriver(threading.Thread):
                 return
             items = pending.popleft()
             self.inbox.release()
-            if core.reads_payload:
+            if core.reads_payload and self.resolve_shm:
                 resolve_items(items)
             ready.extend(core.feed(items))
 

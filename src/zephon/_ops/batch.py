@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from itertools import repeat
+from typing import Any, cast
 
 from zephon.errors import ConfigError
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
@@ -41,7 +42,6 @@ class BatchOp(BaseOp):
         return {"microbatch_size": self.microbatch_size, "drop_last": self.drop_last}
 
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
-        records = [e for e in elems if isinstance(e, SampleRecord)]
-        if len(records) != len(elems):
+        if not all(map(isinstance, elems, repeat(SampleRecord))):
             raise ConfigError("batch: input already batched; batch can appear only once")
-        return [SampleBatch(records)]
+        return [SampleBatch(cast(list[SampleRecord], elems))]

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import attrgetter, itemgetter
 from typing import Any, Literal
 
 from zephon.errors import DataError, DataFormatError
 from zephon.io import Dataset
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
-from zephon.types import TAG_SKIPPED, SampleRecord, StreamItem, tombstone_meta
+from zephon.types import TAG_SKIPPED, SampleMeta, SampleRecord, StreamItem, tombstone_meta
 
 FETCH_MICRO_BATCH = 64
 FETCH_LATENCY_MS = 5.0
+_META_OF = attrgetter("meta")
+_ID_OF = attrgetter("sample_id")
+_SHARD_OF = itemgetter(0, 1)
+_ROW_OF = itemgetter(2)
 
 
 class FetchOp(BaseOp):
@@ -48,29 +53,54 @@ class FetchOp(BaseOp):
         return {"datasets": [d.name for d in self.datasets]}
 
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        if not elems:
+            return []
+        metas = list(map(_META_OF, elems))
+        ids = list(map(_ID_OF, metas))
+        shards = list(map(_SHARD_OF, ids))
+        if shards.count(shards[0]) == len(shards):  # one shard: the usual micro-batch
+            return self._read(shards[0], metas, list(map(_ROW_OF, ids)))
         groups: dict[tuple[int, int], list[int]] = {}
-        for pos, elem in enumerate(elems):
-            ds, shard, _ = elem.meta.sample_id
-            groups.setdefault((ds, shard), []).append(pos)
-        out: list[StreamItem | None] = [None] * len(elems)
-        for (ds, shard), positions in groups.items():
-            indices = [elems[p].meta.sample_id[2] for p in positions]
-            dataset = self.datasets[ds]
-            try:
-                rows: list[Any] = dataset.read(shard, indices)
-            except DataError:
-                if self.on_error == "raise":
-                    raise
-                rows = self._read_one_by_one(dataset, shard, indices)
-            for p, row in zip(positions, rows, strict=True):
-                meta = elems[p].meta
-                if isinstance(row, _Skipped):
-                    dead = tombstone_meta(meta, reason=f"skipped: {row.reason}")
-                    info = row.describe(dataset, shard, meta.sample_id[2])
-                    out[p] = SampleRecord(dead.with_tags(**{TAG_SKIPPED: info}), None)
-                else:
-                    out[p] = SampleRecord(meta, row)
-        return out  # type: ignore[return-value]
+        for pos, key in enumerate(shards):
+            groups.setdefault(key, []).append(pos)
+        out: list[StreamItem] = [elems[0]] * len(elems)
+        for key, positions in groups.items():
+            part = [metas[p] for p in positions]
+            read = self._read(key, part, [ids[p][2] for p in positions])
+            for p, record in zip(positions, read, strict=True):
+                out[p] = record
+        return out
+
+    def _read(
+        self, key: tuple[int, int], metas: list[SampleMeta], indices: list[int]
+    ) -> list[StreamItem]:
+        """Records of rows ``indices`` of one shard (``key`` = dataset, shard), in order."""
+        ds, shard = key
+        dataset = self.datasets[ds]
+        try:
+            rows: list[Any] = dataset.read(shard, indices)
+        except DataError:
+            if self.on_error == "raise":
+                raise
+            rows = self._read_one_by_one(dataset, shard, indices)
+            return [
+                self._skipped(dataset, shard, meta, row)
+                if isinstance(row, _Skipped)
+                else SampleRecord(meta, row)
+                for meta, row in zip(metas, rows, strict=True)
+            ]
+        if len(rows) != len(metas):
+            raise ValueError(
+                f"dataset {dataset.name!r} shard {shard} returned {len(rows)} rows for "
+                f"{len(metas)} indices; Shard.read must return one row per index, in order"
+            )
+        return list(map(SampleRecord, metas, rows))
+
+    @staticmethod
+    def _skipped(dataset: Dataset, shard: int, meta: SampleMeta, row: _Skipped) -> SampleRecord:
+        dead = tombstone_meta(meta, reason=f"skipped: {row.reason}")
+        info = row.describe(dataset, shard, meta.sample_id[2])
+        return SampleRecord(dead.with_tags(**{TAG_SKIPPED: info}), None)
 
     @staticmethod
     def _read_one_by_one(dataset: Dataset, shard: int, indices: list[int]) -> list[Any]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from itertools import repeat
+from operator import is_
 from typing import Any
 
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
@@ -47,14 +49,16 @@ class MapTransformOp(BaseOp):
 
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
         fn = self.fn
-        out: list[StreamItem] = []
-        for elem in elems:
-            result = fn(elem.payload)
-            if result is None and self.drop_none:
-                out.append(SampleRecord(tombstone_meta(elem.meta, reason="dropped by map"), None))
-            else:
-                out.append(SampleRecord(elem.meta, result))
-        return out
+        results = [fn(elem.payload) for elem in elems]
+        record = SampleRecord
+        if not self.drop_none or not any(map(is_, results, repeat(None))):
+            return [record(elem.meta, result) for elem, result in zip(elems, results, strict=True)]
+        return [
+            record(elem.meta, result)
+            if result is not None
+            else record(tombstone_meta(elem.meta, reason="dropped by map"), None)
+            for elem, result in zip(elems, results, strict=True)
+        ]
 
 
 class FilterOp(BaseOp):
