@@ -69,8 +69,8 @@ def test_explain_names_fused_and_chained_operators_and_fuse_false_keeps_them_apa
     fused = build(runner).explain()
     assert fused.fused == [[0, 1, 2, 3, 4]]
     assert "fused: 0 fetch + 1 decode_text + 2 map_transform + 3 filter + 4 tokenize" in str(fused)
-    assert fused.chained == [[5, 6]]  # the replay filter and batch share a driver thread
-    assert "chained: 5 replay_filter + 6 batch (one driver thread)" in str(fused)
+    assert fused.chained == [[5, 6]]  # the replay filter and batch ride on the fused driver
+    assert "chained: 5 replay_filter + 6 batch (on the driver thread of 4 tokenize)" in str(fused)
     apart = build(runner, fuse=False).explain()
     assert apart.fused == [] and "fused:" not in str(apart)
     assert apart.chained == [] and "chained:" not in str(apart)
@@ -192,3 +192,50 @@ def test_a_fused_chain_passes_records_it_does_not_touch_unchanged():
     out = [r for r in pipe if isinstance(r, SampleRecord)]
     kept = [r["id"] for r in ROWS[:100] if not_seven(r)]
     assert [r.payload["id"] for r in out] == kept and sorted(seen) == kept
+
+
+def width_one(runner: str = "threads", **options: Any) -> Pipeline:
+    """The chain of ``build`` without the two-worker tokenizer: one unit of width one."""
+    ds = Dataset.from_records("rows", ROWS, shard_size=70)
+    return (
+        Pipeline(RangeSource([ds], chunk_size=24))
+        .decode_text()
+        .map_transform(shout)
+        .filter(not_seven)
+        .batch(5)
+        .options(runner=runner, canonical_replicas=3, **options)
+    )
+
+
+def plain_key(batch: SampleBatch) -> tuple[Any, ...]:
+    return tuple((r.meta.cursor, r.payload["text"]) for r in batch)
+
+
+def test_a_width_one_unit_runs_on_its_driver_thread_with_the_same_output():
+    """In-memory rows make fetch one reader wide, so the whole fused chain has width one."""
+    plan = width_one().explain()
+    assert plan.on_driver == [[0, 1, 2, 3]]
+    assert "on driver: 0 fetch + 1 decode_text + 2 map_transform + 3 filter" in str(plan)
+    assert build().explain().on_driver == []  # the tokenizer's two workers need a pool
+    assert width_one(fuse=False).explain().on_driver == []
+    assert width_one("process").explain().on_driver == []  # processes isolate the GIL
+    reference = [plain_key(b) for b in width_one("inline")]
+    assert [plain_key(b) for b in width_one()] == reference
+    assert [plain_key(b) for b in width_one(fuse=False)] == reference
+    pooled = width_one().fetch(parallelism=2)  # the same chain on a two-thread pool
+    assert pooled.explain().on_driver == []
+    assert [plain_key(b) for b in pooled] == reference
+
+
+def test_width_one_units_count_their_work_as_pooled_ones():
+    counters = {}
+    for fuse in (True, False):
+        pipe = width_one(fuse=fuse)
+        list(pipe)
+        stats = pipe.stats()
+        assert stats is not None
+        counters[fuse] = {
+            op.name: (op.elements_in, op.elements_out, op.micro_batches > 0, op.worker_ns > 0)
+            for op in stats.operators
+        }
+    assert counters[True] == counters[False]

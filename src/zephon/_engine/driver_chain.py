@@ -1,9 +1,10 @@
-"""Consecutive driver operators (replay filter, batch, ...) run by one driver thread.
+"""Driver operators (replay filter, batch, ...) riding on the driver thread before them.
 
-An operator that ``runs_in_driver`` does its work on its driver thread anyway, so a second
-thread for the next one only adds a channel hand-off and a thread wake-up per micro-batch.
-A chain runs its operators one after the other on each input, exactly as the inline runner
-does, and hands the result on as one task.
+An operator that ``runs_in_driver`` does trivial work on whichever thread drives it, so a thread
+of its own only adds a channel hand-off, a thread wake-up and a GIL hand-over per micro-batch.
+A chain of them runs on the driver thread of the worker stage just before: each in-order result
+of that stage goes through the chain's operators one after the other, exactly as the inline
+runner runs them, and what comes out is sent downstream.
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ import time
 from collections.abc import Sequence
 
 from zephon._engine.stage import StageCore, Task, annotate, call_process_many
-from zephon._engine.stats import OpStats
 from zephon.types import StreamItem
 
 
-def run_tasks(core: StageCore, tasks: list[Task]) -> list[StreamItem]:
-    """Run ``tasks`` of ``core`` on this thread, in order; results then passthrough."""
+def run_tasks(core: StageCore, tasks: list[Task], *, count: bool = True) -> list[StreamItem]:
+    """Run ``tasks`` of ``core`` on this thread, in order; results then passthrough.
+    ``count=False``: the operator counts its own work (a fused chain)."""
     out: list[StreamItem] = []
     op = core.op
-    stats = core.stats
+    stats = core.stats if count else None
     for task in tasks:
         if task.work:
             start = time.perf_counter_ns()
@@ -38,21 +39,12 @@ def run_tasks(core: StageCore, tasks: list[Task]) -> list[StreamItem]:
 
 
 class DriverChain:
-    """Stage cores run back to back; the driver sees one core whose tasks need no worker."""
+    """Stage cores run back to back on the calling thread; every method returns the items
+    that leave the chain's last operator."""
 
     def __init__(self, cores: Sequence[StageCore]) -> None:
         self.cores = list(cores)
-        self.op = cores[0].op  # names the driver thread
-        self.stats: OpStats | None = cores[0].stats
         self.reads_payload = any(core.reads_payload for core in cores)
-        self._next_seq = 0
-
-    def _task(self, items: list[StreamItem]) -> list[Task]:
-        if not items:
-            return []
-        seq = self._next_seq
-        self._next_seq += 1
-        return [Task(seq, [], items)]
 
     def _through(self, first: int, items: list[StreamItem]) -> list[StreamItem]:
         for core in self.cores[first:]:
@@ -61,21 +53,23 @@ class DriverChain:
             items = run_tasks(core, core.feed(items))
         return items
 
-    def feed(self, items: Sequence[StreamItem]) -> list[Task]:
-        head = self.cores[0]
-        return self._task(self._through(1, run_tasks(head, head.feed(items))))
+    def push(self, items: Sequence[StreamItem]) -> list[StreamItem]:
+        """Items in stream order through every operator of the chain."""
+        return self._through(0, list(items))
 
-    def finish(self) -> list[Task]:
+    def finish(self) -> list[StreamItem]:
+        """End of stream: each operator's flush, through the operators after it."""
         out: list[StreamItem] = []
         for index, core in enumerate(self.cores):
             out.extend(self._through(index + 1, run_tasks(core, core.finish())))
-        return self._task(out)
+        return out
 
-    def poll(self, now_ns: int) -> list[Task]:
+    def poll(self, now_ns: int) -> list[StreamItem]:
+        """What latency bounds release at ``now_ns`` (non-deterministic mode only)."""
         out: list[StreamItem] = []
         for index, core in enumerate(self.cores):
             out.extend(self._through(index + 1, run_tasks(core, core.poll(now_ns))))
-        return self._task(out)
+        return out
 
     def next_deadline_ns(self) -> int | None:
         deadlines = [d for d in (c.next_deadline_ns() for c in self.cores) if d is not None]

@@ -538,10 +538,10 @@ class Engine:
         for i, unit in enumerate(units):
             core = unit.core
             pool = pools.get(unit.first)
-            if pool is None:
-                for index in range(unit.first, unit.last + 1):
-                    cores[index].op.setup(self.contexts[index])
-                    self._inline_ops.append(cores[index])
+            on_driver = range(unit.first if pool is None else unit.last + 1, unit.end + 1)
+            for index in on_driver:
+                cores[index].op.setup(self.contexts[index])
+                self._inline_ops.append(cores[index])
             self._threads.append(
                 OpDriver(
                     core,
@@ -553,6 +553,7 @@ class Engine:
                     stop=self._stop,
                     count_work=not unit.fused,
                     resolve_shm=self._shm is not None,
+                    after=unit.after,
                 )
             )
 
@@ -564,7 +565,7 @@ class Engine:
         self._channels = channels
         self._op_channels = [None] * len(cores)
         for i, unit in enumerate(units):
-            channels[i + 1].producer_stats = cores[unit.last].stats
+            channels[i + 1].producer_stats = cores[unit.end].stats
             self._op_channels[unit.first] = channels[i]
         self._start_drivers(cores, units, channels)
         self._threads.insert(0, SourceThread(feeder, channels[0], stop))

@@ -64,10 +64,35 @@ def fusion_groups(flags: Sequence[bool], runners: Sequence[str]) -> list[list[in
     return groups
 
 
+WORKER_RUNNERS = ("threads", "process", "ray")
+
+
+def single_worker_units(
+    runners: Sequence[str], widths: Sequence[int], fused: Sequence[Sequence[int]]
+) -> list[list[int]]:
+    """Thread-runner units (a fused chain, or one stage) of width one: they run on their
+    driver thread. One worker thread adds nothing the driver could not do itself, as it only
+    waits for the result, but costs two thread wake-ups and GIL hand-overs per micro-batch."""
+    heads = {group[0]: list(group) for group in fused}
+    units: list[list[int]] = []
+    index = 0
+    while index < len(runners):
+        group = heads.get(index) or [index]
+        if all(runners[i] == "threads" for i in group) and max(widths[i] for i in group) == 1:
+            units.append(group)
+        index = group[-1] + 1
+    return units
+
+
 def driver_chains(runners: Sequence[str]) -> list[list[int]]:
-    """Runs of two or more consecutive ``driver`` stages (they share a driver thread)."""
+    """Runs of ``driver`` stages right after a worker stage: they run on that stage's driver
+    thread, as its results leave in order, instead of on a thread of their own."""
     groups = fusion_groups([r == "driver" for r in runners], runners)
-    return [g for g in groups if len(g) > 1 and runners[g[0]] == "driver"]
+    return [
+        g
+        for g in groups
+        if runners[g[0]] == "driver" and g[0] > 0 and runners[g[0] - 1] in WORKER_RUNNERS
+    ]
 
 
 @dataclass
@@ -171,48 +196,62 @@ class FusedOp(BaseOp):
 class Unit:
     """What one driver thread runs: a stage, or a fused chain ``first..last`` as one stage."""
 
-    core: StageCore | DriverChain
+    core: StageCore
     stage: StagePlan
     first: int
     last: int
+    after: DriverChain | None = None
+    """Driver stages ``last + 1 ..`` that ride on this unit's driver thread (see
+    ``driver_chains``); ``end`` is the last stage index the unit covers, with them."""
+    end: int = -1
+
+    def __post_init__(self) -> None:
+        if self.end < self.last:
+            self.end = self.last
 
     @property
     def fused(self) -> bool:
-        """A fused worker chain (which counts its own work), not a driver chain."""
-        return self.last > self.first and isinstance(self.core, StageCore)
+        """A fused worker chain (which counts its own work)."""
+        return self.last > self.first
 
 
 def build_units(
     plan: Plan, cores: Sequence[StageCore], contexts: Sequence[OpContext], max_inflight: int | None
 ) -> list[Unit]:
-    """One unit per stage, except that each of ``plan.fused`` becomes one unit."""
+    """One unit per stage, except that each of ``plan.fused`` becomes one unit and each of
+    ``plan.chained`` rides on the unit before it; ``plan.on_driver`` units get no pool."""
     heads = {group[0]: group for group in plan.fused}
     chains = {group[0]: group for group in plan.chained}
+    on_driver = {group[0] for group in plan.on_driver}
     units: list[Unit] = []
     index = 0
     while index < len(cores):
-        group = heads.get(index) or chains.get(index) or [index]
+        chain = chains.get(index)
+        if chain is not None and units:
+            units[-1].after = DriverChain([cores[i] for i in chain])
+            units[-1].end = chain[-1]
+            index = chain[-1] + 1
+            continue
+        group = heads.get(index) or [index]
         first, last = group[0], group[-1]
-        core: StageCore | DriverChain = cores[first]
+        core = cores[first]
         stage = plan.stages[first]
-        if first in chains:
-            core = DriverChain([cores[i] for i in group])
-        elif len(group) > 1:
+        if first in on_driver:
+            stage = replace(stage, runner="driver")
+        if len(group) > 1:
             width = max(plan.stages[i].parallelism for i in group)
             counters = FusedCounters([cores[i].stats for i in group])
             op = FusedOp([cores[i].op for i in group], [contexts[i] for i in group], counters)
-            head = cores[first]
             core = StageCore(
                 op,
-                head.acc,
+                core.acc,
                 stalls_sentinels=False,
-                stats=head.stats,
-                lanes=head.lanes,
-                marker_mode=head.marker_mode,
+                stats=core.stats,
+                lanes=core.lanes,
+                marker_mode=core.marker_mode,
             )
-            stage = replace(
-                stage, op_name=op.name, parallelism=width, max_inflight=max_inflight or 2 * width
-            )
+            inflight = max_inflight or (1 if first in on_driver else 2 * width)
+            stage = replace(stage, op_name=op.name, parallelism=width, max_inflight=inflight)
         units.append(Unit(core, stage, first, last))
         index = last + 1
     return units

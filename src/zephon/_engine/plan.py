@@ -9,7 +9,7 @@ from typing import Any
 
 import xxhash
 
-from zephon._engine.fusion import driver_chains, fusible, fusion_groups
+from zephon._engine.fusion import driver_chains, fusible, fusion_groups, single_worker_units
 from zephon.errors import ConfigError
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext
 from zephon.options import RuntimeOptions
@@ -91,7 +91,10 @@ class Plan:
     fused: list[list[int]] = field(default_factory=list)
     """Groups of consecutive stage indices that run as one worker task."""
     chained: list[list[int]] = field(default_factory=list)
-    """Groups of consecutive driver stages that share one driver thread."""
+    """Runs of driver stages that ride on the driver thread of the worker stage before them."""
+    on_driver: list[list[int]] = field(default_factory=list)
+    """Thread-runner units of width one (a fused group or a stage): their work runs on their
+    driver thread, without a pool."""
     snapshots: str = ""
     """Where a restore starts, for a plan that is not monotone (see ``Engine.explain``)."""
 
@@ -122,9 +125,15 @@ class Plan:
         for group in self.fused:
             names = " + ".join(f"{i} {self.stages[i].op_name}" for i in group)
             lines.append(f"fused: {names} (one worker task per micro-batch)")
+        for group in self.on_driver:
+            names = " + ".join(f"{i} {self.stages[i].op_name}" for i in group)
+            lines.append(f"on driver: {names} (width 1: no worker thread)")
         for group in self.chained:
             names = " + ".join(f"{i} {self.stages[i].op_name}" for i in group)
-            lines.append(f"chained: {names} (one driver thread)")
+            before = self.stages[group[0] - 1]
+            lines.append(
+                f"chained: {names} (on the driver thread of {before.index} {before.op_name})"
+            )
         return "\n".join(lines + self._legend())
 
     def _legend(self) -> list[str]:
@@ -264,6 +273,8 @@ def compile_plan(
         for spec, ctx, acc in zip(specs, contexts, accumulators, strict=True)
     ]
     runners = [s.runner for s in stages]
+    fused = [g for g in fusion_groups(can_fuse, runners) if len(g) > 1]
+    widths = [s.parallelism for s in stages]
     return Plan(
         runner=options.runner,
         deterministic=options.deterministic,
@@ -274,6 +285,7 @@ def compile_plan(
         flush_every_k_chunks=k,
         monotone=monotone,
         stages=stages,
-        fused=[g for g in fusion_groups(can_fuse, runners) if len(g) > 1],
+        fused=fused,
         chained=driver_chains(runners) if options.fuse else [],
+        on_driver=single_worker_units(runners, widths, fused) if options.fuse else [],
     )

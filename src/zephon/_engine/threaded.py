@@ -44,29 +44,43 @@ class Channel:
     def __init__(self, capacity: int, stop: threading.Event) -> None:
         self.capacity = capacity
         self.queue: queue.SimpleQueue[Message] = queue.SimpleQueue()
-        self._slots = threading.Semaphore(capacity)
+        # Free data slots as tokens: a C-level queue, where threading.Semaphore would run a
+        # Python condition variable on every hand-off.
+        self._slots: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(capacity):
+            self._slots.put(None)
         self._stop = stop
         self.depth = 0  # data messages waiting (approximate; for stats)
         self.producer_stats: OpStats | None = None
 
     def put_data(self, items: list[StreamItem]) -> None:
-        if not self._slots.acquire(blocking=False):
-            start = time.perf_counter_ns()
-            while not self._slots.acquire(timeout=0.1):
-                if self._stop.is_set():
-                    raise Stopped
-            stats = self.producer_stats
-            if stats is not None:
-                stats.stalls += 1
-                stats.stall_ns += time.perf_counter_ns() - start
+        try:
+            self._slots.get_nowait()
+        except queue.Empty:
+            self._wait_for_slot()
         if self._stop.is_set():
             raise Stopped
         self.depth += 1
         self.queue.put((DATA, items))
 
+    def _wait_for_slot(self) -> None:
+        """Block until the consumer frees a slot (a stall), checking for a stop meanwhile."""
+        start = time.perf_counter_ns()
+        while True:
+            try:
+                self._slots.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if self._stop.is_set():
+                    raise Stopped from None
+        stats = self.producer_stats
+        if stats is not None:
+            stats.stalls += 1
+            stats.stall_ns += time.perf_counter_ns() - start
+
     def release(self) -> None:
         self.depth -= 1
-        self._slots.release()
+        self._slots.put(None)
 
     def put(self, message: Message) -> None:
         self.queue.put(message)
@@ -97,7 +111,7 @@ class OpDriver(threading.Thread):
 
     def __init__(
         self,
-        core: StageCore | DriverChain,
+        core: StageCore,
         pool: WorkerPool | None,
         inbox: Channel,
         downstream: Channel,
@@ -107,6 +121,7 @@ class OpDriver(threading.Thread):
         stop: threading.Event,
         count_work: bool = True,
         resolve_shm: bool = True,
+        after: DriverChain | None = None,
     ) -> None:
         super().__init__(name=f"zephon-engine-driver-{core.op.name}", daemon=True)
         self.core = core
@@ -126,6 +141,9 @@ class OpDriver(threading.Thread):
         self.stats = core.stats
         # False when no stage runs in processes: no payload can hold a shared-memory handle
         self.resolve_shm = resolve_shm
+        # Driver stages riding on this thread: results go through them as they leave, in
+        # order, saving a thread and a hand-off per micro-batch (see fusion.attached_runs).
+        self.after = after
         # A fused chain counts its operators' work itself (see fusion.py).
         self.work_stats = core.stats if count_work else None
 
@@ -148,8 +166,22 @@ class OpDriver(threading.Thread):
         out: list[StreamItem] = []
         for part in released:
             out.extend(part)
+        if out and self.after is not None:
+            out = self._ride(out)
         if out:
             self.downstream.put_data(out)
+
+    def _ride(self, items: list[StreamItem]) -> list[StreamItem]:
+        after = self.after
+        assert after is not None
+        if after.reads_payload and self.resolve_shm:
+            resolve_items(items)
+        return after.push(items)
+
+    def _send(self, items: list[StreamItem]) -> None:
+        """Send on what the riding chain's ``finish`` or ``poll`` emitted."""
+        if items:
+            self.downstream.put_data(items)
 
     def _start(self, task: Task) -> bool:
         """Dispatch ``task``; True when it occupies a worker slot."""
@@ -159,13 +191,12 @@ class OpDriver(threading.Thread):
             return False
         if self.pool is None:
             core = self.core
-            assert isinstance(core, StageCore)  # a driver chain's tasks carry no work
             try:
                 if self.resolve_shm:
                     resolve_items(task.work)
             except BaseException as exc:
                 raise annotate(exc, core.op.name) from None
-            self._complete(task.seq, run_tasks(core, [task]))
+            self._complete(task.seq, run_tasks(core, [task], count=self.work_stats is not None))
             return False
         if task.passthrough:
             self._passthrough[task.seq] = task.passthrough
@@ -192,8 +223,11 @@ class OpDriver(threading.Thread):
         """Seconds until the accumulator's latency deadline (non-deterministic mode only)."""
         if self.deterministic:
             return None
-        deadline = self.core.next_deadline_ns()
-        return None if deadline is None else max(0.0, (deadline - time.monotonic_ns()) / 1e9)
+        deadlines = [self.core.next_deadline_ns()]
+        if self.after is not None:
+            deadlines.append(self.after.next_deadline_ns())
+        due = [d for d in deadlines if d is not None]
+        return max(0.0, (min(due) - time.monotonic_ns()) / 1e9) if due else None
 
     def _task_done(self, seq: int, future: Future[list[StreamItem]]) -> None:
         self._inflight -= 1
@@ -219,12 +253,17 @@ class OpDriver(threading.Thread):
                 continue
             if finished and not self._ready and self._inflight == 0:
                 self.reorder.close()
+                if self.after is not None:
+                    self._send(self.after.finish())
                 self.downstream.put((END,))
                 return
             try:
                 message = self.inbox.queue.get(timeout=self._timeout())
             except queue.Empty:
-                self._ready.extend(core.poll(time.monotonic_ns()))
+                now = time.monotonic_ns()
+                self._ready.extend(core.poll(now))
+                if self.after is not None:
+                    self._send(self.after.poll(now))
                 continue
             kind = message[0]
             if kind == DATA:

@@ -7,7 +7,7 @@ from operator import attrgetter, itemgetter
 from typing import Any, Literal
 
 from zephon.errors import DataError, DataFormatError
-from zephon.io import Dataset
+from zephon.io import Dataset, InMemoryShard
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import TAG_SKIPPED, SampleMeta, SampleRecord, StreamItem, tombstone_meta
 
@@ -45,7 +45,12 @@ class FetchOp(BaseOp):
         return CountingAccumulator(self.max_batch, None if deterministic else FETCH_LATENCY_MS)
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=2, elementwise=True)
+        # Two readers overlap file and network reads, which release the GIL; rows already
+        # held in memory are copied under it, so a second reader could only wait.
+        in_memory = all(isinstance(s, InMemoryShard) for d in self.datasets for s in d.shards)
+        return OpTraits(
+            preserves_cursor_order=True, parallelism=1 if in_memory else 2, elementwise=True
+        )
 
     def config(self) -> Mapping[str, Any]:
         # on_error is left out on purpose: a run that raised never delivered the record a
