@@ -26,17 +26,13 @@ def not_seven(payload: dict[str, Any]) -> bool:
     return "7" not in str(payload["id"])
 
 
-def build(runner: str = "threads", **options: Any) -> Pipeline:
+def build(runner: str = "threads", *, tokenize: bool = True, **options: Any) -> Pipeline:
     ds = Dataset.from_records("rows", ROWS, shard_size=70)
-    return (
-        Pipeline(RangeSource([ds], chunk_size=24))
-        .decode_text()
-        .map_transform(shout)
-        .filter(not_seven)
-        .tokenize("bytes", parallelism=2)
-        .batch(5)
-        .options(runner=runner, canonical_replicas=3, **options)
-    )
+    pipe = Pipeline(RangeSource([ds], chunk_size=24)).decode_text().map_transform(shout)
+    pipe = pipe.filter(not_seven)
+    if tokenize:
+        pipe = pipe.tokenize("bytes", parallelism=2)
+    return pipe.batch(5).options(runner=runner, canonical_replicas=3, **options)
 
 
 def key(batch: SampleBatch) -> tuple[Any, ...]:
@@ -196,15 +192,7 @@ def test_a_fused_chain_passes_records_it_does_not_touch_unchanged():
 
 def width_one(runner: str = "threads", **options: Any) -> Pipeline:
     """The chain of ``build`` without the two-worker tokenizer: one unit of width one."""
-    ds = Dataset.from_records("rows", ROWS, shard_size=70)
-    return (
-        Pipeline(RangeSource([ds], chunk_size=24))
-        .decode_text()
-        .map_transform(shout)
-        .filter(not_seven)
-        .batch(5)
-        .options(runner=runner, canonical_replicas=3, **options)
-    )
+    return build(runner, tokenize=False, **options)
 
 
 def plain_key(batch: SampleBatch) -> tuple[Any, ...]:
