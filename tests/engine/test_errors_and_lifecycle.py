@@ -43,6 +43,26 @@ def test_worker_exception_reaches_consumer_with_operator_and_traceback(runner):
     assert multiprocessing.active_children() == []
 
 
+def explode_on_300(payload: dict[str, Any]) -> dict[str, Any]:
+    if payload["id"] == 300:
+        raise ValueError("boom on record 300")
+    return payload
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+def test_everything_before_the_failing_micro_batch_is_delivered_first(runner):
+    """Record 300 fails in the micro-batch of records 256-319: the 25 batches of 0-249 were
+    complete before it, and must reach the consumer ahead of the error, whatever the runner
+    held back to send in one message."""
+    pipe = Pipeline(make_source(600, chunk=600)).map_transform(explode_on_300).batch(10)
+    got: list[int] = []
+    with pytest.raises(ValueError, match="boom on record 300"):
+        for batch in pipe.options(runner=runner):
+            got.extend(p["id"] for p in batch.payloads)
+    assert got == list(range(250))
+
+
 class ReturnsDicts(BaseOp):
     name = "returns_dicts"
 

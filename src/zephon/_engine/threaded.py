@@ -8,6 +8,7 @@ everything back to the source (backpressure), which also bounds what is in fligh
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -31,6 +32,9 @@ def has_marker(items: list[StreamItem]) -> bool:
 
 
 DATA, DONE, END, ERROR, STOP = range(5)
+COALESCE_ITEMS = 256
+"""A driver sends what it released as one message once this many items are waiting, or
+before it blocks: one consumer wake-up then carries several micro-batches."""
 Message = tuple[Any, ...]
 
 
@@ -138,6 +142,7 @@ class OpDriver(threading.Thread):
         self._ready: deque[Task] = deque()
         self._inflight = 0
         self._ended = False
+        self._outbox: list[StreamItem] = []
         self.stats = core.stats
         # False when no stage runs in processes: no payload can hold a shared-memory handle
         self.resolve_shm = resolve_shm
@@ -153,6 +158,8 @@ class OpDriver(threading.Thread):
         except Stopped:
             pass
         except BaseException as exc:
+            with contextlib.suppress(Stopped):
+                self._flush_outbox()  # what left before the error is delivered first
             self.downstream.put((ERROR, exc))
 
     def _on_done(self, seq: int) -> Callable[[Future[list[StreamItem]]], None]:
@@ -169,6 +176,14 @@ class OpDriver(threading.Thread):
         if out and self.after is not None:
             out = self._ride(out)
         if out:
+            self._outbox.extend(out)
+            if len(self._outbox) >= COALESCE_ITEMS:
+                self._flush_outbox()
+
+    def _flush_outbox(self) -> None:
+        """Send what left in order since the last send, as one message."""
+        if self._outbox:
+            out, self._outbox = self._outbox, []
             self.downstream.put_data(out)
 
     def _ride(self, items: list[StreamItem]) -> list[StreamItem]:
@@ -180,8 +195,8 @@ class OpDriver(threading.Thread):
 
     def _send(self, items: list[StreamItem]) -> None:
         """Send on what the riding chain's ``finish`` or ``poll`` emitted."""
-        if items:
-            self.downstream.put_data(items)
+        self._outbox.extend(items)
+        self._flush_outbox()
 
     def _start(self, task: Task) -> bool:
         """Dispatch ``task``; True when it occupies a worker slot."""
@@ -255,8 +270,11 @@ class OpDriver(threading.Thread):
                 self.reorder.close()
                 if self.after is not None:
                     self._send(self.after.finish())
+                self._flush_outbox()
                 self.downstream.put((END,))
                 return
+            if self.inbox.queue.empty():
+                self._flush_outbox()  # before waiting: nothing ready may wait with us
             try:
                 message = self.inbox.queue.get(timeout=self._timeout())
             except queue.Empty:
@@ -273,6 +291,7 @@ class OpDriver(threading.Thread):
             elif kind == END:
                 self._ended = True
             elif kind == ERROR:
+                self._flush_outbox()
                 self.downstream.put(message)  # forward unchanged: the consumer raises it
                 return
             elif kind == STOP:
