@@ -576,7 +576,7 @@ class Engine:
             message = out.queue.get()
             kind = message[0]
             if kind == DATA:
-                out.release()
+                out.release(message[2])
                 if self._shm is not None:
                     resolve_items(message[1])
                 mux.add(message[1])

@@ -33,8 +33,10 @@ def has_marker(items: list[StreamItem]) -> bool:
 
 DATA, DONE, END, ERROR, STOP = range(5)
 COALESCE_ITEMS = 256
-"""A driver sends what it released as one message once this many items are waiting, or
-before it blocks: one consumer wake-up then carries several micro-batches."""
+COALESCE_PARTS = 4
+"""A driver sends what it released as one message once this many items or micro-batches are
+waiting, or before it blocks: one consumer wake-up then carries several micro-batches. The
+message takes a channel slot per micro-batch, so what is in flight stays bounded as before."""
 Message = tuple[Any, ...]
 
 
@@ -57,15 +59,19 @@ class Channel:
         self.depth = 0  # data messages waiting (approximate; for stats)
         self.producer_stats: OpStats | None = None
 
-    def put_data(self, items: list[StreamItem]) -> None:
-        try:
-            self._slots.get_nowait()
-        except queue.Empty:
-            self._wait_for_slot()
+    def put_data(self, items: list[StreamItem], parts: int = 1) -> None:
+        """Send ``items``, which hold ``parts`` micro-batches: each takes a slot (up to the
+        capacity), so coalescing micro-batches into one message bounds memory as before."""
+        parts = max(1, min(parts, self.capacity))
+        for _ in range(parts):
+            try:
+                self._slots.get_nowait()
+            except queue.Empty:
+                self._wait_for_slot()
         if self._stop.is_set():
             raise Stopped
         self.depth += 1
-        self.queue.put((DATA, items))
+        self.queue.put((DATA, items, parts))
 
     def _wait_for_slot(self) -> None:
         """Block until the consumer frees a slot (a stall), checking for a stop meanwhile."""
@@ -82,9 +88,11 @@ class Channel:
             stats.stalls += 1
             stats.stall_ns += time.perf_counter_ns() - start
 
-    def release(self) -> None:
+    def release(self, parts: int = 1) -> None:
+        """A data message of ``parts`` slots (its third field) was taken off the queue."""
         self.depth -= 1
-        self._slots.put(None)
+        for _ in range(parts):
+            self._slots.put(None)
 
     def put(self, message: Message) -> None:
         self.queue.put(message)
@@ -138,11 +146,12 @@ class OpDriver(threading.Thread):
         self.reorder: ReorderBuffer[list[StreamItem]] = ReorderBuffer(deterministic=deterministic)
         self._passthrough: dict[int, list[StreamItem]] = {}
         self._dispatched_at: dict[int, int] = {}
-        self._pending_inputs: deque[list[StreamItem]] = deque()
+        self._pending_inputs: deque[tuple[list[StreamItem], int]] = deque()  # items, slots
         self._ready: deque[Task] = deque()
         self._inflight = 0
         self._ended = False
         self._outbox: list[StreamItem] = []
+        self._outbox_parts = 0
         self.stats = core.stats
         # False when no stage runs in processes: no payload can hold a shared-memory handle
         self.resolve_shm = resolve_shm
@@ -177,14 +186,16 @@ class OpDriver(threading.Thread):
             out = self._ride(out)
         if out:
             self._outbox.extend(out)
-            if len(self._outbox) >= COALESCE_ITEMS:
+            self._outbox_parts += len(released)
+            if len(self._outbox) >= COALESCE_ITEMS or self._outbox_parts >= COALESCE_PARTS:
                 self._flush_outbox()
 
     def _flush_outbox(self) -> None:
         """Send what left in order since the last send, as one message."""
         if self._outbox:
             out, self._outbox = self._outbox, []
-            self.downstream.put_data(out)
+            parts, self._outbox_parts = self._outbox_parts, 0
+            self.downstream.put_data(out, parts)
 
     def _ride(self, items: list[StreamItem]) -> list[StreamItem]:
         after = self.after
@@ -228,8 +239,8 @@ class OpDriver(threading.Thread):
                 self._inflight += self._start(ready.popleft())
             if ready or not pending or self._inflight >= self.max_inflight:
                 return
-            items = pending.popleft()
-            self.inbox.release()
+            items, parts = pending.popleft()
+            self.inbox.release(parts)
             if core.reads_payload and self.resolve_shm:
                 resolve_items(items)
             ready.extend(core.feed(items))
@@ -285,7 +296,7 @@ class OpDriver(threading.Thread):
                 continue
             kind = message[0]
             if kind == DATA:
-                self._pending_inputs.append(message[1])
+                self._pending_inputs.append((message[1], message[2]))
             elif kind == DONE:
                 self._task_done(message[1], message[2])
             elif kind == END:
