@@ -90,3 +90,38 @@ def test_yaml_tokenizer_path_is_relative_to_the_yaml_and_errors_exit_2(
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["items"] == 8
+
+
+class _ListEncoder:
+    """A tokenizer that returns Python lists (as HF tokenizers do): one id per character."""
+
+    bos_token_id, eos_token_id = 1, 2
+
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        return [[10 + ord(c) % 50 for c in text] for text in texts]
+
+
+@pytest.mark.parametrize("special_tokens", ["bos_eos", "bos", "eos", "none"])
+@pytest.mark.parametrize("max_length", [None, 3, 6])
+@pytest.mark.parametrize("lists", [True, False])
+def test_token_arrays_equal_per_document_encoding(special_tokens, max_length, lists) -> None:
+    """The micro-batch is converted in one pass; each record must still hold exactly its own
+    ids, truncated and bracketed, as a separate encoding of its text would give."""
+    from zephon._ops.tokenize import TokenizeOp
+    from zephon.types import SampleMeta, SampleRecord
+
+    op = TokenizeOp(_ListEncoder() if lists else "bytes", special_tokens=special_tokens,
+                    max_length=max_length)  # fmt: skip
+    texts = ["", "a", "hello", "tokens!", "xy"]
+    elems = [SampleRecord(SampleMeta((0, 0, i), 0, 0, i), {"text": t}) for i, t in enumerate(texts)]
+    got = [r.payload["input_ids"] for r in op.process_many(elems)]
+    for text, ids in zip(texts, got, strict=True):
+        alone = op.process_many([SampleRecord(SampleMeta((0, 0, 0), 0, 0, 0), {"text": text})])
+        want = alone[0].payload["input_ids"]
+        assert ids.dtype == want.dtype and ids.tolist() == want.tolist()
+        head = [op._bos] if special_tokens in ("bos_eos", "bos") else []
+        tail = [op._eos] if special_tokens in ("bos_eos", "eos") else []
+        body = _ListEncoder().encode_many([text])[0] if lists else list(text.encode())
+        if max_length is not None:
+            body = body[: max_length - len(head) - len(tail)]
+        assert ids.tolist() == head + body + tail

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from itertools import chain
 from typing import Any, Literal
 
 import numpy as np
@@ -127,8 +128,8 @@ class TokenizeOp(BaseOp):
         self._encoder = load_tokenizer(self.tokenizer_spec)
         return self._encoder
 
-    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
-        encoder = self._encoder or self._load()
+    def _texts(self, elems: list[StreamItem]) -> list[str]:
+        """The text of every element, or an error naming the record and the field."""
         field = self.field
         texts: list[str] = []
         for elem in elems:
@@ -149,31 +150,45 @@ class TokenizeOp(BaseOp):
                     sample_id=elem.meta.sample_id,
                 )
             texts.append(text)
-        ids_list = encoder.encode_many(texts)
+        return texts
+
+    def _token_array(self, ids_list: Sequence[Any]) -> tuple[np.ndarray, list[int]]:
+        """Every document's ids, truncated and bracketed by the special tokens, in one array
+        filled by one conversion; and where each document starts (plus the end)."""
         n_head = 1 if self.special_tokens in ("bos_eos", "bos") else 0
         n_tail = 1 if self.special_tokens in ("bos_eos", "eos") else 0
-        limit = None
+        lengths = [len(ids) for ids in ids_list]
         if self.truncation and self.max_length is not None:
             limit = self.max_length - n_head - n_tail
-        lengths = [len(ids) for ids in ids_list]
-        if limit is not None:
-            lengths = [min(n, limit) for n in lengths]
-        # One allocation for the whole micro-batch; each record gets a view of its span.
+            if any(n > limit for n in lengths):
+                ids_list = [ids[:limit] for ids in ids_list]
+                lengths = [min(n, limit) for n in lengths]
         bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(np.asarray(lengths, dtype=np.int64) + (n_head + n_tail), out=bounds[1:])
+        if ids_list and all(isinstance(ids, np.ndarray) for ids in ids_list):
+            body = np.concatenate(ids_list).astype(np.int32, copy=False)
+        else:
+            body = np.fromiter(chain.from_iterable(ids_list), np.int32, count=sum(lengths))
+        if not (n_head or n_tail):
+            return body, bounds.tolist()
         flat = np.empty(int(bounds[-1]), dtype=np.int32)
+        is_body = np.ones(len(flat), dtype=bool)
+        if n_head:
+            is_body[bounds[:-1]] = False
+            flat[bounds[:-1]] = self._bos or 0
+        if n_tail:
+            is_body[bounds[1:] - 1] = False
+            flat[bounds[1:] - 1] = self._eos or 0
+        flat[is_body] = body
+        return flat, bounds.tolist()
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        encoder = self._encoder or self._load()
+        flat, spans = self._token_array(encoder.encode_many(self._texts(elems)))
         out: list[StreamItem] = []
         out_field = self.output_field
-        bos, eos = self._bos or 0, self._eos or 0  # only written when the mode needs them
-        for i, (elem, ids) in enumerate(zip(elems, ids_list, strict=True)):
-            start, stop = int(bounds[i]), int(bounds[i + 1])
-            if n_head:
-                flat[start] = bos
-            if n_tail:
-                flat[stop - 1] = eos
-            n = lengths[i]
-            flat[start + n_head : start + n_head + n] = ids[:n] if n < len(ids) else ids
+        for i, elem in enumerate(elems):
             payload = dict(elem.payload)
-            payload[out_field] = flat[start:stop]
+            payload[out_field] = flat[spans[i] : spans[i + 1]]
             out.append(SampleRecord(elem.meta, payload))
         return out
