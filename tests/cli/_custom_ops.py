@@ -35,6 +35,13 @@ def slow_identity(payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
+def slow_step(batch: Any) -> Any:
+    """Stands for a training step (about 3 ms a batch) right before the consumer: a run stays
+    busy until its last batch, however far ahead of it the earlier operators have got."""
+    time.sleep(0.003)
+    return batch
+
+
 def never(payload: dict[str, Any]) -> bool:
     """A filter predicate that rejects everything."""
     return False

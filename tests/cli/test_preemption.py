@@ -20,7 +20,9 @@ from zephon.demo import make_corpus
 REPO = Path(__file__).resolve().parents[2]
 
 # shuffle + pack + batch over three shards, with an operator that does about 1 ms of work per
-# record so that a run lasts long enough to be preempted at many points
+# record so that a run lasts long enough to be preempted at many points, and about 3 ms per
+# batch after it (short queues), so that the engine's read-ahead cannot finish a run's last
+# batches before a signal sent after a given batch arrives
 PREEMPT_YAML = """\
 datasets:
   - name: web
@@ -42,10 +44,13 @@ operators:
   - pack_flat: {max_length: 256, pad_token_id: 0}
   - op: batch
     microbatch_size: 4
+  - op: map_batch
+    fn: 'tests.cli._custom_ops:slow_step'
 runner: threads
 options:
   canonical_replicas: 2
   flush_every_k_chunks: 2
+  queue_size: 2
 """
 
 
