@@ -41,6 +41,17 @@ def key(batch: SampleBatch) -> tuple[Any, ...]:
     )
 
 
+def counters(pipe: Pipeline) -> dict[str, tuple[int, int, bool, bool]]:
+    """Per-operator counters of a full run: what fused and unfused runs must agree on."""
+    list(pipe)
+    stats = pipe.stats()
+    assert stats is not None
+    return {
+        op.name: (op.elements_in, op.elements_out, op.micro_batches > 0, op.worker_ns > 0)
+        for op in stats.operators
+    }
+
+
 @pytest.fixture(scope="module")
 def reference() -> list[tuple[Any, ...]]:
     return [key(b) for b in build("inline")]
@@ -76,17 +87,7 @@ def test_explain_names_fused_and_chained_operators_and_fuse_false_keeps_them_apa
 @pytest.mark.parametrize("runner", ["threads", "process"])
 def test_fused_stats_count_every_operator_as_unfused(runner):
     """Process workers send a fused chain's per-operator counts back with each reply."""
-    counters = {}
-    for fuse in (True, False):
-        pipe = build(runner, fuse=fuse)
-        list(pipe)
-        stats = pipe.stats()
-        assert stats is not None
-        counters[fuse] = {
-            op.name: (op.elements_in, op.elements_out, op.micro_batches > 0, op.worker_ns > 0)
-            for op in stats.operators
-        }
-    assert counters[True] == counters[False]
+    assert counters(build(runner, fuse=True)) == counters(build(runner, fuse=False))
 
 
 @pytest.mark.parametrize("runner", ["threads", "process"])
@@ -216,14 +217,4 @@ def test_a_width_one_unit_runs_on_its_driver_thread_with_the_same_output():
 
 
 def test_width_one_units_count_their_work_as_pooled_ones():
-    counters = {}
-    for fuse in (True, False):
-        pipe = width_one(fuse=fuse)
-        list(pipe)
-        stats = pipe.stats()
-        assert stats is not None
-        counters[fuse] = {
-            op.name: (op.elements_in, op.elements_out, op.micro_batches > 0, op.worker_ns > 0)
-            for op in stats.operators
-        }
-    assert counters[True] == counters[False]
+    assert counters(width_one(fuse=True)) == counters(width_one(fuse=False))
