@@ -202,12 +202,12 @@ class Unit:
     last: int
     after: DriverChain | None = None
     """Driver stages ``last + 1 ..`` that ride on this unit's driver thread (see
-    ``driver_chains``); ``end`` is the last stage index the unit covers, with them."""
-    end: int = -1
+    ``driver_chains``)."""
 
-    def __post_init__(self) -> None:
-        if self.end < self.last:
-            self.end = self.last
+    @property
+    def end(self) -> int:
+        """The last stage index the unit covers, riding driver stages included."""
+        return self.last + (len(self.after.cores) if self.after is not None else 0)
 
     @property
     def fused(self) -> bool:
@@ -229,7 +229,6 @@ def build_units(
         chain = chains.get(index)
         if chain is not None and units:
             units[-1].after = DriverChain([cores[i] for i in chain])
-            units[-1].end = chain[-1]
             index = chain[-1] + 1
             continue
         group = heads.get(index) or [index]

@@ -156,7 +156,7 @@ class OpDriver(threading.Thread):
         # False when no stage runs in processes: no payload can hold a shared-memory handle
         self.resolve_shm = resolve_shm
         # Driver stages riding on this thread: results go through them as they leave, in
-        # order, saving a thread and a hand-off per micro-batch (see fusion.attached_runs).
+        # order, saving a thread and a hand-off per micro-batch (see fusion.driver_chains).
         self.after = after
         # A fused chain counts its operators' work itself (see fusion.py).
         self.work_stats = core.stats if count_work else None
