@@ -51,6 +51,13 @@ def launch(out: Path, world: int, steps: int, mode: str) -> list[subprocess.Pope
     ]
 
 
+def close_pipes(procs: list[subprocess.Popen[str]]) -> None:
+    for p in procs:
+        for stream in (p.stdin, p.stdout):
+            if stream is not None:
+                stream.close()
+
+
 def seen(out: Path, mode: str, world: int) -> list[list[dict[str, Any]]]:
     """Per rank: the header line (start step, parameters) then one line per step."""
     files = [out / f"seen-{mode}-w{world}-r{r}.jsonl" for r in range(world)]
@@ -70,12 +77,15 @@ def test_killed_ranks_resume_on_two_and_on_four_ranks(tmp_path: Path) -> None:
         [{"lane": lane, "rows": repr(rows)} for lane, rows in map(key, build(REFERENCE_CFG))]
     )
     first = launch(tmp_path, 4, 6, "fresh-then-wait")
-    for p in first:  # each rank trained 6 steps (checkpoint after 3) and now waits
-        assert p.stdout is not None and p.stdout.readline().strip() == "trained"
-    first[1].send_signal(signal.SIGKILL)  # one rank dies, then the job is torn down
-    for p in first:
-        p.kill()
-        assert p.wait(timeout=30) == -signal.SIGKILL
+    try:
+        for p in first:  # each rank trained 6 steps (checkpoint after 3) and now waits
+            assert p.stdout is not None and p.stdout.readline().strip() == "trained"
+        first[1].send_signal(signal.SIGKILL)  # one rank dies, then the job is torn down
+        for p in first:
+            p.kill()
+            assert p.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        close_pipes(first)
     before = [lines[1:] for lines in seen(tmp_path, "fresh-then-wait", 4)]
     for r, lines in enumerate(before):  # rank r of 4 owns lane r
         assert [x["rows"] for x in lines] == reference[r][:6]
@@ -83,8 +93,11 @@ def test_killed_ranks_resume_on_two_and_on_four_ranks(tmp_path: Path) -> None:
 
     resumes = {world: launch(tmp_path, world, 3 * 4 // world, "resume") for world in (2, 4)}
     for world, procs in resumes.items():
-        for p in procs:
-            assert p.wait(timeout=120) == 0
+        try:
+            for p in procs:
+                assert p.wait(timeout=120) == 0
+        finally:
+            close_pipes(procs)
         resumed = seen(tmp_path, "resume", world)
         assert all(
             lines[0] == {"start": CHECKPOINT_AT, "params": saved_params} for lines in resumed

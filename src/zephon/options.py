@@ -26,7 +26,7 @@ class RuntimeOptions:
     """Settings for :meth:`zephon.Pipeline.options`.
 
     ``runner``: ``"threads"`` (default), ``"inline"`` (everything on the calling thread, the
-    reference) or ``"process"`` (spawned worker processes). ``deterministic=False`` releases
+    reference) or ``"process"`` (worker processes). ``deterministic=False`` releases
     micro-batches in completion order and allows latency-bound flushes. ``queue_size`` is the
     capacity, in micro-batches, of each bounded channel between stages. ``max_inflight`` caps
     micro-batches in flight per operator (default: 2 x its parallelism). ``track_stats``

@@ -53,6 +53,30 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def descendants_of(pid: int) -> list[int]:
+    """Every process below ``pid``: its children, theirs, and so on (from /proc)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        children = children_of(todo.pop())
+        found.extend(children)
+        todo.extend(children)
+    return found
+
+
+def comm_of(pid: int) -> str:
+    """The short name ``ps`` shows for ``pid`` ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def workers_of(pid: int) -> list[int]:
+    """zephon's process workers below ``pid`` (forked by its forkserver, named by themselves)."""
+    return [p for p in descendants_of(pid) if comm_of(p).startswith("zephon-worker")]
+
+
 def wait_gone(pids: list[int], timeout: float) -> list[int]:
     """Wait (on pidfds, no polling) until every process in ``pids`` has exited; return those
     still running after ``timeout`` seconds."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.runners._leaks import children_of, our_segments, wait_gone
+from tests.runners._leaks import descendants_of, our_segments, wait_gone, workers_of
 from tests.runners._pipes import digest, key, reference, run_with_stops, stateful
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon.errors import ConfigError, EngineProcessError
@@ -44,10 +44,10 @@ def test_batches_equal_inline_for_every_runner_in_the_child(docs, hf_tokenizer_d
     for item in pipe:
         if not got:
             pid = engine_pid(pipe)
-            workers = children_of(pid)
+            workers = descendants_of(pid)
+            assert (len(workers_of(pid)) == 2) == (runner == "process")
         got.append(key(item))
     assert got == expected
-    assert (len(workers) > 0) == (runner == "process")
     stats = pipe.stats()
     assert stats is not None and stats.delivered == len(expected)
     assert_child_left_nothing(pid, workers)
@@ -79,7 +79,8 @@ def test_sigkill_of_the_engine_process_names_it_and_the_checkpoint_resumes(docs,
             got.append(key(item))
             if len(got) == 5:
                 pid = engine_pid(pipe)
-                workers = children_of(pid)
+                workers = descendants_of(pid)
+                assert len(workers_of(pid)) == 2
                 os.kill(pid, signal.SIGKILL)
     message = str(info.value)
     assert f"pid {pid}) was killed by SIGKILL" in message
@@ -100,8 +101,8 @@ def test_leaving_early_stops_the_engine_process_and_its_workers(docs, hf_tokeniz
     it = iter(pipe)
     next(it)
     pid = engine_pid(pipe)
-    workers = children_of(pid)
-    assert len(workers) == 2
+    workers = descendants_of(pid)  # the forkserver and the workers it forked
+    assert len(workers_of(pid)) == 2
     it.close()  # type: ignore[attr-defined]
     assert_child_left_nothing(pid, workers)
 

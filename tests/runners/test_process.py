@@ -100,13 +100,18 @@ def digest_one(batch: Any) -> Any:
 
 def worker_cmdline_and_sems(payload: dict[str, Any]) -> dict[str, Any]:
     cmdline = Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    return {**payload, "cmdline": cmdline, "sems": sorted(semaphores_mapped_by(os.getpid()))}
+    return {
+        **payload,
+        "cmdline": cmdline,
+        "parent": os.getppid(),
+        "sems": sorted(semaphores_mapped_by(os.getpid())),
+    }
 
 
 @pytest.mark.timeout(60)
-def test_workers_are_spawned_never_forked_and_hold_no_semaphores(docs, hf_tokenizer_dir):
-    # Use the HF tokenizer (its thread pool) in this process first: a forked worker would
-    # inherit it in an undefined state; spawned workers load their own.
+def test_workers_are_never_forked_from_the_engine_and_hold_no_semaphores(docs, hf_tokenizer_dir):
+    # Use the HF tokenizer (its thread pool) in this process first: a worker forked from here
+    # would inherit it in an undefined state; the forkserver never ran it.
     tok = Tokenizer.from_file(str(hf_tokenizer_dir / "tokenizer.json"))
     assert len(tok.encode_batch([str(d["text"]) for d in docs[:64]])) == 64
     sems_before = semaphores_mapped_by(os.getpid())
@@ -127,13 +132,53 @@ def test_workers_are_spawned_never_forked_and_hold_no_semaphores(docs, hf_tokeni
             assert pools and all(p.fleet.pids() for p in pools)
         out.append(record)
     assert len(out) == 120
-    assert all("spawn_main" in r.payload["cmdline"] for r in out)
+    assert all("forkserver" in r.payload["cmdline"] for r in out)
+    assert {r.payload["parent"] for r in out}.isdisjoint({os.getpid()})
     assert all(r.payload["sems"] == [] for r in out)
     inline = Pipeline(RangeSource([Dataset.from_records("d", docs[:120])], chunk_size=20))
     inline = inline.tokenize(hf_tokenizer_dir).options(runner="inline")
     assert [r.payload["input_ids"].tolist() for r in out] == [
         r.payload["input_ids"].tolist() for r in inline
     ]
+
+
+def environment_marks(payload: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **payload,
+        "worker": os.getpid(),
+        "set": os.environ.get("ZEPHON_TEST_SET_LATER"),
+        "gone": os.environ.get("ZEPHON_TEST_UNSET_LATER"),
+    }
+
+
+def marks_pipe() -> Pipeline:
+    rows = [{"id": i} for i in range(40)]
+    source = RangeSource([Dataset.from_records("d", rows)], chunk_size=10)
+    return (
+        Pipeline(source)
+        .map_transform(environment_marks, parallelism=2)
+        .options(runner="process", reuse_workers=True)
+    )
+
+
+@pytest.mark.timeout(60)
+def test_workers_see_the_environment_the_engine_has_when_they_get_their_operators(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Forked from a forkserver started earlier, and then reused: neither start may leave a
+    # worker with an environment older than the engine's.
+    monkeypatch.delenv("ZEPHON_TEST_SET_LATER", raising=False)
+    monkeypatch.setenv("ZEPHON_TEST_UNSET_LATER", "before")
+    try:
+        first = list(marks_pipe())
+        assert {(r.payload["set"], r.payload["gone"]) for r in first} == {(None, "before")}
+        monkeypatch.setenv("ZEPHON_TEST_SET_LATER", "after")
+        monkeypatch.delenv("ZEPHON_TEST_UNSET_LATER")
+        second = list(marks_pipe())
+        assert {r.payload["worker"] for r in second} <= {r.payload["worker"] for r in first}
+        assert {(r.payload["set"], r.payload["gone"]) for r in second} == {("after", None)}
+    finally:
+        shutdown_idle_workers()
 
 
 def explode_on_30(payload: dict[str, Any]) -> dict[str, Any]:
