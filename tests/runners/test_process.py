@@ -24,7 +24,7 @@ from tests.runners._pipes import (
     stateful,
 )
 from zephon import Dataset, Pipeline
-from zephon._engine.pools import ProcessWorkerPool, shutdown_idle_workers
+from zephon._engine.pools import ProcessWorkerPool, shutdown_idle_workers, usable_cores
 from zephon.ops import BaseOp, CountingAccumulator, OpTraits
 
 # shm_min_bytes=1 sends every array through shared memory, so the small token arrays of the
@@ -148,6 +148,7 @@ def environment_marks(payload: dict[str, Any]) -> dict[str, Any]:
         "worker": os.getpid(),
         "set": os.environ.get("ZEPHON_TEST_SET_LATER"),
         "gone": os.environ.get("ZEPHON_TEST_UNSET_LATER"),
+        "threads": os.environ.get("RAYON_NUM_THREADS"),
     }
 
 
@@ -166,17 +167,24 @@ def test_workers_see_the_environment_the_engine_has_when_they_get_their_operator
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Forked from a forkserver started earlier, and then reused: neither start may leave a
-    # worker with an environment older than the engine's.
+    # worker with an environment older than the engine's. Each of the 2 workers gets half the
+    # cores for the tokenizers' thread pool unless the user chose a number.
     monkeypatch.delenv("ZEPHON_TEST_SET_LATER", raising=False)
     monkeypatch.setenv("ZEPHON_TEST_UNSET_LATER", "before")
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    share = str(max(1, usable_cores() // 2))
     try:
         first = list(marks_pipe())
-        assert {(r.payload["set"], r.payload["gone"]) for r in first} == {(None, "before")}
+        marks = {(r.payload["set"], r.payload["gone"], r.payload["threads"]) for r in first}
+        assert marks == {(None, "before", share)}
+        assert "RAYON_NUM_THREADS" not in os.environ
         monkeypatch.setenv("ZEPHON_TEST_SET_LATER", "after")
         monkeypatch.delenv("ZEPHON_TEST_UNSET_LATER")
+        monkeypatch.setenv("RAYON_NUM_THREADS", "3")
         second = list(marks_pipe())
         assert {r.payload["worker"] for r in second} <= {r.payload["worker"] for r in first}
-        assert {(r.payload["set"], r.payload["gone"]) for r in second} == {("after", None)}
+        marks = {(r.payload["set"], r.payload["gone"], r.payload["threads"]) for r in second}
+        assert marks == {("after", None, "3")}
     finally:
         shutdown_idle_workers()
 
