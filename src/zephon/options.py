@@ -57,7 +57,7 @@ class RuntimeOptions:
     changes the output; ``snapshot_every_chunks=0`` turns snapshots off (restores replay from
     the last flush).
 
-    ``engine_process``: run the whole engine (source, operators, tail) in a spawned child
+    ``engine_process``: run the whole engine (source, operators, tail) in a child
     process and hand finished items to this one through shared memory, so a consumer that
     holds the GIL (a training loop) and the engine's own Python work do not slow each other
     down. Checkpoints stay exact: they are taken where you receive the items. See

@@ -133,6 +133,29 @@ def test_an_operator_error_in_the_engine_process_reaches_the_consumer_as_without
     assert "raised in operator 'map_transform'" in notes and "in explode" in notes
 
 
+def stamp_environment(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "mark": os.environ.get("ZEPHON_TEST_ENGINE_MARK")}
+
+
+@pytest.mark.timeout(60)
+def test_the_engine_process_sees_the_environment_of_its_start(monkeypatch: pytest.MonkeyPatch):
+    """The child is forked from a server started earlier; it must not keep that one's
+    environment."""
+    rows = [{"text": f"row {i}"} for i in range(20)]
+
+    def marks() -> set[Any]:
+        source = StaticMixtureWorkSource([Dataset.from_records("rows", rows)], chunk_size=8)
+        pipe = Pipeline(source).map_transform(stamp_environment).options(engine_process=True)
+        return {r.payload["mark"] for r in pipe}
+
+    monkeypatch.setenv("ZEPHON_TEST_ENGINE_MARK", "first")
+    assert marks() == {"first"}
+    monkeypatch.setenv("ZEPHON_TEST_ENGINE_MARK", "second")
+    assert marks() == {"second"}
+    monkeypatch.delenv("ZEPHON_TEST_ENGINE_MARK")
+    assert marks() == {None}
+
+
 def test_ray_stages_are_refused_with_engine_process(tmp_path: Path):
     with pytest.raises(ConfigError, match="engine_process=True cannot run runner='ray'"):
         rows_pipe(runner="ray", engine_process=True)

@@ -1,4 +1,4 @@
-"""``engine_process=True``: the whole engine in a spawned child process.
+"""``engine_process=True``: the whole engine in a child process (forked from the forkserver).
 
 A training loop holds the GIL for most of each step; so does the engine's own Python work
 (source, accumulators, reorder, tail). In one process they take turns. Here the child runs an
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import multiprocessing
+import os
 import pickle
 import signal
 import threading
@@ -37,7 +37,9 @@ from zephon._engine.pools import (
     WORKER_NAME_PREFIX,
     _describe_exit,
     _main_script,
+    adopt_environment,
     check_not_bootstrapping,
+    worker_context,
 )
 from zephon._engine.stats import RunStats
 from zephon.errors import ConfigError, EngineProcessError
@@ -117,9 +119,10 @@ def _pump(engine: Engine, sender: Sender) -> None:
         sender.wait_closed()
 
 
-def child_main(conn: Connection, blob: bytes) -> None:
+def child_main(conn: Connection, blob: bytes, environ: dict[str, str]) -> None:
     """The engine process: build the engine from the pickled pipeline and run it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the consumer decides when to stop
+    adopt_environment(environ)  # forked from the forkserver: its environment is older
     source, specs, options, resume = cloudpickle.loads(blob)
     session = shm.ShmSession(options.shm_min_bytes or _NO_SHM)
     sender = Sender(conn, session.encoder("h"), options.queue_size)
@@ -210,10 +213,13 @@ class EngineProcess:
         return self._last_stats if self._last_stats is not None else self.local.snapshot()
 
     def _start(self) -> Receiver:
-        mp = multiprocessing.get_context("spawn")
+        mp = worker_context()
         parent, child = mp.Pipe(duplex=True)
         self._proc = mp.Process(
-            target=child_main, args=(child, self._blob), name=PROCESS_NAME, daemon=False
+            target=child_main,
+            args=(child, self._blob, dict(os.environ)),
+            name=PROCESS_NAME,
+            daemon=False,
         )
         self._proc.start()
         self._pid = self._proc.pid
@@ -267,7 +273,7 @@ class EngineProcess:
             return EngineProcessError(
                 f"the engine process (engine_process=True) could not start: {_main_script()} "
                 "starts the pipeline when imported; put that code under `if __name__ == "
-                '"__main__":` (spawned processes import the main script)',
+                '"__main__":` (the engine process imports the main script)',
                 exitcode=code,
             )
         hint = " (the OOM killer sends SIGKILL when memory runs out)" if code == -9 else ""

@@ -235,7 +235,7 @@ def usable_cores() -> int:
     return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
-def _adopt_environment(environ: Mapping[str, str]) -> None:
+def adopt_environment(environ: Mapping[str, str]) -> None:
     """Make this worker's environment the engine process's as of the worker's start.
 
     A forked worker inherits the forkserver's environment from when the server started;
@@ -283,7 +283,7 @@ def _worker_main(conn: Connection, prefix: str, min_bytes: int) -> None:
                 mine = f"{message[3]}w{os.getpid()}-"
                 encoder = shm.Encoder(mine, message[4])
             if len(message) > 5:
-                _adopt_environment(message[5])
+                adopt_environment(message[5])
             loaded = _load_ops(conn, message[:3])
             if loaded is None:
                 return
