@@ -1,10 +1,10 @@
 """Engine overhead per record: what the engine's own Python work costs, per runner.
 
 100,000 one-word records (``Dataset.from_records``, chunk 4096, ``batch(64)``) with no map and
-with 4 identity ``map_transform`` s: docs/s and CPU-us per doc (every thread of this process;
-for ``engine_process`` rows the child's CPU is read from /proc too), and docs/s relative to
-inline in the same round. Rounds interleave every configuration, so ratios compare runs made
-under the same machine load; the table gives medians.
+with 4 identity ``map_transform`` s: docs/s and CPU-us per doc (every thread of this process,
+plus for ``process`` and ``engine_process`` rows the processes below it, from /proc), and
+docs/s relative to inline in the same round. Rounds interleave every configuration, so ratios
+compare runs made under the same machine load; the table gives medians.
 
 ``--peer PYTHON`` also runs the same pipelines with the ``zephon`` that interpreter imports
 (the 0.2.0 release from PyPI in a separate venv: ``python -m venv peer && peer/bin/pip install
@@ -48,30 +48,45 @@ def overhead_pipe(maps: int, n: int, **options: Any) -> Pipeline:
     return pipe.batch(64).options(**options)
 
 
-def _children_cpu_s() -> float:
-    """CPU seconds of this process's live children (the engine process), from /proc."""
-    total = 0.0
+def descendants_cpu_s() -> dict[int, float]:
+    """CPU seconds of every live process below this one, by pid, from /proc: engine
+    processes and process workers are forked by a forkserver, so they are grandchildren."""
     tick = os.sysconf("SC_CLK_TCK")
-    for child in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
-        for pid in child.read_text().split():
+    found: dict[int, float] = {}
+    todo = [os.getpid()]
+    while todo:
+        for child in Path(f"/proc/{todo.pop()}/task").glob("*/children"):
             try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                pids = [int(pid) for pid in child.read_text().split()]
             except FileNotFoundError:
                 continue
-            total += (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / tick
-    return total
+            for pid in pids:
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except FileNotFoundError:
+                    continue
+                found[pid] = sum(int(stat[i]) for i in (11, 12, 13, 14)) / tick
+                todo.append(pid)
+    return found
+
+
+def cpu_since(before: dict[int, float]) -> float:
+    """CPU seconds the processes below this one used since ``before`` was read."""
+    return sum(cpu - before.get(pid, 0.0) for pid, cpu in descendants_cpu_s().items())
 
 
 def overhead_run(maps: int, n: int, options: dict[str, Any]) -> tuple[float, float]:
-    """docs/s and CPU-us per doc of one run of the overhead pipeline."""
+    """docs/s and CPU-us per doc of one run of the overhead pipeline (its processes too)."""
     pipe = overhead_pipe(maps, n, **options)
+    others = options.get("engine_process") or options.get("runner") == "process"
+    before = descendants_cpu_s() if others else {}
     cpu, wall = time.process_time(), time.perf_counter()
     count = 0
     child_cpu = 0.0
     for batch in pipe:
         count += len(batch)
-        if count >= n - n % 64 and options.get("engine_process"):
-            child_cpu = _children_cpu_s()  # before the child exits and is reaped
+        if count >= n - n % 64 and others:
+            child_cpu = cpu_since(before)  # before the processes exit and are reaped
     assert count == n - n % 64, count
     cpu, wall = time.process_time() - cpu + child_cpu, time.perf_counter() - wall
     return count / wall, cpu / count * 1e6

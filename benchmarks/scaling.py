@@ -1,8 +1,9 @@
 """Scaling of the reference pipeline with workers, and the ceiling the GIL puts on it.
 
 Reference pipeline: fetch -> decode_text -> tokenize (BPE) -> batch(8) over JSONL shards
-(``benchmarks/engine.py``'s corpus), threads runner, every operator on ``W`` workers for
-W = 1, 2, 4, 8, 16: documents/s and tokens/s as measured on this machine.
+(``benchmarks/engine.py``'s corpus), every operator on ``W`` workers for W = 1, 2, 4, 8, 16,
+with the threads runner and with the process runner: documents/s and tokens/s as measured on
+this machine, and CPU per document (for the process runner its workers' CPU included).
 
 Then the projection. Tokenization runs in native code without the GIL; everything else the
 engine does per record (fetch, decode, building arrays, batching, the tail) is Python under
@@ -18,7 +19,10 @@ the GIL, so it runs on one core at a time however many workers there are. Measur
   ``cpu - native``, which also counted the tokenizer pool's idle spinning between calls.)
 
 On N cores the pipeline cannot deliver more than ``1 / max(gil, cpu / N)`` documents/s: the
-GIL-bound part is serial, the rest divides over the cores. The table gives that ceiling for N
+GIL-bound part is serial, the rest divides over the cores. For the process runner the serial
+part is ``process_engine_us_per_doc``, all of the engine process's CPU per document (it does
+no tokenizing: the workers do fetch, decode and tokenize), and ``cpu`` is the engine's and
+the workers' CPU together. The table gives that ceiling for N
 = 1 ... 16 next to what this machine measured (it has ``os.cpu_count()`` cores, so rows above
 that are the projection only).
 
@@ -31,12 +35,14 @@ import argparse
 import os
 import statistics
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from tokenizers import Tokenizer
 
 from engine import make_corpus, train_tokenizer
-from overhead import print_table
+from overhead import cpu_since, descendants_cpu_s, print_table
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 
 WORKERS = (1, 2, 4, 8, 16)
@@ -57,15 +63,29 @@ def reference(folder: Path, tok_path: Path, runner: str, workers: int) -> Pipeli
     )
 
 
-def measure(pipe: Pipeline) -> tuple[float, float, int, int, float]:
-    """Wall seconds, process CPU seconds, documents, tokens and this thread's CPU seconds."""
+class Run(NamedTuple):
+    """One pass over the corpus."""
+
+    wall: float  # seconds
+    cpu: float  # CPU seconds of this process, every thread
+    docs: int
+    tokens: int
+    own: float  # CPU seconds of the calling thread
+    others: float  # CPU seconds of the processes below this one (process workers)
+
+
+def measure(pipe: Pipeline, expected_docs: int) -> Run:
+    before = descendants_cpu_s()
     cpu, wall, own = time.process_time(), time.perf_counter(), time.thread_time()
     docs = tokens = 0
+    others = 0.0
     for batch in pipe:
         docs += len(batch)
         tokens += sum(int(r.payload["input_ids"].shape[0]) for r in batch)
+        if docs == expected_docs:  # the last batch: the workers live until the iteration ends
+            others = cpu_since(before)
     own = time.thread_time() - own
-    return time.perf_counter() - wall, time.process_time() - cpu, docs, tokens, own
+    return Run(time.perf_counter() - wall, time.process_time() - cpu, docs, tokens, own, others)
 
 
 def native_cpu_per_doc(tok: Tokenizer, texts: list[str]) -> float:
@@ -73,6 +93,55 @@ def native_cpu_per_doc(tok: Tokenizer, texts: list[str]) -> float:
     for i in range(0, len(texts), 64):
         tok.encode_batch_fast(texts[i : i + 64], add_special_tokens=False)
     return (time.process_time() - cpu) / len(texts)
+
+
+def median(values: Iterable[float]) -> float:
+    return statistics.median(list(values))
+
+
+def ceiling(serial: float, total: float, cores: int) -> tuple[float, str]:
+    """docs/s at most on ``cores`` cores, and what bounds it."""
+    serial = max(serial, 1e-9)
+    return 1 / max(serial, total / cores), "GIL" if serial >= total / cores else "cores"
+
+
+def table(runs: dict[tuple[str, int], list[Run]], inline: list[Run]) -> list[dict[str, Any]]:
+    """A row per worker count: measured here, and the ceilings projected for that many cores.
+
+    Threads: the calling thread of the inline runner does all of the engine's Python work
+    while the tokenizer's native work runs on its own pool, so its CPU is the serial part.
+    Process: the engine process does no tokenizing; all of its CPU counts as serial, and the
+    workers' CPU divides over the cores.
+    """
+    cpu_per_doc = median(r.cpu / r.docs for r in inline)
+    gil = median(r.own / r.docs for r in inline)
+    process = [r for w in WORKERS for r in runs[("process", w)]]
+    parent = median(r.cpu / r.docs for r in process)
+    total = median((r.cpu + r.others) / r.docs for r in process)
+    cores = os.cpu_count() or 1
+    rows = []
+    for workers in WORKERS:
+        threads, procs = runs[("threads", workers)], runs[("process", workers)]
+        threads_ceiling, threads_bound = ceiling(gil, cpu_per_doc, workers)
+        process_ceiling, process_bound = ceiling(parent, total, workers)
+        rows.append(
+            {
+                "workers_or_cores": workers,
+                "measured_docs_per_s": round(median(r.docs / r.wall for r in threads)),
+                "measured_tokens_per_s": round(median(r.tokens / r.wall for r in threads)),
+                "cpu_us_per_doc": round(median(r.cpu / r.docs for r in threads) * 1e6, 1),
+                "projected_docs_per_s": round(threads_ceiling),
+                "projection_bound": threads_bound,
+                "process_docs_per_s": round(median(r.docs / r.wall for r in procs)),
+                "process_cpu_us_per_doc": round(
+                    median((r.cpu + r.others) / r.docs for r in procs) * 1e6, 1
+                ),
+                "process_projected_docs_per_s": round(process_ceiling),
+                "process_bound": process_bound,
+                "on_this_machine": "yes" if workers <= cores else "projection",
+            }
+        )
+    return rows
 
 
 def main() -> None:
@@ -86,51 +155,34 @@ def main() -> None:
     tok = train_tokenizer(texts, tok_path)
     corpus = args.data / "corpus"
 
-    runs: dict[int, list[tuple[float, float, int, int, float]]] = {w: [] for w in WORKERS}
-    inline_cpu: list[float] = []
-    serial: list[float] = []
+    runs: dict[tuple[str, int], list[Run]] = {
+        (runner, w): [] for runner in ("threads", "process") for w in WORKERS
+    }
+    inline: list[Run] = []
     native: list[float] = []
     for _ in range(args.rounds):
         native.append(native_cpu_per_doc(tok, texts))
-        _, cpu, docs, _, own = measure(reference(corpus, tok_path, "inline", 1))
-        inline_cpu.append(cpu / docs)
-        serial.append(own / docs)
+        inline.append(measure(reference(corpus, tok_path, "inline", 1), len(texts)))
         for workers in WORKERS:
-            runs[workers].append(measure(reference(corpus, tok_path, "threads", workers)))
-    cpu_per_doc = statistics.median(inline_cpu)
-    native_per_doc = statistics.median(native)
-    # The inline runner does all of the engine's Python work on the calling thread, while
-    # the tokenizer's native work runs on its own thread pool: the calling thread's CPU is
-    # the serial, GIL-bound part (including turning encodings into Python objects).
-    gil = max(statistics.median(serial), 1e-9)
-    cores = os.cpu_count() or 1
-    rows = []
-    for workers in WORKERS:
-        got = runs[workers]
-        rate = statistics.median(g[2] / g[0] for g in got)
-        ceiling = 1 / max(gil, cpu_per_doc / workers)
-        rows.append(
-            {
-                "workers_or_cores": workers,
-                "measured_docs_per_s": round(rate),
-                "measured_tokens_per_s": round(statistics.median(g[3] / g[0] for g in got)),
-                "cpu_us_per_doc": round(statistics.median(g[1] / g[2] for g in got) * 1e6, 1),
-                "projected_docs_per_s": round(ceiling),
-                "projection_bound": "GIL" if gil >= cpu_per_doc / workers else "cores",
-                "on_this_machine": "yes" if workers <= cores else "projection",
-            }
-        )
+            for runner in ("threads", "process"):
+                runs[(runner, workers)].append(
+                    measure(reference(corpus, tok_path, runner, workers), len(texts))
+                )
+    rows = table(runs, inline)
+    cpu_per_doc = median(r.cpu / r.docs for r in inline)
+    gil = max(median(r.own / r.docs for r in inline), 1e-9)
+    process = [r for w in WORKERS for r in runs[("process", w)]]
     per_doc = {
         "inline_cpu_us_per_doc": round(cpu_per_doc * 1e6, 1),
-        "native_us_per_doc": round(native_per_doc * 1e6, 1),
+        "native_us_per_doc": round(median(native) * 1e6, 1),
         "gil_us_per_doc": round(gil * 1e6, 1),
         "gil_bound_docs_per_s": round(1 / gil),
         "cores_at_gil_bound": round(cpu_per_doc / gil, 1),
+        "process_engine_us_per_doc": round(median(r.cpu / r.docs for r in process) * 1e6, 1),
     }
     facts = "  ".join(f"{k}: {v}" for k, v in per_doc.items())
-    print(f"cores: {cores}  docs: {args.docs}  {facts}")
-    cols = list(rows[0])
-    print_table(rows, cols, "scaling", **per_doc)
+    print(f"cores: {os.cpu_count() or 1}  docs: {args.docs}  {facts}")
+    print_table(rows, list(rows[0]), "scaling", **per_doc)
 
 
 if __name__ == "__main__":
