@@ -72,6 +72,14 @@ def comm_of(pid: int) -> str:
         return ""
 
 
+def cmdline_of(pid: int) -> str:
+    """The command line of ``pid``, arguments joined by spaces ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
 def workers_of(pid: int) -> list[int]:
     """zephon's process workers below ``pid`` (forked by its forkserver, named by themselves)."""
     return [p for p in descendants_of(pid) if comm_of(p).startswith("zephon-worker")]

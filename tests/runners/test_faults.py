@@ -11,6 +11,7 @@ import pytest
 
 from tests.engine._sources import RangeSource
 from tests.runners._faulty import KillWorkerOp
+from tests.runners._leaks import children_of, cmdline_of, wait_gone
 from tests.runners._pipes import digest, key
 from zephon import Dataset, Pipeline
 from zephon._engine.pools import ProcessWorkerPool, WorkerCrashedError
@@ -62,6 +63,38 @@ def test_kill_9_of_every_worker_from_outside_mid_run(docs, tmp_path):
             respawns = fleets
     assert got == expected
     assert sum(f.respawns for f in respawns) >= 1
+
+
+def forkservers() -> list[int]:
+    """This process's forkservers (the parents of its process workers)."""
+    return [pid for pid in children_of(os.getpid()) if "forkserver" in cmdline_of(pid)]
+
+
+@pytest.mark.timeout(90)
+def test_kill_9_of_the_forkserver_then_of_every_worker_mid_run(docs, tmp_path):
+    """Running workers outlive their forkserver; the respawns start a new one."""
+    op = KillWorkerOp(tmp_path / "unused", victim=-1)
+    expected = digest(faulty(docs, op, "inline"))
+    pipe = faulty(docs, op, "process", queue_size=2)
+    got = []
+    servers: list[int] = []
+    for item in pipe:
+        got.append(key(item))
+        if len(got) == 1:
+            servers = forkservers()
+            assert len(servers) == 1
+            os.kill(servers[0], signal.SIGKILL)
+            assert wait_gone(servers, timeout=30) == []
+        if len(got) == 3:  # the workers went on serving without their server
+            engine = pipe._engine
+            assert engine is not None
+            fleets = {p.fleet for p in engine._pools if isinstance(p, ProcessWorkerPool)}
+            for fleet in fleets:
+                for pid in fleet.pids():
+                    os.kill(pid, signal.SIGKILL)
+    assert got == expected
+    assert sum(f.respawns for f in fleets) >= 1
+    assert len(forkservers()) == 1 and forkservers() != servers
 
 
 @pytest.mark.timeout(60)
