@@ -42,27 +42,31 @@ def test_killed_process_worker_is_respawned_and_output_identical(docs, tmp_path,
     assert got == expected
 
 
+def kill_every_worker(pipe: Pipeline) -> set[Any]:
+    """SIGKILL every process worker of ``pipe``'s running engine; returns its fleets."""
+    engine = pipe._engine
+    assert engine is not None
+    fleets = {p.fleet for p in engine._pools if isinstance(p, ProcessWorkerPool)}
+    killed = [pid for fleet in fleets for pid in fleet.pids()]
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    assert killed
+    return fleets
+
+
 @pytest.mark.timeout(90)
 def test_kill_9_of_every_worker_from_outside_mid_run(docs, tmp_path):
     op = KillWorkerOp(tmp_path / "unused", victim=-1)
     expected = digest(faulty(docs, op, "inline"))
     pipe = faulty(docs, op, "process", queue_size=2)
     got = []
-    killed: list[int] = []
+    fleets: set[Any] = set()
     for item in pipe:
         got.append(key(item))
-        if not killed:
-            engine = pipe._engine
-            assert engine is not None
-            fleets = {p.fleet for p in engine._pools if isinstance(p, ProcessWorkerPool)}
-            for fleet in fleets:
-                for pid in fleet.pids():
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-            assert killed
-            respawns = fleets
+        if not fleets:
+            fleets = kill_every_worker(pipe)
     assert got == expected
-    assert sum(f.respawns for f in respawns) >= 1
+    assert sum(f.respawns for f in fleets) >= 1
 
 
 def forkservers() -> list[int]:
@@ -78,6 +82,7 @@ def test_kill_9_of_the_forkserver_then_of_every_worker_mid_run(docs, tmp_path):
     pipe = faulty(docs, op, "process", queue_size=2)
     got = []
     servers: list[int] = []
+    fleets: set[Any] = set()
     for item in pipe:
         got.append(key(item))
         if len(got) == 1:
@@ -86,12 +91,7 @@ def test_kill_9_of_the_forkserver_then_of_every_worker_mid_run(docs, tmp_path):
             os.kill(servers[0], signal.SIGKILL)
             assert wait_gone(servers, timeout=30) == []
         if len(got) == 3:  # the workers went on serving without their server
-            engine = pipe._engine
-            assert engine is not None
-            fleets = {p.fleet for p in engine._pools if isinstance(p, ProcessWorkerPool)}
-            for fleet in fleets:
-                for pid in fleet.pids():
-                    os.kill(pid, signal.SIGKILL)
+            fleets = kill_every_worker(pipe)
     assert got == expected
     assert sum(f.respawns for f in fleets) >= 1
     assert len(forkservers()) == 1 and forkservers() != servers
