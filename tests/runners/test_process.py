@@ -5,6 +5,8 @@ from __future__ import annotations
 import mmap
 import multiprocessing
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +189,21 @@ def test_workers_see_the_environment_the_engine_has_when_they_get_their_operator
         assert marks == {("after", None, "3")}
     finally:
         shutdown_idle_workers()
+
+
+@pytest.mark.timeout(120)
+def test_a_process_forked_after_a_pool_ran_starts_workers_of_its_own() -> None:
+    """A DataLoader worker forked from a training process that used the process runner."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.runners._fork_after_pool"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def explode_on_30(payload: dict[str, Any]) -> dict[str, Any]:

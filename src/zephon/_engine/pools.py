@@ -210,13 +210,23 @@ def worker_context() -> ForkServerContext | SpawnContext:
 
     ``forkserver`` with zephon, numpy and tokenizers preloaded: the server pays the interpreter
     start and the imports once per engine process, and each worker is a fork of it. Platforms
-    without a forkserver spawn every worker.
+    without a forkserver spawn every worker, and so does a process forked (``os.fork``, a
+    DataLoader worker) from one that may have started a forkserver: it inherits the handle of
+    a server that is not its child, which multiprocessing cannot use from there.
     """
+    global _SERVER_OWNER
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
+    if _SERVER_OWNER not in (None, os.getpid()):
+        return multiprocessing.get_context("spawn")
+    _SERVER_OWNER = os.getpid()
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(_PRELOAD)
     return context
+
+
+#: The process that asked for the forkserver context (so may own the server), if any.
+_SERVER_OWNER: int | None = None
 
 
 #: Imported once by the forkserver, so forked workers start with them (not ``__main__``: a
