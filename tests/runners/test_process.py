@@ -192,8 +192,9 @@ def test_workers_see_the_environment_the_engine_has_when_they_get_their_operator
 
 
 @pytest.mark.timeout(120)
-def test_a_process_forked_after_a_pool_ran_starts_workers_of_its_own() -> None:
-    """A DataLoader worker forked from a training process that used the process runner."""
+def test_processes_forked_after_a_pool_ran_start_workers_of_their_own() -> None:
+    """DataLoader workers forked from a training process that used the process runner and
+    kept its workers: neither the forkserver nor the idle workers are theirs to use."""
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
         [sys.executable, "-m", "tests.runners._fork_after_pool"],

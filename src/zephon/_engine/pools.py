@@ -356,6 +356,21 @@ def shutdown_idle_workers() -> None:
 atexit.register(shutdown_idle_workers)
 
 
+def _forget_inherited_workers() -> None:
+    """In a forked child: the idle workers and their pipes belong to the parent. Reusing one
+    would share its pipe with the parent (and sibling forks); stopping them at exit would stop
+    the parent's."""
+    global _IDLE_LOCK
+    _IDLE_LOCK = threading.Lock()  # another thread of the parent may have held it
+    for _, conn in _IDLE:
+        with contextlib.suppress(OSError):
+            conn.close()  # this process's copy of the descriptor only
+    _IDLE.clear()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_workers)
+
+
 class _SetupFailed(Exception):
     """An operator's ``setup`` raised in a worker (not a crash: respawning would not help)."""
 
