@@ -54,11 +54,15 @@ def kill_every_worker(pipe: Pipeline) -> set[Any]:
     return fleets
 
 
+def killed_from_outside(docs: list[dict[str, Any]], tmp_path: Any) -> tuple[list[Any], Pipeline]:
+    """The inline reference and a process pipeline whose operator kills nothing itself."""
+    op = KillWorkerOp(tmp_path / "unused", victim=-1)
+    return digest(faulty(docs, op, "inline")), faulty(docs, op, "process", queue_size=2)
+
+
 @pytest.mark.timeout(90)
 def test_kill_9_of_every_worker_from_outside_mid_run(docs, tmp_path):
-    op = KillWorkerOp(tmp_path / "unused", victim=-1)
-    expected = digest(faulty(docs, op, "inline"))
-    pipe = faulty(docs, op, "process", queue_size=2)
+    expected, pipe = killed_from_outside(docs, tmp_path)
     got = []
     fleets: set[Any] = set()
     for item in pipe:
@@ -77,9 +81,7 @@ def forkservers() -> list[int]:
 @pytest.mark.timeout(90)
 def test_kill_9_of_the_forkserver_then_of_every_worker_mid_run(docs, tmp_path):
     """Running workers outlive their forkserver; the respawns start a new one."""
-    op = KillWorkerOp(tmp_path / "unused", victim=-1)
-    expected = digest(faulty(docs, op, "inline"))
-    pipe = faulty(docs, op, "process", queue_size=2)
+    expected, pipe = killed_from_outside(docs, tmp_path)
     got = []
     servers: list[int] = []
     fleets: set[Any] = set()
