@@ -105,25 +105,39 @@ def ceiling(serial: float, total: float, cores: int) -> tuple[float, str]:
     return 1 / max(serial, total / cores), "GIL" if serial >= total / cores else "cores"
 
 
-def table(runs: dict[tuple[str, int], list[Run]], inline: list[Run]) -> list[dict[str, Any]]:
-    """A row per worker count: measured here, and the ceilings projected for that many cores.
+class Costs(NamedTuple):
+    """CPU seconds per document that the projections divide by.
 
     Threads: the calling thread of the inline runner does all of the engine's Python work
     while the tokenizer's native work runs on its own pool, so its CPU is the serial part.
     Process: the engine process does no tokenizing; all of its CPU counts as serial, and the
     workers' CPU divides over the cores.
     """
-    cpu_per_doc = median(r.cpu / r.docs for r in inline)
-    gil = median(r.own / r.docs for r in inline)
+
+    inline_cpu: float  # the inline pipeline, every thread
+    gil: float  # the thread that runs the inline pipeline
+    engine: float  # the process runner's engine process
+    process_cpu: float  # the process runner's engine and workers together
+
+
+def costs(runs: dict[tuple[str, int], list[Run]], inline: list[Run]) -> Costs:
     process = [r for w in WORKERS for r in runs[("process", w)]]
-    parent = median(r.cpu / r.docs for r in process)
-    total = median((r.cpu + r.others) / r.docs for r in process)
+    return Costs(
+        inline_cpu=median(r.cpu / r.docs for r in inline),
+        gil=max(median(r.own / r.docs for r in inline), 1e-9),
+        engine=median(r.cpu / r.docs for r in process),
+        process_cpu=median((r.cpu + r.others) / r.docs for r in process),
+    )
+
+
+def table(runs: dict[tuple[str, int], list[Run]], cost: Costs) -> list[dict[str, Any]]:
+    """A row per worker count: measured here, and the ceilings projected for that many cores."""
     cores = os.cpu_count() or 1
     rows = []
     for workers in WORKERS:
         threads, procs = runs[("threads", workers)], runs[("process", workers)]
-        threads_ceiling, threads_bound = ceiling(gil, cpu_per_doc, workers)
-        process_ceiling, process_bound = ceiling(parent, total, workers)
+        threads_ceiling, threads_bound = ceiling(cost.gil, cost.inline_cpu, workers)
+        process_ceiling, process_bound = ceiling(cost.engine, cost.process_cpu, workers)
         rows.append(
             {
                 "workers_or_cores": workers,
@@ -168,17 +182,15 @@ def main() -> None:
                 runs[(runner, workers)].append(
                     measure(reference(corpus, tok_path, runner, workers), len(texts))
                 )
-    rows = table(runs, inline)
-    cpu_per_doc = median(r.cpu / r.docs for r in inline)
-    gil = max(median(r.own / r.docs for r in inline), 1e-9)
-    process = [r for w in WORKERS for r in runs[("process", w)]]
+    cost = costs(runs, inline)
+    rows = table(runs, cost)
     per_doc = {
-        "inline_cpu_us_per_doc": round(cpu_per_doc * 1e6, 1),
+        "inline_cpu_us_per_doc": round(cost.inline_cpu * 1e6, 1),
         "native_us_per_doc": round(median(native) * 1e6, 1),
-        "gil_us_per_doc": round(gil * 1e6, 1),
-        "gil_bound_docs_per_s": round(1 / gil),
-        "cores_at_gil_bound": round(cpu_per_doc / gil, 1),
-        "process_engine_us_per_doc": round(median(r.cpu / r.docs for r in process) * 1e6, 1),
+        "gil_us_per_doc": round(cost.gil * 1e6, 1),
+        "gil_bound_docs_per_s": round(1 / cost.gil),
+        "cores_at_gil_bound": round(cost.inline_cpu / cost.gil, 1),
+        "process_engine_us_per_doc": round(cost.engine * 1e6, 1),
     }
     facts = "  ".join(f"{k}: {v}" for k, v in per_doc.items())
     print(f"cores: {os.cpu_count() or 1}  docs: {args.docs}  {facts}")
