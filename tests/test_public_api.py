@@ -117,8 +117,16 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.testing": _names(
         "CheckReport OperatorCheckError check_operator item_key run_with_stops"
     ),
-    "zephon.torch_data": _names("PipelineDataset"),
-    "zephon.training": _names("TOKEN_FIELDS TrainingOptions to_training training_arrays"),
+    "zephon.torch_data": _names("PipelineDataset ROWS_STATE_FORMAT hf_tensors worker_pipeline"),
+    "zephon.torch_loader": _names("LOADER_STATE_FORMAT PipelineDataLoader merge_loader_states"),
+    "zephon.training": _names(
+        "CONVENTIONS TOKEN_FIELDS TrainingOptions to_training training_arrays"
+    ),
+    "zephon.integrations": _names(""),
+    "zephon.integrations.accelerate": _names("DataState prepare_pipeline"),
+    "zephon.integrations.transformers": _names(
+        "DATA_STATE_NAME PreemptionCallback ZephonTrainer latest_complete_checkpoint"
+    ),
     "zephon.types": _names(
         "ChunkId ChunkOffset ContributorRef LaneId LineagePath RESERVED_TAGS SampleBatch "
         "SampleCursor SampleId SampleMeta SampleRecord StreamItem TAG_BOUNDARY_CID "

@@ -538,15 +538,19 @@ class Pipeline:
         self._engine = None
         return self
 
-    def to_torch_dataset(self, transform: Callable[[Any], Any] | None = None) -> Any:
+    def to_torch_dataset(
+        self, transform: Callable[[Any], Any] | None = None, *, rows: bool = False
+    ) -> Any:
         """A torch ``IterableDataset`` with ``state_dict``/``load_state_dict`` (needs torch).
 
         Use it with ``torchdata.stateful_dataloader.StatefulDataLoader(ds, batch_size=None,
         collate_fn=...)``; ``transform`` converts each item (e.g. ``SampleBatch.to_training``).
+        ``rows=True`` yields single rows of each transformed batch (by default Hugging Face
+        tensors, ``to_training(convention="hf")``) for a DataLoader that batches itself.
         """
         from zephon.torch_data import PipelineDataset
 
-        return PipelineDataset(self, transform)
+        return PipelineDataset(self, transform, rows=rows)
 
     def stats(self) -> RunStats | None:
         """Live statistics of the current (or last) iteration: totals, per-operator

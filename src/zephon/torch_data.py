@@ -5,11 +5,17 @@ It works as the dataset of a plain ``torch.utils.data.DataLoader`` and of torchd
 dataset has yielded, and ``load_state_dict()`` restores it before the next iteration. With
 DataLoader workers, each worker runs a disjoint subset of the rank's lanes (so the number of
 lanes per rank must divide by the number of workers); torch is imported lazily and is optional.
+
+``rows=True`` yields single rows instead of the pipeline's batches, for frameworks that batch
+themselves (a DataLoader with ``batch_size``, Hugging Face ``Trainer``): the state is still taken
+per pipeline batch, plus how many of its rows were already yielded.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -25,57 +31,151 @@ except ImportError:  # pragma: no cover - exercised when torch is absent
     IterableDataset = object  # type: ignore[misc,assignment]
     get_worker_info = None  # type: ignore[assignment]
 
-__all__ = ["PipelineDataset"]
+__all__ = ["ROWS_STATE_FORMAT", "PipelineDataset", "hf_tensors", "worker_pipeline"]
+
+ROWS_STATE_FORMAT = "zephon-rows-state"
+# Keys of to_training's output that describe the whole batch, not one row.
+_BATCH_LEVEL_KEYS = frozenset({"cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k"})
+
+
+def worker_pipeline(pipeline: Pipeline, worker_id: int, num_workers: int) -> Pipeline:
+    """The view of ``pipeline`` that DataLoader worker ``worker_id`` of ``num_workers`` runs.
+
+    Its lanes are a disjoint share of the rank's lanes under the same mapping (a sub-rank of a
+    world ``num_workers`` times larger), so the workers together deliver each lane once.
+    """
+    if num_workers <= 1:
+        return pipeline
+    opts = pipeline.runtime_options
+    lanes_per_rank = opts.canonical_replicas // opts.dp_world_size
+    if lanes_per_rank % num_workers:
+        raise ConfigError(
+            f"{num_workers} DataLoader workers cannot split the {lanes_per_rank} lanes of this "
+            "rank evenly; use a worker count that divides it"
+        )
+    if opts.mapping == "contiguous":
+        sub_rank = opts.dp_rank * num_workers + worker_id
+    else:
+        sub_rank = opts.dp_rank + opts.dp_world_size * worker_id
+    return copy.copy(pipeline).options(
+        runner="inline" if opts.runner == "process" else opts.runner,
+        dp_rank=sub_rank,
+        dp_world_size=opts.dp_world_size * num_workers,
+    )
+
+
+def hf_tensors(item: Any) -> dict[str, Any]:
+    """A batch as Hugging Face causal-LM tensors (``to_training(convention="hf")``): the default
+    transform of ``rows=True`` and of the framework integrations."""
+    return dict(item.to_training(convention="hf", return_tensors="pt"))
+
+
+def _split_rows(out: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One dict per row of a transformed batch; batch-level keys and scalars are dropped."""
+    per_row = {
+        k: v for k, v in out.items() if k not in _BATCH_LEVEL_KEYS and getattr(v, "ndim", 0) >= 1
+    }
+    if not per_row:
+        raise ConfigError("rows=True: the transform returned no per-row arrays to split")
+    count = len(next(iter(per_row.values())))
+    return [{k: v[i] for k, v in per_row.items()} for i in range(count)]
+
+
+def _refuse_accelerate_resharding(pipeline: Pipeline) -> None:
+    """Raise when accelerate shards or dispatches a pipeline that already holds one rank's lanes.
+
+    accelerate's wrappers for iterable datasets assume every process reads the same stream;
+    a zephon pipeline built with ``dp_rank`` reads only its own lanes, so they would drop or
+    repeat lanes without a word.
+    """
+    opts = pipeline.runtime_options
+    if opts.dp_world_size <= 1 or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__") == "accelerate.data_loader":
+            raise ConfigError(
+                f"accelerate is sharding or dispatching a zephon pipeline that already holds only "
+                f"rank {opts.dp_rank}'s lanes (dp_world_size={opts.dp_world_size}), so lanes "
+                "would be dropped or repeated; use zephon.integrations.transformers.ZephonTrainer"
+                " with Trainer, or zephon.integrations.accelerate.prepare_pipeline instead of "
+                "Accelerator.prepare"
+            )
+        frame = frame.f_back  # type: ignore[assignment]
 
 
 class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
     """Yields the pipeline's items (or ``transform(item)``), resumable via state_dict."""
 
-    def __init__(self, pipeline: Pipeline, transform: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        transform: Callable[[Any], Any] | None = None,
+        *,
+        rows: bool = False,
+    ) -> None:
         if get_worker_info is None:
             require("torch", "to_torch_dataset")
         self.pipeline = pipeline
-        self.transform = transform
+        self.rows = rows
+        self.transform = hf_tensors if rows and transform is None else transform
         self._worker_pipeline: Pipeline | None = None
         self._pending: Mapping[str, Any] | None = None
+        self._batch_start: dict[str, Any] | None = None  # rows: checkpoint before the batch
+        self._rows_taken = 0  # rows: rows of the current batch already yielded
 
     def _pipeline_for_worker(self) -> Pipeline:
         info = get_worker_info() if get_worker_info is not None else None
         if info is None or info.num_workers == 1:
             return self.pipeline
         if self._worker_pipeline is None:
-            opts = self.pipeline.runtime_options
-            lanes_per_rank = opts.canonical_replicas // opts.dp_world_size
-            if lanes_per_rank % info.num_workers:
-                raise ConfigError(
-                    f"{info.num_workers} DataLoader workers cannot split the {lanes_per_rank} "
-                    "lanes of this rank evenly; use a worker count that divides it"
-                )
-            # Sub-ranks whose lanes partition this rank's lanes under the same mapping.
-            if opts.mapping == "contiguous":
-                sub_rank = opts.dp_rank * info.num_workers + info.id
-            else:
-                sub_rank = opts.dp_rank + opts.dp_world_size * info.id
-            pipe = copy.copy(self.pipeline)
-            pipe.options(
-                runner="inline" if opts.runner == "process" else opts.runner,
-                dp_rank=sub_rank,
-                dp_world_size=opts.dp_world_size * info.num_workers,
-            )
-            self._worker_pipeline = pipe
+            self._worker_pipeline = worker_pipeline(self.pipeline, info.id, info.num_workers)
         return self._worker_pipeline
 
     def __iter__(self) -> Iterator[Any]:
         pipe = self._pipeline_for_worker()
-        if self._pending is not None:
-            pipe.restore(self._pending)
-            self._pending = None
+        _refuse_accelerate_resharding(pipe)
+        pending, self._pending = self._pending, None
+        skip = 0
+        if pending is not None and pending.get("format") == ROWS_STATE_FORMAT:
+            skip = int(pending["rows_taken"])
+            pending = pending["checkpoint"]
+        if pending is not None:
+            pipe.restore(pending)
+        if self.rows:
+            return self._iter_rows(pipe, skip)
+        return self._iter_items(pipe)
+
+    def _iter_items(self, pipe: Pipeline) -> Iterator[Any]:
         transform = self.transform
         for item in pipe:
             yield item if transform is None else transform(item)
 
+    def _iter_rows(self, pipe: Pipeline, skip: int) -> Iterator[Any]:
+        assert self.transform is not None
+        self._batch_start, self._rows_taken = pipe.checkpoint(), skip
+        for item in pipe:
+            rows = _split_rows(self.transform(item))
+            after = pipe.checkpoint()
+            for index in range(skip, len(rows)):
+                if index == len(rows) - 1:  # the batch is used up: no rows to skip on restore
+                    self._batch_start, self._rows_taken = after, 0
+                else:
+                    self._rows_taken = index + 1
+                yield rows[index]
+            skip = 0
+            self._batch_start, self._rows_taken = after, 0
+
     def state_dict(self) -> dict[str, Any]:
-        return self._pipeline_for_worker().checkpoint()
+        if self._pending is not None:  # loaded and not iterated since: that is the position
+            return dict(self._pending)
+        if not self.rows:
+            return self._pipeline_for_worker().checkpoint()
+        start = self._batch_start
+        if start is None:  # not iterated yet
+            start = self._pipeline_for_worker().checkpoint()
+        return {"format": ROWS_STATE_FORMAT, "checkpoint": start, "rows_taken": self._rows_taken}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._pending = state
+        self._batch_start, self._rows_taken = None, 0

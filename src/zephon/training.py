@@ -6,11 +6,28 @@ Works on flat packed records (``pack_flat``: equal-length rows with ``positions`
 
 Returned keys (numpy arrays, or torch tensors with ``return_tensors="pt"``):
 
+Two conventions (``convention=``):
+
+* ``"shifted"`` (default; Megatron and torchtitan style) returns the keys below.
+* ``"hf"`` returns what Hugging Face causal LMs expect, which shift the labels themselves:
+  ``input_ids``, unshifted int64 ``labels`` (``ignore_index`` on padding, on loss-masked tokens
+  and on the first token of every document and row, so that after the model's own shift no
+  target crosses a document boundary), ``position_ids`` restarting at each document, and the
+  flash-attention varlen keys of ``transformers.DataCollatorWithFlattening``
+  (``cu_seq_lens_q``/``cu_seq_lens_k`` int32 over the flattened ``B*S`` tokens,
+  ``max_length_q``/``max_length_k``). There is no ``attention_mask``: with none, and no KV cache,
+  transformers derives a block-diagonal causal mask from ``position_ids``, so packed documents
+  do not attend to each other under every attention implementation. ``use_cache=False`` is part
+  of the inputs because a model that builds a cache (its config's default) skips that mask.
+
+Keys of ``"shifted"``:
+
 * ``input_ids`` ``[B, S]`` and ``labels`` ``[B, S]``. With ``shift_labels=True`` (default)
   ``labels[:, t]`` is the token at ``t + 1``: the label of the last column, of padding, of the
   last token of each document (its successor belongs to another document) and of tokens whose
   target has ``loss_mask == 0`` is ``ignore_index``. With ``shift_labels=False`` labels are the
-  inputs with the same masking, for models that shift internally.
+  inputs with the same masking expressed for models that shift internally: the first token of
+  each document and row is ``ignore_index`` (it is no document's target).
 * ``positions`` ``[B, S]``: restart at 0 per document (``position_mode="document"``) or run
   0..S-1 (``"sequence"``).
 * ``loss_mask`` ``[B, S]`` float32: 1 where the label counts.
@@ -35,9 +52,10 @@ from zephon.types import TAG_PACKING
 if TYPE_CHECKING:
     from zephon.types import SampleBatch, SampleRecord
 
-__all__ = ["TOKEN_FIELDS", "TrainingOptions", "to_training", "training_arrays"]
+__all__ = ["CONVENTIONS", "TOKEN_FIELDS", "TrainingOptions", "to_training", "training_arrays"]
 
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
+CONVENTIONS = ("shifted", "hf")
 
 
 def _tokens_field(payload: Any, tokens_field: str) -> str:
@@ -86,8 +104,13 @@ class TrainingOptions:
     extra_fields: Sequence[str] = ()
     dtype: Any = np.int64
     return_tensors: Literal["np", "pt"] = "np"
+    convention: Literal["shifted", "hf"] = "shifted"
 
     def __post_init__(self) -> None:
+        if self.convention not in CONVENTIONS:
+            raise ConfigError(
+                f"to_training: convention must be 'shifted' or 'hf', got {self.convention!r}"
+            )
         if self.position_mode not in ("document", "sequence"):
             raise ConfigError(
                 "to_training: position_mode must be 'document' or 'sequence', got "
@@ -157,7 +180,10 @@ def _labels(
     field = opts.loss_mask_field
     if field and field in rows.records[0].payload:
         valid &= rows.stacked(field, 0, np.float32) != 0
-    if not opts.shift_labels:
+    if not opts.shift_labels or opts.convention == "hf":
+        valid[:, 0] = False  # a row's first token is nobody's target once the model shifts
+        if opts.mask_document_boundaries:
+            valid[:, 1:] &= doc_ids[:, 1:] == doc_ids[:, :-1]
         labels = np.where(valid, input_ids, opts.ignore_index).astype(input_ids.dtype)
         return labels, valid
     labels = np.full_like(input_ids, opts.ignore_index)
@@ -201,7 +227,11 @@ def training_arrays(batch: SampleBatch, opts: TrainingOptions) -> dict[str, Any]
         positions_out = positions.astype(np.int64)
     labels, loss_mask = _labels(rows, doc_ids, opts)
     cu_seqlens, max_seqlen = _segments(positions)
-    out: dict[str, Any] = {
+    if opts.convention == "hf":
+        out = _hf_arrays(rows.input_ids, labels, positions_out, cu_seqlens, max_seqlen)
+        _add_extra_fields(out, rows, opts)
+        return _convert(out, opts)
+    out = {
         "input_ids": rows.input_ids,
         "labels": labels,
         "positions": positions_out,
@@ -213,11 +243,39 @@ def training_arrays(batch: SampleBatch, opts: TrainingOptions) -> dict[str, Any]
         "max_seqlen": max_seqlen,
         "num_valid_tokens": int(loss_mask.sum()),
     }
-    payload0 = records[0].payload
+    _add_extra_fields(out, rows, opts)
+    return _convert(out, opts)
+
+
+def _hf_arrays(
+    input_ids: np.ndarray,
+    labels: np.ndarray,
+    positions: np.ndarray,
+    cu_seqlens: np.ndarray,
+    max_seqlen: int,
+) -> dict[str, Any]:
+    """The keys of ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``, per row."""
+    return {
+        "input_ids": input_ids.astype(np.int64, copy=False),
+        "labels": labels.astype(np.int64, copy=False),
+        "position_ids": positions,
+        "cu_seq_lens_q": cu_seqlens,
+        "cu_seq_lens_k": cu_seqlens,
+        "max_length_q": max_seqlen,
+        "max_length_k": max_seqlen,
+        "use_cache": False,
+    }
+
+
+def _add_extra_fields(out: dict[str, Any], rows: _Rows, opts: TrainingOptions) -> None:
+    payload0 = rows.records[0].payload
     for field in opts.extra_fields:
         if field not in payload0:
             raise MissingFieldError(f"to_training: extra field {field!r} is not in the payload")
         out[field] = rows.stacked(field, 0, np.asarray(payload0[field]).dtype)
+
+
+def _convert(out: dict[str, Any], opts: TrainingOptions) -> dict[str, Any]:
     if opts.return_tensors == "pt":
         return _to_torch(out)
     if opts.return_tensors != "np":

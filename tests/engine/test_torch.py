@@ -9,6 +9,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline
+from zephon.errors import ConfigError
 from zephon.types import SampleBatch
 
 ROWS = [{"id": i, "text": f"row {i} " * (1 + i % 4)} for i in range(240)]
@@ -64,3 +65,42 @@ def test_stateful_dataloader_resumes_exactly(workers: int):
     resumed = loader()
     resumed.load_state_dict(state)
     assert list(resumed) == rest
+
+
+def row_ids(batch: SampleBatch) -> dict[str, Any]:
+    """Per row: its sample index, as an array the DataLoader's collator stacks."""
+    import numpy as np
+
+    return {
+        "index": np.array([sid[2] for sid in batch.ids]),
+        "lane": np.full(len(batch), batch.lane_id),
+    }
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_rows_batch_by_the_loader_and_resume_inside_a_pipeline_batch(workers: int):
+    def loader() -> StatefulDataLoader:
+        dataset = build().to_torch_dataset(transform=row_ids, rows=True)
+        return StatefulDataLoader(dataset, batch_size=3, num_workers=workers)
+
+    def flat(batches: list[dict[str, Any]]) -> list[tuple[int, int]]:
+        return [(int(ln), int(i)) for b in batches for ln, i in zip(b["lane"], b["index"])]
+
+    dl = loader()
+    it = iter(dl)
+    head = [next(it) for _ in range(5)]  # 15 rows: 3 batches of 4, and 3 of the fourth
+    assert all(len(b["index"]) == 3 for b in head)
+    state = dl.state_dict()
+    rest = list(it)
+    every_row = sorted((b.lane_id, sid[2]) for b in build() for sid in b.ids)
+    assert sorted(flat(head) + flat(rest)) == every_row  # each row once
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert flat(list(resumed)) == flat(rest)
+
+
+def test_rows_without_per_row_arrays_are_refused():
+    dataset = build().to_torch_dataset(transform=lambda b: {"n": len(b)}, rows=True)
+    with pytest.raises(ConfigError, match="no per-row arrays"):
+        next(iter(dataset))

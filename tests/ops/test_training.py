@@ -46,7 +46,8 @@ def test_labels_are_shifted_and_masked():
 
 def test_unshifted_labels_and_sequence_positions():
     t = packed_batch().to_training(shift_labels=False, position_mode="sequence", ignore_index=-1)
-    assert t["labels"].tolist() == [[1, 2, 3, 4, -1, 6, 7, -1, -1, -1]]
+    # the first token of each document is nobody's target; 5 has loss_mask 0
+    assert t["labels"].tolist() == [[-1, 2, 3, -1, -1, 6, 7, -1, -1, -1]]
     assert t["positions"].tolist() == [list(range(10))]
     assert t["cu_seqlens"].tolist() == [0, 3, 7, 10]  # still the document boundaries
 
@@ -93,3 +94,82 @@ def test_envelopes_and_torch_requests_fail_clearly():
     else:
         t = packed_batch().to_training(return_tensors="pt")
         assert tuple(t["input_ids"].shape) == (1, 10)
+
+
+# -- convention="hf" -----------------------------------------------------------------------
+
+
+def test_hf_labels_are_unshifted_and_mask_each_document_start():
+    t = packed_batch().to_training(convention="hf")
+    ig = -100
+    assert t["input_ids"].tolist() == [[1, 2, 3, 4, 5, 6, 7, 0, 0, 0]]
+    # 1 and 4 start documents, 5 has loss_mask 0, the last three are padding
+    assert t["labels"].tolist() == [[ig, 2, 3, ig, ig, 6, 7, ig, ig, ig]]
+    assert t["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2, 3, 0, 1, 2]]
+    assert t["cu_seq_lens_q"].tolist() == t["cu_seq_lens_k"].tolist() == [0, 3, 7, 10]
+    assert t["max_length_q"] == t["max_length_k"] == 4 and t["use_cache"] is False
+    assert "attention_mask" not in t and t["labels"].dtype == np.int64
+    # after the model's own shift the targets are exactly the shifted convention's
+    shifted = packed_batch().to_training()
+    assert t["labels"][:, 1:].tolist() == shifted["labels"][:, :-1].tolist()
+
+
+def packed_rows(docs: list[list[int]], width: int, rows: list[list[int]]) -> SampleBatch:
+    """A pack_flat-like batch: row r holds the documents ``rows[r]``, right-padded to ``width``."""
+    records = []
+    for r, members in enumerate(rows):
+        ids = [t for d in members for t in docs[d]]
+        doc_ids = [k for k, d in enumerate(members) for _ in docs[d]]
+        positions = [i for d in members for i in range(len(docs[d]))]
+        pad = width - len(ids)
+        payload = {
+            "input_ids": np.array(ids + [0] * pad),
+            "document_ids": np.array(doc_ids + [-1] * pad),
+            "positions": np.array(positions + list(range(pad))),
+        }
+        meta = SampleMeta((0, 0, r), 0, 0, r, (), 0, None, {TAG_PACKING: {"padding_length": pad}})
+        records.append(SampleRecord(meta, payload))
+    return SampleBatch(records)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_hf_matches_transformers_data_collator_with_flattening(seed: int):
+    from transformers import DataCollatorWithFlattening
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 9, size=int(rng.integers(1, 6)))
+    docs = [rng.integers(1, 250, size=n).tolist() for n in lengths]
+    ours = packed_rows(docs, int(lengths.sum()), [list(range(len(docs)))]).to_training(
+        convention="hf", return_tensors="pt"
+    )
+    theirs = DataCollatorWithFlattening(return_flash_attn_kwargs=True)(
+        [{"input_ids": d} for d in docs]
+    )
+    assert set(theirs) <= set(ours)
+    for key, value in theirs.items():
+        assert np.asarray(ours[key]).tolist() == np.asarray(value).tolist(), key
+        assert getattr(ours[key], "dtype", None) == getattr(value, "dtype", None), key
+
+
+def test_hf_loss_of_a_real_llama_equals_the_per_document_loss():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).double().eval()
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(1, 64, size=n).tolist() for n in (5, 7, 4, 9, 3)]
+    batch = packed_rows(docs, 16, [[0, 1, 2], [3, 4]])  # the second row has 4 padding tokens
+    with torch.no_grad():
+        packed = model(**batch.to_training(convention="hf", return_tensors="pt")).loss
+        total, count = 0.0, 0
+        for doc in docs:  # each document alone: no packing, no padding
+            ids = torch.tensor([doc])
+            logits = model(input_ids=ids).logits[0].float()
+            total += torch.nn.functional.cross_entropy(logits[:-1], ids[0, 1:], reduction="sum")
+            count += len(doc) - 1
+    assert torch.allclose(packed, total / count, rtol=1e-6, atol=0)

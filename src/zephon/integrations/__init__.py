@@ -1,0 +1,13 @@
+"""Adapters for training frameworks, thin layers over
+:class:`zephon.torch_loader.PipelineDataLoader`.
+
+- :mod:`zephon.integrations.transformers`: ``ZephonTrainer``, a Hugging Face ``Trainer`` that
+  trains every lane exactly once across ranks and checkpoints the data position with the model.
+- :mod:`zephon.integrations.accelerate`: ``prepare_pipeline`` for ``Accelerator`` loops.
+
+Import the submodule you need; each imports its framework.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,73 @@
+"""What every integration needs from the distributed job: this rank's view and one global state."""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+from zephon.errors import ConfigError
+from zephon.torch_loader import merge_loader_states
+
+if TYPE_CHECKING:
+    from zephon.pipeline import Pipeline
+    from zephon.torch_loader import PipelineDataLoader
+
+
+def rank_view(pipeline: Pipeline, rank: int, world_size: int) -> Pipeline:
+    """``pipeline`` as rank ``rank`` of ``world_size`` data-parallel ranks reads it.
+
+    A pipeline built for one rank (the default ``dp_world_size=1``) is narrowed to this rank's
+    lanes; one built with ``dp_rank``/``dp_world_size`` must agree with the job.
+    """
+    opts = pipeline.runtime_options
+    if opts.dp_world_size == 1 and world_size > 1:
+        if opts.canonical_replicas % world_size:
+            raise ConfigError(
+                f"canonical_replicas={opts.canonical_replicas} cannot be split over "
+                f"{world_size} ranks; use a multiple of the world size"
+            )
+        return copy.copy(pipeline).options(dp_rank=rank, dp_world_size=world_size)
+    if (opts.dp_rank, opts.dp_world_size) != (rank, world_size):
+        raise ConfigError(
+            f"the pipeline was built for rank {opts.dp_rank} of {opts.dp_world_size} but this "
+            f"process is rank {rank} of {world_size}; build it without dp_rank/dp_world_size "
+            "(the integration narrows it to this rank) or with this process's rank"
+        )
+    return pipeline
+
+
+def _group_size() -> int:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is a dependency of every integration
+        return 1
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size())
+    return 1
+
+
+def global_state(loader: PipelineDataLoader) -> dict[str, Any]:
+    """Every rank's loader state merged into one pipeline checkpoint (a collective: every rank
+    calls it at the same step). Any world size restores the result."""
+    state = loader.state_dict()
+    world = _group_size()
+    if world == 1:
+        return merge_loader_states([state])
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, state)
+    return merge_loader_states(gathered)
+
+
+def max_over_ranks(value: int) -> int:
+    """The largest ``value`` of all ranks (a collective when a process group is running)."""
+    if _group_size() == 1:
+        return value
+    import torch
+    import torch.distributed as dist
+
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # nccl reduces GPU tensors only
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())

@@ -1,0 +1,67 @@
+"""``prepare_pipeline``: a zephon pipeline in an ``accelerate`` training loop, exact on every rank.
+
+``Accelerator.prepare`` of a DataLoader over an iterable dataset either reads it on rank 0 and
+dispatches slices, or reads it on every rank and keeps every n-th batch; with a zephon pipeline
+narrowed to one rank's lanes, both drop or repeat lanes. ``prepare_pipeline`` gives each rank a
+loader over its own lanes that accelerate does not wrap, and registers the data position with
+``accelerator.save_state`` / ``load_state``: the saved state is every rank's lanes merged, taken
+for the last batch each rank handed to the loop, so a resume on any world size continues exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from zephon.integrations._ranks import global_state, rank_view
+from zephon.torch_data import hf_tensors
+from zephon.torch_loader import PipelineDataLoader
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from zephon.pipeline import Pipeline
+
+__all__ = ["DataState", "prepare_pipeline"]
+
+
+class DataState:
+    """The object ``accelerator.register_for_checkpointing`` saves: every rank calls
+    ``state_dict`` inside ``save_state`` (a gather), and the main process writes the merge."""
+
+    def __init__(self, loader: PipelineDataLoader) -> None:
+        self.loader = loader
+
+    def state_dict(self) -> dict[str, Any]:
+        return global_state(self.loader)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+
+def prepare_pipeline(
+    accelerator: Accelerator,
+    pipeline: Pipeline,
+    transform: Callable[[Any], Any] | None = None,
+    *,
+    num_workers: int = 0,
+    register: bool = True,
+    **dataloader_kwargs: Any,
+) -> PipelineDataLoader:
+    """This process's loader: its rank's lanes, items moved to ``accelerator.device``.
+
+    Use it instead of ``accelerator.prepare(dataloader)``. ``transform`` turns a batch into
+    model inputs (default: ``to_training(convention="hf")`` tensors). With ``register`` the data
+    position is part of ``accelerator.save_state()`` and ``load_state()``.
+    """
+    view = rank_view(pipeline, accelerator.process_index, accelerator.num_processes)
+    loader = PipelineDataLoader(
+        view,
+        transform or hf_tensors,
+        num_workers=num_workers,
+        device=accelerator.device,
+        **dataloader_kwargs,
+    )
+    if register:
+        accelerator.register_for_checkpointing(DataState(loader))
+    return loader

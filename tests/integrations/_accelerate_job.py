@@ -1,0 +1,63 @@
+"""One process of an ``accelerate launch`` job feeding a tiny Llama through ``prepare_pipeline``.
+
+Usage: ``accelerate launch --multi_gpu --num_processes 2 _accelerate_job.py OUT WORKERS``
+(``--multi_gpu`` starts torchrun; ``Accelerator(cpu=True)`` keeps every process on the CPU).
+
+Trains 20 steps, with ``accelerator.save_state`` after step 10; then ``load_state`` (model,
+optimizer and data position) and trains again from there. Each process writes one JSON line
+per step to ``OUT/steps-r<RANK>.jsonl``: the pass (1, or 2 after load_state), the step, the
+row digests and the loss as float hex.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+from tests.integrations._corpus import build_pipeline, row_digest, tiny_llama
+from zephon.integrations.accelerate import prepare_pipeline
+
+STEPS, SAVE_AT = 20, 10
+
+
+def train(accelerator: Accelerator, model: Any, opt: Any, loader: Any, steps: int) -> list[Any]:
+    lines = []
+    for step, inputs in enumerate(loader, 1):
+        loss = model(**inputs).loss
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        lines.append({"step": step, "rows": [row_digest(r) for r in inputs["input_ids"].cpu()],
+                      "loss": float(loss.detach()).hex()})  # fmt: skip
+        if step == SAVE_AT and steps == STEPS:
+            accelerator.save_state(str(OUT / "state"))
+        if step == steps:
+            break
+    return lines
+
+
+def main() -> None:
+    workers = int(sys.argv[2])
+    accelerator = Accelerator(cpu=True)
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = prepare_pipeline(accelerator, build_pipeline(), num_workers=workers)
+    model, opt = accelerator.prepare(model, opt)
+    first = train(accelerator, model, opt, loader, STEPS)
+    accelerator.load_state(str(OUT / "state"))  # model, optimizer and the data position
+    second = train(accelerator, model, opt, loader, STEPS - SAVE_AT)
+    with open(OUT / f"steps-r{accelerator.process_index}.jsonl", "w", encoding="utf-8") as fh:
+        for pass_number, lines in ((1, first), (2, second)):
+            for line in lines:
+                fh.write(json.dumps({"pass": pass_number, **line}) + "\n")
+    accelerator.end_training()
+
+
+OUT = Path(sys.argv[1])
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""The pipeline and the tiny model every integration test trains (ranks build them alike)."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+
+# Every document is unique (it holds its index), so a packed row identifies what it holds.
+ROWS = [{"text": f"doc {i}: " + "lorem ipsum " * (1 + (i * 7) % 11)} for i in range(3000)]
+VOCAB = 260  # byte tokens and a few specials
+ROW_LENGTH = 64
+BATCH = 2
+
+
+def build_pipeline(**options: Any) -> Pipeline:
+    return build_pipeline_unbatched(**options).batch(BATCH)
+
+
+def build_pipeline_unbatched(**options: Any) -> Pipeline:
+    source = StaticMixtureWorkSource(
+        datasets=[Dataset.from_records("docs", ROWS)],
+        mixture=MixtureSpec({"docs": 1.0}),
+        chunk_size=16,
+        seed=3,
+    )
+    return (
+        Pipeline(source)
+        .decode_text()
+        .tokenize("bytes", max_length=ROW_LENGTH)
+        .shuffle(32, seed=5)
+        .pack_flat(ROW_LENGTH, pad_token_id=0)
+        .options(runner="inline", canonical_replicas=4, **options)
+    )
+
+
+def row_digest(row: Any) -> str:
+    """A short digest of one row of token ids (a tensor or an array)."""
+    data = row.numpy() if hasattr(row, "numpy") else row
+    return hashlib.sha256(data.astype("int64").tobytes()).hexdigest()[:16]
+
+
+def tiny_llama() -> Any:
+    """A randomly initialised two-layer Llama, the same on every rank (fixed seed)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2 * ROW_LENGTH,
+    )
+    return LlamaForCausalLM(config)

@@ -1,0 +1,101 @@
+"""One rank of a ``ZephonTrainer`` job, started by ``torchrun`` in the tests.
+
+Usage: ``torchrun --nproc-per-node 2 tests/integrations/_trainer_job.py OUT MODE GA WORKERS``
+
+MODE is ``fresh`` (train 40 steps), ``park`` (the same, but rank 1 sends itself SIGUSR1 at step
+15 and both ranks stop at step 22 and wait to be killed) or ``resume`` (from the newest complete
+checkpoint). Each rank appends one JSON line per micro-batch to ``OUT/<MODE>-r<RANK>.jsonl``
+(step, row digests, loss as float hex) and the rows every pipeline batch it *delivered* to
+``OUT/delivered-<MODE>-r<RANK>-<PID>.jsonl`` (DataLoader workers write their own files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch.distributed
+from transformers import TrainerCallback, TrainingArguments
+
+from tests.integrations._corpus import BATCH, build_pipeline, row_digest, tiny_llama
+from zephon.integrations.transformers import ZephonTrainer
+from zephon.torch_data import hf_tensors
+
+STEPS, SAVE_EVERY, PARK_AT, USR1_AT = 40, 10, 22, 15
+
+
+class RecordDeliveries:
+    """The transform: HF tensors, and a line per batch the pipeline delivered."""
+
+    def __init__(self, out: Path, mode: str) -> None:
+        self.prefix = out / f"delivered-{mode}-r{os.environ['RANK']}"
+
+    def __call__(self, batch: Any) -> dict[str, Any]:
+        inputs = hf_tensors(batch)
+        with open(f"{self.prefix}-{os.getpid()}.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps([row_digest(r) for r in inputs["input_ids"]]) + "\n")
+        return inputs
+
+
+class RecordingTrainer(ZephonTrainer):
+    """Logs what each micro-batch trained and its loss, bit for bit."""
+
+    log_path: Path
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Any:
+        rows = [row_digest(r) for r in inputs["input_ids"]]
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        line = {"step": self.state.global_step + 1, "rows": rows, "loss": float(loss).hex()}
+        with open(self.log_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
+        return loss
+
+
+class Choreography(TrainerCallback):  # type: ignore[misc]
+    """``park``: SIGUSR1 on rank 1 at step 15, then every rank waits at step 22 to be killed."""
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if state.global_step == USR1_AT and args.process_index == 1:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        if state.global_step == PARK_AT:
+            print(f"parked {args.process_index} {os.getpid()}", flush=True)
+            threading.Event().wait()  # until the test kills this process
+        return control
+
+
+def main() -> None:
+    out, mode, accumulation, workers = Path(sys.argv[1]), sys.argv[2], *map(int, sys.argv[3:5])
+    args = TrainingArguments(
+        output_dir=str(out / "run"),
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        gradient_accumulation_steps=accumulation,
+        dataloader_num_workers=workers,
+        save_steps=SAVE_EVERY,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = RecordingTrainer(
+        model=tiny_llama(),
+        args=args,
+        train_pipeline=build_pipeline(),
+        transform=RecordDeliveries(out, mode),
+    )
+    trainer.log_path = out / f"{mode}-r{args.process_index}.jsonl"
+    if mode == "park":
+        trainer.add_callback(Choreography())
+    trainer.train(resume_from_checkpoint=True if mode == "resume" else None)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""ZephonTrainer under real torchrun: every lane trained once across ranks, and a SIGKILL after a
+checkpoint resumes bit for bit without reading a trained batch again."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from transformers import Trainer, TrainerCallback, TrainingArguments
+
+from tests.integrations._corpus import (
+    BATCH,
+    build_pipeline,
+    build_pipeline_unbatched,
+    row_digest,
+    tiny_llama,
+)
+from tests.integrations._launch import (
+    delivered,
+    json_lines,
+    run_job,
+    run_until_parked_then_kill,
+    torchrun_argv,
+)
+from tests.integrations._trainer_job import RecordingTrainer
+from zephon.errors import CheckpointError, ConfigError
+from zephon.integrations.transformers import (
+    DATA_STATE_NAME,
+    ZephonTrainer,
+    latest_complete_checkpoint,
+)
+
+STEPS, CHECKPOINT, PARKED, USR1_CHECKPOINT = 40, 20, 22, 16
+
+
+def reference_positions() -> dict[str, tuple[int, int]]:
+    """Row digest -> (lane, index of its batch in that lane) for every batch of the pipeline."""
+    positions: dict[str, tuple[int, int]] = {}
+    per_lane: dict[int, int] = defaultdict(int)
+    for batch in build_pipeline():
+        index = per_lane[batch.lane_id]
+        per_lane[batch.lane_id] += 1
+        for row in batch.to_training(convention="hf")["input_ids"]:
+            positions[row_digest(row)] = (batch.lane_id, index)
+    return positions
+
+
+def assert_every_lane_once(lines: list[dict], accumulation: int, steps: int = STEPS) -> None:
+    """The trained batches are, lane by lane, each lane's first batches, none twice."""
+    positions = reference_positions()
+    trained = [positions[line["rows"][0]] for line in lines]
+    for line in lines:  # every row of a batch comes from the same reference batch
+        assert {positions[d] for d in line["rows"]} == {positions[line["rows"][0]]}
+    assert len(set(trained)) == len(trained) == 2 * steps * accumulation
+    by_lane: dict[int, list[int]] = defaultdict(list)
+    for lane, index in trained:
+        by_lane[lane].append(index)
+    assert sorted(by_lane) == [0, 1, 2, 3]
+    for indexes in by_lane.values():
+        assert sorted(indexes) == list(range(len(indexes)))
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("accumulation", "workers"), [(1, 0), (2, 2)])
+def test_torchrun_trainer_trains_every_lane_once_and_resumes_bitwise(
+    tmp_path: Path, accumulation: int, workers: int
+) -> None:
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    run_job(torchrun_argv("_trainer_job.py", reference, "fresh", accumulation, workers))
+    ref = [json_lines(reference / f"fresh-r{r}.jsonl") for r in (0, 1)]
+    assert_every_lane_once(ref[0] + ref[1], accumulation)
+
+    run_until_parked_then_kill(
+        torchrun_argv("_trainer_job.py", killed, "park", accumulation, workers)
+    )
+    checkpoints = sorted(p.name for p in (killed / "run").iterdir())
+    assert checkpoints == ["checkpoint-10", f"checkpoint-{USR1_CHECKPOINT}", "checkpoint-20"]
+    # SIGUSR1 reached rank 1 only; both ranks saved together at the next step end.
+    assert (killed / "run" / f"checkpoint-{USR1_CHECKPOINT}" / DATA_STATE_NAME).is_file()
+    run_job(torchrun_argv("_trainer_job.py", killed, "resume", accumulation, workers))
+
+    for rank in (0, 1):
+        parked = json_lines(killed / f"park-r{rank}.jsonl")
+        assert parked == [line for line in ref[rank] if line["step"] <= PARKED]
+        resumed = json_lines(killed / f"resume-r{rank}.jsonl")
+        # every step after the checkpoint: the same rows and the same loss, bit for bit
+        assert resumed == [line for line in ref[rank] if line["step"] > CHECKPOINT]
+        trained = [line["rows"] for line in ref[rank] if line["step"] <= CHECKPOINT]
+        trained_before = {digest for rows in trained for digest in rows}
+        read_again = delivered(killed, "resume", rank)
+        assert len(read_again) >= len(resumed)
+        assert not trained_before & {d for batch in read_again for d in batch}
+
+
+# -- in one process ------------------------------------------------------------------------
+
+
+def trainer(out: Path, mode: str, steps: int, run: str = "run") -> RecordingTrainer:
+    args = TrainingArguments(
+        output_dir=str(out / run),
+        max_steps=steps,
+        per_device_train_batch_size=BATCH,
+        save_steps=100,
+        learning_rate=1e-3,
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+    )
+    t = RecordingTrainer(model=tiny_llama(), args=args, train_pipeline=build_pipeline())
+    t.log_path = out / f"{mode}.jsonl"
+    return t
+
+
+class SigtermAt(TrainerCallback):  # type: ignore[misc]
+    def on_step_end(self, args: object, state: object, control: object, **kw: object) -> object:
+        if state.global_step == 5:  # type: ignore[attr-defined]
+            os.kill(os.getpid(), signal.SIGTERM)
+        return control
+
+
+def test_sigterm_checkpoints_at_the_next_step_end_exits_143_and_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    trainer(tmp_path, "reference", 12, run="reference-run").train()
+    stopped = trainer(tmp_path, "stopped", 12)
+    stopped.add_callback(SigtermAt())
+    with pytest.raises(SystemExit) as exit_info:
+        stopped.train()
+    assert exit_info.value.code == 143
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is uninstalled
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint-6"]
+    assert latest_complete_checkpoint(tmp_path / "run") == str(tmp_path / "run" / "checkpoint-6")
+    resumed = trainer(tmp_path, "resumed", 12)
+    resumed.train(resume_from_checkpoint=True)
+    reference = json_lines(tmp_path / "reference.jsonl")
+    assert json_lines(tmp_path / "stopped.jsonl") == reference[:6]
+    assert json_lines(tmp_path / "resumed.jsonl") == reference[6:]
+    assert resumed.zephon_loader is not None and resumed.zephon_loader.items_yielded == 6
+
+
+def test_wrong_setups_are_refused_naming_the_fix(tmp_path: Path) -> None:
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8, report_to=[],
+        use_cpu=True,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="per_device_train_batch_size=2"):
+        ZephonTrainer(model=tiny_llama(), args=args, train_pipeline=build_pipeline())
+    args.per_device_train_batch_size = BATCH
+    with pytest.raises(ConfigError, match=r"ends in \.batch"):
+        ZephonTrainer(model=tiny_llama(), args=args, train_pipeline=build_pipeline_unbatched())
+    with pytest.raises(ConfigError, match="built for rank 1 of 2"):
+        ZephonTrainer(
+            model=tiny_llama(), args=args, train_pipeline=build_pipeline(dp_rank=1, dp_world_size=2)
+        )
+    with pytest.raises(ConfigError, match="do not pass train_dataset"):
+        ZephonTrainer(
+            model=tiny_llama(), args=args, train_pipeline=build_pipeline(),
+            train_dataset=build_pipeline().to_torch_dataset(),
+        )  # fmt: skip
+    (tmp_path / "checkpoint-3").mkdir()
+    t = ZephonTrainer(model=tiny_llama(), args=args, train_pipeline=build_pipeline())
+    with pytest.raises(CheckpointError, match=r"holds no zephon-data-state\.json"):
+        t.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    with pytest.raises(CheckpointError, match="no checkpoint with both"):
+        t.train(resume_from_checkpoint=True)
+
+
+def test_accelerate_resharding_a_rank_pipeline_is_refused_naming_zephon_trainer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from accelerate.data_loader import IterableDatasetShard
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as under torchrun
+    dataset = build_pipeline(dp_rank=0, dp_world_size=2).to_torch_dataset()
+    shard = IterableDatasetShard(dataset, batch_size=1, num_processes=2, process_index=0)
+    with pytest.raises(ConfigError, match="ZephonTrainer"):
+        next(iter(shard))
+
+
+def test_rows_let_a_plain_trainer_batch_by_per_device_train_batch_size(tmp_path: Path) -> None:
+    seen: list[int] = []
+
+    class Recording(Trainer):  # type: ignore[misc]
+        def training_step(self, model: object, inputs: dict, num_items: object = None) -> object:
+            seen.append(len(inputs["input_ids"]))
+            assert set(inputs) == {"input_ids", "labels", "position_ids"}
+            return super().training_step(model, inputs, num_items)
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=3, report_to=[],
+        use_cpu=True, disable_tqdm=True,
+    )  # fmt: skip
+    dataset = build_pipeline().to_torch_dataset(rows=True)
+    Recording(model=tiny_llama(), args=args, train_dataset=dataset).train()
+    assert seen == [3, 3, 3, 3]

@@ -1,0 +1,80 @@
+"""PipelineDataLoader: the state is the last item handed out, whatever the workers prefetched,
+and the states of every rank merge into one checkpoint that another world size resumes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.engine.test_torch import build, ids
+from zephon.errors import ConfigError
+from zephon.torch_loader import PipelineDataLoader, merge_loader_states
+
+
+def take(loader: PipelineDataLoader, count: int) -> tuple[list[Any], Any]:
+    it = iter(loader)
+    return [next(it) for _ in range(count)], it
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_is_the_last_item_handed_out_despite_prefetch(workers: int) -> None:
+    prefetch = {"prefetch_factor": 4} if workers else {}
+    loader = PipelineDataLoader(build(), ids, num_workers=workers, **prefetch)
+    head, it = take(loader, 7)
+    state = loader.state_dict()
+    json.dumps(state)  # plain JSON
+    rest = list(it)
+    assert sorted(head + rest) == sorted(ids(b) for b in build())
+    resumed = PipelineDataLoader(build(), ids, num_workers=workers)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert resumed.state_dict() == state  # loaded, not iterated: the same position
+    assert list(resumed) == rest
+    assert resumed.items_yielded == len(rest)
+
+
+@pytest.mark.timeout(120)
+def test_rank_states_merge_and_resume_on_another_world_size() -> None:
+    ranks = [
+        PipelineDataLoader(build().options(dp_rank=r, dp_world_size=2), ids, num_workers=2)
+        for r in range(2)
+    ]
+    iters = [take(loader, 5)[1] for loader in ranks]
+    merged = merge_loader_states([loader.state_dict() for loader in ranks])
+    left = sorted(item for it in iters for item in it)
+    one_rank = PipelineDataLoader(build(), ids)
+    one_rank.load_state_dict(merged)
+    assert sorted(one_rank) == left
+
+
+def test_a_worker_that_has_not_yielded_reports_its_start() -> None:
+    loader = PipelineDataLoader(build(), ids, num_workers=2)
+    fresh = loader.state_dict()
+    assert len(fresh["checkpoints"]) == 2
+    again = PipelineDataLoader(build(), ids, num_workers=2)
+    again.load_state_dict(fresh)
+    assert sorted(again) == sorted(ids(b) for b in build())
+
+
+def test_a_worker_count_that_cannot_split_the_lanes_is_refused() -> None:
+    with pytest.raises(ConfigError, match="3 DataLoader workers cannot split the 4 lanes"):
+        PipelineDataLoader(build(), ids, num_workers=3)
+
+
+@pytest.mark.timeout(120)
+def test_merged_state_keeps_each_ranks_worker_rotation() -> None:
+    def ranks() -> list[PipelineDataLoader]:
+        return [
+            PipelineDataLoader(build().options(dp_rank=r, dp_world_size=2), ids, num_workers=2)
+            for r in range(2)
+        ]
+
+    first = ranks()
+    iters = [take(loader, count)[1] for loader, count in zip(first, (3, 4))]  # odd and even
+    merged = merge_loader_states([loader.state_dict() for loader in first])
+    assert merged["loader"] == {"views_per_rank": 2, "turns": [1, 0]}
+    for loader, it in zip(ranks(), iters):
+        loader.load_state_dict(merged)
+        assert list(loader) == list(it)  # the same order, not only the same items
