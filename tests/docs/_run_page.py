@@ -25,6 +25,9 @@ def _fail(block: dict, message: str) -> None:
 
 def main() -> None:
     plan = json.loads(Path(sys.argv[1]).read_text())
+    # As in a notebook: no arguments, and modules the page writes are importable.
+    sys.argv = [plan[0]["where"].split(":")[0] if plan else "page"]
+    sys.path.insert(0, str(Path.cwd()))
     namespace: dict = {"__name__": "__main__"}
     loop = asyncio.new_event_loop()
     for block in plan:

@@ -20,6 +20,7 @@ import torch
 from accelerate import Accelerator
 
 from tests.integrations._corpus import build_pipeline, row_digest, tiny_llama
+from tests.integrations._launch import record_pid
 from zephon.integrations.accelerate import prepare_pipeline
 
 STEPS, SAVE_AT = 20, 10
@@ -43,6 +44,7 @@ def train(accelerator: Accelerator, model: Any, opt: Any, loader: Any, steps: in
 
 def main() -> None:
     workers = int(sys.argv[2])
+    record_pid(OUT)
     accelerator = Accelerator(cpu=True)
     model = tiny_llama()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -41,34 +42,51 @@ def torchrun_argv(script: str, *args: object) -> list[str]:
     ]  # fmt: skip
 
 
-def run_job(argv: list[str]) -> subprocess.CompletedProcess[str]:
+def run_job(argv: list[str], out: Path) -> subprocess.CompletedProcess[str]:
     """Run a job to its end; fail with its output if it did not exit 0."""
-    done = subprocess.run(
-        argv, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S
-    )
+    try:
+        done = subprocess.run(
+            argv, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S
+        )
+    finally:
+        kill_ranks(out)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return done
 
 
-def run_until_parked_then_kill(argv: list[str], ranks: int = 2) -> None:
+def kill_ranks(out: Path) -> list[int]:
+    """SIGKILL every rank process the job under ``out`` started that is still alive.
+
+    torchrun starts its ranks in sessions of their own, so they outlive a killed launcher;
+    each rank writes ``out/pids/<pid>`` first thing.
+    """
+    killed = []
+    for entry in sorted((out / "pids").glob("*")):
+        try:
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed.append(int(entry.name))
+        except ProcessLookupError:
+            pass
+        entry.unlink()  # handled: a later job's cleanup must not signal a reused pid
+    return killed
+
+
+def run_until_parked_then_kill(argv: list[str], out: Path, ranks: int = 2) -> None:
     """Run a job whose ranks print ``parked RANK PID`` and wait; SIGKILL them all there."""
     proc = subprocess.Popen(
         argv, cwd=ROOT, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     assert proc.stdout is not None
-    pids: dict[str, int] = {}
+    parked: set[str] = set()
     seen: list[str] = []
     try:
-        for line in proc.stdout:
+        for line in proc.stdout:  # ranks share the launcher's stdout: lines may interleave
             seen.append(line)
-            if line.startswith("parked "):
-                _, rank, pid = line.split()
-                pids[rank] = int(pid)
-                if len(pids) == ranks:
-                    break
-        assert len(pids) == ranks, "".join(seen[-60:])
-        for pid in pids.values():
-            os.kill(pid, signal.SIGKILL)
+            parked.update(re.findall(r"parked (\d+) \d+", line))
+            if len(parked) == ranks:
+                break
+        assert len(parked) == ranks, "".join(seen[-60:])
+        assert len(kill_ranks(out)) == ranks
         proc.stdout.read()  # torchrun reports the dead ranks and exits
         assert proc.wait(timeout=JOB_TIMEOUT_S) != 0
     finally:
@@ -76,6 +94,13 @@ def run_until_parked_then_kill(argv: list[str], ranks: int = 2) -> None:
             proc.kill()
             proc.wait()
         proc.stdout.close()
+        kill_ranks(out)
+
+
+def record_pid(out: Path) -> None:
+    """Called by each rank first thing, so that :func:`kill_ranks` can find it."""
+    (out / "pids").mkdir(parents=True, exist_ok=True)
+    (out / "pids" / str(os.getpid())).touch()
 
 
 def json_lines(path: Path) -> list[Any]:

@@ -19,10 +19,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import torch.distributed
 from transformers import TrainerCallback, TrainingArguments
 
 from tests.integrations._corpus import BATCH, build_pipeline, row_digest, tiny_llama
+from tests.integrations._launch import record_pid
 from zephon.integrations.transformers import ZephonTrainer
 from zephon.torch_data import hf_tensors
 
@@ -70,6 +70,7 @@ class Choreography(TrainerCallback):  # type: ignore[misc]
 
 def main() -> None:
     out, mode, accumulation, workers = Path(sys.argv[1]), sys.argv[2], *map(int, sys.argv[3:5])
+    record_pid(out)
     args = TrainingArguments(
         output_dir=str(out / "run"),
         max_steps=STEPS,
@@ -94,7 +95,6 @@ def main() -> None:
     if mode == "park":
         trainer.add_callback(Choreography())
     trainer.train(resume_from_checkpoint=True if mode == "resume" else None)
-    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ def accelerate_argv(out: Path, workers: int) -> list[str]:
 def test_two_process_accelerate_trains_every_lane_once_and_load_state_continues(
     tmp_path: Path,
 ) -> None:
-    run_job(accelerate_argv(tmp_path, 2))
+    run_job(accelerate_argv(tmp_path, 2), tmp_path)
     lines = [json_lines(tmp_path / f"steps-r{rank}.jsonl") for rank in (0, 1)]
     first = [[line for line in rank if line["pass"] == 1] for rank in lines]
     assert_every_lane_once(first[0] + first[1], accumulation=1, steps=STEPS)

@@ -64,23 +64,31 @@ def assert_every_lane_once(lines: list[dict], accumulation: int, steps: int = ST
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("accumulation", "workers"), [(1, 0), (2, 2)])
+@pytest.mark.parametrize(
+    ("accumulation", "workers"),
+    [
+        (1, 0),
+        (2, 2),
+        pytest.param(2, 0, marks=pytest.mark.slow),
+        pytest.param(1, 2, marks=pytest.mark.slow),
+    ],
+)
 def test_torchrun_trainer_trains_every_lane_once_and_resumes_bitwise(
     tmp_path: Path, accumulation: int, workers: int
 ) -> None:
     reference, killed = tmp_path / "reference", tmp_path / "killed"
-    run_job(torchrun_argv("_trainer_job.py", reference, "fresh", accumulation, workers))
+    run_job(torchrun_argv("_trainer_job.py", reference, "fresh", accumulation, workers), reference)
     ref = [json_lines(reference / f"fresh-r{r}.jsonl") for r in (0, 1)]
     assert_every_lane_once(ref[0] + ref[1], accumulation)
 
     run_until_parked_then_kill(
-        torchrun_argv("_trainer_job.py", killed, "park", accumulation, workers)
+        torchrun_argv("_trainer_job.py", killed, "park", accumulation, workers), killed
     )
     checkpoints = sorted(p.name for p in (killed / "run").iterdir())
     assert checkpoints == ["checkpoint-10", f"checkpoint-{USR1_CHECKPOINT}", "checkpoint-20"]
     # SIGUSR1 reached rank 1 only; both ranks saved together at the next step end.
     assert (killed / "run" / f"checkpoint-{USR1_CHECKPOINT}" / DATA_STATE_NAME).is_file()
-    run_job(torchrun_argv("_trainer_job.py", killed, "resume", accumulation, workers))
+    run_job(torchrun_argv("_trainer_job.py", killed, "resume", accumulation, workers), killed)
 
     for rank in (0, 1):
         parked = json_lines(killed / f"park-r{rank}.jsonl")

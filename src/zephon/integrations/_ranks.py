@@ -71,3 +71,16 @@ def max_over_ranks(value: int) -> int:
     tensor = torch.tensor([value], dtype=torch.int64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return int(tensor.item())
+
+
+def settle_collectives() -> None:
+    """Wait until the process group has finished every collective started so far.
+
+    torch's gloo backend destroys a finished all-gather on its own thread and needs the GIL to
+    do so; if the job exits while one is pending, the process group's destructor (holding the
+    GIL) joins that thread and the process hangs. A barrier after training lets it finish.
+    """
+    if _group_size() > 1:
+        import torch.distributed as dist
+
+        dist.barrier()

@@ -27,7 +27,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from zephon.checkpoints import load_checkpoint, save_checkpoint
 from zephon.errors import CheckpointError, ConfigError
-from zephon.integrations._ranks import global_state, max_over_ranks, rank_view
+from zephon.integrations._ranks import global_state, max_over_ranks, rank_view, settle_collectives
 from zephon.torch_data import hf_tensors
 from zephon.torch_loader import PipelineDataLoader
 
@@ -184,6 +184,7 @@ class ZephonTrainer(Trainer):  # type: ignore[misc]
             result = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         finally:
             self.preemption.uninstall()
+        settle_collectives()
         if self.preemption.stopped:
             raise SystemExit(EXIT_SIGTERM)
         return result
