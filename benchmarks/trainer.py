@@ -13,7 +13,9 @@ Rows (one process, a tiny random Llama on the CPU, batches of 4 x 256 packed byt
 Besides the step times: ``checkpoint()`` per call (what a worker pays per item, and what a save
 pays once per rank), the merged data state's size, and the per-step agreement on signals
 (``max_over_ranks``, one all-reduce over 2 gloo processes).
-Prints a table and a final JSON line. Usage: ``python benchmarks/trainer.py [--steps 60]``.
+Step times are medians over interleaved rounds, after a warm-up run.
+Prints a table and a final JSON line. Usage: ``python benchmarks/trainer.py [--steps 60]
+[--rounds 3]``.
 """
 
 from __future__ import annotations
@@ -160,23 +162,33 @@ def checkpoint_cost(steps: int) -> tuple[float, int]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60)
-    steps = parser.parse_args().steps
+    parser.add_argument("--rounds", type=int, default=3)
+    cli = parser.parse_args()
+    steps, rounds = cli.steps, cli.rounds
     torch.set_num_threads(1)
     prebuilt = [hf_tensors(b) for _, b in zip(range(steps), pipeline())]
+    configs: dict[str, Any] = {
+        "plain loop": lambda out: loop((hf_tensors(b) for b in pipeline()), steps),
+        "PipelineDataLoader workers=0": lambda out: loop(
+            PipelineDataLoader(pipeline(), hf_tensors), steps
+        ),
+        "ZephonTrainer workers=0": lambda out: trainer_step(
+            ZephonTrainer, steps, out, train_pipeline=pipeline()
+        ),
+        "ZephonTrainer workers=2": lambda out: trainer_step(
+            ZephonTrainer, steps, out, train_pipeline=pipeline(), workers=2
+        ),
+        "Trainer, batches prebuilt": lambda out: trainer_step(
+            _PrebuiltTrainer, steps, out, train_dataset=_Prebuilt(prebuilt)
+        ),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in configs}
     with tempfile.TemporaryDirectory() as out:
-        rows = {
-            "plain loop": loop((hf_tensors(b) for b in pipeline()), steps),
-            "PipelineDataLoader workers=0": loop(PipelineDataLoader(pipeline(), hf_tensors), steps),
-            "ZephonTrainer workers=0": trainer_step(
-                ZephonTrainer, steps, out, train_pipeline=pipeline()
-            ),
-            "ZephonTrainer workers=2": trainer_step(
-                ZephonTrainer, steps, out, train_pipeline=pipeline(), workers=2
-            ),
-            "Trainer, batches prebuilt": trainer_step(
-                _PrebuiltTrainer, steps, out, train_dataset=_Prebuilt(prebuilt)
-            ),
-        }
+        configs["plain loop"](out)  # warm-up: first-use costs of torch and the tokenizer
+        for _ in range(rounds):  # interleaved rounds: the machine's load hits all alike
+            for name, run in configs.items():
+                samples[name].append(run(out))
+    rows = {name: statistics.median(values) for name, values in samples.items()}
     ckpt_s, state_bytes = checkpoint_cost(steps)
     agree_s = agreement_cost()
     floor = rows["plain loop"]
@@ -187,7 +199,7 @@ def main() -> None:
     print(f"signal agreement (all-reduce, 2 gloo ranks): {agree_s * 1e6:.0f} us per step")
     summary = {name: round(s * 1e3, 3) for name, s in rows.items()}
     summary |= {"checkpoint_ms": round(ckpt_s * 1e3, 3), "data_state_bytes": state_bytes}
-    summary |= {"agreement_us": round(agree_s * 1e6, 1), "steps": steps}
+    summary |= {"agreement_us": round(agree_s * 1e6, 1), "steps": steps, "rounds": rounds}
     print(json.dumps({"benchmark": "trainer", "ms_per_step": summary}))
 
 
