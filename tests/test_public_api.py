@@ -124,6 +124,7 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.integrations": _names(""),
     "zephon.integrations.accelerate": _names("DataState prepare_pipeline"),
+    "zephon.integrations.lightning": _names("ZephonDataModule"),
     "zephon.integrations.transformers": _names(
         "DATA_STATE_NAME PreemptionCallback ZephonTrainer latest_complete_checkpoint"
     ),

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.engine.test_torch import build, ids
-from zephon.errors import ConfigError
+from zephon.errors import CheckpointError, ConfigError
 from zephon.torch_loader import PipelineDataLoader, merge_loader_states
 
 
@@ -78,3 +78,16 @@ def test_merged_state_keeps_each_ranks_worker_rotation() -> None:
     for loader, it in zip(ranks(), iters):
         loader.load_state_dict(merged)
         assert list(loader) == list(it)  # the same order, not only the same items
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_history_gives_the_position_after_an_earlier_item(workers: int) -> None:
+    loader = PipelineDataLoader(build(), ids, num_workers=workers, history=3)
+    head, it = take(loader, 6)  # the consumer trained 4 of them and read 2 ahead
+    state = loader.state_dict(upto=3)
+    with pytest.raises(CheckpointError, match="raise history"):
+        loader.state_dict(upto=2)  # older than the 3 positions kept
+    rest = head[4:] + list(it)
+    resumed = PipelineDataLoader(build(), ids, num_workers=workers)
+    resumed.load_state_dict(state)
+    assert list(resumed) == rest

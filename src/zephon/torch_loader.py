@@ -51,9 +51,12 @@ def _identity(item: Any) -> Any:
 class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
     """Yields ``(worker_id, checkpoint_after_item, transform(item))`` from a worker's lanes."""
 
-    def __init__(self, pipeline: Pipeline, transform: Callable[[Any], Any] | None) -> None:
+    def __init__(
+        self, pipeline: Pipeline, transform: Callable[[Any], Any] | None, *, stamp: bool
+    ) -> None:
         self.pipeline = pipeline
         self.transform = transform
+        self.stamp = stamp  # stamp items without workers too (a consumer that reads ahead)
         self.pending: _Start = None
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, Any] | None, Any]]:
@@ -67,7 +70,7 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
             pipe.restore(pending)
         transform = self.transform
         for item in pipe:
-            state = pipe.checkpoint() if workers else None
+            state = pipe.checkpoint() if workers or self.stamp else None
             yield worker, state, item if transform is None else transform(item)
         if workers:
             yield worker, None, _WORKER_DONE
@@ -79,7 +82,10 @@ class PipelineDataLoader:
 
     ``num_workers`` runs disjoint shares of the rank's lanes in DataLoader worker processes (it
     must divide the rank's lane count). ``device`` moves tensors there as they are handed out.
-    The remaining keyword arguments go to ``torch.utils.data.DataLoader``.
+    ``history`` keeps the position after each of the last ``history`` items handed out, for a
+    consumer that reads ahead of what it trains (``state_dict(upto=index)``); without workers
+    that takes a checkpoint per item. The remaining keyword arguments go to
+    ``torch.utils.data.DataLoader``.
     """
 
     def __init__(
@@ -89,13 +95,16 @@ class PipelineDataLoader:
         *,
         num_workers: int = 0,
         device: Any = None,
+        history: int = 0,
         **dataloader_kwargs: Any,
     ) -> None:
         require("torch", "PipelineDataLoader")
         self.pipeline = pipeline
         self.num_workers = num_workers
         self.device = device
-        self._dataset = _StampedDataset(pipeline, transform)
+        self._dataset = _StampedDataset(pipeline, transform, stamp=history > 0)
+        # (index of an item handed out, each view's state after it, the turn after it)
+        self._history: deque[tuple[int, dict[int, dict[str, Any]], int]] = deque(maxlen=history)
         self._dataloader_kwargs = dataloader_kwargs
         if num_workers:
             worker_pipeline(pipeline, 0, num_workers)  # refuse a worker count that cannot split
@@ -110,6 +119,7 @@ class PipelineDataLoader:
         self._dataset.pending = self._start = self._restored
         self._restored = None
         self._latest = {}
+        self._history.clear()
         self._turn = self._start_turn
         loader = DataLoader(
             self._dataset,
@@ -122,6 +132,8 @@ class PipelineDataLoader:
         for worker, state, payload in items:
             if state is not None:
                 self._latest[worker] = state
+            if self._history.maxlen:
+                self._history.append((self.items_yielded, dict(self._latest), self._turn))
             self.items_yielded += 1
             yield payload if self.device is None else _to_device(payload, self.device)
 
@@ -159,12 +171,16 @@ class PipelineDataLoader:
             pipe.restore(start)
         return pipe.checkpoint()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, upto: int | None = None) -> dict[str, Any]:
         """The checkpoints of this rank's pipeline views (one per DataLoader worker), JSON-safe.
 
+        By default the position after the last item handed out; ``upto=i`` (with ``history``)
+        the position after item ``i`` (``items_yielded - 1`` is the last one).
         :func:`merge_loader_states` over every rank's state gives one pipeline checkpoint that
         any world size restores.
         """
+        if upto is not None:
+            return self._state_after(upto)
         if self._restored is not None:  # loaded and not iterated since
             states = [self._start_state(w, self._restored) for w in range(self._views)]
         elif self.num_workers == 0:
@@ -176,6 +192,22 @@ class PipelineDataLoader:
             ]
         turn = self._start_turn if self._restored is not None else self._turn
         return {"format": LOADER_STATE_FORMAT, "version": 1, "checkpoints": states, "turn": turn}
+
+    def _state_after(self, index: int) -> dict[str, Any]:
+        for seen, latest, turn in self._history:
+            if seen == index:
+                states = [
+                    latest[w] if w in latest else self._start_state(w, self._start)
+                    for w in range(self._views)
+                ]
+                return {"format": LOADER_STATE_FORMAT, "version": 1, "checkpoints": states,
+                        "turn": turn}  # fmt: skip
+        kept = [seen for seen, _, _ in self._history]
+        raise CheckpointError(
+            f"state_dict(upto={index}): the loader keeps the positions after items "
+            f"{kept[:1] + kept[-1:] if kept else 'none'} (history={self._history.maxlen}); "
+            "raise history to cover how far the consumer reads ahead"
+        )
 
     def _turn_in(self, saved: Any) -> int:
         """This rank's worker rotation in a merged state saved with the same world and workers."""

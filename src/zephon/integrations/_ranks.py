@@ -46,10 +46,11 @@ def _group_size() -> int:
     return 1
 
 
-def global_state(loader: PipelineDataLoader) -> dict[str, Any]:
-    """Every rank's loader state merged into one pipeline checkpoint (a collective: every rank
-    calls it at the same step). Any world size restores the result."""
-    state = loader.state_dict()
+def global_state(loader: PipelineDataLoader, upto: int | None = None) -> dict[str, Any]:
+    """Every rank's loader state (after item ``upto``, by default the last handed out) merged
+    into one pipeline checkpoint (a collective: every rank calls it at the same step). Any
+    world size restores the result."""
+    state = loader.state_dict(upto=upto)
     world = _group_size()
     if world == 1:
         return merge_loader_states([state])

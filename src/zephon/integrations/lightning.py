@@ -1,0 +1,112 @@
+"""``ZephonDataModule``: a zephon pipeline as a Lightning ``LightningDataModule``, resumed exactly.
+
+Lightning fetches one batch ahead of the one it trains, and saves a stateful loader's state when
+it checkpoints, which is then a batch the model never trained. The data module instead hands
+out its batches tagged with their position, notes the position of each batch as it reaches the
+model (``on_before_batch_transfer``, right before ``training_step``), and its ``state_dict``,
+which Lightning stores in every checkpoint, is the position after the last batch trained: all
+ranks' lanes merged, so ``ckpt_path=`` resumes on any world size. The loader itself exposes no
+``state_dict``, so Lightning keeps none of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import lightning.pytorch as pl
+
+from zephon.errors import ConfigError
+from zephon.integrations._ranks import global_state, rank_view
+from zephon.torch_data import hf_tensors
+from zephon.torch_loader import PipelineDataLoader
+
+if TYPE_CHECKING:
+    from zephon.pipeline import Pipeline
+
+__all__ = ["ZephonDataModule"]
+
+
+@dataclass(frozen=True)
+class _Positioned:
+    """A batch and its index among the items the loader handed out."""
+
+    index: int
+    batch: Any
+
+
+class _PositionedLoader:
+    """Iterates the loader's items as :class:`_Positioned` (no ``state_dict``: see module doc)."""
+
+    def __init__(self, loader: PipelineDataLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[_Positioned]:
+        for batch in self.loader:
+            yield _Positioned(self.loader.items_yielded - 1, batch)
+
+
+class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
+    """Training batches from ``pipeline`` (one rank's lanes under DDP) for ``lightning.Trainer``.
+
+    ``transform`` turns a zephon batch into what ``training_step`` receives (default:
+    ``to_training(convention="hf")`` tensors). ``num_workers`` runs shares of the rank's lanes in
+    DataLoader workers; ``read_ahead`` bounds how many batches Lightning may fetch beyond the
+    one it trains (1 by default in Lightning).
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        transform: Callable[[Any], Any] | None = None,
+        *,
+        num_workers: int = 0,
+        read_ahead: int = 4,
+    ) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.transform = transform or hf_tensors
+        self.num_workers = num_workers
+        self.read_ahead = read_ahead
+        self.loader: PipelineDataLoader | None = None
+        self._trained: int | None = None  # index of the last batch that reached the model
+        self._pending: Mapping[str, Any] | None = None
+
+    def _build_loader(self) -> PipelineDataLoader:
+        if self.loader is None:
+            trainer = self.trainer
+            rank, world = (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
+            self.loader = PipelineDataLoader(
+                rank_view(self.pipeline, rank, world),
+                self.transform,
+                num_workers=self.num_workers,
+                history=self.read_ahead + 1,
+            )
+        if self._pending is not None:
+            self.loader.load_state_dict(self._pending)
+            self._pending = None
+        return self.loader
+
+    def train_dataloader(self) -> _PositionedLoader:
+        return _PositionedLoader(self._build_loader())
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if isinstance(batch, _Positioned):
+            self._trained = batch.index
+            return batch.batch
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch trained, every rank merged (a collective)."""
+        if self.loader is None:
+            raise ConfigError("ZephonDataModule.state_dict() before training started")
+        if self._trained is None:  # nothing trained yet in this run
+            return global_state(self.loader)
+        return global_state(self.loader, upto=self._trained)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self._trained = None
+        self._pending = state_dict
+        if self.loader is not None:
+            self._build_loader()

@@ -1,0 +1,67 @@
+"""A ``lightning.Trainer`` run on the CPU fed by ``ZephonDataModule`` (started by the tests).
+
+Usage: ``python tests/integrations/_lightning_job.py OUT MODE WORKERS``. MODE is ``fresh``
+(train 20 steps, checkpoint every 5), ``park`` (the same, but wait at step 12 to be killed) or
+``resume`` (``ckpt_path`` = the step-10 checkpoint). One JSON line per step goes to
+``OUT/<MODE>.jsonl``: the step, the row digests and the loss as float hex.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from tests.integrations._corpus import build_pipeline, row_digest, tiny_llama
+from tests.integrations._launch import record_pid
+from zephon.integrations.lightning import ZephonDataModule
+
+STEPS, EVERY, PARK_AT = 20, 5, 12
+
+
+class TinyLlama(pl.LightningModule):  # type: ignore[misc]
+    def __init__(self, log: Path, park: bool) -> None:
+        super().__init__()
+        self.model = tiny_llama()
+        self.log_path, self.park = log, park
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
+        loss = self.model(**batch).loss
+        line = {"step": self.global_step + 1, "rows": [row_digest(r) for r in batch["input_ids"]]}
+        with open(self.log_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({**line, "loss": float(loss.detach()).hex()}) + "\n")
+        return loss
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.park and self.global_step == PARK_AT:
+            print("parked 0 0", flush=True)
+            threading.Event().wait()  # until the test kills this process
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def main() -> None:
+    out, mode, workers = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    record_pid(out)
+    torch.manual_seed(0)
+    checkpoints = pl.callbacks.ModelCheckpoint(
+        dirpath=out / "ckpt", every_n_train_steps=EVERY, save_top_k=-1, filename="{step}"
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=STEPS, callbacks=[checkpoints],
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    data = ZephonDataModule(build_pipeline(), num_workers=workers)
+    model = TinyLlama(out / f"{mode}.jsonl", park=mode == "park")
+    ckpt = str(out / "ckpt" / "step=10.ckpt") if mode == "resume" else None
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt)
+
+
+if __name__ == "__main__":
+    main()
