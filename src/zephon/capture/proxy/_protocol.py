@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 __all__ = ["bounded_protocol"]
@@ -22,6 +23,10 @@ _431 = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
     b"connection: close\r\n\r\n"
 )
+
+
+class _HeadersTooLarge(Exception):
+    pass
 
 
 class _BoundedProtocol(HttpToolsProtocol):
@@ -57,10 +62,23 @@ class _BoundedProtocol(HttpToolsProtocol):
         self.transport.close()
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
-            self.transport.write(_431)
-            self.transport.close()
+        # uvicorn's, but a header section over the limit is answered 431 rather than 400.
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+        except httptools.HttpParserError:
+            if self._header_bytes > self.max_header_bytes:
+                self.transport.write(_431)
+                self.transport.close()
+                return
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -68,18 +86,20 @@ class _BoundedProtocol(HttpToolsProtocol):
         if self._deadline is None:
             self._arm(self.header_timeout_s)
 
+    def _count(self, n: int) -> None:
+        self._header_bytes += n
+        if self._header_bytes > self.max_header_bytes:
+            raise _HeadersTooLarge  # stops the parser: data_received answers 431
+
     def on_url(self, url: bytes) -> None:
-        self._header_bytes += len(url)
+        self._count(len(url))
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_bytes += len(name) + len(value)
-        if self._header_bytes <= self.max_header_bytes:
-            super().on_header(name, value)
+        self._count(len(name) + len(value))
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
-        if self._header_bytes > self.max_header_bytes:
-            return
         self._arm(self.body_timeout_s)
         super().on_headers_complete()
 
