@@ -84,10 +84,11 @@ EXPECTED: dict[str, list[str]] = {
         "store_class"
     ),
     "zephon.capture.testing": _names(
-        "CHECKS CheckResult ConformanceError ConformanceReport ConformanceWarning Image "
+        "CHECKS CheckResult ConformanceError ConformanceReport ConformanceWarning FloodPlan "
+        "FloodReport Image "
         "MUTATIONS Mutation Op RecordingFileSystem STORE_KINDS StoreKind Wrapper "
         "assert_mutation_caught durable_kinds marks_before mutated_factory power_loss_images "
-        "run_conformance run_conformance_sync run_mutation sample_commit"
+        "run_conformance run_conformance_sync run_flood run_mutation sample_commit"
     ),
     "zephon.checkpoints": _names(
         "LatestCheckpoint checkpoint_files checkpoint_path latest_checkpoint load_checkpoint "
