@@ -120,6 +120,21 @@ def test_pass_through_routes_need_the_capture_token(
     assert len(snap.entries) == 1 and not snap.incomplete
 
 
+def test_the_capture_token_is_not_passed_to_the_engine(guarded: Any, http: httpx.Client) -> None:
+    proxy, _ = guarded
+    sent = {
+        "x-zephon-capture-token": "cap-secret",
+        "authorization": "Bearer engine-key",
+        "x-note": "caf\xe9".encode("latin-1"),
+    }
+    for path in ("/test/headers", "/ng-rollout/r1/test/headers"):
+        resp = http.get(proxy.url + path, headers=sent)
+        assert resp.status_code == 200, resp.text
+        seen = resp.json()
+        assert "x-zephon-capture-token" not in seen
+        assert seen["authorization"] == "Bearer engine-key" and seen["x-note"] == "caf\xe9"
+
+
 @pytest.fixture(scope="module")
 def control_only(
     engine: Proc, logs: Path, tmp_path_factory: pytest.TempPathFactory
