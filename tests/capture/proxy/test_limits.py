@@ -191,3 +191,61 @@ def test_a_full_worker_answers_503_with_retry_after(
         assert [c.result().status_code for c in calls] == [200, 200]
     assert http.post(url, json=CHAT).status_code == 200
     assert len(freeze(store, rid).entries) == 3
+
+
+def test_a_slow_second_request_on_a_kept_alive_connection_is_timed_out(limited: Any) -> None:
+    proxy, _ = limited
+    with _connect(proxy) as sock:
+        sock.sendall(_head("/training-token-capture/control/health", method="GET"))
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += sock.recv(65536)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        while len(body) < length:
+            body += sock.recv(65536)
+        assert _status(head) == 200 and b"connection: close" not in head.lower()
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nhost: pro")  # and nothing more
+        assert _status(_read_all(sock)) == 408
+
+
+@pytest.fixture(scope="module")
+def budgeted(engine: Proc, logs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    store = f"file://{tmp_path_factory.mktemp('budgeted')}"
+    limits = ("--max-body-bytes", str(LIMIT), "--max-buffered-bytes", str(2 * LIMIT))
+    proc = start_proxy(engine.url, store, logs, *limits)
+    yield proc, store
+    proc.stop()
+    assert "Traceback" not in proc.log.read_text()
+
+
+def _padded_chat(size: int) -> bytes:
+    body = {**CHAT, "metadata": {"pad": ""}}
+    pad = size - len(httpx.Request("POST", "http://x", json=body).content)
+    return httpx.Request("POST", "http://x", json={**CHAT, "metadata": {"pad": "p" * pad}}).content
+
+
+def test_bodies_in_flight_share_one_budget(budgeted: Any, http: httpx.Client, rid: str) -> None:
+    proxy, store = budgeted
+    path = CAP.format(rid=rid)
+    body = _padded_chat(LIMIT - 1024)
+    hangers = [_connect(proxy) for _ in range(2)]  # each announces a 1 MiB body, sends none
+    for sock in hangers:
+        sock.sendall(_head(path, f"content-length: {LIMIT}"))
+    deadline = time.monotonic() + WAIT_S
+    while True:  # until both hangers hold their share (the proxy reads them concurrently)
+        resp = http.post(proxy.url + path, content=body)
+        if resp.status_code == 503:
+            break
+        assert resp.status_code == 200 and time.monotonic() < deadline, resp.text[:300]
+    assert (
+        resp.headers["retry-after"] == "1" and "request bodies" in resp.json()["error"]["message"]
+    )
+    for sock in hangers:
+        sock.close()
+    deadline = time.monotonic() + WAIT_S
+    while (resp := http.post(proxy.url + path, content=body)).status_code == 503:
+        assert time.monotonic() < deadline, "the budget was not given back after a hang-up"
+    assert resp.status_code == 200
+    snap = freeze(store, rid)
+    assert len(snap.entries) >= 1 and not snap.incomplete
