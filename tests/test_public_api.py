@@ -73,20 +73,22 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.capture.proxy.server": _names("bind_socket exposure_problem serve"),
     "zephon.capture.records": _names(
         "CallRecord CaptureLedgerCommit DIGEST_VERSION EngineRefusalRecord FINGERPRINT_VERSION "
-        "ManifestFailure ParentResolutionStatus RolloutManifest RolloutRemoval "
+        "MAX_CALL_ID_CHARS MAX_TOKEN_ID ManifestFailure ParentResolutionStatus RolloutManifest "
+        "RolloutRemoval "
         "TOKEN_ENTRY_MIN_SCHEMA_VERSION TOKEN_ENTRY_RECORD_SCHEMA_VERSION TokenCaptureSnapshot "
         "TokenEntry canonical_json compute_digest cumulative_tokens encode_token_ids entry_key "
-        "require_finite validate_capture_keys validate_rollout_id"
+        "require_finite validate_call_id validate_capture_keys validate_rollout_id"
     ),
     "zephon.capture.stores": _names(
         "DurableStore FileSystem LogCorruptionError STORE_CLASSES STORE_SCHEMES open_store "
         "store_class"
     ),
     "zephon.capture.testing": _names(
-        "CHECKS CheckResult ConformanceError ConformanceReport ConformanceWarning Image "
+        "CHECKS CheckResult ConformanceError ConformanceReport ConformanceWarning FloodPlan "
+        "FloodReport Image "
         "MUTATIONS Mutation Op RecordingFileSystem STORE_KINDS StoreKind Wrapper "
         "assert_mutation_caught durable_kinds marks_before mutated_factory power_loss_images "
-        "run_conformance run_conformance_sync run_mutation sample_commit"
+        "run_conformance run_conformance_sync run_flood run_mutation sample_commit"
     ),
     "zephon.checkpoints": _names(
         "LatestCheckpoint checkpoint_files checkpoint_path latest_checkpoint load_checkpoint "

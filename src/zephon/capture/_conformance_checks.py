@@ -23,6 +23,7 @@ from zephon.capture._conformance_kit import (
     _wire,
     sample_commit,
 )
+from zephon.capture._conformance_put_rules import PUT_RULES
 from zephon.capture.protocols import (
     CaptureAdmissionRefused,
     RolloutRetiredError,
@@ -64,6 +65,10 @@ async def _check_non_finite_log_probs_refused(ctx: _Ctx) -> None:
     await (await ctx.sink()).put(good)
     snap = await _freeze(ctx, rid)
     ctx.require(_by_call(snap) == {"c2": _wire(good)}, "unreadable after the refused put")
+
+
+for _rule in PUT_RULES:  # integer ids, id range, lengths, holdable call ids
+    _check(_rule)
 
 
 @_check

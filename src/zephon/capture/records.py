@@ -30,6 +30,8 @@ import msgspec
 __all__ = [
     "DIGEST_VERSION",
     "FINGERPRINT_VERSION",
+    "MAX_CALL_ID_CHARS",
+    "MAX_TOKEN_ID",
     "TOKEN_ENTRY_MIN_SCHEMA_VERSION",
     "TOKEN_ENTRY_RECORD_SCHEMA_VERSION",
     "CallRecord",
@@ -47,11 +49,17 @@ __all__ = [
     "encode_token_ids",
     "entry_key",
     "require_finite",
+    "validate_call_id",
     "validate_capture_keys",
     "validate_rollout_id",
 ]
 
 TOKEN_ENTRY_RECORD_SCHEMA_VERSION = 1
+MAX_CALL_ID_CHARS = 256
+"""Longest model call id a store accepts: with a 200-character rollout id it stays far below
+the size postgres can index (a key of about 2.7 kB), so every store holds the same ids."""
+MAX_TOKEN_ID = 2**63 - 1
+"""Largest token id a store accepts: what a signed 64-bit tensor (the training side) holds."""
 TOKEN_ENTRY_MIN_SCHEMA_VERSION = 1
 DIGEST_VERSION = 1
 FINGERPRINT_VERSION = 2
@@ -60,6 +68,7 @@ STAGING_SCHEMA_VERSION = 2
 _DIGEST_TAG = b"nemo-gym-tokens"
 _EMPTY_DIGEST = hashlib.sha256(_DIGEST_TAG).hexdigest()
 _ROLLOUT_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
 # An unsigned exponent (msgspec writes 1e22, NeMo Gym's orjson 1e+22). A hit is a number token
 # when the digits before it follow a structural character; a hit inside a string only costs the
@@ -161,6 +170,29 @@ def validate_rollout_id(rollout_id: object, *, field: str = "rollout_id") -> str
     if rollout_id in {".", ".."}:
         raise ValueError(f"{field} {rollout_id!r} is invalid: '.' and '..' are reserved")
     return rollout_id
+
+
+def validate_call_id(call_id: object, *, field: str = "model_call_id") -> str:
+    """Return ``call_id`` if every store can hold it as a key, else raise ``ValueError``.
+
+    1 to :data:`MAX_CALL_ID_CHARS` characters of valid Unicode (no lone surrogates) without
+    control characters: postgres text refuses NUL and invalid UTF-8, and its index refuses
+    long keys, so the rule is what the strictest store holds, applied to all of them alike.
+    """
+    if not isinstance(call_id, str) or not call_id:
+        raise ValueError(f"{field} {call_id!r} is invalid: it must be a non-empty string")
+    if len(call_id) > MAX_CALL_ID_CHARS:
+        raise ValueError(
+            f"{field} {call_id[:40]!r}... is invalid: {len(call_id)} characters, at most "
+            f"{MAX_CALL_ID_CHARS}"
+        )
+    if _CONTROL_RE.search(call_id) is not None:
+        raise ValueError(f"{field} {call_id!r} is invalid: it contains a control character")
+    try:
+        call_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{field} {call_id!r} is invalid: it is not valid Unicode") from None
+    return call_id
 
 
 def validate_capture_keys(keys: str | Iterable[str]) -> list[str]:

@@ -79,6 +79,7 @@ def register_serve(capture_subparsers: Any) -> None:
     )
     _store_arguments(p)
     _access_arguments(p)
+    _limit_arguments(p)
     p.add_argument("--log-level", default="warning", help="uvicorn log level (warning)")
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.set_defaults(func=_serve)
@@ -114,23 +115,104 @@ def _store_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _access_arguments(p: argparse.ArgumentParser) -> None:
-    """Who may call the proxy: the control and capture tokens."""
+    """Who may call the proxy: the control and capture tokens (from an option, the
+    environment or a file; the latter two keep them out of ``ps``)."""
     p.add_argument(
         "--control-token",
         default=os.environ.get("ZEPHON_CAPTURE_CONTROL_TOKEN"),
-        help="bearer token for the control routes (env ZEPHON_CAPTURE_CONTROL_TOKEN)",
+        help="bearer token for the control routes; also the capture token unless "
+        "--capture-token is set (env ZEPHON_CAPTURE_CONTROL_TOKEN)",
+    )
+    p.add_argument(
+        "--control-token-file",
+        metavar="PATH",
+        help="read the control token from this file (its first line)",
     )
     p.add_argument(
         "--capture-token",
         default=os.environ.get("ZEPHON_CAPTURE_TOKEN"),
-        help="value of the X-Zephon-Capture-Token header every capture route requires "
-        "(env ZEPHON_CAPTURE_TOKEN)",
+        help="value of the X-Zephon-Capture-Token header every capture and pass-through "
+        "route requires (env ZEPHON_CAPTURE_TOKEN; default: the control token)",
+    )
+    p.add_argument(
+        "--capture-token-file",
+        metavar="PATH",
+        help="read the capture token from this file (its first line)",
     )
     p.add_argument(
         "--insecure-no-auth",
         action="store_true",
         help="listen beyond loopback without --control-token (logged as a warning)",
     )
+
+
+_MIB = 2**20
+_COUNT_LIMITS = [  # option, ProxyConfig field, default, meaning
+    ("--max-body-bytes", "max_body_bytes", 16 * _MIB, "largest request body; 413 beyond"),
+    (
+        "--max-buffered-bytes",
+        "max_buffered_bytes",
+        256 * _MIB,
+        "request body bytes of the requests in flight in one worker; 503 beyond",
+    ),
+    ("--max-json-depth", "max_json_depth", 128, "deepest JSON of a request body; 400 beyond"),
+    (
+        "--max-concurrent-requests",
+        "max_concurrent_requests",
+        1024,
+        "capture and pass-through requests in flight per worker; 503 with Retry-After beyond",
+    ),
+    ("--max-header-bytes", "max_header_bytes", 64 * 2**10, "largest header section; 431 beyond"),
+]
+
+
+def _limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``ProxyConfig`` fields of the limit options."""
+    limits = {field: getattr(args, field) for _, field, _, _ in _COUNT_LIMITS}
+    return {**limits, "header_timeout_s": args.header_timeout, "body_timeout_s": args.body_timeout}
+
+
+def _limit_arguments(p: argparse.ArgumentParser) -> None:
+    """What one client may cost a worker (see ProxyConfig)."""
+    for option, field, default, meaning in _COUNT_LIMITS:
+        p.add_argument(
+            option,
+            dest=field,
+            type=int,
+            default=default,
+            metavar="N",
+            help=f"{meaning} ({default})",
+        )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds a request's headers may take from its first byte (10)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds a request's body may take after its headers (60)",
+    )
+
+
+def _token(value: str | None, path: str | None, option: str) -> str | None:
+    """The token from its option (or environment variable) or from its file, not both."""
+    if path is None:
+        return value or None
+    if value:
+        raise ValueError(f"give {option} or {option}-file, not both")
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+    except OSError as exc:
+        raise ValueError(f"{option}-file {path}: {exc.strerror}") from None
+    if not token:
+        raise ValueError(f"{option}-file {path} is empty")
+    return token
 
 
 EXIT_STARTUP, EXIT_USAGE = 1, 2
@@ -187,10 +269,11 @@ def _serve(args: argparse.Namespace) -> int:
             connect_timeout_s=args.connect_timeout,
             store_clients=args.store_clients,
             delta_prompts=args.delta_prompts,
-            control_token=args.control_token or None,
-            capture_token=args.capture_token or None,
+            control_token=_token(args.control_token, args.control_token_file, "--control-token"),
+            capture_token=_token(args.capture_token, args.capture_token_file, "--capture-token"),
             spill_dir=args.spill_dir or None,
             spill_replay_s=args.spill_replay_interval,
+            **_limits(args),
         )
     except ValueError as exc:
         _error(exc)

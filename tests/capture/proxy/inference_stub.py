@@ -14,7 +14,8 @@ Faults for tests, chosen per request with the extra body field ``test_engine_fau
 ``no_token_ids`` (generated ids only via log-prob tokens), ``mismatch`` (the two disagree),
 ``error500``, ``hold`` (with ``test_engine_hold`` = a token: wait until
 ``POST /test/release/<token>``, then apply ``test_engine_after_hold`` as the fault;
-``GET /test/stats`` counts held calls per token). A chat request tagged with the extra body
+``GET /test/stats`` counts held calls per token; ``GET /test/headers`` echoes the request's
+headers). A chat request tagged with the extra body
 field ``test_engine_tag`` is logged once generated: ``GET /test/generated`` maps each tag to
 the hex sha256 of its prompt ids (what a test compares the store against). A prompt
 longer than ``--max-model-len`` minus ``max_tokens`` gets vLLM's 400 context-length error.
@@ -363,6 +364,11 @@ def build_app(model: Model) -> Any:
     async def get_generated(_request: Request) -> Response:
         return JSONResponse(generated)
 
+    async def echo_headers(request: Request) -> Response:
+        return JSONResponse(
+            {k.decode("latin-1"): v.decode("latin-1") for k, v in request.headers.raw}
+        )
+
     async def do_release(request: Request) -> Response:
         releases.setdefault(request.path_params["token"], asyncio.Event()).set()
         return JSONResponse({"released": True})
@@ -377,6 +383,7 @@ def build_app(model: Model) -> Any:
             Route("/test/stats", get_stats, methods=["GET"]),
             Route("/test/generated", get_generated, methods=["GET"]),
             Route("/test/release/{token}", do_release, methods=["POST"]),
+            Route("/test/headers", echo_headers, methods=["GET"]),
         ]
     )
 

@@ -62,6 +62,9 @@ def test_bad_requests_are_refused_before_any_capture_state(
         ("/v1/messages", b'{"model": "t", "messages": []}', 404, "unknown_capture_route"),
         ("/v1/chat/completions", b'{"model": "t", "messages": [{"role": "user", "content": '
          b'[{"type": "input_image", "image": ' + b"[" * 300 + b"]" * 300 + b"}]}]}",
+         400, "json_too_deep"),
+        ("/v1/chat/completions", b'{"model": "t", "messages": [{"role": "user", "content": '
+         b'[{"type": "input_image", "image": 100000000000000000000000000}]}]}',
          400, "history_unrepresentable"),
     ]  # fmt: skip
     for route, raw, status, code in cases:

@@ -42,6 +42,7 @@ from zephon.capture.protocols import (
     TokenCaptureFrozenError,
 )
 from zephon.capture.proxy._inference import InferenceAnswer, InferenceClient, InferenceUnavailable
+from zephon.capture.proxy._limits import ClientRefused, decode_json
 from zephon.capture.proxy._metrics import Metrics
 from zephon.capture.proxy._pool import StoreClients
 from zephon.capture.proxy._requests import BadRequest, Dialect, PreparedCall, prepare_call
@@ -103,7 +104,9 @@ class CaptureService:
         *,
         delta_prompts: bool = False,
         spill: SpillJournal | None = None,
+        max_json_depth: int = 128,
     ) -> None:
+        self.max_json_depth = max_json_depth
         self.stores = stores
         self.inference = inference
         self.metrics = metrics
@@ -116,11 +119,9 @@ class CaptureService:
         self, rollout_id: str, dialect: Dialect, raw: bytes, headers: dict[str, str]
     ) -> CallResult:
         try:
-            body = msgspec.json.decode(raw) if raw else None
-        except msgspec.DecodeError as exc:
-            return self._bad(
-                BadRequest(f"the request body is not valid JSON: {exc}", code="invalid_json")
-            )
+            body = decode_json(raw, self.max_json_depth) if raw else None
+        except ClientRefused as exc:
+            return self._bad(BadRequest(exc.message, code=exc.code))
         try:
             call = prepare_call(dialect, body)
             conversation_digest(call.request_items)  # refuse unhashable history up front
@@ -213,7 +214,14 @@ class CaptureService:
             if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
                 raise TokenDataError("engine answer is not a completion object")
             items = output_items_of(data, call, call_id)
-        except (msgspec.DecodeError, TokenDataError, AttributeError, KeyError, TypeError) as exc:
+        except (
+            msgspec.DecodeError,
+            RecursionError,
+            TokenDataError,
+            AttributeError,
+            KeyError,
+            TypeError,
+        ) as exc:
             hdrs["x-zephon-capture"] = await self._fail(rollout_id, call_id, "engine_bad_answer")
             msg = f"engine returned an unusable answer: {exc}"
             return CallResult(502, error_body(msg, "engine_bad_answer", 502), hdrs)
@@ -407,7 +415,8 @@ class CaptureService:
             await self._fail(rollout_id, call_id, "refusal_unrecorded")
 
 
-def _auth(headers: dict[str, str]) -> dict[str, str]:
-    """The client's credentials for the engine (an engine may require an API key)."""
+def _auth(headers: dict[str, str]) -> dict[str, bytes]:
+    """The client's credentials for the engine (an engine may require an API key), as the
+    bytes the client sent (a header value need not be ASCII)."""
     value = headers.get("authorization")
-    return {"authorization": value} if value else {}
+    return {"authorization": value.encode("latin-1")} if value else {}

@@ -25,8 +25,10 @@ class ProxyConfig:
     accepted and removed). ``engine_timeout_s`` bounds one whole engine call (generation
     included); ``connect_timeout_s`` only the TCP connect. ``control_token``, when set, is the
     bearer token every control route (health, metrics, freeze, manifest, drop, retire, delete)
-    requires; ``capture_token``, when set, the ``X-Zephon-Capture-Token`` header a capture
-    route requires (the rollout workers' secret: the ``Authorization`` header stays the engine's).
+    requires; ``capture_token``, when set, the ``X-Zephon-Capture-Token`` header every other
+    route (capture and pass-through) requires (the rollout workers' secret: the
+    ``Authorization`` header stays the engine's). Given only a control token, the capture token
+    is the control token, so one token guards every route.
     ``store_clients`` store clients are opened per worker and each rollout always uses the same
     one (a SQL store client is one connection whose calls queue; several let rollouts proceed in
     parallel, and one client per rollout keeps its lineage cache warm). ``delta_prompts`` stores
@@ -36,6 +38,13 @@ class ProxyConfig:
     runs several workers). ``spill_dir`` holds the local journal of incomplete marks the store
     could not take (replayed at start and every ``spill_replay_s`` seconds), in a folder per
     store URL; by default under ``$XDG_STATE_HOME/zephon/capture-spill``.
+
+    What one client may cost a worker: a request body of at most ``max_body_bytes`` (413),
+    all bodies being read at once at most ``max_buffered_bytes`` (503), JSON nested at most
+    ``max_json_depth`` deep (400), at most ``max_concurrent_requests`` capture and
+    pass-through requests in flight (503 with ``Retry-After``), request headers of at most
+    ``max_header_bytes`` (431) within ``header_timeout_s`` of the first byte, and the body
+    within ``body_timeout_s`` of the headers (the connection is closed).
     """
 
     engine_url: str
@@ -50,6 +59,13 @@ class ProxyConfig:
     metrics_dir: str | None = None
     spill_dir: str | None = None
     spill_replay_s: float = 5.0
+    max_body_bytes: int = 16 * 2**20
+    max_buffered_bytes: int = 256 * 2**20
+    max_json_depth: int = 128
+    max_concurrent_requests: int = 1024
+    max_header_bytes: int = 64 * 2**10
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.engine_url)
@@ -68,8 +84,27 @@ class ProxyConfig:
             raise ValueError("max_engine_connections must be >= 1")
         if self.store_clients < 1:
             raise ValueError("--store-clients must be >= 1")
+        self._check_limits()
+        if self.control_token and not self.capture_token:
+            object.__setattr__(self, "capture_token", self.control_token)
         if self.spill_replay_s <= 0:
             raise ValueError("--spill-replay-interval must be > 0 seconds")
+
+    def _check_limits(self) -> None:
+        counts = {
+            "--max-body-bytes": self.max_body_bytes,
+            "--max-buffered-bytes": self.max_buffered_bytes,
+            "--max-json-depth": self.max_json_depth,
+            "--max-concurrent-requests": self.max_concurrent_requests,
+            "--max-header-bytes": self.max_header_bytes,
+        }
+        for option, value in counts.items():
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{option} must be a positive integer, not {value!r}")
+        if self.max_buffered_bytes < self.max_body_bytes:
+            raise ValueError("--max-buffered-bytes must be at least --max-body-bytes")
+        if self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("--header-timeout and --body-timeout must be > 0 seconds")
 
     @property
     def spill_path(self) -> str:

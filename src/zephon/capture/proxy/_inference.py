@@ -8,13 +8,20 @@ unknown and the rollout must be masked.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import msgspec
 
-__all__ = ["InferenceAnswer", "InferenceClient", "InferenceUnavailable", "forward_headers"]
+__all__ = [
+    "InferenceAnswer",
+    "InferenceClient",
+    "InferenceUnavailable",
+    "forward_headers",
+    "forward_raw_headers",
+]
 
 # Hop-by-hop headers (RFC 9110 7.6.1) plus those httpx/uvicorn recompute.
 _HOP = frozenset(
@@ -36,6 +43,18 @@ _HOP = frozenset(
 def forward_headers(headers: Any) -> dict[str, str]:
     """Request or response headers minus hop-by-hop ones (``headers`` is any header mapping)."""
     return {k: v for k, v in headers.items() if k.lower() not in _HOP}
+
+
+def forward_raw_headers(
+    raw: Iterable[tuple[bytes, bytes]], drop: frozenset[str] = frozenset()
+) -> list[tuple[bytes, bytes]]:
+    """A client's headers as sent (bytes: a value need not be ASCII, a name may repeat), minus
+    hop-by-hop ones and the names in ``drop``."""
+    return [
+        (k, v)
+        for k, v in raw
+        if (name := k.decode("latin-1").lower()) not in _HOP and name not in drop
+    ]
 
 
 class InferenceUnavailable(Exception):
@@ -86,12 +105,12 @@ class InferenceClient:
         return self._client
 
     async def post_json(
-        self, path: str, payload: Any, headers: dict[str, str] | None = None
+        self, path: str, payload: Any, headers: Mapping[str, bytes] | None = None
     ) -> InferenceAnswer:
-        """POST ``payload`` as JSON and read the whole answer."""
-        hdrs = {"content-type": "application/json", "accept": "application/json"}
+        """POST ``payload`` as JSON and read the whole answer (``headers`` as sent: bytes)."""
+        hdrs = {b"content-type": b"application/json", b"accept": b"application/json"}
         if headers:
-            hdrs.update(headers)
+            hdrs.update((k.encode("latin-1"), v) for k, v in headers.items())
         content = msgspec.json.encode(payload)
         try:
             resp = await self._client.post(path, content=content, headers=hdrs)

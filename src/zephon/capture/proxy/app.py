@@ -27,6 +27,7 @@ import httpx
 import msgspec
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -34,7 +35,17 @@ from starlette.routing import Route
 from zephon.capture.protocols import RolloutRetiredError
 from zephon.capture.proxy._capture import CallResult, CaptureService, error_body
 from zephon.capture.proxy._config import ProxyConfig
-from zephon.capture.proxy._inference import InferenceClient, forward_headers
+from zephon.capture.proxy._inference import (
+    InferenceClient,
+    forward_headers,
+    forward_raw_headers,
+)
+from zephon.capture.proxy._limits import (
+    Admission,
+    ClientRefused,
+    decode_json,
+    read_body,
+)
 from zephon.capture.proxy._metrics import Metrics
 from zephon.capture.proxy._pool import StoreClients
 from zephon.capture.proxy._requests import CAPTURE_ROUTES
@@ -54,6 +65,7 @@ CAPTURE_SEGMENT = "training-token-capture"
 CONTROL_PREFIX = "/training-token-capture/control"
 CAPTURE_TOKEN_HEADER = "x-zephon-capture-token"
 MAX_BATCH = 1024
+_NOT_FORWARDED = frozenset({CAPTURE_TOKEN_HEADER})  # the proxy's secret, not the engine's
 _READ_ONLY = frozenset({"v1/models", "tokenize", "detokenize", "health", "version"})
 
 
@@ -123,6 +135,7 @@ class _State:
             self.metrics,
             delta_prompts=config.delta_prompts,
             spill=self.spill,
+            max_json_depth=config.max_json_depth,
         )
 
     async def replay_forever(self) -> None:
@@ -145,6 +158,25 @@ def _state(request: Request) -> _State:
 def _config(request: Request) -> ProxyConfig:
     config: ProxyConfig = request.app.state.config
     return config
+
+
+async def _read(request: Request) -> bytes:
+    """The request body within the worker's limits (:class:`ClientRefused` beyond them)."""
+    return await read_body(request, _config(request).max_body_bytes)
+
+
+def _refusal(exc: ClientRefused) -> Response:
+    return _json(error_body(exc.message, exc.code, exc.status), exc.status, exc.headers)
+
+
+def _worker_authorised(request: Request) -> bool:
+    """The capture token (when set) on a capture or pass-through route."""
+    return token_matches(request.headers.get(CAPTURE_TOKEN_HEADER), _config(request).capture_token)
+
+
+def _worker_unauthorised() -> Response:
+    message = f"this route needs the '{CAPTURE_TOKEN_HEADER}' header (the capture token)"
+    return _error(message, "unauthorized", 401)
 
 
 async def _flush_forever(metrics: Metrics) -> None:
@@ -190,15 +222,22 @@ def _counted(route: str, fn: Handler) -> Handler:
 # -- pass-through ----------------------------------------------------------------------------
 
 
+def _engine_url(path: str, query: bytes) -> httpx.URL:
+    try:
+        return httpx.URL(path=path, query=query)
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise ClientRefused(400, "invalid_path", f"path {path[:200]!r} is invalid: {exc}") from None
+
+
 async def _forward(request: Request, path: str) -> Response:
     """Send the request to the engine at ``path`` and stream its answer back untouched."""
     client = _state(request).inference.client
-    url = httpx.URL(path=path, query=request.url.query.encode("ascii"))
+    url = _engine_url(path, request.scope.get("query_string", b""))
     req = client.build_request(
         request.method,
         url,
-        headers=forward_headers(request.headers),
-        content=await request.body(),
+        headers=forward_raw_headers(request.headers.raw, _NOT_FORWARDED),
+        content=await _read(request),
     )
     try:
         upstream = await client.send(req, stream=True)
@@ -215,15 +254,27 @@ async def _forward(request: Request, path: str) -> Response:
 
 
 async def _passthrough(request: Request) -> Response:
-    return await _forward(request, request.url.path)
+    if not _worker_authorised(request):
+        return _worker_unauthorised()
+    try:
+        return await _forward(request, request.url.path)
+    except ClientRefused as exc:
+        return _refusal(exc)
 
 
 async def _correlated(request: Request) -> Response:
     rest = request.path_params["rest"]
-    if rest.startswith(CAPTURE_SEGMENT + "/") or rest == CAPTURE_SEGMENT:
-        route, resp = await _capture(request)
-    else:
-        route, resp = "rollout_passthrough", await _forward(request, "/" + rest)
+    capture = rest.startswith(CAPTURE_SEGMENT + "/") or rest == CAPTURE_SEGMENT
+    try:
+        if not _worker_authorised(request):
+            route = "capture_unauthorized" if capture else "rollout_passthrough"
+            resp = _worker_unauthorised()
+        elif capture:
+            route, resp = await _capture(request)
+        else:
+            route, resp = "rollout_passthrough", await _forward(request, "/" + rest)
+    except ClientRefused as exc:
+        route, resp = ("capture_invalid" if capture else "rollout_passthrough"), _refusal(exc)
     _state(request).metrics.inc(
         "zephon_proxy_requests_total", route=route, code=str(resp.status_code)
     )
@@ -234,10 +285,7 @@ async def _correlated(request: Request) -> Response:
 
 
 async def _capture(request: Request) -> tuple[str, Response]:
-    """A call under the capture segment: ``(route label, response)``."""
-    if not token_matches(request.headers.get(CAPTURE_TOKEN_HEADER), _config(request).capture_token):
-        message = f"capture routes need the '{CAPTURE_TOKEN_HEADER}' header"
-        return "capture_unauthorized", _error(message, "unauthorized", 401)
+    """A call under the capture segment (its token checked): ``(route label, response)``."""
     rid = request.path_params["rollout_id"]
     rest = request.path_params["rest"][len(CAPTURE_SEGMENT) :].strip("/")
     try:
@@ -257,7 +305,7 @@ async def _capture(request: Request) -> tuple[str, Response]:
         )
     if request.method != "POST":
         return dialect, _error(f"/{rest} accepts POST only", "method_not_allowed", 405)
-    raw = await request.body()
+    raw = await _read(request)
     result = await _state(request).service.handle(rid, dialect, raw, dict(request.headers))
     return dialect, _result(result)
 
@@ -304,6 +352,8 @@ def _control(fn: Handler) -> Handler:
             return _error(str(exc), "rollout_retired", 410)
         except _BodyError as exc:
             return _error(str(exc), "invalid_request", 400)
+        except ClientRefused as exc:
+            return _refusal(exc)
 
     return wrapped
 
@@ -387,7 +437,13 @@ def _routes() -> list[Route]:
 def create_app(config: ProxyConfig) -> Starlette:
     """The proxy application for one worker process: module-level handlers over one
     ``_State`` (opened in the lifespan, kept in ``app.state.proxy``)."""
-    app = Starlette(routes=_routes(), lifespan=_lifespan)
+    admission = Middleware(
+        Admission,
+        cap=config.max_concurrent_requests,
+        budget=config.max_buffered_bytes,
+        exempt=CONTROL_PREFIX + "/",
+    )
+    app = Starlette(routes=_routes(), lifespan=_lifespan, middleware=[admission])
     app.state.config = config
     return app
 
@@ -400,10 +456,7 @@ class _BodyError(ValueError):
 
 
 async def _body(request: Request, required: tuple[str, ...]) -> dict[str, Any]:
-    try:
-        body = msgspec.json.decode(await request.body())
-    except msgspec.DecodeError as exc:
-        raise _BodyError(f"the request body is not valid JSON: {exc}") from None
+    body = decode_json(await _read(request), _config(request).max_json_depth)
     if not isinstance(body, dict):
         raise _BodyError("the request body must be a JSON object")
     missing = [k for k in required if k not in body]

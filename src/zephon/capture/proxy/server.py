@@ -44,19 +44,24 @@ def is_loopback(host: str) -> bool:
 def exposure_problem(host: str, control_token: str | None, *, insecure: bool) -> str | None:
     """Why listening on ``host`` is refused (or, with ``insecure``, a warning); None if fine.
 
-    Beyond loopback anyone who reaches the port could freeze, retire or delete rollouts.
+    Beyond loopback anyone who reaches the port could freeze, retire or delete rollouts, write
+    captures under any rollout id and use the engine. A control token guards every route (the
+    capture token defaults to it), so it is what a non-loopback bind needs.
     """
     if control_token or is_loopback(host):
         return None
     if insecure:
         return (
             f"warning: listening on {host} without --control-token (--insecure-no-auth): anyone "
-            "who reaches this port can freeze, retire and delete rollouts"
+            "who reaches this port can freeze, retire and delete rollouts, capture into any "
+            "rollout and use the inference server"
         )
     return (
         f"refusing to listen on {host} without --control-token: anyone who reaches it could "
-        "freeze, retire and delete rollouts; set a token (and --capture-token for rollout "
-        "workers), listen on 127.0.0.1, or pass --insecure-no-auth"
+        "freeze, retire and delete rollouts, capture into any rollout and use the inference "
+        "server; set --control-token (or --control-token-file; it also guards the capture and "
+        "pass-through routes unless --capture-token is set), listen on 127.0.0.1, or pass "
+        "--insecure-no-auth"
     )
 
 
@@ -76,11 +81,18 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn_config(app: Any, log_level: str, access_log: bool) -> Any:
+def _uvicorn_config(app: Any, config: ProxyConfig, log_level: str, access_log: bool) -> Any:
     import uvicorn
+
+    from zephon.capture.proxy._protocol import bounded_protocol
 
     return uvicorn.Config(
         app,
+        http=bounded_protocol(
+            header_timeout_s=config.header_timeout_s,
+            body_timeout_s=config.body_timeout_s,
+            max_header_bytes=config.max_header_bytes,
+        ),
         lifespan="on",
         log_level=log_level,
         access_log=access_log,
@@ -111,10 +123,11 @@ def _follow_supervisor(server: Any) -> None:
 def _worker(config_env: str, sock: socket.socket, log_level: str, access_log: bool) -> None:
     import uvicorn
 
-    from zephon.capture.proxy.app import create_app_from_env
+    from zephon.capture.proxy.app import create_app
 
     os.environ[CONFIG_ENV] = config_env
-    server = uvicorn.Server(_uvicorn_config(create_app_from_env(), log_level, access_log))
+    config = ProxyConfig.from_env()
+    server = uvicorn.Server(_uvicorn_config(create_app(config), config, log_level, access_log))
     _follow_supervisor(server)
     server.run(sockets=[sock])
 
@@ -158,7 +171,7 @@ def serve(
         flush=True,
     )
     if workers == 1:
-        server = uvicorn.Server(_uvicorn_config(create_app(config), log_level, access_log))
+        server = uvicorn.Server(_uvicorn_config(create_app(config), config, log_level, access_log))
         server.run(sockets=[sock])
         if not server.started:
             print("zephon capture proxy: startup failed (see the error above)", file=sys.stderr)

@@ -42,10 +42,10 @@ from zephon.capture.records import (
     RolloutRemoval,
     TokenCaptureSnapshot,
     TokenEntry,
-    require_finite,
     validate_capture_keys,
     validate_rollout_id,
 )
+from zephon.capture.stores._admit import admit_entry
 from zephon.capture.stores._state import RolloutState, Transition
 
 __all__ = ["Decide", "DurableStore", "Offload", "parse_offload"]
@@ -154,9 +154,7 @@ class DurableStore:
     # -- sink -------------------------------------------------------------------------------
 
     async def put(self, entry: TokenEntry) -> None:
-        validate_rollout_id(entry.rollout_id)
-        require_finite(entry)
-        canonical = entry.canonical_bytes()
+        canonical = admit_entry(entry)
         call_id = entry.model_call_id
         await self._decide(entry.rollout_id, lambda s: s.put(call_id, canonical))
 

@@ -412,11 +412,14 @@ class FileStore(DurableStore):
         then: Callable[[_Handle, Transition[Any]], Any],
         *,
         write: bool,
+        before: Callable[[_Handle], None] | None = None,
     ) -> Any:
         h = _handle(self.fs, self.directory, rollout_id)
         with h.mutex:
             try:
                 exists = self._lock_and_sync(h, exclusive=write)
+                if before is not None and exists:
+                    before(h)
                 t = decide(h.state)
                 if t.events:
                     if not write:
@@ -500,8 +503,19 @@ class FileStore(DurableStore):
         return self._op(rollout_id, decide, lambda h, t: then(h.state, t), write=write)
 
     def _freeze(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
+        read: list[list[TokenEntry]] = []
+
+        def before(h: _Handle) -> None:
+            # Read every entry before the first freeze is written: a freeze that fails to
+            # read the rollout must not fence it.
+            if not h.state.frozen and h.state.entry_keys:
+                read.append(self._read_entries(h, list(h.state.entry_keys)))
+
+        def then(h: _Handle, t: Transition[Any]) -> TokenCaptureSnapshot:
+            return self._snapshot(h, t, read[0] if read else None)
+
         snap: TokenCaptureSnapshot = self._op(
-            rollout_id, lambda s: s.freeze(snapshot_id), self._snapshot, write=True
+            rollout_id, lambda s: s.freeze(snapshot_id), then, write=True, before=before
         )
         return snap
 
@@ -513,11 +527,15 @@ class FileStore(DurableStore):
             rollout_id, lambda s: s.read_snapshot(), then, write=False
         )
 
-    def _snapshot(self, h: _Handle, _t: Transition[Any]) -> TokenCaptureSnapshot:
+    def _snapshot(
+        self, h: _Handle, _t: Transition[Any], entries: list[TokenEntry] | None = None
+    ) -> TokenCaptureSnapshot:
         cached = h.snapshot
         if cached is not None and cached[0] == h.offset:
             return cached[1]
-        snap = h.state.snapshot(self._read_entries(h, list(h.state.entry_keys)))
+        if entries is None:
+            entries = self._read_entries(h, list(h.state.entry_keys))
+        snap = h.state.snapshot(entries)
         if not h.stale:
             h.snapshot = (h.offset, snap)
             _remember_snapshot(h)

@@ -23,10 +23,10 @@ from zephon.capture.records import (
     RolloutRemoval,
     TokenCaptureSnapshot,
     TokenEntry,
-    require_finite,
     validate_capture_keys,
     validate_rollout_id,
 )
+from zephon.capture.stores._admit import admit_entry
 from zephon.capture.stores._events import Delete, Event, Put, Retire
 from zephon.capture.stores._state import RolloutState, Transition
 
@@ -148,8 +148,7 @@ class MemoryStore:
     # -- sink ----------------------------------------------------------------------------
 
     async def put(self, entry: TokenEntry) -> None:
-        require_finite(entry)
-        canonical = entry.canonical_bytes()
+        canonical = admit_entry(entry)
         self._transact(entry.rollout_id, lambda s: s.put(entry.model_call_id, canonical))
 
     async def mark_incomplete(self, rollout_id: str, model_call_id: str = "") -> None:

@@ -164,10 +164,13 @@ class SqlStore(DurableStore):
             with self._txn(True) as cur:
                 state, t = self._locked_decision(cur, rollout_id, lambda s: s.freeze(snapshot_id))
                 if t.error is None:
+                    # Decoded before the commit: a freeze that cannot be read does not fence.
                     payloads = self._payloads(cur, rollout_id)
+                    snap = state.snapshot(
+                        TokenEntry.from_json(payloads[c]) for c in state.entry_keys
+                    )
             if t.error is not None:
                 raise t.error
-            snap = state.snapshot(TokenEntry.from_json(payloads[c]) for c in state.entry_keys)
             self._snapshots[rollout_id] = snap
             self._snapshots.move_to_end(rollout_id)
             while len(self._snapshots) > _MAX_SNAPSHOTS:

@@ -45,6 +45,7 @@ from zephon.capture.records import (
     TokenEntry,
     canonical_json,
     entry_key,
+    validate_call_id,
 )
 from zephon.capture.stores._events import (
     CONFLICTING_LEDGER_RECORD,
@@ -91,6 +92,15 @@ class Transition(Generic[T]):
 
 def _fail(error: Exception, *events: Event) -> Transition[Any]:
     return Transition(events=events, result=None, error=error)
+
+
+def _bad_call_id(call_id: str) -> Transition[Any] | None:
+    """The refusal of a call id some store could not hold (checked first, by every store)."""
+    try:
+        validate_call_id(call_id)
+    except ValueError as exc:
+        return _fail(exc)
+    return None
 
 
 PutOutcome = Literal["stored", "duplicate"]
@@ -286,6 +296,9 @@ class RolloutState(msgspec.Struct, kw_only=True):
 
     def put(self, call_id: str, canonical: bytes) -> Transition[PutOutcome]:
         """Store an entry given its canonical bytes; identical bytes are a no-op."""
+        bad = _bad_call_id(call_id)
+        if bad is not None:
+            return bad
         fence = self._write_fence(f"put of call {call_id!r}")
         if fence is not None:
             return _fail(fence)
@@ -320,6 +333,9 @@ class RolloutState(msgspec.Struct, kw_only=True):
 
     def mark_incomplete(self, call_id: str = "") -> Transition[None]:
         """Allowed before and after freeze; always moves the version. Refused once retired."""
+        bad = _bad_call_id(call_id) if call_id else None
+        if bad is not None:
+            return bad
         if self.retired:
             fence = self._write_fence("mark_incomplete")
             assert fence is not None
@@ -328,6 +344,9 @@ class RolloutState(msgspec.Struct, kw_only=True):
 
     def fail_call(self, call_id: str) -> Transition[None]:
         """A failed admitted call: marks while open; refused (no change) once frozen."""
+        bad = _bad_call_id(call_id)
+        if bad is not None:
+            return bad
         fence = self._write_fence(f"failure mark of call {call_id!r}")
         if fence is not None:
             return _fail(fence)
@@ -345,6 +364,9 @@ class RolloutState(msgspec.Struct, kw_only=True):
 
     def begin_call(self, call_id: str) -> Transition[None]:
         """Record a pre-dispatch intent; refused when frozen, retired or admissions closed."""
+        bad = _bad_call_id(call_id)
+        if bad is not None:
+            return bad
         fence = self._write_fence(f"begin_call of call {call_id!r}")
         if fence is not None:
             return _fail(fence)
@@ -362,6 +384,9 @@ class RolloutState(msgspec.Struct, kw_only=True):
     def record_engine_refusal(self, record: EngineRefusalRecord) -> Transition[None]:
         """Settle the call's intent with a refusal; after freeze this raises (no change)."""
         call_id = record.model_call_id
+        bad = _bad_call_id(call_id)
+        if bad is not None:
+            return bad
         fence = self._write_fence(f"engine refusal of call {call_id!r}")
         if fence is not None:
             return _fail(fence)
@@ -428,6 +453,9 @@ class RolloutState(msgspec.Struct, kw_only=True):
     def ledger_record(self, commit: CaptureLedgerCommit) -> Transition[LedgerOutcome]:
         """Publish a ledger row; identical replay no-op, different data fails and poisons."""
         call_id = commit.record.model_call_id
+        bad = _bad_call_id(call_id)
+        if bad is not None:
+            return bad
         if self.retired:
             return Transition(result="discarded")
         key = entry_key(canonical_json(commit))
@@ -461,6 +489,9 @@ class RolloutState(msgspec.Struct, kw_only=True):
         """Add a poison row (stored once per (call, reason)); discarded after retire."""
         if not call_id or not reason:
             raise ValueError("record_failure needs a non-empty model_call_id and reason")
+        bad = _bad_call_id(call_id)
+        if bad is not None:
+            return bad
         if self.retired:
             return Transition(result="discarded")
         if (call_id, reason) in self.ledger_failures:
@@ -478,6 +509,9 @@ class RolloutState(msgspec.Struct, kw_only=True):
 
     def refuse_call(self, call_id: str) -> Transition[LedgerOutcome]:
         """Settle an admitted call the worker refused; it stays in the audit trail only."""
+        bad = _bad_call_id(call_id)
+        if bad is not None:
+            return bad
         if self.retired:
             return Transition(result="discarded")
         if call_id in self.refused_calls:

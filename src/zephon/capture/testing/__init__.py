@@ -6,7 +6,9 @@
 * :class:`RecordingFileSystem` / :func:`power_loss_images` - record the file operations of a
   store built on the file-system seam and rebuild what a power loss at any point leaves;
 * :data:`STORE_KINDS` - the registry every parametrised store test runs over;
-* :func:`sample_commit` - a valid ledger row to record.
+* :func:`sample_commit` - a valid ledger row to record;
+* :func:`run_flood` - hostile clients against a running capture proxy while a well-behaved
+  one works (latencies, acknowledged calls, peak memory).
 
 Importable without pytest.
 """
@@ -23,6 +25,7 @@ from zephon.capture.conformance import (
     run_conformance,
     run_conformance_sync,
 )
+from zephon.capture.testing._flood import FloodPlan, FloodReport, run_flood
 from zephon.capture.testing._kinds import STORE_KINDS, StoreKind, durable_kinds
 from zephon.capture.testing._mutations import (
     MUTATIONS,
@@ -48,6 +51,8 @@ __all__ = [
     "ConformanceError",
     "ConformanceReport",
     "ConformanceWarning",
+    "FloodPlan",
+    "FloodReport",
     "Image",
     "Mutation",
     "Op",
@@ -61,6 +66,7 @@ __all__ = [
     "power_loss_images",
     "run_conformance",
     "run_conformance_sync",
+    "run_flood",
     "run_mutation",
     "sample_commit",
 ]

@@ -28,9 +28,11 @@ from zephon.capture.protocols import (
     TokenCaptureRetiredError,
 )
 from zephon.capture.records import (
+    MAX_TOKEN_ID,
     RolloutManifest,
     RolloutRemoval,
     TokenEntry,
+    validate_call_id,
     validate_capture_keys,
 )
 
@@ -172,6 +174,57 @@ class NonFiniteAccepted(Wrapper):
         await self._inner.put(entry)
 
 
+class _PoisonAcknowledged(Wrapper):
+    """A put that breaks one put rule reports success (what a store without the rule does)."""
+
+    @staticmethod
+    def breaks_rule(entry: TokenEntry) -> bool:
+        raise NotImplementedError
+
+    async def put(self, entry: TokenEntry) -> None:
+        if self.breaks_rule(entry):
+            return
+        await self._inner.put(entry)
+
+
+def _token_ids(entry: TokenEntry) -> list[Any]:
+    return [*entry.prompt_token_ids, *entry.generation_token_ids]
+
+
+class NonIntegerTokenIdsAccepted(_PoisonAcknowledged):
+    @staticmethod
+    def breaks_rule(entry: TokenEntry) -> bool:
+        return any(type(x) is not int for x in _token_ids(entry))
+
+
+class OutOfRangeTokenIdsAccepted(_PoisonAcknowledged):
+    @staticmethod
+    def breaks_rule(entry: TokenEntry) -> bool:
+        return any(type(x) is int and not 0 <= x <= MAX_TOKEN_ID for x in _token_ids(entry))
+
+
+class InconsistentLengthsAccepted(_PoisonAcknowledged):
+    @staticmethod
+    def breaks_rule(entry: TokenEntry) -> bool:
+        own = len(entry.prompt_token_ids) + len(entry.generation_token_ids)
+        index = entry.token_item_index
+        return (
+            len(entry.generation_log_probs) != len(entry.generation_token_ids)
+            or (entry.cum_len is not None and entry.cum_len != own)
+            or (index is not None and not 0 <= index < len(entry.output_items))
+        )
+
+
+class UnholdableCallIdsAccepted(_PoisonAcknowledged):
+    @staticmethod
+    def breaks_rule(entry: TokenEntry) -> bool:
+        try:
+            validate_call_id(entry.model_call_id)
+        except ValueError:
+            return True
+        return False
+
+
 class LedgerConflictAccepted(Wrapper):
     async def record(self, commit: Any) -> None:
         key = (commit.rollout_id, commit.record.model_call_id)
@@ -293,6 +346,30 @@ MUTATIONS: dict[str, Mutation] = {
             "non-finite log-probs are refused at put, naming the field",
             "non_finite_log_probs_refused",
             NonFiniteAccepted,
+        ),
+        Mutation(
+            "non_integer_token_ids_accepted",
+            "float or bool token ids are refused at put",
+            "token_ids_integers_at_put",
+            NonIntegerTokenIdsAccepted,
+        ),
+        Mutation(
+            "out_of_range_token_ids_accepted",
+            "token ids outside [0, MAX_TOKEN_ID] are refused at put",
+            "token_ids_in_range_at_put",
+            OutOfRangeTokenIdsAccepted,
+        ),
+        Mutation(
+            "inconsistent_lengths_accepted",
+            "log-probs, cum_len and token_item_index agree with the token lists",
+            "lengths_consistent_at_put",
+            InconsistentLengthsAccepted,
+        ),
+        Mutation(
+            "unholdable_call_ids_accepted",
+            "call ids some store cannot hold are refused at put",
+            "call_ids_holdable_at_put",
+            UnholdableCallIdsAccepted,
         ),
         Mutation(
             "duplicated_entries",
