@@ -136,10 +136,11 @@ def test_sigterm_checkpoints_at_the_next_step_end_exits_143_and_resumes_exactly(
     trainer(tmp_path, "reference", 12, run="reference-run").train()
     stopped = trainer(tmp_path, "stopped", 12)
     stopped.add_callback(SigtermAt())
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as exit_info:
         stopped.train()
     assert exit_info.value.code == 143
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is uninstalled
+    assert signal.getsignal(signal.SIGTERM) is before  # the previous handler is back
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["checkpoint-6"]
     assert latest_complete_checkpoint(tmp_path / "run") == str(tmp_path / "run" / "checkpoint-6")
     resumed = trainer(tmp_path, "resumed", 12)
