@@ -33,6 +33,8 @@ from zephon.cli._common import (
     checkpoint_path,
     fail,
 )
+from zephon.cli._lock import RunLock, RunLockedError
+from zephon.cli._record import cut_record, record_position
 from zephon.cli._signals import RunSignals
 from zephon.errors import CheckpointError, ConfigError, ZephonError
 from zephon.options import RUNNERS
@@ -157,30 +159,6 @@ def _total_reads(config: Any, pipe: Any) -> int | None:
     return int(total // max(1, pipe.runtime_options.dp_world_size))
 
 
-def _cut_record(path: Path, run_meta: Mapping[str, Any]) -> None:
-    """Cut the ``--record`` file back to its size at the checkpoint being resumed.
-
-    Lines written after that checkpoint (a crash, a kill) are items the resumed run delivers
-    again; without the cut they would be in the file twice.
-    """
-    saved = run_meta.get("record")
-    if not isinstance(saved, Mapping) or not path.exists():
-        return
-    if os.path.realpath(path) != saved.get("path"):
-        return
-    size, keep = path.stat().st_size, int(saved.get("bytes", 0))
-    if size > keep:
-        os.truncate(path, keep)
-        with open(path, "rb") as fh:
-            os.fsync(fh.fileno())
-    elif size < keep:
-        print(
-            f"zephon run: warning: {path} is shorter ({size} bytes) than when the checkpoint "
-            f"was taken ({keep} bytes); it no longer holds every delivered item",
-            file=sys.stderr,
-        )
-
-
 def _who_dropped_everything(stats: Any) -> str:
     """Name the operator after which no record flowed on (for a run that delivered nothing)."""
     ops = list(stats.operators) if stats is not None else []
@@ -238,8 +216,8 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
     return config, pipe
 
 
-def _resume(args: argparse.Namespace, pipe: Any) -> tuple[Path | None, Mapping[str, Any]]:
-    """Restore the newest valid checkpoint; (its path, the run's own entries) or (None, {})."""
+def _resume(args: argparse.Namespace, pipe: Any) -> tuple[Path | None, Mapping[str, Any] | None]:
+    """Restore the newest valid checkpoint; (its path, the run's own entries) or (None, None)."""
     try:
         latest = latest_checkpoint(args.checkpoint_dir, set_aside=True)
     except CheckpointError as exc:
@@ -250,7 +228,7 @@ def _resume(args: argparse.Namespace, pipe: Any) -> tuple[Path | None, Mapping[s
                 f"zephon run: no checkpoint in {args.checkpoint_dir}; starting from the beginning",
                 file=sys.stderr,
             )
-        return None, {}
+        return None, None
     for path, reason in latest.rejected:
         print(
             f"zephon run: warning: {reason}; set it aside as {path.name} and resuming from "
@@ -280,18 +258,31 @@ def run(args: argparse.Namespace) -> int:
             log = logging.getLogger("zephon")
             log.addHandler(handler)
             log.setLevel(logging.INFO)
-        if args.checkpoint_dir is not None:
+        if args.checkpoint_dir is None:
+            return RunLoop(args, config, pipe, None, signals).execute()
+        lock = RunLock(args.checkpoint_dir)
+        try:
             args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        resumed_from: Path | None = None
-        run_meta: Mapping[str, Any] = {}
-        if args.resume:
-            try:
-                resumed_from, run_meta = _resume(args, pipe)
-            except UsageError as exc:
-                return fail("run", exc, EXIT_USAGE)
+            lock.acquire()
+        except (OSError, RunLockedError) as exc:
+            return fail("run", exc, EXIT_USAGE)
+        try:
+            return _run_locked(args, config, pipe, signals)
+        finally:
+            lock.release()
+
+
+def _run_locked(args: argparse.Namespace, config: Any, pipe: Any, signals: RunSignals) -> int:
+    """The run once it holds its checkpoint directory: resume, cut the record, iterate."""
+    resumed_from: Path | None = None
+    if args.resume:
+        try:
+            resumed_from, run_meta = _resume(args, pipe)
+        except UsageError as exc:
+            return fail("run", exc, EXIT_USAGE)
         if args.record is not None:
-            _cut_record(args.record, run_meta)
-        return RunLoop(args, config, pipe, resumed_from, signals).execute()
+            cut_record(args.record, args.checkpoint_dir, run_meta)
+    return RunLoop(args, config, pipe, resumed_from, signals).execute()
 
 
 class RunLoop:
@@ -323,7 +314,7 @@ class RunLoop:
         if self.record is not None:
             self.record.flush()
             os.fsync(self.record.fileno())
-            where = {"path": os.path.realpath(args.record), "bytes": self.record.tell()}
+            where = record_position(args.record, args.checkpoint_dir, self.record.tell())
             state["run"] = {"record": where}
         path = save_checkpoint(checkpoint_path(args.checkpoint_dir, _delivered(state)), state)
         _prune(args.checkpoint_dir, args.keep)
