@@ -37,6 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["run"]:  # the command itself, not a caller
+        from zephon.cli._signals import install_startup_handlers
+
+        install_startup_handlers()  # before the subcommands import the engine
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)

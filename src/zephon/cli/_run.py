@@ -35,7 +35,7 @@ from zephon.cli._common import (
 )
 from zephon.cli._lock import RunLock, RunLockedError
 from zephon.cli._record import cut_record, record_position
-from zephon.cli._signals import RunSignals
+from zephon.cli._signals import RunSignals, Startup
 from zephon.errors import CheckpointError, ConfigError, ZephonError
 from zephon.options import RUNNERS
 
@@ -246,6 +246,7 @@ def _resume(args: argparse.Namespace, pipe: Any) -> tuple[Path | None, Mapping[s
 def run(args: argparse.Namespace) -> int:
     # Signals are handled from the start: a preemption while the pipeline is being built
     # still ends with a checkpoint and exit 143.
+    Startup.config, Startup.json = str(args.config), bool(args.json)
     with RunSignals() as signals:
         try:
             _check_arguments(args)
@@ -280,6 +281,7 @@ def _run_locked(args: argparse.Namespace, config: Any, pipe: Any, signals: RunSi
             resumed_from, run_meta = _resume(args, pipe)
         except UsageError as exc:
             return fail("run", exc, EXIT_USAGE)
+        Startup.checkpoint = str(resumed_from) if resumed_from is not None else None
         if args.record is not None:
             cut_record(args.record, args.checkpoint_dir, run_meta)
     return RunLoop(args, config, pipe, resumed_from, signals).execute()
@@ -334,6 +336,7 @@ class RunLoop:
         return "terminated" if self.signals.stop_signal == signal.SIGTERM else "interrupted"
 
     def _deliver(self, item: Any) -> None:
+        self.signals.started()  # before the record line: a stop now saves a checkpoint
         n, t, ids, lane = item_stats(item)
         self.items += 1
         self.samples += n
