@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from zephon.cli._parser import Parser
 
 __all__ = ["build_parser", "main"]
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a tool killed by it
 
 # Subcommand modules; each exposes ``register(subparsers)`` that sets ``func`` on its parser.
 _COMMANDS = (
@@ -47,7 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     if func is None:
         parser.print_help()
         return 2
-    return int(func(args) or 0)
+    try:
+        code = int(func(args) or 0)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (``zephon explain p.yaml | head -1``): stop quietly, as a
+        # Unix tool killed by SIGPIPE would, and keep the interpreter's final flush silent.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return code
 
 
 if __name__ == "__main__":
