@@ -277,7 +277,12 @@ def _worker_main(conn: Connection, prefix: str, min_bytes: int) -> None:
     micro-batch, ``("unload",)`` tears the operators down (the worker then idles until the next
     load), and an empty message stops the worker.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine process decides when to stop
+    # The engine process decides when to stop: Ctrl-C and a SIGTERM sent to the whole process
+    # group (Slurm, ``kill -- -PGID``) reach the workers too, and a worker that died of one
+    # would be respawned (or fail its micro-batch) while the engine is winding down gracefully.
+    # A worker still ends when the engine does (its pipe closes) and on SIGKILL.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _name_process(multiprocessing.current_process().name)
     shm.enter_worker_mode()
     ops: dict[int, BaseOp] = {}
