@@ -269,13 +269,13 @@ def _write_report(report: dict[str, Any], args: argparse.Namespace, console: Any
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from zephon.cli._report import console as log_console
 
     selected = _selected(args)
     if isinstance(selected, int):
         return selected
     folder, names = selected
-    console = Console(stderr=True)
+    console = log_console(stderr=True)
     report = _new_report(args)
     failed = _run_all(folder, names, report, args, console)
     _write_report(report, args, console)
