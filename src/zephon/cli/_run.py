@@ -11,6 +11,7 @@ position on resume, so it holds every item exactly once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -170,6 +171,17 @@ class UsageError(Exception):
     """A command-line or configuration problem found while starting the run (exit 2)."""
 
 
+class RecordWriteError(Exception):
+    """The ``--record`` file cannot be written (a full disk): the run stops without a new
+    checkpoint, since one now would be ahead of the record; the last one still matches it."""
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        super().__init__(
+            f"cannot write the record {path}: {error.strerror or error}; stopped without a new "
+            "checkpoint (the newest one matches the record): free space, then resume"
+        )
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
     if args.max_batches is not None and args.max_batches < 0:
         raise UsageError("--max-batches must be >= 0")
@@ -306,8 +318,11 @@ class RunLoop:
             return None
         state = self.pipe.checkpoint()
         if self.record is not None:
-            self.record.flush()
-            os.fsync(self.record.fileno())
+            try:
+                self.record.flush()
+                os.fsync(self.record.fileno())
+            except OSError as exc:
+                raise RecordWriteError(args.record, exc) from None
             where = record_position(args.record, args.checkpoint_dir, self.record.tell())
             state["run"] = {"record": where}
         path = save_checkpoint(checkpoint_path(args.checkpoint_dir, _delivered(state)), state)
@@ -334,7 +349,11 @@ class RunLoop:
         self.samples += n
         self.tokens += t
         if self.record is not None:
-            self.record.write(json.dumps({"lane": lane, "ids": ids, "tokens": t}) + "\n")
+            line = json.dumps({"lane": lane, "ids": ids, "tokens": t}) + "\n"
+            try:
+                self.record.write(line)
+            except OSError as exc:
+                raise RecordWriteError(self.args.record, exc) from None
 
     def _iterate(self, progress: Any, task: Any) -> None:
         args, signals = self.args, self.signals
@@ -398,12 +417,15 @@ class RunLoop:
         except KeyboardInterrupt:  # a second stop signal, or Ctrl-C inside the engine
             self.status = self._stop_status()
             self._save_after_stop()
+        except RecordWriteError as exc:
+            self.status, self.error = "failed", exc
         except Exception as exc:  # zephon errors and errors raised by user code in an operator
             self.status, self.error = "failed", exc
             self._save_after_stop()
         finally:
             if self.record is not None:
-                self.record.close()
+                with contextlib.suppress(OSError):  # a full disk: said above, cut on resume
+                    self.record.close()
             if metrics is not None:
                 metrics.close()
         return self._finish(time.perf_counter() - start)
