@@ -1,6 +1,7 @@
-"""``--record`` on a disk that fills up (a real tmpfs with a size, mounted in a mount namespace
-of the test's own): one line saying what to do, no checkpoint ahead of the record, and once
-space is freed the resume completes the record exactly."""
+"""Disks that fail under ``zephon run`` (a real tmpfs, mounted in a mount namespace of the
+test's own): a ``--record`` on a full disk is one line saying what to do, with no checkpoint
+ahead of the record, and once space is freed the resume completes the record exactly; a
+read-only checkpoint directory whose newest file is damaged is one line too."""
 
 from __future__ import annotations
 
@@ -58,3 +59,23 @@ def test_a_full_disk_under_the_record_is_one_line_and_the_resume_completes_it(wo
     assert "No space left on device" in err and "free space, then resume" in err
     assert (workdir / "code2").read_text().strip() == "0", (workdir / "err2").read_text()
     assert (workdir / "got.jsonl").read_bytes() == record
+
+
+READ_ONLY = """\
+set -u
+mount -t tmpfs -o size=1m tmpfs ck
+{zephon} run pipeline.yaml --quiet --checkpoint-dir ck --checkpoint-every 2 --max-batches 4
+echo '{{"damaged' > "$(ls ck/ckpt-*.json | tail -1)"
+mount -o remount,ro ck
+{zephon} run pipeline.yaml --quiet --checkpoint-dir ck --resume > out 2> err; echo $? > code
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_read_only_checkpoint_dir_with_a_damaged_newest_file_is_one_line(workdir: Path):
+    (workdir / "ck").mkdir()
+    _in_mount_namespace(workdir, READ_ONLY.format(zephon=ZEPHON))
+    err = (workdir / "err").read_text()
+    assert (workdir / "code").read_text().strip() == "2", err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("zephon run: error: ") and "Read-only file system" in err
