@@ -68,12 +68,6 @@ def install_startup_handlers() -> None:
             signal.signal(signum, stop_while_starting)
 
 
-_DEFAULTS: dict[int, Any] = {
-    signal.SIGINT: signal.default_int_handler,
-    signal.SIGTERM: signal.SIG_DFL,
-}
-
-
 class RunSignals:
     """Installs the handlers for the duration of a ``with`` block (main thread only)."""
 
@@ -120,7 +114,10 @@ class RunSignals:
 
     def __exit__(self, *exc: object) -> None:
         for signum, handler in self._previous.items():
-            if handler is stop_while_starting:  # the run is over: no "0 items" summary now
-                handler = _DEFAULTS[signum]
+            if handler is stop_while_starting:
+                # The ``zephon`` command has printed its summary and is exiting with the run's
+                # own code: a stop signal now must neither print a "0 items" summary nor kill
+                # it by the signal (exit -15) while it cleans up.
+                handler = signal.SIG_IGN
             signal.signal(signum, handler)
         self._previous.clear()
