@@ -45,15 +45,17 @@ def _kill_a_worker(proc: subprocess.Popen[str]) -> bool:
     return True
 
 
-def _second_instance(folder: Path, common: tuple[str, ...]) -> None:
+def _second_instance(first: subprocess.Popen[str], folder: Path, common: tuple[str, ...]) -> None:
     second = start(folder, *common)
     _out, err = second.communicate(timeout=120)
+    if second.returncode == 0 and first.poll() is not None:
+        return  # the first had finished meanwhile: the second found its final checkpoint
     assert second.returncode == 2 and "in use by another zephon run" in err, err
 
 
 def _act(action: str, proc: subprocess.Popen[str], folder: Path, common: tuple[str, ...]) -> None:
     if action == "double_start":
-        _second_instance(folder, common)
+        _second_instance(proc, folder, common)
     elif action == "kill_worker" and not _kill_a_worker(proc):
         pass  # the threads runner has no worker process: the SIGTERM below still comes
     if action in ("double_start", "kill_worker", "term"):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from zephon.config import load_config
 from zephon.demo import make_corpus
 from zephon.io._descriptors import DescriptorPool
 
@@ -91,3 +92,13 @@ def test_the_pool_closes_the_least_recently_used_idle_descriptor(tmp_path):
     assert _open_on(fds[2], files[2]) and _open_on(fds[3], files[3])
     pool.close("f3")
     assert len(pool) == 1 and not _open_on(fds[3], files[3])
+
+
+def test_a_long_lived_process_holds_no_more_descriptors_after_each_pipeline(many):
+    def run_once() -> int:
+        for _ in load_config(many / "p.yaml").build().options(runner="threads"):
+            pass
+        return len(os.listdir("/proc/self/fd"))
+
+    first = run_once()
+    assert [run_once() for _ in range(4)] == [first] * 4
