@@ -4,6 +4,7 @@ way to start it in its own process group, and a poll for "the run has got that f
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -80,3 +81,13 @@ def uninterrupted(folder: Path, runner: str) -> bytes:
     _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     return record.read_bytes()
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether ``pid`` has a handler for SIGTERM installed (``SigCgt`` in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return True  # gone: let the caller see how it ended
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)

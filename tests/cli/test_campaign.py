@@ -18,7 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli._preempt import PREEMPT_YAML, lines, start, uninterrupted, wait_for
+from tests.cli._preempt import (
+    PREEMPT_YAML,
+    catches_sigterm,
+    lines,
+    start,
+    uninterrupted,
+    wait_for,
+)
 from tests.runners._leaks import comm_of, descendants_of
 
 CAMPAIGN_YAML = PREEMPT_YAML.replace("  queue_size: 2\n", "  queue_size: 2\n  shm_min_bytes: 64\n")
@@ -81,6 +88,8 @@ def _campaign(folder: Path, cycles: int, seed: str) -> dict[str, int]:
         proc = start(folder, *common)
         goal = min(total, lines(record) + rng.randint(1, 60))
         wait_for(lambda g=goal, p=proc: lines(record) >= g or p.poll() is not None, 120)
+        # a signal before the interpreter runs our first line kills any Python program
+        wait_for(lambda p=proc: catches_sigterm(p.pid) or p.poll() is not None)
         action = rng.choice(ACTIONS)
         if proc.poll() is None:
             _act(action, proc, folder, common)

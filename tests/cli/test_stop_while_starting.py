@@ -9,11 +9,10 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.cli._preempt import env, start, wait_for
+from tests.cli._preempt import catches_sigterm, env, start, wait_for
 from tests.cli.conftest import ZEPHON
 from tests.runners._leaks import descendants_of
 
@@ -27,16 +26,6 @@ operators:
     fn: 'tests.cli._custom_ops:stall'
 runner: threads
 """
-
-
-def catches_sigterm(pid: int) -> bool:
-    """Whether ``pid`` has a handler for SIGTERM installed (``SigCgt`` in /proc)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return True  # gone: let the caller see how it ended
-    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
-    return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
 
 
 @pytest.mark.timeout(120)
