@@ -55,8 +55,10 @@ def _kill_a_worker(proc: subprocess.Popen[str]) -> bool:
 def _second_instance(first: subprocess.Popen[str], folder: Path, common: tuple[str, ...]) -> None:
     second = start(folder, *common)
     _out, err = second.communicate(timeout=120)
-    if second.returncode == 0 and first.poll() is not None:
-        return  # the first had finished meanwhile: the second found its final checkpoint
+    if second.returncode == 0:  # the first had finished its run (released the lock) meanwhile
+        first.wait(timeout=120)
+        assert first.returncode == 0, "a second instance ran beside a live first one"
+        return
     assert second.returncode == 2 and "in use by another zephon run" in err, err
 
 

@@ -51,7 +51,8 @@ def register(subparsers: Any) -> None:
         description="Run the pipeline of CONFIG (see docs/yaml.md). Exit codes: 0 done or "
         "stopped at --max-batches, 1 the run failed (its checkpoint is written), 2 bad command "
         "line or config, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM); both write a "
-        "final checkpoint. SIGUSR1 writes a checkpoint and goes on.",
+        "final checkpoint once an item was delivered (before that, they stop at once: there "
+        "is nothing new to save). SIGUSR1 writes a checkpoint and goes on.",
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -244,8 +245,8 @@ def _resume(args: argparse.Namespace, pipe: Any) -> tuple[Path | None, Mapping[s
 
 
 def run(args: argparse.Namespace) -> int:
-    # Signals are handled from the start: a preemption while the pipeline is being built
-    # still ends with a checkpoint and exit 143.
+    # Signals are handled from the command's start (zephon.cli.main): until the first item a
+    # stop ends the run at once with its summary, afterwards after the item being delivered.
     Startup.config, Startup.json = str(args.config), bool(args.json)
     with RunSignals() as signals:
         try:
