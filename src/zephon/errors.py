@@ -88,20 +88,32 @@ class DataFormatError(DataError):
     """A shard or record is malformed; the message names the file and line or row.
 
     ``location`` (the file) and ``line`` (1-based), when known, say the same for programs:
-    skipped records are quarantined with them.
+    skipped records are quarantined with them. ``hint`` (how to get past it) is appended to the
+    message; ``what`` is the message without it, the reason a skipped record is logged with.
     """
 
-    def __init__(self, message: str, *, location: str | None = None, line: int | None = None):
-        super().__init__(message)
+    def __init__(
+        self,
+        message: str,
+        *,
+        location: str | None = None,
+        line: int | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(f"{message}; {hint}" if hint else message)
+        self.what = message
         self.location = location
         self.line = line
+        self.hint = hint
 
-    def __reduce__(self) -> tuple[object, ...]:  # keep location and line across processes
-        return (_rebuild_format_error, (str(self), self.location, self.line))
+    def __reduce__(self) -> tuple[object, ...]:  # keep location, line and hint across processes
+        return (_rebuild_format_error, (self.what, self.location, self.line, self.hint))
 
 
-def _rebuild_format_error(message: str, location: str | None, line: int | None) -> DataFormatError:
-    return DataFormatError(message, location=location, line=line)
+def _rebuild_format_error(
+    message: str, location: str | None, line: int | None, hint: str | None = None
+) -> DataFormatError:
+    return DataFormatError(message, location=location, line=line, hint=hint)
 
 
 class MissingFieldError(DataError, KeyError):

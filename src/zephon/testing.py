@@ -87,13 +87,17 @@ def _first_difference(expected: Sequence[Any], got: Sequence[Any]) -> str:
 
 def run_with_stops(build: Callable[[], Pipeline], key: Key, stops: Sequence[int]) -> list[Any]:
     """Items delivered when stopped after each count in ``stops``, checkpointed through JSON
-    and restored in a freshly built pipeline each time."""
+    and restored in a freshly built pipeline each time. A stop at a count already delivered
+    (0 first of all) checkpoints a pipeline that was never iterated."""
     out: list[Any] = []
     state = None
     for stop in [*stops, None]:
         pipe = build()
         if state is not None:
             pipe.restore(json.loads(json.dumps(state)))
+        if stop is not None and len(out) >= stop:
+            state = pipe.checkpoint()
+            continue
         it: Iterator[StreamItem] = iter(pipe)
         for item in it:
             out.append(key(item))

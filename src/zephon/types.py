@@ -19,6 +19,7 @@ __all__ = [
     "RESERVED_TAGS",
     "TAG_BOUNDARY_CID",
     "TAG_CONTRIBUTORS",
+    "TAG_DROPPED_TOKENS",
     "TAG_END_OF_DATA",
     "TAG_ERROR",
     "TAG_FLUSH_SENTINEL",
@@ -63,6 +64,7 @@ TAG_FLUSH_SENTINEL = "_flush_sentinel"
 TAG_BOUNDARY_CID = "_boundary_cid"
 TAG_END_OF_DATA = "_end_of_data"
 TAG_ERROR = "_error"
+TAG_DROPPED_TOKENS = "_dropped_tokens"  # on a tombstone: the tokens of the record it drops
 TAG_PACKING = "_packing_metadata"
 TAG_TARGET_MIXTURE = "_target_mixture"
 TAG_SKIPPED = "_skipped"  # on a tombstone: where the unreadable record is and why (fetch skip)
@@ -76,6 +78,7 @@ RESERVED_TAGS = frozenset(
         TAG_BOUNDARY_CID,
         TAG_END_OF_DATA,
         TAG_ERROR,
+        TAG_DROPPED_TOKENS,
         TAG_PACKING,
         TAG_TARGET_MIXTURE,
         TAG_SKIPPED,
@@ -298,11 +301,18 @@ def _batch_from_columns(
     return batch
 
 
-def tombstone_meta(meta: SampleMeta, *, reason: str | None = None) -> SampleMeta:
-    """Meta of a tombstone that closes ``meta``'s contributors without delivering data."""
+def tombstone_meta(
+    meta: SampleMeta, *, reason: str | None = None, tokens: int | None = None
+) -> SampleMeta:
+    """Meta of a tombstone that closes ``meta``'s contributors without delivering data.
+
+    ``reason`` (``"category: detail"``) and ``tokens`` (how many the dropped record had) are
+    what run summaries count drops by."""
     tags: dict[str, Any] = {TAG_TOMBSTONE: True, TAG_CONTRIBUTORS: meta.contributors}
     if reason is not None:
         tags[TAG_ERROR] = reason
+    if tokens:
+        tags[TAG_DROPPED_TOKENS] = int(tokens)
     return SampleMeta(
         meta.sample_id,
         meta.lane_id,

@@ -127,7 +127,8 @@ def test_cli_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "put_then_freeze_visibility" in out and "passed" in out
     assert capture_main(["conformance", "nope://x"]) == 2
-    assert "memory://" in capsys.readouterr().out
+    err = capsys.readouterr().err  # one line on stderr, as every command's errors
+    assert err.startswith("zephon capture conformance: error: ") and "memory://" in err
     assert capture_main(["conformance", "memory://x", "--check", "bogus"]) == 2
     assert capture_main(["conformance", "memory://x", "--list"]) == 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -45,3 +46,13 @@ def slow_step(batch: Any) -> Any:
 def never(payload: dict[str, Any]) -> bool:
     """A filter predicate that rejects everything."""
     return False
+
+
+def stall(payload: dict[str, Any]) -> dict[str, Any]:
+    """Stands for a first batch that takes minutes (a cold cache, a long restore): says so by
+    creating the file ``$ZEPHON_TEST_STALLED``, then works for two minutes."""
+    marker = os.environ["ZEPHON_TEST_STALLED"]
+    with open(marker, "a", encoding="utf-8"):
+        pass
+    time.sleep(120)
+    return payload

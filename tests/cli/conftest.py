@@ -44,3 +44,13 @@ def workdir(tmp_path: Path, corpus: Path) -> Path:
     shutil.copytree(corpus, tmp_path / "my-data")
     (tmp_path / "pipeline.yaml").write_text(PIPELINE_YAML)
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def preempt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.cli._preempt import PREEMPT_YAML  # it imports ZEPHON from here
+
+    folder = tmp_path_factory.mktemp("preempt")
+    make_corpus(folder / "my-data", docs=1500, shards=3)
+    (folder / "p.yaml").write_text(PREEMPT_YAML)
+    return folder

@@ -65,3 +65,38 @@ def test_a_missing_extra_is_one_line_naming_it(
     (line,) = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
     assert line.endswith(f"which is not installed: pip install 'zephon[{extra}]'"), line
     assert "Traceback" not in proc.stderr
+
+
+PG = "postgresql://zephon@127.0.0.1:1/none"
+
+
+@pytest.mark.parametrize("args", [
+    ("capture", "inspect", "r", "--store", PG),
+    ("capture", "export", "out.jsonl", "--store", PG, "--all"),
+    ("capture", "conformance", PG),
+])  # fmt: skip
+def test_capture_tools_without_psycopg_say_which_extra(tmp_path: Path, args) -> None:
+    proc = core_only(*args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.rstrip().endswith("not installed: pip install 'zephon[postgres]'")
+
+
+# A benchmark script that needs an extra the core install lacks (blocked as in _core_only).
+NEEDS_DATASETS = f"""\
+import runpy, sys
+sys.meta_path.insert(0, runpy.run_path({CORE_ONLY!r})["Blocker"]())
+import datasets
+"""
+
+
+def test_bench_names_the_extra_a_benchmark_and_the_plots_need(tmp_path: Path) -> None:
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "needs_hf.py").write_text(NEEDS_DATASETS)
+    proc = core_only("bench", "--benchmarks-dir", "bench", "--only", "needs_hf", cwd=tmp_path)
+    assert proc.returncode == 1
+    text = " ".join(proc.stderr.split())  # rich may wrap a long line outside a terminal
+    assert (
+        "needs_hf failed: needs datasets, which is not installed: pip install 'zephon[hf]'" in text
+    )
+    assert "needs matplotlib, which is not installed: pip install 'zephon[plots]'" in text

@@ -56,6 +56,7 @@ def test_raise_then_resume_with_skip_equals_an_uninterrupted_skip_run(tmp_path: 
     assert failed.returncode == 1
     error = failed.stderr.strip().splitlines()[-1]
     assert error.startswith("zephon run: error: ") and "malformed JSON" in error
+    assert "`fetch: {on_error: skip}`" in error and "resume" in error  # what the test does next
     assert any(f"{name}, line {line}" in error for name, line in planted)
     delivered = (workdir / "got.jsonl").read_text().count("\n")
     assert delivered > 0  # it failed mid-run, and checkpointed what it had delivered
@@ -68,6 +69,7 @@ def test_raise_then_resume_with_skip_equals_an_uninterrupted_skip_run(tmp_path: 
                    .splitlines()]  # fmt: skip
     assert sorted((Path(q["file"]).name, q["line"]) for q in quarantined) == planted
     assert all("malformed JSON" in q["reason"] for q in quarantined)
+    assert not any("on_error" in q["reason"] for q in quarantined)  # the hint: not for a skip
     for name, line in planted:  # logged once each, naming file and line
         assert resumed.stderr.count(f"{name}, line {line}") == 1, resumed.stderr
 
@@ -185,3 +187,17 @@ def test_a_non_string_text_field_names_file_line_and_field(
     line = proc.stderr.strip().splitlines()[-1]
     assert f"{data / 'a.jsonl'}, line 5: " in line  # row 3 is line 5: a blank line before it
     assert f"field 'text' of record (0, 0, 3) is {shown}, expected str or bytes" in line
+
+
+@pytest.mark.parametrize(("name", "text", "extra"), [
+    ("tokenizer.json", "not json at all", ""),
+    ("tokenizer_config.json", '{"model_max_length": 512}', "that is a transformers config"),
+])  # fmt: skip
+def test_a_broken_tokenizer_file_is_one_line_naming_it(workdir: Path, name, text, extra):
+    (workdir / name).write_text(text)
+    config = PIPELINE_YAML.replace("tokenizer: bytes", f"tokenizer: {workdir / name}")
+    (workdir / "tok.yaml").write_text(config)
+    proc = zephon("run", "tok.yaml", "--quiet", cwd=workdir)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert f"tokenizer file {workdir / name} cannot be read" in proc.stderr and extra in proc.stderr

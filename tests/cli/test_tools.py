@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
+from tests.cli.conftest import ZEPHON
 from zephon.cli import build_parser, main
 
 
@@ -106,3 +109,16 @@ def test_bench_collects_json_lines_and_draws_plots(tmp_path: Path, capsys) -> No
     assert (tmp_path / "bench-plots" / "sources.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["bench", "--only", "nope", "--out", str(out)]) == 2
     assert "unknown benchmark(s) ['nope']" in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_is_no_traceback(workdir: Path) -> None:
+    """``zephon explain p.yaml | head -1``: the pipe is closed before the output is written."""
+    read, write = os.pipe()
+    os.close(read)  # every write now fails with EPIPE, whatever the timing
+    proc = subprocess.run(
+        [ZEPHON, "explain", "pipeline.yaml"], cwd=workdir, stdout=write,
+        stderr=subprocess.PIPE, text=True, timeout=120,
+    )  # fmt: skip
+    os.close(write)
+    assert proc.returncode == 141, proc.stderr
+    assert proc.stderr == ""

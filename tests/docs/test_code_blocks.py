@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,15 @@ PAGES = sorted((ROOT / "docs").glob("*.md"))
 # Seconds a page may take: a few start real multi-process jobs (torchrun, accelerate launch).
 PAGE_TIMEOUT_S = {"training-loop.md": 400}
 DEFAULT_PAGE_TIMEOUT_S = 110
+SITE = Path(__file__).with_name("_extras_site")
+INSTALL = re.compile(r"^Install: `pip install (zephon|'zephon\[([a-z0-9,]+)\]')`")
+
+
+def page_extras(page: Path) -> list[str]:
+    """The extras a page declares on its ``Install:`` line (none: the core install)."""
+    found = [m for line in page.read_text().splitlines() if (m := INSTALL.match(line))]
+    assert len(found) == 1, f"{page.name}: needs one line `Install: \\`pip install ...\\``"
+    return found[0].group(2).split(",") if found[0].group(2) else []
 
 
 def _page_param(page: Path) -> object:
@@ -56,6 +67,14 @@ def test_pages_have_runnable_examples() -> None:
         assert any(b.kind in ("python", "shell") for b in blocks(ROOT / "docs" / page)), page
 
 
+def test_every_page_names_the_install_it_needs() -> None:
+    extras = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    ) - {"dev"}
+    for page in PAGES:
+        assert set(page_extras(page)) <= extras, f"{page.name}: not extras of pyproject.toml"
+
+
 @pytest.mark.parametrize("page", [_page_param(p) for p in PAGES])
 def test_page_blocks_run(page: Path, tmp_path: Path, demo_data: Path) -> None:
     todo = [b for b in blocks(page) if b.kind != "unknown"]
@@ -66,7 +85,8 @@ def test_page_blocks_run(page: Path, tmp_path: Path, demo_data: Path) -> None:
     (tmp_path / ".plan.json").write_text(json.dumps(plan))
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = f"{SITE}{os.pathsep}{ROOT}"  # only the page's extras importable
+    env["ZEPHON_DOCS_EXTRAS"] = ",".join(page_extras(page))
     env["ZEPHON_CACHE_DIR"] = str(tmp_path / ".cache")
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("_run_page.py")), ".plan.json"],

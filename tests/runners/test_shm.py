@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 
 from tests.runners._leaks import our_segments, process_gone
+from tests.runners._shm_child import CHILD, dead_pid
 from zephon._engine import shm
 from zephon.types import SampleRecord
 
@@ -50,15 +50,9 @@ def test_handles_resolve_lazily_pass_through_without_copy_and_unlink_when_droppe
         session.close()
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
 def test_stale_segments_of_a_dead_owner_are_removed_at_start_live_ones_kept():
     directory = shm.shm_dir()
-    stale = directory / f"{shm.NAME_PREFIX}{_dead_pid()}-0badc0de-w1-0"
+    stale = directory / f"{shm.NAME_PREFIX}{dead_pid()}-0badc0de-w1-0"
     alive = directory / f"{shm.NAME_PREFIX}{os.getpid()}-feedf00d-p0-0"
     stale.write_bytes(b"x" * 10)
     alive.write_bytes(b"y" * 10)
@@ -70,24 +64,6 @@ def test_stale_segments_of_a_dead_owner_are_removed_at_start_live_ones_kept():
     finally:
         alive.unlink(missing_ok=True)
         stale.unlink(missing_ok=True)
-
-
-CHILD = textwrap.dedent(
-    """
-    import sys
-    from tests.runners._pipes import heavy
-
-    if __name__ == "__main__":
-        pipe = heavy("process", rows=120, queue_size=2)
-        it = iter(pipe)
-        held = [next(it)]
-        engine = pipe._engine
-        pids = [p for pool in engine._pools for p in pool.fleet.pids()]
-        print("READY", *sorted(set(pids)), flush=True)
-        sys.stdin.readline()  # wait, mid-run, for the signal
-        held.extend(it)
-    """
-)
 
 
 def _start_child(tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:

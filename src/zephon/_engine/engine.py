@@ -303,6 +303,7 @@ class Engine:
             stats.chunks = feeder.chunks_admitted
         if mux is not None:
             stats.tombstones = mux.tombstones
+            stats.dropped = mux.drops.copy()
             stats.skipped = self.quarantine.count
             stats.skipped_examples = list(self.quarantine.examples)
         if self._started_at:

@@ -92,7 +92,7 @@ class OperatorStates:
             saved = self.resume.lanes[lane].operator_state or {}
             if key in saved:
                 self._pending.append((index, op, acc, lane, saved[key]))
-            elif records and self._at_epoch_start(lane):
+            elif self._untouched(lane) or (records and self._at_epoch_start(lane)):
                 log.set_initial(lane, acc.state_dict(lane))  # type: ignore[attr-defined]
             else:
                 raise CheckpointError(
@@ -101,6 +101,12 @@ class OperatorStates:
                     "was taken with another version of the operator"
                 )
         return log
+
+    def _untouched(self, lane: int) -> bool:
+        """A checkpoint taken before the lane delivered anything (before the first item, when
+        no accumulator exists yet to ask) holds no state: the initial one is the right one."""
+        assert self.resume is not None
+        return self.starts[lane] == (0, 0) and self.resume.lanes[lane].delivered == 0
 
     def _at_epoch_start(self, lane: int) -> bool:
         """A restore at an epoch start needs no buffer state: the flush there emptied it."""

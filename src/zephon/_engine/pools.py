@@ -24,6 +24,7 @@ import copy
 import itertools
 import logging
 import multiprocessing
+import multiprocessing.util  # registers its exit hook before ours, so ours runs first
 import os
 import pickle
 import queue
@@ -31,6 +32,7 @@ import signal
 import sys
 import threading
 import traceback
+import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -275,7 +277,12 @@ def _worker_main(conn: Connection, prefix: str, min_bytes: int) -> None:
     micro-batch, ``("unload",)`` tears the operators down (the worker then idles until the next
     load), and an empty message stops the worker.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine process decides when to stop
+    # The engine process decides when to stop: Ctrl-C and a SIGTERM sent to the whole process
+    # group (Slurm, ``kill -- -PGID``) reach the workers too, and a worker that died of one
+    # would be respawned (or fail its micro-batch) while the engine is winding down gracefully.
+    # A worker still ends when the engine does (its pipe closes) and on SIGKILL.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _name_process(multiprocessing.current_process().name)
     shm.enter_worker_mode()
     ops: dict[int, BaseOp] = {}
@@ -291,7 +298,8 @@ def _worker_main(conn: Connection, prefix: str, min_bytes: int) -> None:
         message = shm.loads(data)
         if message[0] == "load":
             if len(message) > 3:
-                mine = f"{message[3]}w{os.getpid()}-"
+                prefix = message[3]
+                mine = f"{prefix}w{os.getpid()}-"
                 encoder = shm.Encoder(mine, message[4])
             if len(message) > 5:
                 adopt_environment(message[5])
@@ -326,10 +334,24 @@ def _worker_main(conn: Connection, prefix: str, min_bytes: int) -> None:
             for op in ops.values():
                 op.teardown()
             return
-    # The engine died (or is killing us): segments we wrote have no owner any more.
+    # The engine died (or is killing us): segments we wrote have no owner any more, and
+    # if the engine is gone, none of its session's files has.
     for name in shm.segment_files(mine):
         shm._unlink(str(shm.shm_dir() / name))
+    shm.sweep_session(prefix)
 
+
+#: Fleets not shut down yet: killed at interpreter exit (this hook runs before
+#: multiprocessing's own, registered when ``multiprocessing.util`` was imported above).
+_FLEETS: weakref.WeakSet[ProcessFleet] = weakref.WeakSet()
+
+
+def _kill_live_fleets() -> None:
+    for fleet in list(_FLEETS):
+        fleet.kill_all()
+
+
+atexit.register(_kill_live_fleets)
 
 # Workers kept for reuse (``reuse_workers=True``): idle, operators torn down.
 _IDLE: list[tuple[Any, Connection]] = []
@@ -428,6 +450,7 @@ class ProcessFleet:
         # that is slow to start (or dies while starting) then never blocks the engine.
         self._pending_load: list[bytes | None] = [None] * size
         self.respawns = 0
+        _FLEETS.add(self)
         label = "+".join(sorted(set(self._names.values())))
         for slot in range(size):
             self._spawn(slot)
@@ -481,6 +504,9 @@ class ProcessFleet:
             self._procs[slot] = proc
             self._conns[slot] = parent
             self._pending_load[slot] = load
+            stopping = self._stopping.is_set()
+        if stopping:  # respawned while the engine closed: shutdown may have passed this slot
+            proc.kill()
 
     def _environ(self) -> dict[str, str]:
         """The environment a worker adopts: the engine process's, with a share of the cores
@@ -693,11 +719,21 @@ class ProcessFleet:
             self._jobs.put(None)
         for thread in self._threads:
             thread.join(timeout=30)
+        self.kill_all()
         for slot in range(len(self._procs)):
-            if self._procs[slot] is not None:
-                proc = self._procs[slot]
+            self._reap(slot)
+        _FLEETS.discard(self)
+
+    def kill_all(self) -> None:
+        """SIGKILL every worker and close the pipes, without waiting (also at interpreter
+        exit, for a fleet never shut down: multiprocessing then joins its workers, and a
+        worker waiting on an open pipe would never end)."""
+        self._stopping.set()
+        with self._lock:
+            procs = [p for p in self._procs if p is not None]
+        for proc in procs:
+            with contextlib.suppress(Exception):
                 proc.kill()
-                self._reap(slot)
 
 
 class ProcessWorkerPool(WorkerPool):

@@ -5,8 +5,10 @@ Each operator gets a group of ``parallelism`` actors, each holding its own copy 
 thread and process pools (``submit(elems) -> Future``), so the engine's driver thread keeps
 the accumulator, bounds what is in flight and releases results by sequence number: the output
 is identical to the inline runner whatever the cluster does. A micro-batch goes to the least
-loaded actor. When an actor dies (its process killed, its node lost) it is replaced and every
-micro-batch it held is sent again, up to ``max_retries`` times each.
+loaded actor. When an actor dies (its process killed, its node lost), or a result is lost with
+the node that held it, the actor is replaced and the micro-batch is sent again from its inputs
+(which the driver keeps until the result arrives; Ray's object reconstruction is never relied
+on), up to ``max_retries`` times each.
 
 Nothing about checkpoints lives in the actors: they are stateless workers, and the checkpoint
 is taken from the driver process that iterates the pipeline. That is also why they can be kept:
@@ -253,9 +255,16 @@ class RayWorkerPool(WorkerPool):
                 )
 
     def _done(self, job: _Job, slot: int, actor: Any, ref: Any) -> None:
+        errors = self._ray.exceptions
         try:
             kind, value = self._ray.get(ref)
-        except self._ray.exceptions.RayActorError as exc:
+        except errors.RayActorError as exc:
+            self._actor_died(job, slot, actor, exc)
+            return
+        except (errors.ObjectLostError, errors.NodeDiedError) as exc:
+            # The result lived on a node that is gone (ObjectReconstructionFailedError and
+            # the other ObjectLostErrors): never rely on Ray rebuilding it; run the micro-batch
+            # again from its inputs, which the driver still holds.
             self._actor_died(job, slot, actor, exc)
             return
         if kind == "ok":
@@ -264,6 +273,7 @@ class RayWorkerPool(WorkerPool):
             job.future.set_exception(value)
 
     def _actor_died(self, job: _Job, slot: int, actor: Any, exc: BaseException) -> None:
+        """``actor`` died or lost the result of ``job``: replace it, send ``job`` again."""
         with self._lock:
             if self._actors[slot] is actor:
                 # The actor is gone already; dropping its handle is all that is left to do.

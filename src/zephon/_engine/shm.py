@@ -12,17 +12,21 @@ sent as the same handle again, never copied.
 
 Lifetime: the engine process owns every segment (its pid is in the name). A segment's file is
 unlinked when the last mapping of it in the engine process goes away (handles and resolved views
-keep it), and every file of an engine is unlinked when the engine closes, on SIGTERM, and at
-interpreter exit. Another process that maps a segment (the consumer of an engine process) never
-unlinks it.
-Names are ``zephon-shm-<owner pid>-<engine token>-...``, so files left by a killed run (owner
-pid gone) are found and removed when the next engine starts.
+keep it), and every file of an engine is unlinked when the engine closes, at interpreter exit,
+and on a SIGTERM that kills the process (never on one a handler turns into a graceful stop:
+in-flight and retried micro-batches still read them). Another process that maps a segment (the
+consumer of an engine process) never unlinks it.
+Names are ``zephon-shm-<owner pid>-<engine token>-...``. Each engine holds an ``flock`` on its
+``...-lock`` file for its whole life, so files left by a killed run are found and removed when
+the next engine starts, and the live segments of a run in another PID namespace sharing
+``/dev/shm`` (containers with ``--ipc=host``), whose pid means nothing here, are never touched.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import functools
 import io
 import itertools
@@ -44,6 +48,7 @@ import numpy as np
 from zephon.types import SampleBatch, SampleRecord, StreamItem
 
 NAME_PREFIX = "zephon-shm-"
+LOCK_SUFFIX = "lock"  # DIR/<session prefix>lock: flocked by the live engine of that session
 DEFAULT_MIN_BYTES = 64 * 1024
 _ALIGN = 64
 
@@ -332,15 +337,67 @@ def segment_files(prefix: str = NAME_PREFIX) -> list[str]:
         return []
 
 
+def _session_of(name: str) -> str | None:
+    """``zephon-shm-<pid>-<token>-`` of a segment or lock file name (None for a stranger)."""
+    parts = name[len(NAME_PREFIX) :].split("-", 2)
+    if len(parts) < 3 or not parts[0].isdigit():
+        return None
+    return f"{NAME_PREFIX}{parts[0]}-{parts[1]}-"
+
+
+def _session_alive(prefix: str) -> bool:
+    """Whether the engine of ``prefix`` runs: its lock file is flocked (any PID namespace).
+    A session without a lock file is judged by its pid (files of an older zephon)."""
+    try:
+        fd = os.open(str(shm_dir() / f"{prefix}{LOCK_SUFFIX}"), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return _pid_alive(int(prefix[len(NAME_PREFIX) :].split("-", 1)[0]))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def sweep_stale() -> list[str]:
-    """Remove segments whose owner process is gone (a killed earlier run); return their names."""
-    removed = []
+    """Remove the segments of engines that are gone (a killed earlier run); return their names."""
+    sessions: dict[str, list[str]] = {}
     for name in segment_files():
-        owner = name[len(NAME_PREFIX) :].split("-", 1)[0]
-        if owner.isdigit() and not _pid_alive(int(owner)):
-            _unlink(str(shm_dir() / name))
-            removed.append(name)
+        prefix = _session_of(name)
+        if prefix is not None:
+            sessions.setdefault(prefix, []).append(name)
+    removed = []
+    for prefix, names in sessions.items():
+        removed.extend(_sweep(prefix, names))
     return removed
+
+
+def _sweep(prefix: str, names: list[str]) -> list[str]:
+    if _session_alive(prefix):
+        return []
+    lock = f"{prefix}{LOCK_SUFFIX}"
+    for name in sorted(names, key=lambda n: n == lock):  # the lock file last
+        _unlink(str(shm_dir() / name))
+    return names
+
+
+def sweep_session(prefix: str) -> list[str]:
+    """Remove every file of the engine session ``prefix`` if that engine is gone (a worker
+    whose engine was killed cleans up after it)."""
+    return _sweep(prefix, segment_files(prefix))
+
+
+def _hold_lock(prefix: str) -> int:
+    """Create and flock ``<prefix>lock``; it appears under its name already locked, so a
+    sweep in another process never sees it unheld."""
+    directory = shm_dir()
+    tmp = str(directory / f".{prefix}{LOCK_SUFFIX}")
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(tmp, str(directory / f"{prefix}{LOCK_SUFFIX}"))
+    return fd
 
 
 _SESSIONS: set[ShmSession] = set()
@@ -353,12 +410,25 @@ def _close_all() -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None, previous: Any) -> None:
-    _close_all()
-    if callable(previous):
+    if callable(previous):  # a graceful stop: the engine closes its sessions when it ends
         previous(signum, frame)
         return
+    _close_all()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
+
+
+def _forget_after_fork() -> None:
+    """In a forked child the parent's sessions are not ours: never unlink them at exit, and
+    drop our copies of their lock descriptors (the parent's lock stays held)."""
+    for session in _SESSIONS:
+        fd, session._lock_fd = session._lock_fd, None
+        if fd is not None:
+            os.close(fd)
+    _SESSIONS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def _install_handlers() -> None:
@@ -377,9 +447,11 @@ class ShmSession:
     """The segments of one engine: a name prefix, stale sweep at start, unlink-all at close."""
 
     def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES) -> None:
-        sweep_stale()
         self.min_bytes = min_bytes
         self.prefix = f"{NAME_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
+        self._lock_fd: int | None = _hold_lock(self.prefix)
+        self._pid = os.getpid()
+        sweep_stale()
         self._closed = False
         self._ids = itertools.count()
         _SESSIONS.add(self)
@@ -390,14 +462,23 @@ class ShmSession:
         return Encoder(f"{self.prefix}{tag}{next(self._ids)}-", self.min_bytes)
 
     def files(self) -> list[str]:
-        return segment_files(self.prefix)
+        """This engine's segments (its lock file aside)."""
+        lock = f"{self.prefix}{LOCK_SUFFIX}"
+        return [name for name in segment_files(self.prefix) if name != lock]
 
     def close(self) -> None:
-        """Unlink every segment of this engine; mapped views stay valid until dropped."""
+        """Unlink every segment of this engine, then its lock file; mapped views stay valid
+        until dropped."""
         self._closed = True
         _SESSIONS.discard(self)
-        for name in segment_files(self.prefix):
+        if self._pid != os.getpid():
+            return  # a forked child's copy: the segments are the parent's
+        for name in self.files():
             _unlink(str(shm_dir() / name))
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            _unlink(str(shm_dir() / f"{self.prefix}{LOCK_SUFFIX}"))
+            os.close(fd)
 
     @property
     def closed(self) -> bool:

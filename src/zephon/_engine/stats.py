@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from zephon.types import TAG_DROPPED_TOKENS, TAG_ERROR
+
+# The reason of the replay filter's tombstones: records a restore streams again and were
+# delivered before it, so not drops.
+_REPLAYED = "replayed"
 
 
 @dataclass
@@ -41,11 +48,35 @@ class LaneProgress:
 
 
 @dataclass
+class DropCounts:
+    """Records the operators dropped (tombstones, restore replays aside), the tokens they had
+    (where the operator knew them) and the count per reason category (``pack``, ``skipped``,
+    ``filtered``, ...: a tombstone reason up to its first colon)."""
+
+    records: int = 0
+    tokens: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+    def count(self, tags: Mapping[str, Any]) -> None:
+        reason = str(tags.get(TAG_ERROR) or "dropped")
+        if reason == _REPLAYED:
+            return
+        self.records += 1
+        self.tokens += int(tags.get(TAG_DROPPED_TOKENS, 0))
+        key = reason.split(":", 1)[0]
+        self.by_reason[key] = self.by_reason.get(key, 0) + 1
+
+    def copy(self) -> DropCounts:
+        return DropCounts(self.records, self.tokens, dict(self.by_reason))
+
+
+@dataclass
 class RunStats:
     """A snapshot of one iteration: totals, per-operator counters and per-lane progress."""
 
     delivered: int = 0
     tombstones: int = 0
+    dropped: DropCounts = field(default_factory=DropCounts)
     skipped: int = 0
     skipped_examples: list[str] = field(default_factory=list)
     samples_read: int = 0
@@ -72,6 +103,10 @@ class RunStats:
             f"{prefix}_delivered_total {self.delivered}",
             f"# TYPE {prefix}_tombstones_total counter",
             f"{prefix}_tombstones_total {self.tombstones}",
+            f"# TYPE {prefix}_dropped_records_total counter",
+            f"{prefix}_dropped_records_total {self.dropped.records}",
+            f"# TYPE {prefix}_dropped_tokens_total counter",
+            f"{prefix}_dropped_tokens_total {self.dropped.tokens}",
             f"# TYPE {prefix}_samples_read_total counter",
             f"{prefix}_samples_read_total {self.samples_read}",
             f"# TYPE {prefix}_samples_refetched_total counter",

@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from zephon._engine.stats import DropCounts
 from zephon.types import (
     TAG_BOUNDARY_CID,
     TAG_END_OF_DATA,
@@ -57,6 +58,7 @@ class LaneMux:
         self._turn = turn % len(self.order) if self.order else 0
         self.ended = False
         self.tombstones = 0
+        self.drops = DropCounts()
         self.finished_lanes: set[int] = done
         self.replay_cursor: dict[int, SampleCursor | None] = {lane: None for lane in lanes}
         self.replay_cursor.update(replay_cursors or {})
@@ -73,6 +75,7 @@ class LaneMux:
             tags = item.meta.tags
             if tags and TAG_TOMBSTONE in tags:
                 self.tombstones += 1
+                self.drops.count(tags)
                 if self._on_skip is not None and (
                     TAG_SKIPPED in tags or str(tags.get(TAG_ERROR, "")).startswith("skipped:")
                 ):

@@ -124,13 +124,25 @@ def _from_added(tokenizer: Any, words: Sequence[str]) -> int | None:
 def _from_file(path: Path) -> HFTokenizer:
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(path))
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception naming no file
+        hint = ""
+        if path.name in ("tokenizer_config.json", "special_tokens_map.json"):
+            hint = f"; that is a transformers config: give {path.parent / 'tokenizer.json'}"
+        detail = " ".join(str(exc).split())
+        raise ConfigError(
+            f"tokenizer file {path} cannot be read as a tokenizers JSON file ({detail}){hint}"
+        ) from None
     bos = eos = None
     config = path.parent / "tokenizer_config.json"
     special = path.parent / "special_tokens_map.json"
     for cfg_path in (config, special):
         if cfg_path.is_file():
-            cfg = json.loads(cfg_path.read_text())
+            try:
+                cfg = json.loads(cfg_path.read_text())
+            except (ValueError, OSError) as exc:
+                raise ConfigError(f"tokenizer config {cfg_path} is not valid JSON: {exc}") from None
             bos = bos if bos is not None else _special_id(tok, cfg.get("bos_token"))
             eos = eos if eos is not None else _special_id(tok, cfg.get("eos_token"))
     return HFTokenizer(tok, *_specials(tok, bos, eos))

@@ -124,7 +124,7 @@ class _Skipped:
     __slots__ = ("line", "location", "reason")
 
     def __init__(self, error: DataError) -> None:
-        self.reason = str(error)
+        self.reason = error.what if isinstance(error, DataFormatError) else str(error)
         self.location = error.location if isinstance(error, DataFormatError) else None
         self.line = error.line if isinstance(error, DataFormatError) else None
 

@@ -146,11 +146,13 @@ class PackAccumulator(Accumulator):
             state = self._lanes[lane_id] = _Lane(packer)
         return state
 
-    def _drop(self, state: _Lane, record: SampleRecord, reason: str) -> SampleRecord:
+    def _drop(
+        self, state: _Lane, record: SampleRecord, reason: str, tokens: int = 0
+    ) -> SampleRecord:
         meta = record.meta
         state.tracker.add(meta)
         refs = state.tracker.settle(meta)
-        tomb = tombstone_meta(meta, reason=reason)
+        tomb = tombstone_meta(meta, reason=reason, tokens=tokens)
         if refs != meta.contributors:
             tomb = tomb.with_tags(**{TAG_CONTRIBUTORS: refs})
         return SampleRecord(tomb, None)
@@ -204,7 +206,7 @@ class PackAccumulator(Accumulator):
                 op.max_length,
                 more,
             )
-        return self._drop(state, record, reason)
+        return self._drop(state, record, reason, length)
 
     def _emit(self, state: _Lane, b: Bin) -> SampleRecord:
         op = self.op

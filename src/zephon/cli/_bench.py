@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from zephon._optional import require
+from zephon._optional import EXTRA_OF, require
 from zephon.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, fail, write_json_atomic
 from zephon.errors import MissingDependencyError
 
@@ -83,7 +84,7 @@ def find_benchmarks(explicit: Path | None) -> Path | None:
         candidates += [Path.cwd() / "benchmarks"]
     for c in candidates:
         if c is not None and c.is_dir() and any(c.glob("*.py")):
-            return c
+            return c.resolve()  # the scripts run in a scratch folder
     return None
 
 
@@ -187,15 +188,32 @@ def _run_one(
         "seconds": round(time.perf_counter() - start, 2),
         "returncode": code,
         "result": result,
-        "error": None if result is not None else (err.strip().splitlines() or ["?"])[-1],
+        "error": None if result is not None else _last_error(err),
     }
     return entry, out
+
+
+_MISSING = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+
+
+def _last_error(stderr: str) -> str:
+    """The last line of a failed benchmark's stderr; a missing optional package as the
+    ``pip install 'zephon[EXTRA]'`` that installs it."""
+    last = (stderr.strip().splitlines() or ["?"])[-1]
+    missing = _MISSING.search(last)
+    if missing is None:
+        return last
+    top = missing.group(1).partition(".")[0]
+    extra = EXTRA_OF.get(top)
+    install = f"pip install 'zephon[{extra}]'" if extra else f"pip install {top}"
+    return f"needs {top}, which is not installed: {install}"
 
 
 def _run_all(
     folder: Path, names: list[str], report: dict[str, Any], args: argparse.Namespace, console: Any
 ) -> list[str]:
     """Run ``names`` under a progress bar, filling ``report``; the names that failed."""
+    from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     failed = []
@@ -219,15 +237,18 @@ def _run_all(
                 failed.append(name)
             if not args.quiet and not args.json:
                 table = "\n".join(ln for ln in out.splitlines() if not ln.startswith("{"))
-                progress.console.print(f"[bold]{name}[/] ({entry['seconds']:.1f} s)\n{table}")
+                head = f"[bold]{name}[/] ({entry['seconds']:.1f} s)\n{escape(table)}"
+                progress.console.print(head)
                 if entry["error"]:
-                    progress.console.print(f"[red]{name} failed:[/] {entry['error']}")
+                    progress.console.print(f"[red]{name} failed:[/] {escape(entry['error'])}")
             progress.advance(task)
     return failed
 
 
 def _write_report(report: dict[str, Any], args: argparse.Namespace, console: Any) -> None:
     """Plot (when matplotlib is there), write the report and say where it went."""
+    from rich.markup import escape
+
     plots_dir = args.plots or args.out.parent / "bench-plots"
     try:
         pngs = plot(report, plots_dir)
@@ -244,17 +265,17 @@ def _write_report(report: dict[str, Any], args: argparse.Namespace, console: Any
     if report["plots"]:
         console.print(f"plots: {plots_dir} ({len(report['plots'])} PNG)")
     else:
-        console.print(report.get("plots_note", "no plots"))
+        console.print(escape(report.get("plots_note", "no plots")))
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from zephon.cli._report import console as log_console
 
     selected = _selected(args)
     if isinstance(selected, int):
         return selected
     folder, names = selected
-    console = Console(stderr=True)
+    console = log_console(stderr=True)
     report = _new_report(args)
     failed = _run_all(folder, names, report, args, console)
     _write_report(report, args, console)

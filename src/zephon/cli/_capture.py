@@ -8,6 +8,9 @@ import sys
 import warnings
 from typing import Any
 
+from zephon.cli._common import EXIT_USAGE, fail
+from zephon.errors import MissingDependencyError
+
 
 def register(subparsers: Any) -> None:
     capture = subparsers.add_parser("capture", help="token capture tools")
@@ -37,6 +40,7 @@ def register(subparsers: Any) -> None:
 
 def _conformance(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from zephon.capture.conformance import CHECKS, ConformanceWarning, run_conformance
@@ -50,11 +54,17 @@ def _conformance(args: argparse.Namespace) -> int:
     try:
         store_class(args.store_url)
     except (ValueError, ImportError) as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
+        return fail("capture conformance", exc, EXIT_USAGE)
 
     def factory() -> Any:
         return open_store(args.store_url)
+
+    try:
+        asyncio.run(_probe(factory))
+    except MissingDependencyError as exc:  # every check would fail with the same message
+        return fail("capture conformance", exc, EXIT_USAGE)
+    except Exception:
+        pass
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConformanceWarning)
@@ -72,8 +82,7 @@ def _conformance(args: argparse.Namespace) -> int:
                 )
             )
         except ValueError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            return 2
+            return fail("capture conformance", exc, EXIT_USAGE)
     table = Table(title=f"capture conformance: {args.store_url}")
     table.add_column("check")
     table.add_column("result")
@@ -82,12 +91,18 @@ def _conformance(args: argparse.Namespace) -> int:
     style = {"passed": "green", "failed": "red", "warned": "yellow"}
     for r in report.results:
         table.add_row(
-            r.name, f"[{style[r.status]}]{r.status}[/]", f"{r.seconds * 1000:.1f}", r.detail
+            r.name, f"[{style[r.status]}]{r.status}[/]", f"{r.seconds * 1000:.1f}", escape(r.detail)
         )
     console.print(table)
     n_fail, n_warn = len(report.failed), len(report.warnings)
     console.print(f"checks: {len(report.passed)} ok / {n_fail} failing / {n_warn} with warnings")
     return 1 if n_fail else 0
+
+
+async def _probe(factory: Any) -> None:
+    """Open and close one client (a missing driver then fails once, with one line)."""
+    store = factory()
+    await store.close()
 
 
 def main(argv: list[str] | None = None) -> int:

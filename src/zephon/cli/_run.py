@@ -11,6 +11,7 @@ position on resume, so it holds every item exactly once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -33,7 +34,10 @@ from zephon.cli._common import (
     checkpoint_path,
     fail,
 )
-from zephon.cli._signals import RunSignals
+from zephon.cli._lock import RunLock, RunLockedError
+from zephon.cli._record import cut_record, record_position
+from zephon.cli._report import console, print_summary, read_before, total_reads, update
+from zephon.cli._signals import RunSignals, Startup
 from zephon.errors import CheckpointError, ConfigError, ZephonError
 from zephon.options import RUNNERS
 
@@ -47,7 +51,8 @@ def register(subparsers: Any) -> None:
         description="Run the pipeline of CONFIG (see docs/yaml.md). Exit codes: 0 done or "
         "stopped at --max-batches, 1 the run failed (its checkpoint is written), 2 bad command "
         "line or config, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM); both write a "
-        "final checkpoint. SIGUSR1 writes a checkpoint and goes on.",
+        "final checkpoint once an item was delivered (before that, they stop at once: there "
+        "is nothing new to save). SIGUSR1 writes a checkpoint and goes on.",
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -145,42 +150,6 @@ def _write_prometheus(pipe: Any, path: Path) -> None:
     tmp.replace(path)
 
 
-def _total_reads(config: Any, pipe: Any) -> int | None:
-    """Samples this rank will read, when the source makes exactly one pass."""
-    src = config.source
-    if any(src.get(k) is not None for k in ("exhausted_policy", "max_repeats")):
-        return None
-    passes = src.get("stop_after_passes", 1)
-    if passes is None:
-        return None
-    total = sum(d.total() for d in pipe.work_source.datasets) * passes
-    return int(total // max(1, pipe.runtime_options.dp_world_size))
-
-
-def _cut_record(path: Path, run_meta: Mapping[str, Any]) -> None:
-    """Cut the ``--record`` file back to its size at the checkpoint being resumed.
-
-    Lines written after that checkpoint (a crash, a kill) are items the resumed run delivers
-    again; without the cut they would be in the file twice.
-    """
-    saved = run_meta.get("record")
-    if not isinstance(saved, Mapping) or not path.exists():
-        return
-    if os.path.realpath(path) != saved.get("path"):
-        return
-    size, keep = path.stat().st_size, int(saved.get("bytes", 0))
-    if size > keep:
-        os.truncate(path, keep)
-        with open(path, "rb") as fh:
-            os.fsync(fh.fileno())
-    elif size < keep:
-        print(
-            f"zephon run: warning: {path} is shorter ({size} bytes) than when the checkpoint "
-            f"was taken ({keep} bytes); it no longer holds every delivered item",
-            file=sys.stderr,
-        )
-
-
 def _who_dropped_everything(stats: Any) -> str:
     """Name the operator after which no record flowed on (for a run that delivered nothing)."""
     ops = list(stats.operators) if stats is not None else []
@@ -201,6 +170,17 @@ def _who_dropped_everything(stats: Any) -> str:
 
 class UsageError(Exception):
     """A command-line or configuration problem found while starting the run (exit 2)."""
+
+
+class RecordWriteError(Exception):
+    """The ``--record`` file cannot be written (a full disk): the run stops without a new
+    checkpoint, since one now would be ahead of the record; the last one still matches it."""
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        super().__init__(
+            f"cannot write the record {path}: {error.strerror or error}; stopped without a new "
+            "checkpoint (the newest one matches the record): free space, then resume"
+        )
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -238,8 +218,8 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
     return config, pipe
 
 
-def _resume(args: argparse.Namespace, pipe: Any) -> tuple[Path | None, Mapping[str, Any]]:
-    """Restore the newest valid checkpoint; (its path, the run's own entries) or (None, {})."""
+def _resume(args: argparse.Namespace, pipe: Any) -> tuple[Path | None, Mapping[str, Any] | None]:
+    """Restore the newest valid checkpoint; (its path, its state) or (None, None)."""
     try:
         latest = latest_checkpoint(args.checkpoint_dir, set_aside=True)
     except CheckpointError as exc:
@@ -250,7 +230,7 @@ def _resume(args: argparse.Namespace, pipe: Any) -> tuple[Path | None, Mapping[s
                 f"zephon run: no checkpoint in {args.checkpoint_dir}; starting from the beginning",
                 file=sys.stderr,
             )
-        return None, {}
+        return None, None
     for path, reason in latest.rejected:
         print(
             f"zephon run: warning: {reason}; set it aside as {path.name} and resuming from "
@@ -261,13 +241,13 @@ def _resume(args: argparse.Namespace, pipe: Any) -> tuple[Path | None, Mapping[s
         pipe.restore(latest.state)
     except (CheckpointError, ValueError) as exc:
         raise UsageError(f"cannot resume from {latest.path}: {exc}") from None
-    run_meta = latest.state.get("run")
-    return latest.path, run_meta if isinstance(run_meta, Mapping) else {}
+    return latest.path, latest.state
 
 
 def run(args: argparse.Namespace) -> int:
-    # Signals are handled from the start: a preemption while the pipeline is being built
-    # still ends with a checkpoint and exit 143.
+    # Signals are handled from the command's start (zephon.cli.main): until the first item a
+    # stop ends the run at once with its summary, afterwards after the item being delivered.
+    Startup.config, Startup.json = str(args.config), bool(args.json)
     with RunSignals() as signals:
         try:
             _check_arguments(args)
@@ -280,18 +260,35 @@ def run(args: argparse.Namespace) -> int:
             log = logging.getLogger("zephon")
             log.addHandler(handler)
             log.setLevel(logging.INFO)
-        if args.checkpoint_dir is not None:
+        if args.checkpoint_dir is None:
+            return RunLoop(args, config, pipe, signals).execute()
+        lock = RunLock(args.checkpoint_dir)
+        try:
             args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        resumed_from: Path | None = None
-        run_meta: Mapping[str, Any] = {}
-        if args.resume:
-            try:
-                resumed_from, run_meta = _resume(args, pipe)
-            except UsageError as exc:
-                return fail("run", exc, EXIT_USAGE)
+            lock.acquire()
+        except (OSError, RunLockedError) as exc:
+            return fail("run", exc, EXIT_USAGE)
+        try:
+            return _run_locked(args, config, pipe, signals)
+        finally:
+            lock.release()
+
+
+def _run_locked(args: argparse.Namespace, config: Any, pipe: Any, signals: RunSignals) -> int:
+    """The run once it holds its checkpoint directory: resume, cut the record, iterate."""
+    loop = RunLoop(args, config, pipe, signals)
+    if args.resume:
+        try:
+            loop.resumed_from, state = _resume(args, pipe)
+        except UsageError as exc:
+            return fail("run", exc, EXIT_USAGE)
+        Startup.checkpoint = str(loop.resumed_from) if loop.resumed_from is not None else None
+        if state is not None:
+            loop.before = read_before(state, pipe)
         if args.record is not None:
-            _cut_record(args.record, run_meta)
-        return RunLoop(args, config, pipe, resumed_from, signals).execute()
+            run_meta = state.get("run", {}) if state is not None else None
+            cut_record(args.record, args.checkpoint_dir, run_meta)
+    return loop.execute()
 
 
 class RunLoop:
@@ -302,11 +299,12 @@ class RunLoop:
         args: argparse.Namespace,
         config: Any,
         pipe: Any,
-        resumed_from: Path | None,
         signals: RunSignals,
     ) -> None:
         self.args, self.config, self.pipe = args, config, pipe
-        self.resumed_from = resumed_from
+        self.resumed_from: Path | None = None
+        # samples read before the checkpoint resumed from (None: unknown, so no total)
+        self.before: int | None = 0
         self.signals = signals
         self.items = self.samples = self.tokens = 0
         self.status = "completed"
@@ -321,9 +319,12 @@ class RunLoop:
             return None
         state = self.pipe.checkpoint()
         if self.record is not None:
-            self.record.flush()
-            os.fsync(self.record.fileno())
-            where = {"path": os.path.realpath(args.record), "bytes": self.record.tell()}
+            try:
+                self.record.flush()
+                os.fsync(self.record.fileno())
+            except OSError as exc:
+                raise RecordWriteError(args.record, exc) from None
+            where = record_position(args.record, args.checkpoint_dir, self.record.tell())
             state["run"] = {"record": where}
         path = save_checkpoint(checkpoint_path(args.checkpoint_dir, _delivered(state)), state)
         _prune(args.checkpoint_dir, args.keep)
@@ -343,12 +344,17 @@ class RunLoop:
         return "terminated" if self.signals.stop_signal == signal.SIGTERM else "interrupted"
 
     def _deliver(self, item: Any) -> None:
+        self.signals.started()  # before the record line: a stop now saves a checkpoint
         n, t, ids, lane = item_stats(item)
         self.items += 1
         self.samples += n
         self.tokens += t
         if self.record is not None:
-            self.record.write(json.dumps({"lane": lane, "ids": ids, "tokens": t}) + "\n")
+            line = json.dumps({"lane": lane, "ids": ids, "tokens": t}) + "\n"
+            try:
+                self.record.write(line)
+            except OSError as exc:
+                raise RecordWriteError(self.args.record, exc) from None
 
     def _iterate(self, progress: Any, task: Any) -> None:
         args, signals = self.args, self.signals
@@ -363,7 +369,7 @@ class RunLoop:
             now = time.perf_counter()
             if now - last > 0.2:
                 last = now
-                _update(progress, task, self.pipe, self.items, self.tokens, now - start)
+                self._update(progress, task, now - start)
             if signals.stop_requested:
                 self.status = self._stop_status()
                 self.save()
@@ -377,43 +383,50 @@ class RunLoop:
                 return
         self.save()
 
+    def _update(self, progress: Any, task: Any, elapsed: float) -> None:
+        update(progress, task, self.pipe, (self.items, self.tokens), elapsed, self.before or 0)
+
     def execute(self) -> int:
-        from rich.console import Console
         from rich.progress import TextColumn
 
         from zephon._progress import of_total, progress_bar
 
         args = self.args
-        console = Console(stderr=True)
+        err = console(stderr=True)
         metrics = None
         if args.metrics_port is not None:
             metrics = MetricsServer(lambda: _prometheus_text(self.pipe), port=args.metrics_port)
-            console.print(f"metrics: {metrics.url}")
+            err.print(f"metrics: {metrics.url}")
         if args.record is not None:
             # line-buffered: a kill loses no line of an item already delivered
             self.record = open(args.record, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
-        total = None if self.resumed_from is not None else _total_reads(self.config, self.pipe)
+        total = total_reads(self.config, self.pipe) if self.before is not None else None
         start = time.perf_counter()
         progress = progress_bar(
-            console, "records", TextColumn("{task.fields[rates]}"), disable=args.quiet
+            err, "records", TextColumn("{task.fields[rates]}"), disable=args.quiet
         )
         try:
             with progress:
                 name = Path(args.config).name
-                task = progress.add_task(name, total=total, rates="", of=of_total(total))
-                self._iterate(progress, task)
-                _update(
-                    progress, task, self.pipe, self.items, self.tokens, time.perf_counter() - start
+                task = progress.add_task(
+                    name, total=total, completed=self.before or 0, rates="", of=of_total(total)
                 )
+                self._iterate(progress, task)
+                self._update(progress, task, time.perf_counter() - start)
+                if self.status == "completed" and total is not None:
+                    progress.update(task, completed=total)  # the pass is read, all of it
         except KeyboardInterrupt:  # a second stop signal, or Ctrl-C inside the engine
             self.status = self._stop_status()
             self._save_after_stop()
+        except RecordWriteError as exc:
+            self.status, self.error = "failed", exc
         except Exception as exc:  # zephon errors and errors raised by user code in an operator
             self.status, self.error = "failed", exc
             self._save_after_stop()
         finally:
             if self.record is not None:
-                self.record.close()
+                with contextlib.suppress(OSError):  # a full disk: said above, cut on resume
+                    self.record.close()
             if metrics is not None:
                 metrics.close()
         return self._finish(time.perf_counter() - start)
@@ -427,7 +440,7 @@ class RunLoop:
         if args.json:
             print(json.dumps(summary))
         else:
-            _print_summary(summary, stats if args.stats else None)
+            print_summary(summary, stats if args.stats else None)
         if self.error is not None:
             code = EXIT_USAGE if isinstance(self.error, ConfigError) else EXIT_FAILURE
             return fail("run", _describe_error(self.error, pipe), code)
@@ -456,6 +469,7 @@ class RunLoop:
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
             "error": f"{type(error).__name__}: {error}" if error else None,
+            "dropped": stats.to_dict()["dropped"] if stats is not None else None,
             "stats": stats.to_dict() if stats is not None else None,
         }
 
@@ -489,60 +503,6 @@ def _record_location(error: BaseException | None, pipe: Any) -> str | None:
 def _prometheus_text(pipe: Any) -> str:
     stats = pipe.stats()
     return stats.to_prometheus() if stats is not None else ""
-
-
-def _update(progress: Any, task: Any, pipe: Any, items: int, tokens: int, elapsed: float) -> None:
-    stats = pipe.stats()
-    read = stats.samples_read if stats is not None else 0
-    rate = elapsed if elapsed > 0 else 1e-9
-    progress.update(
-        task,
-        completed=read,
-        rates=f"· {items:,} items · {tokens / rate:,.0f} tokens/s",
-    )
-
-
-def _print_summary(summary: dict[str, Any], stats: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    line = (
-        f"{summary['status']}: {summary['items']:,} items, {summary['samples']:,} samples, "
-        f"{summary['tokens']:,} tokens in {summary['elapsed_s']:.2f} s "
-        f"({summary['items_per_s']:,.1f} items/s, {summary['tokens_per_s']:,.0f} tokens/s)"
-    )
-    console.print(line, highlight=False)
-    if summary["resumed_from"]:
-        console.print(f"resumed from {summary['resumed_from']}", highlight=False)
-    if summary["checkpoint"]:
-        console.print(f"checkpoint: {summary['checkpoint']}", highlight=False)
-    if stats is None:
-        return
-    table = Table(title="operators")
-    for col in ("operator", "runner", "workers", "in", "out", "worker s", "acc s", "stalls"):
-        table.add_column(col, justify="left" if col in ("operator", "runner") else "right")
-    for op in stats.operators:
-        table.add_row(
-            op.name,
-            op.runner,
-            str(op.parallelism),
-            f"{op.elements_in:,}",
-            f"{op.elements_out:,}",
-            f"{op.worker_ns / 1e9:.2f}",
-            f"{op.accumulator_ns / 1e9:.2f}",
-            str(op.stalls),
-        )
-    console.print(table)
-    lanes = Table(title="lanes")
-    for col in ("lane", "delivered", "next chunk", "in flight", "finished"):
-        lanes.add_column(col, justify="right")
-    for lane, p in sorted(stats.lanes.items()):
-        lanes.add_row(
-            str(lane), f"{p.delivered:,}", str(p.next_chunk_id), str(p.inflight_chunks),
-            str(p.finished),
-        )  # fmt: skip
-    console.print(lanes)
 
 
 def main(argv: list[str] | None = None) -> int:

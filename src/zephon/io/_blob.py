@@ -2,19 +2,20 @@
 copied whole into the node cache.
 
 Shard kinds read through a :class:`Blob` and never care which of the three it is: local files
-(and cached copies) are read with ``os.pread`` on one descriptor per process, remote objects with
-ranged requests (:mod:`zephon.io._remote`). A blob pickles as its URL and options only.
+(and cached copies) are read with ``os.pread`` on a descriptor leased from the process's bounded
+pool (:mod:`zephon.io._descriptors`), remote objects with ranged requests
+(:mod:`zephon.io._remote`). A blob pickles as its URL and options only.
 """
 
 from __future__ import annotations
 
 import io
 import os
-import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from zephon.io._cache import CacheOptions, NodeCache
+from zephon.io._descriptors import DESCRIPTORS
 from zephon.io._paths import get_fs, split_protocol
 from zephon.io._remote import RangeFile, fetch_range, remote_size, with_retries
 from zephon.io._spans import LOCAL_GAP, REMOTE_GAP
@@ -37,10 +38,7 @@ class Blob:
 
     def _init_transient(self) -> None:
         self.protocol, self.path = split_protocol(self.url)
-        self._lock = threading.Lock()
         self._fs: Any = None
-        self._fd: int | None = None
-        self._fd_pid = -1
         self._size: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -100,23 +98,21 @@ class Blob:
         with NodeCache(self.cache).pinned(self.filesystem(), self.path, self.url) as path:
             return opener(path)
 
-    def _descriptor(self) -> int | None:
-        pid = os.getpid()
-        if self._fd is not None and self._fd_pid == pid:
-            return self._fd
-        if self.ranged:
-            return None
-        with self._lock:
-            if self._fd is None or self._fd_pid != pid:
-                self._fd = self.local(lambda p: os.open(p, os.O_RDONLY))
-                self._fd_pid = pid
-            return self._fd
+    def _open_local(self) -> int:
+        fd = self.local(lambda p: os.open(p, os.O_RDONLY | os.O_CLOEXEC))
+        if fd is None:
+            raise AssertionError(f"{self.url} has no local copy")  # ranged: never leased
+        return fd
 
     def read_range(self, start: int, end: int) -> bytes:
-        fd = self._descriptor()
-        if fd is not None:
-            return os.pread(fd, end - start, start)
+        if not self.ranged:
+            with DESCRIPTORS.lease(self.url, self._open_local) as fd:
+                return os.pread(fd, end - start, start)
         return fetch_range(self.filesystem(), self.path, self.url, start, end)
+
+    def close(self) -> None:
+        """Close this shard's descriptor now (it is opened again if read again)."""
+        DESCRIPTORS.close(self.url)
 
     def file(self) -> Any:
         """A seekable binary file: a local one, or one whose every read is a ranged request."""

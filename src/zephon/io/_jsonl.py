@@ -263,10 +263,10 @@ class JsonlShard(Shard):
                 line = self._line_number(int(bounds[idx][0]))
                 why = sniff_not_jsonl(self._read_range(0, min(_SNIFF, int(bounds[-1][1]))), raw)
                 raise DataFormatError(
-                    f"{self._url}, line {line}: "
-                    + (why or f"malformed JSON ({e}); fix or remove that line"),
+                    f"{self._url}, line {line}: " + (why or f"malformed JSON ({e})"),
                     location=self._url,
                     line=line,
+                    hint=None if why else _SKIP_HINT,
                 ) from None
             if not isinstance(row, dict):
                 line = self._line_number(int(bounds[idx][0]))
@@ -309,6 +309,12 @@ class JsonlShard(Shard):
 
 
 _SNIFF = 4096
+# What works after a bad line: deleting it changes the shard's row count, which a resume refuses.
+_SKIP_HINT = (
+    "to go on, set `fetch: {on_error: skip}` (the record is logged and quarantined) and resume; "
+    "or overwrite the line in place. Do not delete the line: the row count would change and "
+    "the checkpoint would be refused"
+)
 _ARRAY_HINT = "; for a file holding one JSON array: jq -c '.[]' FILE > FILE.jsonl"
 _BOM = b"\xef\xbb\xbf"
 

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from zephon._optional import require
 from zephon.capture.stores._durable import Offload, parse_offload
 from zephon.capture.stores._sql import Cursor, SqlStore, iter_statements
 from zephon.capture.stores._state import RolloutState
@@ -77,7 +78,7 @@ class PostgresStore(SqlStore):
         create: bool = True,
     ) -> None:
         super().__init__(offload=offload)
-        import psycopg
+        psycopg = require("psycopg", "a postgresql:// capture store")
 
         self.schema = schema
         self._dsn_for_errors = urlsplit(dsn)._replace(netloc=urlsplit(dsn).hostname or "").geturl()

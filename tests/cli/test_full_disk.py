@@ -1,0 +1,81 @@
+"""Disks that fail under ``zephon run`` (a real tmpfs, mounted in a mount namespace of the
+test's own): a ``--record`` on a full disk is one line saying what to do, with no checkpoint
+ahead of the record, and once space is freed the resume completes the record exactly; a
+read-only checkpoint directory whose newest file is damaged is one line too."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import ZEPHON
+
+SIZE = 256 * 1024
+PAGE = 4096
+
+SCRIPT = """\
+set -u
+mount -t tmpfs -o size={size} tmpfs small
+head -c {filler} /dev/zero > small/filler
+run() {{ {zephon} run pipeline.yaml --quiet --record small/rec.jsonl --checkpoint-dir ck \\
+        --checkpoint-every 20 "$@"; }}
+run > out1 2> err1; echo $? > code1
+rm small/filler
+run --resume > out2 2> err2; echo $? > code2
+cp small/rec.jsonl got.jsonl
+"""
+
+
+def _in_mount_namespace(folder: Path, script: str) -> None:
+    own = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    proc = subprocess.run(
+        ["unshare", *own, "--mount", "bash", "-c", script], cwd=folder, capture_output=True,
+        text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_full_disk_under_the_record_is_one_line_and_the_resume_completes_it(workdir: Path):
+    expected = subprocess.run(
+        [ZEPHON, "run", "pipeline.yaml", "--quiet", "--record", "full.jsonl"], cwd=workdir,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert expected.returncode == 0, expected.stderr
+    record = (workdir / "full.jsonl").read_bytes()
+    assert len(record) > 2 * PAGE
+    (workdir / "small").mkdir()
+    free = (len(record) // 2 // PAGE) * PAGE  # room for about half the record
+    script = SCRIPT.format(size=SIZE, filler=SIZE - free, zephon=ZEPHON)
+    _in_mount_namespace(workdir, script)
+
+    assert (workdir / "code1").read_text().strip() == "1"
+    err = (workdir / "err1").read_text()
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith("zephon run: error: RecordWriteError: cannot write the ")
+    assert "No space left on device" in err and "free space, then resume" in err
+    assert (workdir / "code2").read_text().strip() == "0", (workdir / "err2").read_text()
+    assert (workdir / "got.jsonl").read_bytes() == record
+
+
+READ_ONLY = """\
+set -u
+mount -t tmpfs -o size=1m tmpfs ck
+{zephon} run pipeline.yaml --quiet --checkpoint-dir ck --checkpoint-every 2 --max-batches 4
+echo '{{"damaged' > "$(ls ck/ckpt-*.json | tail -1)"
+mount -o remount,ro ck
+{zephon} run pipeline.yaml --quiet --checkpoint-dir ck --resume > out 2> err; echo $? > code
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_read_only_checkpoint_dir_with_a_damaged_newest_file_is_one_line(workdir: Path):
+    (workdir / "ck").mkdir()
+    _in_mount_namespace(workdir, READ_ONLY.format(zephon=ZEPHON))
+    err = (workdir / "err").read_text()
+    assert (workdir / "code").read_text().strip() == "2", err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("zephon run: error: ") and "Read-only file system" in err
