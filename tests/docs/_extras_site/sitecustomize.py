@@ -49,6 +49,16 @@ class _Absent(importlib.machinery.PathFinder):
             return None
         return super().find_spec(fullname, path, target)
 
+    @classmethod
+    def find_distributions(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+        """Installed-package metadata, without the blocked packages: libraries that ask
+        ``importlib.metadata`` whether an optional package is there (torchmetrics does for
+        matplotlib) must get the same answer as an import."""
+        for dist in super().find_distributions(*args, **kwargs):
+            name = (dist.metadata["Name"] or "").lower().replace("-", "_")
+            if name not in cls.blocked:
+                yield dist
+
 
 _allowed = os.environ.get("ZEPHON_DOCS_EXTRAS")
 if _allowed is not None:
