@@ -141,7 +141,6 @@ def test_oversized_headers_are_a_431(limited: Any) -> None:
 
 def test_silent_and_slow_connections_are_closed(limited: Any, http: httpx.Client) -> None:
     proxy, _ = limited
-    started = time.monotonic()
     silent = [_connect(proxy) for _ in range(50)]
     half_headers = _connect(proxy)
     half_headers.sendall(b"GET /v1/models HTTP/1.1\r\nhost: proxy\r\n")
@@ -149,13 +148,13 @@ def test_silent_and_slow_connections_are_closed(limited: Any, http: httpx.Client
     half_body.sendall(_head("/v1/chat/completions", "content-length: 100") + b"{")
     socks = [*silent, half_headers, half_body]
     with ThreadPoolExecutor(len(socks)) as pool:
+        # _read_all returns only when the proxy closes the connection; our own read timeout
+        # (WAIT_S) would raise TimeoutError here instead
         answers = list(pool.map(_read_all, socks))
-    elapsed = time.monotonic() - started
     for sock in socks:
         sock.close()
     assert all(_status(a) == 408 for a in answers[:-1]), {a[:40] for a in answers}
     assert answers[-1] == b""  # a request in progress: closed, nothing half-answered
-    assert elapsed < WAIT_S  # every one was closed by the proxy, not by our read timeout
     assert http.get(proxy.url + "/v1/models").status_code == 200
 
 
