@@ -51,6 +51,8 @@ def test_a_second_instance_is_refused_naming_the_first_and_the_lock_outlives_a_s
 ):
     first = start(run_dir, *ARGS)
     wait_for(lambda: lines(run_dir / "rec.jsonl") >= 20 or first.poll() is not None)
+    assert first.poll() is None, "the first run ended before the second could start"
+    first.send_signal(signal.SIGSTOP)  # holds its lock, but cannot finish while the second starts
     second = start(run_dir, *ARGS)
     _out, err = second.communicate(timeout=60)
     assert second.returncode == 2, err
