@@ -4,7 +4,7 @@ Usage: ``python -m tests.io._many_formats ROOT LIMIT RUNNER...``. ``ROOT/<format
 each format's shards (written by the test, outside the limit). The process first lowers its
 own ``RLIMIT_NOFILE`` to ``LIMIT`` (soft and hard: nothing it starts, workers and Ray's own
 processes included, may raise it back), then runs the pipeline once per runner and prints one
-JSON line: per runner, the sha256 of every batch's rows and the number of rows.
+JSON line: per runner, the sha256 of every row in order, the number of rows and of distinct ids.
 """
 
 from __future__ import annotations
@@ -30,13 +30,15 @@ def build(root: Path, runner: str) -> Pipeline:
     return Pipeline(source).fetch(parallelism=2).batch(32, drop_last=False).options(**options)
 
 
-def digest(pipe: Pipeline) -> tuple[str, int]:
-    h, rows = hashlib.sha256(), 0
+def digest(pipe: Pipeline) -> tuple[str, int, int]:
+    """(sha256 of every row in order, rows, distinct ids)."""
+    h, rows, ids = hashlib.sha256(), 0, set()
     for batch in pipe:
         for record in batch:
             h.update(json.dumps(record.payload, sort_keys=True).encode())
+            ids.add(record.payload["id"])
             rows += 1
-    return h.hexdigest(), rows
+    return h.hexdigest(), rows, len(ids)
 
 
 def main() -> None:

@@ -118,12 +118,14 @@ def write_formats(root: Path, shards: int, rows: int) -> Path:
     return root
 
 
-def read_formats(root: Path, limit: int, *runners: str) -> dict[str, list[object]]:
+def read_formats(
+    root: Path, limit: int, *runners: str, timeout: int = 300
+) -> dict[str, list[object]]:
     """Digests per runner of the mixture of all formats, read under ``ulimit -n limit``."""
     proc = subprocess.run(
         [sys.executable, "-m", "tests.io._many_formats", str(root), str(limit), *runners],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-        text=True, timeout=900,
+        text=True, timeout=timeout,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out: dict[str, list[object]] = json.loads(proc.stdout.splitlines()[-1])
@@ -135,11 +137,11 @@ SMALL_LIMIT, FORMAT_SHARDS = 64, 70
 
 
 @pytest.mark.timeout(600)
-def test_every_format_reads_more_shards_than_ulimit_n_on_every_local_runner(tmp_path):
+def test_every_format_reads_more_shards_than_ulimit_n_on_threads_and_processes(tmp_path):
     root = write_formats(tmp_path, FORMAT_SHARDS, rows=2)
-    out = read_formats(root, SMALL_LIMIT, "inline", "threads", "process")
-    assert out["inline"][1] == len(FORMATS) * FORMAT_SHARDS * 2  # every row of every shard
-    assert out["threads"] == out["process"] == out["inline"]
+    out = read_formats(root, SMALL_LIMIT, "threads", "process")  # inline: under -m slow
+    assert out["threads"][1:] == [len(FORMATS) * FORMAT_SHARDS * 2] * 2  # every row, once
+    assert out["process"] == out["threads"]
 
 
 @pytest.mark.slow
@@ -147,6 +149,6 @@ def test_every_format_reads_more_shards_than_ulimit_n_on_every_local_runner(tmp_
 def test_every_format_reads_5000_shards_under_ulimit_n_256_on_every_runner(tmp_path):
     shards = 5000 // len(FORMATS) + 1
     root = write_formats(tmp_path, shards, rows=2)
-    out = read_formats(root, LIMIT, "inline", "threads", "process", "ray")
-    assert out["inline"][1] == len(FORMATS) * shards * 2
+    out = read_formats(root, LIMIT, "inline", "threads", "process", "ray", timeout=3300)
+    assert out["inline"][1:] == [len(FORMATS) * shards * 2] * 2  # every row, once
     assert out["threads"] == out["process"] == out["ray"] == out["inline"]
