@@ -129,19 +129,21 @@ class ParquetShard(FileShard):
         self._rg_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
         self._meta = md
 
-    def _row_group(self, pf: Any, rg: int) -> Any:
+    def _row_group(self, rg: int) -> Any:
+        """Row group ``rg`` decoded: from the cache, else read (the file opened only then)."""
         key = (self._open_token, rg)
         table = _CACHE.get(key)
         if table is not None:
             return table
         import pyarrow as pa
 
-        try:
-            table = pf.read_row_group(rg, columns=self._columns)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise DataFormatError(
-                f"parquet shard {self._url}: row group {rg} cannot be decoded: {e}"
-            ) from e
+        with self._leased() as pf:
+            try:
+                table = pf.read_row_group(rg, columns=self._columns)
+            except (pa.ArrowInvalid, OSError) as e:
+                raise DataFormatError(
+                    f"parquet shard {self._url}: row group {rg} cannot be decoded: {e}"
+                ) from e
         _CACHE.put(key, table)
         return table
 
@@ -150,7 +152,10 @@ class ParquetShard(FileShard):
             return []
         idx = checked_indices(indices, len(self), self._url)
         out: list[Row] = [{}] * len(idx)
-        with self._lock, self._leased() as pf:
+        with self._lock:
+            if self._meta is None:
+                with self._leased():
+                    pass  # reads and checks the footer
             starts = self._rg_starts
             assert starts is not None
             rgs = np.searchsorted(starts, idx, side="right") - 1
@@ -159,7 +164,7 @@ class ParquetShard(FileShard):
             bounds = np.flatnonzero(np.diff(sorted_rgs)) + 1
             for group in np.split(order, bounds):
                 rg = int(rgs[group[0]])
-                table = self._row_group(pf, rg)
+                table = self._row_group(rg)
                 rows = table.take(idx[group] - starts[rg]).to_pylist()
                 for pos, row in zip(group.tolist(), rows, strict=True):
                     out[pos] = row
