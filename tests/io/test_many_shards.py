@@ -137,11 +137,11 @@ SMALL_LIMIT, FORMAT_SHARDS = 64, 70
 
 
 @pytest.mark.timeout(600)
-def test_every_format_reads_more_shards_than_ulimit_n_on_threads_and_processes(tmp_path):
+def test_every_format_reads_more_shards_than_ulimit_n_on_every_local_runner(tmp_path):
     root = write_formats(tmp_path, FORMAT_SHARDS, rows=2)
-    out = read_formats(root, SMALL_LIMIT, "threads", "process")  # inline: under -m slow
-    assert out["threads"][1:] == [len(FORMATS) * FORMAT_SHARDS * 2] * 2  # every row, once
-    assert out["process"] == out["threads"]
+    out = read_formats(root, SMALL_LIMIT, "inline", "threads", "process")  # Ray: -m slow
+    assert out["inline"][1:] == [len(FORMATS) * FORMAT_SHARDS * 2] * 2  # every row, once
+    assert out["threads"] == out["process"] == out["inline"]
 
 
 @pytest.mark.slow

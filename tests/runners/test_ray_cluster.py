@@ -1,8 +1,7 @@
 """A simulated multi-node Ray cluster (head + 3 labelled nodes, in their own driver process so
 the session-wide local Ray is untouched): stages placed by resource label, byte-identical to
-inline, actors reused between iterations, a node removed mid-run recovered exactly. Under
-``-m slow``: a result lost with its node (forced, not left to timing) is computed again from
-its inputs."""
+inline, actors reused between iterations, a node removed mid-run recovered exactly; and a
+result lost with its node (forced, not left to timing) computed again from its inputs."""
 
 from __future__ import annotations
 
@@ -60,7 +59,6 @@ def test_labelled_nodes_run_the_stages_and_a_lost_node_changes_nothing(hf_tokeni
     assert [pid for pid in out["pids"] if alive(pid)] == []  # the cluster is gone entirely
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_result_lost_with_its_node_is_computed_again_from_its_inputs():
     proc = subprocess.run(
