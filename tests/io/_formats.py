@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -94,3 +95,33 @@ WRITERS: dict[str, Callable[[Rows, Path, int], Path]] = {
     "lance": write_lance,
     "mds": copy_mds_corpus,
 }
+
+
+def write_mds_raw(docs: Rows, out: Path, shards: int) -> Path:
+    """Uncompressed MDS shards of ``{"id", "text", "lang"}`` rows, in the layout the format
+    documents (``uint32`` count, ``uint32`` offsets, per sample the sizes of its two strings
+    then the columns), for corpora the committed fixture cannot provide (thousands of shards)."""
+    out.mkdir(parents=True)
+    names, encodings, sizes = ["id", "lang", "text"], ["int", "str", "str"], [8, None, None]
+    entries = []
+    for s, part in enumerate(_parts(docs, shards)):
+        samples = []
+        for d in part:
+            lang, text = d["lang"].encode(), d["text"].encode()
+            sizes_le = struct.pack("<II", len(lang), len(text))
+            samples.append(sizes_le + struct.pack("<q", d["id"]) + lang + text)
+        start = 4 + 4 * (len(samples) + 1)
+        offsets = [start]
+        for sample in samples:
+            offsets.append(offsets[-1] + len(sample))
+        data = struct.pack(f"<I{len(offsets)}I", len(samples), *offsets) + b"".join(samples)
+        basename = f"shard.{s:05d}.mds"
+        (out / basename).write_bytes(data)
+        entries.append({
+            "column_encodings": encodings, "column_names": names, "column_sizes": sizes,
+            "compression": None, "format": "mds", "hashes": [], "samples": len(samples),
+            "raw_data": {"basename": basename, "bytes": len(data), "hashes": {}},
+            "size_limit": 1 << 26, "version": 2, "zip_data": None,
+        })  # fmt: skip
+    (out / "index.json").write_text(json.dumps({"version": 2, "shards": entries}))
+    return out

@@ -1,6 +1,7 @@
 """A corpus of many more shards than the process may open files: each runner reads all 5,000
 under a real ``ulimit -n 256`` (set in the child), because descriptors are leased from a bounded
-pool and closed when evicted, not kept open per shard read."""
+pool and closed when evicted, not kept open per shard read. The same holds for every format
+(Parquet files, memory-mapped Arrow, Lance fragments, MDS) read as one mixture."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.io._corpus import corpus_docs
+from tests.io._formats import FORMATS, WRITERS, write_mds_raw
 from zephon.config import load_config
 from zephon.demo import make_corpus
 from zephon.io._descriptors import DescriptorPool
 
+ROOT = Path(__file__).resolve().parents[2]
 ZEPHON = str(Path(sys.executable).parent / "zephon")
 SHARDS = 5000
 LIMIT = 256
@@ -102,3 +106,49 @@ def test_a_long_lived_process_holds_no_more_descriptors_after_each_pipeline(many
 
     first = run_once()
     assert [run_once() for _ in range(4)] == [first] * 4
+
+
+def write_formats(root: Path, shards: int, rows: int) -> Path:
+    """``shards`` shards of ``rows`` documents in every format (distinct ids per format)."""
+    n = shards * rows
+    writers = {**WRITERS, "mds": write_mds_raw}  # the fixture has 5 shards only
+    for k, fmt in enumerate(FORMATS):
+        docs = [{**d, "id": d["id"] + k * n} for d in corpus_docs(n, seed=k)]
+        writers[fmt](docs, root / fmt, shards)
+    return root
+
+
+def read_formats(
+    root: Path, limit: int, *runners: str, timeout: int = 300
+) -> dict[str, list[object]]:
+    """Digests per runner of the mixture of all formats, read under ``ulimit -n limit``."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.io._many_formats", str(root), str(limit), *runners],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+        text=True, timeout=timeout,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out: dict[str, list[object]] = json.loads(proc.stdout.splitlines()[-1])
+    return out
+
+
+# per format more shards than the limit (a CI-sized corpus: 420 shards under ``ulimit -n 64``)
+SMALL_LIMIT, FORMAT_SHARDS = 64, 70
+
+
+@pytest.mark.timeout(600)
+def test_every_format_reads_more_shards_than_ulimit_n_on_every_local_runner(tmp_path):
+    root = write_formats(tmp_path, FORMAT_SHARDS, rows=2)
+    out = read_formats(root, SMALL_LIMIT, "inline", "threads", "process")  # Ray: -m slow
+    assert out["inline"][1:] == [len(FORMATS) * FORMAT_SHARDS * 2] * 2  # every row, once
+    assert out["threads"] == out["process"] == out["inline"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_every_format_reads_5000_shards_under_ulimit_n_256_on_every_runner(tmp_path):
+    shards = 5000 // len(FORMATS) + 1
+    root = write_formats(tmp_path, shards, rows=2)
+    out = read_formats(root, LIMIT, "inline", "threads", "process", "ray", timeout=3300)
+    assert out["inline"][1:] == [len(FORMATS) * shards * 2] * 2  # every row, once
+    assert out["threads"] == out["process"] == out["ray"] == out["inline"]

@@ -1,11 +1,13 @@
 """A simulated multi-node Ray cluster (head + 3 labelled nodes, in their own driver process so
 the session-wide local Ray is untouched): stages placed by resource label, byte-identical to
-inline, actors reused between iterations, a node removed mid-run recovered exactly."""
+inline, actors reused between iterations, a node removed mid-run recovered exactly; and a
+result lost with its node (forced, not left to timing) computed again from its inputs."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,3 +57,17 @@ def test_labelled_nodes_run_the_stages_and_a_lost_node_changes_nothing(hf_tokeni
         a for actors in first.values() for a, _ in actors
     }  # the actors of the lost node were replaced
     assert [pid for pid in out["pids"] if alive(pid)] == []  # the cluster is gone entirely
+
+
+@pytest.mark.timeout(600)
+def test_a_result_lost_with_its_node_is_computed_again_from_its_inputs():
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.runners._ray_object_lost"], cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=540,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["sealed_on_victim"]  # a result was in the lost node's store, never fetched
+    causes = set(re.findall(r"its node was lost \((\w+)\); replaced it", proc.stderr))
+    assert causes & {"ObjectLostError", "ObjectReconstructionFailedError"}, proc.stderr[-4000:]
+    assert out["got"] == out["expected"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -13,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.runners._leaks import our_segments, process_gone
+from tests.runners._leaks import descendants_of, our_segments, process_gone
 from tests.runners._shm_child import CHILD, dead_pid
-from zephon._engine import shm
+from zephon._engine import pools, shm
 from zephon.types import SampleRecord
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +67,9 @@ def test_stale_segments_of_a_dead_owner_are_removed_at_start_live_ones_kept():
         stale.unlink(missing_ok=True)
 
 
-def _start_child(tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
+def _start_child(
+    tmp_path: Path, *, own_group: bool = False
+) -> tuple[subprocess.Popen[str], list[int]]:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -78,6 +81,7 @@ def _start_child(tmp_path: Path) -> tuple[subprocess.Popen[str], list[int]]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=own_group,  # its own process group, as a job under a scheduler
     )
     assert proc.stdout is not None
     line = proc.stdout.readline().split()
@@ -117,13 +121,14 @@ def test_kill_9_of_the_engine_alone_workers_remove_their_segments(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_segments_of_a_run_killed_whole_are_swept_by_the_next_engine(tmp_path):
-    proc, workers = _start_child(tmp_path)
-    for pid in [proc.pid, *workers]:  # e.g. the OOM killer or a scheduler killing the group
-        os.kill(pid, signal.SIGKILL)
+    proc, workers = _start_child(tmp_path, own_group=True)
+    group = descendants_of(proc.pid)  # the forkserver and the workers
+    assert set(workers) <= set(group)
+    os.killpg(proc.pid, signal.SIGKILL)  # the OOM killer or a scheduler killing the job
     proc.communicate(timeout=30)
-    _wait_gone(workers)
+    _wait_gone(group)
     assert our_segments(proc.pid)  # nobody could clean up...
-    shm.ShmSession().close()  # ...until the next engine starts
+    shm.ShmSession().close()  # ...until the next engine starts: the documented answer
     assert our_segments(proc.pid) == []
 
 
@@ -171,5 +176,22 @@ def test_every_dtype_layout_and_nesting_round_trips_bit_exact():
                 assert back.tobytes() == np.ascontiguousarray(original).tobytes()
         del data, keep, got, item, out
         gc.collect()
+    finally:
+        session.close()
+
+
+def test_a_micro_batch_whose_segment_was_removed_is_one_clear_error_not_a_crash():
+    session = shm.ShmSession(min_bytes=8)
+    try:
+        data, keep = session.encoder("p0").dumps((0, [np.arange(64)]))
+        (name,) = session.files()
+        os.unlink(shm.shm_dir() / name)  # e.g. a cleanup job sweeping /dev/shm
+        del keep  # as in a worker: no mapping of it yet
+        gc.collect()
+        message, reply = pools._decode(data)
+        assert message is None and reply is not None
+        kind, error = pickle.loads(reply)
+        assert kind == "err" and isinstance(error, shm.SegmentLostError)
+        assert name in str(error) and "did not crash" in str(error) and "\n" not in str(error)
     finally:
         session.close()

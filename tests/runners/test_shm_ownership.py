@@ -4,18 +4,25 @@ interpreter that exits while a worker is being respawned does not hang on it."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.engine._sources import RangeSource
+from tests.runners._faulty import KillWorkerOp
 from tests.runners._leaks import descendants_of, process_gone
+from tests.runners._pipes import add_stats, big_array, key
 from tests.runners._shm_child import CHILD, dead_pid
+from zephon import Dataset, Pipeline
 from zephon._engine import shm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,3 +140,53 @@ def test_the_interpreter_exits_while_a_worker_is_respawned(tmp_path):
     while not all(process_gone(pid) for pid in below):
         assert time.monotonic() < deadline, f"{below} outlived the run"
         time.sleep(0.05)
+
+
+def _big_array_or_die(marker: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """``big_array``, except that the worker SIGKILLs itself on record 21 (once)."""
+    if payload["id"] == 21 and not os.path.exists(marker):
+        Path(marker).touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return big_array(payload)
+
+
+def _payloads_through_a_killer(runner: str, marker: Path, *, killer: str) -> Pipeline:
+    """Records carrying a 1 MiB array (in ``/dev/shm`` between processes) through a worker
+    that SIGKILLs itself on record 21.
+
+    ``killer="reader"``: the dying worker had mapped its input arrays, which another worker
+    made; ``"writer"``: the dying worker made the arrays of the records before, which the next
+    stage still reads after its death.
+    """
+    rows = [{"id": i} for i in range(48)]
+    head = Pipeline(RangeSource([Dataset.from_records("rows", rows, shard_size=16)], 8))
+    if killer == "reader":
+        head = head.map_transform(big_array, parallelism=2).add_op(
+            KillWorkerOp(marker, victim=21), parallelism=2
+        )
+    else:
+        head = head.map_transform(partial(_big_array_or_die, str(marker)), parallelism=2)
+    return (
+        head.map_transform(add_stats, parallelism=2)
+        .batch(4)
+        .options(runner=runner, canonical_replicas=2, queue_size=2, fuse=False)
+    )
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("killer", ["reader", "writer"])
+def test_a_worker_killed_mid_item_is_retried_from_the_original_payload(tmp_path, caplog, killer):
+    marker = tmp_path / "killed"
+    marker.touch()  # inline must not kill the test process
+    expected = [key(b) for b in _payloads_through_a_killer("inline", marker, killer=killer)]
+    marker.unlink()
+    pipe = _payloads_through_a_killer("process", marker, killer=killer)
+    with caplog.at_level(logging.WARNING, logger="zephon"):
+        got = []
+        for batch in pipe:
+            assert shm.segment_files(f"{shm.NAME_PREFIX}{os.getpid()}-")  # payloads in /dev/shm
+            got.append(key(batch))
+    assert marker.exists()  # the worker holding record 21 really died mid-item
+    assert "worker process" in caplog.text and "SIGKILL" in caplog.text
+    assert "FileNotFoundError" not in caplog.text and "No such file" not in caplog.text
+    assert got == expected

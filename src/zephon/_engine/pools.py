@@ -155,6 +155,15 @@ def _error_reply(exc: BaseException) -> bytes:
         return pickle.dumps(("err", RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")))
 
 
+def _decode(data: bytes) -> tuple[Any, bytes | None]:
+    """The message in ``data``, or (None, the error reply) when a segment it names is gone:
+    a clear error for the engine rather than a worker dying as if out of memory."""
+    try:
+        return shm.loads(data), None
+    except FileNotFoundError as exc:
+        return None, _error_reply(shm.lost_segment(exc))
+
+
 def _load_ops(conn: Connection, message: tuple[Any, ...]) -> dict[int, BaseOp] | None:
     """Handle ``("load", blobs, worker_index)``: set up the operators; None if that raised.
 
@@ -295,8 +304,13 @@ def _worker_main(conn: Connection, prefix: str, min_bytes: int) -> None:
     mine = f"{prefix}w{os.getpid()}-"
     encoder = shm.Encoder(mine, min_bytes)
     while True:
-        message = shm.loads(data)
-        if message[0] == "load":
+        message, lost = _decode(data)
+        if lost is not None:
+            try:
+                conn.send_bytes(lost)
+            except (EOFError, OSError):
+                break
+        elif message[0] == "load":
             if len(message) > 3:
                 prefix = message[3]
                 mine = f"{prefix}w{os.getpid()}-"
@@ -676,7 +690,7 @@ class ProcessFleet:
                 counters.add(counts[0])
             job.future.set_result(value)
         else:
-            job.future.set_exception(value)
+            job.future.set_exception(annotate(value, self._names[job.stage]))
 
     def _stop_worker(self, slot: int, ready: bool) -> None:
         conn, proc = self._conns[slot], self._procs[slot]

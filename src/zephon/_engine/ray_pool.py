@@ -291,10 +291,11 @@ class RayWorkerPool(WorkerPool):
             )
             return
         log.warning(
-            "zephon: operator %r: Ray actor %d died; replaced it and retrying the micro-batch "
-            "(attempt %d of %d)",
+            "zephon: operator %r: Ray actor %d died or its node was lost (%s); replaced it and "
+            "retrying the micro-batch from its inputs (attempt %d of %d)",
             self._name,
             slot,
+            type(exc).__name__,
             job.crashes + 1,
             self._max_retries + 1,
         )

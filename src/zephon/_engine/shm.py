@@ -58,6 +58,20 @@ def shm_dir() -> Path:
     return Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
 
 
+class SegmentLostError(RuntimeError):
+    """A segment a micro-batch refers to was removed while the run still needed it."""
+
+
+def lost_segment(exc: FileNotFoundError) -> SegmentLostError:
+    """The error for a message whose segment file is gone (``exc`` from mapping it)."""
+    return SegmentLostError(
+        f"shared-memory segment {exc.filename} of a micro-batch was removed while the run "
+        f"still needed it (something deleted files of a live run from {shm_dir()}: a cleanup "
+        "job, or another program); the worker did not crash. Keep cleanups away from "
+        "zephon-shm-* files of running jobs, then resume the run"
+    )
+
+
 # -- process-wide state ----------------------------------------------------------------------
 
 _OWNER = True  # False in worker processes: they never unlink a segment the engine may hold

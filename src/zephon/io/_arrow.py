@@ -1,9 +1,11 @@
 """Arrow shards: Arrow IPC / Feather v2 files (file or stream format) and in-memory tables.
 
 A local (or node-cached) file is memory-mapped and read with zero copies: the table costs
-address space, not memory, and pages are shared by every process of the node. Remote files
-without a cache are fetched whole once per process (the stream format cannot be read at random
-offsets); configure a node cache for them. A read is one ``take`` of the projected columns.
+address space, not memory, and pages are shared by every process of the node. Its descriptor
+is closed as soon as the table is read (the mapping outlives it), so shards hold no open file.
+Remote files without a cache are fetched whole once per process (the stream format cannot be
+read at random offsets); configure a node cache for them. A read is one ``take`` of the
+projected columns.
 """
 
 from __future__ import annotations
@@ -75,9 +77,11 @@ class ArrowShard(FileShard):
 
         def mapped(path: str) -> Any:
             try:
-                return read_ipc(pa.memory_map(path), self._url)
+                source = pa.memory_map(path)
             except FileNotFoundError as e:
                 raise DataFormatError(f"arrow shard {self._url} does not exist") from e
+            with source:  # the table keeps the mapping, not the descriptor
+                return read_ipc(source, self._url)
 
         table = self._blob.local(mapped)
         if table is None:

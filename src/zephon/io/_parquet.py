@@ -17,13 +17,15 @@ import itertools
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from zephon.errors import DataFormatError
 from zephon.io._dataset import Row, checked_indices, missing_columns
+from zephon.io._descriptors import DESCRIPTORS
 from zephon.io._file_shard import FileShard
 
 
@@ -58,60 +60,90 @@ _OPEN_TOKENS = itertools.count()
 _CACHE = _RowGroupCache(int(os.environ.get("ZEPHON_PARQUET_CACHE_MB", "256")) << 20)
 
 
-class ParquetShard(FileShard):
-    """One Parquet file. ``columns`` projects the rows to these fields (all when ``None``)."""
+def _close(handle: tuple[Any, Any]) -> None:
+    """Close a ``ParquetFile`` and the file under it (which it does not close itself)."""
+    pf, source = handle
+    pf.close()
+    source.close()
 
-    _TRANSIENT = ("_lock", "_pf", "_pf_pid", "_rg_starts", "_open_token")
+
+class ParquetShard(FileShard):
+    """One Parquet file. ``columns`` projects the rows to these fields (all when ``None``).
+
+    The open file is leased from the process's bounded pool (:mod:`zephon.io._descriptors`):
+    the footer is parsed once and kept, the file itself is closed when the pool evicts it and
+    opened again (reusing that footer) when read again.
+    """
+
+    _TRANSIENT = ("_lock", "_meta", "_rg_starts", "_open_token")
 
     def _init_transient(self) -> None:
         self._lock = threading.Lock()
-        self._pf: Any = None
-        self._pf_pid = -1
+        self._meta: Any = None
         self._rg_starts: np.ndarray | None = None
-        self._open_token = -1
+        # this copy's own pool key and row-group cache entries (pyarrow's readers are not
+        # shared between threads, nor between shards projecting different columns)
+        self._open_token = next(_OPEN_TOKENS)
 
     def _count(self) -> int:
-        return int(self._file().metadata.num_rows)
+        with self._lock, self._leased():
+            return int(self._meta.num_rows)
 
-    def _file(self) -> Any:
-        """The open ``ParquetFile`` of this process (caller holds the lock or is constructing)."""
-        if self._pf is not None and self._pf_pid == os.getpid():
-            return self._pf
+    def _open(self) -> tuple[Any, Any]:
+        """(``ParquetFile``, its source) for the pool: a local file, or ranged reads."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         try:
-            pf = self._blob.local(pq.ParquetFile)
-            if pf is None:  # remote, no cache: every read below is one ranged request
-                pf = pq.ParquetFile(self._blob.file())
+            source = self._blob.local(pa.OSFile)
+            if source is None:  # remote, no cache: every read below is one ranged request
+                source = pa.PythonFile(self._blob.file(), mode="r")
         except FileNotFoundError as e:
             raise DataFormatError(f"parquet shard {self._url} does not exist") from e
+        try:
+            return pq.ParquetFile(source, metadata=self._meta), source
         except (pa.ArrowInvalid, OSError) as e:
+            source.close()
             raise DataFormatError(
                 f"parquet shard {self._url} is corrupt or not Parquet: {e}"
             ) from e
+        except BaseException:
+            source.close()
+            raise
+
+    @contextmanager
+    def _leased(self) -> Iterator[Any]:
+        """The open ``ParquetFile``, leased from the pool (the caller holds the lock); the
+        first open reads and checks the footer."""
+        key = f"parquet{self._open_token}:{self._url}"
+        with DESCRIPTORS.lease(key, self._open, _close) as (pf, _source):
+            if self._meta is None:
+                self._load_footer(pf)
+            yield pf
+
+    def _load_footer(self, pf: Any) -> None:
         missing_columns(self._url, self._columns, pf.schema_arrow.names)
         md = pf.metadata
         self._check_rows(md.num_rows)
         sizes = [md.row_group(i).num_rows for i in range(md.num_row_groups)]
         self._rg_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-        self._pf, self._pf_pid = pf, os.getpid()
-        self._open_token = next(_OPEN_TOKENS)  # cache entries belong to this open file
-        return pf
+        self._meta = md
 
     def _row_group(self, rg: int) -> Any:
+        """Row group ``rg`` decoded: from the cache, else read (the file opened only then)."""
         key = (self._open_token, rg)
         table = _CACHE.get(key)
         if table is not None:
             return table
         import pyarrow as pa
 
-        try:
-            table = self._file().read_row_group(rg, columns=self._columns)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise DataFormatError(
-                f"parquet shard {self._url}: row group {rg} cannot be decoded: {e}"
-            ) from e
+        with self._leased() as pf:
+            try:
+                table = pf.read_row_group(rg, columns=self._columns)
+            except (pa.ArrowInvalid, OSError) as e:
+                raise DataFormatError(
+                    f"parquet shard {self._url}: row group {rg} cannot be decoded: {e}"
+                ) from e
         _CACHE.put(key, table)
         return table
 
@@ -121,7 +153,9 @@ class ParquetShard(FileShard):
         idx = checked_indices(indices, len(self), self._url)
         out: list[Row] = [{}] * len(idx)
         with self._lock:
-            self._file()
+            if self._meta is None:
+                with self._leased():
+                    pass  # reads and checks the footer
             starts = self._rg_starts
             assert starts is not None
             rgs = np.searchsorted(starts, idx, side="right") - 1
