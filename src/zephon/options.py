@@ -73,7 +73,7 @@ class RuntimeOptions:
     canonical_replicas: int = 1
     dp_rank: int = 0
     dp_world_size: int = 1
-    mapping: Literal["contiguous", "interleaved"] = "contiguous"
+    mapping: Literal["contiguous", "interleaved"] = "interleaved"
     flush_every_k_chunks: int | None = None
     queue_size: int = 8
     max_inflight: int | None = None
@@ -89,6 +89,9 @@ class RuntimeOptions:
     snapshot_every_chunks: int = 1
     snapshot_every_records: int | None = 128
     engine_process: bool = False
+    # (worker, workers): this view runs the rank's lanes ``worker::workers`` (a DataLoader
+    # worker's share; set by zephon.torch_data.worker_pipeline, never by users)
+    _worker_share: tuple[int, int] = (0, 1)
 
     def updated(self, **changes: Any) -> RuntimeOptions:
         known = {f.name for f in fields(self)}
