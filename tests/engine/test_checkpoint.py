@@ -359,29 +359,6 @@ def test_restore_while_iterating_is_an_error():
     it.close()  # type: ignore[attr-defined]
 
 
-def test_mid_window_elastic_restore_warns(caplog):
-    cfg = {
-        "rows": 200,
-        "chunk": 5,
-        "filter": False,
-        "reorder": False,
-        "batch": 2,
-        "drop_last": True,
-        "replicas": 2,
-        "k": None,
-    }
-    pipe = build(cfg)
-    it = iter(pipe)
-    for _ in range(3):  # 3 batches over 2 lanes: not a window boundary
-        next(it)
-    state = pipe.checkpoint()
-    it.close()  # type: ignore[attr-defined]
-    with caplog.at_level("WARNING", logger="zephon"):
-        restored = build(cfg, dp_rank=0, dp_world_size=2).restore(state)
-        next(iter(restored))
-    assert "not cut at a window boundary" in caplog.text
-
-
 class CountingShard(InMemoryShard):
     def __init__(self, rows):
         super().__init__(rows)
