@@ -99,9 +99,13 @@ MORE_WORKERS_THAN_CORES = "ignore:This DataLoader will create:UserWarning"
 @pytest.mark.filterwarnings(MORE_WORKERS_THAN_CORES)
 @pytest.mark.parametrize(
     "opts",
-    [{}, {"dp_rank": 0, "dp_world_size": 2}, {"dp_rank": 1, "dp_world_size": 2, "mapping": "contiguous"}],
+    [
+        {},
+        {"dp_rank": 0, "dp_world_size": 2},
+        {"dp_rank": 1, "dp_world_size": 2, "mapping": "contiguous"},
+    ],
     ids=["1-rank", "2-ranks", "2-ranks-contiguous"],
-)  # fmt: skip
+)
 def test_the_batch_order_does_not_depend_on_the_worker_count(opts: dict[str, Any]) -> None:
     reference = [ids(b) for b in build_tail().options(**opts)]
     lanes = sorted({lane for lane, _ in reference})

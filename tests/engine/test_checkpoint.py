@@ -332,10 +332,10 @@ def test_restore_needs_every_lane_of_the_rank():
     }
     state = build(cfg, dp_rank=0, dp_world_size=2).checkpoint()
     with pytest.raises(
-        CheckpointError, match=r"does not describe lanes \[2, 3\].*merge_checkpoints"
+        CheckpointError, match=r"does not describe lanes \[1, 3\].*merge_checkpoints"
     ):
         build(cfg, dp_rank=1, dp_world_size=2).restore(state)
-    with pytest.raises(CheckpointError, match=r"do not cover lanes \[2, 3\]"):
+    with pytest.raises(CheckpointError, match=r"do not cover lanes \[1, 3\]"):
         merge_checkpoints([state])
 
 

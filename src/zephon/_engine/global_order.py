@@ -62,14 +62,16 @@ def regrouping(
     """Why a restore from a checkpoint (its ``world`` entry and the deliveries of the lanes
     still running) onto ``world_size`` ranks with ``mapping`` regroups every later global step
     of the same size, or None when it regroups none."""
-    saved_size, saved_mapping = saved_world.get("dp_world_size"), saved_world.get("mapping")
-    known = isinstance(saved_size, int) and isinstance(saved_mapping, str)
-    if known and _layout(saved_size, saved_mapping) == _layout(world_size, mapping):
+    size, saved_mapping = saved_world.get("dp_world_size"), saved_world.get("mapping")
+    saved = (
+        (size, saved_mapping) if isinstance(size, int) and isinstance(saved_mapping, str) else None
+    )
+    if saved is not None and _layout(*saved) == _layout(world_size, mapping):
         return None  # the same layout: every rank continues its own rotation
     if not follows_global_order(world_size, mapping):
         return _contiguous_note("this restore runs on", world_size, replicas)
-    if known and not follows_global_order(saved_size, saved_mapping):
-        return _contiguous_note("the checkpoint was taken on", saved_size, replicas)
+    if saved is not None and not follows_global_order(*saved):
+        return _contiguous_note("the checkpoint was taken on", saved[0], replicas)
     ahead = ahead_of_global_order(counts)
     if ahead:
         shown = ", ".join(f"{lane}: {counts[lane]}" for lane in sorted(counts))
