@@ -25,6 +25,10 @@ def default_workers() -> int:
 class RuntimeOptions:
     """Settings for :meth:`zephon.Pipeline.options`.
 
+    ``mapping``: which lanes rank ``dp_rank`` of ``dp_world_size`` runs: ``"interleaved"``
+    (default; ``dp_rank::dp_world_size``, which keeps global steps across rank counts, see
+    docs/guarantees.md) or ``"contiguous"`` (one block per rank).
+
     ``runner``: ``"threads"`` (default), ``"inline"`` (everything on the calling thread, the
     reference) or ``"process"`` (worker processes). ``deterministic=False`` releases
     micro-batches in completion order and allows latency-bound flushes. ``queue_size`` is the
