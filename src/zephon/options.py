@@ -101,9 +101,8 @@ class RuntimeOptions:
         known = {f.name for f in fields(self)}
         unknown = sorted(set(changes) - known)
         if unknown:
-            raise ConfigError(
-                f"unknown pipeline option(s) {unknown}; known options: {sorted(known)}"
-            )
+            public = sorted(name for name in known if not name.startswith("_"))
+            raise ConfigError(f"unknown pipeline option(s) {unknown}; known options: {public}")
         opts = replace(self, **changes)
         opts.validate()
         return opts
