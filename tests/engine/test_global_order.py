@@ -118,6 +118,18 @@ def test_the_same_layout_never_warns():
     assert regrouping(world, {0: 2, 1: 1, 2: 2, 3: 1}, 4, 2, "contiguous") is None
 
 
+def test_one_lane_per_rank_is_the_global_order_under_either_mapping():
+    counts = {0: 2, 1: 2, 2: 1, 3: 1}
+    assert (
+        regrouping({"dp_world_size": 4, "mapping": "contiguous"}, counts, 4, 2, "interleaved")
+        is None
+    )
+    assert (
+        regrouping({"dp_world_size": 2, "mapping": "interleaved"}, counts, 4, 4, "contiguous")
+        is None
+    )
+
+
 def test_a_contiguous_restore_names_the_condition():
     why = regrouping({}, {0: 1, 1: 1, 2: 1, 3: 1}, 8, 2, "contiguous")
     assert why is not None and "this restore runs on 2 ranks" in why

@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def follows_global_order(world_size: int, mapping: str) -> bool:
-    """Whether every step of a run on this layout is the next stretch of the global order."""
-    return world_size == 1 or mapping == "interleaved"
+def follows_global_order(world_size: int, mapping: str, replicas: int) -> bool:
+    """Whether every step of a run on this layout is the next stretch of the global order
+    (with one lane per rank, or one rank, both mappings give the same lanes)."""
+    return mapping == "interleaved" or world_size in (1, replicas)
 
 
 def ahead_of_global_order(counts: Mapping[int, int]) -> list[int]:
@@ -38,8 +39,9 @@ def ahead_of_global_order(counts: Mapping[int, int]) -> list[int]:
     ]
 
 
-def _layout(world_size: int, mapping: str) -> tuple[int, str]:
-    return world_size, "interleaved" if world_size == 1 else mapping
+def _layout(world_size: int, mapping: str, replicas: int) -> tuple[int, str]:
+    same = follows_global_order(world_size, mapping, replicas)
+    return world_size, "interleaved" if same else mapping
 
 
 def _contiguous_note(where: str, world_size: int, replicas: int) -> str:
@@ -66,11 +68,11 @@ def regrouping(
     saved = (
         (size, saved_mapping) if isinstance(size, int) and isinstance(saved_mapping, str) else None
     )
-    if saved is not None and _layout(*saved) == _layout(world_size, mapping):
+    if saved is not None and _layout(*saved, replicas) == _layout(world_size, mapping, replicas):
         return None  # the same layout: every rank continues its own rotation
-    if not follows_global_order(world_size, mapping):
+    if not follows_global_order(world_size, mapping, replicas):
         return _contiguous_note("this restore runs on", world_size, replicas)
-    if saved is not None and not follows_global_order(*saved):
+    if saved is not None and not follows_global_order(*saved, replicas):
         return _contiguous_note("the checkpoint was taken on", saved[0], replicas)
     ahead = ahead_of_global_order(counts)
     if ahead:
