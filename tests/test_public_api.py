@@ -91,7 +91,8 @@ EXPECTED: dict[str, list[str]] = {
         "run_conformance run_conformance_sync run_flood run_mutation sample_commit"
     ),
     "zephon.checkpoints": _names(
-        "LatestCheckpoint checkpoint_files checkpoint_path latest_checkpoint load_checkpoint "
+        "LatestCheckpoint checkpoint_files checkpoint_path delivered_counts latest_checkpoint "
+        "load_checkpoint "
         "refetch_counts save_checkpoint seal"
     ),
     "zephon.cli": _names("build_parser main"),

@@ -8,9 +8,22 @@ from typing import Any
 
 import pytest
 
+from tests.engine._sources import RangeSource
 from tests.engine.test_torch import build, ids
+from zephon import Dataset, Pipeline
 from zephon.errors import CheckpointError, ConfigError
 from zephon.torch_loader import PipelineDataLoader, merge_loader_states
+
+
+def build_tail() -> Pipeline:
+    """31 chunks over 4 lanes: lane 3 ends a chunk before the others, mid-rotation of the
+    worker that also runs lane 1 (with 2 workers)."""
+    rows = [{"id": i, "text": f"row {i} " * (1 + i % 4)} for i in range(31 * 8)]
+    source = RangeSource([Dataset.from_records("rows", rows, shard_size=50)], chunk_size=8)
+    return (
+        Pipeline(source).decode_text().tokenize("bytes").batch(4)
+        .options(canonical_replicas=4, runner="threads")
+    )  # fmt: skip
 
 
 def take(loader: PipelineDataLoader, count: int) -> tuple[list[Any], Any]:
@@ -64,7 +77,7 @@ def test_a_worker_count_that_cannot_split_the_lanes_is_refused() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_merged_state_keeps_each_ranks_worker_rotation() -> None:
+def test_merged_state_keeps_each_ranks_order() -> None:
     def ranks() -> list[PipelineDataLoader]:
         return [
             PipelineDataLoader(build().options(dp_rank=r, dp_world_size=2), ids, num_workers=2)
@@ -74,10 +87,51 @@ def test_merged_state_keeps_each_ranks_worker_rotation() -> None:
     first = ranks()
     iters = [take(loader, count)[1] for loader, count in zip(first, (3, 4))]  # odd and even
     merged = merge_loader_states([loader.state_dict() for loader in first])
-    assert merged["loader"] == {"views_per_rank": 2, "turns": [1, 0]}
     for loader, it in zip(ranks(), iters):
         loader.load_state_dict(merged)
         assert list(loader) == list(it)  # the same order, not only the same items
+
+
+MORE_WORKERS_THAN_CORES = "ignore:This DataLoader will create:UserWarning"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.filterwarnings(MORE_WORKERS_THAN_CORES)
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"dp_rank": 0, "dp_world_size": 2},
+        {"dp_rank": 1, "dp_world_size": 2, "mapping": "contiguous"},
+    ],
+    ids=["1-rank", "2-ranks", "2-ranks-contiguous"],
+)
+def test_the_batch_order_does_not_depend_on_the_worker_count(opts: dict[str, Any]) -> None:
+    reference = [ids(b) for b in build_tail().options(**opts)]
+    lanes = sorted({lane for lane, _ in reference})
+    for workers in [0, 2, 4] if len(lanes) == 4 else [0, 2]:
+        loader = PipelineDataLoader(build_tail().options(**opts), ids, num_workers=workers)
+        assert list(loader) == reference, f"num_workers={workers}"
+
+
+def test_the_tail_case_is_real() -> None:
+    lengths = [sum(1 for lane, _ in map(ids, build_tail()) if lane == n) for n in range(4)]
+    assert lengths[3] < lengths[0] == lengths[1] == lengths[2]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.filterwarnings(MORE_WORKERS_THAN_CORES)
+@pytest.mark.parametrize(("before", "after"), [(2, 0), (2, 4), (0, 2)])
+def test_a_resume_that_changes_the_worker_count_continues_exactly(before: int, after: int) -> None:
+    reference = [ids(b) for b in build_tail()]
+    for stop in (7, len(reference) - 5):  # mid-run, and after lane 3 ended
+        loader = PipelineDataLoader(build_tail(), ids, num_workers=before)
+        head, it = take(loader, stop)
+        state = json.loads(json.dumps(loader.state_dict()))
+        del it
+        resumed = PipelineDataLoader(build_tail(), ids, num_workers=after)
+        resumed.load_state_dict(state)
+        assert head + list(resumed) == reference, f"stopped after {stop}"
 
 
 @pytest.mark.parametrize("workers", [0, 2])

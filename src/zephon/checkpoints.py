@@ -26,6 +26,7 @@ __all__ = [
     "LatestCheckpoint",
     "checkpoint_files",
     "checkpoint_path",
+    "delivered_counts",
     "latest_checkpoint",
     "load_checkpoint",
     "refetch_counts",
@@ -55,6 +56,13 @@ def refetch_counts(state: Mapping[str, Any]) -> dict[int, int]:
         lane: len(named_sources(lc.operator_state or {})) if not lc.done else 0
         for lane, lc in sorted(parsed.lanes.items())
     }
+
+
+def delivered_counts(state: Mapping[str, Any]) -> dict[int, int]:
+    """Per lane still running in ``state``: how many items it has delivered (lanes whose data
+    ended are left out). The counts say where each rank's round-robin continues."""
+    parsed = _ckpt.parse(state)
+    return {lane: lc.delivered for lane, lc in sorted(parsed.lanes.items()) if not lc.done}
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:

@@ -668,7 +668,7 @@ def _options(data: dict[str, Any]) -> dict[str, Any]:
             raise ConfigFileError("runner", "given both as 'runner' and as 'options.runner'")
         options_raw["runner"] = data["runner"]
     option_hints = typing.get_type_hints(RuntimeOptions)
-    known = [f.name for f in dataclasses.fields(RuntimeOptions)]
+    known = [f.name for f in dataclasses.fields(RuntimeOptions) if not f.name.startswith("_")]
     options: dict[str, Any] = {}
     for k, v in options_raw.items():
         key = "runner" if k == "runner" and "runner" in data else f"options.{k}"

@@ -25,6 +25,10 @@ def default_workers() -> int:
 class RuntimeOptions:
     """Settings for :meth:`zephon.Pipeline.options`.
 
+    ``mapping``: which lanes rank ``dp_rank`` of ``dp_world_size`` runs: ``"interleaved"``
+    (default; ``dp_rank::dp_world_size``, which keeps global steps across rank counts, see
+    docs/guarantees.md) or ``"contiguous"`` (one block per rank).
+
     ``runner``: ``"threads"`` (default), ``"inline"`` (everything on the calling thread, the
     reference) or ``"process"`` (worker processes). ``deterministic=False`` releases
     micro-batches in completion order and allows latency-bound flushes. ``queue_size`` is the
@@ -73,7 +77,7 @@ class RuntimeOptions:
     canonical_replicas: int = 1
     dp_rank: int = 0
     dp_world_size: int = 1
-    mapping: Literal["contiguous", "interleaved"] = "contiguous"
+    mapping: Literal["contiguous", "interleaved"] = "interleaved"
     flush_every_k_chunks: int | None = None
     queue_size: int = 8
     max_inflight: int | None = None
@@ -89,14 +93,16 @@ class RuntimeOptions:
     snapshot_every_chunks: int = 1
     snapshot_every_records: int | None = 128
     engine_process: bool = False
+    # (worker, workers): this view runs the rank's lanes ``worker::workers`` (a DataLoader
+    # worker's share; set by zephon.torch_data.worker_pipeline, never by users)
+    _worker_share: tuple[int, int] = (0, 1)
 
     def updated(self, **changes: Any) -> RuntimeOptions:
         known = {f.name for f in fields(self)}
         unknown = sorted(set(changes) - known)
         if unknown:
-            raise ConfigError(
-                f"unknown pipeline option(s) {unknown}; known options: {sorted(known)}"
-            )
+            public = sorted(name for name in known if not name.startswith("_"))
+            raise ConfigError(f"unknown pipeline option(s) {unknown}; known options: {public}")
         opts = replace(self, **changes)
         opts.validate()
         return opts

@@ -41,8 +41,9 @@ _BATCH_LEVEL_KEYS = frozenset({"cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k"})
 def worker_pipeline(pipeline: Pipeline, worker_id: int, num_workers: int) -> Pipeline:
     """The view of ``pipeline`` that DataLoader worker ``worker_id`` of ``num_workers`` runs.
 
-    Its lanes are a disjoint share of the rank's lanes under the same mapping (a sub-rank of a
-    world ``num_workers`` times larger), so the workers together deliver each lane once.
+    It runs the rank's lanes ``worker_id::num_workers`` (in the rank's round-robin order), so
+    the workers together deliver each lane once, and reading one item from each worker in turn
+    is the rank's own round-robin: the batch order does not depend on the worker count.
     """
     if num_workers <= 1:
         return pipeline
@@ -53,14 +54,9 @@ def worker_pipeline(pipeline: Pipeline, worker_id: int, num_workers: int) -> Pip
             f"{num_workers} DataLoader workers cannot split the {lanes_per_rank} lanes of this "
             "rank evenly; use a worker count that divides it"
         )
-    if opts.mapping == "contiguous":
-        sub_rank = opts.dp_rank * num_workers + worker_id
-    else:
-        sub_rank = opts.dp_rank + opts.dp_world_size * worker_id
     return copy.copy(pipeline).options(
         runner="inline" if opts.runner == "process" else opts.runner,
-        dp_rank=sub_rank,
-        dp_world_size=opts.dp_world_size * num_workers,
+        _worker_share=(worker_id, num_workers),
     )
 
 

@@ -17,8 +17,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zephon._optional import require
+from zephon.checkpoints import delivered_counts
 from zephon.errors import CheckpointError
 from zephon.torch_data import worker_pipeline
+from zephon.work import lanes_for_rank
 
 if TYPE_CHECKING:
     from zephon.pipeline import Pipeline
@@ -42,6 +44,8 @@ class _WorkerDone:
 
 
 _WORKER_DONE = _WorkerDone()
+# What a worker sends: (worker id, lane, its view's checkpoint after the item, the item).
+_Stamped = tuple[int, int, dict[str, Any] | None, Any]
 
 
 def _identity(item: Any) -> Any:
@@ -49,7 +53,8 @@ def _identity(item: Any) -> Any:
 
 
 class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
-    """Yields ``(worker_id, checkpoint_after_item, transform(item))`` from a worker's lanes."""
+    """Yields ``(worker_id, lane, checkpoint_after_item, transform(item))`` from a worker's
+    share of the rank's lanes."""
 
     def __init__(
         self, pipeline: Pipeline, transform: Callable[[Any], Any] | None, *, stamp: bool
@@ -59,7 +64,7 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
         self.stamp = stamp  # stamp items without workers too (a consumer that reads ahead)
         self.pending: _Start = None
 
-    def __iter__(self) -> Iterator[tuple[int, dict[str, Any] | None, Any]]:
+    def __iter__(self) -> Iterator[_Stamped]:
         info = get_worker_info()
         worker, workers = (0, 0) if info is None else (info.id, info.num_workers)
         pipe = worker_pipeline(self.pipeline, worker, workers)
@@ -71,21 +76,50 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
         transform = self.transform
         for item in pipe:
             state = pipe.checkpoint() if workers or self.stamp else None
-            yield worker, state, item if transform is None else transform(item)
+            yield worker, item.lane_id, state, item if transform is None else transform(item)
         if workers:
-            yield worker, None, _WORKER_DONE
+            yield worker, -1, None, _WORKER_DONE
+
+
+class _RankRotation:
+    """The rank's round-robin over its running lanes, rebuilt from the items' lanes.
+
+    Each lane's next item is due when it has delivered the fewest items, ties going to the
+    first lane in the rank's order: that is the engine's own round-robin, so reading the
+    workers' items in this order gives the rank's batch order whatever the worker count.
+    """
+
+    def __init__(self, lanes: list[int], counts: Mapping[int, int], workers: int) -> None:
+        self.order = [lane for lane in lanes if lane in counts]  # lanes that have not ended
+        self.counts = {lane: counts[lane] for lane in self.order}
+        self.owner = {lane: index % max(1, workers) for index, lane in enumerate(lanes)}
+
+    def due(self) -> int | None:
+        """The lane whose item comes next, or None when every lane has ended."""
+        if not self.order:
+            return None
+        counts, order = self.counts, self.order
+        return order[min(range(len(order)), key=lambda i: (counts[order[i]], i))]
+
+    def delivered(self, lane: int) -> None:
+        self.counts[lane] += 1
+
+    def ended(self, lane: int) -> None:
+        self.order.remove(lane)
 
 
 class PipelineDataLoader:
     """Iterates the transformed items of ``pipeline`` (one rank's view) through a torch
     ``DataLoader``; ``state_dict()`` is the position just after the last item it yielded.
 
-    ``num_workers`` runs disjoint shares of the rank's lanes in DataLoader worker processes (it
-    must divide the rank's lane count). ``device`` moves tensors there as they are handed out.
-    ``history`` keeps the position after each of the last ``history`` items handed out, for a
-    consumer that reads ahead of what it trains (``state_dict(upto=index)``); without workers
-    that takes a checkpoint per item. The remaining keyword arguments go to
-    ``torch.utils.data.DataLoader``.
+    ``num_workers`` runs shares of the rank's lanes in DataLoader worker processes (worker
+    ``w`` runs lanes ``w::num_workers`` of the rank; the count must divide the rank's lane
+    count) and only changes speed: the items come in the rank's own round-robin order, and a
+    state saved with one worker count resumes with any other. ``device`` moves tensors there
+    as they are handed out. ``history`` keeps the position after each of the last ``history``
+    items handed out, for a consumer that reads ahead of what it trains
+    (``state_dict(upto=index)``); without workers that takes a checkpoint per item. The
+    remaining keyword arguments go to ``torch.utils.data.DataLoader``.
     """
 
     def __init__(
@@ -103,16 +137,14 @@ class PipelineDataLoader:
         self.num_workers = num_workers
         self.device = device
         self._dataset = _StampedDataset(pipeline, transform, stamp=history > 0)
-        # (index of an item handed out, each view's state after it, the turn after it)
-        self._history: deque[tuple[int, dict[int, dict[str, Any]], int]] = deque(maxlen=history)
+        # (index of an item handed out, each view's state after it)
+        self._history: deque[tuple[int, dict[int, dict[str, Any]]]] = deque(maxlen=history)
         self._dataloader_kwargs = dataloader_kwargs
         if num_workers:
             worker_pipeline(pipeline, 0, num_workers)  # refuse a worker count that cannot split
         self._restored: _Start = None  # loaded, for the next iteration
         self._start: _Start = None  # where the current (or last) iteration started
         self._latest: dict[int, dict[str, Any]] = {}
-        self._start_turn = 0  # the worker whose item comes first in the next iteration
-        self._turn = 0  # the worker whose item comes next
         self.items_yielded = 0  # items handed out by this loader, over all its iterations
 
     def __iter__(self) -> Iterator[Any]:
@@ -120,7 +152,6 @@ class PipelineDataLoader:
         self._restored = None
         self._latest = {}
         self._history.clear()
-        self._turn = self._start_turn
         loader = DataLoader(
             self._dataset,
             batch_size=None,
@@ -129,38 +160,53 @@ class PipelineDataLoader:
             **self._dataloader_kwargs,
         )
         items = loader if self.num_workers == 0 else self._in_turn(loader)
-        for worker, state, payload in items:
+        for worker, _, state, payload in items:
             if state is not None:
                 self._latest[worker] = state
             if self._history.maxlen:
-                self._history.append((self.items_yielded, dict(self._latest), self._turn))
+                self._history.append((self.items_yielded, dict(self._latest)))
             self.items_yielded += 1
             yield payload if self.device is None else _to_device(payload, self.device)
 
-    def _in_turn(self, loader: Any) -> Iterator[tuple[int, dict[str, Any] | None, Any]]:
-        """The workers' items in strict rotation from ``self._turn``.
+    def _rotation(self) -> _RankRotation:
+        """The rank's round-robin where this iteration starts."""
+        opts = self.pipeline.runtime_options
+        lanes = lanes_for_rank(
+            opts.dp_rank, opts.dp_world_size, opts.canonical_replicas, opts.mapping
+        )
+        start = self._start
+        if start is None:
+            counts = dict.fromkeys(lanes, 0)
+        elif isinstance(start, Sequence):
+            counts = {lane: n for state in start for lane, n in delivered_counts(state).items()}
+        else:
+            counts = delivered_counts(start)
+        return _RankRotation(lanes, counts, self.num_workers)
 
-        torch's DataLoader always starts its rotation at worker 0; a resumed loader starts at
-        the worker whose turn was next, so it holds back at most one item per worker.
+    def _in_turn(self, loader: Any) -> Iterator[_Stamped]:
+        """The workers' items in the rank's round-robin order.
+
+        A worker's items come in its own round-robin, the rank's order restricted to its
+        lanes; when a worker sends another lane than the one due (or stops), the due lane has
+        ended. Items wait in their worker's queue until due, at most one round per worker.
         """
-        workers = self.num_workers
-        queues: list[deque[tuple[dict[str, Any] | None, Any]]] = [deque() for _ in range(workers)]
-        done = [False] * workers
-        for worker, state, payload in loader:
-            if isinstance(payload, _WorkerDone):
-                done[worker] = True
+        rotation = self._rotation()
+        queues: list[deque[_Stamped]] = [deque() for _ in range(self.num_workers)]
+        done = [False] * self.num_workers
+        for stamped in loader:
+            if isinstance(stamped[3], _WorkerDone):
+                done[stamped[0]] = True
             else:
-                queues[worker].append((state, payload))
-            while not all(done) or any(queues):
-                turn = self._turn
-                if queues[turn]:
-                    state, payload = queues[turn].popleft()
-                    self._turn = (turn + 1) % workers
-                    yield turn, state, payload
-                elif done[turn]:
-                    self._turn = (turn + 1) % workers
+                queues[stamped[0]].append(stamped)
+            while (lane := rotation.due()) is not None:
+                queue = queues[rotation.owner[lane]]
+                if queue and queue[0][1] == lane:
+                    rotation.delivered(lane)
+                    yield queue.popleft()
+                elif queue or done[rotation.owner[lane]]:
+                    rotation.ended(lane)
                 else:
-                    break  # wait for this worker's next item
+                    break  # wait for the owner's next item
 
     def _start_state(self, worker: int, start: _Start) -> dict[str, Any]:
         """Where worker ``worker``'s view starts from ``start``, as that view's checkpoint."""
@@ -177,7 +223,7 @@ class PipelineDataLoader:
         By default the position after the last item handed out; ``upto=i`` (with ``history``)
         the position after item ``i`` (``items_yielded - 1`` is the last one).
         :func:`merge_loader_states` over every rank's state gives one pipeline checkpoint that
-        any world size restores.
+        any world size and worker count restores.
         """
         if upto is not None:
             return self._state_after(upto)
@@ -186,54 +232,39 @@ class PipelineDataLoader:
         elif self.num_workers == 0:
             states = [self.pipeline.checkpoint()]
         else:
-            states = [
-                self._latest[w] if w in self._latest else self._start_state(w, self._start)
-                for w in range(self.num_workers)
-            ]
-        turn = self._start_turn if self._restored is not None else self._turn
-        return {"format": LOADER_STATE_FORMAT, "version": 1, "checkpoints": states, "turn": turn}
+            states = self._view_states(self._latest)
+        return {"format": LOADER_STATE_FORMAT, "version": 1, "checkpoints": states}
+
+    def _view_states(self, latest: Mapping[int, dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            latest[w] if w in latest else self._start_state(w, self._start)
+            for w in range(self._views)
+        ]
 
     def _state_after(self, index: int) -> dict[str, Any]:
-        for seen, latest, turn in self._history:
+        for seen, latest in self._history:
             if seen == index:
-                states = [
-                    latest[w] if w in latest else self._start_state(w, self._start)
-                    for w in range(self._views)
-                ]
-                return {"format": LOADER_STATE_FORMAT, "version": 1, "checkpoints": states,
-                        "turn": turn}  # fmt: skip
-        kept = [seen for seen, _, _ in self._history]
+                states = self._view_states(latest)
+                return {"format": LOADER_STATE_FORMAT, "version": 1, "checkpoints": states}
+        kept = [seen for seen, _ in self._history]
         raise CheckpointError(
             f"state_dict(upto={index}): the loader keeps the positions after items "
             f"{kept[:1] + kept[-1:] if kept else 'none'} (history={self._history.maxlen}); "
             "raise history to cover how far the consumer reads ahead"
         )
 
-    def _turn_in(self, saved: Any) -> int:
-        """This rank's worker rotation in a merged state saved with the same world and workers."""
-        opts = self.pipeline.runtime_options
-        if not isinstance(saved, Mapping) or saved.get("views_per_rank") != self._views:
-            return 0
-        turns = saved.get("turns")
-        if not isinstance(turns, list) or len(turns) != opts.dp_world_size:
-            return 0
-        return int(turns[opts.dp_rank]) % self._views
-
     @property
     def _views(self) -> int:
         return max(1, self.num_workers)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` at the next iteration: a loader state (this rank's, with the
-        same worker count, or merged), or a pipeline checkpoint (merged over ranks, or this
+        """Continue from ``state`` at the next iteration: a loader state (this rank's, saved
+        with any worker count, or merged), or a pipeline checkpoint (merged over ranks, or this
         rank's own)."""
-        self._start_turn = 0
         if state.get("format") != LOADER_STATE_FORMAT:
             self._restored = state
-            self._start_turn = self._turn_in(state.get("loader"))
         elif len(state["checkpoints"]) == self._views:
             self._restored = list(state["checkpoints"])
-            self._start_turn = int(state.get("turn", 0)) % self._views
         else:
             self._restored = merge_loader_states([state])
         self._latest = {}
@@ -242,11 +273,9 @@ class PipelineDataLoader:
 def merge_loader_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One pipeline checkpoint from the loader states of every rank, in rank order.
 
-    It restores on any world size; on the same world size and worker count, each rank's
-    worker rotation also continues where it was (kept under ``"loader"``).
+    It restores on any world size and with any DataLoader worker count.
     """
     from zephon import merge_checkpoints
-    from zephon.checkpoints import seal
 
     checkpoints: list[Mapping[str, Any]] = []
     for state in states:
@@ -255,12 +284,7 @@ def merge_loader_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 f"not a PipelineDataLoader state (format={state.get('format')!r})"
             )
         checkpoints.extend(state["checkpoints"])
-    merged = merge_checkpoints(checkpoints)
-    workers = {len(state["checkpoints"]) for state in states}
-    if len(workers) == 1:
-        turns = [int(state.get("turn", 0)) for state in states]
-        merged["loader"] = {"views_per_rank": workers.pop(), "turns": turns}
-    return seal(merged)
+    return merge_checkpoints(checkpoints)
 
 
 def _to_device(payload: Any, device: Any) -> Any:

@@ -67,6 +67,19 @@ def test_stateful_dataloader_resumes_exactly(workers: int):
     assert list(resumed) == rest
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+def test_stateful_dataloader_order_does_not_depend_on_workers_until_a_lane_ends():
+    reference = [ids(b) for b in build()]
+    ends = min(
+        max(i for i, (lane, _) in enumerate(reference) if lane == n) for n in range(4)
+    )  # the last batch of the first lane to end
+    for workers in (2, 4):
+        dl = StatefulDataLoader(build().to_torch_dataset(transform=ids), batch_size=None,
+                                collate_fn=identity, num_workers=workers)  # fmt: skip
+        assert list(dl)[: ends + 1] == reference[: ends + 1], f"num_workers={workers}"
+
+
 def row_ids(batch: SampleBatch) -> dict[str, Any]:
     """Per row: its sample index, as an array the DataLoader's collator stacks."""
     import numpy as np

@@ -33,10 +33,10 @@ def job_env() -> dict[str, str]:
     }
 
 
-def torchrun_argv(script: str, *args: object) -> list[str]:
+def torchrun_argv(script: str, *args: object, nproc: int = 2) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc-per-node", "2",
+        "--nnodes", "1", "--nproc-per-node", str(nproc),
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
         str(ROOT / "tests" / "integrations" / script), *map(str, args),
     ]  # fmt: skip

@@ -302,7 +302,14 @@ def merge_checkpoints(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     missing = sorted(set(range(first.canonical_replicas)) - {int(k) for k in lanes})
     if missing:
         raise CheckpointError(f"merged checkpoints do not cover lanes {missing}")
-    world = {"canonical_replicas": first.canonical_replicas, "merged_from": len(states)}
+    world: dict[str, Any] = {
+        "canonical_replicas": first.canonical_replicas,
+        "merged_from": len(states),
+    }
+    for key in ("dp_world_size", "mapping"):  # the layout that took them, when they agree
+        values = {repr(p.world.get(key)) for p in parsed}
+        if len(values) == 1 and first.world.get(key) is not None:
+            world[key] = first.world[key]
     out = {
         "format": FORMAT,
         "version": VERSION,

@@ -12,6 +12,7 @@ from typing import Any
 from zephon._engine import checkpoint as ckpt
 from zephon._engine.driver_chain import run_tasks
 from zephon._engine.fusion import Unit, build_units
+from zephon._engine.global_order import regrouping
 from zephon._engine.lane_state import has_lane_state
 from zephon._engine.operator_states import OperatorStates
 from zephon._engine.plan import (
@@ -52,6 +53,15 @@ def with_replay_filter(
         if isinstance(spec.op, BatchOp):
             return [*specs[:index], replay, *specs[index:]]
     return [*specs, replay]
+
+
+def view_lanes(options: RuntimeOptions) -> list[int]:
+    """The lanes this pipeline view runs: its rank's, or a DataLoader worker's share of them."""
+    worker, workers = options._worker_share
+    lanes = lanes_for_rank(
+        options.dp_rank, options.dp_world_size, options.canonical_replicas, options.mapping
+    )
+    return lanes[worker::workers]
 
 
 def pipeline_config(
@@ -135,9 +145,7 @@ class Engine:
     ) -> None:
         self.source = source
         self.options = options
-        self.lanes = lanes_for_rank(
-            options.dp_rank, options.dp_world_size, options.canonical_replicas, options.mapping
-        )
+        self.lanes = view_lanes(options)
         self.monotone = is_monotone(specs)
         k = flush_every(options, self.monotone)
         self.config = pipeline_config(source, specs, options, k)
@@ -198,9 +206,7 @@ class Engine:
 
     @classmethod
     def explain(cls, source: WorkSource, specs: list[OpSpec], options: RuntimeOptions) -> Plan:
-        lanes = lanes_for_rank(
-            options.dp_rank, options.dp_world_size, options.canonical_replicas, options.mapping
-        )
+        lanes = view_lanes(options)
         monotone = is_monotone(specs)
         all_specs = with_replay_filter(specs, {}, monotone=monotone)
         contexts = compile_contexts(all_specs, options, lanes)
@@ -358,16 +364,16 @@ class Engine:
             return [lane for lane in resume.tail_order if lane not in finished], resume.tail_turn
         order = [lane for lane in self.lanes if lane not in finished]
         counts = [resume.lanes[lane].delivered for lane in order]
-        every = {lane: lc.delivered for lane, lc in resume.lanes.items() if not lc.done}
-        if len(set(every.values())) > 1:
+        running = {lane: lc.delivered for lane, lc in resume.lanes.items() if not lc.done}
+        opts = self.options
+        why = regrouping(
+            resume.world, running, opts.canonical_replicas, opts.dp_world_size, opts.mapping
+        )
+        if why is not None:
             log.warning(
-                "zephon: this checkpoint was not cut at a window boundary (lanes %s "
-                "delivered %s items): every sample still comes exactly once, but the "
-                "rest of the current window is grouped into steps differently than in an "
-                "uninterrupted run. Checkpoint after a multiple of canonical_replicas "
-                "batches per step to keep global batches identical.",
-                sorted(every),
-                [every[lane] for lane in sorted(every)],
+                "zephon: every sample still comes exactly once, but %s "
+                "(docs/guarantees.md#elastic-resume)",
+                why,
             )
         return order, counts.index(min(counts)) if counts else 0
 

@@ -10,7 +10,7 @@ LaneMapping = Literal["contiguous", "interleaved"]
 
 
 def lanes_for_rank(
-    dp_rank: int, dp_world_size: int, canonical_replicas: int, mapping: LaneMapping = "contiguous"
+    dp_rank: int, dp_world_size: int, canonical_replicas: int, mapping: LaneMapping = "interleaved"
 ) -> list[int]:
     """The lanes ``dp_rank`` runs. ``canonical_replicas`` must divide evenly across ranks."""
     if dp_world_size < 1:
