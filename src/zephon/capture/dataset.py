@@ -181,8 +181,8 @@ async def _freeze_and_build(
         if built.trajectory is None:
             masked.append(rid)
             continue
-        t = built.trajectory
-        rows.append(_Row(rid, snapshot.snapshot_id, snapshot.version, len(t), t.to_row()))
+        for t in built.trajectories:  # one per sample when the rollout holds a group
+            rows.append(_Row(rid, snapshot.snapshot_id, snapshot.version, len(t), t.to_row()))
     return rows, builds, masked
 
 

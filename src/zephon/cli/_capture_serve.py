@@ -34,6 +34,21 @@ class _RenamedOption(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class _RenamedAppend(_RenamedOption):
+    """A renamed option that may be given several times (each value is appended)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        seen = getattr(namespace, self.dest, None) or []
+        super().__call__(parser, namespace, values, option_string)
+        setattr(namespace, self.dest, [*seen, values])
+
+
 def register_serve(capture_subparsers: Any) -> None:
     """Add ``serve`` to the ``zephon capture`` sub-command group."""
     p = capture_subparsers.add_parser(
@@ -48,10 +63,11 @@ def register_serve(capture_subparsers: Any) -> None:
         "--inference-server",
         "--engine",
         dest="inference_server",
-        action=_RenamedOption,
+        action=_RenamedAppend,
         required=True,
         metavar="URL",
-        help="root URL of the inference server (vLLM, SGLang); --engine is its deprecated alias",
+        help="root URL of the inference server (vLLM, SGLang); give it several times for a "
+        "fleet (each call goes to a healthy one); --engine is its deprecated alias",
     )
     p.add_argument(
         "--store",
@@ -76,6 +92,14 @@ def register_serve(capture_subparsers: Any) -> None:
         type=float,
         default=10.0,
         help="seconds to connect to the inference server",
+    )
+    p.add_argument(
+        "--connect-retry",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long a call whose connection is refused (nothing sent) is retried against "
+        "the inference servers before the client gets a retryable 503 (10; 0 = one try each)",
     )
     _store_arguments(p)
     _access_arguments(p)
@@ -263,7 +287,9 @@ def _serve(args: argparse.Namespace) -> int:
 
         store_class(args.store)
         config = ProxyConfig(
-            engine_url=args.inference_server,
+            engine_url=args.inference_server[0],
+            engine_urls=tuple(args.inference_server),
+            connect_retry_s=args.connect_retry,
             store_url=args.store,
             engine_timeout_s=args.inference_timeout,
             connect_timeout_s=args.connect_timeout,

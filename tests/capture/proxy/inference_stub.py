@@ -140,10 +140,23 @@ class Model:
         return ids
 
     def generate(
-        self, prompt: list[int], tools: list[Any] | None, last_role: str, max_tokens: int
+        self,
+        prompt: list[int],
+        tools: list[Any] | None,
+        last_role: str,
+        max_tokens: int,
+        sample: int = 0,
+        style: str = "",
     ) -> tuple[list[int], str, list[dict[str, Any]], str]:
-        """(token ids, content, tool calls, finish reason) as a pure function of the prompt."""
-        h = hashlib.sha256(array("Q", prompt).tobytes()).digest()
+        """(token ids, content, tool calls, finish reason) as a pure function of the prompt
+        and the sample index. ``style``: ``noncanonical`` spells a text reply's first word
+        one byte token at a time (as a sampler may; re-encoding the text merges them),
+        ``textless`` samples an id past the tokenizer's vocabulary (a padded embedding row: no
+        text at all)."""
+        seed = array("Q", prompt).tobytes() + (bytes([sample]) if sample else b"")
+        h = hashlib.sha256(seed).digest()
+        if style == "textless":
+            return [self.tok.get_vocab_size() + 7, self.special["<|end|>"]], "", [], "stop"
         calls: list[dict[str, Any]] = []
         if tools and last_role == "user":
             name = tools[0].get("function", {}).get("name", "tool")
@@ -161,6 +174,10 @@ class Model:
             content = " ".join(WORDS[b % len(WORDS)] for b in h[2 : 4 + h[0] % 9])
             text = content
         ids = [*self.encode(text), self.special["<|end|>"]]
+        if style == "noncanonical" and not calls:
+            head, _, rest = text.partition(" ")
+            spelled = [t for ch in head for t in self.encode(ch)]
+            ids = [*spelled, *self.encode(_ + rest), self.special["<|end|>"]]
         finish = "tool_calls" if calls else "stop"
         if len(ids) > max_tokens:
             ids = ids[:max_tokens]
@@ -210,8 +227,6 @@ def build_app(model: Model) -> Any:
             body["test_engine_fault"] = after = body.get("test_engine_after_hold")
             if after == "error500":
                 return JSONResponse({"object": "error", "message": "boom", "code": 500}, 500)
-        if body.get("n", 1) != 1:
-            return JSONResponse({"object": "error", "message": "n must be 1", "code": 400}, 400)
         return None
 
     def choice_tokens(
@@ -242,6 +257,25 @@ def build_app(model: Model) -> Any:
         token_ids = gen if body.get("return_token_ids") and fault != "no_token_ids" else None
         return logprobs, token_ids
 
+    def usage(prompt: list[int], gens: list[list[int]]) -> dict[str, Any]:
+        done = sum(len(g) for g in gens)
+        return {
+            "prompt_tokens": len(prompt),
+            "total_tokens": len(prompt) + done,
+            "completion_tokens": done,
+            "prompt_tokens_details": None,
+        }
+
+    def samples(
+        body: dict[str, Any], prompt: list[int], tools: Any, last_role: str, max_tokens: int
+    ) -> list[tuple[list[int], str, list[dict[str, Any]], str]]:
+        n = int(body.get("n") or 1)
+        style = str(body.get("test_engine_style") or "")
+        return [
+            model.generate(prompt, tools, last_role, max_tokens, sample=k, style=style)
+            for k in range(n)
+        ]
+
     async def chat(request: Request) -> Response:
         stats["chat"] += 1
         body = await request.json()
@@ -255,48 +289,57 @@ def build_app(model: Model) -> Any:
         refusal = too_long(prompt, max_tokens)
         if refusal is not None:
             return refusal
-        gen, content, calls, finish = model.generate(
-            prompt, tools, messages[-1]["role"], max_tokens
-        )
-        logprobs, token_ids = choice_tokens(body, gen, chat=True)
+        drawn = samples(body, prompt, tools, messages[-1]["role"], max_tokens)
         prompt_hash = hashlib.sha256(array("Q", prompt).tobytes()).hexdigest()
         if body.get("test_engine_tag"):
             generated[str(body["test_engine_tag"])] = prompt_hash
-        cid = "chatcmpl-" + prompt_hash[:16]
-        message = {
-            "role": "assistant",
-            "content": content if not calls else None,
-            "tool_calls": calls,
-            "reasoning_content": None,
-        }
-        fault = body.get("test_engine_fault")
-        want_prompt = body.get("return_token_ids") and fault != "no_prompt_ids"
-        answer = {
-            "id": cid,
-            "object": "chat.completion",
-            "created": CREATED,
-            "model": body.get("model") or "tiny",
-            "choices": [
+        choices = []
+        for k, (gen, content, calls, finish) in enumerate(drawn):
+            logprobs, token_ids = choice_tokens(body, gen, chat=True)
+            message = {
+                "role": "assistant",
+                "content": content if not calls else None,
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+                "tool_calls": calls,
+                "reasoning": None,
+                "reasoning_content": None,
+            }
+            choices.append(
                 {
-                    "index": 0,
+                    "index": k,
                     "message": message,
                     "logprobs": logprobs,
                     "finish_reason": finish,
                     "stop_reason": None,
                     "token_ids": token_ids,
                 }
-            ],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(gen),
-                "total_tokens": len(prompt) + len(gen),
-            },
+            )
+        fault = body.get("test_engine_fault")
+        want_prompt = body.get("return_token_ids") and fault != "no_prompt_ids"
+        answer = {
+            "id": "chatcmpl-" + prompt_hash[:16],
+            "object": "chat.completion",
+            "created": CREATED,
+            "model": body.get("model") or "tiny",
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": usage(prompt, [d[0] for d in drawn]),
             "prompt_logprobs": None,
             "prompt_token_ids": prompt if want_prompt else None,
+            "kv_transfer_params": None,
         }
         if body.get("stream"):
             return StreamingResponse(_chat_stream(answer), media_type="text/event-stream")
         return JSONResponse(answer)
+
+    def completion_prompt(raw: Any) -> list[int]:
+        if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
+            raw = raw[0]
+        return model.encode(raw) if isinstance(raw, str) else [int(t) for t in raw]
 
     async def completions(request: Request) -> Response:
         stats["completions"] += 1
@@ -304,36 +347,39 @@ def build_app(model: Model) -> Any:
         early = await common(body)
         if early is not None:
             return early
-        prompt = model.encode(body["prompt"])
+        prompt = completion_prompt(body["prompt"])
         max_tokens = int(body.get("max_tokens") or 16)
         refusal = too_long(prompt, max_tokens)
         if refusal is not None:
             return refusal
-        gen, content, _calls, finish = model.generate(prompt, None, "user", max_tokens)
-        logprobs, token_ids = choice_tokens(body, gen, chat=False)
+        drawn = samples(body, prompt, None, "user", max_tokens)
         fault = body.get("test_engine_fault")
         want_prompt = body.get("return_token_ids") and fault != "no_prompt_ids"
+        choices = []
+        for k, (gen, content, _calls, finish) in enumerate(drawn):
+            logprobs, token_ids = choice_tokens(body, gen, chat=False)
+            choices.append(
+                {
+                    "index": k,
+                    "text": content,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                    "token_ids": token_ids,
+                    "prompt_logprobs": None,
+                    "prompt_token_ids": prompt if want_prompt else None,
+                }
+            )
         answer = {
             "id": "cmpl-" + hashlib.sha256(array("Q", prompt).tobytes()).hexdigest()[:16],
             "object": "text_completion",
             "created": CREATED,
             "model": body.get("model") or "tiny",
-            "choices": [
-                {
-                    "index": 0,
-                    "text": content,
-                    "logprobs": logprobs,
-                    "finish_reason": finish,
-                    "stop_reason": None,
-                    "prompt_token_ids": prompt if want_prompt else None,
-                    "token_ids": token_ids,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(gen),
-                "total_tokens": len(prompt) + len(gen),
-            },
+            "choices": choices,
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": usage(prompt, [d[0] for d in drawn]),
+            "kv_transfer_params": None,
         }
         return JSONResponse(answer)
 

@@ -52,7 +52,7 @@ def test_bad_requests_are_refused_before_any_capture_state(
         ("/v1/chat/completions", b'{"model": "tiny", "messages": [', 400, "invalid_json"),
         ("/v1/chat/completions", b"[1, 2]", 400, "invalid_json"),
         ("/v1/chat/completions", b'{"messages": [], "model": "t"}', 400, "invalid_request"),
-        ("/v1/chat/completions", b'{"model":"t","n":2,"messages":[{"role":"user","content":"x"}]}',
+        ("/v1/chat/completions", b'{"model":"t","n":0,"messages":[{"role":"user","content":"x"}]}',
          400, "unsupported_n"),
         ("/v1/completions", b'{"model": "t", "prompt": ["a", "b"]}', 400, "unsupported_prompt"),
         ("/v1/completions", b'{"model": "t", "prompt": "a", "echo": true}', 400, "unsupported"),
