@@ -37,9 +37,9 @@ class ProxyConfig:
     its first). ``engine_timeout_s`` bounds one whole engine call (generation
     included); ``connect_timeout_s`` only the TCP connect. A refused connection sent nothing,
     so the call is tried again, on the next engine, for up to ``connect_retry_s`` seconds.
-    ``control_token``, when set, is the bearer token every control route (health, metrics, freeze, manifest, drop, retire, delete)
-    requires; ``capture_token``, when set, the ``X-Zephon-Capture-Token`` header every other
-    route (capture and pass-through) requires (the rollout workers' secret: the
+    ``control_token``, when set, is the bearer token every control route (health, metrics,
+    freeze, manifest, drop, retire, delete) requires; ``capture_token``, when set, the
+    ``X-Zephon-Capture-Token`` header every other route (capture and pass-through) requires (the rollout workers' secret: the
     ``Authorization`` header stays the engine's). Given only a control token, the capture token
     is the control token, so one token guards every route.
     ``store_clients`` store clients are opened per worker and each rollout always uses the same
