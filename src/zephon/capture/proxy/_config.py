@@ -40,8 +40,8 @@ class ProxyConfig:
     ``control_token``, when set, is the bearer token every control route (health, metrics,
     freeze, manifest, drop, retire, delete) requires; ``capture_token``, when set, the
     ``X-Zephon-Capture-Token`` header every other route (capture and pass-through) requires
-    (the rollout workers' secret: the ``Authorization`` header stays the engine's). Given only a control token, the capture token
-    is the control token, so one token guards every route.
+    (the rollout workers' secret: the ``Authorization`` header stays the engine's). Given only
+    a control token, the capture token is the control token, so one token guards every route.
     ``store_clients`` store clients are opened per worker and each rollout always uses the same
     one (a SQL store client is one connection whose calls queue; several let rollouts proceed in
     parallel, and one client per rollout keeps its lineage cache warm). ``delta_prompts`` stores
