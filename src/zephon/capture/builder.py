@@ -311,6 +311,17 @@ def _textless(entry: TokenEntry) -> bool:
     return True
 
 
+def _retry_key(node: _Node) -> tuple[int, tuple[int, ...], int]:
+    """Calls with one parent and one prompt are retries of each other, except the samples of
+    one ``n > 1`` request (told apart by their index)."""
+    sample = node.entry.group
+    return (
+        0 if node.parent is None else id(node.parent),
+        tuple(node.entry.prompt_token_ids),
+        -1 if sample is None else sample.index,
+    )
+
+
 def _resolve_retries(
     nodes: list[_Node], terminal: _Node | None, quarantined: list[str], notes: BuildNotes
 ) -> None:
@@ -321,14 +332,7 @@ def _resolve_retries(
         walk = walk.parent
     groups: dict[tuple[int, tuple[int, ...], int], list[_Node]] = {}
     for node in nodes:
-        # The samples of one n > 1 request share a prompt but are not retries of each other.
-        sample = node.entry.group
-        key = (
-            0 if node.parent is None else id(node.parent),
-            tuple(node.entry.prompt_token_ids),
-            -1 if sample is None else sample.index,
-        )
-        groups.setdefault(key, []).append(node)
+        groups.setdefault(_retry_key(node), []).append(node)
     for group in groups.values():
         if len(group) < 2:
             continue
@@ -511,8 +515,8 @@ def _group_verdict(
         if len(members) != 1:
             reasons.append("chain_outside_group")
             continue
-        gid, index, size = members[0]
-        samples.append((chain, (f"{snapshot.rollout_id}/{gid}", index, size)))
+        size = members[0].size
+        samples.append((chain, (f"{snapshot.rollout_id}/{members[0].id}", members[0].index, size)))
     samples.sort(key=lambda s: s[1][1])
     if sorted(s[1][1] for s in samples) != list(range(size)):
         reasons.append(f"group_samples={len(samples)}/{size}")

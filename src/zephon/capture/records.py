@@ -23,7 +23,8 @@ import re
 import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import msgspec
 
@@ -388,12 +389,16 @@ class TokenEntry(msgspec.Struct, kw_only=True, dict=True):
 GROUP_FIELD = "zephon_group"
 
 
-class SampleGroup(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class SampleGroup:
     """Sample ``index`` of ``size`` drawn by one request (``n = size``): a GRPO group."""
 
     id: str
     index: int
     size: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "index": self.index, "size": self.size}
 
 
 def require_finite(entry: TokenEntry) -> None:

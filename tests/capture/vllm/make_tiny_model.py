@@ -70,11 +70,11 @@ def build(out: Path, vocab_size: int = 640, padded_vocab: int = 1024) -> Path:
     torch.manual_seed(0)
     config = Qwen2Config(
         vocab_size=padded_vocab,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=128,  # head_dim 64: vLLM's CPU attention has no kernel for 16
+        intermediate_size=256,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         eos_token_id=tok.token_to_id("<|im_end|>"),

@@ -312,7 +312,7 @@ class CaptureService:
                 parent_resolution_reason=res.reason,
             )
             if group is not None:
-                entry = entry.with_extra_fields(**{GROUP_FIELD: group._asdict()})
+                entry = entry.with_extra_fields(**{GROUP_FIELD: group.to_wire()})
             entry = stamp_continuation(entry, call.request_items)
         except Exception as exc:
             log.warning("capture of %s/%s failed: %r", rollout_id, call_id, exc)
