@@ -72,6 +72,7 @@ _CORPUS = [
     " ".join(WORDS),
 ]
 CREATED = 1_700_000_000
+FINGERPRINT = "vllm-0.32.0-stand-in"
 
 
 def train_tokenizer(path: str, vocab_size: int = 400) -> str:
@@ -190,8 +191,9 @@ class Model:
 
 
 def _lp_entry(token: int, lp: float, as_ids: bool, model: Model) -> dict[str, Any]:
-    text = f"token_id:{token}" if as_ids else model.decode([token])
-    return {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
+    text = model.decode([token])  # "bytes" are the token's own, whatever "token" names
+    name = f"token_id:{token}" if as_ids else text
+    return {"bytes": list(text.encode()), "logprob": lp, "token": name, "top_logprobs": []}
 
 
 def build_app(model: Model) -> Any:
@@ -213,20 +215,23 @@ def build_app(model: Model) -> Any:
             f"{max_tokens} in the completion). Please reduce the length of the messages or "
             "completion."
         )
-        body = {"object": "error", "message": msg, "type": "BadRequestError", "code": 400}
-        return JSONResponse(body, 400)
+        return error(msg, 400, "BadRequestError", "input_tokens")
+
+    def error(message: str, code: int, kind: str, param: str | None = None) -> Response:
+        body = {"error": {"code": code, "message": message, "param": param, "type": kind}}
+        return JSONResponse(body, code)
 
     async def common(body: dict[str, Any]) -> Response | None:
         fault = body.get("test_engine_fault")
         if fault == "error500":
-            return JSONResponse({"object": "error", "message": "boom", "code": 500}, 500)
+            return error("boom", 500, "InternalServerError")
         if fault == "hold":
             token = str(body.get("test_engine_hold", ""))
             stats["held"][token] = stats["held"].get(token, 0) + 1
             await releases.setdefault(token, asyncio.Event()).wait()
             body["test_engine_fault"] = after = body.get("test_engine_after_hold")
             if after == "error500":
-                return JSONResponse({"object": "error", "message": "boom", "code": 500}, 500)
+                return error("boom", 500, "InternalServerError")
         return None
 
     def choice_tokens(
@@ -246,13 +251,12 @@ def build_app(model: Model) -> Any:
                     "content": [_lp_entry(t, lp, as_ids, model) for t, lp in zip(ids_for_lp, lps)]
                 }
             else:
+                names = [f"token_id:{t}" if as_ids else model.decode([t]) for t in ids_for_lp]
                 logprobs = {
-                    "tokens": [
-                        f"token_id:{t}" if as_ids else model.decode([t]) for t in ids_for_lp
-                    ],
-                    "token_logprobs": lps,
-                    "top_logprobs": None,
                     "text_offset": [0] * len(gen),
+                    "token_logprobs": lps,
+                    "tokens": names,
+                    "top_logprobs": [{n: lp} for n, lp in zip(names, lps)],
                 }
         token_ids = gen if body.get("return_token_ids") and fault != "no_token_ids" else None
         return logprobs, token_ids
@@ -260,10 +264,11 @@ def build_app(model: Model) -> Any:
     def usage(prompt: list[int], gens: list[list[int]]) -> dict[str, Any]:
         done = sum(len(g) for g in gens)
         return {
-            "prompt_tokens": len(prompt),
-            "total_tokens": len(prompt) + done,
             "completion_tokens": done,
+            "completion_tokens_details": None,
+            "prompt_tokens": len(prompt),
             "prompt_tokens_details": None,
+            "total_tokens": len(prompt) + done,
         }
 
     def samples(
@@ -296,23 +301,24 @@ def build_app(model: Model) -> Any:
         choices = []
         for k, (gen, content, calls, finish) in enumerate(drawn):
             logprobs, token_ids = choice_tokens(body, gen, chat=True)
-            message = {
-                "role": "assistant",
-                "content": content if not calls else None,
-                "refusal": None,
+            message: dict[str, Any] = {
                 "annotations": None,
                 "audio": None,
+                "content": content,
                 "function_call": None,
-                "tool_calls": calls,
                 "reasoning": None,
-                "reasoning_content": None,
+                "refusal": None,
+                "role": "assistant",
             }
+            if calls:  # vLLM leaves the key out when there are none
+                message["tool_calls"] = calls
             choices.append(
                 {
-                    "index": k,
-                    "message": message,
-                    "logprobs": logprobs,
                     "finish_reason": finish,
+                    "index": k,
+                    "logprobs": logprobs,
+                    "message": message,
+                    "routed_experts": None,
                     "stop_reason": None,
                     "token_ids": token_ids,
                 }
@@ -320,20 +326,23 @@ def build_app(model: Model) -> Any:
         fault = body.get("test_engine_fault")
         want_prompt = body.get("return_token_ids") and fault != "no_prompt_ids"
         answer = {
-            "id": "chatcmpl-" + prompt_hash[:16],
-            "object": "chat.completion",
-            "created": CREATED,
-            "model": body.get("model") or "tiny",
             "choices": choices,
-            "service_tier": None,
-            "system_fingerprint": None,
-            "usage": usage(prompt, [d[0] for d in drawn]),
-            "prompt_logprobs": None,
-            "prompt_token_ids": prompt if want_prompt else None,
+            "created": CREATED,
+            "ec_transfer_params": None,
+            "id": "chatcmpl-" + prompt_hash[:16],
             "kv_transfer_params": None,
+            "metrics": None,
+            "model": body.get("model") or "tiny",
+            "object": "chat.completion",
+            "prompt_logprobs": None,
+            "prompt_text": None,
+            "prompt_token_ids": prompt if want_prompt else None,
+            "service_tier": None,
+            "system_fingerprint": FINGERPRINT,
+            "usage": usage(prompt, [d[0] for d in drawn]),
         }
         if body.get("stream"):
-            return StreamingResponse(_chat_stream(answer), media_type="text/event-stream")
+            return StreamingResponse(_chat_stream(answer, model), media_type="text/event-stream")
         return JSONResponse(answer)
 
     def completion_prompt(raw: Any) -> list[int]:
@@ -360,26 +369,29 @@ def build_app(model: Model) -> Any:
             logprobs, token_ids = choice_tokens(body, gen, chat=False)
             choices.append(
                 {
-                    "index": k,
-                    "text": content,
-                    "logprobs": logprobs,
                     "finish_reason": finish,
-                    "stop_reason": None,
-                    "token_ids": token_ids,
+                    "index": k,
+                    "logprobs": logprobs,
                     "prompt_logprobs": None,
                     "prompt_token_ids": prompt if want_prompt else None,
+                    "routed_experts": None,
+                    "stop_reason": None,
+                    "text": content,
+                    "token_ids": token_ids,
                 }
             )
         answer = {
-            "id": "cmpl-" + hashlib.sha256(array("Q", prompt).tobytes()).hexdigest()[:16],
-            "object": "text_completion",
-            "created": CREATED,
-            "model": body.get("model") or "tiny",
             "choices": choices,
-            "service_tier": None,
-            "system_fingerprint": None,
-            "usage": usage(prompt, [d[0] for d in drawn]),
+            "created": CREATED,
+            "ec_transfer_params": None,
+            "id": "cmpl-" + hashlib.sha256(array("Q", prompt).tobytes()).hexdigest()[:16],
             "kv_transfer_params": None,
+            "metrics": None,
+            "model": body.get("model") or "tiny",
+            "object": "text_completion",
+            "service_tier": None,
+            "system_fingerprint": FINGERPRINT,
+            "usage": usage(prompt, [d[0] for d in drawn]),
         }
         return JSONResponse(answer)
 
@@ -393,7 +405,12 @@ def build_app(model: Model) -> Any:
         else:
             ids = model.encode(body["prompt"])
         return JSONResponse(
-            {"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids}
+            {
+                "count": len(ids),
+                "max_model_len": model.max_model_len,
+                "token_strs": None,
+                "tokens": ids,
+            }
         )
 
     async def models_(_request: Request) -> Response:
@@ -434,24 +451,33 @@ def build_app(model: Model) -> Any:
     )
 
 
-async def _chat_stream(answer: dict[str, Any]) -> Any:
-    choice = answer["choices"][0]
-    base = {k: answer[k] for k in ("id", "created", "model")}
+async def _chat_stream(answer: dict[str, Any], model: Model) -> Any:
+    """vLLM's chunks: the role (with the prompt ids), then one chunk per generated token (its
+    text, log-prob and id; ``{}`` for a token with no text), the last one with the finish."""
+    base = {k: answer[k] for k in ("created", "id", "model", "object")}
     base["object"] = "chat.completion.chunk"
-    text = choice["message"]["content"] or ""
-    for i in range(0, len(text), 8):
-        delta = (
-            {"role": "assistant", "content": text[i : i + 8]}
-            if i == 0
-            else {"content": text[i : i + 8]}
-        )
-        chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-        yield f"data: {json.dumps(chunk)}\n\n".encode()
-    last = {
-        **base,
-        "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
-    }
-    yield f"data: {json.dumps(last)}\n\n".encode()
+
+    def chunk(obj: dict[str, Any]) -> bytes:
+        return f"data: {json.dumps(obj)}\n\n".encode()
+
+    for choice in answer["choices"]:
+        k = choice["index"]
+        first = {"delta": {"content": "", "role": "assistant"}, "finish_reason": None, "index": k,
+                 "logprobs": None}  # fmt: skip
+        head = {"prompt_text": None, "prompt_token_ids": answer["prompt_token_ids"]}
+        yield chunk({**base, "choices": [first], **head})
+        ids = choice["token_ids"] or []
+        entries = (choice["logprobs"] or {}).get("content") or [None] * len(ids)
+        for i, (t, lp) in enumerate(zip(ids, entries, strict=True)):
+            text = model.decode([t])
+            c: dict[str, Any] = {"delta": {"content": text} if text else {}, "index": k,
+                                 "finish_reason": None, "token_ids": [t],
+                                 "logprobs": {"content": [lp]} if lp else None}  # fmt: skip
+            tail: dict[str, Any] = {}
+            if i == len(ids) - 1:
+                c.update(finish_reason=choice["finish_reason"], stop_reason=None)
+                tail["system_fingerprint"] = answer["system_fingerprint"]
+            yield chunk({**base, "choices": [c], **tail})
     yield b"data: [DONE]\n\n"
 
 

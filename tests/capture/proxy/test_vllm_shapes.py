@@ -43,8 +43,8 @@ def field_paths(
     out = {} if out is None else out
     if isinstance(v, dict):
         out.setdefault(at, set()).add("object")
-        for k, x in v.items():
-            field_paths(x, f"{at}.{k}", out)
+        for k, x in v.items():  # keys that name tokens (completions top_logprobs) are one
+            field_paths(x, f"{at}.{'token_id:N' if TOKEN_ID.match(k) else k}", out)
     elif isinstance(v, list):
         out.setdefault(at, set()).add("list")
         for x in v:
