@@ -342,7 +342,9 @@ def build_app(model: Model) -> Any:
             "usage": usage(prompt, [d[0] for d in drawn]),
         }
         if body.get("stream"):
-            return StreamingResponse(_chat_stream(answer, model), media_type="text/event-stream")
+            gens = [d[0] for d in drawn]
+            stream = _chat_stream(answer, model, gens)
+            return StreamingResponse(stream, media_type="text/event-stream")
         return JSONResponse(answer)
 
     def completion_prompt(raw: Any) -> list[int]:
@@ -451,7 +453,7 @@ def build_app(model: Model) -> Any:
     )
 
 
-async def _chat_stream(answer: dict[str, Any], model: Model) -> Any:
+async def _chat_stream(answer: dict[str, Any], model: Model, gens: list[list[int]]) -> Any:
     """vLLM's chunks: the role (with the prompt ids), then one chunk per generated token (its
     text, log-prob and id; ``{}`` for a token with no text), the last one with the finish."""
     base = {k: answer[k] for k in ("created", "id", "model", "object")}
@@ -460,19 +462,19 @@ async def _chat_stream(answer: dict[str, Any], model: Model) -> Any:
     def chunk(obj: dict[str, Any]) -> bytes:
         return f"data: {json.dumps(obj)}\n\n".encode()
 
-    for choice in answer["choices"]:
+    for choice, ids in zip(answer["choices"], gens, strict=True):
         k = choice["index"]
-        first = {"delta": {"content": "", "role": "assistant"}, "finish_reason": None, "index": k,
-                 "logprobs": None}  # fmt: skip
+        first = {"delta": {"content": "", "role": "assistant"}, "finish_reason": None, "index": k}
+        first["logprobs"] = None
         head = {"prompt_text": None, "prompt_token_ids": answer["prompt_token_ids"]}
         yield chunk({**base, "choices": [first], **head})
-        ids = choice["token_ids"] or []
         entries = (choice["logprobs"] or {}).get("content") or [None] * len(ids)
         for i, (t, lp) in enumerate(zip(ids, entries, strict=True)):
             text = model.decode([t])
-            c: dict[str, Any] = {"delta": {"content": text} if text else {}, "index": k,
-                                 "finish_reason": None, "token_ids": [t],
-                                 "logprobs": {"content": [lp]} if lp else None}  # fmt: skip
+            c: dict[str, Any] = {"delta": {"content": text} if text else {}, "index": k}
+            c.update(finish_reason=None, logprobs={"content": [lp]} if lp else None)
+            if choice["token_ids"] is not None:
+                c["token_ids"] = [t]
             tail: dict[str, Any] = {}
             if i == len(ids) - 1:
                 c.update(finish_reason=choice["finish_reason"], stop_reason=None)

@@ -200,11 +200,13 @@ def token_in_rollouts(proxy: str, store: str, encode: Any, n: int, turns: int) -
     return {"rollouts": n, "calls": n * turns, "mismatches": mismatches, "masked": masked}
 
 
-def chat_rollouts(proxy: str, store: str, n: int, turns: int, **extra: Any) -> dict[str, int]:
+def chat_rollouts(
+    proxy: str, store: str, name: str, n: int, turns: int, **extra: Any
+) -> dict[str, int]:
     mismatches = masked = 0
     with httpx.Client(timeout=300) as http:
         for r in range(n):
-            rid, served = f"chat-{extra.get('stream', False)}-{r}", []
+            rid, served = f"{name}-{r}", []
             msgs: list[dict[str, Any]] = [{"role": "user", "content": f"Task {r}: 12345 + 678?"}]
             for k in range(turns):
                 body = {"model": MODEL, "messages": msgs, "max_tokens": 12, **ASK_IDS, **extra}
@@ -324,16 +326,17 @@ def main(argv: list[str] | None = None) -> int:
         store = f"file://{work / 'capture'}"
         proxy = start_proxy(engine, store, work, "--connect-retry", "0.5")
         report["token_in"] = token_in_rollouts(proxy.url, store, encode, 8, 4)
-        report["text_chat"] = chat_rollouts(proxy.url, store, 8, 3)
+        report["text_chat"] = chat_rollouts(proxy.url, store, "text", 8, 3)
         report["tool_calls"] = chat_rollouts(
             proxy.url,
             store,
+            "tools",
             4,
             2,
             tools=TOOLS_CHAT,
             tool_choice={"type": "function", "function": {"name": "search"}},
         )
-        report["stream"] = chat_rollouts(proxy.url, store, 2, 1, stream=True)
+        report["stream"] = chat_rollouts(proxy.url, store, "stream", 2, 1, stream=True)
         report["groups_n4"] = groups(proxy.url, store, 4)
         report["kill_restart"], vllm = kill_restart(
             args.vllm_python, model, args.port, log, proxy.url, store, vllm
@@ -344,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         if vllm.poll() is None:
             os.killpg(vllm.pid, signal.SIGTERM)
             vllm.wait(60)
-    print(json.dumps({"vllm_suite": report}))
+        print(json.dumps({"vllm_suite": report}), flush=True)  # partial numbers on a failure
     ok = (
         report["token_in"]["mismatches"] == 0
         and report["token_in"]["masked"] == 0
