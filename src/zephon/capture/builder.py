@@ -531,9 +531,21 @@ def _build_group(snapshot: TokenCaptureSnapshot, group_ids: set[str]) -> Rollout
     place_refusals(snapshot.engine_refusals, out)
     reasons, samples = _group_verdict(snapshot, out, group_ids)
     trajectories = [chain.to_trajectory(snapshot.rollout_id, g) for chain, g in samples]
+    out.notes.decisions.append(f"group of {len(samples)} sample chains")
+    no_terminal = TerminalAttribution(None, "", reason="a group of samples has no one terminal")
+    return _finish(snapshot, out, no_terminal, reasons, trajectories)
+
+
+def _finish(
+    snapshot: TokenCaptureSnapshot,
+    out: BuildOutput,
+    attribution: TerminalAttribution,
+    reasons: list[str],
+    trajectories: list[Trajectory],
+) -> RolloutBuild:
+    """The build with its verdict noted: trajectories only when nothing masks it."""
     out.notes.decisions.append(
-        f"group of {len(samples)} sample chains: "
-        + ("masked (" + ", ".join(reasons) + ")" if reasons else "trainable")
+        "verdict: masked (" + ", ".join(reasons) + ")" if reasons else "verdict: trainable"
     )
     return RolloutBuild(
         rollout_id=snapshot.rollout_id,
@@ -542,8 +554,8 @@ def _build_group(snapshot: TokenCaptureSnapshot, group_ids: set[str]) -> Rollout
         masked=bool(reasons),
         mask_reasons=reasons,
         output=out,
-        attribution=TerminalAttribution(None, "", reason="a group of samples has no one terminal"),
-        trajectory=None if reasons else trajectories[0],
+        attribution=attribution,
+        trajectory=None if reasons or not trajectories else trajectories[0],
         trajectories=[] if reasons else trajectories,
     )
 
@@ -613,18 +625,5 @@ def build_rollout(
         out.notes.decisions.insert(0, f"no terminal attributed ({attribution.reason})")
     reasons = _verdict(snapshot, out, attribution, bool(terminal_response_id))
     main = out.main
-    trajectory = main.to_trajectory(snapshot.rollout_id) if main is not None else None
-    out.notes.decisions.append(
-        "verdict: masked (" + ", ".join(reasons) + ")" if reasons else "verdict: trainable"
-    )
-    return RolloutBuild(
-        rollout_id=snapshot.rollout_id,
-        snapshot_id=snapshot.snapshot_id,
-        version=snapshot.version,
-        masked=bool(reasons),
-        mask_reasons=reasons,
-        output=out,
-        attribution=attribution,
-        trajectory=None if reasons else trajectory,
-        trajectories=[] if reasons or trajectory is None else [trajectory],
-    )
+    trajectories = [main.to_trajectory(snapshot.rollout_id)] if main is not None else []
+    return _finish(snapshot, out, attribution, reasons, trajectories)

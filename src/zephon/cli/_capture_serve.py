@@ -18,6 +18,8 @@ class _RenamedOption(argparse.Action):
     """Store the value; when given under its former name (the last option string), say on
     stderr that the name is deprecated. Both names keep working."""
 
+    append = False
+
     def __call__(
         self,
         parser: argparse.ArgumentParser,
@@ -31,22 +33,15 @@ class _RenamedOption(argparse.Action):
                 f"{self.option_strings[0]}",
                 file=sys.stderr,
             )
+        if self.append:
+            values = [*(getattr(namespace, self.dest, None) or []), values]
         setattr(namespace, self.dest, values)
 
 
 class _RenamedAppend(_RenamedOption):
     """A renamed option that may be given several times (each value is appended)."""
 
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: Any,
-        option_string: str | None = None,
-    ) -> None:
-        seen = getattr(namespace, self.dest, None) or []
-        super().__call__(parser, namespace, values, option_string)
-        setattr(namespace, self.dest, [*seen, values])
+    append = True
 
 
 def register_serve(capture_subparsers: Any) -> None:

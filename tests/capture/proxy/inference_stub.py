@@ -75,18 +75,23 @@ CREATED = 1_700_000_000
 FINGERPRINT = "vllm-0.32.0-stand-in"
 
 
-def train_tokenizer(path: str, vocab_size: int = 400) -> str:
-    """Train a tiny byte-level BPE (deterministic for this corpus) and save it to ``path``."""
+def train_tokenizer(
+    path: str,
+    vocab_size: int = 400,
+    specials: list[str] | None = None,
+    corpus: list[str] | None = None,
+) -> str:
+    """Train a tiny byte-level BPE (deterministic for its corpus) and save it to ``path``."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIALS,
+        special_tokens=SPECIALS if specials is None else specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    tok.train_from_iterator((_CORPUS if corpus is None else corpus) * 20, trainer=trainer)
     tok.save(path)
     return path
 
