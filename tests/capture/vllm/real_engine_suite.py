@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -264,35 +265,63 @@ def kill_restart(
     store: str,
     vllm: subprocess.Popen[bytes],
 ) -> tuple[dict[str, Any], subprocess.Popen[bytes]]:
+    """Token-in rollouts (nothing else can mask them) whose second call meets a dead vLLM."""
     engine = f"http://127.0.0.1:{port}"
-    msgs = {f"kr-{i}": [{"role": "user", "content": f"Restart {i}"}] for i in range(4)}
+    prompts = {f"kr-{i}": [1, 89, 87, 261, 203 + i] for i in range(4)}
     refused = 0
     with httpx.Client(timeout=300) as http:
 
         def turn(rid: str) -> httpx.Response:
-            body = {"model": MODEL, "messages": msgs[rid], "max_tokens": 8}
-            return http.post(proxy + CAP.format(rid=rid) + "/v1/chat/completions", json=body)
+            body = {"model": MODEL, "prompt": prompts[rid], "max_tokens": 8,
+                    "return_token_ids": True}  # fmt: skip
+            return http.post(proxy + CAP.format(rid=rid) + "/v1/completions", json=body)
 
-        for rid in msgs:
+        def advance(rid: str) -> None:
             r = turn(rid)
             r.raise_for_status()
-            msgs[rid] += [r.json()["choices"][0]["message"], {"role": "user", "content": "on"}]
+            c = r.json()["choices"][0]
+            prompts[rid] = [*c["prompt_token_ids"], *c["token_ids"], 5, 6]
+
+        for rid in prompts:
+            advance(rid)
         os.killpg(vllm.pid, signal.SIGKILL)
         vllm.wait()
-        for rid in msgs:
+        for rid in prompts:
             r = turn(rid)
             refused += r.status_code == 503 and r.headers.get("x-should-retry") == "true"
         vllm = start_vllm(py, model, port, log)
         restart_s = wait_healthy(engine, vllm)
-        for rid in msgs:
-            turn(rid).raise_for_status()
-    masked = sum(build_rollout(freeze(store, rid)).masked for rid in msgs)
+        for rid in prompts:
+            advance(rid)  # the harness retries the refused call
+            advance(rid)
+    builds = [build_rollout(freeze(store, rid)) for rid in prompts]
     return {
         "rollouts": 4,
         "refused_503": refused,
-        "masked": masked,
+        "masked": sum(b.masked for b in builds),
+        "trajectory_calls": [len(b.trajectory.call_ids) if b.trajectory else 0 for b in builds],
         "restart_s": round(restart_s, 1),
     }, vllm
+
+
+def latency(engine: str, proxy: str, calls: int = 20) -> dict[str, float]:
+    """p50 seconds of one token-in call, straight to vLLM and through the proxy (alternated)."""
+    direct: list[float] = []
+    captured: list[float] = []
+    body = {"model": MODEL, "prompt": [1, 89, 87, 261], "max_tokens": 4, "return_token_ids": True,
+            "logprobs": 0, "return_tokens_as_token_ids": True}  # fmt: skip
+    with httpx.Client(timeout=300) as http:
+        for i in range(calls):
+            started = time.perf_counter()
+            http.post(engine + "/v1/completions", json=body).raise_for_status()
+            direct.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            url = proxy + CAP.format(rid=f"lat-{i}") + "/v1/completions"
+            http.post(url, json=body).raise_for_status()
+            captured.append(time.perf_counter() - started)
+    p50d, p50c = statistics.median(direct), statistics.median(captured)
+    return {"calls": calls, "direct_p50_s": round(p50d, 4), "proxy_p50_s": round(p50c, 4),
+            "added_p50_ms": round(1000 * (p50c - p50d), 1)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -338,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         report["stream"] = chat_rollouts(proxy.url, store, "stream", 2, 1, stream=True)
         report["groups_n4"] = groups(proxy.url, store, 4)
+        report["latency"] = latency(engine, proxy.url)
         report["kill_restart"], vllm = kill_restart(
             args.vllm_python, model, args.port, log, proxy.url, store, vllm
         )
