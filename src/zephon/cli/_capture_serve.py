@@ -94,7 +94,7 @@ def register_serve(capture_subparsers: Any) -> None:
         default=10.0,
         metavar="SECONDS",
         help="how long a call whose connection is refused (nothing sent) is retried against "
-        "the inference servers before the client gets a retryable 503 (10; 0 = one try each)",
+        "the inference servers before the client gets a retryable 503 (10; 0 = one try)",
     )
     _store_arguments(p)
     _access_arguments(p)
