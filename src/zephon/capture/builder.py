@@ -75,7 +75,11 @@ class Chain:
     def call_ids(self) -> list[str]:
         return [link.call_id for link in self.links]
 
-    def to_trajectory(self, rollout_id: str = "") -> Trajectory:
+    def to_trajectory(
+        self, rollout_id: str = "", group: tuple[str, int, int] | None = None
+    ) -> Trajectory:
+        """The chain as a training sequence; ``group`` is ``(group id, index, size)`` when it
+        is one sample of a group (the rollout is its own group of one otherwise)."""
         tokens: list[int] = list(self.root_prompt)
         mask: list[int] = [0] * len(tokens)
         logprobs: list[float] = [0.0] * len(tokens)
@@ -95,6 +99,9 @@ class Chain:
             logprobs=np.asarray(logprobs, dtype=np.float32),
             call_ids=tuple(self.call_ids),
             prompt_len=len(self.root_prompt),
+            group_id=group[0] if group else rollout_id,
+            group_index=group[1] if group else 0,
+            group_size=group[2] if group else 1,
         )
 
 
@@ -108,6 +115,9 @@ class Trajectory:
     logprobs: np.ndarray
     call_ids: tuple[str, ...]
     prompt_len: int
+    group_id: str = ""  # GRPO group: the samples of one n > 1 request share it
+    group_index: int = 0
+    group_size: int = 1
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -117,12 +127,13 @@ class Trajectory:
         return int(self.loss_mask.sum())
 
     def to_row(self) -> dict[str, Any]:
-        """The pipeline payload: the three aligned arrays plus the rollout id."""
+        """The pipeline payload: the three aligned arrays plus the rollout and group ids."""
         return {
             "input_ids": self.input_ids,
             "loss_mask": self.loss_mask,
             "logprobs": self.logprobs,
             "rollout_id": self.rollout_id,
+            "group_id": self.group_id or self.rollout_id,
         }
 
 
@@ -143,6 +154,8 @@ class BuildNotes:
     parent_link_failures: dict[str, int] = field(default_factory=dict)
     unresolved_parent_calls: list[str] = field(default_factory=list)
     unplaced_refusals: list[str] = field(default_factory=list)
+    # calls whose link failed because the parent generated ids without text (send token-in)
+    textless_parent_calls: list[str] = field(default_factory=list)
     decisions: list[str] = field(default_factory=list)
 
     def fail(self, call_id: str, reason: str, *, boundary: bool = True) -> None:
@@ -272,11 +285,41 @@ def _link(node: _Node, by_id: dict[str, _Node], trie: _Trie | None, notes: Build
                 notes.decisions.append(f"{cid}: child of {claimed} (prefix digest verified)")
                 return
             reason = "parent_digest_mismatch"
+            if _textless(parent.entry):
+                notes.textless_parent_calls.append(cid)
+                notes.decisions.append(
+                    f"{cid}: parent {claimed} generated {len(parent.entry.generation_token_ids)} "
+                    "ids with no text, which a text request cannot carry back; send the prompt "
+                    "as token ids (token-in) to continue such a call"
+                )
     else:
         reason = "missing_resolution"
     node.boundary = True
     notes.fail(cid, reason)
     notes.decisions.append(f"{cid}: unresolved boundary ({reason}); starts a fragment")
+
+
+def _textless(entry: TokenEntry) -> bool:
+    """Whether a call's output has no text and no tool call (an empty reply, or ids that
+    decode to nothing): its next text request cannot echo what it generated."""
+    for item in entry.output_items:
+        if item.get("type") == "function_call":
+            return False
+        for part in item.get("content") or []:
+            if isinstance(part, dict) and part.get("text"):
+                return False
+    return True
+
+
+def _retry_key(node: _Node) -> tuple[int, tuple[int, ...], int]:
+    """Calls with one parent and one prompt are retries of each other, except the samples of
+    one ``n > 1`` request (told apart by their index)."""
+    sample = node.entry.group
+    return (
+        0 if node.parent is None else id(node.parent),
+        tuple(node.entry.prompt_token_ids),
+        -1 if sample is None else sample.index,
+    )
 
 
 def _resolve_retries(
@@ -287,10 +330,9 @@ def _resolve_retries(
     while walk is not None:
         on_path.add(id(walk))
         walk = walk.parent
-    groups: dict[tuple[int, tuple[int, ...]], list[_Node]] = {}
+    groups: dict[tuple[int, tuple[int, ...], int], list[_Node]] = {}
     for node in nodes:
-        key = (0 if node.parent is None else id(node.parent), tuple(node.entry.prompt_token_ids))
-        groups.setdefault(key, []).append(node)
+        groups.setdefault(_retry_key(node), []).append(node)
     for group in groups.values():
         if len(group) < 2:
             continue
@@ -441,10 +483,81 @@ class RolloutBuild:
     output: BuildOutput
     attribution: TerminalAttribution
     trajectory: Trajectory | None = None
+    trajectories: list[Trajectory] = field(default_factory=list)  # a group: one per sample
 
     @property
     def notes(self) -> BuildNotes:
         return self.output.notes
+
+
+def _group_verdict(
+    snapshot: TokenCaptureSnapshot, out: BuildOutput, group_ids: set[str]
+) -> tuple[list[str], list[tuple[Chain, tuple[str, int, int]]]]:
+    """A rollout with a group of samples: one chain per sample, nothing unresolved.
+
+    Returns the mask reasons and each sample's chain with its ``(group id, index, size)``.
+    """
+    notes = out.notes
+    reasons = ["capture_incomplete"] if snapshot.incomplete else []
+    for flag, why in (
+        (notes.unresolved_retries, "unresolved_retries"),
+        (notes.unresolved_parent_calls, "unresolved_parent_calls"),
+        (notes.unplaced_refusals, "unplaced_engine_refusals"),
+    ):
+        if flag:
+            reasons.append(why)
+    if len(group_ids) != 1:
+        return [*reasons, f"groups={len(group_ids)}"], []
+    samples: list[tuple[Chain, tuple[str, int, int]]] = []
+    size = 0
+    for chain in out.chains:
+        members = [link.entry.group for link in chain.links if link.entry.group is not None]
+        if len(members) != 1:
+            reasons.append("chain_outside_group")
+            continue
+        size = members[0].size
+        samples.append((chain, (f"{snapshot.rollout_id}/{members[0].id}", members[0].index, size)))
+    samples.sort(key=lambda s: s[1][1])
+    if sorted(s[1][1] for s in samples) != list(range(size)):
+        reasons.append(f"group_samples={len(samples)}/{size}")
+    if any(not c.links for c, _ in samples):
+        reasons.append("no_generated_tokens")
+    return list(dict.fromkeys(reasons)), samples
+
+
+def _build_group(snapshot: TokenCaptureSnapshot, group_ids: set[str]) -> RolloutBuild:
+    """Build a rollout holding the samples of an ``n > 1`` request: a trajectory each."""
+    out = prefix_merging(snapshot.entries)
+    place_refusals(snapshot.engine_refusals, out)
+    reasons, samples = _group_verdict(snapshot, out, group_ids)
+    trajectories = [chain.to_trajectory(snapshot.rollout_id, g) for chain, g in samples]
+    out.notes.decisions.append(f"group of {len(samples)} sample chains")
+    no_terminal = TerminalAttribution(None, "", reason="a group of samples has no one terminal")
+    return _finish(snapshot, out, no_terminal, reasons, trajectories)
+
+
+def _finish(
+    snapshot: TokenCaptureSnapshot,
+    out: BuildOutput,
+    attribution: TerminalAttribution,
+    reasons: list[str],
+    trajectories: list[Trajectory],
+) -> RolloutBuild:
+    """The build with its verdict noted: trajectories only when nothing masks it."""
+    out.notes.decisions.append(
+        "verdict: masked (" + ", ".join(reasons) + ")" if reasons else "verdict: trainable"
+    )
+    return RolloutBuild(
+        rollout_id=snapshot.rollout_id,
+        snapshot_id=snapshot.snapshot_id,
+        version=snapshot.version,
+        masked=bool(reasons),
+        mask_reasons=reasons,
+        output=out,
+        attribution=attribution,
+        trajectory=None if reasons or not trajectories else trajectories[0],
+        trajectories=[] if reasons else trajectories,
+    )
 
 
 def _verdict(
@@ -491,8 +604,14 @@ def build_rollout(
     was not delivered clean, or, without attribution, when anything is unresolved or the
     rollout is not exactly one root and one chain; never when the terminal chain is delivered
     (off-path calls are then excluded instead). An empty delivery is always masked.
+
+    A rollout that holds the samples of an ``n > 1`` request (a GRPO group) yields one
+    trajectory per sample in :attr:`RolloutBuild.trajectories`, each carrying the group id.
     """
     entries = list(snapshot.entries)
+    group_ids = {e.group.id for e in entries if e.group is not None}
+    if group_ids:
+        return _build_group(snapshot, group_ids)
     attribution = attribute_terminal(
         entries, call_id=terminal_call_id, response_id=terminal_response_id, response=response
     )
@@ -506,17 +625,5 @@ def build_rollout(
         out.notes.decisions.insert(0, f"no terminal attributed ({attribution.reason})")
     reasons = _verdict(snapshot, out, attribution, bool(terminal_response_id))
     main = out.main
-    trajectory = main.to_trajectory(snapshot.rollout_id) if main is not None else None
-    out.notes.decisions.append(
-        "verdict: masked (" + ", ".join(reasons) + ")" if reasons else "verdict: trainable"
-    )
-    return RolloutBuild(
-        rollout_id=snapshot.rollout_id,
-        snapshot_id=snapshot.snapshot_id,
-        version=snapshot.version,
-        masked=bool(reasons),
-        mask_reasons=reasons,
-        output=out,
-        attribution=attribution,
-        trajectory=None if reasons else trajectory,
-    )
+    trajectories = [main.to_trajectory(snapshot.rollout_id)] if main is not None else []
+    return _finish(snapshot, out, attribution, reasons, trajectories)

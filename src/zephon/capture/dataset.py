@@ -181,8 +181,8 @@ async def _freeze_and_build(
         if built.trajectory is None:
             masked.append(rid)
             continue
-        t = built.trajectory
-        rows.append(_Row(rid, snapshot.snapshot_id, snapshot.version, len(t), t.to_row()))
+        for t in built.trajectories:  # one per sample when the rollout holds a group
+            rows.append(_Row(rid, snapshot.snapshot_id, snapshot.version, len(t), t.to_row()))
     return rows, builds, masked
 
 
@@ -238,8 +238,9 @@ class CaptureSource(WorkSource):
 
     @property
     def rollout_ids(self) -> list[str]:
-        """The trainable rollouts (one dataset row each), in row order."""
-        return [r.rollout_id for r in self._core.rows]
+        """The trainable rollouts, in row order (one row each; a rollout holding a group of
+        samples has a row per sample and is listed once)."""
+        return list(dict.fromkeys(r.rollout_id for r in self._core.rows))
 
     def manifest(self) -> dict[str, Any]:
         """JSON-safe description to rebuild this exact source (:meth:`from_manifest`)."""
@@ -335,7 +336,11 @@ class CaptureSource(WorkSource):
                 generated = 0
             for j in range(generated):
                 rows += core.rows_of_chunk(j * lanes + lane).tolist()
-        return [core.rows[i].rollout_id for i in sorted(rows)]
+        # A rollout with a group of samples has a row per sample: covered once all are.
+        delivered = set(rows)
+        pending = {r.rollout_id for i, r in enumerate(core.rows) if i not in delivered}
+        ids = dict.fromkeys(core.rows[i].rollout_id for i in sorted(delivered))
+        return [rid for rid in ids if rid not in pending]
 
     async def aretire_consumed(self, checkpoint: Mapping[str, Any]) -> RetirementReport:
         """Drop every covered rollout with its consumed snapshot (call after the checkpoint
@@ -354,7 +359,8 @@ class CaptureSource(WorkSource):
                 report.dropped.append(rid)
             else:
                 report.stale.append(rid)
-        report.pending = len(core.rows) - len(core.retired) - len(report.stale)
+        rollouts = {r.rollout_id for r in core.rows}
+        report.pending = len(rollouts) - len(core.retired) - len(report.stale)
         return report
 
     def retire_consumed(self, checkpoint: Mapping[str, Any]) -> RetirementReport:

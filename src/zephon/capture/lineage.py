@@ -60,15 +60,21 @@ __all__ = [
     "resolve_among",
     "resolve_from_ledger",
     "stamp_continuation",
+    "token_prompt_item",
+    "token_prompt_of",
 ]
 
 FINGERPRINT_DOMAIN = b"nemo-gym-lineage"
 CONTEXT_DOMAIN = b"nemo-gym-lineage-context"
 
+TOKEN_PREFIX_DOMAIN = b"zephon-lineage-token-prefix"
+TOKEN_PROMPT_TYPE = "token_prompt"
+
 # Reason codes of UNRESOLVED answers (the first two are the reference's).
 NO_MATCH = "no_match"
 AMBIGUOUS = "ambiguous"
 PARENT_UNAVAILABLE = "parent_tokens_unavailable"
+TEXTLESS_TURN = "textless_turn"
 
 _ROOT = LineageResolution(ParentResolutionStatus.ROOT)
 
@@ -137,17 +143,58 @@ def conversation_digest(items: Iterable[dict[str, Any]]) -> str:
     return h.hexdigest()
 
 
+def token_prompt_item(token_ids: Sequence[int]) -> dict[str, Any]:
+    """The one request item of a token-in call: the prompt as the exact ids the engine gets.
+
+    Such a request continues the recorded call whose prompt + generation ids are the longest
+    prefix of these ids (see :meth:`RolloutLineage.resolve_prefix`), whatever text they render.
+    """
+    return {"type": TOKEN_PROMPT_TYPE, "token_ids": list(token_ids)}
+
+
+def token_prompt_of(items: Sequence[Any]) -> list[int] | None:
+    """The prompt ids of a token-in request (its one :func:`token_prompt_item`), else None."""
+    if len(items) != 1 or not isinstance(items[0], dict):
+        return None
+    item = items[0]
+    if item.get("type") != TOKEN_PROMPT_TYPE:
+        return None
+    ids = item.get("token_ids")
+    if not isinstance(ids, list) or not all(type(t) is int and t >= 0 for t in ids):
+        raise CaptureHistoryUnrepresentable("a token prompt needs a list of non-negative ids")
+    return ids
+
+
 def has_model_authored_item(items: Iterable[Any]) -> bool:
+    """Whether a request may continue a recorded call (a token-in prompt always may)."""
+    items = list(items)
+    if token_prompt_of(items) is not None:
+        return True
     return any(isinstance(item, dict) and is_model_authored(item) for item in items)
+
+
+def _token_fingerprint(entry: TokenEntry) -> str:
+    """The lookup key of a token-in call: its own ids, in a domain no chat request hashes to."""
+    h = hashlib.sha256(TOKEN_PREFIX_DOMAIN)
+    h.update((entry.digest or "").encode())
+    return h.hexdigest()
 
 
 def stamp_continuation(entry: TokenEntry, request_items: Sequence[dict[str, Any]]) -> TokenEntry:
     """A copy of ``entry`` carrying its continuation lookup metadata (call before ``put``).
 
     The fingerprint covers the request's model-authored items plus this call's own output, so a
-    faithful next request (this request + echoed output + new user/tool items) looks it up.
+    faithful next request (this request + echoed output + new user/tool items) looks it up. A
+    token-in call is looked up by its ids instead; its fingerprint only makes it visible.
     """
     items = list(request_items)
+    if token_prompt_of(items) is not None:
+        return entry.with_changes(
+            continuation_fingerprint=_token_fingerprint(entry),
+            continuation_context_len=len(items),
+            continuation_context_digest=conversation_digest(items),
+            fingerprint_version=FINGERPRINT_VERSION,
+        )
     return entry.with_changes(
         continuation_fingerprint=assistant_fingerprint([*items, *entry.output_items]),
         continuation_context_len=len(items),
@@ -202,6 +249,7 @@ class RolloutLineage:
     by_fingerprint: dict[str, list[str]] = field(default_factory=dict)
     nodes: dict[str, LineageNode] = field(default_factory=dict)
     conflicted: set[str] = field(default_factory=set)
+    by_len: dict[int, list[str]] = field(default_factory=dict)  # cum_len -> ids with a digest
 
     @classmethod
     def from_entries(cls, entries: Iterable[TokenEntry]) -> RolloutLineage:
@@ -226,12 +274,34 @@ class RolloutLineage:
             return True
         self.nodes[node.call_id] = node
         self.by_fingerprint.setdefault(node.fingerprint, []).append(node.call_id)
+        if node.digest:
+            self.by_len.setdefault(node.cum_len, []).append(node.call_id)
         return True
+
+    def resolve_prefix(
+        self, prompt: Sequence[int]
+    ) -> tuple[ParentResolutionStatus, LineageNode | None, str]:
+        """A token-in request's parent: the call whose prompt + generation ids are the longest
+        prefix of ``prompt`` (any dialect recorded it). Calls with equal ids are one candidate
+        (the smallest id), so this never guesses; no prefix at all makes the request a root."""
+        for n in sorted((n for n in self.by_len if 0 < n <= len(prompt)), reverse=True):
+            want = compute_digest(prompt[:n])
+            hits = [
+                self.nodes[c]
+                for c in self.by_len[n]
+                if c not in self.conflicted and self.nodes[c].digest == want
+            ]
+            if hits:
+                return ParentResolutionStatus.RESOLVED, min(hits, key=lambda c: c.call_id), ""
+        return ParentResolutionStatus.ROOT, None, ""
 
     def resolve_node(
         self, request_items: Sequence[dict[str, Any]], fingerprint: str | None = None
     ) -> tuple[ParentResolutionStatus, LineageNode | None, str]:
         """The decision without tokens: (status, winning node, reason)."""
+        prompt = token_prompt_of(request_items)
+        if prompt is not None:
+            return self.resolve_prefix(prompt)
         fp = assistant_fingerprint(request_items) if fingerprint is None else fingerprint
         if not fp:
             return ParentResolutionStatus.ROOT, None, ""
@@ -257,6 +327,8 @@ class RolloutLineage:
             candidates = [min(candidates, key=lambda c: c.call_id)]
         if len(candidates) != 1:
             reason = AMBIGUOUS if candidates else NO_MATCH
+            if _last_turn_textless(request_items):
+                reason = TEXTLESS_TURN
             return ParentResolutionStatus.UNRESOLVED, None, reason
         return ParentResolutionStatus.RESOLVED, candidates[0], ""
 
@@ -285,6 +357,15 @@ class RolloutLineage:
                 prev_len=node.cum_len,
             ),
         )
+
+
+def _last_turn_textless(request_items: Sequence[dict[str, Any]]) -> bool:
+    """Whether the last model-authored item echoes no text and no tool call: an empty reply or
+    ids that decode to nothing, which text cannot carry back (token-in can)."""
+    for item in reversed(request_items):
+        if is_model_authored(item):
+            return not content_parts(item.get("content")) and not tool_calls(item)
+    return False
 
 
 def _tokens_match(node: LineageNode, tokens: Sequence[int]) -> bool:
@@ -477,8 +558,12 @@ class IncrementalResolver:
         self, rollout_id: str, request_items: Sequence[dict[str, Any]]
     ) -> LineageResolution:
         """Blocking resolve (see :class:`IncrementalResolver`)."""
-        fp = assistant_fingerprint(request_items)
-        if not fp:
+        fp = (
+            None
+            if token_prompt_of(request_items) is not None
+            else assistant_fingerprint(request_items)
+        )
+        if fp == "":
             return _ROOT
         lock = self._locks[hash(rollout_id) % len(self._locks)]
         with lock:

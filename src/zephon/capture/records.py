@@ -23,6 +23,7 @@ import re
 import sys
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -30,6 +31,7 @@ import msgspec
 __all__ = [
     "DIGEST_VERSION",
     "FINGERPRINT_VERSION",
+    "GROUP_FIELD",
     "MAX_CALL_ID_CHARS",
     "MAX_TOKEN_ID",
     "TOKEN_ENTRY_MIN_SCHEMA_VERSION",
@@ -41,6 +43,7 @@ __all__ = [
     "ParentResolutionStatus",
     "RolloutManifest",
     "RolloutRemoval",
+    "SampleGroup",
     "TokenCaptureSnapshot",
     "TokenEntry",
     "canonical_json",
@@ -363,6 +366,39 @@ class TokenEntry(msgspec.Struct, kw_only=True, dict=True):
         if "_extra" in self.__dict__:
             new.__dict__["_extra"] = dict(self.__dict__["_extra"])
         return new
+
+    def with_extra_fields(self, **extra: Any) -> TokenEntry:
+        """A copy with more wire fields outside the schema (kept verbatim, e.g.
+        ``zephon_group``); a name the schema knows is refused."""
+        new = self.with_changes()
+        new._set_extra({**self.extra_fields, **msgspec.to_builtins(extra)})
+        return new
+
+    @property
+    def group(self) -> SampleGroup | None:
+        """The group of samples this call belongs to (one request with ``n > 1``), if any."""
+        raw = self.extra_fields.get(GROUP_FIELD)
+        if not isinstance(raw, dict):
+            return None
+        gid, index, size = raw.get("id"), raw.get("index"), raw.get("size")
+        if not isinstance(gid, str) or type(index) is not int or type(size) is not int:
+            return None
+        return SampleGroup(gid, index, size)
+
+
+GROUP_FIELD = "zephon_group"
+
+
+@dataclass(frozen=True, slots=True)
+class SampleGroup:
+    """Sample ``index`` of ``size`` drawn by one request (``n = size``): a GRPO group."""
+
+    id: str
+    index: int
+    size: int
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "index": self.index, "size": self.size}
 
 
 def require_finite(entry: TokenEntry) -> None:

@@ -18,6 +18,8 @@ class _RenamedOption(argparse.Action):
     """Store the value; when given under its former name (the last option string), say on
     stderr that the name is deprecated. Both names keep working."""
 
+    append = False
+
     def __call__(
         self,
         parser: argparse.ArgumentParser,
@@ -31,7 +33,15 @@ class _RenamedOption(argparse.Action):
                 f"{self.option_strings[0]}",
                 file=sys.stderr,
             )
+        if self.append:
+            values = [*(getattr(namespace, self.dest, None) or []), values]
         setattr(namespace, self.dest, values)
+
+
+class _RenamedAppend(_RenamedOption):
+    """A renamed option that may be given several times (each value is appended)."""
+
+    append = True
 
 
 def register_serve(capture_subparsers: Any) -> None:
@@ -48,10 +58,11 @@ def register_serve(capture_subparsers: Any) -> None:
         "--inference-server",
         "--engine",
         dest="inference_server",
-        action=_RenamedOption,
+        action=_RenamedAppend,
         required=True,
         metavar="URL",
-        help="root URL of the inference server (vLLM, SGLang); --engine is its deprecated alias",
+        help="root URL of the inference server (vLLM, SGLang); give it several times for a "
+        "fleet (each call goes to a healthy one); --engine is its deprecated alias",
     )
     p.add_argument(
         "--store",
@@ -76,6 +87,14 @@ def register_serve(capture_subparsers: Any) -> None:
         type=float,
         default=10.0,
         help="seconds to connect to the inference server",
+    )
+    p.add_argument(
+        "--connect-retry",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long a call whose connection is refused (nothing sent) is retried against "
+        "the inference servers before the client gets a retryable 503 (10; 0 = one try)",
     )
     _store_arguments(p)
     _access_arguments(p)
@@ -263,7 +282,9 @@ def _serve(args: argparse.Namespace) -> int:
 
         store_class(args.store)
         config = ProxyConfig(
-            engine_url=args.inference_server,
+            engine_url=args.inference_server[0],
+            engine_urls=tuple(args.inference_server),
+            connect_retry_s=args.connect_retry,
             store_url=args.store,
             engine_timeout_s=args.inference_timeout,
             connect_timeout_s=args.connect_timeout,

@@ -72,20 +72,26 @@ _CORPUS = [
     " ".join(WORDS),
 ]
 CREATED = 1_700_000_000
+FINGERPRINT = "vllm-0.32.0-stand-in"
 
 
-def train_tokenizer(path: str, vocab_size: int = 400) -> str:
-    """Train a tiny byte-level BPE (deterministic for this corpus) and save it to ``path``."""
+def train_tokenizer(
+    path: str,
+    vocab_size: int = 400,
+    specials: list[str] | None = None,
+    corpus: list[str] | None = None,
+) -> str:
+    """Train a tiny byte-level BPE (deterministic for its corpus) and save it to ``path``."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIALS,
+        special_tokens=SPECIALS if specials is None else specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    tok.train_from_iterator((_CORPUS if corpus is None else corpus) * 20, trainer=trainer)
     tok.save(path)
     return path
 
@@ -140,10 +146,23 @@ class Model:
         return ids
 
     def generate(
-        self, prompt: list[int], tools: list[Any] | None, last_role: str, max_tokens: int
+        self,
+        prompt: list[int],
+        tools: list[Any] | None,
+        last_role: str,
+        max_tokens: int,
+        sample: int = 0,
+        style: str = "",
     ) -> tuple[list[int], str, list[dict[str, Any]], str]:
-        """(token ids, content, tool calls, finish reason) as a pure function of the prompt."""
-        h = hashlib.sha256(array("Q", prompt).tobytes()).digest()
+        """(token ids, content, tool calls, finish reason) as a pure function of the prompt
+        and the sample index. ``style``: ``noncanonical`` spells a text reply's first word
+        one byte token at a time (as a sampler may; re-encoding the text merges them),
+        ``textless`` samples an id past the tokenizer's vocabulary (a padded embedding row: no
+        text at all)."""
+        seed = array("Q", prompt).tobytes() + (bytes([sample]) if sample else b"")
+        h = hashlib.sha256(seed).digest()
+        if style == "textless":
+            return [self.tok.get_vocab_size() + 7, self.special["<|end|>"]], "", [], "stop"
         calls: list[dict[str, Any]] = []
         if tools and last_role == "user":
             name = tools[0].get("function", {}).get("name", "tool")
@@ -161,6 +180,10 @@ class Model:
             content = " ".join(WORDS[b % len(WORDS)] for b in h[2 : 4 + h[0] % 9])
             text = content
         ids = [*self.encode(text), self.special["<|end|>"]]
+        if style == "noncanonical" and not calls:
+            head, _, rest = text.partition(" ")
+            spelled = [t for ch in head for t in self.encode(ch)]
+            ids = [*spelled, *self.encode(_ + rest), self.special["<|end|>"]]
         finish = "tool_calls" if calls else "stop"
         if len(ids) > max_tokens:
             ids = ids[:max_tokens]
@@ -173,8 +196,9 @@ class Model:
 
 
 def _lp_entry(token: int, lp: float, as_ids: bool, model: Model) -> dict[str, Any]:
-    text = f"token_id:{token}" if as_ids else model.decode([token])
-    return {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
+    text = model.decode([token])  # "bytes" are the token's own, whatever "token" names
+    name = f"token_id:{token}" if as_ids else text
+    return {"bytes": list(text.encode()), "logprob": lp, "token": name, "top_logprobs": []}
 
 
 def build_app(model: Model) -> Any:
@@ -196,22 +220,23 @@ def build_app(model: Model) -> Any:
             f"{max_tokens} in the completion). Please reduce the length of the messages or "
             "completion."
         )
-        body = {"object": "error", "message": msg, "type": "BadRequestError", "code": 400}
-        return JSONResponse(body, 400)
+        return error(msg, 400, "BadRequestError", "input_tokens")
+
+    def error(message: str, code: int, kind: str, param: str | None = None) -> Response:
+        body = {"error": {"code": code, "message": message, "param": param, "type": kind}}
+        return JSONResponse(body, code)
 
     async def common(body: dict[str, Any]) -> Response | None:
         fault = body.get("test_engine_fault")
         if fault == "error500":
-            return JSONResponse({"object": "error", "message": "boom", "code": 500}, 500)
+            return error("boom", 500, "InternalServerError")
         if fault == "hold":
             token = str(body.get("test_engine_hold", ""))
             stats["held"][token] = stats["held"].get(token, 0) + 1
             await releases.setdefault(token, asyncio.Event()).wait()
             body["test_engine_fault"] = after = body.get("test_engine_after_hold")
             if after == "error500":
-                return JSONResponse({"object": "error", "message": "boom", "code": 500}, 500)
-        if body.get("n", 1) != 1:
-            return JSONResponse({"object": "error", "message": "n must be 1", "code": 400}, 400)
+                return error("boom", 500, "InternalServerError")
         return None
 
     def choice_tokens(
@@ -231,16 +256,35 @@ def build_app(model: Model) -> Any:
                     "content": [_lp_entry(t, lp, as_ids, model) for t, lp in zip(ids_for_lp, lps)]
                 }
             else:
+                names = [f"token_id:{t}" if as_ids else model.decode([t]) for t in ids_for_lp]
                 logprobs = {
-                    "tokens": [
-                        f"token_id:{t}" if as_ids else model.decode([t]) for t in ids_for_lp
-                    ],
-                    "token_logprobs": lps,
-                    "top_logprobs": None,
                     "text_offset": [0] * len(gen),
+                    "token_logprobs": lps,
+                    "tokens": names,
+                    "top_logprobs": [{n: lp} for n, lp in zip(names, lps)],
                 }
         token_ids = gen if body.get("return_token_ids") and fault != "no_token_ids" else None
         return logprobs, token_ids
+
+    def usage(prompt: list[int], gens: list[list[int]]) -> dict[str, Any]:
+        done = sum(len(g) for g in gens)
+        return {
+            "completion_tokens": done,
+            "completion_tokens_details": None,
+            "prompt_tokens": len(prompt),
+            "prompt_tokens_details": None,
+            "total_tokens": len(prompt) + done,
+        }
+
+    def samples(
+        body: dict[str, Any], prompt: list[int], tools: Any, last_role: str, max_tokens: int
+    ) -> list[tuple[list[int], str, list[dict[str, Any]], str]]:
+        n = int(body.get("n") or 1)
+        style = str(body.get("test_engine_style") or "")
+        return [
+            model.generate(prompt, tools, last_role, max_tokens, sample=k, style=style)
+            for k in range(n)
+        ]
 
     async def chat(request: Request) -> Response:
         stats["chat"] += 1
@@ -255,48 +299,63 @@ def build_app(model: Model) -> Any:
         refusal = too_long(prompt, max_tokens)
         if refusal is not None:
             return refusal
-        gen, content, calls, finish = model.generate(
-            prompt, tools, messages[-1]["role"], max_tokens
-        )
-        logprobs, token_ids = choice_tokens(body, gen, chat=True)
+        drawn = samples(body, prompt, tools, messages[-1]["role"], max_tokens)
         prompt_hash = hashlib.sha256(array("Q", prompt).tobytes()).hexdigest()
         if body.get("test_engine_tag"):
             generated[str(body["test_engine_tag"])] = prompt_hash
-        cid = "chatcmpl-" + prompt_hash[:16]
-        message = {
-            "role": "assistant",
-            "content": content if not calls else None,
-            "tool_calls": calls,
-            "reasoning_content": None,
-        }
-        fault = body.get("test_engine_fault")
-        want_prompt = body.get("return_token_ids") and fault != "no_prompt_ids"
-        answer = {
-            "id": cid,
-            "object": "chat.completion",
-            "created": CREATED,
-            "model": body.get("model") or "tiny",
-            "choices": [
+        choices = []
+        for k, (gen, content, calls, finish) in enumerate(drawn):
+            logprobs, token_ids = choice_tokens(body, gen, chat=True)
+            message: dict[str, Any] = {
+                "annotations": None,
+                "audio": None,
+                "content": content,
+                "function_call": None,
+                "reasoning": None,
+                "refusal": None,
+                "role": "assistant",
+            }
+            if calls:  # vLLM leaves the key out when there are none
+                message["tool_calls"] = calls
+            choices.append(
                 {
-                    "index": 0,
-                    "message": message,
-                    "logprobs": logprobs,
                     "finish_reason": finish,
+                    "index": k,
+                    "logprobs": logprobs,
+                    "message": message,
+                    "routed_experts": None,
                     "stop_reason": None,
                     "token_ids": token_ids,
                 }
-            ],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(gen),
-                "total_tokens": len(prompt) + len(gen),
-            },
+            )
+        fault = body.get("test_engine_fault")
+        want_prompt = body.get("return_token_ids") and fault != "no_prompt_ids"
+        answer = {
+            "choices": choices,
+            "created": CREATED,
+            "ec_transfer_params": None,
+            "id": "chatcmpl-" + prompt_hash[:16],
+            "kv_transfer_params": None,
+            "metrics": None,
+            "model": body.get("model") or "tiny",
+            "object": "chat.completion",
             "prompt_logprobs": None,
+            "prompt_text": None,
             "prompt_token_ids": prompt if want_prompt else None,
+            "service_tier": None,
+            "system_fingerprint": FINGERPRINT,
+            "usage": usage(prompt, [d[0] for d in drawn]),
         }
         if body.get("stream"):
-            return StreamingResponse(_chat_stream(answer), media_type="text/event-stream")
+            gens = [d[0] for d in drawn]
+            stream = _chat_stream(answer, model, gens)
+            return StreamingResponse(stream, media_type="text/event-stream")
         return JSONResponse(answer)
+
+    def completion_prompt(raw: Any) -> list[int]:
+        if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
+            raw = raw[0]
+        return model.encode(raw) if isinstance(raw, str) else [int(t) for t in raw]
 
     async def completions(request: Request) -> Response:
         stats["completions"] += 1
@@ -304,36 +363,42 @@ def build_app(model: Model) -> Any:
         early = await common(body)
         if early is not None:
             return early
-        prompt = model.encode(body["prompt"])
+        prompt = completion_prompt(body["prompt"])
         max_tokens = int(body.get("max_tokens") or 16)
         refusal = too_long(prompt, max_tokens)
         if refusal is not None:
             return refusal
-        gen, content, _calls, finish = model.generate(prompt, None, "user", max_tokens)
-        logprobs, token_ids = choice_tokens(body, gen, chat=False)
+        drawn = samples(body, prompt, None, "user", max_tokens)
         fault = body.get("test_engine_fault")
         want_prompt = body.get("return_token_ids") and fault != "no_prompt_ids"
-        answer = {
-            "id": "cmpl-" + hashlib.sha256(array("Q", prompt).tobytes()).hexdigest()[:16],
-            "object": "text_completion",
-            "created": CREATED,
-            "model": body.get("model") or "tiny",
-            "choices": [
+        choices = []
+        for k, (gen, content, _calls, finish) in enumerate(drawn):
+            logprobs, token_ids = choice_tokens(body, gen, chat=False)
+            choices.append(
                 {
-                    "index": 0,
-                    "text": content,
-                    "logprobs": logprobs,
                     "finish_reason": finish,
-                    "stop_reason": None,
+                    "index": k,
+                    "logprobs": logprobs,
+                    "prompt_logprobs": None,
                     "prompt_token_ids": prompt if want_prompt else None,
+                    "routed_experts": None,
+                    "stop_reason": None,
+                    "text": content,
                     "token_ids": token_ids,
                 }
-            ],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(gen),
-                "total_tokens": len(prompt) + len(gen),
-            },
+            )
+        answer = {
+            "choices": choices,
+            "created": CREATED,
+            "ec_transfer_params": None,
+            "id": "cmpl-" + hashlib.sha256(array("Q", prompt).tobytes()).hexdigest()[:16],
+            "kv_transfer_params": None,
+            "metrics": None,
+            "model": body.get("model") or "tiny",
+            "object": "text_completion",
+            "service_tier": None,
+            "system_fingerprint": FINGERPRINT,
+            "usage": usage(prompt, [d[0] for d in drawn]),
         }
         return JSONResponse(answer)
 
@@ -347,7 +412,12 @@ def build_app(model: Model) -> Any:
         else:
             ids = model.encode(body["prompt"])
         return JSONResponse(
-            {"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids}
+            {
+                "count": len(ids),
+                "max_model_len": model.max_model_len,
+                "token_strs": None,
+                "tokens": ids,
+            }
         )
 
     async def models_(_request: Request) -> Response:
@@ -388,24 +458,33 @@ def build_app(model: Model) -> Any:
     )
 
 
-async def _chat_stream(answer: dict[str, Any]) -> Any:
-    choice = answer["choices"][0]
-    base = {k: answer[k] for k in ("id", "created", "model")}
+async def _chat_stream(answer: dict[str, Any], model: Model, gens: list[list[int]]) -> Any:
+    """vLLM's chunks: the role (with the prompt ids), then one chunk per generated token (its
+    text, log-prob and id; ``{}`` for a token with no text), the last one with the finish."""
+    base = {k: answer[k] for k in ("created", "id", "model", "object")}
     base["object"] = "chat.completion.chunk"
-    text = choice["message"]["content"] or ""
-    for i in range(0, len(text), 8):
-        delta = (
-            {"role": "assistant", "content": text[i : i + 8]}
-            if i == 0
-            else {"content": text[i : i + 8]}
-        )
-        chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
-        yield f"data: {json.dumps(chunk)}\n\n".encode()
-    last = {
-        **base,
-        "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
-    }
-    yield f"data: {json.dumps(last)}\n\n".encode()
+
+    def chunk(obj: dict[str, Any]) -> bytes:
+        return f"data: {json.dumps(obj)}\n\n".encode()
+
+    for choice, ids in zip(answer["choices"], gens, strict=True):
+        k = choice["index"]
+        first = {"delta": {"content": "", "role": "assistant"}, "finish_reason": None, "index": k}
+        first["logprobs"] = None
+        head = {"prompt_text": None, "prompt_token_ids": answer["prompt_token_ids"]}
+        yield chunk({**base, "choices": [first], **head})
+        entries = (choice["logprobs"] or {}).get("content") or [None] * len(ids)
+        for i, (t, lp) in enumerate(zip(ids, entries, strict=True)):
+            text = model.decode([t])
+            c: dict[str, Any] = {"delta": {"content": text} if text else {}, "index": k}
+            c.update(finish_reason=None, logprobs={"content": [lp]} if lp else None)
+            if choice["token_ids"] is not None:
+                c["token_ids"] = [t]
+            tail: dict[str, Any] = {}
+            if i == len(ids) - 1:
+                c.update(finish_reason=choice["finish_reason"], stop_reason=None)
+                tail["system_fingerprint"] = answer["system_fingerprint"]
+            yield chunk({**base, "choices": [c], **tail})
     yield b"data: [DONE]\n\n"
 
 

@@ -19,6 +19,7 @@ from tests.capture.proxy._harness import (
     verify_rollout,
 )
 from tests.capture.proxy._procs import Proc, start_proxy
+from tests.capture.proxy._token_in import token_in_rollout
 from tests.capture.proxy.conftest import freeze
 from zephon.capture.records import ParentResolutionStatus
 
@@ -70,12 +71,14 @@ def test_delta_prompts_store_suffixes_and_build_the_same_tokens(
 
     try:
         runs = asyncio.run(drive())
+        with httpx.Client(timeout=30) as http:  # token-in: the prompt extends the parent's ids
+            ids = token_in_rollout(http, delta.url, rids[0] + "-ids", 4, lambda t: list(t.encode()))
     finally:
         delta.stop()
-    for run in runs:
+    for run, continuations in ((runs[0], 5), (runs[1], 5), (ids, 3)):
         snap = freeze(store_url, run.rollout_id)
         deltas = [e for e in snap.entries if e.prompt_is_delta]
-        assert len(deltas) == 5  # every continuation; the root keeps its full prompt
+        assert len(deltas) == continuations  # the root keeps its full prompt
         verify_rollout(snap, run)
 
 

@@ -52,7 +52,7 @@ def test_bad_requests_are_refused_before_any_capture_state(
         ("/v1/chat/completions", b'{"model": "tiny", "messages": [', 400, "invalid_json"),
         ("/v1/chat/completions", b"[1, 2]", 400, "invalid_json"),
         ("/v1/chat/completions", b'{"messages": [], "model": "t"}', 400, "invalid_request"),
-        ("/v1/chat/completions", b'{"model":"t","n":2,"messages":[{"role":"user","content":"x"}]}',
+        ("/v1/chat/completions", b'{"model":"t","n":0,"messages":[{"role":"user","content":"x"}]}',
          400, "unsupported_n"),
         ("/v1/completions", b'{"model": "t", "prompt": ["a", "b"]}', 400, "unsupported_prompt"),
         ("/v1/completions", b'{"model": "t", "prompt": "a", "echo": true}', 400, "unsupported"),
@@ -140,7 +140,7 @@ def test_context_overflow_is_recorded_as_an_engine_refusal(
     body = {"model": "tiny", "messages": [*MSGS, msg, {"role": "user", "content": huge}]}
     resp = http.post(_url(proxy, rid), json=body)
     assert resp.status_code == 400
-    assert "maximum context length" in resp.json()["message"]  # the engine's own error
+    assert "maximum context length" in resp.json()["error"]["message"]  # the engine's own error
     assert resp.headers["x-zephon-capture"] == "refused"
     snap = freeze(store_url, rid)
     assert not snap.incomplete  # the refusal resolved its intent
@@ -158,7 +158,7 @@ def test_engine_5xx_passes_through_and_masks(
     first, _ = _good_turn(http, proxy, rid)
     body = {"model": "tiny", "messages": MSGS, "test_engine_fault": "error500"}
     resp = http.post(_url(proxy, rid), json=body)
-    assert resp.status_code == 500 and resp.json()["message"] == "boom"
+    assert resp.status_code == 500 and resp.json()["error"]["message"] == "boom"
     snap = freeze(store_url, rid)
     assert snap.incomplete and [e.model_call_id for e in snap.entries] == [first]
 

@@ -89,12 +89,16 @@ def test_chat_request_asks_the_engine_for_exact_tokens() -> None:
 @pytest.mark.parametrize(
     ("dialect", "body", "code"),
     [
-        ("chat", {"messages": [{"role": "user", "content": "x"}], "n": 2}, "unsupported_n"),
+        ("chat", {"messages": [{"role": "user", "content": "x"}], "n": 0}, "unsupported_n"),
+        ("chat", {"messages": [{"role": "user", "content": "x"}], "n": 65}, "unsupported_n"),
+        ("responses", {"input": "x", "n": 2}, "unsupported_n"),
         ("chat", {"messages": [{"role": "user", "content": "x"}], "n": "1"}, "unsupported_n"),
         ("chat", {"messages": [{"role": "user"}], "best_of": 3}, "unsupported_best_of"),
         ("chat", {"messages": ["hi"]}, "invalid_request"),
         ("chat", [], "invalid_json"),
-        ("completions", {"prompt": [1, 2, 3]}, "unsupported_prompt"),
+        ("completions", {"prompt": [[1], [2]]}, "unsupported_prompt"),
+        ("completions", {"prompt": [1, -2]}, "unsupported_prompt"),
+        ("completions", {"prompt": [True]}, "unsupported_prompt"),
         ("responses", {"input": 5}, "invalid_request"),
         ("responses", {"input": [{"type": "web_search_call"}]}, "invalid_request"),
         ("responses", {"input": "x", "tools": [{"type": "file_search"}]}, "invalid_request"),
@@ -246,10 +250,12 @@ def test_serve_is_registered_in_the_capture_group() -> None:
             "file:///x",
             "--workers",
             "3",
+            "--engine",
+            "http://e:2",
         ]
     )
     assert (args.inference_server, args.store, args.workers, args.port) == (
-        "http://e:1",
+        ["http://e:1", "http://e:2"],  # a fleet: each URL given (either name) is kept
         "file:///x",
         3,
         8100,
@@ -279,12 +285,12 @@ def test_serve_keeps_the_former_engine_flags_as_deprecated_aliases(
         "x",
     ]
     args = parser.parse_args(argv)
-    assert (args.inference_server, args.inference_timeout) == ("http://e:1", 5.0)
+    assert (args.inference_server, args.inference_timeout) == (["http://e:1"], 5.0)
     err = capsys.readouterr().err
     assert "--engine is deprecated; use --inference-server" in err
     assert "--engine-timeout is deprecated; use --inference-timeout" in err
     new = parser.parse_args(
         ["capture", "serve", "--inference-server", "http://e:1", "--store", "x"]
     )
-    assert new.inference_server == "http://e:1" and new.inference_timeout == 600.0
+    assert new.inference_server == ["http://e:1"] and new.inference_timeout == 600.0
     assert "deprecated" not in capsys.readouterr().err

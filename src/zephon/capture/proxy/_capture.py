@@ -47,6 +47,7 @@ from zephon.capture.proxy._metrics import Metrics
 from zephon.capture.proxy._pool import StoreClients
 from zephon.capture.proxy._requests import BadRequest, Dialect, PreparedCall, prepare_call
 from zephon.capture.proxy._responses import (
+    CallTokens,
     output_items_of,
     served_answer,
     served_id,
@@ -54,7 +55,13 @@ from zephon.capture.proxy._responses import (
 )
 from zephon.capture.proxy._spill import SpilledMark, SpillJournal
 from zephon.capture.proxy._tokens import TokenDataError, extract_generation, prompt_ids_of
-from zephon.capture.records import ParentResolutionStatus, TokenEntry, compute_digest
+from zephon.capture.records import (
+    GROUP_FIELD,
+    ParentResolutionStatus,
+    SampleGroup,
+    TokenEntry,
+    compute_digest,
+)
 
 __all__ = ["CallResult", "CaptureService", "refusal_code"]
 
@@ -173,18 +180,13 @@ class CaptureService:
         self, rollout_id: str, call: PreparedCall, call_id: str, headers: dict[str, str]
     ) -> CallResult:
         started = time.perf_counter()
-        # Resolution reads committed entries, the intent is a separate record: neither waits
+        ids = member_ids(call_id, call.n)
+        # Resolution reads committed entries, the intents are separate records: neither waits
         # for the other, and both complete before the engine is called.
         resolving = asyncio.ensure_future(self._resolve(rollout_id, call))
-        admitted = await self._begin(rollout_id, call_id)
+        admitted = await self._begin_all(rollout_id, ids)
         res = await resolving
-        hdrs = {
-            "x-zephon-model-call-id": call_id,
-            "x-zephon-parent-resolution": res.status.value,
-            "x-zephon-worker": str(os.getpid()),
-        }
-        if res.match is not None:
-            hdrs["x-zephon-parent-call-id"] = res.match.model_call_id
+        hdrs = _call_headers(call_id, ids, res)
         if admitted is not None:
             status, code, msg = admitted
             return CallResult(status, error_body(msg, code, status), hdrs)
@@ -194,42 +196,81 @@ class CaptureService:
                 call.engine_path, call.engine_body, _auth(headers)
             )
         except InferenceUnavailable as exc:
-            hdrs["x-zephon-capture"] = await self._fail(rollout_id, call_id, f"engine_{exc.kind}")
-            status = 504 if exc.kind == "timeout" else 502
-            return CallResult(status, error_body(str(exc), f"engine_{exc.kind}", status), hdrs)
+            return await self._unavailable(rollout_id, ids, res, exc, hdrs)
         finally:
             self.metrics.observe(
                 "zephon_proxy_engine_seconds", time.perf_counter() - engine_started
             )
+        hdrs["x-should-retry"] = "false"  # the engine answered: a replay would generate again
         if 400 <= answer.status < 500:
-            await self._refusal(rollout_id, call_id, res, answer)
+            for cid in ids:
+                await self._refusal(rollout_id, cid, res, answer)
             hdrs["x-zephon-capture"] = "refused"
             return CallResult(answer.status, None, hdrs, answer.body, answer.content_type)
         if answer.status != 200:
-            reason = f"engine_http_{answer.status}"
-            hdrs["x-zephon-capture"] = await self._fail(rollout_id, call_id, reason)
+            hdrs["x-zephon-capture"] = await self._fail_all(
+                rollout_id, ids, f"engine_http_{answer.status}"
+            )
             return CallResult(answer.status, None, hdrs, answer.body, answer.content_type)
         try:
             data = answer.json()
             if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
                 raise TokenDataError("engine answer is not a completion object")
-            items = output_items_of(data, call, call_id)
-        except (
-            msgspec.DecodeError,
-            RecursionError,
-            TokenDataError,
-            AttributeError,
-            KeyError,
-            TypeError,
-        ) as exc:
-            hdrs["x-zephon-capture"] = await self._fail(rollout_id, call_id, "engine_bad_answer")
+            items = [output_items_of(data, call, cid, i) for i, cid in enumerate(ids)]
+        except _BAD_ANSWER as exc:
+            hdrs["x-zephon-capture"] = await self._fail_all(rollout_id, ids, "engine_bad_answer")
             msg = f"engine returned an unusable answer: {exc}"
             return CallResult(502, error_body(msg, "engine_bad_answer", 502), hdrs)
-        tokens, outcome = await self._commit(rollout_id, call, call_id, res, data, items, headers)
-        hdrs["x-zephon-capture"] = outcome
-        served = served_answer(data, call, call_id, items, tokens)
+        del hdrs["x-should-retry"]
+        tokens: list[CallTokens | None] = []
+        outcomes: list[str] = []
+        for i, cid in enumerate(ids):
+            got, outcome = await self._commit(
+                rollout_id, call, cid, res, data, items[i], headers, _member(call_id, i, call.n)
+            )
+            tokens.append(got)
+            outcomes.append(outcome)
+        hdrs["x-zephon-capture"] = ",".join(dict.fromkeys(outcomes))
+        served = served_answer(data, call, call_id, items[0], tokens)
         self.metrics.observe("zephon_proxy_capture_seconds", time.perf_counter() - started)
         return CallResult(200, served, hdrs, call=call)
+
+    async def _begin_all(self, rollout_id: str, ids: list[str]) -> tuple[int, str, str] | None:
+        """Every sample's intent, or the error to answer (settling the intents already taken:
+        nothing was dispatched)."""
+        for k, cid in enumerate(ids):
+            failed = await self._begin(rollout_id, cid)
+            if failed is not None:
+                for earlier in ids[:k]:
+                    await self._settle_unsent(rollout_id, earlier, None, "not_dispatched")
+                return failed
+        return None
+
+    async def _unavailable(
+        self,
+        rollout_id: str,
+        ids: list[str],
+        res: LineageResolution,
+        exc: InferenceUnavailable,
+        hdrs: dict[str, str],
+    ) -> CallResult:
+        """No answer from the engine. Refused at connect: nothing was sent, so the intents are
+        settled as engine refusals (nothing is masked) and the client may simply retry.
+        Otherwise the engine may have generated: the rollout is marked incomplete."""
+        if exc.kind == "refused":
+            for cid in ids:
+                await self._settle_unsent(rollout_id, cid, res, "engine_unreachable")
+            hdrs.update({"x-zephon-capture": "not_sent", "retry-after": "1"})
+            hdrs["x-should-retry"] = "true"
+            return CallResult(503, error_body(str(exc), "engine_unavailable", 503), hdrs)
+        hdrs["x-zephon-capture"] = await self._fail_all(rollout_id, ids, f"engine_{exc.kind}")
+        hdrs["x-should-retry"] = "false"
+        status = 504 if exc.kind == "timeout" else 502
+        return CallResult(status, error_body(str(exc), f"engine_{exc.kind}", status), hdrs)
+
+    async def _fail_all(self, rollout_id: str, ids: list[str], reason: str) -> str:
+        outcomes = [await self._fail(rollout_id, cid, reason) for cid in ids]
+        return ",".join(dict.fromkeys(outcomes))
 
     async def _commit(
         self,
@@ -240,12 +281,14 @@ class CaptureService:
         data: dict[str, Any],
         items: list[dict[str, Any]],
         headers: dict[str, str],
-    ) -> tuple[tuple[list[int], list[int], list[float]] | None, str]:
+        group: SampleGroup | None = None,
+    ) -> tuple[CallTokens | None, str]:
         """Build and put the entry; returns (tokens or None, capture outcome header)."""
         chat = call.engine_dialect == "chat"
+        index = group.index if group is not None else 0
         try:
-            gen = extract_generation(data, chat=chat)
-            prompt = prompt_ids_of(data, chat=chat)
+            gen = extract_generation(data, chat=chat, index=index, n=call.n)
+            prompt = prompt_ids_of(data, chat=chat, index=index, n=call.n)
             if prompt is None:
                 prompt = await self._tokenize(call, headers)
             full = [*prompt, *gen.token_ids]
@@ -268,24 +311,30 @@ class CaptureService:
                 parent_resolution=res.status,
                 parent_resolution_reason=res.reason,
             )
+            if group is not None:
+                entry = entry.with_extra_fields(**{GROUP_FIELD: group.to_wire()})
             entry = stamp_continuation(entry, call.request_items)
         except Exception as exc:
             log.warning("capture of %s/%s failed: %r", rollout_id, call_id, exc)
             return None, await self._fail(rollout_id, call_id, "token_data")
-        tokens = (prompt, gen.token_ids, gen.log_probs)
+        return (prompt, gen.token_ids, gen.log_probs), await self._put(entry)
+
+    async def _put(self, entry: TokenEntry) -> str:
+        """``put`` the entry: the capture outcome (``committed``, ``late`` or ``incomplete``)."""
+        rollout_id, call_id = entry.rollout_id, entry.model_call_id
         put_started = time.perf_counter()
         try:
             await self.stores.of(rollout_id).put(entry)
         except TokenCaptureFrozenError:
             # Late write after freeze/retire: drop it, do not mark (the freeze already judged).
             self.metrics.inc("zephon_proxy_capture_failures_total", reason="late_after_freeze")
-            return tokens, "late"
+            return "late"
         except Exception as exc:
             log.error("put of %s/%s failed: %r", rollout_id, call_id, exc)
-            return tokens, await self._fail(rollout_id, call_id, "put_error")
+            return await self._fail(rollout_id, call_id, "put_error")
         finally:
             self.metrics.observe("zephon_proxy_put_seconds", time.perf_counter() - put_started)
-        return tokens, "committed"
+        return "committed"
 
     def _stored_prompt(self, prompt: list[int], res: LineageResolution) -> tuple[list[int], bool]:
         """The prompt to store: only the suffix after the parent's tokens when delta prompts
@@ -394,7 +443,15 @@ class CaptureService:
     async def _refusal(
         self, rollout_id: str, call_id: str, res: LineageResolution, answer: InferenceAnswer
     ) -> None:
-        code = refusal_code(answer)
+        await self._settle_unsent(rollout_id, call_id, res, refusal_code(answer))
+
+    async def _settle_unsent(
+        self, rollout_id: str, call_id: str, res: LineageResolution | None, code: str
+    ) -> None:
+        """Record that the call generated nothing (the engine refused it, or it was never
+        sent), which resolves its intent; the rollout is marked only if that record fails."""
+        if res is None:
+            res = LineageResolution(ParentResolutionStatus.ROOT)
         self.metrics.inc("zephon_proxy_engine_refusals_total", code=code)
         store = self.stores.of(rollout_id)
         if not isinstance(store, SupportsEngineRefusal):
@@ -413,6 +470,51 @@ class CaptureService:
         except Exception as exc:
             log.error("record_engine_refusal %s/%s failed: %r", rollout_id, call_id, exc)
             await self._fail(rollout_id, call_id, "refusal_unrecorded")
+
+
+_BAD_ANSWER = (
+    msgspec.DecodeError,
+    RecursionError,
+    TokenDataError,
+    AttributeError,
+    KeyError,
+    TypeError,
+)
+_RETRYABLE = frozenset({"engine_unavailable", "capture_store_unavailable", "proxy_busy"})
+
+
+def should_retry(body: Any, status: int) -> dict[str, str]:
+    """The ``x-should-retry`` header of a proxy error: ``true`` only where nothing was
+    generated and a replay is safe (engine unreachable, store unavailable before dispatch,
+    worker busy); ``false`` otherwise, so clients that retry 409 and 5xx by default (the
+    ``openai`` client does) do not replay an answer the proxy gave on purpose."""
+    code = body.get("error", {}).get("code") if isinstance(body, dict) else None
+    return {"x-should-retry": "true" if status >= 500 and code in _RETRYABLE else "false"}
+
+
+def member_ids(call_id: str, n: int) -> list[str]:
+    """The model call ids of a request's samples: the call id itself, or ``<id>-<k>``."""
+    return [call_id] if n == 1 else [f"{call_id}-{k}" for k in range(n)]
+
+
+def _member(call_id: str, index: int, n: int) -> SampleGroup | None:
+    return SampleGroup(call_id, index, n) if n > 1 else None
+
+
+def _call_headers(call_id: str, ids: list[str], res: LineageResolution) -> dict[str, str]:
+    hdrs = {
+        "x-zephon-model-call-id": call_id,
+        "x-zephon-parent-resolution": res.status.value,
+        "x-zephon-worker": str(os.getpid()),
+    }
+    if len(ids) > 1:
+        hdrs["x-zephon-group-id"] = call_id
+        hdrs["x-zephon-model-call-ids"] = ",".join(ids)
+    if res.match is not None:
+        hdrs["x-zephon-parent-call-id"] = res.match.model_call_id
+    if res.reason:
+        hdrs["x-zephon-parent-resolution-reason"] = res.reason
+    return hdrs
 
 
 def _auth(headers: dict[str, str]) -> dict[str, bytes]:

@@ -17,18 +17,31 @@ __all__ = ["CONFIG_ENV", "ProxyConfig"]
 CONFIG_ENV = "ZEPHON_CAPTURE_PROXY_CONFIG"
 
 
+def _engine_root(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(
+            f"--inference-server {url!r} is not an http(s) URL; pass the inference server's "
+            "root, e.g. http://127.0.0.1:8000"
+        )
+    base = url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
 @dataclass(frozen=True)
 class ProxyConfig:
     """What one proxy worker needs: where the engine and the store are, and its limits.
 
     ``engine_url`` is the engine's server root (``http://127.0.0.1:8000``; a trailing ``/v1`` is
-    accepted and removed). ``engine_timeout_s`` bounds one whole engine call (generation
-    included); ``connect_timeout_s`` only the TCP connect. ``control_token``, when set, is the
-    bearer token every control route (health, metrics, freeze, manifest, drop, retire, delete)
-    requires; ``capture_token``, when set, the ``X-Zephon-Capture-Token`` header every other
-    route (capture and pass-through) requires (the rollout workers' secret: the
-    ``Authorization`` header stays the engine's). Given only a control token, the capture token
-    is the control token, so one token guards every route.
+    accepted and removed); ``engine_urls``, when given, a fleet of them (``engine_url`` is then
+    its first). ``engine_timeout_s`` bounds one whole engine call (generation
+    included); ``connect_timeout_s`` only the TCP connect. A refused connection sent nothing,
+    so the call is tried again, on the next engine, for up to ``connect_retry_s`` seconds.
+    ``control_token``, when set, is the bearer token every control route (health, metrics,
+    freeze, manifest, drop, retire, delete) requires; ``capture_token``, when set, the
+    ``X-Zephon-Capture-Token`` header every other route (capture and pass-through) requires
+    (the rollout workers' secret: the ``Authorization`` header stays the engine's). Given only
+    a control token, the capture token is the control token, so one token guards every route.
     ``store_clients`` store clients are opened per worker and each rollout always uses the same
     one (a SQL store client is one connection whose calls queue; several let rollouts proceed in
     parallel, and one client per rollout keeps its lineage cache warm). ``delta_prompts`` stores
@@ -51,6 +64,8 @@ class ProxyConfig:
     store_url: str
     engine_timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
+    engine_urls: tuple[str, ...] = ()
+    connect_retry_s: float = 10.0
     max_engine_connections: int = 1024
     store_clients: int = 4
     delta_prompts: bool = False
@@ -68,18 +83,13 @@ class ProxyConfig:
     body_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.engine_url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(
-                f"--inference-server {self.engine_url!r} is not an http(s) URL; pass the "
-                "inference server's root, e.g. http://127.0.0.1:8000"
-            )
-        base = self.engine_url.rstrip("/")
-        if base.endswith("/v1"):
-            base = base[: -len("/v1")]
-        object.__setattr__(self, "engine_url", base)
+        urls = tuple(_engine_root(u) for u in (self.engine_urls or (self.engine_url,)))
+        object.__setattr__(self, "engine_urls", urls)
+        object.__setattr__(self, "engine_url", urls[0])
         if self.engine_timeout_s <= 0 or self.connect_timeout_s <= 0:
             raise ValueError("engine_timeout_s and connect_timeout_s must be > 0 seconds")
+        if self.connect_retry_s < 0:
+            raise ValueError("--connect-retry must be >= 0 seconds")
         if self.max_engine_connections < 1:
             raise ValueError("max_engine_connections must be >= 1")
         if self.store_clients < 1:

@@ -3,12 +3,15 @@
 Transport failures are reported as :class:`InferenceUnavailable` with a kind (``timeout`` or
 ``connection``) because the serving path treats them differently from an HTTP answer: an answer
 with a 4xx status is the engine refusing the call, no answer at all means the call's outcome is
-unknown and the rollout must be masked.
+unknown and the rollout must be masked, unless the connection was refused (``refused``): then
+nothing was sent, and the call is retried and at worst reported as retryable, masking nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,8 +61,10 @@ def forward_raw_headers(
 
 
 class InferenceUnavailable(Exception):
-    """No HTTP answer from the engine: it timed out (``kind="timeout"``) or the connection
-    failed or was closed (``kind="connection"``)."""
+    """No HTTP answer from the engine: every engine refused the connection within the retry
+    budget (``kind="refused"``: nothing was sent, nothing generated), it timed out
+    (``"timeout"``) or the connection failed or was closed after the request may have been
+    sent (``"connection"``)."""
 
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"engine {kind}: {detail}")
@@ -80,19 +85,34 @@ class InferenceAnswer:
 
 
 class InferenceClient:
-    """A pooled async client of one engine (one per worker process)."""
+    """A pooled async client of one engine or a fleet of them (one client per worker).
+
+    Each call goes to the next engine, round robin, that has not refused a connection in the
+    last ``down_s`` seconds. A refused connection (or a connect timeout) means the request was
+    never sent, so it is sent again, to the next engine, until ``connect_retry_s`` has passed:
+    an engine that restarts or a fleet that rolls over costs waiting time, never a sample.
+    """
 
     def __init__(
         self,
-        base_url: str,
+        base_urls: str | Sequence[str],
         *,
         timeout_s: float,
         connect_timeout_s: float,
         max_connections: int,
+        connect_retry_s: float = 10.0,
+        down_s: float = 1.0,
     ) -> None:
-        self.base_url = base_url
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        if not urls:
+            raise ValueError("at least one inference server URL is needed")
+        self.base_urls = [u.rstrip("/") for u in urls]
+        self.base_url = self.base_urls[0]
+        self.connect_retry_s = connect_retry_s
+        self.down_s = down_s
+        self._down_until = [0.0] * len(urls)
+        self._next = 0
         self._client = httpx.AsyncClient(
-            base_url=base_url,
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
@@ -104,6 +124,24 @@ class InferenceClient:
     def client(self) -> httpx.AsyncClient:
         return self._client
 
+    def pick(self) -> int:
+        """The next engine that is not marked down (the soonest back when all are)."""
+        now = time.monotonic()
+        n = len(self.base_urls)
+        for k in range(n):
+            i = (self._next + k) % n
+            if self._down_until[i] <= now:
+                self._next = i + 1
+                return i
+        return min(range(n), key=lambda i: self._down_until[i])
+
+    def url(self, path: str, engine: int | None = None) -> str:
+        """The absolute URL of ``path`` (with its query) on ``engine`` (default: the next)."""
+        return self.base_urls[self.pick() if engine is None else engine] + path
+
+    def mark_down(self, engine: int) -> None:
+        self._down_until[engine] = time.monotonic() + self.down_s
+
     async def post_json(
         self, path: str, payload: Any, headers: Mapping[str, bytes] | None = None
     ) -> InferenceAnswer:
@@ -112,26 +150,55 @@ class InferenceClient:
         if headers:
             hdrs.update((k.encode("latin-1"), v) for k, v in headers.items())
         content = msgspec.json.encode(payload)
-        try:
-            resp = await self._client.post(path, content=content, headers=hdrs)
-        except httpx.TimeoutException as exc:
-            raise InferenceUnavailable("timeout", f"POST {path}: {type(exc).__name__}") from exc
-        except (httpx.TransportError, OSError, AttributeError) as exc:
-            # When the engine dies while a connection is being set up, the HTTP stack can also
-            # fail in its own socket bookkeeping (an OSError, or an AttributeError on a socket
-            # that is already gone); for the caller it is the same lost connection.
-            raise InferenceUnavailable(
-                "connection", f"POST {path}: {type(exc).__name__}: {exc}"
-            ) from exc
-        return InferenceAnswer(resp.status_code, resp.content, resp.headers.get("content-type", ""))
+        deadline = time.monotonic() + self.connect_retry_s
+        backoff = 0.05
+        while True:
+            engine = self.pick()
+            try:
+                resp = await self._client.post(
+                    self.url(path, engine), content=content, headers=hdrs
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                self.mark_down(engine)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise InferenceUnavailable(
+                        "refused",
+                        f"POST {path}: no inference server accepted a connection within "
+                        f"{self.connect_retry_s:g} s (last: {type(exc).__name__}: {exc})",
+                    ) from exc
+                if all(d > time.monotonic() for d in self._down_until):
+                    await asyncio.sleep(min(backoff, left))  # the whole fleet is down: back off
+                    backoff = min(backoff * 2, 1.0)
+                continue
+            except httpx.TimeoutException as exc:
+                raise InferenceUnavailable("timeout", f"POST {path}: {type(exc).__name__}") from exc
+            except (httpx.TransportError, OSError, AttributeError) as exc:
+                # When the engine dies while a connection is being set up, the HTTP stack can
+                # also fail in its own socket bookkeeping (an OSError, or an AttributeError on a
+                # socket that is already gone); for the caller it is the same lost connection.
+                raise InferenceUnavailable(
+                    "connection", f"POST {path}: {type(exc).__name__}: {exc}"
+                ) from exc
+            return InferenceAnswer(
+                resp.status_code, resp.content, resp.headers.get("content-type", "")
+            )
 
     async def healthy(self, timeout_s: float = 2.0) -> tuple[bool, str]:
-        """Whether ``GET /health`` answers 2xx within ``timeout_s``."""
-        try:
-            resp = await self._client.get("/health", timeout=timeout_s)
-        except httpx.HTTPError as exc:
-            return False, f"{type(exc).__name__}: {exc}"
-        return resp.is_success, f"HTTP {resp.status_code}"
+        """Whether any engine's ``GET /health`` answers 2xx within ``timeout_s``; the detail
+        names each engine's answer."""
+        details = []
+        ok = False
+        for base in self.base_urls:
+            try:
+                resp = await self._client.get(base + "/health", timeout=timeout_s)
+            except httpx.HTTPError as exc:
+                details.append(f"{base}: {type(exc).__name__}: {exc}")
+                continue
+            ok = ok or resp.is_success
+            details.append(f"{base}: HTTP {resp.status_code}")
+        detail = details[0].split(": ", 1)[1] if len(details) == 1 else "; ".join(details)
+        return ok, detail
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -128,7 +128,7 @@ def _busy(what: str) -> ClientRefused:
         503,
         "proxy_busy",
         f"this proxy worker holds as many {what} as it may; retry shortly",
-        {"retry-after": "1", "connection": "close"},
+        {"retry-after": "1", "connection": "close", "x-should-retry": "true"},
     )
 
 
@@ -214,6 +214,7 @@ async def _send_busy(send: Send, cap: int) -> None:
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
                 (b"retry-after", b"1"),
+                (b"x-should-retry", b"true"),
                 (b"connection", b"close"),
             ],
         }

@@ -18,8 +18,11 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from zephon.capture.lineage import token_prompt_item
+
 __all__ = [
     "CAPTURE_ROUTES",
+    "MAX_N",
     "BadRequest",
     "Dialect",
     "PreparedCall",
@@ -27,6 +30,7 @@ __all__ = [
 ]
 
 Dialect = Literal["chat", "completions", "responses"]
+MAX_N = 64  # samples of one request (a GRPO group); each becomes its own captured call
 
 CAPTURE_ROUTES: dict[str, Dialect] = {
     "v1/chat/completions": "chat",
@@ -83,28 +87,59 @@ class PreparedCall:
     stream: bool
     want_token_ids: bool
     want_logprobs: bool
+    n: int = 1
+    token_in: bool = False
 
     @property
     def engine_dialect(self) -> Literal["chat", "completions"]:
         return "completions" if self.dialect == "completions" else "chat"
 
 
-def _require_single(body: dict[str, Any]) -> None:
+def _samples(body: dict[str, Any], dialect: Dialect) -> int:
+    """``n``: how many samples the request asks for (each is captured as its own call)."""
     n = body.get("n", 1)
     if n is None:
         n = 1
-    if type(n) is not int or n != 1:
+    if type(n) is not int or not 1 <= n <= MAX_N:
         raise BadRequest(
-            f"'n' is {n!r}: token capture records exactly one generation per call; send n=1 "
-            "(or omit it) and issue separate calls for several samples",
+            f"'n' is {n!r}: send an integer from 1 to {MAX_N} (each sample is captured as a "
+            "sibling call of one group)",
+            code="unsupported_n",
+        )
+    if n > 1 and dialect == "responses":
+        raise BadRequest(
+            "'n' is not part of the Responses API; ask /v1/chat/completions or /v1/completions "
+            "for a group of samples",
             code="unsupported_n",
         )
     best_of = body.get("best_of")
     if best_of not in (None, 1):
         raise BadRequest(
-            f"'best_of' is {best_of!r}: token capture needs best_of=1 (or omitted)",
+            f"'best_of' is {best_of!r}: token capture needs best_of=1 (or omitted); use 'n' "
+            "for several captured samples",
             code="unsupported_best_of",
         )
+    return n
+
+
+def _completion_prompt(body: dict[str, Any]) -> str | list[int]:
+    """One prompt: a string, or token ids (token-in), each possibly wrapped in a 1-list."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(type(t) is int and 0 <= t < 2**63 for t in prompt)
+    ):
+        return prompt
+    raise BadRequest(
+        "'prompt' must be one string or one non-empty list of token ids (ints >= 0): token "
+        "capture records one prompt per call; send several prompts as several calls",
+        code="unsupported_prompt",
+    )
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -263,7 +298,7 @@ def prepare_call(dialect: Dialect, body: Any) -> PreparedCall:
     """Validate a capture request and build its engine request (raises :class:`BadRequest`)."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object", code="invalid_json")
-    _require_single(body)
+    n = _samples(body, dialect)
     stream = bool(body.get("stream"))
     want_ids = bool(body.get("return_token_ids"))
     if dialect == "chat":
@@ -272,17 +307,13 @@ def prepare_call(dialect: Dialect, body: Any) -> PreparedCall:
         want_lp = bool(body.get("logprobs"))
         path = "/v1/chat/completions"
     elif dialect == "completions":
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise BadRequest(
-                "'prompt' must be one string: token capture records one prompt per call",
-                code="unsupported_prompt",
-            )
+        prompt = _completion_prompt(body)
         if body.get("echo"):
             raise BadRequest("'echo' is not supported under token capture", code="unsupported")
-        items = [{"role": "user", "content": prompt}]
+        if isinstance(prompt, str):
+            items = [{"role": "user", "content": prompt}]
+        else:
+            items = [token_prompt_item(prompt)]
         engine_body = dict(body, prompt=prompt)
         want_lp = body.get("logprobs") is not None
         path = "/v1/completions"
@@ -301,4 +332,6 @@ def prepare_call(dialect: Dialect, body: Any) -> PreparedCall:
         stream=stream,
         want_token_ids=want_ids,
         want_logprobs=want_lp,
+        n=n,
+        token_in=dialect == "completions" and isinstance(engine_body.get("prompt"), list),
     )

@@ -12,8 +12,11 @@ import time
 from typing import Any
 
 from zephon.capture.proxy._requests import PreparedCall
+from zephon.capture.proxy._tokens import choice_of
 
-__all__ = ["output_items_of", "served_answer", "served_id", "token_item_index"]
+__all__ = ["CallTokens", "output_items_of", "served_answer", "served_id", "token_item_index"]
+
+CallTokens = tuple[list[int], list[int], list[float]]  # prompt ids, generated ids, log-probs
 
 
 def _choice(answer: dict[str, Any]) -> dict[str, Any]:
@@ -22,10 +25,11 @@ def _choice(answer: dict[str, Any]) -> dict[str, Any]:
 
 
 def output_items_of(
-    answer: dict[str, Any], call: PreparedCall, call_id: str
+    answer: dict[str, Any], call: PreparedCall, call_id: str, index: int = 0
 ) -> list[dict[str, Any]]:
-    """Responses-shaped output items of an engine answer (no token arrays)."""
-    choice = _choice(answer)
+    """Responses-shaped output items of choice ``index`` of an engine answer (no token
+    arrays)."""
+    choice = choice_of(answer, index, call.n)
     if call.engine_dialect == "completions":
         text = choice.get("text") or ""
         return [_message_item(call_id, text)]
@@ -103,7 +107,7 @@ def _responses_answer(
     call: PreparedCall,
     call_id: str,
     items: list[dict[str, Any]],
-    tokens: tuple[list[int], list[int], list[float]] | None,
+    tokens: CallTokens | None,
 ) -> dict[str, Any]:
     body = call.body
     choice = _choice(answer)
@@ -147,19 +151,25 @@ def served_answer(
     call: PreparedCall,
     call_id: str,
     items: list[dict[str, Any]],
-    tokens: tuple[list[int], list[int], list[float]] | None,
+    tokens: list[CallTokens | None],
 ) -> dict[str, Any]:
-    """The JSON answer the client receives (token arrays only if it asked for them)."""
+    """The JSON answer the client receives (token arrays only if it asked for them);
+    ``tokens`` holds each choice's captured ids, by choice index."""
     if call.dialect == "responses":
-        return _responses_answer(answer, call, call_id, items, tokens)
+        return _responses_answer(answer, call, call_id, items, tokens[0])
     out = _strip_chat_like(answer, call)
-    if call.want_token_ids and tokens is not None:
+    if not call.want_token_ids:
+        return out
+    for k, choice in enumerate(out["choices"]):
+        got = tokens[choice.get("index", k)] if choice.get("index", k) < len(tokens) else None
+        if got is None:
+            continue
         # Fallbacks (/tokenize, log-prob tokens) may have supplied ids the engine did not return.
-        choice = out["choices"][0] = dict(out["choices"][0], token_ids=tokens[1])
+        out["choices"][k] = choice = dict(choice, token_ids=got[1])
         if call.dialect == "chat":
-            out["prompt_token_ids"] = tokens[0]
+            out["prompt_token_ids"] = got[0]
         else:
-            choice["prompt_token_ids"] = tokens[0]
+            choice["prompt_token_ids"] = got[0]
     return out
 
 

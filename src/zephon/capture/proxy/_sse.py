@@ -25,26 +25,22 @@ def _event(kind: str, obj: dict[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\n" + _data({"type": kind, **obj})
 
 
-def _chat(answer: dict[str, Any], call: PreparedCall) -> Iterator[bytes]:
-    head = {k: answer.get(k) for k in ("id", "created", "model")}
-    head["object"] = "chat.completion.chunk"
-    choice = answer["choices"][0]
+def _chat_choice(head: dict[str, Any], choice: dict[str, Any], extra: dict[str, Any]) -> Any:
+    """The chunks of one choice: role and content, tool calls, then the finish reason."""
+    index = choice.get("index", 0)
     message = choice.get("message") or {}
     delta: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
     for key in ("reasoning_content", "reasoning"):
         if message.get(key):
             delta[key] = message[key]
     first: dict[str, Any] = {
-        "index": 0,
+        "index": index,
         "delta": delta,
         "logprobs": choice.get("logprobs"),
         "finish_reason": None,
     }
-    extra: dict[str, Any] = {}
     if "token_ids" in choice:
         first["token_ids"] = choice["token_ids"]
-    if "prompt_token_ids" in answer:
-        extra["prompt_token_ids"] = answer["prompt_token_ids"]
     yield _data({**head, "choices": [first], **extra})
     calls = message.get("tool_calls") or []
     if calls:
@@ -57,9 +53,20 @@ def _chat(answer: dict[str, Any], call: PreparedCall) -> Iterator[bytes]:
             }
             for i, tc in enumerate(calls)
         ]
-        yield _data({**head, "choices": [{"index": 0, "delta": {"tool_calls": deltas}}]})
-    last = {"index": 0, "delta": {}, "finish_reason": choice.get("finish_reason")}
+        yield _data({**head, "choices": [{"index": index, "delta": {"tool_calls": deltas}}]})
+    last = {"index": index, "delta": {}, "finish_reason": choice.get("finish_reason")}
     yield _data({**head, "choices": [last]})
+
+
+def _chat(answer: dict[str, Any], call: PreparedCall) -> Iterator[bytes]:
+    head = {k: answer.get(k) for k in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk"
+    extra: dict[str, Any] = {}
+    if "prompt_token_ids" in answer:
+        extra["prompt_token_ids"] = answer["prompt_token_ids"]
+    for choice in answer["choices"]:
+        yield from _chat_choice(head, choice, extra)
+        extra = {}
     if (call.body.get("stream_options") or {}).get("include_usage"):
         yield _data({**head, "choices": [], "usage": answer.get("usage")})
     yield b"data: [DONE]\n\n"

@@ -15,7 +15,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GenerationTokens", "TokenDataError", "extract_generation", "prompt_ids_of"]
+__all__ = [
+    "GenerationTokens",
+    "TokenDataError",
+    "choice_of",
+    "extract_generation",
+    "prompt_ids_of",
+]
 
 _TOKEN_ID_PREFIX = "token_id:"
 
@@ -36,13 +42,18 @@ def _ids(value: Any, where: str) -> list[int]:
     return value
 
 
-def _single_choice(answer: dict[str, Any]) -> dict[str, Any]:
+def choice_of(answer: dict[str, Any], index: int = 0, n: int = 1) -> dict[str, Any]:
+    """Choice ``index`` of an answer that must hold exactly ``n`` (the request's ``n``)."""
     choices = answer.get("choices")
-    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
-        n = len(choices) if isinstance(choices, list) else "no"
-        raise TokenDataError(f"engine answer has {n} choices; capture needs exactly one")
-    choice: dict[str, Any] = choices[0]
-    return choice
+    if not isinstance(choices, list) or len(choices) != n:
+        got = len(choices) if isinstance(choices, list) else "no"
+        raise TokenDataError(f"engine answer has {got} choices; the request asked for n={n}")
+    by_index = [c for c in choices if isinstance(c, dict) and c.get("index", 0) == index]
+    if n == 1 and isinstance(choices[0], dict):
+        by_index = [choices[0]]
+    if len(by_index) != 1:
+        raise TokenDataError(f"engine answer has {len(by_index)} choices with index {index}")
+    return by_index[0]
 
 
 def _raw_logprobs(logprobs: dict[str, Any], chat: bool) -> tuple[Any, Any] | None:
@@ -98,9 +109,11 @@ def _logprob_entries(
     return lps, ids
 
 
-def extract_generation(answer: dict[str, Any], *, chat: bool) -> GenerationTokens:
-    """Generated ids and their log-probs from a chat or completions answer."""
-    choice = _single_choice(answer)
+def extract_generation(
+    answer: dict[str, Any], *, chat: bool, index: int = 0, n: int = 1
+) -> GenerationTokens:
+    """Generated ids and their log-probs of choice ``index`` of a chat or completions answer."""
+    choice = choice_of(answer, index, n)
     raw_ids = choice.get("token_ids")
     ids = None if raw_ids is None else _ids(raw_ids, "choices[0].token_ids")
     lps, lp_ids = _logprob_entries(choice, chat)
@@ -129,12 +142,13 @@ def extract_generation(answer: dict[str, Any], *, chat: bool) -> GenerationToken
     return GenerationTokens(ids, lps)
 
 
-def prompt_ids_of(answer: dict[str, Any], *, chat: bool) -> list[int] | None:
-    """The prompt ids the engine reports, or None when it reports none."""
+def prompt_ids_of(
+    answer: dict[str, Any], *, chat: bool, index: int = 0, n: int = 1
+) -> list[int] | None:
+    """The prompt ids the engine reports (for choice ``index``), or None when it reports none."""
     raw = answer.get("prompt_token_ids")
     if raw is None and not chat:
-        choice = _single_choice(answer)
-        raw = choice.get("prompt_token_ids")
+        raw = choice_of(answer, index, n).get("prompt_token_ids")
     if raw is None:
         return None
     return _ids(raw, "prompt_token_ids")

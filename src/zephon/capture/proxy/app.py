@@ -33,7 +33,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from zephon.capture.protocols import RolloutRetiredError
-from zephon.capture.proxy._capture import CallResult, CaptureService, error_body
+from zephon.capture.proxy._capture import CallResult, CaptureService, error_body, should_retry
 from zephon.capture.proxy._config import ProxyConfig
 from zephon.capture.proxy._inference import (
     InferenceClient,
@@ -70,6 +70,8 @@ _READ_ONLY = frozenset({"v1/models", "tokenize", "detokenize", "health", "versio
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    if status >= 400:
+        headers = {**should_retry(body, status), **(headers or {})}
     return Response(
         msgspec.json.encode(body), status, headers=headers, media_type="application/json"
     )
@@ -122,10 +124,11 @@ class _State:
         self.config = config
         self.stores = StoreClients(config.store_url, config.store_clients)
         self.inference = InferenceClient(
-            config.engine_url,
+            config.engine_urls,
             timeout_s=config.engine_timeout_s,
             connect_timeout_s=config.connect_timeout_s,
             max_connections=config.max_engine_connections,
+            connect_retry_s=config.connect_retry_s,
         )
         self.metrics = Metrics(config.metrics_dir)
         self.spill = SpillJournal(config.spill_path)
@@ -231,11 +234,12 @@ def _engine_url(path: str, query: bytes) -> httpx.URL:
 
 async def _forward(request: Request, path: str) -> Response:
     """Send the request to the engine at ``path`` and stream its answer back untouched."""
-    client = _state(request).inference.client
+    inference = _state(request).inference
+    client = inference.client
     url = _engine_url(path, request.scope.get("query_string", b""))
     req = client.build_request(
         request.method,
-        url,
+        inference.url(url.raw_path.decode("ascii")),
         headers=forward_raw_headers(request.headers.raw, _NOT_FORWARDED),
         content=await _read(request),
     )
@@ -364,6 +368,7 @@ async def _health(request: Request) -> Response:
     body = {
         "status": "ok" if ok else "engine_unavailable",
         "engine": {"url": s.config.engine_url, "ok": ok, "detail": detail},
+        "engines": list(s.config.engine_urls),
         "store": s.stores.describe(),
         "pid": os.getpid(),
     }

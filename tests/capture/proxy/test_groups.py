@@ -1,0 +1,101 @@
+"""Groups of samples (``n > 1``): one request, n sibling calls, n trajectories sharing a prompt
+and a group id (what a GRPO trainer normalises advantages over)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from tests.capture.proxy._harness import CAP
+from tests.capture.proxy._procs import Proc
+from tests.capture.proxy._token_in import group_rollout
+from tests.capture.proxy.conftest import freeze
+from zephon.capture.builder import build_rollout
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def encode(tokenizer: object) -> Callable[[str], list[int]]:
+    tok = Tokenizer.from_file(str(tokenizer))
+    return lambda text: list(tok.encode(text, add_special_tokens=False).ids)
+
+
+def _expected(prompt: list[int], gen: list[int]) -> tuple[list[int], list[int]]:
+    return [*prompt, *gen], [0] * len(prompt) + [1] * len(gen)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_group_of_four_gives_four_trajectories(
+    proxy: Proc, store_url: str, rid: str, stream: bool
+) -> None:
+    url = proxy.url + CAP.format(rid=rid) + "/v1/chat/completions"
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": f"Group task {rid}"}],
+        "n": 4,
+        "logprobs": True,
+        "return_token_ids": True,
+        "stream": stream,
+    }
+    with httpx.Client(timeout=60) as http:
+        resp = http.post(url, json=body)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-zephon-capture"] == "committed"
+    ids = resp.headers["x-zephon-model-call-ids"].split(",")
+    assert (
+        len(ids) == 4
+        and resp.headers["x-zephon-group-id"] == resp.headers["x-zephon-model-call-id"]
+    )
+    if stream:
+        chunks = [json.loads(e[6:]) for e in resp.text.split("\n\n") if e.startswith("data: {")]
+        finished = {c["index"]: c["finish_reason"] for k in chunks for c in k["choices"]}
+        assert sorted(finished) == [0, 1, 2, 3] and all(finished.values())
+        assert resp.text.rstrip().endswith("data: [DONE]")
+        assert not build_rollout(freeze(store_url, rid)).masked
+        return
+    data = resp.json()
+    build = build_rollout(freeze(store_url, rid))
+    assert not build.masked, build.mask_reasons
+    assert len(build.trajectories) == 4
+    assert len({t.group_id for t in build.trajectories}) == 1
+    assert [t.group_index for t in build.trajectories] == [0, 1, 2, 3]
+    prompt = data["prompt_token_ids"]
+    gens = set()
+    for traj, choice in zip(build.trajectories, data["choices"], strict=True):
+        lps = [e["logprob"] for e in choice["logprobs"]["content"]]
+        tokens, mask = _expected(prompt, choice["token_ids"])
+        assert traj.input_ids.tolist() == tokens
+        assert traj.loss_mask.tolist() == mask
+        assert np.array_equal(traj.logprobs[len(prompt) :], np.asarray(lps, dtype=np.float32))
+        assert traj.to_row()["group_id"] == traj.group_id
+        gens.add(tuple(choice["token_ids"]))
+    assert len(gens) > 1  # real samples, not four copies
+
+
+def test_token_in_groups_continue_each_sample(
+    proxy: Proc, store_url: str, rid: str, encode: Callable[[str], list[int]]
+) -> None:
+    with httpx.Client(timeout=60) as http:
+        groups = {
+            f"{rid}-{g}": group_rollout(http, proxy.url, f"{rid}-{g}", 4, 3, encode)
+            for g in range(3)
+        }
+    trainable = 0
+    for grid, runs in groups.items():
+        build = build_rollout(freeze(store_url, grid))
+        assert not build.masked, build.mask_reasons
+        assert len(build.trajectories) == 4
+        for traj, run in zip(build.trajectories, runs, strict=True):
+            last = run.turns[-1]
+            assert traj.input_ids.tolist() == [*last.prompt, *last.generation]
+            assert list(traj.call_ids) == [t.call_id for t in run.turns]
+            for t in run.turns[1:]:
+                assert t.resolution == "resolved"
+            trainable += 1
+    assert trainable == 12
