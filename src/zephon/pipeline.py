@@ -20,7 +20,7 @@ from zephon._ops.expand_chat import ExpandChatOp
 from zephon._ops.fetch import FetchOp
 from zephon._ops.map_batch import MapBatchOp, MaterializeOp
 from zephon._ops.map_transform import FilterOp, MapTransformOp
-from zephon._ops.pack import PackFlatOp, PackSequencesOp
+from zephon._ops.pack import Homogeneity, PackFlatOp, PackSequencesOp, ShuffleStrategy
 from zephon._ops.shuffle import ShuffleAlgorithm, ShuffleOp
 from zephon._ops.stateful_transform import StatefulTransformOp
 from zephon._ops.tokenize import SpecialTokens, TokenizeOp
@@ -104,6 +104,12 @@ class Pipeline:
         )
         return self
 
+    def _measure_token_mixture(self, op: TokenizeOp) -> None:
+        """A token mixture without estimates is measured by the first tokenize appended."""
+        measure = getattr(self.work_source, "measure_tokens", None)
+        if callable(measure):
+            measure(op.field, op.token_counts)
+
     def fetch(
         self,
         parallelism: int | None = None,
@@ -175,11 +181,14 @@ class Pipeline:
         eos_token_id: int | None = None,
         max_length: int | None = None,
         truncation: bool | None = None,
+        split_long_samples: bool = False,
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
-        """Tokenize ``field`` into ``output_field`` (numpy int32 ids)."""
+        """Tokenize ``field`` into ``output_field`` (numpy int32 ids). With ``max_length``,
+        longer documents are truncated, or with ``split_long_samples=True`` cut into
+        consecutive child records of at most ``max_length`` tokens (docs/operators.md)."""
         op = TokenizeOp(
             tokenizer,
             field=field,
@@ -189,8 +198,11 @@ class Pipeline:
             eos_token_id=eos_token_id,
             max_length=max_length,
             truncation=truncation,
+            split_long_samples=split_long_samples,
         )
-        return self._append(op, parallelism, placement, resources)
+        self._append(op, parallelism, placement, resources)
+        self._measure_token_mixture(op)
+        return self
 
     @_operator
     def expand_chat(
@@ -219,12 +231,16 @@ class Pipeline:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         output_field: str = "input_ids",
         mask_field: str = "loss_mask",
+        apply_chat_template: bool = True,
+        eos_token: str | None = None,
+        enable_thinking_field: str | None = "enable_thinking",
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
         """Render ``field`` with a chat template and tokenize it into ``output_field`` and
-        ``mask_field`` (1 on supervised tokens); see docs/sft.md."""
+        ``mask_field`` (1 on supervised tokens); ``apply_chat_template=False`` tokenizes text
+        that is already rendered; see docs/sft.md."""
         op = TokenizeChatOp(
             tokenizer,
             field=field,
@@ -236,6 +252,9 @@ class Pipeline:
             chat_template_kwargs=chat_template_kwargs,
             output_field=output_field,
             mask_field=mask_field,
+            apply_chat_template=apply_chat_template,
+            eos_token=eos_token,
+            enable_thinking_field=enable_thinking_field,
         )
         return self._append(op, parallelism, placement, resources)
 
@@ -265,13 +284,18 @@ class Pipeline:
         length_fn: Callable[[Any], int] | None = None,
         candidate_pool_size: int = 256,
         max_candidate_age: int | None = None,
+        homogeneity: Homogeneity = "none",
+        groups: Mapping[str, str] | str | None = None,
+        shuffle_strategy: ShuffleStrategy = "none",
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
         """Pack records into ``{"packed_samples": [...]}`` envelopes of <= ``max_length`` tokens.
 
-        See docs/packing.md for the algorithms and knobs.
+        ``homogeneity``: ``"full"`` keeps a bin inside one dataset, ``"group"`` inside one group
+        of ``groups`` (a payload field, or ``{dataset: group}``); ``shuffle_strategy="length"``
+        feeds each window of ``candidate_pool_size`` records longest first. See docs/packing.md.
         """
         op = PackSequencesOp(
             max_length,
@@ -285,6 +309,10 @@ class Pipeline:
             length_fn=length_fn,
             candidate_pool_size=candidate_pool_size,
             max_candidate_age=max_candidate_age,
+            homogeneity=homogeneity,
+            groups=groups,
+            shuffle_strategy=shuffle_strategy,
+            component_names=self.work_source.component_names(),
         )
         return self._append(op, parallelism, placement, resources)
 
@@ -305,12 +333,16 @@ class Pipeline:
         emit_positions: bool = True,
         candidate_pool_size: int = 256,
         max_candidate_age: int | None = None,
+        homogeneity: Homogeneity = "none",
+        groups: Mapping[str, str] | str | None = None,
+        shuffle_strategy: ShuffleStrategy = "none",
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
         """Pack records into flat token rows padded to ``max_length`` (``positions``,
-        ``document_ids`` and aligned fields alongside); ``batch.to_training()`` reads them."""
+        ``document_ids`` and aligned fields alongside); ``batch.to_training()`` reads them.
+        ``homogeneity``, ``groups`` and ``shuffle_strategy`` as in :meth:`pack_sequences`."""
         op = PackFlatOp(
             max_length,
             pad_token_id,
@@ -325,6 +357,10 @@ class Pipeline:
             emit_positions=emit_positions,
             candidate_pool_size=candidate_pool_size,
             max_candidate_age=max_candidate_age,
+            homogeneity=homogeneity,
+            groups=groups,
+            shuffle_strategy=shuffle_strategy,
+            component_names=self.work_source.component_names(),
         )
         return self._append(op, parallelism, placement, resources)
 

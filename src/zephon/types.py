@@ -19,6 +19,7 @@ __all__ = [
     "RESERVED_TAGS",
     "TAG_BOUNDARY_CID",
     "TAG_CONTRIBUTORS",
+    "TAG_CUT_TOKENS",
     "TAG_DROPPED_TOKENS",
     "TAG_END_OF_DATA",
     "TAG_ERROR",
@@ -65,6 +66,8 @@ TAG_BOUNDARY_CID = "_boundary_cid"
 TAG_END_OF_DATA = "_end_of_data"
 TAG_ERROR = "_error"
 TAG_DROPPED_TOKENS = "_dropped_tokens"  # on a tombstone: the tokens of the record it drops
+# on a contributor-less tombstone (a cut note): tokens cut from a record that was delivered
+TAG_CUT_TOKENS = "_cut_tokens"
 TAG_PACKING = "_packing_metadata"
 TAG_TARGET_MIXTURE = "_target_mixture"
 TAG_SKIPPED = "_skipped"  # on a tombstone: where the unreadable record is and why (fetch skip)
@@ -79,6 +82,7 @@ RESERVED_TAGS = frozenset(
         TAG_END_OF_DATA,
         TAG_ERROR,
         TAG_DROPPED_TOKENS,
+        TAG_CUT_TOKENS,
         TAG_PACKING,
         TAG_TARGET_MIXTURE,
         TAG_SKIPPED,

@@ -92,7 +92,17 @@ class ChatRenderer:
         if user < 0:
             return spans
         cut = len(self._render(messages[: user + 1], tools, False)[0])
-        return [s for s in spans if s[0] >= cut]
+        kept = [s for s in spans if s[0] >= cut]
+        turns = [i for i in assistant_turns(messages) if i > user]
+        if len(kept) < len(turns):
+            raise ChatFormatError(
+                f"{self.op_name}: the chat template's {{% generation %}} tags mark {len(kept)} "
+                f"span(s) after the last user message (turn {user}) but the conversation has "
+                f"{len(turns)} assistant turn(s) there (turns {turns}), so loss_scope="
+                "'after_last_user' would miss supervised text; tag every assistant turn "
+                "(tool calls included) or use span_source='prefix_diff'"
+            )
+        return kept
 
 
 def token_mask(offsets: np.ndarray, spans: Sequence[Span]) -> np.ndarray:

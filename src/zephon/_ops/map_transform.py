@@ -7,6 +7,7 @@ from itertools import repeat
 from operator import is_
 from typing import Any
 
+from zephon._ops.pack import TOKEN_FIELD_CANDIDATES
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem, tombstone_meta
 
@@ -56,7 +57,12 @@ class MapTransformOp(BaseOp):
         return [
             record(elem.meta, result)
             if result is not None
-            else record(tombstone_meta(elem.meta, reason="dropped by map"), None)
+            else record(
+                tombstone_meta(
+                    elem.meta, reason="dropped by map", tokens=_token_count(elem.payload)
+                ),
+                None,
+            )
             for elem, result in zip(elems, results, strict=True)
         ]
 
@@ -93,6 +99,19 @@ class FilterOp(BaseOp):
         return [
             elem
             if pred(elem.payload)
-            else SampleRecord(tombstone_meta(elem.meta, reason="filtered"), None)
+            else SampleRecord(
+                tombstone_meta(elem.meta, reason="filtered", tokens=_token_count(elem.payload)),
+                None,
+            )
             for elem in elems
         ]
+
+
+def _token_count(payload: Any) -> int:
+    """The tokens a filtered record held (its first known token field), 0 before tokenize."""
+    if isinstance(payload, Mapping):
+        for name in TOKEN_FIELD_CANDIDATES:
+            value = payload.get(name)
+            if value is not None and hasattr(value, "__len__"):
+                return len(value)
+    return 0

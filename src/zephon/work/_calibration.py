@@ -91,19 +91,29 @@ class TokenCalibration:
             texts.append(value.decode() if isinstance(value, bytes) else str(value))
         return texts
 
-    def calibrate(self, datasets: Sequence[Dataset]) -> dict[str, float]:
-        """Mean tokens per sample of each dataset, by name."""
+    def calibrate(
+        self,
+        datasets: Sequence[Dataset],
+        count: Callable[[list[str]], list[int]] | None = None,
+    ) -> dict[str, float]:
+        """Mean tokens per sample of each dataset, by name. ``count``: texts -> token counts
+        (a pipeline's own tokenize operator), instead of ``tokenizer`` or ``measure``."""
         from zephon._ops._tokenizers import load_tokenizer
 
-        encoder = None if self.measure is not None else load_tokenizer(self.tokenizer)
+        if count is None and self.measure is None:
+            encoder = load_tokenizer(self.tokenizer)
+
+            def count(texts: list[str]) -> list[int]:
+                return [len(ids) for ids in encoder.encode_many(texts)]
+
         out: dict[str, float] = {}
         for i, dataset in enumerate(datasets):
             rows = self._rows(dataset, self.picks(i, dataset.total()))
-            if self.measure is not None:
+            if count is None:
+                assert self.measure is not None
                 counts = [int(self.measure(row)) for row in rows]
             else:
-                assert encoder is not None
-                counts = [len(ids) for ids in encoder.encode_many(self._texts(dataset, rows))]
+                counts = count(self._texts(dataset, rows))
             mean = sum(counts) / len(counts)
             if mean <= 0:
                 raise ConfigError(
