@@ -135,9 +135,37 @@ def test_calibration_is_part_of_the_checkpoint(corpora, hf_tokenizer_dir):
         assert np.array_equal(a.pointers, b.pointers)
 
 
+@pytest.mark.timeout(120)
+def test_mixture_measured_by_the_pipelines_tokenize_within_one_percent(corpora, hf_tokenizer_dir):
+    spec = MixtureSpec(TARGET, unit="tokens")
+    source = StaticMixtureWorkSource(corpora, spec, chunk_size=256, exhausted_policy="repeat")
+    pipe = Pipeline(source).tokenize(hf_tokenizer_dir, parallelism=2)  # bos_eos: +2 per sample
+    estimates = source.state_dict()["config"]["tokens_per_sample"]
+    bare = TokenCalibration(hf_tokenizer_dir, samples=4096).calibrate(corpora)
+    assert estimates == pytest.approx({k: v + 2 for k, v in bare.items()}, rel=1e-12)
+    totals = np.zeros(2)
+    for record in pipe.options(canonical_replicas=2):
+        totals[record.meta.component_id] += len(record.payload["input_ids"])
+        if totals.sum() >= 300_000:
+            break
+    shares = totals / totals.sum()
+    errors = [abs(shares[0] - 0.7) / 0.7, abs(shares[1] - 0.3) / 0.3]
+    print(f"measured by tokenize, no ensure_mixture: shares {shares.round(4).tolist()}, {errors}")
+    assert max(errors) < 0.01
+    # the estimates are in the fingerprint: a tokenizer that counts otherwise refuses the state
+    other = StaticMixtureWorkSource(corpora, spec, chunk_size=256, exhausted_policy="repeat")
+    Pipeline(other).tokenize("bytes")
+    with pytest.raises(CheckpointError, match="tokens_per_sample: saved"):
+        other.load_state_dict(source.state_dict())
+    again = StaticMixtureWorkSource(corpora, spec, chunk_size=256, exhausted_policy="repeat")
+    Pipeline(again).tokenize(hf_tokenizer_dir)
+    assert again.fingerprint == source.fingerprint
+
+
 def test_token_mixture_needs_estimates(corpora):
-    with pytest.raises(ConfigError, match="token estimate per dataset"):
-        StaticMixtureWorkSource(corpora, MixtureSpec(TARGET, unit="tokens"))
+    unmeasured = StaticMixtureWorkSource(corpora, MixtureSpec(TARGET, unit="tokens"))
+    with pytest.raises(ConfigError, match=r"add \.tokenize\(\.\.\.\) to the pipeline"):
+        next(iter(Pipeline(unmeasured).decode_text()))
     with pytest.raises(ConfigError, match="missing: \\['code'\\]"):
         StaticMixtureWorkSource(
             corpora, MixtureSpec(TARGET, unit="tokens", tokens_per_sample={"prose": 3.0})

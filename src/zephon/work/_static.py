@@ -49,6 +49,12 @@ STATE_VERSION = 1
 _POLICIES = ("stop", "repeat", "redistribute")
 
 
+#: Rows per dataset a token mixture is measured on when nothing else is given: the share error
+#: is about the relative standard error of each mean (length CV / sqrt(rows)), so larger than
+#: TokenCalibration's default; datasets up to this size are measured exactly.
+MEASURE_SAMPLES = 4096
+
+
 class _Unset:
     def __repr__(self) -> str:
         return "<unset>"
@@ -327,14 +333,15 @@ class StaticMixtureWorkSource(WorkSource):
 
     def measure_tokens(self, field: str, count: Callable[[list[str]], list[int]]) -> bool:
         """Measure a token mixture's estimates with ``count`` (texts -> tokens, the
-        pipeline's tokenize operator) on the deterministic sample of :class:`TokenCalibration`
-        rows of ``row[field]``; False when the mixture needs no measuring. The estimates join
+        pipeline's tokenize operator) on ``row[field]`` of :data:`MEASURE_SAMPLES` rows per
+        dataset picked as :class:`TokenCalibration` picks them (every row of a smaller one); False when the mixture needs no measuring. The estimates join
         the configuration and its fingerprint, as calibrated ones do."""
         if not self._unmeasured:
             return False
         names = [d.name for d in self._datasets]
         try:
-            self._estimates = TokenCalibration(field=field).calibrate(self._datasets, count)
+            sample = TokenCalibration(field=field, samples=MEASURE_SAMPLES)
+            self._estimates = sample.calibrate(self._datasets, count)
         except MissingFieldError as exc:
             raise ConfigError(
                 f"token mixture: cannot measure with the pipeline's tokenize: {exc}; the raw "
