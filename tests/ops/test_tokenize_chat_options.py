@@ -12,7 +12,7 @@ from tests.ops._chat import CHATML, CHATML_TAGGED, TOOLS, chatml_turn, conversat
 from zephon import Dataset, Pipeline
 from zephon import StaticMixtureWorkSource as Source
 from zephon._ops.tokenize_chat import TokenizeChatOp
-from zephon.errors import ChatFormatError, ConfigError
+from zephon.errors import ChatFormatError, ConfigError, MissingFieldError
 from zephon.types import SampleMeta, SampleRecord
 
 # A Qwen3-style template: reasoning shown unless enable_thinking is false, which renders an
@@ -81,7 +81,7 @@ def test_already_rendered_text_is_tokenized_as_transformers_does(chat_tokenizer_
         assert out.payload["loss_mask"].all() and "text" not in out.payload
     with pytest.raises(ConfigError, match="not read with apply_chat_template=False"):
         TokenizeChatOp(chat_tokenizer_dir, chat_template=CHATML, apply_chat_template=False)
-    with pytest.raises(ChatFormatError, match="expected the rendered conversation as a string"):
+    with pytest.raises(MissingFieldError, match="expected the rendered conversation as a string"):
         tokenize(TokenizeChatOp("bytes", apply_chat_template=False), [chats[0]])
 
 
@@ -130,7 +130,9 @@ def test_enable_thinking_is_read_per_record(chat_tokenizer_dir, hf_chat_tokenize
         tokenize(op, [{"messages": base, "enable_thinking": "no"}])
 
 
-def test_generation_tags_must_cover_every_turn_after_the_last_user(chat_tokenizer_dir):
+def test_generation_tags_must_cover_every_turn_after_the_last_user(
+    chat_tokenizer_dir, hf_chat_tokenizer
+):
     row = {"messages": TOOL_ROUND, "tools": TOOLS}
     scoped = TokenizeChatOp(
         chat_tokenizer_dir, chat_template=CONTENT_TAGGED, loss_scope="after_last_user"
@@ -144,10 +146,7 @@ def test_generation_tags_must_cover_every_turn_after_the_last_user(chat_tokenize
     )
     (out,) = tokenize(full, [row])
     ids, mask = out.payload["input_ids"], out.payload["loss_mask"]
-    from transformers import AutoTokenizer
-
-    hf = AutoTokenizer.from_pretrained(str(chat_tokenizer_dir))
-    texts = [hf.decode(ids[a:b].tolist()) for a, b in runs(mask)]
+    texts = [hf_chat_tokenizer.decode(ids[a:b].tolist()) for a, b in runs(mask)]
     assert texts == [chatml_turn(m) for m in TOOL_ROUND if m["role"] == "assistant"]
 
 
