@@ -41,6 +41,7 @@ __all__ = [
     "SampleMeta",
     "SampleRecord",
     "StreamItem",
+    "cut_note",
     "end_of_data",
     "flush_sentinel",
     "is_control",
@@ -327,6 +328,14 @@ def tombstone_meta(
         meta.component_counts,
         tags,
     )
+
+
+def cut_note(record: StreamItem, *, reason: str, tokens: int) -> SampleRecord:
+    """A control element telling the run summary that ``tokens`` of ``record`` were cut away
+    (truncation) while ``record`` itself was delivered shorter. It closes nothing (no
+    contributors); the summary counts it under ``cut_records`` / ``cut_tokens``."""
+    meta = tombstone_meta(record.meta, reason=reason)
+    return SampleRecord(meta.with_tags(**{TAG_CONTRIBUTORS: (), TAG_CUT_TOKENS: int(tokens)}), None)
 
 
 def tombstones_for_record(record: StreamItem, *, reason: str | None = None) -> list[SampleRecord]:

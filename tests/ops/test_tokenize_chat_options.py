@@ -64,7 +64,9 @@ def tokenize(op: TokenizeChatOp, rows: list[dict[str, Any]]) -> list[SampleRecor
     return list(op.process_many(records))  # type: ignore[arg-type]
 
 
-def test_already_rendered_text_is_tokenized_as_transformers_does(chat_tokenizer_dir, hf_chat_tokenizer):
+def test_already_rendered_text_is_tokenized_as_transformers_does(
+    chat_tokenizer_dir, hf_chat_tokenizer
+):
     chats = conversations(12, seed=5)
     rows = [
         {"id": c["id"], "text": hf_chat_tokenizer.apply_chat_template(
@@ -106,8 +108,10 @@ def test_eos_token_override_matches_transformers(chat_tokenizer_dir, hf_chat_tok
 
 
 def test_enable_thinking_is_read_per_record(chat_tokenizer_dir, hf_chat_tokenizer):
-    base = [{"role": "user", "content": "how is the weather"},
-            {"role": "assistant", "content": "sunny", "reasoning_content": "look outside"}]
+    base = [
+        {"role": "user", "content": "how is the weather"},
+        {"role": "assistant", "content": "sunny", "reasoning_content": "look outside"},
+    ]
     rows = [{"messages": base, "enable_thinking": flag} for flag in (True, False, None)]
     rows.append({"messages": base})
     op = TokenizeChatOp(chat_tokenizer_dir, chat_template=THINKING)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from itertools import chain
+from itertools import chain, pairwise
 from typing import Any, Literal
 
 import numpy as np
@@ -12,14 +12,7 @@ import numpy as np
 from zephon._ops._tokenizers import BatchEncoder, load_tokenizer
 from zephon.errors import ConfigError, MissingFieldError, did_you_mean, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
-from zephon.types import (
-    TAG_CUT_TOKENS,
-    TAG_CONTRIBUTORS,
-    SampleRecord,
-    StreamItem,
-    spawn_child,
-    tombstone_meta,
-)
+from zephon.types import SampleRecord, StreamItem, cut_note, spawn_child
 
 TOKENIZE_MICRO_BATCH = 64
 TOKENIZE_LATENCY_MS = 3.0
@@ -215,7 +208,7 @@ class TokenizeOp(BaseOp):
         estimate made with it counts what the pipeline delivers."""
         encoder = self._encoder or self._load()
         _, spans, _ = self._token_array(encoder.encode_many(texts))
-        return [b - a for a, b in zip(spans, spans[1:], strict=False)]
+        return [b - a for a, b in pairwise(spans)]
 
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
         encoder = self._encoder or self._load()
@@ -233,7 +226,8 @@ class TokenizeOp(BaseOp):
             payload[out_field] = ids
             out.append(SampleRecord(elem.meta, payload))
             if cut[i]:
-                out.append(cut_note(elem, f"{self.name}: truncated to max_length", cut[i]))
+                reason = f"{self.name}: truncated to max_length"
+                out.append(cut_note(elem, reason=reason, tokens=cut[i]))
         return out
 
 
@@ -247,14 +241,3 @@ def _pieces(elem: SampleRecord, field: str, ids: np.ndarray, piece: int) -> list
         payload[field] = ids[start : start + piece]
         out.append(spawn_child(elem, k, payload, is_last=k == last))
     return out
-
-
-def cut_note(elem: StreamItem, reason: str, tokens: int) -> SampleRecord:
-    """A control element that tells the run summary ``tokens`` of ``elem`` were cut away.
-
-    It closes nothing (no contributors), so the record it speaks of is still accounted for
-    by the record that was delivered."""
-    meta = tombstone_meta(elem.meta, reason=reason).with_tags(
-        **{TAG_CONTRIBUTORS: (), TAG_CUT_TOKENS: int(tokens)}
-    )
-    return SampleRecord(meta, None)

@@ -36,10 +36,9 @@ from zephon._ops._chat_spans import (
 )
 from zephon._ops._chat_template import Span, compile_template, has_generation_tags
 from zephon._ops._tokenizers import load_tokenizer
-from zephon._ops.tokenize import cut_note
 from zephon.errors import ChatFormatError, ConfigError, MissingFieldError, did_you_mean, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
-from zephon.types import SampleRecord, StreamItem, tombstone_meta
+from zephon.types import SampleRecord, StreamItem, cut_note, tombstone_meta
 
 CHAT_MICRO_BATCH = 64
 CHAT_LATENCY_MS = 3.0
@@ -298,5 +297,6 @@ class TokenizeChatOp(BaseOp):
             payload[self.mask_field] = mask
             out.append(SampleRecord(elem.meta, payload))
             if cut:
-                out.append(cut_note(elem, f"{self.name}: truncated to max_length", cut))
+                reason = f"{self.name}: truncated to max_length"
+                out.append(cut_note(elem, reason=reason, tokens=cut))
         return out

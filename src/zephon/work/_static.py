@@ -27,8 +27,8 @@ import numpy as np
 import xxhash
 
 from zephon.errors import CheckpointError, ConfigError, MissingFieldError
-from zephon.work._calibration import TokenCalibration
 from zephon.work._base import WorkChunk, WorkSource
+from zephon.work._calibration import TokenCalibration
 from zephon.work._hashing import TAG_LANES, mix64, permutation
 from zephon.work._mixture import MixtureSpec, allocate, can_batch
 from zephon.work._order import DatasetOrder
@@ -334,8 +334,9 @@ class StaticMixtureWorkSource(WorkSource):
     def measure_tokens(self, field: str, count: Callable[[list[str]], list[int]]) -> bool:
         """Measure a token mixture's estimates with ``count`` (texts -> tokens, the
         pipeline's tokenize operator) on ``row[field]`` of :data:`MEASURE_SAMPLES` rows per
-        dataset picked as :class:`TokenCalibration` picks them (every row of a smaller one); False when the mixture needs no measuring. The estimates join
-        the configuration and its fingerprint, as calibrated ones do."""
+        dataset, picked as :class:`TokenCalibration` picks them (every row of a smaller one).
+        False when the mixture needs no measuring. The estimates join the configuration and
+        its fingerprint, as calibrated ones do."""
         if not self._unmeasured:
             return False
         names = [d.name for d in self._datasets]
