@@ -487,7 +487,6 @@ class PackOpBase(BaseOp):
             "homogeneity": self.homogeneity,
             "groups": self.groups,
             "shuffle_strategy": self.shuffle_strategy,
-            "component_names": list(self.component_names),
         }
 
     def length_of(self, record: SampleRecord) -> int:
