@@ -99,7 +99,7 @@ def test_grouped_length_ordered_packing_passes_check_operator():
             .options(canonical_replicas=2, flush_every_k_chunks=3)
         )  # fmt: skip
 
-    report = check_operator(build, runners=("inline", "threads"), workers=(2,))
+    report = check_operator(build, runners=("inline", "threads", "process"), workers=(1, 2, 4))
     assert report.items > 20
     for record in build():
         topics = {TOPIC[int(p["id"])] for p in record.payload["packed_samples"]}

@@ -80,7 +80,7 @@ def test_split_then_pack_delivers_every_token_once_through_stops_and_restores():
             .options(canonical_replicas=2)
         )
 
-    report = check_operator(build, runners=("inline", "threads"), workers=(2,), elastic=False)
+    report = check_operator(build, runners=("inline", "threads", "process"), workers=(1, 2, 4))
     assert report.items > 100
     rows = [r.payload for r in build()]
     got = np.concatenate([row["input_ids"][row["document_ids"] >= 0] for row in rows])
