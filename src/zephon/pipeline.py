@@ -13,6 +13,7 @@ from zephon._engine.plan import OpSpec, Plan, Resources, ray_resources
 from zephon._engine.stats import RunStats
 from zephon._ops._chat_spans import LossScope, SpanSource
 from zephon._ops._packing_algos import FlushStrategy, PackingAlgorithm
+from zephon._ops._token_measure import row_counter
 from zephon._ops.batch import BatchOp
 from zephon._ops.decode_text import DecodeTextOp
 from zephon._ops.ensure_mixture import EnsureMixtureOp
@@ -104,11 +105,13 @@ class Pipeline:
         )
         return self
 
-    def _measure_token_mixture(self, op: TokenizeOp) -> None:
-        """A token mixture without estimates is measured by the first tokenize appended."""
-        measure = getattr(self.work_source, "measure_tokens", None)
-        if callable(measure):
-            measure(op.field, op.token_counts)
+    def _measure_token_mixture(self, output_field: str) -> None:
+        """A token mixture without estimates is measured when the first tokenize (or
+        tokenize_chat) is appended, through the operators appended so far."""
+        needs = getattr(self.work_source, "needs_measuring", None)
+        if callable(needs) and needs():
+            ops = [spec.op for spec in self._specs]
+            self.work_source.measure_tokens(row_counter(ops, output_field))  # type: ignore[attr-defined]
 
     def fetch(
         self,
@@ -201,7 +204,7 @@ class Pipeline:
             split_long_samples=split_long_samples,
         )
         self._append(op, parallelism, placement, resources)
-        self._measure_token_mixture(op)
+        self._measure_token_mixture(output_field)
         return self
 
     @_operator
@@ -256,7 +259,9 @@ class Pipeline:
             eos_token=eos_token,
             enable_thinking_field=enable_thinking_field,
         )
-        return self._append(op, parallelism, placement, resources)
+        self._append(op, parallelism, placement, resources)
+        self._measure_token_mixture(output_field)
+        return self
 
     @_operator
     def batch(self, microbatch_size: int, *, drop_last: bool = True) -> Pipeline:

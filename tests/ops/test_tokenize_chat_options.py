@@ -165,3 +165,40 @@ def test_chat_options_in_a_pipeline(chat_tokenizer_dir):
     stats = pipe.stats()
     assert stats is not None and stats.dropped.cut_records > 0
     assert stats.dropped.cut_by_reason == {"tokenize_chat": stats.dropped.cut_records}
+
+
+def test_token_mixture_is_measured_through_expand_chat_and_tokenize_chat():
+    from zephon import MixtureSpec
+
+    chats = [{"messages": c["messages"]} for c in conversations(40, seed=8, tools=False)]
+    short = [{"messages": c["messages"][:2]} for c in conversations(30, seed=9, tools=False)]
+    template = CHATML_TAGGED
+
+    def pipe(mixture: MixtureSpec | None) -> Pipeline:
+        source = Source(
+            [Dataset.from_records("long", chats), Dataset.from_records("short", short)],
+            mixture=mixture, chunk_size=8, exhausted_policy="stop" if mixture else None,
+        )  # fmt: skip
+        return Pipeline(source).expand_chat().tokenize_chat("bytes", chat_template=template)
+
+    # one pass with the default (sample) mixture: the tokens each dataset's rows become
+    tokens = [0, 0]
+    for record in pipe(None):
+        tokens[record.meta.component_id] += len(record.payload["input_ids"])
+    measured = pipe(MixtureSpec({"long": 1, "short": 1}, unit="tokens")).work_source
+    estimates = measured.state_dict()["config"]["tokens_per_sample"]  # type: ignore[union-attr]
+    assert estimates == pytest.approx({"long": tokens[0] / 40, "short": tokens[1] / 30})
+
+
+def test_a_token_mixture_refuses_to_measure_through_a_stateful_operator():
+    from zephon import MixtureSpec
+
+    rows = [Dataset.from_records("a", [{"text": "ab"}] * 4), Dataset.from_records("b", [{"t": 1}])]
+    source = Source(rows, mixture=MixtureSpec({"a": 1, "b": 1}, unit="tokens"), chunk_size=2)
+    pipe = Pipeline(source).stateful_transform("n", init_state=0, push=_count)
+    with pytest.raises(ConfigError, match=r"through operator 'n'.*put it after tokenize"):
+        pipe.tokenize("bytes")
+
+
+def _count(state: int, payload: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+    return state + 1, [payload]

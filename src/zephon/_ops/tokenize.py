@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from itertools import chain, pairwise
+from itertools import chain
 from typing import Any, Literal
 
 import numpy as np
@@ -202,13 +202,6 @@ class TokenizeOp(BaseOp):
             flat[bounds[1:] - 1] = self._eos or 0
         flat[is_body] = body
         return flat, bounds.tolist(), cut
-
-    def token_counts(self, texts: list[str]) -> list[int]:
-        """How many tokens this operator outputs for each text (all pieces together), so an
-        estimate made with it counts what the pipeline delivers."""
-        encoder = self._encoder or self._load()
-        _, spans, _ = self._token_array(encoder.encode_many(texts))
-        return [b - a for a, b in pairwise(spans)]
 
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
         encoder = self._encoder or self._load()

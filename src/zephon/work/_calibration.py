@@ -94,26 +94,23 @@ class TokenCalibration:
     def calibrate(
         self,
         datasets: Sequence[Dataset],
-        count: Callable[[list[str]], list[int]] | None = None,
+        count: Callable[[list[Any]], list[int]] | None = None,
     ) -> dict[str, float]:
-        """Mean tokens per sample of each dataset, by name. ``count``: texts -> token counts
-        (a pipeline's own tokenize operator), instead of ``tokenizer`` or ``measure``."""
+        """Mean tokens per sample of each dataset, by name. ``count``: rows -> token counts
+        (a pipeline's own operators), instead of ``tokenizer`` or ``measure``."""
         from zephon._ops._tokenizers import load_tokenizer
 
-        if count is None and self.measure is None:
-            encoder = load_tokenizer(self.tokenizer)
-
-            def count(texts: list[str]) -> list[int]:
-                return [len(ids) for ids in encoder.encode_many(texts)]
-
+        encoder = None if count or self.measure else load_tokenizer(self.tokenizer)
         out: dict[str, float] = {}
         for i, dataset in enumerate(datasets):
             rows = self._rows(dataset, self.picks(i, dataset.total()))
-            if count is None:
-                assert self.measure is not None
+            if count is not None:
+                counts = count(rows)
+            elif self.measure is not None:
                 counts = [int(self.measure(row)) for row in rows]
             else:
-                counts = count(self._texts(dataset, rows))
+                assert encoder is not None
+                counts = [len(ids) for ids in encoder.encode_many(self._texts(dataset, rows))]
             mean = sum(counts) / len(counts)
             if mean <= 0:
                 raise ConfigError(

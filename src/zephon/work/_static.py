@@ -26,7 +26,7 @@ import msgspec
 import numpy as np
 import xxhash
 
-from zephon.errors import CheckpointError, ConfigError, MissingFieldError
+from zephon.errors import CheckpointError, ConfigError, DataError
 from zephon.work._base import WorkChunk, WorkSource
 from zephon.work._calibration import TokenCalibration
 from zephon.work._hashing import TAG_LANES, mix64, permutation
@@ -331,23 +331,27 @@ class StaticMixtureWorkSource(WorkSource):
         self._phases = resolve(mixture, names, provisional)
         self._weights = self._phases[0].weights
 
-    def measure_tokens(self, field: str, count: Callable[[list[str]], list[int]]) -> bool:
-        """Measure a token mixture's estimates with ``count`` (texts -> tokens, the
-        pipeline's tokenize operator) on ``row[field]`` of :data:`MEASURE_SAMPLES` rows per
-        dataset, picked as :class:`TokenCalibration` picks them (every row of a smaller one).
-        False when the mixture needs no measuring. The estimates join the configuration and
-        its fingerprint, as calibrated ones do."""
+    def needs_measuring(self) -> bool:
+        """Whether the mixture is in tokens with nothing measured yet (see measure_tokens)."""
+        return self._unmeasured
+
+    def measure_tokens(self, count: Callable[[list[Any]], list[int]]) -> bool:
+        """Measure a token mixture's estimates with ``count`` (rows -> the tokens each
+        becomes in the pipeline) on :data:`MEASURE_SAMPLES` rows per dataset, picked as
+        :class:`TokenCalibration` picks them (every row of a smaller dataset). False when the
+        mixture needs no measuring. The estimates join the configuration and its
+        fingerprint, as calibrated ones do."""
         if not self._unmeasured:
             return False
         names = [d.name for d in self._datasets]
         try:
-            sample = TokenCalibration(field=field, samples=MEASURE_SAMPLES)
+            sample = TokenCalibration(samples=MEASURE_SAMPLES)
             self._estimates = sample.calibrate(self._datasets, count)
-        except MissingFieldError as exc:
+        except DataError as exc:
             raise ConfigError(
-                f"token mixture: cannot measure with the pipeline's tokenize: {exc}; the raw "
-                "rows need that field, else pass tokens_per_sample={...} or "
-                "calibration=TokenCalibration(measure=<row -> tokens>) to the MixtureSpec"
+                f"token mixture: measuring tokens per sample through the pipeline failed on a "
+                f"sampled row: {exc}; fix the data or the operators, or pass "
+                "tokens_per_sample={...} or calibration=TokenCalibration(...) to the MixtureSpec"
             ) from None
         self._unmeasured = False
         self._phases = resolve(self._full_mixture, names, self._estimates)
