@@ -366,7 +366,8 @@ class StaticMixtureWorkSource(WorkSource):
         if self._unmeasured:
             raise ConfigError(
                 "the mixture is in tokens (unit='tokens') but nothing measured its tokens per "
-                "sample: add .tokenize(...) to the pipeline (it measures them), or pass "
+                "sample: add .tokenize(...) to the pipeline (it measures them; so does "
+                ".tokenize_chat), or pass "
                 "tokens_per_sample={dataset: mean tokens} or calibration=TokenCalibration(...) "
                 "to the MixtureSpec"
             )
