@@ -12,6 +12,7 @@ from zephon._engine.engine_process import EngineProcess
 from zephon._engine.plan import OpSpec, Plan, Resources, ray_resources
 from zephon._engine.stats import RunStats
 from zephon._ops._chat_spans import LossScope, SpanSource
+from zephon._ops._pack_groups import Homogeneity, ShuffleStrategy
 from zephon._ops._packing_algos import FlushStrategy, PackingAlgorithm
 from zephon._ops._token_measure import row_counter
 from zephon._ops.batch import BatchOp
@@ -21,7 +22,7 @@ from zephon._ops.expand_chat import ExpandChatOp
 from zephon._ops.fetch import FetchOp
 from zephon._ops.map_batch import MapBatchOp, MaterializeOp
 from zephon._ops.map_transform import FilterOp, MapTransformOp
-from zephon._ops.pack import Homogeneity, PackFlatOp, PackSequencesOp, ShuffleStrategy
+from zephon._ops.pack import PackFlatOp, PackSequencesOp
 from zephon._ops.shuffle import ShuffleAlgorithm, ShuffleOp
 from zephon._ops.stateful_transform import StatefulTransformOp
 from zephon._ops.tokenize import SpecialTokens, TokenizeOp

@@ -141,7 +141,10 @@ def test_generation_tags_must_cover_every_turn_after_the_last_user(
     scoped = TokenizeChatOp(
         chat_tokenizer_dir, chat_template=CONTENT_TAGGED, loss_scope="after_last_user"
     )
-    with pytest.raises(ChatFormatError, match=r"mark 1 span.*2 assistant turn\(s\) there"):
+    with pytest.raises(
+        ChatFormatError,
+        match=r"record \(0, 0, 0\) .messages.: .*mark 1 span.*2 assistant turn\(s\) there",
+    ):
         tokenize(scoped, [row])
     (fine,) = tokenize(TokenizeChatOp(chat_tokenizer_dir, chat_template=CONTENT_TAGGED), [row])
     assert fine.payload["loss_mask"].any()

@@ -20,6 +20,13 @@ from typing import Any, Literal
 import numpy as np
 
 from zephon._ops._bookkeeping import TAG_TARGET_MIXTURE, CloserTracker
+from zephon._ops._pack_groups import (
+    Groups,
+    Homogeneity,
+    ShuffleStrategy,
+    check_grouping,
+    group_key,
+)
 from zephon._ops._packing_algos import (
     ALGORITHMS,
     Bin,
@@ -47,11 +54,6 @@ log = logging.getLogger("zephon")
 
 TOKEN_FIELD_CANDIDATES = ("input_ids", "tokens", "token_ids", "ids")
 MAX_OVERSIZE_WARNINGS = 3
-Homogeneity = Literal["none", "group", "full"]
-ShuffleStrategy = Literal["none", "length"]
-HOMOGENEITY: tuple[str, ...] = ("none", "group", "full")
-SHUFFLE_STRATEGIES: tuple[str, ...] = ("none", "length")
-Groups = Mapping[str, str] | str | None
 
 
 def resolve_tokens_field(payload: Any, tokens_field: str, sample: Any) -> str:
@@ -398,73 +400,16 @@ class PackOpBase(BaseOp):
         self.max_candidate_age = (
             8 * candidate_pool_size if max_candidate_age is None else max_candidate_age
         )
-        self._check_grouping(homogeneity, groups, shuffle_strategy, component_names)
+        check_grouping(self.name, homogeneity, groups, shuffle_strategy, component_names)
         self.homogeneity: Homogeneity = homogeneity
         self.groups = dict(groups) if isinstance(groups, Mapping) else groups
         self.shuffle_strategy: ShuffleStrategy = shuffle_strategy
         self.component_names = tuple(component_names)
         self.presort_window = candidate_pool_size if shuffle_strategy == "length" else 0
 
-    def _check_grouping(
-        self,
-        homogeneity: str,
-        groups: Groups,
-        shuffle_strategy: str,
-        component_names: Sequence[str],
-    ) -> None:
-        label = self.name
-        for what, value, choices in (
-            ("homogeneity", homogeneity, HOMOGENEITY),
-            ("shuffle_strategy", shuffle_strategy, SHUFFLE_STRATEGIES),
-        ):
-            if value not in choices:
-                raise ConfigError(
-                    f"{label}: {what} must be one of {list(choices)}, got {value!r}"
-                    + did_you_mean(str(value), choices)
-                )
-        if homogeneity == "group" and groups is None:
-            raise ConfigError(
-                f"{label}: homogeneity='group' needs groups= (a payload field name, or "
-                "{dataset name: group name})"
-            )
-        if homogeneity != "group" and groups is not None:
-            raise ConfigError(f"{label}: groups= is only read with homogeneity='group'")
-        if isinstance(groups, Mapping):
-            unknown = [k for k in groups if k not in component_names]
-            if unknown:
-                raise ConfigError(
-                    f"{label}: groups names unknown dataset(s) {unknown}; the source's datasets "
-                    f"are {list(component_names)}"
-                    + (did_you_mean(unknown[0], component_names) if component_names else "")
-                )
-
     def group_key(self, record: SampleRecord) -> Any:
         """Which packer a record goes to: records of different keys never share a bin."""
-        if self.homogeneity == "none":
-            return None
-        component = record.meta.component_id
-        if self.homogeneity == "full":
-            return component
-        groups = self.groups
-        if isinstance(groups, dict):
-            name = self.component_names[component]
-            return groups.get(name, name)
-        assert isinstance(groups, str)
-        payload = record.payload
-        try:
-            value = payload[groups]
-        except (KeyError, TypeError):
-            fields = sorted(payload) if isinstance(payload, Mapping) else type(payload).__name__
-            raise MissingFieldError(
-                f"{self.name}: record {record.meta.sample_id} has no group field {groups!r} "
-                f"(fields: {fields}); set groups= to the field naming its group"
-            ) from None
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise DataError(
-                f"{self.name}: group field {groups!r} of record {record.meta.sample_id} is "
-                f"{type(value).__name__}, expected a str or int group name"
-            )
-        return value
+        return group_key(self, record)
 
     def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
         return PackAccumulator(self)
