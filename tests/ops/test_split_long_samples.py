@@ -127,6 +127,12 @@ def test_truncation_packing_drops_and_filters_are_counted():
     line = drop_line(stats.to_dict()["dropped"])
     assert line is not None and line.startswith(f"dropped: 50 records ({total - delivered:,} ")
 
+    batched = Pipeline(source()).tokenize("bytes").batch(7)  # partial batches dropped
+    delivered = sum(len(r.payload["input_ids"]) for b in batched for r in b.records)
+    stats = batched.stats()
+    assert stats is not None and stats.dropped.tokens == total - delivered > 0
+    assert set(stats.dropped.by_reason) == {"drop_last"}
+
 
 def test_split_long_samples_settings_are_checked():
     with pytest.raises(ConfigError, match="split_long_samples=True needs max_length"):

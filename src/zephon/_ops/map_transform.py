@@ -7,9 +7,8 @@ from itertools import repeat
 from operator import is_
 from typing import Any
 
-from zephon._ops.pack import TOKEN_FIELD_CANDIDATES
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
-from zephon.types import SampleRecord, StreamItem, tombstone_meta
+from zephon.types import SampleRecord, StreamItem, record_tokens, tombstone_meta
 
 MAP_MICRO_BATCH = 64
 MAP_LATENCY_MS = 3.0
@@ -58,9 +57,7 @@ class MapTransformOp(BaseOp):
             record(elem.meta, result)
             if result is not None
             else record(
-                tombstone_meta(
-                    elem.meta, reason="dropped by map", tokens=_token_count(elem.payload)
-                ),
+                tombstone_meta(elem.meta, reason="dropped by map", tokens=record_tokens(elem)),
                 None,
             )
             for elem, result in zip(elems, results, strict=True)
@@ -100,18 +97,8 @@ class FilterOp(BaseOp):
             elem
             if pred(elem.payload)
             else SampleRecord(
-                tombstone_meta(elem.meta, reason="filtered", tokens=_token_count(elem.payload)),
+                tombstone_meta(elem.meta, reason="filtered", tokens=record_tokens(elem)),
                 None,
             )
             for elem in elems
         ]
-
-
-def _token_count(payload: Any) -> int:
-    """The tokens a filtered record held (its first known token field), 0 before tokenize."""
-    if isinstance(payload, Mapping):
-        for name in TOKEN_FIELD_CANDIDATES:
-            value = payload.get(name)
-            if value is not None and hasattr(value, "__len__"):
-                return len(value)
-    return 0

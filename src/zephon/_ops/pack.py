@@ -42,6 +42,7 @@ from zephon.ops.accumulators import MicroBatch
 from zephon.types import (
     TAG_CONTRIBUTORS,
     TAG_PACKING,
+    TOKEN_FIELDS,
     ContributorRef,
     LaneId,
     SampleMeta,
@@ -52,7 +53,7 @@ from zephon.types import (
 
 log = logging.getLogger("zephon")
 
-TOKEN_FIELD_CANDIDATES = ("input_ids", "tokens", "token_ids", "ids")
+TOKEN_FIELD_CANDIDATES = TOKEN_FIELDS
 MAX_OVERSIZE_WARNINGS = 3
 
 
