@@ -42,6 +42,21 @@ def test_token_mixture_with_calibration(folder):
     assert isinstance(source.mixture, MixtureSpec) and source.mixture.unit == "tokens"
 
 
+def test_token_mixture_measured_by_the_pipelines_tokenize(folder):
+    data = {
+        "datasets": DATA,
+        "mixture": {"weights": {"web": 3, "code": 1}, "unit": "tokens"},
+        "operators": ["decode_text", {"op": "tokenize", "tokenizer": "bytes"}],
+    }
+    source = parse_config(data, base_dir=folder).build().work_source
+    assert isinstance(source, StaticMixtureWorkSource)
+    mean_digits = (10 * 1 + 40 * 2) / 50  # as above, plus BOS and EOS
+    assert source.state_dict()["config"]["tokens_per_sample"] == {
+        "web": pytest.approx(len("the cat sat on the mat ") + mean_digits + 2),
+        "code": pytest.approx(len("x=1;y=2; ") + mean_digits + 2),
+    }
+
+
 def test_schedule(folder):
     source = build(
         folder,
@@ -58,7 +73,6 @@ def test_schedule(folder):
     ("mixture", "key"),
     [
         ("{weights: {web: 1, cod: 1}}", "mixture.weights.cod: no dataset is named 'cod'"),
-        ("{weights: {web: 1, code: 1}, unit: tokens}", "mixture: a mixture in tokens needs"),
         ("{weights: {web: 1, code: 1}, units: tokens}", "mixture.units: unknown key"),
         ("{schedule: [{at: 0, weights: {web: 1}}, {at: x, weights: {code: 1}}]}",
          "mixture.schedule[1].at: expected int, got 'x'"),

@@ -110,7 +110,7 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.ops": _names(
         "Accumulator BaseOp CountingAccumulator MicroBatch OpContext OpTraits "
-        "PassthroughAccumulator spawn_child tombstone_meta tombstones_for_record"
+        "PassthroughAccumulator cut_note spawn_child tombstone_meta tombstones_for_record"
     ),
     "zephon.ops.accumulators": _names(
         "Accumulator CountingAccumulator MicroBatch PassthroughAccumulator"
@@ -134,11 +134,11 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.types": _names(
         "ChunkId ChunkOffset ContributorRef LaneId LineagePath RESERVED_TAGS SampleBatch "
         "SampleCursor SampleId SampleMeta SampleRecord StreamItem TAG_BOUNDARY_CID "
-        "TAG_CONTRIBUTORS TAG_DROPPED_TOKENS TAG_END_OF_DATA TAG_ERROR TAG_FLUSH_SENTINEL "
-        "TAG_PACKING TAG_SKIPPED "
-        "TAG_SNAPSHOT TAG_SNAPSHOT_REPLAY TAG_TARGET_MIXTURE TAG_TOMBSTONE end_of_data "
-        "flush_sentinel is_control records_of snapshot_marker spawn_child tombstone_meta "
-        "tombstones_for_record"
+        "TAG_CONTRIBUTORS TAG_CUT_TOKENS TAG_DROPPED_TOKENS TAG_END_OF_DATA TAG_ERROR "
+        "TAG_FLUSH_SENTINEL TAG_PACKING TAG_SKIPPED "
+        "TAG_SNAPSHOT TAG_SNAPSHOT_REPLAY TAG_TARGET_MIXTURE TAG_TOMBSTONE TOKEN_FIELDS cut_note "
+        "end_of_data flush_sentinel is_control record_tokens records_of snapshot_marker "
+        "spawn_child tombstone_meta tombstones_for_record"
     ),
     "zephon.work": _names(
         "ExhaustedPolicy LaneAssignment LaneMapping MixtureSchedule MixtureSpec "

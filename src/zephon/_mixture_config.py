@@ -2,7 +2,8 @@
 
 * ``{web: 3, code: 1}``: sample weights (every dataset needs one).
 * ``{weights: {...}, unit: tokens, tokens_per_sample: {...} | calibration: {...}}``: a
-  :class:`~zephon.MixtureSpec`.
+  :class:`~zephon.MixtureSpec`. With neither estimate, the pipeline's ``tokenize`` operator
+  measures them.
 * ``{schedule: [{at: 0, weights: {...}}, ...], by: samples|tokens, unit: ..., ...}``: a
   :class:`~zephon.MixtureSchedule`.
 
@@ -47,18 +48,7 @@ def _estimates(raw: dict[str, Any]) -> dict[str, Any]:
         params = check_value(raw["calibration"], dict[str, Any], "mixture.calibration")
         checked = check_call(TokenCalibration, params, "mixture.calibration", what="calibration")
         out["calibration"] = TokenCalibration(**checked)
-    _need_estimates(raw, out)
     return out
-
-
-def _need_estimates(raw: dict[str, Any], out: dict[str, Any]) -> None:
-    tokens = out.get("unit") == "tokens" or raw.get("by") == "tokens"
-    if tokens and "tokens_per_sample" not in out and "calibration" not in out:
-        raise ConfigFileError(
-            "mixture",
-            "a mixture in tokens needs a token estimate per dataset: add tokens_per_sample: "
-            "{dataset: mean tokens} or calibration: {tokenizer: ..., field: text}",
-        )
 
 
 def _unknown(raw: dict[str, Any], known: Sequence[str]) -> None:

@@ -12,7 +12,9 @@ from zephon._engine.engine_process import EngineProcess
 from zephon._engine.plan import OpSpec, Plan, Resources, ray_resources
 from zephon._engine.stats import RunStats
 from zephon._ops._chat_spans import LossScope, SpanSource
+from zephon._ops._pack_groups import Homogeneity, ShuffleStrategy
 from zephon._ops._packing_algos import FlushStrategy, PackingAlgorithm
+from zephon._ops._token_measure import row_counter
 from zephon._ops.batch import BatchOp
 from zephon._ops.decode_text import DecodeTextOp
 from zephon._ops.ensure_mixture import EnsureMixtureOp
@@ -104,6 +106,14 @@ class Pipeline:
         )
         return self
 
+    def _measure_token_mixture(self, output_field: str) -> None:
+        """A token mixture without estimates is measured when the first tokenize (or
+        tokenize_chat) is appended, through the operators appended so far."""
+        needs = getattr(self.work_source, "needs_measuring", None)
+        if callable(needs) and needs():
+            ops = [spec.op for spec in self._specs]
+            self.work_source.measure_tokens(row_counter(ops, output_field))  # type: ignore[attr-defined]
+
     def fetch(
         self,
         parallelism: int | None = None,
@@ -175,11 +185,14 @@ class Pipeline:
         eos_token_id: int | None = None,
         max_length: int | None = None,
         truncation: bool | None = None,
+        split_long_samples: bool = False,
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
-        """Tokenize ``field`` into ``output_field`` (numpy int32 ids)."""
+        """Tokenize ``field`` into ``output_field`` (numpy int32 ids). With ``max_length``,
+        longer documents are truncated, or with ``split_long_samples=True`` cut into
+        consecutive child records of at most ``max_length`` tokens (docs/operators.md)."""
         op = TokenizeOp(
             tokenizer,
             field=field,
@@ -189,8 +202,11 @@ class Pipeline:
             eos_token_id=eos_token_id,
             max_length=max_length,
             truncation=truncation,
+            split_long_samples=split_long_samples,
         )
-        return self._append(op, parallelism, placement, resources)
+        self._append(op, parallelism, placement, resources)
+        self._measure_token_mixture(output_field)
+        return self
 
     @_operator
     def expand_chat(
@@ -219,12 +235,16 @@ class Pipeline:
         chat_template_kwargs: Mapping[str, Any] | None = None,
         output_field: str = "input_ids",
         mask_field: str = "loss_mask",
+        apply_chat_template: bool = True,
+        eos_token: str | None = None,
+        enable_thinking_field: str | None = "enable_thinking",
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
         """Render ``field`` with a chat template and tokenize it into ``output_field`` and
-        ``mask_field`` (1 on supervised tokens); see docs/sft.md."""
+        ``mask_field`` (1 on supervised tokens); ``apply_chat_template=False`` tokenizes text
+        that is already rendered; see docs/sft.md."""
         op = TokenizeChatOp(
             tokenizer,
             field=field,
@@ -236,8 +256,13 @@ class Pipeline:
             chat_template_kwargs=chat_template_kwargs,
             output_field=output_field,
             mask_field=mask_field,
+            apply_chat_template=apply_chat_template,
+            eos_token=eos_token,
+            enable_thinking_field=enable_thinking_field,
         )
-        return self._append(op, parallelism, placement, resources)
+        self._append(op, parallelism, placement, resources)
+        self._measure_token_mixture(output_field)
+        return self
 
     @_operator
     def batch(self, microbatch_size: int, *, drop_last: bool = True) -> Pipeline:
@@ -265,13 +290,18 @@ class Pipeline:
         length_fn: Callable[[Any], int] | None = None,
         candidate_pool_size: int = 256,
         max_candidate_age: int | None = None,
+        homogeneity: Homogeneity = "none",
+        groups: Mapping[str, str] | str | None = None,
+        shuffle_strategy: ShuffleStrategy = "none",
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
         """Pack records into ``{"packed_samples": [...]}`` envelopes of <= ``max_length`` tokens.
 
-        See docs/packing.md for the algorithms and knobs.
+        ``homogeneity``: ``"full"`` keeps a bin inside one dataset, ``"group"`` inside one group
+        of ``groups`` (a payload field, or ``{dataset: group}``); ``shuffle_strategy="length"``
+        feeds each window of ``candidate_pool_size`` records longest first. See docs/packing.md.
         """
         op = PackSequencesOp(
             max_length,
@@ -285,6 +315,10 @@ class Pipeline:
             length_fn=length_fn,
             candidate_pool_size=candidate_pool_size,
             max_candidate_age=max_candidate_age,
+            homogeneity=homogeneity,
+            groups=groups,
+            shuffle_strategy=shuffle_strategy,
+            component_names=self.work_source.component_names(),
         )
         return self._append(op, parallelism, placement, resources)
 
@@ -305,12 +339,16 @@ class Pipeline:
         emit_positions: bool = True,
         candidate_pool_size: int = 256,
         max_candidate_age: int | None = None,
+        homogeneity: Homogeneity = "none",
+        groups: Mapping[str, str] | str | None = None,
+        shuffle_strategy: ShuffleStrategy = "none",
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
         """Pack records into flat token rows padded to ``max_length`` (``positions``,
-        ``document_ids`` and aligned fields alongside); ``batch.to_training()`` reads them."""
+        ``document_ids`` and aligned fields alongside); ``batch.to_training()`` reads them.
+        ``homogeneity``, ``groups`` and ``shuffle_strategy`` as in :meth:`pack_sequences`."""
         op = PackFlatOp(
             max_length,
             pad_token_id,
@@ -325,6 +363,10 @@ class Pipeline:
             emit_positions=emit_positions,
             candidate_pool_size=candidate_pool_size,
             max_candidate_age=max_candidate_age,
+            homogeneity=homogeneity,
+            groups=groups,
+            shuffle_strategy=shuffle_strategy,
+            component_names=self.work_source.component_names(),
         )
         return self._append(op, parallelism, placement, resources)
 

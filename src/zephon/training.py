@@ -47,14 +47,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from zephon.errors import ConfigError, MissingFieldError
-from zephon.types import TAG_PACKING
+from zephon.types import TAG_PACKING, TOKEN_FIELDS
 
 if TYPE_CHECKING:
     from zephon.types import SampleBatch, SampleRecord
 
 __all__ = ["CONVENTIONS", "TOKEN_FIELDS", "TrainingOptions", "to_training", "training_arrays"]
 
-TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 CONVENTIONS = ("shifted", "hf")
 
 

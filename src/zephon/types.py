@@ -19,6 +19,7 @@ __all__ = [
     "RESERVED_TAGS",
     "TAG_BOUNDARY_CID",
     "TAG_CONTRIBUTORS",
+    "TAG_CUT_TOKENS",
     "TAG_DROPPED_TOKENS",
     "TAG_END_OF_DATA",
     "TAG_ERROR",
@@ -29,6 +30,7 @@ __all__ = [
     "TAG_SNAPSHOT_REPLAY",
     "TAG_TARGET_MIXTURE",
     "TAG_TOMBSTONE",
+    "TOKEN_FIELDS",
     "ChunkId",
     "ChunkOffset",
     "ContributorRef",
@@ -40,9 +42,11 @@ __all__ = [
     "SampleMeta",
     "SampleRecord",
     "StreamItem",
+    "cut_note",
     "end_of_data",
     "flush_sentinel",
     "is_control",
+    "record_tokens",
     "records_of",
     "snapshot_marker",
     "spawn_child",
@@ -65,6 +69,10 @@ TAG_BOUNDARY_CID = "_boundary_cid"
 TAG_END_OF_DATA = "_end_of_data"
 TAG_ERROR = "_error"
 TAG_DROPPED_TOKENS = "_dropped_tokens"  # on a tombstone: the tokens of the record it drops
+# on a contributor-less tombstone (a cut note): tokens cut from a record that was delivered
+TAG_CUT_TOKENS = "_cut_tokens"
+#: Payload fields that hold token ids, in the order "auto" looks for them.
+TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 TAG_PACKING = "_packing_metadata"
 TAG_TARGET_MIXTURE = "_target_mixture"
 TAG_SKIPPED = "_skipped"  # on a tombstone: where the unreadable record is and why (fetch skip)
@@ -79,6 +87,7 @@ RESERVED_TAGS = frozenset(
         TAG_END_OF_DATA,
         TAG_ERROR,
         TAG_DROPPED_TOKENS,
+        TAG_CUT_TOKENS,
         TAG_PACKING,
         TAG_TARGET_MIXTURE,
         TAG_SKIPPED,
@@ -325,11 +334,40 @@ def tombstone_meta(
     )
 
 
-def tombstones_for_record(record: StreamItem, *, reason: str | None = None) -> list[SampleRecord]:
-    """Tombstones for everything ``record`` stands for (one per record of a batch)."""
+def cut_note(record: StreamItem, *, reason: str, tokens: int) -> SampleRecord:
+    """A control element telling the run summary that ``tokens`` of ``record`` were cut away
+    (truncation) while ``record`` itself was delivered shorter. It closes nothing (no
+    contributors); the summary counts it under ``cut_records`` / ``cut_tokens``."""
+    meta = tombstone_meta(record.meta, reason=reason)
+    return SampleRecord(meta.with_tags(**{TAG_CONTRIBUTORS: (), TAG_CUT_TOKENS: int(tokens)}), None)
+
+
+def record_tokens(record: StreamItem) -> int:
+    """The tokens ``record`` holds, for drop counts: a packed row's real tokens, else the
+    length of its first token field (``TOKEN_FIELDS``); 0 before tokenization. A batch sums
+    its records."""
     if isinstance(record, SampleBatch):
-        return [SampleRecord(tombstone_meta(r.meta, reason=reason), None) for r in record.records]
-    return [SampleRecord(tombstone_meta(record.meta, reason=reason), None)]
+        return sum(record_tokens(r) for r in record.records)
+    packing = record.meta.tags.get(TAG_PACKING) if record.meta.tags else None
+    if isinstance(packing, Mapping) and "total_length" in packing:
+        return int(packing["total_length"])
+    payload = record.payload
+    if isinstance(payload, Mapping):
+        for name in TOKEN_FIELDS:
+            value = payload.get(name)
+            if value is not None and hasattr(value, "__len__"):
+                return len(value)
+    return 0
+
+
+def tombstones_for_record(record: StreamItem, *, reason: str | None = None) -> list[SampleRecord]:
+    """Tombstones for everything ``record`` stands for (one per record of a batch), each with
+    the tokens it held."""
+    records = record.records if isinstance(record, SampleBatch) else [record]
+    return [
+        SampleRecord(tombstone_meta(r.meta, reason=reason, tokens=record_tokens(r)), None)
+        for r in records
+    ]
 
 
 def spawn_child(record: SampleRecord, index: int, payload: Any, *, is_last: bool) -> SampleRecord:

@@ -143,7 +143,7 @@ def test_truncation_keeps_the_mask_aligned(chat_tokenizer_dir):
     n = len(full.payload["input_ids"])
     first = int(np.flatnonzero(full.payload["loss_mask"])[0])
     for limit in (n - 1, first + 3, n + 5):
-        (cut,) = tokenize(TokenizeChatOp(chat_tokenizer_dir, max_length=limit), [row])
+        cut = tokenize(TokenizeChatOp(chat_tokenizer_dir, max_length=limit), [row])[0]
         assert cut.payload["input_ids"].tolist() == full.payload["input_ids"][:limit].tolist()
         assert cut.payload["loss_mask"].tolist() == full.payload["loss_mask"][:limit].tolist()
     (gone,) = tokenize(TokenizeChatOp(chat_tokenizer_dir, max_length=first), [row])

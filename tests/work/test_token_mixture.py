@@ -70,6 +70,19 @@ def bytes_per_token(tok_dir: Path, dataset: Dataset) -> float:
     return n_bytes / float(np.concatenate(token_lengths(tok_dir, dataset)).sum())
 
 
+def delivered_shares(pipe: Pipeline, budget: int) -> tuple[list[float], list[float]]:
+    """Token shares of the records a pipeline delivers until ``budget`` tokens, and their
+    relative errors against TARGET."""
+    totals = np.zeros(2)
+    for record in pipe:
+        totals[record.meta.component_id] += len(record.payload["input_ids"])
+        if totals.sum() >= budget:
+            break
+    shares = totals / totals.sum()
+    errors = [abs(shares[0] - 0.7) / 0.7, abs(shares[1] - 0.3) / 0.3]
+    return shares.round(4).tolist(), [float(e) for e in errors]
+
+
 def test_pinned_token_mixture_within_one_percent_over_1m_tokens(corpora, hf_tokenizer_dir):
     lengths = [token_lengths(hf_tokenizer_dir, d) for d in corpora]
     assert bytes_per_token(hf_tokenizer_dir, corpora[0]) > 2 * bytes_per_token(
@@ -99,14 +112,8 @@ def test_calibrated_mixture_with_ensure_mixture_within_one_percent(corpora, hf_t
         pipe.ensure_mixture()
     pipe = pipe.ensure_mixture(weight_by="tokens", max_buffer_size=None)
     pipe = pipe.options(canonical_replicas=2, flush_every_k_chunks=16)
-    totals = np.zeros(2)
-    for record in pipe:
-        totals[record.meta.component_id] += len(record.payload["input_ids"])
-        if totals.sum() >= 1_000_000:
-            break
-    shares = totals / totals.sum()
-    errors = [abs(shares[0] - 0.7) / 0.7, abs(shares[1] - 0.3) / 0.3]
-    print(f"calibrated + strict ensure_mixture: shares {shares.round(4).tolist()}, errors {errors}")
+    shares, errors = delivered_shares(pipe, 1_000_000)
+    print(f"calibrated + strict ensure_mixture: shares {shares}, errors {errors}")
     assert max(errors) < 0.01
 
 
@@ -135,9 +142,31 @@ def test_calibration_is_part_of_the_checkpoint(corpora, hf_tokenizer_dir):
         assert np.array_equal(a.pointers, b.pointers)
 
 
+@pytest.mark.timeout(120)
+def test_mixture_measured_by_the_pipelines_tokenize_within_one_percent(corpora, hf_tokenizer_dir):
+    spec = MixtureSpec(TARGET, unit="tokens")
+    source = StaticMixtureWorkSource(corpora, spec, chunk_size=256, exhausted_policy="repeat")
+    pipe = Pipeline(source).tokenize(hf_tokenizer_dir, parallelism=2)  # bos_eos: +2 per sample
+    estimates = source.state_dict()["config"]["tokens_per_sample"]
+    bare = TokenCalibration(hf_tokenizer_dir, samples=4096).calibrate(corpora)
+    assert estimates == pytest.approx({k: v + 2 for k, v in bare.items()}, rel=1e-12)
+    shares, errors = delivered_shares(pipe.options(canonical_replicas=2), 300_000)
+    print(f"measured by tokenize, no ensure_mixture: shares {shares}, errors {errors}")
+    assert max(errors) < 0.01
+    # the estimates are in the fingerprint: a tokenizer that counts otherwise refuses the state
+    other = StaticMixtureWorkSource(corpora, spec, chunk_size=256, exhausted_policy="repeat")
+    Pipeline(other).tokenize("bytes")
+    with pytest.raises(CheckpointError, match="tokens_per_sample: saved"):
+        other.load_state_dict(source.state_dict())
+    pinned = MixtureSpec(TARGET, unit="tokens", tokens_per_sample=estimates)
+    again = StaticMixtureWorkSource(corpora, pinned, chunk_size=256, exhausted_policy="repeat")
+    assert again.fingerprint == source.fingerprint  # pinning the saved estimates resumes
+
+
 def test_token_mixture_needs_estimates(corpora):
-    with pytest.raises(ConfigError, match="token estimate per dataset"):
-        StaticMixtureWorkSource(corpora, MixtureSpec(TARGET, unit="tokens"))
+    unmeasured = StaticMixtureWorkSource(corpora, MixtureSpec(TARGET, unit="tokens"))
+    with pytest.raises(ConfigError, match=r"add \.tokenize\(\.\.\.\) to the pipeline"):
+        next(iter(Pipeline(unmeasured).decode_text()))
     with pytest.raises(ConfigError, match="missing: \\['code'\\]"):
         StaticMixtureWorkSource(
             corpora, MixtureSpec(TARGET, unit="tokens", tokens_per_sample={"prose": 3.0})

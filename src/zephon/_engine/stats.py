@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from zephon.types import TAG_DROPPED_TOKENS, TAG_ERROR
+from zephon.types import TAG_CUT_TOKENS, TAG_DROPPED_TOKENS, TAG_ERROR
 
 # The reason of the replay filter's tombstones: records a restore streams again and were
 # delivered before it, so not drops.
@@ -51,23 +51,51 @@ class LaneProgress:
 class DropCounts:
     """Records the operators dropped (tombstones, restore replays aside), the tokens they had
     (where the operator knew them) and the count per reason category (``pack``, ``skipped``,
-    ``filtered``, ...: a tombstone reason up to its first colon)."""
+    ``filtered``, ...: a tombstone reason up to its first colon). ``cut_records`` /
+    ``cut_tokens``: records delivered shorter than they were (truncation) and the tokens cut,
+    per category in ``cut_by_reason``; so no token leaves the run without a count."""
 
     records: int = 0
     tokens: int = 0
     by_reason: dict[str, int] = field(default_factory=dict)
+    cut_records: int = 0
+    cut_tokens: int = 0
+    cut_by_reason: dict[str, int] = field(default_factory=dict)
 
     def count(self, tags: Mapping[str, Any]) -> None:
+        """Count one tombstone (or cut note); returns nothing, replays are not drops."""
         reason = str(tags.get(TAG_ERROR) or "dropped")
         if reason == _REPLAYED:
             return
+        key = reason.split(":", 1)[0]
+        cut = tags.get(TAG_CUT_TOKENS)
+        if cut is not None:
+            self.cut_records += 1
+            self.cut_tokens += int(cut)
+            self.cut_by_reason[key] = self.cut_by_reason.get(key, 0) + 1
+            return
         self.records += 1
         self.tokens += int(tags.get(TAG_DROPPED_TOKENS, 0))
-        key = reason.split(":", 1)[0]
         self.by_reason[key] = self.by_reason.get(key, 0) + 1
 
     def copy(self) -> DropCounts:
-        return DropCounts(self.records, self.tokens, dict(self.by_reason))
+        return DropCounts(
+            self.records,
+            self.tokens,
+            dict(self.by_reason),
+            self.cut_records,
+            self.cut_tokens,
+            dict(self.cut_by_reason),
+        )
+
+    def describe(self) -> str:
+        """``dropped 3 records (1,200 tokens), cut 2 records (96 tokens)``, or ``""``."""
+        parts = []
+        if self.records:
+            parts.append(f"dropped {self.records:,} records ({self.tokens:,} tokens)")
+        if self.cut_records:
+            parts.append(f"cut {self.cut_records:,} records ({self.cut_tokens:,} tokens)")
+        return ", ".join(parts)
 
 
 @dataclass
@@ -107,6 +135,10 @@ class RunStats:
             f"{prefix}_dropped_records_total {self.dropped.records}",
             f"# TYPE {prefix}_dropped_tokens_total counter",
             f"{prefix}_dropped_tokens_total {self.dropped.tokens}",
+            f"# TYPE {prefix}_cut_records_total counter",
+            f"{prefix}_cut_records_total {self.dropped.cut_records}",
+            f"# TYPE {prefix}_cut_tokens_total counter",
+            f"{prefix}_cut_tokens_total {self.dropped.cut_tokens}",
             f"# TYPE {prefix}_samples_read_total counter",
             f"{prefix}_samples_read_total {self.samples_read}",
             f"# TYPE {prefix}_samples_refetched_total counter",
@@ -136,8 +168,9 @@ class RunStats:
         """One log line: totals and the busiest operator."""
         busiest = max(self.operators, key=lambda o: o.worker_ns, default=None)
         tail = f", busiest {busiest.name}" if busiest is not None and busiest.worker_ns else ""
+        losses = self.dropped.describe()
         return (
             f"zephon: {self.delivered} items in {self.elapsed_s:.1f}s "
             f"({self.items_per_s:.0f}/s), {self.samples_read} samples read, "
-            f"{self.tombstones} tombstones{tail}"
+            f"{self.tombstones} tombstones{', ' + losses if losses else ''}{tail}"
         )

@@ -17,6 +17,7 @@ from typing import Any
 from zephon._engine.stats import DropCounts
 from zephon.types import (
     TAG_BOUNDARY_CID,
+    TAG_CUT_TOKENS,
     TAG_END_OF_DATA,
     TAG_ERROR,
     TAG_FLUSH_SENTINEL,
@@ -74,7 +75,8 @@ class LaneMux:
         for item in items:
             tags = item.meta.tags
             if tags and TAG_TOMBSTONE in tags:
-                self.tombstones += 1
+                if TAG_CUT_TOKENS not in tags:  # a cut note closes and drops nothing
+                    self.tombstones += 1
                 self.drops.count(tags)
                 if self._on_skip is not None and (
                     TAG_SKIPPED in tags or str(tags.get(TAG_ERROR, "")).startswith("skipped:")

@@ -56,7 +56,7 @@ class ChatRenderer:
     ) -> tuple[str, list[Span]]:
         text, tagged = self._render(messages, tools, False)
         if self.span_source == "generation_tags":
-            return text, self._scope_tagged(messages, tools, text, tagged)
+            return text, self._scope_tagged(messages, tools, text, tagged, (sample, field))
         turns = assistant_turns(messages)
         if self.loss_scope == "last_span":
             turns = turns[-1:]
@@ -81,8 +81,14 @@ class ChatRenderer:
         return text, spans
 
     def _scope_tagged(
-        self, messages: list[dict[str, Any]], tools: Any, text: str, spans: list[Span]
+        self,
+        messages: list[dict[str, Any]],
+        tools: Any,
+        text: str,
+        spans: list[Span],
+        where: tuple[Any, str],
     ) -> list[Span]:
+        sample, field = where
         spans = [s for s in spans if s[1] > s[0]]
         if self.loss_scope == "all_assistant" or not spans:
             return spans
@@ -92,7 +98,22 @@ class ChatRenderer:
         if user < 0:
             return spans
         cut = len(self._render(messages[: user + 1], tools, False)[0])
-        return [s for s in spans if s[0] >= cut]
+        kept = [s for s in spans if s[0] >= cut]
+        turns = [
+            i
+            for i in assistant_turns(messages)
+            if i > user and any(messages[i].get(k) for k in ("content", "tool_calls"))
+        ]
+        if len(kept) < len(turns):
+            raise ChatFormatError(
+                f"{self.op_name}: record {sample} {field!r}: the chat template's "
+                f"{{% generation %}} tags mark {len(kept)} "
+                f"span(s) after the last user message (turn {user}) but the conversation has "
+                f"{len(turns)} assistant turn(s) there (turns {turns}), so loss_scope="
+                "'after_last_user' would miss supervised text; tag every assistant turn "
+                "(tool calls included) or use span_source='prefix_diff'"
+            )
+        return kept
 
 
 def token_mask(offsets: np.ndarray, spans: Sequence[Span]) -> np.ndarray:

@@ -36,6 +36,7 @@ from zephon.types import (
     LaneId,
     SampleRecord,
     StreamItem,
+    record_tokens,
     tombstone_meta,
 )
 
@@ -307,7 +308,11 @@ class MixtureAccumulator(Accumulator):
             )
             for _, record, _ in rest:
                 refs = state.tracker.settle(record.meta)
-                tomb = tombstone_meta(record.meta, reason="ensure_mixture strict: surplus")
+                tomb = tombstone_meta(
+                    record.meta,
+                    reason="ensure_mixture strict: surplus",
+                    tokens=record_tokens(record),
+                )
                 out.append(SampleRecord(tomb.with_tags(**{TAG_CONTRIBUTORS: refs}), None))
         self._check_tolerance(lane_id, state)
 

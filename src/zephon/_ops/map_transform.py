@@ -8,7 +8,7 @@ from operator import is_
 from typing import Any
 
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
-from zephon.types import SampleRecord, StreamItem, tombstone_meta
+from zephon.types import SampleRecord, StreamItem, record_tokens, tombstone_meta
 
 MAP_MICRO_BATCH = 64
 MAP_LATENCY_MS = 3.0
@@ -56,7 +56,10 @@ class MapTransformOp(BaseOp):
         return [
             record(elem.meta, result)
             if result is not None
-            else record(tombstone_meta(elem.meta, reason="dropped by map"), None)
+            else record(
+                tombstone_meta(elem.meta, reason="dropped by map", tokens=record_tokens(elem)),
+                None,
+            )
             for elem, result in zip(elems, results, strict=True)
         ]
 
@@ -93,6 +96,9 @@ class FilterOp(BaseOp):
         return [
             elem
             if pred(elem.payload)
-            else SampleRecord(tombstone_meta(elem.meta, reason="filtered"), None)
+            else SampleRecord(
+                tombstone_meta(elem.meta, reason="filtered", tokens=record_tokens(elem)),
+                None,
+            )
             for elem in elems
         ]

@@ -20,6 +20,13 @@ from typing import Any, Literal
 import numpy as np
 
 from zephon._ops._bookkeeping import TAG_TARGET_MIXTURE, CloserTracker
+from zephon._ops._pack_groups import (
+    Groups,
+    Homogeneity,
+    ShuffleStrategy,
+    check_grouping,
+    group_key,
+)
 from zephon._ops._packing_algos import (
     ALGORITHMS,
     Bin,
@@ -35,6 +42,7 @@ from zephon.ops.accumulators import MicroBatch
 from zephon.types import (
     TAG_CONTRIBUTORS,
     TAG_PACKING,
+    TOKEN_FIELDS,
     ContributorRef,
     LaneId,
     SampleMeta,
@@ -45,7 +53,7 @@ from zephon.types import (
 
 log = logging.getLogger("zephon")
 
-TOKEN_FIELD_CANDIDATES = ("input_ids", "tokens", "token_ids", "ids")
+TOKEN_FIELD_CANDIDATES = TOKEN_FIELDS
 MAX_OVERSIZE_WARNINGS = 3
 
 
@@ -96,11 +104,40 @@ class DeferredBin:
 
 
 class _Lane:
-    __slots__ = ("packer", "tracker")
+    """One lane's packers (one per homogeneity key, in order of first use), the window of the
+    length pre-order and the closer tracking."""
 
-    def __init__(self, packer: LanePacker) -> None:
-        self.packer = packer
+    __slots__ = ("make", "packers", "tracker", "window")
+
+    def __init__(self, make: Callable[[], LanePacker]) -> None:
+        self.make = make
+        self.packers: dict[Any, LanePacker] = {}
+        self.window: list[tuple[SampleRecord, int, Any]] = []
         self.tracker = CloserTracker()
+
+    def packer(self, key: Any) -> LanePacker:
+        packer = self.packers.get(key)
+        if packer is None:
+            packer = self.packers[key] = self.make()
+        return packer
+
+    def pending(self) -> bool:
+        return bool(self.window) or any(p.pending() for p in self.packers.values())
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "packers": [[key, p.state()] for key, p in self.packers.items()],
+            "window": [list(entry) for entry in self.window],
+            "tracker": self.tracker.state(),
+        }
+
+    def load(self, saved: dict[str, Any]) -> None:
+        if "packer" in saved:  # a checkpoint from before homogeneity: one packer
+            saved = {**saved, "packers": [[None, saved["packer"]]]}
+        for key, packer_state in saved["packers"]:
+            self.packer(key).load(packer_state)
+        self.window = [(r, int(n), key) for r, n, key in saved.get("window", ())]
+        self.tracker = CloserTracker.from_state(saved["tracker"])
 
 
 class PackAccumulator(Accumulator):
@@ -114,15 +151,13 @@ class PackAccumulator(Accumulator):
         state = self._lanes.get(lane_id)
         if state is None:
             return {}
-        return {"packer": state.packer.state(), "tracker": state.tracker.state()}
+        return state.state()
 
     def load_state_dict(self, lane_id: LaneId, saved: dict[str, Any]) -> None:
         self._lanes.pop(lane_id, None)
         if not saved:
             return
-        state = self._lane(lane_id)
-        state.packer.load(saved["packer"])
-        state.tracker = CloserTracker.from_state(saved["tracker"])
+        self._lane(lane_id).load(saved)
 
     def __init__(self, op: PackOpBase) -> None:
         self.op = op
@@ -140,10 +175,14 @@ class PackAccumulator(Accumulator):
         state = self._lanes.get(lane_id)
         if state is None:
             op = self.op
-            packer = make_packer(
-                op.algorithm, self.limits, op.candidate_pool_size, op.max_candidate_age
-            )
-            state = self._lanes[lane_id] = _Lane(packer)
+            limits = self.limits
+
+            def make() -> LanePacker:
+                return make_packer(
+                    op.algorithm, limits, op.candidate_pool_size, op.max_candidate_age
+                )
+
+            state = self._lanes[lane_id] = _Lane(make)
         return state
 
     def _drop(
@@ -163,6 +202,8 @@ class PackAccumulator(Accumulator):
         max_length = op.max_length
         wraps = op.algorithm in ("wrap", "best_fit_wrap")
         length_of = op.length_of
+        key_of = op.group_key
+        window = op.presort_window
         lanes = self._lanes
         for elem in elems:
             if not isinstance(elem, SampleRecord):
@@ -177,9 +218,23 @@ class PackAccumulator(Accumulator):
                 out.append(self._oversized(state, elem, length))
                 continue
             state.tracker.add(elem.meta)
-            for b in state.packer.add(elem, length):
+            key = key_of(elem)
+            if window:
+                state.window.append((elem, length, key))
+                if len(state.window) >= window:
+                    self._release_window(state, out)
+                continue
+            for b in state.packer(key).add(elem, length):
                 out.append(self._emit(state, b))
         return [out] if out else []
+
+    def _release_window(self, state: _Lane, out: MicroBatch) -> None:
+        """Feed the window to the packers longest first (ties in arrival order)."""
+        entries = sorted(state.window, key=lambda e: -e[1])
+        state.window = []
+        for record, length, key in entries:
+            for b in state.packer(key).add(record, length):
+                out.append(self._emit(state, b))
 
     def _oversized(self, state: _Lane, record: SampleRecord, length: int) -> SampleRecord:
         op = self.op
@@ -268,15 +323,17 @@ class PackAccumulator(Accumulator):
             state = self._lanes.pop(lane, None)
             if state is None:
                 continue
-            for b in state.packer.drain():
-                out.append(self._emit(state, b))
+            self._release_window(state, out)
+            for packer in state.packers.values():
+                for b in packer.drain():
+                    out.append(self._emit(state, b))
         return [out] if out else []
 
     def has_pending_data(self, lane_id: LaneId | None = None) -> bool:
         if lane_id is None:
-            return any(s.packer.pending() for s in self._lanes.values())
+            return any(s.pending() for s in self._lanes.values())
         state = self._lanes.get(lane_id)
-        return state is not None and state.packer.pending()
+        return state is not None and state.pending()
 
 
 class PackOpBase(BaseOp):
@@ -297,6 +354,10 @@ class PackOpBase(BaseOp):
         tokens_field: str = "auto",
         candidate_pool_size: int = 256,
         max_candidate_age: int | None = None,
+        homogeneity: Homogeneity = "none",
+        groups: Groups = None,
+        shuffle_strategy: ShuffleStrategy = "none",
+        component_names: Sequence[str] = (),
         name: str | None = None,
     ) -> None:
         super().__init__(name=name)
@@ -340,6 +401,16 @@ class PackOpBase(BaseOp):
         self.max_candidate_age = (
             8 * candidate_pool_size if max_candidate_age is None else max_candidate_age
         )
+        check_grouping(self.name, homogeneity, groups, shuffle_strategy, component_names)
+        self.homogeneity: Homogeneity = homogeneity
+        self.groups = dict(groups) if isinstance(groups, Mapping) else groups
+        self.shuffle_strategy: ShuffleStrategy = shuffle_strategy
+        self.component_names = tuple(component_names)
+        self.presort_window = candidate_pool_size if shuffle_strategy == "length" else 0
+
+    def group_key(self, record: SampleRecord) -> Any:
+        """Which packer a record goes to: records of different keys never share a bin."""
+        return group_key(self, record)
 
     def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
         return PackAccumulator(self)
@@ -359,6 +430,9 @@ class PackOpBase(BaseOp):
             "tokens_field": self.tokens_field,
             "candidate_pool_size": self.candidate_pool_size,
             "max_candidate_age": self.max_candidate_age,
+            "homogeneity": self.homogeneity,
+            "groups": self.groups,
+            "shuffle_strategy": self.shuffle_strategy,
         }
 
     def length_of(self, record: SampleRecord) -> int:

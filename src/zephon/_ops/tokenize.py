@@ -12,7 +12,7 @@ import numpy as np
 from zephon._ops._tokenizers import BatchEncoder, load_tokenizer
 from zephon.errors import ConfigError, MissingFieldError, did_you_mean, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
-from zephon.types import SampleRecord, StreamItem
+from zephon.types import SampleRecord, StreamItem, cut_note, spawn_child
 
 TOKENIZE_MICRO_BATCH = 64
 TOKENIZE_LATENCY_MS = 3.0
@@ -24,7 +24,11 @@ class TokenizeOp(BaseOp):
 
     The tokenizer is built lazily in each worker on its first micro-batch (HF objects should
     not cross process boundaries half-initialised). ``special_tokens`` brackets each document
-    with BOS/EOS itself; ``max_length`` truncates (room for the specials is reserved).
+    with BOS/EOS itself; ``max_length`` truncates (room for the specials is reserved) and every
+    cut is reported to the run summary. ``split_long_samples`` instead cuts the bracketed
+    document into consecutive pieces of at most ``max_length`` tokens (BOS only on the first,
+    EOS only on the last, so the pieces concatenate to the untruncated ids); a document of
+    several pieces becomes child records (``spawn_child``), the last of which closes it.
     """
 
     name = "tokenize"
@@ -42,6 +46,7 @@ class TokenizeOp(BaseOp):
         eos_token_id: int | None = None,
         max_length: int | None = None,
         truncation: bool | None = None,
+        split_long_samples: bool = False,
         max_batch: int = TOKENIZE_MICRO_BATCH,
     ) -> None:
         super().__init__()
@@ -51,6 +56,17 @@ class TokenizeOp(BaseOp):
                 f"got {special_tokens!r}"
                 + did_you_mean(special_tokens, ("bos_eos", "bos", "eos", "none"))
             )
+        if split_long_samples:
+            if max_length is None:
+                raise ConfigError(
+                    "tokenize: split_long_samples=True needs max_length (the piece length)"
+                )
+            if truncation:
+                raise ConfigError(
+                    "tokenize: truncation=True and split_long_samples=True exclude each other "
+                    "(truncation drops what split_long_samples keeps); pass one of them"
+                )
+            truncation = False
         if truncation is None:
             truncation = max_length is not None
         if truncation and max_length is None:
@@ -69,6 +85,7 @@ class TokenizeOp(BaseOp):
         self.eos_token_id = eos_token_id
         self.max_length = max_length
         self.truncation = truncation
+        self.split_long_samples = split_long_samples
         self.max_batch = max_batch
         self._encoder: BatchEncoder | None = None
         # Resolved now, in the driver: a missing BOS/EOS is a config error before any data.
@@ -98,6 +115,7 @@ class TokenizeOp(BaseOp):
             "eos_token_id": self.eos_token_id,
             "max_length": self.max_length,
             "truncation": self.truncation,
+            "split_long_samples": self.split_long_samples,
         }
 
     def _specials(self, encoder: BatchEncoder) -> tuple[int | None, int | None]:
@@ -152,15 +170,18 @@ class TokenizeOp(BaseOp):
             texts.append(text)
         return texts
 
-    def _token_array(self, ids_list: Sequence[Any]) -> tuple[np.ndarray, list[int]]:
+    def _token_array(self, ids_list: Sequence[Any]) -> tuple[np.ndarray, list[int], list[int]]:
         """Every document's ids, truncated and bracketed by the special tokens, in one array
-        filled by one conversion; and where each document starts (plus the end)."""
+        filled by one conversion; where each document starts (plus the end); and how many
+        tokens truncation cut from each."""
         n_head = 1 if self.special_tokens in ("bos_eos", "bos") else 0
         n_tail = 1 if self.special_tokens in ("bos_eos", "eos") else 0
         lengths = [len(ids) for ids in ids_list]
+        cut = [0] * len(lengths)
         if self.truncation and self.max_length is not None:
             limit = self.max_length - n_head - n_tail
             if any(n > limit for n in lengths):
+                cut = [max(0, n - limit) for n in lengths]
                 ids_list = [ids[:limit] for ids in ids_list]
                 lengths = [min(n, limit) for n in lengths]
         bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -170,7 +191,7 @@ class TokenizeOp(BaseOp):
         else:
             body = np.fromiter(chain.from_iterable(ids_list), np.int32, count=sum(lengths))
         if not (n_head or n_tail):
-            return body, bounds.tolist()
+            return body, bounds.tolist(), cut
         flat = np.empty(int(bounds[-1]), dtype=np.int32)
         is_body = np.ones(len(flat), dtype=bool)
         if n_head:
@@ -180,15 +201,36 @@ class TokenizeOp(BaseOp):
             is_body[bounds[1:] - 1] = False
             flat[bounds[1:] - 1] = self._eos or 0
         flat[is_body] = body
-        return flat, bounds.tolist()
+        return flat, bounds.tolist(), cut
 
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
         encoder = self._encoder or self._load()
-        flat, spans = self._token_array(encoder.encode_many(self._texts(elems)))
+        flat, spans, cut = self._token_array(encoder.encode_many(self._texts(elems)))
         out: list[StreamItem] = []
         out_field = self.output_field
+        piece = self.max_length if self.split_long_samples else None
         for i, elem in enumerate(elems):
+            assert isinstance(elem, SampleRecord)
+            ids = flat[spans[i] : spans[i + 1]]
+            if piece is not None and len(ids) > piece:
+                out.extend(_pieces(elem, out_field, ids, piece))
+                continue
             payload = dict(elem.payload)
-            payload[out_field] = flat[spans[i] : spans[i + 1]]
+            payload[out_field] = ids
             out.append(SampleRecord(elem.meta, payload))
+            if cut[i]:
+                reason = f"{self.name}: truncated to max_length"
+                out.append(cut_note(elem, reason=reason, tokens=cut[i]))
         return out
+
+
+def _pieces(elem: SampleRecord, field: str, ids: np.ndarray, piece: int) -> list[StreamItem]:
+    """``ids`` as consecutive child records of at most ``piece`` tokens."""
+    starts = range(0, len(ids), piece)
+    last = len(starts) - 1
+    out: list[StreamItem] = []
+    for k, start in enumerate(starts):
+        payload = dict(elem.payload)
+        payload[field] = ids[start : start + piece]
+        out.append(spawn_child(elem, k, payload, is_last=k == last))
+    return out

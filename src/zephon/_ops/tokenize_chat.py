@@ -6,15 +6,21 @@ character offsets, and every token overlapping a supervised span gets mask 1
 (``_chat_spans`` says how spans are found and scoped). ``input_ids`` are what
 ``apply_chat_template(..., tokenize=True)`` returns for the same template and tokenizer.
 
-Truncation to ``max_length`` keeps the head and cuts ids and mask together. A conversation
-with no supervised token left (none in scope, or all cut off) becomes a tombstone whose reason
-says so; the engine counts it.
+Truncation to ``max_length`` keeps the head and cuts ids and mask together (the run summary
+counts the cut tokens). A conversation with no supervised token left (none in scope, or all cut
+off) becomes a tombstone whose reason says so; the engine counts it.
+
+``apply_chat_template=False`` reads ``field`` as text that is already rendered: it is tokenized
+as is and every token is supervised. ``eos_token`` replaces the tokenizer's EOS string in the
+template; ``enable_thinking_field`` names a per-record boolean passed to the template as
+``enable_thinking`` (Qwen3-style templates), overriding ``chat_template_kwargs``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Literal
 
 import numpy as np
@@ -28,11 +34,11 @@ from zephon._ops._chat_spans import (
     LossScope,
     SpanSource,
 )
-from zephon._ops._chat_template import compile_template, has_generation_tags
+from zephon._ops._chat_template import Span, compile_template, has_generation_tags
 from zephon._ops._tokenizers import load_tokenizer
-from zephon.errors import ChatFormatError, ConfigError, did_you_mean
+from zephon.errors import ChatFormatError, ConfigError, MissingFieldError, did_you_mean, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
-from zephon.types import SampleRecord, StreamItem, tombstone_meta
+from zephon.types import SampleRecord, StreamItem, cut_note, tombstone_meta
 
 CHAT_MICRO_BATCH = 64
 CHAT_LATENCY_MS = 3.0
@@ -97,6 +103,9 @@ class TokenizeChatOp(BaseOp):
         chat_template_kwargs: Mapping[str, Any] | None = None,
         output_field: str = "input_ids",
         mask_field: str = "loss_mask",
+        apply_chat_template: bool = True,
+        eos_token: str | None = None,
+        enable_thinking_field: str | None = "enable_thinking",
         max_batch: int = CHAT_MICRO_BATCH,
     ) -> None:
         super().__init__()
@@ -104,7 +113,12 @@ class TokenizeChatOp(BaseOp):
         _check_choice("span_source", span_source, SPAN_SOURCES)
         if max_length is not None and (isinstance(max_length, bool) or max_length < 2):
             raise ConfigError(f"tokenize_chat: max_length must be >= 2 or None, got {max_length!r}")
-        source = template_source(chat_template, tokenizer)
+        if not apply_chat_template and chat_template is not None:
+            raise ConfigError(
+                "tokenize_chat: chat_template is not read with apply_chat_template=False (the "
+                "field is already rendered); pass one or the other"
+            )
+        source = template_source(chat_template, tokenizer) if apply_chat_template else ""
         compile_template(source)  # fail fast on a syntax error, in the driver
         tagged = has_generation_tags(source)
         if span_source == "generation_tags" and not tagged:
@@ -128,8 +142,12 @@ class TokenizeChatOp(BaseOp):
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.output_field = output_field
         self.mask_field = mask_field
+        self.apply_chat_template = apply_chat_template
+        self.eos_token = eos_token
+        self.enable_thinking_field = enable_thinking_field
         self.max_batch = max_batch
-        self.variables = {**special_tokens(tokenizer), **self.chat_template_kwargs}
+        eos = {} if eos_token is None else {"eos_token": eos_token}
+        self.variables = {**special_tokens(tokenizer), **eos, **self.chat_template_kwargs}
         self._encoder: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -169,6 +187,9 @@ class TokenizeChatOp(BaseOp):
             "chat_template_kwargs": self.chat_template_kwargs,
             "output_field": self.output_field,
             "mask_field": self.mask_field,
+            "apply_chat_template": self.apply_chat_template,
+            "eos_token": self.eos_token,
+            "enable_thinking_field": self.enable_thinking_field,
         }
 
     def _load(self) -> Any:
@@ -190,12 +211,45 @@ class TokenizeChatOp(BaseOp):
             self.name,
         )
 
+    def _thinking(self, renderer: ChatRenderer, payload: Any, sample: Any) -> ChatRenderer:
+        """The renderer for a record whose ``enable_thinking_field`` is set."""
+        name = self.enable_thinking_field
+        if not name or not isinstance(payload, Mapping) or payload.get(name) is None:
+            return renderer
+        value = payload[name]
+        if not isinstance(value, bool):
+            raise ChatFormatError(
+                f"{self.name}: record {sample} field {name!r} is {json_type(value)}, expected "
+                "true or false (or null for the template's default)"
+            )
+        return replace(renderer, variables={**renderer.variables, "enable_thinking": value})
+
+    def _rendered(self, elems: list[StreamItem]) -> tuple[list[str], list[list[Span]]]:
+        """``apply_chat_template=False``: the field's text, supervised throughout."""
+        texts: list[str] = []
+        for elem in elems:
+            payload = elem.payload
+            text = payload.get(self.field) if isinstance(payload, Mapping) else None
+            if not isinstance(text, str):
+                raise MissingFieldError(
+                    f"{self.name}: record {elem.meta.sample_id} field {self.field!r} is "
+                    f"{json_type(text)}, expected the rendered conversation as a string "
+                    "(apply_chat_template=False)",
+                    sample_id=elem.meta.sample_id,
+                )
+            texts.append(text)
+        return texts, [[(0, len(t))] if t else [] for t in texts]
+
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
         encoder = self._encoder or self._load()
-        renderer = self._renderer()
+        if not self.apply_chat_template:
+            texts, spans = self._rendered(elems)
+            encoded = encoder.encode_masked(texts, spans, [None] * len(texts))
+            return self._assemble(elems, encoded, spans)
+        base = self._renderer()
         field, tools_field = self.field, self.tools_field
-        texts: list[str] = []
-        spans: list[list[tuple[int, int]]] = []
+        texts = []
+        spans = []
         for elem in elems:
             payload = elem.payload
             sample = elem.meta.sample_id
@@ -205,6 +259,7 @@ class TokenizeChatOp(BaseOp):
             tools = (
                 payload.get(tools_field) if tools_field and isinstance(payload, Mapping) else None
             )
+            renderer = self._thinking(base, payload, sample)
             try:
                 text, kept = renderer(messages, tools, sample, field)
             except ChatFormatError:
@@ -229,7 +284,9 @@ class TokenizeChatOp(BaseOp):
         drop = {self.field, self.tools_field}
         out: list[StreamItem] = []
         for elem, (ids, mask), kept in zip(elems, encoded, spans, strict=True):
+            cut = 0
             if limit is not None and ids.shape[0] > limit:
+                cut = ids.shape[0] - limit
                 ids, mask = ids[:limit], mask[:limit]
             if not mask.any():
                 reason = NO_SUPERVISED + (" (none in scope)" if not kept else " (truncated away)")
@@ -239,4 +296,7 @@ class TokenizeChatOp(BaseOp):
             payload[self.output_field] = ids
             payload[self.mask_field] = mask
             out.append(SampleRecord(elem.meta, payload))
+            if cut:
+                reason = f"{self.name}: truncated to max_length"
+                out.append(cut_note(elem, reason=reason, tokens=cut))
         return out

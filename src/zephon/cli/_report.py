@@ -72,12 +72,21 @@ def update(
 
 
 def drop_line(dropped: Mapping[str, Any] | None) -> str | None:
-    """``dropped: 173 records (1,234,567 tokens): pack 170, filtered 3`` (None: no drops)."""
-    if not dropped or not dropped.get("records"):
+    """``dropped: 173 records (1,234,567 tokens): pack 170, filtered 3; cut: 2 records (96
+    tokens): tokenize 2`` (None: nothing dropped or cut)."""
+    if not dropped:
         return None
-    tokens = f" ({dropped['tokens']:,} tokens)" if dropped.get("tokens") else ""
-    reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(dropped.get("by_reason", {}).items()))
-    return f"dropped: {dropped['records']:,} records{tokens}: {reasons}"
+    parts = []
+    for word, records, tokens, reasons in (
+        ("dropped", "records", "tokens", "by_reason"),
+        ("cut", "cut_records", "cut_tokens", "cut_by_reason"),
+    ):
+        if not dropped.get(records):
+            continue
+        count = f" ({dropped[tokens]:,} tokens)" if dropped.get(tokens) else ""
+        why = ", ".join(f"{k} {v:,}" for k, v in sorted(dropped.get(reasons, {}).items()))
+        parts.append(f"{word}: {dropped[records]:,} records{count}: {why}")
+    return "; ".join(parts) or None
 
 
 def print_summary(summary: dict[str, Any], stats: Any) -> None:

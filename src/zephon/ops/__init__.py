@@ -7,7 +7,7 @@ from zephon.ops.accumulators import (
     MicroBatch,
     PassthroughAccumulator,
 )
-from zephon.types import spawn_child, tombstone_meta, tombstones_for_record
+from zephon.types import cut_note, spawn_child, tombstone_meta, tombstones_for_record
 
 __all__ = [
     "Accumulator",
@@ -17,6 +17,7 @@ __all__ = [
     "OpContext",
     "OpTraits",
     "PassthroughAccumulator",
+    "cut_note",
     "spawn_child",
     "tombstone_meta",
     "tombstones_for_record",

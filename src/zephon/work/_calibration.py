@@ -91,15 +91,22 @@ class TokenCalibration:
             texts.append(value.decode() if isinstance(value, bytes) else str(value))
         return texts
 
-    def calibrate(self, datasets: Sequence[Dataset]) -> dict[str, float]:
-        """Mean tokens per sample of each dataset, by name."""
+    def calibrate(
+        self,
+        datasets: Sequence[Dataset],
+        count: Callable[[list[Any]], list[int]] | None = None,
+    ) -> dict[str, float]:
+        """Mean tokens per sample of each dataset, by name. ``count``: rows -> token counts
+        (a pipeline's own operators), instead of ``tokenizer`` or ``measure``."""
         from zephon._ops._tokenizers import load_tokenizer
 
-        encoder = None if self.measure is not None else load_tokenizer(self.tokenizer)
+        encoder = None if count or self.measure else load_tokenizer(self.tokenizer)
         out: dict[str, float] = {}
         for i, dataset in enumerate(datasets):
             rows = self._rows(dataset, self.picks(i, dataset.total()))
-            if self.measure is not None:
+            if count is not None:
+                counts = count(rows)
+            elif self.measure is not None:
                 counts = [int(self.measure(row)) for row in rows]
             else:
                 assert encoder is not None

@@ -165,7 +165,8 @@ def check_past(saved: Any, current: Sequence[Phase], position: int) -> None:
 def token_estimates(
     mixture: MixtureSpec | MixtureSchedule, datasets: Sequence[Dataset]
 ) -> dict[str, float] | None:
-    """Tokens per sample by dataset when the mixture needs them: pinned or calibrated."""
+    """Tokens per sample by dataset when the mixture needs them: pinned or calibrated (None
+    when neither is given: see ``needs_measuring``)."""
     needed = (
         mixture.needs_estimates()
         if isinstance(mixture, MixtureSchedule)
@@ -178,8 +179,16 @@ def token_estimates(
         check_estimates(mixture.tokens_per_sample, names, "token mixture")
         return {n: float(mixture.tokens_per_sample[n]) for n in names}
     if mixture.calibration is None:
-        raise ConfigError(
-            "a mixture in tokens needs a token estimate per dataset: pass "
-            "tokens_per_sample={name: mean tokens} or calibration=TokenCalibration(...)"
-        )
+        return None  # measured later by the pipeline's tokenize (measure_tokens)
     return mixture.calibration.calibrate(datasets)
+
+
+def needs_measuring(mixture: MixtureSpec | MixtureSchedule) -> bool:
+    """A token mixture with neither pinned nor calibrated estimates: the pipeline's tokenize
+    operator measures them."""
+    needed = (
+        mixture.needs_estimates()
+        if isinstance(mixture, MixtureSchedule)
+        else mixture.unit == "tokens"
+    )
+    return needed and mixture.tokens_per_sample is None and mixture.calibration is None

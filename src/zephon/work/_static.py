@@ -19,19 +19,26 @@ it is short, so no sample of a pass is lost.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import numpy as np
 import xxhash
 
-from zephon.errors import CheckpointError, ConfigError
+from zephon.errors import CheckpointError, ConfigError, DataError
 from zephon.work._base import WorkChunk, WorkSource
+from zephon.work._calibration import TokenCalibration
 from zephon.work._hashing import TAG_LANES, mix64, permutation
 from zephon.work._mixture import MixtureSpec, allocate, can_batch
 from zephon.work._order import DatasetOrder
-from zephon.work._schedule import MixtureSchedule, check_past, resolve, token_estimates
+from zephon.work._schedule import (
+    MixtureSchedule,
+    check_past,
+    needs_measuring,
+    resolve,
+    token_estimates,
+)
 
 if TYPE_CHECKING:
     from zephon.io import Dataset
@@ -40,6 +47,12 @@ ExhaustedPolicy = Literal["stop", "repeat", "redistribute"]
 LaneAssignment = Literal["permute", "modulo"]
 STATE_VERSION = 1
 _POLICIES = ("stop", "repeat", "redistribute")
+
+
+#: Rows per dataset a token mixture is measured on when nothing else is given: the share error
+#: is about the relative standard error of each mean (length CV / sqrt(rows)), so larger than
+#: TokenCalibration's default; datasets up to this size are measured exactly.
+MEASURE_SAMPLES = 4096
 
 
 class _Unset:
@@ -310,9 +323,54 @@ class StaticMixtureWorkSource(WorkSource):
             )
         self._schedule = mixture if isinstance(mixture, MixtureSchedule) else None
         self._mixture = mixture.first() if isinstance(mixture, MixtureSchedule) else mixture
+        self._full_mixture = mixture
+        self._unmeasured = needs_measuring(mixture)
         self._estimates = token_estimates(mixture, self._datasets)
-        self._phases = resolve(mixture, names, self._estimates)
+        # until measure_tokens runs, phases as if every sample weighed one token
+        provisional = dict.fromkeys(names, 1.0) if self._unmeasured else self._estimates
+        self._phases = resolve(mixture, names, provisional)
         self._weights = self._phases[0].weights
+
+    def needs_measuring(self) -> bool:
+        """Whether the mixture is in tokens with nothing measured yet (see measure_tokens)."""
+        return self._unmeasured
+
+    def measure_tokens(self, count: Callable[[list[Any]], list[int]]) -> bool:
+        """Measure a token mixture's estimates with ``count`` (rows -> the tokens each
+        becomes in the pipeline) on :data:`MEASURE_SAMPLES` rows per dataset, picked as
+        :class:`TokenCalibration` picks them (every row of a smaller dataset). False when the
+        mixture needs no measuring. The estimates join the configuration and its
+        fingerprint, as calibrated ones do."""
+        if not self._unmeasured:
+            return False
+        names = [d.name for d in self._datasets]
+        try:
+            sample = TokenCalibration(samples=MEASURE_SAMPLES)
+            self._estimates = sample.calibrate(self._datasets, count)
+        except DataError as exc:
+            raise ConfigError(
+                f"token mixture: measuring tokens per sample through the pipeline failed on a "
+                f"sampled row: {exc}; fix the data or the operators, or pass "
+                "tokens_per_sample={...} or calibration=TokenCalibration(...) to the MixtureSpec"
+            ) from None
+        self._unmeasured = False
+        self._phases = resolve(self._full_mixture, names, self._estimates)
+        self._config = self._make_config()
+        self._fingerprint = xxhash.xxh64_hexdigest(
+            json.dumps(self._config, sort_keys=True).encode()
+        )
+        self._reset_state()
+        return True
+
+    def _require_estimates(self) -> None:
+        if self._unmeasured:
+            raise ConfigError(
+                "the mixture is in tokens (unit='tokens') but nothing measured its tokens per "
+                "sample: add .tokenize(...) to the pipeline (it measures them; so does "
+                ".tokenize_chat), or pass "
+                "tokens_per_sample={dataset: mean tokens} or calibration=TokenCalibration(...) "
+                "to the MixtureSpec"
+            )
 
     def _make_config(self) -> dict[str, Any]:
         return {
@@ -388,6 +446,7 @@ class StaticMixtureWorkSource(WorkSource):
     @property
     def fingerprint(self) -> str:
         """A hash of the configuration; a state from another configuration is refused."""
+        self._require_estimates()
         return self._fingerprint
 
     @property
@@ -619,6 +678,7 @@ class StaticMixtureWorkSource(WorkSource):
         return k * lanes + int(np.flatnonzero(perm == self._lane_id)[0])
 
     def next_chunk(self) -> WorkChunk | None:
+        self._require_estimates()
         if self._lane_id is None:
             return None if self._done else self._step(generate=True)
         if self._lane_done:
@@ -635,6 +695,7 @@ class StaticMixtureWorkSource(WorkSource):
     # -- state ----------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        self._require_estimates()
         return {
             "version": STATE_VERSION,
             "kind": "StaticMixtureWorkSource",
