@@ -214,7 +214,7 @@ def test_explain_returns_plan_as_data_and_text():
     assert names == ["fetch", "decode_text", "tokenize", "replay_filter", "batch"]
     assert [s["parallelism"] for s in data["stages"]][1:] == [3, 2, 1, 1]
     assert data["stages"][4]["runner"] == "driver" and data["stages"][4]["micro_batch"] == 16
-    assert data["lanes"] == [2, 3]
+    assert data["lanes"] == [1, 3]  # rank 1 of 2 over 4 lanes, interleaved (the default)
     text = str(plan)
     assert "tokenize" in text and "stalls sentinels" in text
 
