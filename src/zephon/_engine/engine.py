@@ -141,6 +141,7 @@ class Engine:
         self.monotone = is_monotone(specs)
         k = flush_every(options, self.monotone)
         self.config = pipeline_config(source, specs, options, k)
+        self.config_fingerprint = ckpt.fingerprint(self.config)
         self.resume = resume
         targets: dict[int, SampleCursor] = {}
         if resume is not None:
@@ -436,7 +437,13 @@ class Engine:
             "mapping": self.options.mapping,
         }
         return ckpt.build(
-            self.config, world, position.lanes, self.lanes, position.order, position.turn
+            self.config,
+            world,
+            position.lanes,
+            self.lanes,
+            position.order,
+            position.turn,
+            self.config_fingerprint,
         )
 
     def checkpoint(self) -> dict[str, Any]:
