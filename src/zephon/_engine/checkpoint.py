@@ -193,6 +193,17 @@ class ParsedCheckpoint:
     tail_turn: int
     world: Mapping[str, Any]
 
+    @property
+    def epoch(self) -> int:
+        """The pass over the data the checkpoint is in (``Pipeline.set_epoch``)."""
+        epoch = self.config.get("epoch", 0)
+        return epoch if isinstance(epoch, int) else 0
+
+    @property
+    def finished(self) -> bool:
+        """Whether every lane it describes had delivered its whole stream."""
+        return all(lc.done for lc in self.lanes.values())
+
 
 def _need(mapping: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
     if not isinstance(mapping, Mapping) or key not in mapping:

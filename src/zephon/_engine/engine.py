@@ -76,6 +76,8 @@ def pipeline_config(
             "flush_every_k_chunks": k,
         }
     )
+    if source.epoch:  # epoch 0 leaves the configuration (and old fingerprints) as they were
+        config["epoch"] = source.epoch
     return config
 
 
@@ -153,7 +155,11 @@ class Engine:
         self.specs = with_replay_filter(specs, targets, monotone=self.monotone)
         seed = getattr(source, "seed", 0)
         self.contexts = compile_contexts(
-            self.specs, options, self.lanes, source_seed=seed if isinstance(seed, int) else 0
+            self.specs,
+            options,
+            self.lanes,
+            source_seed=seed if isinstance(seed, int) else 0,
+            epoch=source.epoch,
         )
         self.stats = RunStats()
         self.op_stats: list[OpStats] | None = None
