@@ -730,8 +730,10 @@ def _config_diff(saved: Any, current: dict[str, Any]) -> str:
     if not isinstance(saved, Mapping):
         return "the state carries no configuration summary"
     diffs = []
+    absent = {"epoch": 0}  # keys left out at their default value
     for key in sorted(set(saved) | set(current)):
-        a, b = saved.get(key, "<missing>"), current.get(key, "<missing>")
+        a = saved.get(key, absent.get(key, "<missing>"))
+        b = current.get(key, absent.get(key, "<missing>"))
         if json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True):
             diffs.append(f"{key}: saved {a!r}, now {b!r}")
     return "; ".join(diffs) if diffs else "fingerprints differ"
