@@ -32,7 +32,9 @@ from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 from zephon._engine.snapshot_codec import unpack_state
 from zephon.checkpoints import refetch_counts
 
-REFERENCE_ROWS = [{"text": f"doc {i}: " + "lorem ipsum dolor " * (1 + i % 23)} for i in range(20000)]
+REFERENCE_ROWS = [
+    {"text": f"doc {i}: " + "lorem ipsum dolor " * (1 + i % 23)} for i in range(20000)
+]
 
 
 def reference_pipeline() -> Pipeline:

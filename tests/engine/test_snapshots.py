@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tests.engine import _resume as resume
-from zephon._engine.snapshot_codec import pack_state, unpack_state
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon._engine.snapshot_codec import pack_state, unpack_state
 from zephon.checkpoints import refetch_counts, seal
 from zephon.errors import CheckpointError
 from zephon.types import SampleBatch

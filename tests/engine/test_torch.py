@@ -134,6 +134,7 @@ def test_set_epoch_through_a_stateful_dataloader_resumes_inside_the_second_epoch
     for epoch in range(2):
         dl.dataset.set_epoch(epoch)
         passes.append(list(dl))
+
     def samples(batches: list[Any]) -> list[Any]:
         return sorted(sid for _, sids in batches for sid in sids)
 

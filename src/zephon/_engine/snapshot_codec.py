@@ -5,9 +5,9 @@ returns them in ``state_dict`` as the ``SampleRecord`` objects themselves. In a 
 one is written as its meta only, never its payload, so a checkpoint stays small whatever the
 records hold; a restore rebuilds the payloads from the source (see ``rebuild.py``).
 
-A lane's saved state of one buffering operator is written deflated (``pack_state``: zlib, base64 in a
-one-key ``$zz`` dict) once its JSON passes ``PACK_MIN_BYTES``: a reservoir of a few hundred
-record metas is highly repetitive, so a checkpoint per training step stays a few KB.
+A lane's saved state of one buffering operator is written deflated (``pack_state``: zlib,
+base64 in a one-key ``$zz`` dict) once its JSON passes ``PACK_MIN_BYTES``: a reservoir of a few
+hundred record metas is highly repetitive, so a checkpoint per training step stays a few KB.
 
 Values keep their Python types across the round trip (tuples, integer dict keys, cursors,
 contributor refs), because the restored records must equal the originals exactly. Tagged forms
