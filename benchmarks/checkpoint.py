@@ -28,32 +28,10 @@ import statistics
 import time
 from typing import Any
 
+from _reference import reference_pipeline
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 from zephon._engine.snapshot_codec import unpack_state
 from zephon.checkpoints import refetch_counts
-
-REFERENCE_ROWS = [
-    {"text": f"doc {i}: " + "lorem ipsum dolor " * (1 + i % 23)} for i in range(20000)
-]
-
-
-def reference_pipeline() -> Pipeline:
-    """The pipeline of benchmarks/trainer.py: what a training loop checkpoints every step."""
-    source = StaticMixtureWorkSource(
-        datasets=[Dataset.from_records("docs", REFERENCE_ROWS, shard_size=2000)],
-        mixture=MixtureSpec({"docs": 1.0}),
-        chunk_size=64,
-        seed=1,
-    )
-    return (
-        Pipeline(source)
-        .decode_text()
-        .tokenize("bytes", max_length=256)
-        .shuffle(256, seed=2)
-        .pack_flat(256, pad_token_id=0)
-        .batch(4)
-        .options(runner="inline", canonical_replicas=4)
-    )
 
 
 def per_step(steps: int, warmup: int) -> dict[str, Any]:
