@@ -64,18 +64,24 @@ def test_each_epoch_is_another_order_of_every_item_once_on_every_runner():
     assert [key(b) for b in build()] == passes[0]
 
 
-@pytest.mark.parametrize("runner", ["inline", "threads", "process"])
+@pytest.mark.parametrize("runner", ["inline", "threads", "process", "engine_process"])
 def test_a_resume_mid_epoch_two_continues_exactly(runner: str):
     reference = [key(b) for b in build(epoch=2)]
     stops = [3, len(reference) // 2]
-    assert run_with_stops(lambda: build(runner, epoch=2), key, stops) == reference
+
+    def make() -> Pipeline:
+        if runner == "engine_process":  # the engine in a child, checkpoints in the consumer
+            return build("threads", epoch=2).options(engine_process=True)
+        return build(runner, epoch=2)
+
+    assert run_with_stops(make, key, stops) == reference
     # a new pipeline that never heard of set_epoch takes the epoch from the checkpoint
     pipe = build(epoch=2)
     it = iter(pipe)
     head = [key(next(it)) for _ in range(stops[1])]
     state = json.loads(json.dumps(pipe.checkpoint()))
     it.close()  # type: ignore[attr-defined]
-    fresh = build(runner).restore(state)
+    fresh = build("threads" if runner == "engine_process" else runner).restore(state)
     assert fresh.epoch == 2 and state["config"]["epoch"] == 2
     assert head + [key(b) for b in fresh] == reference
 
