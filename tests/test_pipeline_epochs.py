@@ -94,6 +94,14 @@ def test_the_epoch_is_part_of_the_fingerprint_and_of_merges():
     other_rank = build(epoch=2).options(dp_world_size=2, dp_rank=1)
     with pytest.raises(CheckpointError, match="epoch"):
         merge_checkpoints([one_rank.checkpoint(), other_rank.checkpoint()])
+    pipe = build()
+    for _ in pipe:
+        pass
+    assert all(lane["done"] for lane in pipe.checkpoint()["lanes"].values())
+    for epoch in (0, 1):  # after set_epoch a checkpoint describes the start of that pass
+        state = pipe.set_epoch(epoch).checkpoint()
+        assert state["config"].get("epoch", 0) == epoch
+        assert not any(lane["done"] or lane["delivered"] for lane in state["lanes"].values())
 
 
 def test_set_epoch_after_a_restore_keeps_finishes_or_refuses():

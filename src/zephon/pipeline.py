@@ -555,8 +555,7 @@ class Pipeline:
                     f"that epoch first, or build a new pipeline to start epoch {epoch} afresh"
                 )
             self._resume = None  # that epoch was complete: the new one starts at its beginning
-        if epoch != self._epoch:
-            self._engine = None  # checkpoint() now describes the start of the new epoch
+        self._engine = None  # checkpoint() now describes the start of that pass
         self._epoch = epoch
         self._epoch_chosen = True
         return self
