@@ -143,6 +143,8 @@ def test_epochs_from_the_file_and_the_command_line_resume_within_their_epoch(
     assert run("--resume", "--epoch", "1", "--max-batches", "4", *common) == 0
     assert checkpoint_files(workdir / "ck")[-1].name == "ckpt-e000001-0000000004.json"
     capsys.readouterr()
+    assert main(["checkpoint", "inspect", str(checkpoint_files(workdir / "ck")[-1]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["epoch"] == 1
     assert run("--resume", "--epoch", "2", *common) == 2  # epoch 1 is not finished
     assert "middle of epoch 1; call set_epoch(1)" in capsys.readouterr().err
     assert run("--resume", *common) == 0  # no --epoch: the checkpoint's epoch goes on
