@@ -1,5 +1,11 @@
 """Bounded recovery: checkpoint size and restore-to-first-batch time.
 
+Table 0 (per step): ``pipeline.checkpoint()`` after every batch of the reference pipeline
+(tokenize, shuffle 256, pack_flat 256, batch 4; 4 lanes, chunks of 64, inline), as a training
+loop that checkpoints every step calls it: per-call cost (median, mean, p90, max in ms) and
+JSON size (``json.dumps``, median and max in KB) over the steps after a warm-up, and the time
+to the first batch of a restore from one of them.
+
 Table 1 (a monotone pipeline): after 10, 100, 1000 steps; both must stay flat, since a
 checkpoint holds per-lane cursors and source states, never the history.
 
@@ -10,7 +16,7 @@ of the same run (medians of 5; the replay, seconds long, runs once); plus checkp
 buffered record. Garbage is collected before each timed start (cold and restored alike), so a
 collection owed by building the 240k-row corpus in memory is not charged to whichever run
 happens to trigger it. Prints the tables and a final JSON line.
-Usage: ``python benchmarks/checkpoint.py [--docs 240000] [--skip-monotone]``.
+Usage: ``python benchmarks/checkpoint.py [--docs 240000] [--skip-monotone] [--per-step-only]``.
 """
 
 from __future__ import annotations
@@ -22,8 +28,43 @@ import statistics
 import time
 from typing import Any
 
+from _reference import reference_pipeline
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon._engine.snapshot_codec import unpack_state
 from zephon.checkpoints import refetch_counts
+
+
+def per_step(steps: int, warmup: int) -> dict[str, Any]:
+    """``checkpoint()`` after every batch: cost and size at steady state."""
+    pipe = reference_pipeline()
+    costs: list[float] = []
+    sizes: list[int] = []
+    it = iter(pipe)
+    saved: dict[str, Any] = {}
+    for step in range(1, steps + 1):
+        next(it)
+        start = time.perf_counter()
+        state = pipe.checkpoint()
+        elapsed = time.perf_counter() - start
+        if step > warmup:
+            costs.append(elapsed)
+            sizes.append(len(json.dumps(state)))
+            saved = state
+    expected = next(it).ids
+    it.close()  # type: ignore[attr-defined]
+    restore_s, first = first_batch_s(reference_pipeline().restore(json.loads(json.dumps(saved))))
+    assert first.ids == expected, "restore did not continue where the checkpoint was taken"
+    costs.sort()
+    return {
+        "steps": len(costs),
+        "ms_median": round(statistics.median(costs) * 1e3, 3),
+        "ms_mean": round(statistics.fmean(costs) * 1e3, 3),
+        "ms_p90": round(costs[int(0.9 * (len(costs) - 1))] * 1e3, 3),
+        "ms_max": round(costs[-1] * 1e3, 3),
+        "kb_median": round(statistics.median(sizes) / 1024, 1),
+        "kb_max": round(max(sizes) / 1024, 1),
+        "restore_first_batch_s": round(restore_s, 4),
+    }
 
 
 def build(docs: int, lanes: int) -> Pipeline:
@@ -127,7 +168,7 @@ def state_bytes(state: dict[str, Any]) -> dict[str, float]:
     """Checkpoint bytes per open pack bin, per buffered shuffle record, per queued record."""
     sizes = {"per_open_bin": [0, 0], "per_shuffled": [0, 0], "per_mixture_queued": [0, 0]}
     for lane in state["lanes"].values():
-        ops = lane.get("operator_state") or {}
+        ops = {k: unpack_state(v) for k, v in (lane.get("operator_state") or {}).items()}
         pack, shuffle, mixture = ops.get("3") or {}, ops.get("4") or {}, ops.get("5") or {}
         if pack:
             sizes["per_open_bin"][0] += len(json.dumps(pack))
@@ -199,8 +240,17 @@ def main() -> None:
     parser.add_argument("--points", type=int, default=10)
     parser.add_argument("--snapshot-every-records", type=int, default=128)
     parser.add_argument("--skip-monotone", action="store_true")
+    parser.add_argument("--per-step-only", action="store_true", help="only table 0")
+    parser.add_argument("--steps", type=int, default=400, help="table 0: batches")
     args = parser.parse_args()
     out: dict[str, Any] = {"benchmark": "checkpoint"}
+    step = per_step(args.steps, warmup=50)
+    print("checkpoint() per step, reference pipeline (4 lanes):")
+    print_table([step])
+    out["per_step"] = step
+    if args.per_step_only:
+        print(json.dumps(out))
+        return
     if not args.skip_monotone:
         rows = [measure(steps, args.docs, args.lanes) for steps in (10, 100, 1000)]
         print_table(rows)

@@ -33,31 +33,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
-from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from _reference import reference_pipeline as pipeline
 from zephon.integrations._ranks import global_state, max_over_ranks
 from zephon.integrations.transformers import ZephonTrainer
 from zephon.torch_data import hf_tensors
 from zephon.torch_loader import PipelineDataLoader
-
-ROWS = [{"text": f"doc {i}: " + "lorem ipsum dolor " * (1 + i % 23)} for i in range(20000)]
-
-
-def pipeline() -> Pipeline:
-    source = StaticMixtureWorkSource(
-        datasets=[Dataset.from_records("docs", ROWS, shard_size=2000)],
-        mixture=MixtureSpec({"docs": 1.0}),
-        chunk_size=64,
-        seed=1,
-    )
-    return (
-        Pipeline(source)
-        .decode_text()
-        .tokenize("bytes", max_length=256)
-        .shuffle(256, seed=2)
-        .pack_flat(256, pad_token_id=0)
-        .batch(4)
-        .options(runner="inline", canonical_replicas=4)
-    )
 
 
 def model() -> Any:

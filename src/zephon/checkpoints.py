@@ -34,7 +34,7 @@ __all__ = [
     "seal",
 ]
 
-CHECKPOINT_RE = re.compile(r"^ckpt-(\d+)\.json$")
+CHECKPOINT_RE = re.compile(r"^ckpt-(?:e(\d+)-)?(\d+)\.json$")
 #: Suffix given to a checkpoint file found invalid, so it is never picked (or pruned) again.
 REJECTED_SUFFIX = ".invalid"
 
@@ -125,7 +125,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def checkpoint_files(directory: str | os.PathLike[str]) -> list[Path]:
-    """``ckpt-<items>.json`` files of a checkpoint directory, oldest first."""
+    """``ckpt-<items>.json`` (and ``ckpt-e<epoch>-<items>.json``) files of a checkpoint
+    directory, oldest first: by epoch, then by items delivered in it."""
     folder = Path(directory)
     if not folder.is_dir():
         return []
@@ -133,13 +134,16 @@ def checkpoint_files(directory: str | os.PathLike[str]) -> list[Path]:
     for p in folder.iterdir():
         m = CHECKPOINT_RE.match(p.name)
         if m:
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
+            found.append((int(m.group(1) or 0), int(m.group(2)), p))
+    return [p for _, _, p in sorted(found)]
 
 
-def checkpoint_path(directory: str | os.PathLike[str], items: int) -> Path:
-    """Where ``zephon run`` keeps the checkpoint taken after ``items`` delivered items."""
-    return Path(directory) / f"ckpt-{items:010d}.json"
+def checkpoint_path(directory: str | os.PathLike[str], items: int, epoch: int = 0) -> Path:
+    """Where ``zephon run`` keeps the checkpoint taken after ``items`` delivered items of
+    ``epoch`` (``ckpt-<items>.json`` in epoch 0, ``ckpt-e<epoch>-<items>.json`` after it, so a
+    later epoch's checkpoints are always the newer ones)."""
+    name = f"ckpt-{items:010d}.json" if epoch == 0 else f"ckpt-e{epoch:06d}-{items:010d}.json"
+    return Path(directory) / name
 
 
 @dataclass

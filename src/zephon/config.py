@@ -31,7 +31,16 @@ from zephon.pipeline import OPERATOR_METHODS
 
 __all__ = ["OPERATORS", "ConfigFileError", "PipelineConfig", "load_config", "parse_config"]
 
-TOP_LEVEL_KEYS = ("datasets", "mixture", "source", "fetch", "operators", "runner", "options")
+TOP_LEVEL_KEYS = (
+    "datasets",
+    "mixture",
+    "source",
+    "fetch",
+    "operators",
+    "runner",
+    "options",
+    "epoch",
+)
 DATASET_KEYS = ("name", "path", "format", "columns", "storage_options", "cache_dir", "cache")
 
 #: Operator name in YAML -> Pipeline builder method of the same name (one registry).
@@ -367,6 +376,7 @@ class PipelineConfig:
     operators: list[OperatorConfig] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
     file: str | None = None
+    epoch: int | None = None  # Pipeline.set_epoch; None: not given (epoch 0)
 
     def _fail(self, key: str, message: str) -> ConfigFileError:
         return ConfigFileError(key, message, file=self.file)
@@ -428,6 +438,8 @@ class PipelineConfig:
         except ConfigError as exc:
             raise self._fail("source", str(exc)) from None
         pipe = Pipeline(source)
+        if self.epoch is not None:
+            pipe.set_epoch(self.epoch)
         if self.fetch:
             pipe.fetch(**self.fetch)
         for op in self.operators:
@@ -461,6 +473,7 @@ class PipelineConfig:
             else repr(self.mixture),
             "operators": [op.name for op in self.operators],
             "options": {k: v for k, v in self.options.items() if not callable(v)},
+            "epoch": self.epoch or 0,
         }
 
 
@@ -717,7 +730,18 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
         fetch=fetch,
         operators=operators,
         options=_options(data),
+        epoch=_epoch(data.get("epoch")),
     )
+
+
+def _epoch(value: Any) -> int | None:
+    """The ``epoch`` key: which pass over the data the pipeline delivers (``set_epoch``)."""
+    if value is None:
+        return None
+    epoch = check_value(value, int, "epoch")
+    if epoch < 0:
+        raise ConfigFileError("epoch", f"must be an integer >= 0, got {_show(value)}")
+    return int(epoch)
 
 
 def load_config(path: str | os.PathLike[str]) -> PipelineConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal, TypeVar
@@ -27,7 +28,7 @@ from zephon._ops.shuffle import ShuffleAlgorithm, ShuffleOp
 from zephon._ops.stateful_transform import StatefulTransformOp
 from zephon._ops.tokenize import SpecialTokens, TokenizeOp
 from zephon._ops.tokenize_chat import TokenizeChatOp
-from zephon.errors import ConfigError
+from zephon.errors import CheckpointError, ConfigError
 from zephon.ops import BaseOp
 from zephon.options import RuntimeOptions
 from zephon.types import SampleBatch, StreamItem
@@ -37,6 +38,7 @@ __all__ = ["OPERATOR_METHODS", "Pipeline", "Placement"]
 
 Placement = Literal["local", "remote"]
 _Method = TypeVar("_Method", bound=Callable[..., Any])
+log = logging.getLogger("zephon")
 
 #: The builder methods that append a built-in operator, in definition order. Their names are
 #: the operators' YAML names, and their signatures the YAML parameters (zephon.config).
@@ -77,6 +79,8 @@ class Pipeline:
         self._engine: Engine | EngineProcess | None = None
         self._engine_done = True
         self._resume: ckpt.ParsedCheckpoint | None = None
+        self._epoch = 0
+        self._epoch_chosen = True  # False once an iteration started without a new set_epoch
 
     # -- builder -------------------------------------------------------------------------
 
@@ -538,8 +542,18 @@ class Pipeline:
             raise RuntimeError(
                 "this pipeline is already being iterated; finish or close that iterator first"
             )
+        if not self._epoch_chosen and self._resume is None:
+            log.warning(
+                "zephon: this pipeline is iterated again at epoch %d without set_epoch(): it "
+                "delivers that epoch again from its start, in the same order. Call "
+                "pipeline.set_epoch(n) before each pass for a new order (set_epoch(%d) to "
+                "repeat it on purpose without this warning).",
+                self._epoch,
+                self._epoch,
+            )
+        self._epoch_chosen = False
         make = EngineProcess if self._options.engine_process else Engine
-        engine = make(self.work_source, self._all_specs(), self._options, self._resume)
+        engine = make(self._source(), self._all_specs(), self._options, self._resume)
         self._resume = None
         self._engine = engine
         self._engine_done = False
@@ -548,6 +562,45 @@ class Pipeline:
             yield from engine
         finally:
             self._engine_done = True
+
+    # -- epochs ----------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The pass over the data the next (or current) iteration delivers; 0 at first."""
+        return self._epoch
+
+    def _source(self) -> WorkSource:
+        return self.work_source.with_epoch(self._epoch)
+
+    def set_epoch(self, epoch: int) -> Pipeline:
+        """Make the next iteration pass ``epoch`` over the data: every item once, in an order
+        of its own (shard, row and chunk orders and shuffle seeds are keyed by the epoch),
+        the same in every run. The epoch is part of checkpoints and of their fingerprint.
+
+        After ``restore()`` the pipeline is at the checkpoint's epoch; setting another one
+        drops a checkpoint whose epoch was complete and refuses one that was not.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"set_epoch: epoch must be an integer >= 0, got {epoch!r}")
+        if not self._engine_done:
+            raise RuntimeError(
+                "set_epoch() must be called between iterations; this pipeline is being iterated"
+            )
+        self.work_source.with_epoch(epoch)  # a source without epochs refuses here
+        resume = self._resume
+        if resume is not None and resume.epoch != epoch:
+            if not resume.finished:
+                raise CheckpointError(
+                    f"set_epoch({epoch}): the restored checkpoint is in the middle of epoch "
+                    f"{resume.epoch}; call set_epoch({resume.epoch}) (or leave it) to finish "
+                    f"that epoch first, or build a new pipeline to start epoch {epoch} afresh"
+                )
+            self._resume = None  # that epoch was complete: the new one starts at its beginning
+        self._engine = None  # checkpoint() now describes the start of that pass
+        self._epoch = epoch
+        self._epoch_chosen = True
+        return self
 
     # -- checkpoints -----------------------------------------------------------------------
 
@@ -560,7 +613,7 @@ class Pipeline:
         engine = self._engine
         if engine is not None and self._resume is None and engine.prepared:
             return engine.checkpoint()
-        engine = Engine(self.work_source, self._all_specs(), self._options, self._resume)
+        engine = Engine(self._source(), self._all_specs(), self._options, self._resume)
         engine.prepare()
         return engine.checkpoint()
 
@@ -568,15 +621,19 @@ class Pipeline:
         """Resume from ``state`` at the next iteration; validated now, applied at ``iter()``.
 
         The state may come from another number of data-parallel ranks (merged with
-        :func:`zephon.merge_checkpoints`) as long as ``canonical_replicas`` is the same.
+        :func:`zephon.merge_checkpoints`) as long as ``canonical_replicas`` is the same. The
+        pipeline takes the checkpoint's epoch (:attr:`epoch`).
         """
         if not self._engine_done:
             raise RuntimeError(
                 "restore() must be called before iterating; this pipeline is being iterated"
             )
         parsed = ckpt.parse(state)
-        Engine(self.work_source, self._all_specs(), self._options, parsed)  # validates
+        source = self.work_source.with_epoch(parsed.epoch)
+        Engine(source, self._all_specs(), self._options, parsed)  # validates
         self._resume = parsed
+        self._epoch = parsed.epoch
+        self._epoch_chosen = True
         self._engine = None
         return self
 

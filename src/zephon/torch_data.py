@@ -119,6 +119,7 @@ class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
         self._pending: Mapping[str, Any] | None = None
         self._batch_start: dict[str, Any] | None = None  # rows: checkpoint before the batch
         self._rows_taken = 0  # rows: rows of the current batch already yielded
+        self._epoch: int | None = None  # set_epoch since the last load_state_dict
 
     def _pipeline_for_worker(self) -> Pipeline:
         info = get_worker_info() if get_worker_info is not None else None
@@ -138,6 +139,8 @@ class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
             pending = pending["checkpoint"]
         if pending is not None:
             pipe.restore(pending)
+            if self._epoch is not None:  # set after the load: continue, start or refuse
+                pipe.set_epoch(self._epoch)
         if self.rows:
             return self._iter_rows(pipe, skip)
         return self._iter_items(pipe)
@@ -175,3 +178,15 @@ class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._pending = state
         self._batch_start, self._rows_taken = None, 0
+        self._epoch = None  # the state carries its epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """The next iteration is pass ``epoch`` over the data (``Pipeline.set_epoch``); call it
+        before each epoch, before the DataLoader starts its workers. After
+        ``load_state_dict`` it continues the saved epoch if it is the same, starts ``epoch``
+        if the saved one was complete, and refuses to skip the rest of an unfinished one."""
+        self._epoch = epoch
+        if self._pending is None:
+            self.pipeline.set_epoch(epoch)
+            if self._worker_pipeline is not None:
+                self._worker_pipeline.set_epoch(epoch)

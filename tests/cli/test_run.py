@@ -119,3 +119,33 @@ def test_metrics_server_serves_prometheus_text() -> None:
             urllib.request.urlopen(server.url.replace("/metrics", "/other"), timeout=10)
     finally:
         server.close()
+
+
+def test_epochs_from_the_file_and_the_command_line_resume_within_their_epoch(
+    workdir: Path, capsys
+) -> None:
+    def run(*extra: str, config: str = "pipeline.yaml") -> int:
+        return main(["run", str(workdir / config), "--quiet", *extra])
+
+    def samples(path: Path) -> list[tuple[int, ...]]:
+        return [tuple(s) for batch in _ids(path) for s in batch]
+
+    assert run("--record", str(workdir / "e0.jsonl")) == 0
+    assert run("--epoch", "1", "--record", str(workdir / "e1.jsonl")) == 0
+    (workdir / "one.yaml").write_text((workdir / "pipeline.yaml").read_text() + "epoch: 1\n")
+    assert run("--record", str(workdir / "file1.jsonl"), config="one.yaml") == 0
+    e0, e1 = samples(workdir / "e0.jsonl"), samples(workdir / "e1.jsonl")
+    assert e1 != e0 and len(set(e1)) == len(e1)  # (packed rows: ids of their first records)
+    assert samples(workdir / "file1.jsonl") == e1
+    # epoch 0 to its end, then epoch 1 in two parts, all in one checkpoint folder
+    common = ("--checkpoint-dir", str(workdir / "ck"), "--record", str(workdir / "parts.jsonl"))
+    assert run(*common) == 0
+    assert run("--resume", "--epoch", "1", "--max-batches", "4", *common) == 0
+    assert checkpoint_files(workdir / "ck")[-1].name == "ckpt-e000001-0000000004.json"
+    capsys.readouterr()
+    assert main(["checkpoint", "inspect", str(checkpoint_files(workdir / "ck")[-1]), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["epoch"] == 1
+    assert run("--resume", "--epoch", "2", *common) == 2  # epoch 1 is not finished
+    assert "middle of epoch 1; call set_epoch(1)" in capsys.readouterr().err
+    assert run("--resume", *common) == 0  # no --epoch: the checkpoint's epoch goes on
+    assert samples(workdir / "parts.jsonl") == e0 + e1

@@ -87,3 +87,29 @@ def test_numpy_scalars_become_numbers_and_infinities_survive():
 def test_what_a_checkpoint_cannot_hold_is_named():
     with pytest.raises(ContractError, match=r"operator 'x'.*cannot save a ndarray"):
         encode({"buffer": np.zeros(3)}, "operator 'x'")
+
+
+def test_large_states_are_deflated_and_come_back_exactly():
+    from zephon._engine.snapshot_codec import PACK_MIN_BYTES, pack_state, unpack_state
+
+    records = [
+        SampleRecord(SampleMeta((0, 3, i), 1, i // 64, i % 64, (), 0), None) for i in range(256)
+    ]
+    state = encode({"items": records, "emitted": 10, "nan": float("nan")})
+    packed = pack_state(state)
+    assert list(packed) == ["$zz"] and len(json.dumps(packed)) * 4 < len(json.dumps(state))
+    back = json.loads(json.dumps(unpack_state(json.loads(json.dumps(packed)))))
+    assert json.dumps(back) == json.dumps(state)
+    small = encode({"items": records[:1]})
+    assert len(json.dumps(small)) < PACK_MIN_BYTES and pack_state(small) is small
+    assert unpack_state(small) is small
+    own = {"$zz": "a key of a user's own"}  # never mistaken for a deflated state
+    assert unpack_state(pack_state(own)) == own
+
+
+def test_a_damaged_deflated_state_is_refused_clearly():
+    from zephon._engine.snapshot_codec import unpack_state
+    from zephon.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="operator state is damaged"):
+        unpack_state({"$zz": "bm90IHpsaWI="})

@@ -10,6 +10,7 @@ import pytest
 
 from tests.engine import _resume as resume
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon._engine.snapshot_codec import pack_state, unpack_state
 from zephon.checkpoints import refetch_counts, seal
 from zephon.errors import CheckpointError
 from zephon.types import SampleBatch
@@ -113,7 +114,7 @@ def test_a_mid_epoch_checkpoint_restarts_at_the_snapshot_with_records_by_meta(re
         lane["start_chunk_id"] // k * k,
         0,
     ), "the restart point must be newer than the last flush"
-    text = json.dumps(lane["operator_state"])
+    text = json.dumps({k: unpack_state(v) for k, v in lane["operator_state"].items()})
     assert "$zrec" in text and "input_ids" not in text  # records by meta, never payloads
     counts = refetch_counts(state)
     assert 0 < counts[0] <= len(TEXTS) + len(OTHER)
@@ -205,12 +206,11 @@ def test_a_version_2_checkpoint_cut_inside_an_epoch_is_refused_without_its_state
 
 def test_damaged_record_state_is_refused_with_a_clear_error():
     state = checkpoint_after(build(records=8), 20)
-    lanes = [lane for lane in state["lanes"].values() if "$zrec" in json.dumps(lane)]
-    saved = lanes[0]["operator_state"]
+    saved = {k: unpack_state(v) for k, v in state["lanes"]["0"]["operator_state"].items()}
     key_ = next(k for k in RECORD_STATES if "$zrec" in json.dumps(saved[k]))
     # the first named record now points into a dataset the source does not have
     text = re.sub(r'"\$zrec": \[\[\d+', '"$zrec": [[7', json.dumps(saved[key_]), count=1)
-    saved[key_] = json.loads(text)
+    state["lanes"]["0"]["operator_state"][key_] = pack_state(json.loads(text))
     with pytest.raises(CheckpointError, match=r"could not be rebuilt .*IndexError"):
         list(build(records=8).restore(seal(state)))
 

@@ -8,7 +8,7 @@ import pytest
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from tests.engine._sources import RangeSource
-from zephon import Dataset, Pipeline
+from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon.errors import ConfigError
 from zephon.types import SampleBatch
 
@@ -117,3 +117,48 @@ def test_rows_without_per_row_arrays_are_refused():
     dataset = build().to_torch_dataset(transform=lambda b: {"n": len(b)}, rows=True)
     with pytest.raises(ConfigError, match="no per-row arrays"):
         next(iter(dataset))
+
+
+def epoch_build() -> Pipeline:
+    ds = Dataset.from_records("rows", ROWS, shard_size=50)
+    source = StaticMixtureWorkSource([ds], chunk_size=8, seed=2)
+    return (
+        Pipeline(source)
+        .decode_text()
+        .tokenize("bytes")
+        .shuffle(16, seed=1)
+        .batch(4)
+        .options(canonical_replicas=4, runner="threads")
+    )
+
+
+@pytest.mark.timeout(120)
+def test_set_epoch_through_a_stateful_dataloader_resumes_inside_the_second_epoch():
+    def loader() -> StatefulDataLoader:
+        return StatefulDataLoader(
+            epoch_build().to_torch_dataset(transform=ids),
+            batch_size=None,
+            collate_fn=identity,
+            num_workers=2,
+        )
+
+    dl = loader()
+    passes = []
+    for epoch in range(2):
+        dl.dataset.set_epoch(epoch)
+        passes.append(list(dl))
+
+    def samples(batches: list[Any]) -> list[Any]:
+        return sorted(sid for _, sids in batches for sid in sids)
+
+    assert passes[0] != passes[1] and samples(passes[0]) == samples(passes[1])
+    dl.dataset.set_epoch(1)
+    it = iter(dl)
+    head = [next(it) for _ in range(9)]
+    state = dl.state_dict()
+    del it
+    resumed = loader()
+    resumed.load_state_dict(state)
+    resumed.dataset.set_epoch(1)  # the usual loop: load, then set the epoch it was in
+    rest = list(resumed)
+    assert sorted(head + rest) == sorted(passes[1])  # epoch 1's batches, each once

@@ -86,6 +86,8 @@ def pipeline_config(
             "flush_every_k_chunks": k,
         }
     )
+    if source.epoch:  # epoch 0 leaves the configuration (and old fingerprints) as they were
+        config["epoch"] = source.epoch
     return config
 
 
@@ -149,6 +151,7 @@ class Engine:
         self.monotone = is_monotone(specs)
         k = flush_every(options, self.monotone)
         self.config = pipeline_config(source, specs, options, k)
+        self.config_fingerprint = ckpt.fingerprint(self.config)
         self.resume = resume
         targets: dict[int, SampleCursor] = {}
         if resume is not None:
@@ -160,7 +163,11 @@ class Engine:
         self.specs = with_replay_filter(specs, targets, monotone=self.monotone)
         seed = getattr(source, "seed", 0)
         self.contexts = compile_contexts(
-            self.specs, options, self.lanes, source_seed=seed if isinstance(seed, int) else 0
+            self.specs,
+            options,
+            self.lanes,
+            source_seed=seed if isinstance(seed, int) else 0,
+            epoch=source.epoch,
         )
         self.stats = RunStats()
         self.op_stats: list[OpStats] | None = None
@@ -442,7 +449,13 @@ class Engine:
             "mapping": self.options.mapping,
         }
         return ckpt.build(
-            self.config, world, position.lanes, self.lanes, position.order, position.turn
+            self.config,
+            world,
+            position.lanes,
+            self.lanes,
+            position.order,
+            position.turn,
+            self.config_fingerprint,
         )
 
     def checkpoint(self) -> dict[str, Any]:

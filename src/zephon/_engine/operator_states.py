@@ -23,6 +23,8 @@ from zephon._engine.snapshot_codec import (
     fill,
     held_records,
     materialize,
+    pack_state,
+    unpack_state,
 )
 from zephon._engine.snapshots import Rebuilder, holds_records
 from zephon.errors import CheckpointError
@@ -91,7 +93,8 @@ class OperatorStates:
                 continue
             saved = self.resume.lanes[lane].operator_state or {}
             if key in saved:
-                self._pending.append((index, op, acc, lane, saved[key]))
+                state = unpack_state(saved[key]) if records else saved[key]
+                self._pending.append((index, op, acc, lane, state))
             elif self._untouched(lane) or (records and self._at_epoch_start(lane)):
                 log.set_initial(lane, acc.state_dict(lane))  # type: ignore[attr-defined]
             else:
@@ -226,7 +229,7 @@ class OperatorStates:
         out: dict[str, Any] = {}
         for index, log in sorted(self.logs.items()):
             state = log.state_at(lane, *position)
-            if index in self._records:
-                state = encode(state, f"operator {log.op_name!r} state_dict()")
+            if index in self._records:  # record metas: repetitive, so deflated when large
+                state = pack_state(encode(state, f"operator {log.op_name!r} state_dict()"))
             out[self.key_of(index)] = state
         return out

@@ -165,9 +165,11 @@ def stalls_sentinels(op: BaseOp) -> bool:
     return isinstance(op, BatchOp) and op.drop_last
 
 
-def op_seed(source_seed: int, index: int, name: str) -> int:
-    """A 63-bit seed per operator: the source's seed, the stage and the name, hashed."""
-    return xxhash.xxh64_intdigest(f"{source_seed}:{index}:{name}".encode()) >> 1
+def op_seed(source_seed: int, index: int, name: str, epoch: int = 0) -> int:
+    """A 63-bit seed per operator: the source's seed, the stage, the name and (from epoch 1
+    on) the epoch, hashed."""
+    key = f"{source_seed}:{index}:{name}" + (f":{epoch}" if epoch else "")
+    return xxhash.xxh64_intdigest(key.encode()) >> 1
 
 
 def is_monotone(specs: list[OpSpec]) -> bool:
@@ -200,7 +202,12 @@ def _runner_of(spec: OpSpec, options: RuntimeOptions) -> tuple[str, int]:
 
 
 def compile_contexts(
-    specs: list[OpSpec], options: RuntimeOptions, lanes: list[int], *, source_seed: int = 0
+    specs: list[OpSpec],
+    options: RuntimeOptions,
+    lanes: list[int],
+    *,
+    source_seed: int = 0,
+    epoch: int = 0,
 ) -> list[OpContext]:
     """Each operator's context: its runner, width, seed and services."""
     contexts = []
@@ -214,9 +221,10 @@ def compile_contexts(
                 num_workers=width,
                 deterministic=options.deterministic,
                 runner=runner,
-                seed=op_seed(source_seed, index, op.name),
+                seed=op_seed(source_seed, index, op.name, epoch),
                 services=services(op.name, spec.resources if runner == "ray" else ()),
                 lanes=tuple(lanes),
+                epoch=epoch,
             )
         )
     return contexts

@@ -5,6 +5,10 @@ returns them in ``state_dict`` as the ``SampleRecord`` objects themselves. In a 
 one is written as its meta only, never its payload, so a checkpoint stays small whatever the
 records hold; a restore rebuilds the payloads from the source (see ``rebuild.py``).
 
+A lane's saved state of one buffering operator is written deflated (``pack_state``: zlib,
+base64 in a one-key ``$zz`` dict) once its JSON passes ``PACK_MIN_BYTES``: a reservoir of a few
+hundred record metas is highly repetitive, so a checkpoint per training step stays a few KB.
+
 Values keep their Python types across the round trip (tuples, integer dict keys, cursors,
 contributor refs), because the restored records must equal the originals exactly. Tagged forms
 are one-key dicts whose key starts with ``$z``; a plain dict with such a key is written tagged.
@@ -12,7 +16,11 @@ are one-key dicts whose key starts with ``$z``; a plain dict with such a key is 
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import math
+import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -32,7 +40,37 @@ _TUPLE, _DICT, _DEQUE, _CURSOR, _REF, _RECORD, _FLOAT = (
     "$zf",
 )
 _REFS, _SEGMENTS = "$zR", "$zS"  # compact forms of contributor refs and packing segments
-_TAGS = frozenset({_TUPLE, _DICT, _DEQUE, _CURSOR, _REF, _RECORD, _FLOAT, _REFS, _SEGMENTS})
+_PACKED = "$zz"  # a deflated state (see pack_state)
+_TAGS = frozenset(
+    {_TUPLE, _DICT, _DEQUE, _CURSOR, _REF, _RECORD, _FLOAT, _REFS, _SEGMENTS, _PACKED}
+)
+PACK_MIN_BYTES = 256
+
+
+def pack_state(state: Any) -> Any:
+    """``state`` (checkpoint JSON) as ``{"$zz": base64(zlib(json))}`` when its JSON has at least
+    ``PACK_MIN_BYTES`` bytes, else unchanged. The json module keeps every float as it is."""
+    raw = json.dumps(state, separators=(",", ":")).encode()
+    if len(raw) < PACK_MIN_BYTES and not _is_packed(state):  # a user's own "$zz" key: packed
+        return state
+    return {_PACKED: base64.b64encode(zlib.compress(raw, 6)).decode("ascii")}
+
+
+def _is_packed(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and _PACKED in value
+
+
+def unpack_state(value: Any) -> Any:
+    """The inverse of :func:`pack_state` (a state that was not packed comes back as it is)."""
+    if not _is_packed(value):
+        return value
+    try:
+        return json.loads(zlib.decompress(base64.b64decode(value[_PACKED], validate=True)))
+    except (TypeError, ValueError, binascii.Error, zlib.error) as exc:
+        raise CheckpointError(
+            f"checkpoint operator state is damaged ({type(exc).__name__}: {exc}); use another "
+            "checkpoint"
+        ) from None
 
 
 class HeldRecord:
@@ -245,7 +283,7 @@ def named_sources(states: Mapping[str, Any]) -> set[tuple[int, int, tuple[int, .
     records one lane's encoded operator states name (a packed record names its segments')."""
     out: set[tuple[int, int, tuple[int, ...]]] = set()
     for state in states.values():
-        for held in held_records(decode(state)):
+        for held in held_records(decode(unpack_state(state))):
             packing = held.meta.tags.get(TAG_PACKING)
             cursors = [seg[0] for seg in packing["segments"]] if packing else [held.meta.cursor]
             out.update((c[0], c[1], tuple(c[3])) for c in cursors)

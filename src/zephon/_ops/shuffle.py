@@ -11,7 +11,8 @@ runner or a restart (replay restarts a lane at an epoch boundary, where the buff
 * ``block_warmup``: like ``block``, but blocks start small after every reset and grow by
   ``warmup_growth`` up to ``buffer_size``, so the first records leave sooner.
 
-A flush (sentinel or end of stream) drains the lane's buffer in hashed order.
+A flush (sentinel or end of stream) drains the lane's buffer in hashed order. From epoch 1 on
+(``Pipeline.set_epoch``) the seed is keyed by the epoch, so every pass shuffles differently.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ from zephon.types import LaneId, SampleRecord, StreamItem
 ShuffleAlgorithm = Literal["streaming", "block", "block_warmup"]
 DEFAULT_BUFFER_SIZE = 8192
 _LANE_SALT = 0x9E3779B97F4A7C15
+_EPOCH_SALT = 0x3C6EF372FE94F82B
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The shuffle seed of pass ``epoch`` (epoch 0: the seed itself)."""
+    return seed if epoch == 0 else mix(seed, epoch, _EPOCH_SALT)
 
 
 def lane_seed(seed: int, lane_id: int) -> int:
@@ -226,10 +233,14 @@ class ShuffleOp(BaseOp):
         self.seed = seed
         self.algorithm: ShuffleAlgorithm = algorithm
         self.warmup_growth = warmup_growth
+        self._pass_seed = seed  # the seed of the epoch being run (set up per worker copy)
+
+    def setup(self, ctx: OpContext) -> None:
+        self._pass_seed = epoch_seed(self.seed, ctx.epoch)
 
     def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
         if self.algorithm == "streaming":
-            return StreamingShuffleAccumulator(self.buffer_size, self.seed)
+            return StreamingShuffleAccumulator(self.buffer_size, epoch_seed(self.seed, ctx.epoch))
         if self.algorithm == "block":
             return CountingAccumulator(self.buffer_size)
         return WarmupBlockAccumulator(self.buffer_size, self.warmup_growth)
@@ -253,7 +264,7 @@ class ShuffleOp(BaseOp):
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
         if self.algorithm == "streaming" or len(elems) < 2:
             return elems
-        shuffled = hashed_order(elems, self.seed)
+        shuffled = hashed_order(elems, self._pass_seed)
         if all(isinstance(e, SampleRecord) for e in shuffled):
             return list(settle_block([e for e in shuffled if isinstance(e, SampleRecord)]))
         return shuffled

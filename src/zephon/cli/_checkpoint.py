@@ -106,6 +106,7 @@ def summary(path: Path, raw: dict[str, Any], parsed: Any) -> dict[str, Any]:
         "world": raw["world"],
         "canonical_replicas": parsed.canonical_replicas,
         "flush_every_k_chunks": config.get("flush_every_k_chunks"),
+        "epoch": parsed.epoch,
         "source": {
             "type": source.get("type"),
             "fingerprint": source.get("fingerprint"),
@@ -161,6 +162,7 @@ def _inspect(args: argparse.Namespace) -> int:
     console.print(f"source: {info['source']['type']} [{datasets}]", markup=False)
     console.print("operators: " + " -> ".join(str(o) for o in info["operators"]))
     console.print(f"flush_every_k_chunks: {info['flush_every_k_chunks']}")
+    console.print(f"epoch: {info['epoch']}")
     for saved in info["operator_state"]:
         console.print(
             f"operator state: {saved['operator']} (operator {saved['index']}): "

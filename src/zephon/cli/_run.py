@@ -77,6 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume", action="store_true",
         help="restore the newest checkpoint of --checkpoint-dir (start fresh if there is none)",
     )  # fmt: skip
+    parser.add_argument(
+        "--epoch", type=int, default=None, metavar="N",
+        help="run pass N over the data, in its own order (overrides the file's 'epoch'); with "
+        "--resume it continues epoch N, or starts it after a checkpoint that finished an "
+        "earlier one",
+    )  # fmt: skip
     parser.add_argument("--runner", default=None, choices=RUNNERS, help="override options.runner")
     parser.add_argument(
         "--record", type=Path, default=None, metavar="FILE",
@@ -194,6 +200,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise UsageError("--checkpoint-every must be >= 0")
     if args.keep < 1:
         raise UsageError("--keep must be >= 1")
+    if args.epoch is not None and args.epoch < 0:
+        raise UsageError("--epoch must be >= 0")
 
 
 def _build(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -202,6 +210,8 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
     try:
         config = load_config(args.config)
         pipe = config.build()
+        if args.epoch is not None:
+            pipe.set_epoch(args.epoch)
         if args.runner is not None:
             pipe.options(runner=args.runner)
         if args.log_every is not None:
@@ -218,7 +228,9 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
     return config, pipe
 
 
-def _resume(args: argparse.Namespace, pipe: Any) -> tuple[Path | None, Mapping[str, Any] | None]:
+def _resume(
+    args: argparse.Namespace, config: Any, pipe: Any
+) -> tuple[Path | None, Mapping[str, Any] | None]:
     """Restore the newest valid checkpoint; (its path, its state) or (None, None)."""
     try:
         latest = latest_checkpoint(args.checkpoint_dir, set_aside=True)
@@ -237,8 +249,11 @@ def _resume(args: argparse.Namespace, pipe: Any) -> tuple[Path | None, Mapping[s
             f"the newest valid checkpoint, {latest.path}",
             file=sys.stderr,
         )
+    requested = args.epoch if args.epoch is not None else config.epoch
     try:
         pipe.restore(latest.state)
+        if requested is not None:  # the run's epoch: continue it, or start it after a done one
+            pipe.set_epoch(requested)
     except (CheckpointError, ValueError) as exc:
         raise UsageError(f"cannot resume from {latest.path}: {exc}") from None
     return latest.path, latest.state
@@ -279,7 +294,7 @@ def _run_locked(args: argparse.Namespace, config: Any, pipe: Any, signals: RunSi
     loop = RunLoop(args, config, pipe, signals)
     if args.resume:
         try:
-            loop.resumed_from, state = _resume(args, pipe)
+            loop.resumed_from, state = _resume(args, config, pipe)
         except UsageError as exc:
             return fail("run", exc, EXIT_USAGE)
         Startup.checkpoint = str(loop.resumed_from) if loop.resumed_from is not None else None
@@ -326,7 +341,8 @@ class RunLoop:
                 raise RecordWriteError(args.record, exc) from None
             where = record_position(args.record, args.checkpoint_dir, self.record.tell())
             state["run"] = {"record": where}
-        path = save_checkpoint(checkpoint_path(args.checkpoint_dir, _delivered(state)), state)
+        target = checkpoint_path(args.checkpoint_dir, _delivered(state), self.pipe.epoch)
+        path = save_checkpoint(target, state)
         _prune(args.checkpoint_dir, args.keep)
         if args.prometheus_file is not None:
             _write_prometheus(self.pipe, args.prometheus_file)

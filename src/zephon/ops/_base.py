@@ -42,7 +42,8 @@ class OpContext:
     ``op_index``: the operator's stage (0 is fetch). ``worker_index`` / ``num_workers``: which
     copy this is. ``runner``: where ``process_many`` runs (inline, driver, threads, process,
     ray). ``seed``: derived from the work source's seed and the operator's stage and name, so
-    two operators (or two runs with another source seed) never share random streams. ``lanes``:
+    two operators (or two runs with another source seed) never share random streams, and keyed
+    by ``epoch`` (the pass over the data, ``Pipeline.set_epoch``) from epoch 1 on. ``lanes``:
     the lanes this rank runs. ``services``: ``"logger"``, a ``logging.Logger`` named
     ``zephon.op.<name>``; in the accumulator's context (the driver) also ``"stats"``, the
     operator's live counters (``OpStats``: ``elements_in``, ``elements_out``, ...), or absent
@@ -58,6 +59,7 @@ class OpContext:
     seed: int = 0
     services: Mapping[str, Any] = field(default_factory=dict)
     lanes: tuple[int, ...] = ()
+    epoch: int = 0
 
     @property
     def logger(self) -> logging.Logger:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from zephon.errors import ConfigError
 from zephon.types import SampleId
 
 if TYPE_CHECKING:
@@ -81,6 +82,25 @@ class WorkSource(abc.ABC):
     @abc.abstractmethod
     def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> WorkSource:
         """A fresh source yielding the chunks dealt to ``lane_id`` out of ``canonical_replicas``."""
+
+    @property
+    def epoch(self) -> int:
+        """The pass over the data this source describes (see :meth:`with_epoch`)."""
+        return 0
+
+    def with_epoch(self, epoch: int) -> WorkSource:
+        """A copy of this source for pass ``epoch``: the same data in a new deterministic order
+        (every shuffle and deal keyed by the epoch too). Epoch 0 is the source itself.
+
+        Override it in a source that can reorder; the default has only epoch 0.
+        """
+        if epoch == 0:
+            return self
+        raise ConfigError(
+            f"{type(self).__name__} has no epochs: set_epoch({epoch}) needs a work source that "
+            "implements with_epoch() (StaticMixtureWorkSource does); iterate again without "
+            "set_epoch to repeat the same order"
+        )
 
     def component_names(self) -> list[str]:
         """Mixture component names by component id (the dataset names by default)."""

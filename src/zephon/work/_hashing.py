@@ -23,6 +23,7 @@ TAG_SHARDS = 1
 TAG_WITHIN = 2
 TAG_BLOCK = 3
 TAG_LANES = 4
+TAG_EPOCH = 5
 
 
 def _splitmix(x: int) -> int:

@@ -1,12 +1,13 @@
 """The read order of one dataset: position in its (infinite, repeating) stream -> pointer.
 
-Position ``p`` belongs to epoch ``p // N`` (``N`` = rows). Within an epoch the order is: shards
+Position ``p`` belongs to pass ``p // N`` (``N`` = rows). Within a pass the order is: shards
 in a permuted order (``shuffle_shards``), rows inside each shard permuted
 (``shuffle_within_shard``), and finally consecutive blocks of ``block_size`` positions permuted
 (``shuffle_block_size``, mixing rows across neighbouring shards). Every permutation is derived
-from ``(seed, dataset, epoch, ...)`` keys and evaluated pointwise (a keyed Feistel bijection),
+from ``(seed, dataset, pass, ...)`` keys and evaluated pointwise (a keyed Feistel bijection),
 so any position range is computed directly in O(range) time and memory, without replaying or
 materialising anything: even a global shuffle of a huge dataset costs nothing up front.
+An epoch other than 0 (``Pipeline.set_epoch``) keys every pass of it apart from all others.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from zephon.work._hashing import (
     TAG_BLOCK,
+    TAG_EPOCH,
     TAG_SHARDS,
     TAG_WITHIN,
     feistel_permute,
@@ -39,6 +41,7 @@ class DatasetOrder:
         shuffle_within_shard: bool,
         block_size: int | None,
         reshuffle_on_repeat: bool,
+        epoch: int = 0,
     ) -> None:
         self.counts = np.asarray(counts, dtype=np.int64)
         self.total = int(self.counts.sum())
@@ -48,10 +51,13 @@ class DatasetOrder:
         self.shuffle_within_shard = shuffle_within_shard
         self.block_size = block_size if block_size and block_size > 1 else None
         self.reshuffle_on_repeat = reshuffle_on_repeat
+        self.epoch = epoch
         self._shard_layout: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def _epoch_key(self, epoch: int) -> int:
-        return epoch if self.reshuffle_on_repeat else 0
+    def _epoch_key(self, repeat: int) -> int:
+        """The key of pass ``repeat`` of the stream (epoch 0 keeps the keys it always had)."""
+        key = repeat if self.reshuffle_on_repeat else 0
+        return key if self.epoch == 0 else mix64(TAG_EPOCH, self.epoch, key)
 
     def _layout(self, ek: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(shard order, cumulative starts, cumulative ends) of epoch key ``ek``."""
@@ -75,9 +81,9 @@ class DatasetOrder:
         rows: list[np.ndarray] = []
         pos, end = start, start + count
         while pos < end:
-            epoch, p0 = divmod(pos, self.total)
+            repeat, p0 = divmod(pos, self.total)
             p1 = min(self.total, p0 + (end - pos))
-            s, r = self._epoch_pointers(self._epoch_key(epoch), p0, p1)
+            s, r = self._epoch_pointers(self._epoch_key(repeat), p0, p1)
             shards.append(s)
             rows.append(r)
             pos += p1 - p0

@@ -29,7 +29,7 @@ import xxhash
 from zephon.errors import CheckpointError, ConfigError, DataError
 from zephon.work._base import WorkChunk, WorkSource
 from zephon.work._calibration import TokenCalibration
-from zephon.work._hashing import TAG_LANES, mix64, permutation
+from zephon.work._hashing import TAG_EPOCH, TAG_LANES, mix64, permutation
 from zephon.work._mixture import MixtureSpec, allocate, can_batch
 from zephon.work._order import DatasetOrder
 from zephon.work._schedule import (
@@ -291,6 +291,7 @@ class StaticMixtureWorkSource(WorkSource):
         self._shuffle_shards = options.shuffle_shards
         self._shuffle_within_shard = options.shuffle_within_shard
         self._reshuffle = options.reshuffle_on_repeat
+        self._epoch = 0
         self._config = self._make_config()
         self._fingerprint = xxhash.xxh64_hexdigest(
             json.dumps(self._config, sort_keys=True).encode()
@@ -397,6 +398,7 @@ class StaticMixtureWorkSource(WorkSource):
             "stop_after_passes": self._stop_after_passes,
             "lane_assignment": self._lane_assignment,
             "reshuffle_on_repeat": self._reshuffle,
+            **({"epoch": self._epoch} if self._epoch else {}),  # epoch 0 keeps old fingerprints
         }
 
     def _mixture_config(self) -> dict[str, Any]:
@@ -457,6 +459,29 @@ class StaticMixtureWorkSource(WorkSource):
     def chunk_size_hint(self) -> int | None:
         return self._chunk_size
 
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def with_epoch(self, epoch: int) -> StaticMixtureWorkSource:
+        """This source for pass ``epoch`` over the data: shard, row and block orders of every
+        dataset pass and the chunk->lane deal are keyed by the epoch as well (epoch 0 is the
+        order the source always had), so each epoch is a new order, the same in every run."""
+        if not _is_int(epoch) or epoch < 0:
+            raise ConfigError(f"epoch must be an integer >= 0, got {epoch!r}")
+        if epoch == self._epoch:
+            return self
+        other = object.__new__(StaticMixtureWorkSource)
+        other.__dict__.update(self.__dict__)
+        other._epoch = int(epoch)
+        other._orders = None
+        other._config = other._make_config()
+        other._fingerprint = xxhash.xxh64_hexdigest(
+            json.dumps(other._config, sort_keys=True).encode()
+        )
+        other._reset_state()
+        return other
+
     def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> StaticMixtureWorkSource:
         if isinstance(canonical_replicas, bool) or canonical_replicas < 1:
             raise ConfigError(f"canonical_replicas must be >= 1, got {canonical_replicas}")
@@ -488,6 +513,7 @@ class StaticMixtureWorkSource(WorkSource):
                     shuffle_within_shard=self._shuffle_within_shard,
                     block_size=self._block_sizes[i],
                     reshuffle_on_repeat=self._reshuffle,
+                    epoch=self._epoch,
                 )
                 for i, d in enumerate(self._datasets)
             ]
@@ -674,7 +700,10 @@ class StaticMixtureWorkSource(WorkSource):
         lanes = self._lanes
         if self._lane_assignment == "modulo" or lanes == 1:
             return k * lanes + self._lane_id
-        perm = permutation(lanes, mix64(self._seed, TAG_LANES, k))
+        key = mix64(self._seed, TAG_LANES, k)
+        if self._epoch:
+            key = mix64(key, TAG_EPOCH, self._epoch)
+        perm = permutation(lanes, key)
         return k * lanes + int(np.flatnonzero(perm == self._lane_id)[0])
 
     def next_chunk(self) -> WorkChunk | None:
@@ -762,8 +791,10 @@ def _config_diff(saved: Any, current: dict[str, Any]) -> str:
     if not isinstance(saved, Mapping):
         return "the state carries no configuration summary"
     diffs = []
+    absent = {"epoch": 0}  # keys left out at their default value
     for key in sorted(set(saved) | set(current)):
-        a, b = saved.get(key, "<missing>"), current.get(key, "<missing>")
+        a = saved.get(key, absent.get(key, "<missing>"))
+        b = current.get(key, absent.get(key, "<missing>"))
         if json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True):
             diffs.append(f"{key}: saved {a!r}, now {b!r}")
     return "; ".join(diffs) if diffs else "fingerprints differ"
