@@ -22,6 +22,7 @@ EXTRA_OF = {
     "httpx": "proxy",
     "psycopg": "postgres",
     "datasets": "hf",
+    "huggingface_hub": "hf",
     "lance": "lance",
     "s3fs": "s3",
     "gcsfs": "gcs",

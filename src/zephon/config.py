@@ -31,7 +31,10 @@ from zephon.pipeline import OPERATOR_METHODS
 
 __all__ = ["OPERATORS", "ConfigFileError", "PipelineConfig", "load_config", "parse_config"]
 
-TOP_LEVEL_KEYS = ("datasets", "mixture", "source", "fetch", "operators", "runner", "options")
+TOP_LEVEL_KEYS = (
+    "datasets", "mixture", "source", "fetch", "operators", "runner", "options", "metrics",
+)  # fmt: skip
+METRICS_KEYS = ("statsd", "prefix", "interval_s", "max_packet_bytes")
 DATASET_KEYS = ("name", "path", "format", "columns", "storage_options", "cache_dir", "cache")
 
 #: Operator name in YAML -> Pipeline builder method of the same name (one registry).
@@ -366,6 +369,7 @@ class PipelineConfig:
     fetch: dict[str, Any] = field(default_factory=dict)
     operators: list[OperatorConfig] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)  # sinks for `zephon run`
     file: str | None = None
 
     def _fail(self, key: str, message: str) -> ConfigFileError:
@@ -717,7 +721,34 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
         fetch=fetch,
         operators=operators,
         options=_options(data),
+        metrics=_metrics(data.get("metrics")),
     )
+
+
+def _metrics(raw: Any) -> dict[str, Any]:
+    """``metrics: {statsd: HOST:PORT, prefix, interval_s, max_packet_bytes}``, checked."""
+    from zephon.metrics import parse_address
+
+    value = _mapping(raw, "metrics")
+    for k in value:
+        if k not in METRICS_KEYS:
+            raise ConfigFileError(f"metrics.{k}", f"unknown key (known: {', '.join(METRICS_KEYS)})")
+    out = {
+        "statsd": check_value(value.get("statsd"), str | None, "metrics.statsd"),
+        "prefix": check_value(value.get("prefix", "zephon"), str, "metrics.prefix"),
+        "interval_s": check_value(value.get("interval_s", 10.0), float, "metrics.interval_s"),
+        "max_packet_bytes": check_value(
+            value.get("max_packet_bytes", 512), int, "metrics.max_packet_bytes"
+        ),
+    }
+    try:
+        if out["statsd"] is not None:
+            parse_address(out["statsd"])
+        if out["interval_s"] <= 0 or out["max_packet_bytes"] < 64:
+            raise ConfigError("interval_s must be > 0 and max_packet_bytes >= 64")
+    except ConfigError as exc:
+        raise ConfigFileError("metrics", str(exc)) from None
+    return out
 
 
 def load_config(path: str | os.PathLike[str]) -> PipelineConfig:

@@ -6,7 +6,7 @@ from zephon.io._dataset import Dataset, InMemoryShard, Row, Shard
 from zephon.io._discover import build_index, list_shards
 from zephon.io._jsonl import JsonlShard
 from zephon.io._paths import cache_root
-from zephon.io._stats import SourceStats
+from zephon.io._stats import SourceStats, io_totals
 
 __all__ = [
     "CacheOptions",
@@ -19,5 +19,6 @@ __all__ = [
     "SourceStats",
     "build_index",
     "cache_root",
+    "io_totals",
     "list_shards",
 ]

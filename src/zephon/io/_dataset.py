@@ -169,7 +169,7 @@ class Dataset:
     ) -> Dataset:
         """A dataset over files: a folder, a glob or a list of files/folders (local or fsspec).
 
-        Formats come from the suffix (``.jsonl``/``.ndjson`` optionally ``.gz``/``.zst``,
+        Formats come from the suffix (``.jsonl``/``.ndjson`` optionally ``.gz``/``.zst``/``.bz2``/``.xz``,
         ``.parquet``, ``.arrow``/``.feather``), from the folder (Hugging Face ``save_to_disk``,
         Lance, MDS) or from ``fmt``. ``columns`` projects every format but JSONL.
         ``storage_options`` go to fsspec (and Lance). ``cache`` keeps whole remote shards in a

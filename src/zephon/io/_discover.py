@@ -19,6 +19,7 @@ from zephon.io._arrow import ARROW_SUFFIXES, ArrowShard
 from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Dataset, Shard
 from zephon.io._folders import FOLDER_FORMATS, folder_format, folder_shards
+from zephon.io._hub import hub_files, is_hub_path
 from zephon.io._jsonl import JsonlShard, is_jsonl
 from zephon.io._paths import derived_dir, get_fs, split_protocol, strip_protocol
 from zephon.io._remote import with_retries
@@ -28,7 +29,7 @@ INDEX_VERSION = 1
 FILE_FORMATS = ("jsonl", "parquet", "arrow")
 FORMATS = (*FILE_FORMATS, *FOLDER_FORMATS)
 KNOWN_SUFFIXES = (
-    "*.jsonl, *.ndjson, *.jsonl.gz, *.jsonl.zst, *.parquet, *.arrow, *.feather, "
+    "*.jsonl, *.ndjson, *.jsonl.gz, *.jsonl.zst, *.jsonl.bz2, *.jsonl.xz, *.parquet, *.arrow, *.feather, "
     "or a Hugging Face save_to_disk, Lance or MDS folder"
 )
 _SIDECARS = (".zidx", ".raw", ".tmp")
@@ -224,6 +225,9 @@ def dataset_from_path(
     derived = derived_dir(cache_dir, cache)
     shards: list[Shard] = []
     for entry in _entries(path):
+        if is_hub_path(entry):
+            shards += _hub_shards(entry, columns=columns, cache_dir=derived)
+            continue
         kind = fmt if fmt in FOLDER_FORMATS else None
         if fmt is None and not any(c in entry for c in "*?[") and detect_format(entry) is None:
             kind = folder_format(entry, storage_options)  # a file name needs no probe
@@ -250,6 +254,18 @@ def dataset_from_path(
             for url, found, rows in discover(entry, fmt=fmt, storage_options=storage_options)
         ]
     return Dataset(name, shards)
+
+
+def _hub_shards(entry: str, *, columns: Sequence[str] | None, cache_dir: str | None) -> list[Shard]:
+    """The shards of an ``hf://`` split: its files, downloaded at one pinned commit."""
+    files = hub_files(entry, lambda name: detect_format(name) is not None)
+    return [
+        make_shard(
+            f, detect_format(f) or "parquet", None, columns=columns, storage_options=None,
+            cache_dir=cache_dir,
+        )
+        for f in files
+    ]
 
 
 def build_index(
@@ -310,7 +326,9 @@ def list_shards(
     out: list[tuple[str, str, int | None]] = []
     for entry in _entries(path):
         kind = fmt if fmt in FOLDER_FORMATS else None
-        if fmt is None and not any(c in entry for c in "*?[") and detect_format(entry) is None:
+        if is_hub_path(entry):
+            kind = "hub"  # resolving the split's files is a network call: left to the run
+        elif fmt is None and not any(c in entry for c in "*?[") and detect_format(entry) is None:
             kind = folder_format(entry, storage_options)
         if kind is not None:
             out.append((entry, kind, None))
