@@ -29,6 +29,9 @@ EXTRA_OF = {
     "adlfs": "azure",
     "jinja2": "chat",
     "matplotlib": "plots",
+    "statsd": "statsd",
+    "litdata": "litdata",
+    "vortex": "vortex",
 }
 
 

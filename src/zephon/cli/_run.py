@@ -260,7 +260,11 @@ def run(args: argparse.Namespace) -> int:
     with RunSignals() as signals:
         try:
             _check_arguments(args)
+            from zephon.io import io_totals
+
+            before = io_totals()
             config, pipe = _build(args)
+            Startup.opened_io = (io_totals() - before).to_dict()
         except UsageError as exc:
             return fail("run", exc, EXIT_USAGE)
         if args.log_every is not None:
@@ -483,6 +487,7 @@ class RunLoop:
             "error": f"{type(error).__name__}: {error}" if error else None,
             "dropped": stats.to_dict()["dropped"] if stats is not None else None,
             "io": stats.io.to_dict() if stats is not None else None,
+            "opened_io": Startup.opened_io,
             "stats": stats.to_dict() if stats is not None else None,
         }
 
