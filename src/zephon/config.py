@@ -502,7 +502,7 @@ def _dataset(raw: Any, key: str, base_dir: Path) -> DatasetConfig:
 
     fmt = check_value(
         raw.get("format"),
-        Literal["jsonl", "parquet", "arrow", "hf", "lance", "mds"] | None,
+        Literal["jsonl", "parquet", "arrow", "vortex", "hf", "lance", "mds", "litdata"] | None,
         f"{key}.format",
     )
     columns = check_value(raw.get("columns"), list[str] | None, f"{key}.columns")

@@ -40,7 +40,7 @@ def first_shards(path: Path, n: int = 2, **kw: Any) -> Dataset:
     return Dataset("docs", full.shards[:n])
 
 
-def test_six_formats_give_identical_batches(corpus_dirs: dict[str, Path]) -> None:
+def test_every_format_gives_identical_batches(corpus_dirs: dict[str, Path]) -> None:
     outputs = {
         fmt: [key(b) for b in build(Dataset.from_path("docs", p))] for fmt, p in corpus_dirs.items()
     }
@@ -75,7 +75,7 @@ def test_runners_and_stop_restore_agree(corpus_dirs: dict[str, Path], fmt: str) 
 
 
 def test_process_runner_reads_every_format(corpus_dirs: dict[str, Path]) -> None:
-    """One spawned pool reads a mixture of all six formats (shards travel pickled)."""
+    """One spawned pool reads a mixture of every format (shards travel pickled)."""
     datasets = [
         Dataset(fmt, Dataset.from_path(fmt, p).shards[:1]) for fmt, p in corpus_dirs.items()
     ]
@@ -132,6 +132,8 @@ DAMAGE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "arrow": (_truncate("*.feather"), r"part-02\.feather is corrupt or not Arrow"),
     "lance": (_truncate("*.lance"), r"fragment=\d: rows cannot be read"),
     "mds": (_flip_mds, r"shard\.00000\.mds\.zstd is damaged: its sha1 is"),
+    "litdata": (_truncate("*.bin"), r"LitData chunk .*chunk-0-1\.bin, item 6: cannot be read"),
+    "vortex": (_truncate("*.vortex"), r"part-01\.vortex is corrupt or not Vortex"),
 }
 
 

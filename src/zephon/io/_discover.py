@@ -23,14 +23,15 @@ from zephon.io._hub import hub_files, is_hub_path
 from zephon.io._jsonl import JsonlShard, is_jsonl
 from zephon.io._paths import derived_dir, get_fs, split_protocol, strip_protocol
 from zephon.io._remote import with_retries
+from zephon.io._vortex import VORTEX_SUFFIXES, VortexShard
 
 INDEX_NAME = "index.json"
 INDEX_VERSION = 1
-FILE_FORMATS = ("jsonl", "parquet", "arrow")
+FILE_FORMATS = ("jsonl", "parquet", "arrow", "vortex")
 FORMATS = (*FILE_FORMATS, *FOLDER_FORMATS)
 KNOWN_SUFFIXES = (
-    "*.jsonl, *.ndjson, *.jsonl.gz, *.jsonl.zst, *.jsonl.bz2, *.jsonl.xz, *.parquet, *.arrow, *.feather, "
-    "or a Hugging Face save_to_disk, Lance or MDS folder"
+    "*.jsonl, *.ndjson, *.jsonl.gz, *.jsonl.zst, *.jsonl.bz2, *.jsonl.xz, *.parquet, *.arrow, "
+    "*.feather, *.vortex, or a Hugging Face save_to_disk, Lance, MDS or LitData folder"
 )
 _SIDECARS = (".zidx", ".raw", ".tmp")
 
@@ -38,9 +39,11 @@ PathArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
 def detect_format(path: str) -> str | None:
-    """``"jsonl"``, ``"parquet"``, ``"arrow"`` or ``None`` from the file name."""
+    """``"jsonl"``, ``"parquet"``, ``"arrow"``, ``"vortex"`` or ``None`` from the file name."""
     if path.endswith((".parquet", ".pq")):
         return "parquet"
+    if path.endswith(VORTEX_SUFFIXES):
+        return "vortex"
     if path.endswith(ARROW_SUFFIXES):
         return "arrow"
     if is_jsonl(path):
@@ -137,6 +140,8 @@ def make_shard(
         )
     if fmt == "arrow":
         return ArrowShard(url, rows, columns=columns, storage_options=storage_options, cache=cache)
+    if fmt == "vortex":
+        return VortexShard(url, rows, columns=columns, storage_options=storage_options, cache=cache)
     raise ConfigError(f"unknown format {fmt!r} for {url}; use one of {', '.join(FILE_FORMATS)}")
 
 
