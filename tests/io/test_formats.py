@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import lzma
 import json
+import lzma
 import multiprocessing as mp
 import threading
 from pathlib import Path

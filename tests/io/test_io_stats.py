@@ -16,8 +16,8 @@ import pytest
 from tests.io._corpus import corpus_docs
 from tests.io._formats import write_jsonl
 from tests.io._s3 import S3
-from zephon.cli._report import print_summary
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
+from zephon.cli._report import print_summary
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,9 @@ def test_run_summary_json_prometheus_and_statsd(
         for line in udp.recv(65536).decode().splitlines():
             name, _, value = line.partition(":")
             gauges[name] = value
-    assert gauges["zr.io.cache_hits"] == gauges["zr.op.0_fetch.cache_hits"] == f"{io['cache_hits']}|g"
+    assert (
+        gauges["zr.io.cache_hits"] == gauges["zr.op.0_fetch.cache_hits"] == f"{io['cache_hits']}|g"
+    )
     assert gauges["zr.delivered"] == f"{summary['items']}|g"
     print_summary(summary, None)  # the text summary of a run without --json
     text = capsys.readouterr().out

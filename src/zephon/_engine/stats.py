@@ -127,7 +127,10 @@ class RunStats:
             f"{prefix}_samples_refetched_total {self.samples_refetched}",
         ]
         for name, value in self.io.to_dict().items():
-            lines += [f"# TYPE {prefix}_io_{name}_total counter", f"{prefix}_io_{name}_total {value}"]
+            lines += [
+                f"# TYPE {prefix}_io_{name}_total counter",
+                f"{prefix}_io_{name}_total {value}",
+            ]
         for name in (
             "elements_in",
             "elements_out",

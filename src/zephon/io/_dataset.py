@@ -169,9 +169,11 @@ class Dataset:
     ) -> Dataset:
         """A dataset over files: a folder, a glob or a list of files/folders (local or fsspec).
 
-        Formats come from the suffix (``.jsonl``/``.ndjson`` optionally ``.gz``/``.zst``/``.bz2``/``.xz``,
-        ``.parquet``, ``.arrow``/``.feather``), from the folder (Hugging Face ``save_to_disk``,
-        Lance, MDS) or from ``fmt``. ``columns`` projects every format but JSONL.
+        Formats come from the suffix (``.jsonl``/``.ndjson`` optionally ``.gz``/``.zst``/
+        ``.bz2``/``.xz``, ``.parquet``, ``.arrow``/``.feather``, ``.vortex``), from the folder
+        (Hugging Face ``save_to_disk``, Lance, MDS, LitData) or from ``fmt``. ``columns``
+        projects every format but JSONL. ``hf://org/name[@rev][/config]/split`` reads a Hub
+        dataset split at one pinned commit (see ``docs/datasets.md``).
         ``storage_options`` go to fsspec (and Lance). ``cache`` keeps whole remote shards in a
         node-local cache; without it remote shards are read by byte range. Derived files
         (offset indexes, decompressed copies) go to ``cache_dir``, else ``cache.dir``, else

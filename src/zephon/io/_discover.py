@@ -266,7 +266,11 @@ def _hub_shards(entry: str, *, columns: Sequence[str] | None, cache_dir: str | N
     files = hub_files(entry, lambda name: detect_format(name) is not None)
     return [
         make_shard(
-            f, detect_format(f) or "parquet", None, columns=columns, storage_options=None,
+            f,
+            detect_format(f) or "parquet",
+            None,
+            columns=columns,
+            storage_options=None,
             cache_dir=cache_dir,
         )
         for f in files

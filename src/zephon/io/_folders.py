@@ -1,8 +1,8 @@
 """Self-describing dataset folders: Hugging Face ``save_to_disk``, Lance, MDS, LitData.
 
 Each of these formats lists its own shards (``state.json``, Lance's manifest, MDS's and
-LitData's ``index.json``), so discovery asks the format instead of listing files, and ``zephon index`` is
-neither needed nor allowed (it would clobber MDS's own ``index.json``).
+LitData's ``index.json``), so discovery asks the format instead of listing files, and
+``zephon index`` is neither needed nor allowed (it would clobber their own ``index.json``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Hugging Face Hub datasets: ``hf://org/name[@rev][/config]/split`` -> local shard files.
 
 The revision (a branch, tag or commit; ``main`` by default) is resolved to its commit once, and
-every file is downloaded through ``huggingface_hub`` into its own cache and checked to be at that
-commit, so a run reads exactly one version of the data. A repository whose split has no file zephon reads
-directly (a loading script, an unsupported format) is read from the Hub's Parquet conversion
-(the ``refs/convert/parquet`` branch). ``HF_ENDPOINT``, ``HF_HUB_CACHE`` / ``HF_HOME`` and
-``HF_HUB_OFFLINE`` are read at each call; offline, only what the cache holds is used.
+every file is downloaded through ``huggingface_hub`` into its own cache and checked to be at
+that commit, so a run reads exactly one version of the data. A repository whose split has no
+file zephon reads directly (a loading script, an unsupported format) is read from the Hub's
+Parquet conversion (the ``refs/convert/parquet`` branch). ``HF_ENDPOINT``, ``HF_HUB_CACHE`` /
+``HF_HOME`` and ``HF_HUB_OFFLINE`` are read at each call; offline, only the cache is used.
 """
 
 from __future__ import annotations
@@ -108,7 +108,9 @@ def _cached(path: HubPath, revision: str) -> list[tuple[str, str]]:
         for rev in repo.revisions:
             if revision in rev.refs or rev.commit_hash.startswith(revision):
                 root = str(rev.snapshot_path)
-                return [(os.path.relpath(str(f.file_path), root), str(f.file_path)) for f in rev.files]
+                return [
+                    (os.path.relpath(str(f.file_path), root), str(f.file_path)) for f in rev.files
+                ]
     return []
 
 

@@ -1,4 +1,5 @@
-"""JSONL shards (plain, ``.gz``, ``.zst``, ``.bz2``, ``.xz``) with a byte-offset index for O(1) random access.
+"""JSONL shards (plain, ``.gz``, ``.zst``, ``.bz2``, ``.xz``) with a byte-offset index for O(1)
+random access.
 
 The index is an ``(n, 2)`` int64 array of ``[start, end)`` byte ranges of the non-blank lines,
 built once per shard by one streaming pass and saved in the cache folder (never next to the
@@ -387,14 +388,12 @@ def _unstream(kind: str, raw: Any, out: Any) -> int:
     import gzip
     import lzma
 
-    if kind == "gzip":
-        stream: Any = gzip.GzipFile(fileobj=raw)
-    else:
-        stream = bz2.BZ2File(raw) if kind == "bz2" else lzma.LZMAFile(raw)
+    opener: Any = {"bz2": bz2.BZ2File, "xz": lzma.LZMAFile}.get(kind)
     size = 0
-    while buf := stream.read(_BLOCK):
-        out.write(buf)
-        size += len(buf)
+    with opener(raw) if opener is not None else gzip.GzipFile(fileobj=raw) as stream:
+        while buf := stream.read(_BLOCK):
+            out.write(buf)
+            size += len(buf)
     return size
 
 

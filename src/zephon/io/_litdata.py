@@ -98,7 +98,9 @@ class LitDataShard(LazyShard):
         return out
 
 
-def litdata_shards(folder: str, index: dict[str, Any], columns: Sequence[str] | None) -> list[Shard]:
+def litdata_shards(
+    folder: str, index: dict[str, Any], columns: Sequence[str] | None
+) -> list[Shard]:
     keys = _item_keys(index.get("config") or {})
     shards: list[Shard] = []
     offset = 0

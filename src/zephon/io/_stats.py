@@ -41,7 +41,9 @@ class SourceStats:
         return out
 
     def __sub__(self, other: SourceStats) -> SourceStats:
-        return SourceStats(**{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)})
+        return SourceStats(
+            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
+        )
 
     def any(self) -> bool:
         """Whether any counter is non-zero."""
