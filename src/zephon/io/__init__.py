@@ -1,5 +1,6 @@
-"""Datasets and shard formats: JSONL (plain, .gz, .zst), Parquet, Arrow IPC / Feather, Hugging
-Face ``save_to_disk`` folders, Lance and MDS; local, on any fsspec URL, or through a node cache."""
+"""Datasets and shard formats: JSONL (plain, .gz, .zst, .bz2, .xz), Parquet, Arrow IPC /
+Feather, Vortex, Hugging Face ``save_to_disk`` folders and Hub splits (``hf://``), Lance, MDS and
+LitData; local, on any fsspec URL, or through a node cache."""
 
 from zephon.io._cache import CacheOptions, NodeCache
 from zephon.io._dataset import Dataset, InMemoryShard, Row, Shard

@@ -333,7 +333,8 @@ def sniff_not_jsonl(head: bytes, line: bytes) -> str | None:
     if b"\0" in head or _not_utf8(head):
         return (
             "the file is binary, not JSON Lines text; give the dataset's real format "
-            "(format: parquet | arrow | hf | lance | mds) or a file with one JSON object per line"
+            "(format: parquet | arrow | vortex | hf | lance | mds | litdata) or a file with one "
+            "JSON object per line"
         )
     first = head.lstrip()[:1]
     if first == b"[":
