@@ -30,6 +30,7 @@ EXTRA_OF = {
     "jinja2": "chat",
     "matplotlib": "plots",
     "statsd": "statsd",
+    "PIL": "images",
     "litdata": "litdata",
     "vortex": "vortex",
 }

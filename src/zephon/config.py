@@ -35,7 +35,10 @@ TOP_LEVEL_KEYS = (
     "datasets", "mixture", "source", "fetch", "operators", "runner", "options", "metrics",
 )  # fmt: skip
 METRICS_KEYS = ("statsd", "prefix", "interval_s", "max_packet_bytes")
-DATASET_KEYS = ("name", "path", "format", "columns", "storage_options", "cache_dir", "cache")
+DATASET_KEYS = (
+    "name", "path", "format", "columns", "storage_options", "cache_dir", "cache",
+    "decode_images", "allow_pickle",
+)  # fmt: skip
 
 #: Operator name in YAML -> Pipeline builder method of the same name (one registry).
 OPERATORS = tuple(OPERATOR_METHODS)
@@ -347,6 +350,8 @@ class DatasetConfig:
     storage_options: dict[str, Any] | None = None
     cache_dir: str | None = None
     cache: dict[str, Any] | None = None
+    decode_images: bool = False
+    allow_pickle: bool = False
     key: str = "datasets"
 
 
@@ -391,6 +396,8 @@ class PipelineConfig:
                         storage_options=d.storage_options,
                         cache_dir=d.cache_dir,
                         cache=CacheOptions(**d.cache) if d.cache else None,
+                        decode_images=d.decode_images,
+                        allow_pickle=d.allow_pickle,
                     )
                 )
             except ZephonError as exc:
@@ -519,6 +526,8 @@ def _dataset(raw: Any, key: str, base_dir: Path) -> DatasetConfig:
         storage_options=storage,
         cache_dir=resolve(cache_dir) if cache_dir else None,
         cache=cache,
+        decode_images=check_value(raw.get("decode_images", False), bool, f"{key}.decode_images"),
+        allow_pickle=check_value(raw.get("allow_pickle", False), bool, f"{key}.allow_pickle"),
         key=key,
     )
 

@@ -224,6 +224,8 @@ def dataset_from_path(
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache: CacheOptions | None = None,
+    decode_images: bool = False,
+    allow_pickle: bool = False,
 ) -> Dataset:
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
@@ -244,6 +246,8 @@ def dataset_from_path(
                 storage_options=storage_options,
                 cache=cache,
                 cache_dir=derived,
+                decode_images=decode_images,
+                allow_pickle=allow_pickle,
             )
             continue
         shards += [

@@ -64,8 +64,10 @@ def folder_shards(
     storage_options: dict[str, Any] | None,
     cache: CacheOptions | None,
     cache_dir: str | None,
+    decode_images: bool = False,
+    allow_pickle: bool = False,
 ) -> list[Shard]:
-    """The shards of a self-describing folder of format ``fmt``."""
+    """The shards of a self-describing folder of format ``fmt`` (the two flags: MDS columns)."""
     protocol, path = split_protocol(entry)
     if fmt == "hf":
         if protocol != "file":
@@ -99,4 +101,6 @@ def folder_shards(
         storage_options=storage_options,
         cache=cache,
         cache_dir=cache_dir,
+        decode_images=decode_images,
+        allow_pickle=allow_pickle,
     )
