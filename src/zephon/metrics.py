@@ -19,6 +19,8 @@ from zephon.errors import ConfigError
 if TYPE_CHECKING:
     from zephon._engine.stats import RunStats
 
+__all__ = ["MetricsReporter", "MetricsSink", "StatsdSink", "metric_values", "parse_address"]
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 _OP_FIELDS = (
     "elements_in",

@@ -16,6 +16,7 @@ from PIL import Image
 from tests.io._corpus import media_rows, pixels, types_rows
 from tests.io._formats import FIXTURES
 from zephon import Pipeline, StaticMixtureWorkSource
+from zephon.config import load_config
 from zephon.errors import DataError, DataFormatError
 from zephon.io import Dataset, build_index
 
@@ -104,3 +105,12 @@ def test_media_rows_reach_process_workers() -> None:
     rows = {r.payload["id"]: r.payload for b in pipe for r in b}
     assert sorted(rows) == list(range(40))
     assert np.array_equal(rows[7]["png"], pixels(7)) and rows[7]["obj"]["set"] == frozenset({7})
+
+
+def test_yaml_takes_the_media_options(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(
+        f"datasets: [{{name: m, path: '{FIXTURES / 'mds-media'}', decode_images: true, "
+        "allow_pickle: true}]\noperators: [{op: batch, microbatch_size: 40}]\n"
+    )
+    rows = {r.payload["id"]: r.payload for b in load_config(tmp_path / "p.yaml").build() for r in b}
+    assert np.array_equal(rows[3]["png"], pixels(3)) and rows[3]["obj"]["k"] == 3
