@@ -13,8 +13,13 @@ $(CORE): pyproject.toml
 	$(BIN)/python -m pip install -q -e .
 	touch $(CORE)
 
+# litdata declares torchvision, whose PyPI wheels are CUDA builds that cannot load beside the
+# CPU torch the dev extra pins (and lightning imports torchvision when it is present); litdata
+# does not need it to read LitData folders, so the tests get litdata without its dependencies
+# (the others are in the dev extra). Users install zephon[litdata], which resolves both.
 $(STAMP): $(CORE)
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps 'litdata>=0.2.50'
 	touch $(STAMP)
 
 demo: $(CORE)

@@ -106,8 +106,9 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.io": _names(
         "CacheOptions Dataset InMemoryShard JsonlShard NodeCache Row Shard SourceStats "
-        "build_index cache_root list_shards"
+        "build_index cache_root io_totals list_shards"
     ),
+    "zephon.metrics": _names("MetricsReporter MetricsSink StatsdSink metric_values parse_address"),
     "zephon.ops": _names(
         "Accumulator BaseOp CountingAccumulator MicroBatch OpContext OpTraits "
         "PassthroughAccumulator cut_note spawn_child tombstone_meta tombstones_for_record"

@@ -22,12 +22,17 @@ EXTRA_OF = {
     "httpx": "proxy",
     "psycopg": "postgres",
     "datasets": "hf",
+    "huggingface_hub": "hf",
     "lance": "lance",
     "s3fs": "s3",
     "gcsfs": "gcs",
     "adlfs": "azure",
     "jinja2": "chat",
     "matplotlib": "plots",
+    "statsd": "statsd",
+    "PIL": "images",
+    "litdata": "litdata",
+    "vortex": "vortex",
 }
 
 

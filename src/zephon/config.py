@@ -32,16 +32,14 @@ from zephon.pipeline import OPERATOR_METHODS
 __all__ = ["OPERATORS", "ConfigFileError", "PipelineConfig", "load_config", "parse_config"]
 
 TOP_LEVEL_KEYS = (
-    "datasets",
-    "mixture",
-    "source",
-    "fetch",
-    "operators",
-    "runner",
-    "options",
-    "epoch",
-)
-DATASET_KEYS = ("name", "path", "format", "columns", "storage_options", "cache_dir", "cache")
+    "datasets", "mixture", "source", "fetch", "operators", "runner", "options", "epoch",
+    "metrics",
+)  # fmt: skip
+METRICS_KEYS = ("statsd", "prefix", "interval_s", "max_packet_bytes")
+DATASET_KEYS = (
+    "name", "path", "format", "columns", "storage_options", "cache_dir", "cache",
+    "decode_images", "allow_pickle",
+)  # fmt: skip
 
 #: Operator name in YAML -> Pipeline builder method of the same name (one registry).
 OPERATORS = tuple(OPERATOR_METHODS)
@@ -353,6 +351,8 @@ class DatasetConfig:
     storage_options: dict[str, Any] | None = None
     cache_dir: str | None = None
     cache: dict[str, Any] | None = None
+    decode_images: bool = False
+    allow_pickle: bool = False
     key: str = "datasets"
 
 
@@ -375,6 +375,7 @@ class PipelineConfig:
     fetch: dict[str, Any] = field(default_factory=dict)
     operators: list[OperatorConfig] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)  # sinks for `zephon run`
     file: str | None = None
     epoch: int | None = None  # Pipeline.set_epoch; None: not given (epoch 0)
 
@@ -397,6 +398,8 @@ class PipelineConfig:
                         storage_options=d.storage_options,
                         cache_dir=d.cache_dir,
                         cache=CacheOptions(**d.cache) if d.cache else None,
+                        decode_images=d.decode_images,
+                        allow_pickle=d.allow_pickle,
                     )
                 )
             except ZephonError as exc:
@@ -511,7 +514,7 @@ def _dataset(raw: Any, key: str, base_dir: Path) -> DatasetConfig:
 
     fmt = check_value(
         raw.get("format"),
-        Literal["jsonl", "parquet", "arrow", "hf", "lance", "mds"] | None,
+        Literal["jsonl", "parquet", "arrow", "vortex", "hf", "lance", "mds", "litdata"] | None,
         f"{key}.format",
     )
     columns = check_value(raw.get("columns"), list[str] | None, f"{key}.columns")
@@ -528,6 +531,8 @@ def _dataset(raw: Any, key: str, base_dir: Path) -> DatasetConfig:
         storage_options=storage,
         cache_dir=resolve(cache_dir) if cache_dir else None,
         cache=cache,
+        decode_images=check_value(raw.get("decode_images", False), bool, f"{key}.decode_images"),
+        allow_pickle=check_value(raw.get("allow_pickle", False), bool, f"{key}.allow_pickle"),
         key=key,
     )
 
@@ -731,6 +736,7 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
         operators=operators,
         options=_options(data),
         epoch=_epoch(data.get("epoch")),
+        metrics=_metrics(data.get("metrics")),
     )
 
 
@@ -742,6 +748,32 @@ def _epoch(value: Any) -> int | None:
     if epoch < 0:
         raise ConfigFileError("epoch", f"must be an integer >= 0, got {_show(value)}")
     return int(epoch)
+
+
+def _metrics(raw: Any) -> dict[str, Any]:
+    """``metrics: {statsd: HOST:PORT, prefix, interval_s, max_packet_bytes}``, checked."""
+    from zephon.metrics import parse_address
+
+    value = _mapping(raw, "metrics")
+    for k in value:
+        if k not in METRICS_KEYS:
+            raise ConfigFileError(f"metrics.{k}", f"unknown key (known: {', '.join(METRICS_KEYS)})")
+    out = {
+        "statsd": check_value(value.get("statsd"), str | None, "metrics.statsd"),
+        "prefix": check_value(value.get("prefix", "zephon"), str, "metrics.prefix"),
+        "interval_s": check_value(value.get("interval_s", 10.0), float, "metrics.interval_s"),
+        "max_packet_bytes": check_value(
+            value.get("max_packet_bytes", 512), int, "metrics.max_packet_bytes"
+        ),
+    }
+    try:
+        if out["statsd"] is not None:
+            parse_address(out["statsd"])
+        if out["interval_s"] <= 0 or out["max_packet_bytes"] < 64:
+            raise ConfigError("interval_s must be > 0 and max_packet_bytes >= 64")
+    except ConfigError as exc:
+        raise ConfigFileError("metrics", str(exc)) from None
+    return out
 
 
 def load_config(path: str | os.PathLike[str]) -> PipelineConfig:

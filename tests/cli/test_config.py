@@ -62,6 +62,9 @@ DATA = "datasets: [{name: web, path: my-data}]\n"
          "operators[0].fn: module 'tests.cli._custom_ops' has no attribute 'nothing'"),
         (DATA + "operators: [{op: map_transform, fn: 42}]",
          "operators[0].fn: expected an import path 'module:function', got 42"),
+        (DATA + "metrics: {statsd: 'localhost:x'}", "metrics: statsd address 'localhost:x'"),
+        (DATA + "metrics: {statds: 'localhost:1'}", "metrics.statds: unknown key (known: statsd"),
+        (DATA + "metrics: {interval_s: 0}", "metrics: interval_s must be > 0"),
     ],
 )  # fmt: skip
 def test_errors_name_the_key(workdir: Path, text: str, expected: str) -> None:
@@ -165,8 +168,8 @@ def test_map_batch_may_follow_batch_in_yaml_and_nothing_else():
     ("text", "expected"),
     [
         ("datasets: [{name: web, path: my-data, format: jsnl}]",
-         "datasets[0].format: expected one of 'jsonl', 'parquet', 'arrow', 'hf', 'lance', "
-         "'mds' or null, got 'jsnl'; did you mean 'jsonl'?"),
+         "datasets[0].format: expected one of 'jsonl', 'parquet', 'arrow', 'vortex', 'hf', "
+         "'lance', 'mds', 'litdata' or null, got 'jsnl'; did you mean 'jsonl'?"),
         (DATA + "runner: thread", "runner: expected one of 'inline', 'threads', 'process', "
          "'ray', got 'thread'; did you mean 'threads'?"),
         (DATA + "operators: [{op: tokenize, special_tokens: eso}]",
@@ -202,3 +205,14 @@ def test_tokenizer_and_template_paths_are_relative_to_the_yaml(tmp_path: Path) -
     assert absolute["tokenizer"] == str(tmp_path / "abs.json")
     calibration = config.mixture.calibration
     assert calibration.tokenizer == str(tmp_path / "cfg" / "tok" / "tokenizer.json")
+
+
+def test_metrics_section_is_read(workdir: Path) -> None:
+    (workdir / "m.yaml").write_text(DATA + "metrics: {statsd: '127.0.0.1:9125', interval_s: 2}\n")
+    config = load_config(workdir / "m.yaml")
+    assert config.metrics == {
+        "statsd": "127.0.0.1:9125",
+        "prefix": "zephon",
+        "interval_s": 2,
+        "max_packet_bytes": 512,
+    }

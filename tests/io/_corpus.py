@@ -31,6 +31,32 @@ MDS_TYPES = {
 }  # fmt: skip
 
 
+# Arrays, images and pickles (the fixture ``mds-media`` holds 40 such rows).
+MDS_MEDIA = {
+    "id": "int", "arr": "ndarray", "grid": "ndarray:int16:2,3", "png": "png", "jpeg": "jpeg",
+    "pil": "pil", "obj": "pkl",
+}  # fmt: skip
+
+
+def pixels(i: int) -> np.ndarray:
+    """A small RGB image, different for each row."""
+    base = np.arange(4 * 5 * 3, dtype=np.uint8).reshape(4, 5, 3)
+    return (base * (i + 1)).astype(np.uint8)
+
+
+def media_rows(n: int) -> list[dict[str, Any]]:
+    """Rows of ``MDS_MEDIA``; images are built by the caller from :func:`pixels`."""
+    return [
+        {
+            "id": i,
+            "arr": np.arange(i + 1, dtype=np.float32 if i % 2 else np.int64) * 3,
+            "grid": np.full((2, 3), i - 7, dtype=np.int16),
+            "obj": {"k": i, "pair": (i, "x" * (i % 4)), "set": frozenset({i})},
+        }
+        for i in range(n)
+    ]
+
+
 def types_rows(n: int) -> list[dict[str, Any]]:
     return [
         {

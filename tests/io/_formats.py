@@ -19,7 +19,7 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
 FIXTURES = Path(__file__).with_name("fixtures")
-FORMATS = ("jsonl", "parquet", "hf", "arrow", "lance", "mds")
+FORMATS = ("jsonl", "parquet", "hf", "arrow", "lance", "mds", "litdata", "vortex")
 
 Rows = list[dict[str, Any]]
 
@@ -87,6 +87,27 @@ def copy_mds_corpus(docs: Rows, out: Path, shards: int) -> Path:
     return out
 
 
+def write_litdata(docs: Rows, out: Path, shards: int) -> Path:
+    """zstd-compressed ``.bin`` chunks of equal item counts, one per shard."""
+    from litdata.streaming.writer import BinaryWriter
+
+    writer = BinaryWriter(str(out), chunk_size=-(-len(docs) // shards), compression="zstd")
+    for i, doc in enumerate(docs):
+        writer[i] = doc
+    writer.done()
+    writer.merge(1)
+    return out
+
+
+def write_vortex(docs: Rows, out: Path, shards: int) -> Path:
+    import vortex
+
+    out.mkdir(parents=True)
+    for s, part in enumerate(_parts(docs, shards)):
+        vortex.io.write(pa.Table.from_pylist(part), str(out / f"part-{s:02d}.vortex"))
+    return out
+
+
 WRITERS: dict[str, Callable[[Rows, Path, int], Path]] = {
     "jsonl": write_jsonl,
     "parquet": write_parquet,
@@ -94,6 +115,8 @@ WRITERS: dict[str, Callable[[Rows, Path, int], Path]] = {
     "arrow": write_arrow,
     "lance": write_lance,
     "mds": copy_mds_corpus,
+    "litdata": write_litdata,
+    "vortex": write_vortex,
 }
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
+import lzma
 import multiprocessing as mp
 import threading
 from pathlib import Path
@@ -162,10 +164,28 @@ def test_missing_path(tmp_path: Path) -> None:
         Dataset.from_path("u", tmp_path / "nope")
 
 
-@pytest.mark.parametrize("name", ["bad.jsonl.gz", "bad.jsonl.zst"])
+COMPRESS = {
+    "gz": gzip.compress,
+    "zst": zstandard.compress,
+    "bz2": bz2.compress,
+    "xz": lzma.compress,
+}
+
+
+@pytest.mark.parametrize("suffix", ["bz2", "xz"])
+def test_bz2_and_xz_jsonl_read_back(tmp_path: Path, suffix: str) -> None:
+    rows = rows_for(0, 120)
+    (tmp_path / f"a.jsonl.{suffix}").write_bytes(COMPRESS[suffix](jsonl_bytes(rows)))
+    ds = Dataset.from_path("c", tmp_path / f"a.jsonl.{suffix}", cache_dir=tmp_path / "c")
+    assert ds.counts() == [120]
+    assert ds.read(0, [119, 0, 7]) == [rows[119], rows[0], rows[7]]
+    assert ds.locate(0, 7).endswith(f"a.jsonl.{suffix}, line 8")
+
+
+@pytest.mark.parametrize("name", [f"bad.jsonl.{s}" for s in COMPRESS])
 def test_corrupt_compressed_shard(tmp_path: Path, name: str) -> None:
     good = jsonl_bytes(rows_for(0, 200))
-    blob = gzip.compress(good) if name.endswith(".gz") else zstandard.compress(good)
+    blob = COMPRESS[name.rsplit(".", 1)[1]](good)
     (tmp_path / name).write_bytes(blob[: len(blob) // 2])  # truncated
     with pytest.raises(DataFormatError, match=rf"compressed shard .*{name} is corrupt"):
         Dataset.from_path("c", tmp_path, cache_dir=tmp_path / "c")

@@ -25,7 +25,12 @@ from zephon._engine.plan import (
     is_monotone,
     stalls_sentinels,
 )
-from zephon._engine.pools import WorkerPool, build_pools, check_not_bootstrapping
+from zephon._engine.pools import (
+    ProcessWorkerPool,
+    WorkerPool,
+    build_pools,
+    check_not_bootstrapping,
+)
 from zephon._engine.quarantine import Quarantine
 from zephon._engine.shm import ShmSession, resolve_items
 from zephon._engine.snapshots import SnapshotPlan, plan_snapshots
@@ -37,6 +42,7 @@ from zephon._engine.threaded import DATA, END, ERROR, STOP, Channel, OpDriver, S
 from zephon._ops.batch import BatchOp
 from zephon._ops.replay_filter import ReplayFilterOp
 from zephon.errors import CheckpointError, ZephonError
+from zephon.io import SourceStats, io_totals
 from zephon.options import RuntimeOptions
 from zephon.types import SampleCursor, StreamItem
 from zephon.work import WorkSource, lanes_for_rank
@@ -179,6 +185,7 @@ class Engine:
         self._accs = self._accumulators()
         self.plan = compile_plan(self.specs, options, self.lanes, self.contexts, self._accs)
         self._started_at = 0.0
+        self._io_start = io_totals()
         self._last_log = 0.0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -321,6 +328,7 @@ class Engine:
             stats.skipped_examples = list(self.quarantine.examples)
         if self._started_at:
             stats.elapsed_s = time.monotonic() - self._started_at
+        self._count_io(stats)
         if self.op_stats is not None:
             if self._op_channels:
                 for op_stats, channel in zip(self.op_stats, self._op_channels, strict=False):
@@ -338,6 +346,26 @@ class Engine:
                 for lane in self.lanes
             }
         return stats
+
+    def _count_io(self, stats: RunStats) -> None:
+        """The run's dataset I/O: this process's since the start (threads and inline stages,
+        all counted on ``fetch``, the operator that reads datasets) plus each process stage's
+        worker sums."""
+        local = io_totals() - self._io_start
+        by_stage: dict[int, SourceStats] = {0: local}
+        for pool in self._pools:
+            if isinstance(pool, ProcessWorkerPool):
+                by_stage[pool.stage] = by_stage.get(pool.stage, SourceStats()) + pool.fleet.io(
+                    pool.stage
+                )
+        total = SourceStats()
+        for io in by_stage.values():
+            total += io
+        stats.io = total
+        if self.op_stats is not None:
+            for index, io in by_stage.items():
+                if index < len(self.op_stats):
+                    self.op_stats[index].set_io(io)
 
     def _mux(self, feeder: SourceFeeder) -> LaneMux:
         callbacks: dict[str, Any] = {
@@ -493,6 +521,7 @@ class Engine:
         feeder, mux = self.feeder, self.mux
         assert feeder is not None and mux is not None
         self._started_at = self._last_log = time.monotonic()
+        self._io_start = io_totals()
         if self.options.runner == "inline":
             yield from self._run_inline(feeder, mux)
         else:

@@ -45,6 +45,7 @@ import cloudpickle
 from zephon._engine import shm
 from zephon._engine.stage import annotate, call_process_many
 from zephon.errors import ConfigError, ZephonError
+from zephon.io import SourceStats, io_totals
 from zephon.ops import BaseOp, OpContext
 from zephon.types import StreamItem
 
@@ -330,9 +331,11 @@ def _worker_main(conn: Connection, prefix: str, min_bytes: int) -> None:
             stage, elems = message
             op = ops[stage]
             try:
+                before = io_totals()
                 out = call_process_many(op, elems)
                 take = getattr(op, "take_counts", None)  # a fused chain's per-operator counts
-                reply, _ = encoder.dumps(("ok", out, take() if take is not None else None))
+                io = (io_totals() - before).to_dict()  # what reading this micro-batch cost
+                reply, _ = encoder.dumps(("ok", out, take() if take is not None else None, io))
             except BaseException as exc:
                 reply = _error_reply(annotate(exc, op.name))
             del elems, message
@@ -464,6 +467,8 @@ class ProcessFleet:
         # that is slow to start (or dies while starting) then never blocks the engine.
         self._pending_load: list[bytes | None] = [None] * size
         self.respawns = 0
+        # I/O of the workers (bytes, requests, retries, cache events) by stage, summed
+        self._io: dict[int, SourceStats] = {}
         _FLEETS.add(self)
         label = "+".join(sorted(set(self._names.values())))
         for slot in range(size):
@@ -566,6 +571,11 @@ class ProcessFleet:
             return [p.pid for p in self._procs if p is not None and p.pid is not None]
 
     # -- serving ---------------------------------------------------------------------------
+
+    def io(self, stage: int) -> SourceStats:
+        """What the workers read for ``stage`` so far (a copy)."""
+        with self._lock:
+            return SourceStats(**self._io.get(stage, SourceStats()).to_dict())
 
     def submit(self, stage: int, elems: list[StreamItem]) -> Future[list[StreamItem]]:
         future: Future[list[StreamItem]] = Future()
@@ -688,6 +698,10 @@ class ProcessFleet:
             counters = self._counters.get(job.stage)
             if counters is not None and counts and counts[0] is not None:
                 counters.add(counts[0])
+            if len(counts) > 1 and any(counts[1].values()):
+                with self._lock:
+                    self._io.setdefault(job.stage, SourceStats())
+                    self._io[job.stage] += SourceStats(**counts[1])
             job.future.set_result(value)
         else:
             job.future.set_exception(annotate(value, self._names[job.stage]))

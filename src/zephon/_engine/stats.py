@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from zephon.io import SourceStats
 from zephon.types import TAG_CUT_TOKENS, TAG_DROPPED_TOKENS, TAG_ERROR
 
 # The reason of the replay filter's tombstones: records a restore streams again and were
@@ -21,6 +22,8 @@ class OpStats:
     so it includes waiting for a free worker). ``accumulator_ns``: time in the accumulator
     (push, flush). ``stall_ns``/``stalls``: time and count blocked handing results to a full
     downstream queue (backpressure). ``queue_depth``: inputs waiting, at snapshot time.
+    ``bytes_fetched``/``requests``/``retries``/``cache_hits``: the dataset I/O the operator
+    did (only ``fetch`` reads datasets), summed over its worker processes.
     """
 
     name: str
@@ -34,9 +37,18 @@ class OpStats:
     stall_ns: int = 0
     stalls: int = 0
     queue_depth: int = 0
+    bytes_fetched: int = 0
+    requests: int = 0
+    retries: int = 0
+    cache_hits: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def set_io(self, io: SourceStats) -> None:
+        """Take the I/O counters of ``io`` (what this operator read so far)."""
+        self.bytes_fetched, self.requests = io.bytes_fetched, io.requests
+        self.retries, self.cache_hits = io.retries, io.cache_hits
 
 
 @dataclass
@@ -112,6 +124,8 @@ class RunStats:
     samples_refetched: int = 0
     chunks: int = 0
     elapsed_s: float = 0.0
+    # dataset I/O of the run: this process's and every worker process's, summed
+    io: SourceStats = field(default_factory=SourceStats)
     operators: list[OpStats] = field(default_factory=list)
     lanes: dict[int, LaneProgress] = field(default_factory=dict)
 
@@ -144,6 +158,11 @@ class RunStats:
             f"# TYPE {prefix}_samples_refetched_total counter",
             f"{prefix}_samples_refetched_total {self.samples_refetched}",
         ]
+        for name, value in self.io.to_dict().items():
+            lines += [
+                f"# TYPE {prefix}_io_{name}_total counter",
+                f"{prefix}_io_{name}_total {value}",
+            ]
         for name in (
             "elements_in",
             "elements_out",
@@ -152,6 +171,10 @@ class RunStats:
             "accumulator_ns",
             "stall_ns",
             "stalls",
+            "bytes_fetched",
+            "requests",
+            "retries",
+            "cache_hits",
         ):
             lines.append(f"# TYPE {prefix}_op_{name}_total counter")
             for op in self.operators:
@@ -169,6 +192,12 @@ class RunStats:
         busiest = max(self.operators, key=lambda o: o.worker_ns, default=None)
         tail = f", busiest {busiest.name}" if busiest is not None and busiest.worker_ns else ""
         losses = self.dropped.describe()
+        io = self.io
+        if io.any():
+            tail += (
+                f", fetched {io.bytes_fetched} bytes in {io.requests} requests "
+                f"({io.retries} retries, {io.cache_hits} cache hits)"
+            )
         return (
             f"zephon: {self.delivered} items in {self.elapsed_s:.1f}s "
             f"({self.items_per_s:.0f}/s), {self.samples_read} samples read, "

@@ -103,6 +103,13 @@ def print_summary(summary: dict[str, Any], stats: Any) -> None:
     drops = drop_line(summary.get("dropped"))
     if drops is not None:
         out.print(escape(drops), highlight=False)
+    io = summary.get("io")
+    if io and any(io.values()):
+        out.print(
+            f"read {io['bytes_fetched']:,} bytes in {io['requests']:,} requests "
+            f"({io['retries']:,} retries, {io['cache_hits']:,} cache hits)",
+            highlight=False,
+        )
     if summary["resumed_from"]:
         out.print(f"resumed from {escape(summary['resumed_from'])}", highlight=False)
     if summary["checkpoint"]:
@@ -110,7 +117,8 @@ def print_summary(summary: dict[str, Any], stats: Any) -> None:
     if stats is None:
         return
     table = Table(title="operators")
-    for col in ("operator", "runner", "workers", "in", "out", "worker s", "acc s", "stalls"):
+    cols = ("operator", "runner", "workers", "in", "out", "worker s", "acc s", "stalls", "bytes")
+    for col in cols:
         table.add_column(col, justify="left" if col in ("operator", "runner") else "right")
     for op in stats.operators:
         table.add_row(
@@ -122,6 +130,7 @@ def print_summary(summary: dict[str, Any], stats: Any) -> None:
             f"{op.worker_ns / 1e9:.2f}",
             f"{op.accumulator_ns / 1e9:.2f}",
             str(op.stalls),
+            f"{op.bytes_fetched:,}",
         )
     out.print(table)
     lanes = Table(title="lanes")

@@ -99,6 +99,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve Prometheus text at http://127.0.0.1:PORT/metrics while running (0: any)",
     )  # fmt: skip
     parser.add_argument(
+        "--statsd", default=None, metavar="HOST:PORT",
+        help="push the statistics to a statsd server over UDP while running (zephon[statsd]; "
+        "the YAML's metrics section sets the prefix and interval)",
+    )  # fmt: skip
+    parser.add_argument(
         "--prometheus-file", type=Path, default=None, metavar="PATH",
         help="write the Prometheus text to PATH at every checkpoint and at the end",
     )  # fmt: skip
@@ -221,6 +226,10 @@ def _build(args: argparse.Namespace) -> tuple[Any, Any]:
             quarantine = args.checkpoint_dir / "quarantine.jsonl"
         if quarantine is not None:
             pipe.options(quarantine=str(quarantine))
+        if args.statsd is not None:
+            from zephon.metrics import parse_address
+
+            parse_address(args.statsd)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     except ZephonError as exc:
@@ -266,7 +275,11 @@ def run(args: argparse.Namespace) -> int:
     with RunSignals() as signals:
         try:
             _check_arguments(args)
+            from zephon.io import io_totals
+
+            before = io_totals()
             config, pipe = _build(args)
+            Startup.opened_io = (io_totals() - before).to_dict()
         except UsageError as exc:
             return fail("run", exc, EXIT_USAGE)
         if args.log_every is not None:
@@ -413,6 +426,7 @@ class RunLoop:
         if args.metrics_port is not None:
             metrics = MetricsServer(lambda: _prometheus_text(self.pipe), port=args.metrics_port)
             err.print(f"metrics: {metrics.url}")
+        reporter = _metrics_reporter(self.pipe, self.config.metrics, args.statsd)
         if args.record is not None:
             # line-buffered: a kill loses no line of an item already delivered
             self.record = open(args.record, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
@@ -445,6 +459,8 @@ class RunLoop:
                     self.record.close()
             if metrics is not None:
                 metrics.close()
+            if reporter is not None:
+                reporter.close()
         return self._finish(time.perf_counter() - start)
 
     def _finish(self, elapsed: float) -> int:
@@ -486,6 +502,8 @@ class RunLoop:
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
             "error": f"{type(error).__name__}: {error}" if error else None,
             "dropped": stats.to_dict()["dropped"] if stats is not None else None,
+            "io": stats.io.to_dict() if stats is not None else None,
+            "opened_io": Startup.opened_io,
             "stats": stats.to_dict() if stats is not None else None,
         }
 
@@ -514,6 +532,23 @@ def _record_location(error: BaseException | None, pipe: Any) -> str | None:
                 return None
         error, seen = error.__cause__ or error.__context__, seen + 1
     return None
+
+
+def _metrics_reporter(pipe: Any, section: dict[str, Any], statsd: str | None) -> Any:
+    """The statsd reporter the YAML's ``metrics`` section or ``--statsd`` asks for, else None."""
+    from zephon.metrics import MetricsReporter, StatsdSink, parse_address
+
+    address = statsd or section.get("statsd")
+    if address is None:
+        return None
+    host, port = parse_address(address)
+    sink = StatsdSink(
+        host,
+        port,
+        prefix=section.get("prefix", "zephon"),
+        max_packet_bytes=section.get("max_packet_bytes", 512),
+    )
+    return MetricsReporter(pipe.stats, [sink], interval_s=section.get("interval_s", 10.0))
 
 
 def _prometheus_text(pipe: Any) -> str:

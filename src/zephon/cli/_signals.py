@@ -37,6 +37,7 @@ class Startup:
     config = ""
     json = False
     checkpoint: str | None = None  # the checkpoint being resumed: still where the run stands
+    opened_io: dict[str, int] | None = None  # what opening the datasets read (row counts)
 
 
 def _summary_line(signum: int) -> str:

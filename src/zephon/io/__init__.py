@@ -1,12 +1,13 @@
-"""Datasets and shard formats: JSONL (plain, .gz, .zst), Parquet, Arrow IPC / Feather, Hugging
-Face ``save_to_disk`` folders, Lance and MDS; local, on any fsspec URL, or through a node cache."""
+"""Datasets and shard formats: JSONL (plain, .gz, .zst, .bz2, .xz), Parquet, Arrow IPC /
+Feather, Vortex, Hugging Face ``save_to_disk`` folders and Hub splits (``hf://``), Lance, MDS and
+LitData; local, on any fsspec URL, or through a node cache."""
 
 from zephon.io._cache import CacheOptions, NodeCache
 from zephon.io._dataset import Dataset, InMemoryShard, Row, Shard
 from zephon.io._discover import build_index, list_shards
 from zephon.io._jsonl import JsonlShard
 from zephon.io._paths import cache_root
-from zephon.io._stats import SourceStats
+from zephon.io._stats import SourceStats, io_totals
 
 __all__ = [
     "CacheOptions",
@@ -19,5 +20,6 @@ __all__ = [
     "SourceStats",
     "build_index",
     "cache_root",
+    "io_totals",
     "list_shards",
 ]

@@ -166,17 +166,24 @@ class Dataset:
         storage_options: Mapping[str, Any] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache: CacheOptions | None = None,
+        decode_images: bool = False,
+        allow_pickle: bool = False,
     ) -> Dataset:
         """A dataset over files: a folder, a glob or a list of files/folders (local or fsspec).
 
-        Formats come from the suffix (``.jsonl``/``.ndjson`` optionally ``.gz``/``.zst``,
-        ``.parquet``, ``.arrow``/``.feather``), from the folder (Hugging Face ``save_to_disk``,
-        Lance, MDS) or from ``fmt``. ``columns`` projects every format but JSONL.
+        Formats come from the suffix (``.jsonl``/``.ndjson`` optionally ``.gz``/``.zst``/
+        ``.bz2``/``.xz``, ``.parquet``, ``.arrow``/``.feather``, ``.vortex``), from the folder
+        (Hugging Face ``save_to_disk``, Lance, MDS, LitData) or from ``fmt``. ``columns``
+        projects every format but JSONL. ``hf://org/name[@rev][/config]/split`` reads a Hub
+        dataset split at one pinned commit (see ``docs/datasets.md``).
         ``storage_options`` go to fsspec (and Lance). ``cache`` keeps whole remote shards in a
         node-local cache; without it remote shards are read by byte range. Derived files
         (offset indexes, decompressed copies) go to ``cache_dir``, else ``cache.dir``, else
         ``$ZEPHON_CACHE_DIR`` or ``~/.cache/zephon``, never next to the data. An
         ``index.json`` in the folder (``zephon index PATH``) makes discovery instant.
+        MDS image columns (``jpeg``, ``png``) are their encoded bytes, or ``uint8`` arrays
+        with ``decode_images``; ``pkl`` columns need ``allow_pickle`` (unpickling can run
+        code).
         """
         from zephon.io._discover import dataset_from_path
 
@@ -188,6 +195,8 @@ class Dataset:
             storage_options=dict(storage_options) if storage_options else None,
             cache_dir=cache_dir,
             cache=cache,
+            decode_images=decode_images,
+            allow_pickle=allow_pickle,
         )
 
     @classmethod

@@ -19,17 +19,19 @@ from zephon.io._arrow import ARROW_SUFFIXES, ArrowShard
 from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Dataset, Shard
 from zephon.io._folders import FOLDER_FORMATS, folder_format, folder_shards
+from zephon.io._hub import hub_files, is_hub_path
 from zephon.io._jsonl import JsonlShard, is_jsonl
 from zephon.io._paths import derived_dir, get_fs, split_protocol, strip_protocol
 from zephon.io._remote import with_retries
+from zephon.io._vortex import VORTEX_SUFFIXES, VortexShard
 
 INDEX_NAME = "index.json"
 INDEX_VERSION = 1
-FILE_FORMATS = ("jsonl", "parquet", "arrow")
+FILE_FORMATS = ("jsonl", "parquet", "arrow", "vortex")
 FORMATS = (*FILE_FORMATS, *FOLDER_FORMATS)
 KNOWN_SUFFIXES = (
-    "*.jsonl, *.ndjson, *.jsonl.gz, *.jsonl.zst, *.parquet, *.arrow, *.feather, "
-    "or a Hugging Face save_to_disk, Lance or MDS folder"
+    "*.jsonl, *.ndjson, *.jsonl.gz, *.jsonl.zst, *.jsonl.bz2, *.jsonl.xz, *.parquet, *.arrow, "
+    "*.feather, *.vortex, or a Hugging Face save_to_disk, Lance, MDS or LitData folder"
 )
 _SIDECARS = (".zidx", ".raw", ".tmp")
 
@@ -37,9 +39,11 @@ PathArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
 def detect_format(path: str) -> str | None:
-    """``"jsonl"``, ``"parquet"``, ``"arrow"`` or ``None`` from the file name."""
+    """``"jsonl"``, ``"parquet"``, ``"arrow"``, ``"vortex"`` or ``None`` from the file name."""
     if path.endswith((".parquet", ".pq")):
         return "parquet"
+    if path.endswith(VORTEX_SUFFIXES):
+        return "vortex"
     if path.endswith(ARROW_SUFFIXES):
         return "arrow"
     if is_jsonl(path):
@@ -136,6 +140,8 @@ def make_shard(
         )
     if fmt == "arrow":
         return ArrowShard(url, rows, columns=columns, storage_options=storage_options, cache=cache)
+    if fmt == "vortex":
+        return VortexShard(url, rows, columns=columns, storage_options=storage_options, cache=cache)
     raise ConfigError(f"unknown format {fmt!r} for {url}; use one of {', '.join(FILE_FORMATS)}")
 
 
@@ -218,12 +224,17 @@ def dataset_from_path(
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache: CacheOptions | None = None,
+    decode_images: bool = False,
+    allow_pickle: bool = False,
 ) -> Dataset:
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
     derived = derived_dir(cache_dir, cache)
     shards: list[Shard] = []
     for entry in _entries(path):
+        if is_hub_path(entry):
+            shards += _hub_shards(entry, columns=columns, cache_dir=derived)
+            continue
         kind = fmt if fmt in FOLDER_FORMATS else None
         if fmt is None and not any(c in entry for c in "*?[") and detect_format(entry) is None:
             kind = folder_format(entry, storage_options)  # a file name needs no probe
@@ -235,6 +246,8 @@ def dataset_from_path(
                 storage_options=storage_options,
                 cache=cache,
                 cache_dir=derived,
+                decode_images=decode_images,
+                allow_pickle=allow_pickle,
             )
             continue
         shards += [
@@ -250,6 +263,22 @@ def dataset_from_path(
             for url, found, rows in discover(entry, fmt=fmt, storage_options=storage_options)
         ]
     return Dataset(name, shards)
+
+
+def _hub_shards(entry: str, *, columns: Sequence[str] | None, cache_dir: str | None) -> list[Shard]:
+    """The shards of an ``hf://`` split: its files, downloaded at one pinned commit."""
+    files = hub_files(entry, lambda name: detect_format(name) is not None)
+    return [
+        make_shard(
+            f,
+            detect_format(f) or "parquet",
+            None,
+            columns=columns,
+            storage_options=None,
+            cache_dir=cache_dir,
+        )
+        for f in files
+    ]
 
 
 def build_index(
@@ -310,7 +339,9 @@ def list_shards(
     out: list[tuple[str, str, int | None]] = []
     for entry in _entries(path):
         kind = fmt if fmt in FOLDER_FORMATS else None
-        if fmt is None and not any(c in entry for c in "*?[") and detect_format(entry) is None:
+        if is_hub_path(entry):
+            kind = "hub"  # resolving the split's files is a network call: left to the run
+        elif fmt is None and not any(c in entry for c in "*?[") and detect_format(entry) is None:
             kind = folder_format(entry, storage_options)
         if kind is not None:
             out.append((entry, kind, None))

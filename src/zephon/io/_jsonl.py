@@ -1,4 +1,5 @@
-"""JSONL shards (plain, ``.gz``, ``.zst``) with a byte-offset index for O(1) random access.
+"""JSONL shards (plain, ``.gz``, ``.zst``, ``.bz2``, ``.xz``) with a byte-offset index for O(1)
+random access.
 
 The index is an ``(n, 2)`` int64 array of ``[start, end)`` byte ranges of the non-blank lines,
 built once per shard by one streaming pass and saved in the cache folder (never next to the
@@ -31,7 +32,7 @@ from zephon.io._paths import atomic_write, cache_file, derived_dir
 from zephon.io._spans import read_spans
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
-COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd", ".bz2": "bz2", ".xz": "xz"}
 
 _MAGIC = b"ZIDX\x00\x01\x00\x00"
 _HEADER = struct.Struct("<8sqqqq")  # magic, src_size, src_mtime_ns, rows, data_size
@@ -42,7 +43,7 @@ _WS[[9, 13, 32]] = True  # tab, CR, space (LF splits lines)
 
 
 def jsonl_compression(path: str) -> str | None:
-    """``"gzip"``/``"zstd"`` for compressed JSONL names, ``None`` for plain ones."""
+    """``"gzip"``/``"zstd"``/``"bz2"``/``"xz"`` for compressed JSONL names, else ``None``."""
     for suffix, kind in COMPRESSIONS.items():
         if path.endswith(suffix):
             return kind
@@ -217,18 +218,20 @@ class JsonlShard(Shard):
 
     def _decompress_to(self, target: Path) -> int:
         """Decompress the shard into the cache folder; a corrupt stream names the shard."""
+        import lzma
+
         import zstandard
 
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             with self._blob.stream() as raw, open(tmp, "wb") as out:
-                if self._compression == "gzip":
-                    size = _gunzip(raw, out)
-                else:
+                if self._compression == "zstd":
                     size = _unzstd(raw, out)
+                else:
+                    size = _unstream(self._compression or "gzip", raw, out)
             os.replace(tmp, target)
-        except (OSError, EOFError, zstandard.ZstdError) as e:
+        except (OSError, EOFError, zstandard.ZstdError, lzma.LZMAError) as e:
             tmp.unlink(missing_ok=True)
             if isinstance(e, FileNotFoundError):
                 raise DataFormatError(f"shard {self._url} does not exist") from e
@@ -330,7 +333,8 @@ def sniff_not_jsonl(head: bytes, line: bytes) -> str | None:
     if b"\0" in head or _not_utf8(head):
         return (
             "the file is binary, not JSON Lines text; give the dataset's real format "
-            "(format: parquet | arrow | hf | lance | mds) or a file with one JSON object per line"
+            "(format: parquet | arrow | vortex | hf | lance | mds | litdata) or a file with one "
+            "JSON object per line"
         )
     first = head.lstrip()[:1]
     if first == b"[":
@@ -379,14 +383,18 @@ def _blocks(f: Any) -> Iterator[bytes]:
         yield buf
 
 
-def _gunzip(raw: Any, out: Any) -> int:
+def _unstream(kind: str, raw: Any, out: Any) -> int:
+    """Decompress a gzip, bz2 or xz stream (each truncated stream raises ``EOFError``)."""
+    import bz2
     import gzip
+    import lzma
 
-    stream = gzip.GzipFile(fileobj=raw)
+    opener: Any = {"bz2": bz2.BZ2File, "xz": lzma.LZMAFile}.get(kind)
     size = 0
-    while buf := stream.read(_BLOCK):
-        out.write(buf)
-        size += len(buf)
+    with opener(raw) if opener is not None else gzip.GzipFile(fileobj=raw) as stream:
+        while buf := stream.read(_BLOCK):
+            out.write(buf)
+            size += len(buf)
     return size
 
 

@@ -30,6 +30,7 @@ from zephon.io._blob import Blob
 from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Row, Shard, checked_indices, missing_columns
 from zephon.io._file_shard import LazyShard
+from zephon.io._mds_codecs import extra_decoder
 from zephon.io._paths import atomic_write, cache_file
 from zephon.io._spans import read_spans
 
@@ -55,6 +56,7 @@ DECODERS: dict[str, Decoder] = {
     },
     **{t: _scalar(t) for t in ("float16", "float32", "float64")},
 }
+SUPPORTED = ", ".join([*sorted(DECODERS), "ndarray", "jpeg", "png", "pil", "pkl"])
 _DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {"gz": gzip.decompress, "bz2": bz2.decompress}
 
 
@@ -109,8 +111,11 @@ class MdsShard(LazyShard):
         storage_options: dict[str, Any] | None = None,
         cache: CacheOptions | None = None,
         cache_dir: str | None = None,
+        decode_images: bool = False,
+        allow_pickle: bool = False,
     ) -> None:
         self._folder, self._info = folder, info
+        self._decode_images, self._allow_pickle = decode_images, allow_pickle
         zipped = info.get("zip_data")
         name = (zipped or info["raw_data"])["basename"]
         self._blob = Blob(_join(folder, name), storage_options, cache)
@@ -140,14 +145,19 @@ class MdsShard(LazyShard):
         for name, enc, size in zip(
             names, self._info["column_encodings"], self._info["column_sizes"], strict=True
         ):
-            decoder = DECODERS.get(enc)
-            if decoder is None and (wanted is None or name in wanted):
-                raise DataFormatError(
-                    f"MDS shard {self.location}: column {name!r} has encoding {enc!r}, which "
-                    f"zephon does not decode (supported: {', '.join(sorted(DECODERS))}); "
-                    "project it away with columns=[...]"
-                )
             keep = wanted is None or name in wanted
+            decoder = DECODERS.get(enc)
+            why = None
+            if decoder is None:
+                decoder, why = extra_decoder(
+                    enc, decode_images=self._decode_images, allow_pickle=self._allow_pickle
+                )
+            if decoder is None and keep:
+                raise DataFormatError(
+                    f"MDS shard {self.location}: column {name!r} has encoding {enc!r}, "
+                    + (why or f"which zephon does not decode (supported: {SUPPORTED})")
+                    + "; or project it away with columns=[...]"
+                )
             plan.append((int(size or 0), name, decoder if keep else None))
         return plan
 
@@ -241,6 +251,8 @@ def mds_shards(
     storage_options: dict[str, Any] | None,
     cache: CacheOptions | None,
     cache_dir: str | None,
+    decode_images: bool = False,
+    allow_pickle: bool = False,
 ) -> list[Shard]:
     return [
         MdsShard(
@@ -250,6 +262,8 @@ def mds_shards(
             storage_options=storage_options,
             cache=cache,
             cache_dir=cache_dir,
+            decode_images=decode_images,
+            allow_pickle=allow_pickle,
         )
         for info in index["shards"]
     ]

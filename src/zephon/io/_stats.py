@@ -2,7 +2,8 @@
 
 Counters are keyed by shard URL in one process-wide table, so every copy of a shard in this
 process (threads, re-opened datasets) adds to the same numbers; :meth:`Dataset.stats` sums the
-counters of its shards. Worker processes keep their own tables.
+counters of its shards. Worker processes keep their own tables and hand the engine what each
+micro-batch cost (:func:`io_totals` before and after), so ``pipeline.stats()`` sums them.
 """
 
 from __future__ import annotations
@@ -34,9 +35,24 @@ class SourceStats:
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
         return self
 
+    def __add__(self, other: SourceStats) -> SourceStats:
+        out = SourceStats(**self.to_dict())
+        out += other
+        return out
+
+    def __sub__(self, other: SourceStats) -> SourceStats:
+        return SourceStats(
+            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self)}
+        )
+
+    def any(self) -> bool:
+        """Whether any counter is non-zero."""
+        return any(getattr(self, f.name) for f in fields(self))
+
 
 _LOCK = threading.Lock()
 _TABLE: dict[str, SourceStats] = {}
+_PROCESS = SourceStats()  # every URL of this process together
 
 
 def count(url: str, **deltas: int) -> None:
@@ -47,6 +63,13 @@ def count(url: str, **deltas: int) -> None:
             stats = _TABLE[url] = SourceStats()
         for name, amount in deltas.items():
             setattr(stats, name, getattr(stats, name) + amount)
+            setattr(_PROCESS, name, getattr(_PROCESS, name) + amount)
+
+
+def io_totals() -> SourceStats:
+    """Everything this process has read so far (a copy)."""
+    with _LOCK:
+        return SourceStats(**_PROCESS.to_dict())
 
 
 def total(urls: Iterable[str]) -> SourceStats:

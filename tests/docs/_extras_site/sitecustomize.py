@@ -18,6 +18,9 @@ EXTRAS = {
     "postgres": {"psycopg"},
     "hf": {"datasets"},
     "lance": {"lance"},
+    "litdata": {"litdata", "zstd"},
+    "vortex": {"vortex"},
+    "statsd": {"statsd"},
     "s3": {"s3fs"},
     "gcs": {"gcsfs"},
     "azure": {"adlfs"},
@@ -28,7 +31,8 @@ EXTRAS = {
 }
 # extras that are sets of others (or include another)
 META = {
-    "formats": {"hf", "lance", "s3"},
+    "formats": {"hf", "lance", "s3", "litdata", "vortex"},
+    "litdata": {"torch"},
     "serve": {"proxy"},
     "trainer": {"torch"},
     "lightning": {"torch"},
