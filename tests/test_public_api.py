@@ -55,7 +55,8 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.capture.lineage": _names(
         "EntryFetch FINGERPRINT_VERSION IncrementalResolver LineageNode RolloutLineage "
         "assistant_fingerprint canonicalize_tool_arguments conversation_digest "
-        "has_model_authored_item resolve_among resolve_from_ledger stamp_continuation"
+        "has_model_authored_item resolve_among resolve_from_ledger stamp_continuation "
+        "token_prompt_item token_prompt_of"
     ),
     "zephon.capture.protocols": _names(
         "CaptureAdmissionRefused CaptureHistoryUnrepresentable CaptureLedger CaptureStore "
@@ -73,8 +74,8 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.capture.proxy.server": _names("bind_socket exposure_problem serve"),
     "zephon.capture.records": _names(
         "CallRecord CaptureLedgerCommit DIGEST_VERSION EngineRefusalRecord FINGERPRINT_VERSION "
-        "MAX_CALL_ID_CHARS MAX_TOKEN_ID ManifestFailure ParentResolutionStatus RolloutManifest "
-        "RolloutRemoval "
+        "GROUP_FIELD MAX_CALL_ID_CHARS MAX_TOKEN_ID ManifestFailure ParentResolutionStatus "
+        "RolloutManifest RolloutRemoval SampleGroup "
         "TOKEN_ENTRY_MIN_SCHEMA_VERSION TOKEN_ENTRY_RECORD_SCHEMA_VERSION TokenCaptureSnapshot "
         "TokenEntry canonical_json compute_digest cumulative_tokens encode_token_ids entry_key "
         "require_finite validate_call_id validate_capture_keys validate_rollout_id"
