@@ -75,6 +75,7 @@ class Pipeline:
         self._engine: Engine | EngineProcess | None = None
         self._engine_done = True
         self._resume: ckpt.ParsedCheckpoint | None = None
+        self._origin: Any = None
 
     # -- builder -------------------------------------------------------------------------
 
@@ -502,10 +503,23 @@ class Pipeline:
         self._engine = engine
         self._engine_done = False
         self.last_stats = engine.stats
+        origin = self.provenance_origin()
         try:
-            yield from engine
+            for item in engine:
+                if isinstance(item, SampleBatch):
+                    item._origin = origin
+                yield item
         finally:
             self._engine_done = True
+
+    def provenance_origin(self) -> Any:
+        """Names, files and lines of this pipeline's datasets (``zephon.provenance.Origin``),
+        which delivered batches carry for :meth:`SampleBatch.provenance`."""
+        if self._origin is None:
+            from zephon.provenance import Origin
+
+            self._origin = Origin(self.work_source.datasets)
+        return self._origin
 
     # -- checkpoints -----------------------------------------------------------------------
 
