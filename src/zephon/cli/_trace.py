@@ -15,7 +15,7 @@ from typing import Any
 
 from zephon.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, fail
 from zephon.cli._report import console
-from zephon.errors import ZephonError
+from zephon.errors import ConfigError, ZephonError
 
 
 def register(subparsers: Any) -> None:
@@ -65,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
             runner=args.runner,
             progress=not (args.quiet or args.json),
         )
+    except ConfigError as exc:
+        return fail("trace", str(exc).removeprefix("trace: "), EXIT_USAGE)
     except ZephonError as exc:
-        return fail("trace", exc, EXIT_USAGE if "trace:" in str(exc) else EXIT_FAILURE)
+        return fail("trace", exc, EXIT_FAILURE)
     except OSError as exc:
         return fail("trace", exc, EXIT_USAGE)
     if args.json:
