@@ -47,7 +47,12 @@ def _text(rng: random.Random) -> str:
 
 
 def make_mixture(
-    folder: Path, docs: int, *, shuffle_seed: int = 11, max_length: int = 96, runner: str = "threads"
+    folder: Path,
+    docs: int,
+    *,
+    shuffle_seed: int = 11,
+    max_length: int = 96,
+    runner: str = "threads",
 ) -> Path:
     """``docs`` documents per dataset; returns the pipeline file."""
     rng = random.Random(5)

@@ -7,13 +7,18 @@ import uuid
 
 import numpy as np
 
+from tests.capture.test_dataset import fill
 from zephon import Pipeline
 from zephon.capture.dataset import CaptureSource
-from tests.capture.test_dataset import fill
 
 
 def _pipe(source: CaptureSource) -> Pipeline:
-    return Pipeline(source).pack_flat(16, pad_token_id=0).batch(2, drop_last=False).options(runner="inline")
+    return (
+        Pipeline(source)
+        .pack_flat(16, pad_token_id=0)
+        .batch(2, drop_last=False)
+        .options(runner="inline")
+    )
 
 
 def test_trajectory_segments_name_rollouts_and_calls() -> None:

@@ -6,15 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.cli.conftest import ZEPHON
+from tests.provenance._mixture import make_mixture
 from zephon.cli import main
 from zephon.config import load_config
 from zephon.provenance import diff, read_log
-from tests.cli.conftest import ZEPHON
-from tests.provenance._mixture import make_mixture
 
 DOCS = 200
 
@@ -59,10 +58,35 @@ def test_trace_from_a_checkpoint_replays_only_from_it(
     line = (runs["a"] / "record.jsonl").read_text().splitlines()[93]
     assert traced["fingerprint"] == json.loads(line)["fingerprint"]
     table = read_log(runs["a"] / "prov.parquet").to_pylist()
-    logged = [(r["row"], r["segment"], r["source"], r["line"], r["source_row"], r["start"],
-               r["end"], r["source_start"], r["source_end"]) for r in table if r["step"] == 93]
-    shown = [(s["row"], s["segment"], s["source"], s["line"], s["source_row"], s["start"],
-              s["end"], s["source_start"], s["source_end"]) for s in traced["segments"]]
+    logged = [
+        (
+            r["row"],
+            r["segment"],
+            r["source"],
+            r["line"],
+            r["source_row"],
+            r["start"],
+            r["end"],
+            r["source_start"],
+            r["source_end"],
+        )
+        for r in table
+        if r["step"] == 93
+    ]
+    shown = [
+        (
+            s["row"],
+            s["segment"],
+            s["source"],
+            s["line"],
+            s["source_row"],
+            s["start"],
+            s["end"],
+            s["source_start"],
+            s["source_end"],
+        )
+        for s in traced["segments"]
+    ]
     assert shown == logged
     assert all(s["preview"] for s in traced["segments"])
 
@@ -146,5 +170,3 @@ def test_trace_errors_are_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(e.startswith("zephon trace: error: ") for e in err)
     assert "rank 4" in err[1] and "ends before step 100000" in err[2]
-
-

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.provenance._mixture import check_batch, make_mixture
 from zephon.config import load_config
 from zephon.pipeline import Pipeline
 from zephon.types import SampleBatch
-from tests.provenance._mixture import check_batch, make_mixture
 
 DOCS = 600  # per dataset: 540 steps
 SMALL_DOCS = 120

@@ -24,8 +24,8 @@ def register(subparsers: Any) -> None:
         "files step by step; print the first differing step and the segments found in one run "
         "only. Exit codes: 0 identical, 1 they differ, 2 bad usage.",
     )
-    parser.add_argument("a", type=Path, metavar="A")
-    parser.add_argument("b", type=Path, metavar="B")
+    parser.add_argument("a", type=Path, metavar="A", help="provenance log or --record file")
+    parser.add_argument("b", type=Path, metavar="B", help="the other run's, of the same kind")
     parser.add_argument("--json", action="store_true", help="print JSON for tools")
     parser.set_defaults(func=run)
 

@@ -69,7 +69,7 @@ def _column(table: Any, name: str) -> np.ndarray:
     col = table[name]
     if name in ("lineage", "fingerprint"):
         return np.asarray(col.fill_null("").to_pylist(), dtype=object)
-    return col.to_numpy(zero_copy_only=False)
+    return np.asarray(col.to_numpy(zero_copy_only=False))
 
 
 def _diff_logs(a: Path, b: Path) -> Divergence | None:

@@ -58,9 +58,7 @@ def _same_file(logged: str, wanted: str) -> bool:
     return os.path.exists(wanted) and os.path.realpath(wanted) == os.path.realpath(logged)
 
 
-def find(
-    logs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], query: str
-) -> list[Hit]:
+def find(logs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], query: str) -> list[Hit]:
     """Every logged segment cut from the document ``query`` names, by rank and step."""
     import pyarrow.compute as pc
 
@@ -79,12 +77,11 @@ def find(
         sources = [v for v in pc.unique(table["source"]).to_pylist() if v is not None]
         files = [v for v in sources if _same_file(v, wanted)]
         column = table["line"] if kind == "line" else table["source_row"]
-        mask = pc.and_(pc.is_in(table["source"], value_set=_strings(files)),
-                       pc.equal(column, number))
+        mask = pc.and_(
+            pc.is_in(table["source"], value_set=_strings(files)), pc.equal(column, number)
+        )
     picked = table.filter(mask).to_pylist()
-    return [
-        Hit(**{f: row[f] for f in Hit.__dataclass_fields__}) for row in picked
-    ]
+    return [Hit(**{f: row[f] for f in Hit.__dataclass_fields__}) for row in picked]
 
 
 def _strings(values: list[str]) -> Any:

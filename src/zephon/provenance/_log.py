@@ -115,9 +115,12 @@ class ProvenanceLog:
         cols = self._cols
         step_c, rank_c, row_c, seg_c = cols["step"], cols["rank"], cols["row"], cols["segment"]
         ds_c, shard_c, idx_c = cols["dataset_id"], cols["shard"], cols["source_row"]
-        start_c, end_c, ss_c, se_c = cols["start"], cols["end"], cols["source_start"], cols[
-            "source_end"
-        ]
+        start_c, end_c, ss_c, se_c = (
+            cols["start"],
+            cols["end"],
+            cols["source_start"],
+            cols["source_end"],
+        )
         len_c, lin_c, fp_c = cols["source_length"], cols["lineage"], cols["fingerprint"]
         step_now, rank = self.step, self.rank
         first = True
@@ -246,8 +249,14 @@ def read_log(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -
     if not tables:
         return pa.table({})
     table = pa.concat_tables(tables, promote_options="default")
-    return table.sort_by([("rank", "ascending"), ("step", "ascending"), ("row", "ascending"),
-                          ("segment", "ascending")])
+    return table.sort_by(
+        [
+            ("rank", "ascending"),
+            ("step", "ascending"),
+            ("row", "ascending"),
+            ("segment", "ascending"),
+        ]
+    )
 
 
 def _unified(schema: Any) -> Any:

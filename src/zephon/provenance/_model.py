@@ -82,6 +82,4 @@ class BatchProvenance:
 
     def to_dicts(self) -> list[dict[str, Any]]:
         """One JSON-safe dict per segment, with its ``row`` and ``segment`` index."""
-        return [
-            {"row": r, "segment": s, **seg.to_dict()} for r, s, seg in self.segments()
-        ]
+        return [{"row": r, "segment": s, **seg.to_dict()} for r, s, seg in self.segments()]

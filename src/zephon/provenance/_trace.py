@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,12 +178,14 @@ def _run_to(pipe: Any, step: int, base: int, progress: bool) -> StreamItem:
 
     total = step - base + 1
     bar = progress_bar(Console(stderr=True), "items", disable=not progress, transient=True)
-    iterator = iter(pipe)
+    iterator: Iterator[StreamItem] = iter(pipe)
+    delivered = base
     try:
         with bar:
             task = bar.add_task(f"trace step {step}", total=total, of=of_total(total))
             for k, item in enumerate(iterator, start=base):
                 bar.update(task, completed=k - base + 1)
+                delivered = k + 1
                 if k == step:
                     return item
     finally:
@@ -191,6 +193,5 @@ def _run_to(pipe: Any, step: int, base: int, progress: bool) -> StreamItem:
         if close is not None:
             close()
     raise ConfigError(
-        f"trace: the run ends before step {step} (it delivers {k + 1 if total else base} "
-        "items on this rank)"
+        f"trace: the run ends before step {step} (it delivers {delivered} items on this rank)"
     )
