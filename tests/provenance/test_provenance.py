@@ -128,3 +128,31 @@ def test_a_pickled_batch_resolves_names_with_its_pipeline(mixture: Path) -> None
     copy = pickle.loads(pickle.dumps(batch))
     assert copy.provenance().rows[0][0].dataset.startswith("dataset#")
     assert copy.provenance(pipe) == batch.provenance()
+
+
+def test_trace_another_rank_from_its_checkpoint(tmp_path: Path) -> None:
+    from zephon.checkpoints import checkpoint_path, save_checkpoint
+    from zephon.provenance import trace
+
+    yaml = make_mixture(tmp_path, SMALL_DOCS)
+    yaml.write_text(yaml.read_text() + "  dp_world_size: 2\n")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    delivered = {}
+    for rank in (0, 1):
+        pipe = _pipe(yaml, dp_rank=rank)
+        for step, batch in enumerate(pipe):
+            delivered[rank, step] = batch
+            if step == 20:
+                (ckpt / f"r{rank}").mkdir()
+                save_checkpoint(checkpoint_path(ckpt / f"r{rank}", 21), pipe.checkpoint())
+    for rank in (0, 1):
+        got = trace(yaml, 30, rank=rank, checkpoint_dir=ckpt / f"r{rank}")
+        assert got.rank == rank and got.replayed == 10
+        assert got.provenance == delivered[rank, 30].provenance()
+        assert got.fingerprint == delivered[rank, 30].fingerprint()
+    assert delivered[0, 30].provenance() != delivered[1, 30].provenance()
+    # another rank's checkpoint is never restored: rank 1 traced from rank 0's replays all
+    other = trace(yaml, 30, rank=1, checkpoint_dir=ckpt / "r0")
+    assert other.restored_from is None and other.replayed == 31
+    assert other.fingerprint == delivered[1, 30].fingerprint()
