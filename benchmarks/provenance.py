@@ -13,9 +13,14 @@ plain run of the same round:
 * ``log``: write every batch to a :class:`zephon.provenance.ProvenanceLog` (flushed at the end);
 * ``fingerprint``: ``batch.fingerprint()`` on every batch (what ``--record`` adds per line).
 
+Besides the tokens/s ratio (noisy on a shared machine), each run times the consumer's own calls
+(``us/step`` and ``share`` of the run's wall time): the cost provenance adds to a training step,
+an upper bound on the throughput it can take whatever else runs on the machine.
+
 Then a run with a checkpoint every ``--every`` steps is traced at step ``N``: the trace time
-is compared with the cold first batch plus ``N - K + 1`` batches at the measured steady rate
-(K: the checkpoint restored), and with a trace from the start.
+is compared with the cold first batch plus ``N - K`` batches at the measured steady rate
+(K: the checkpoint restored), with a trace from the start, and with a trace of step K alone
+(the restore and its first batch, which re-reads the records the snapshot holds open).
 
 Prints a table and one final JSON line. Usage:
 ``python benchmarks/provenance.py [--docs 8000] [--rounds 3] [--every 50]``.
@@ -92,22 +97,32 @@ def one_run(yaml: Path, mode: str, log_dir: Path) -> dict[str, Any]:
     log = ProvenanceLog.for_pipeline(log_dir / mode, pipe) if mode == "log" else None
     tokens = steps = segments = 0
     start = time.perf_counter()
-    first = 0.0
+    first = extra = 0.0
     for batch in pipe:
         if not steps:
             first = time.perf_counter() - start
+        t0 = time.perf_counter()
         if mode == "provenance":
             segments += sum(len(row) for row in batch.provenance())
         elif mode == "fingerprint":
             batch.fingerprint()
         elif log is not None:
             log.write(batch)
+        extra += time.perf_counter() - t0
         tokens += tokens_of(batch)
         steps += 1
     if log is not None:
+        t0 = time.perf_counter()
         log.close()
+        extra += time.perf_counter() - t0
     wall = time.perf_counter() - start
-    out = {"tokens_per_s": tokens / wall, "steps": steps, "wall_s": wall, "first_s": first}
+    out = {
+        "tokens_per_s": tokens / wall,
+        "steps": steps,
+        "wall_s": wall,
+        "first_s": first,
+        "extra_s": extra,  # time the consumer spent in the mode's call
+    }
     if log is not None:
         from zephon.provenance import read_log
 
@@ -133,12 +148,16 @@ def trace_cost(yaml: Path, work: Path, every: int, steps: int, repeats: int) -> 
             save_checkpoint(checkpoint_path(ckpt, k), pipe.checkpoint())
     per_batch = (times[-1] - times[0]) / max(1, len(times) - 1)
     target = min(steps - 1, (steps // every - 1) * every + every // 2)  # mid-way past one
-    traced, colds, starts = [], [], []
+    traced, colds, starts, at_ckpt = [], [], [], []
     for _ in range(repeats):
         traced.append(trace(yaml, target, checkpoint_dir=ckpt))
+        k = target - traced[-1].replayed + 1
+        at_ckpt.append(trace(yaml, k, checkpoint_dir=ckpt).elapsed_s)  # restore + 1st batch
         t0 = time.perf_counter()  # cold: build the pipeline and take its first batch
-        next(iter(load_config(yaml).build()))
+        it = iter(load_config(yaml).build())
+        next(it)
         colds.append(time.perf_counter() - t0)
+        it.close()
     starts.append(trace(yaml, target))
     base = target - traced[0].replayed + 1
     first = statistics.median(colds)
@@ -146,8 +165,10 @@ def trace_cost(yaml: Path, work: Path, every: int, steps: int, repeats: int) -> 
         "step": target,
         "restored_at": base,
         "trace_s": statistics.median(t.elapsed_s for t in traced),
+        "trace_total_s": statistics.median(t.total_s for t in traced),  # + stop and previews
         "bound_s": first + (target - base) * per_batch,
         "cold_first_batch_s": first,
+        "restored_first_batch_s": statistics.median(at_ckpt),
         "per_batch_s": per_batch,
         "trace_from_start_s": starts[0].elapsed_s,
         "same_batch": all(t.fingerprint == starts[0].fingerprint for t in traced),
@@ -175,13 +196,20 @@ def main() -> None:
     steps = runs["plain"][-1]["steps"]
     per_million = log["log_bytes"] / log["segments"] * 1e6 / 2**20
     traced = trace_cost(yaml, work, args.every, steps, args.rounds)
-    print(f"{'mode':<12} {'tokens/s':>12} {'vs plain':>9}")
+    print(f"{'mode':<12} {'tokens/s':>12} {'vs plain':>9} {'us/step':>9} {'share':>7}")
     summary: dict[str, Any] = {"docs": args.docs, "steps": steps, "rounds": args.rounds}
     for m in modes:
         rate = statistics.median(r["tokens_per_s"] for r in runs[m])
         ratio = statistics.median(ratios[m])
-        summary[m] = {"tokens_per_s": round(rate), "ratio": round(ratio, 4)}
-        print(f"{m:<12} {rate:>12,.0f} {ratio:>9.3f}")
+        per_step = statistics.median(r["extra_s"] / r["steps"] for r in runs[m]) * 1e6
+        share = statistics.median(r["extra_s"] / r["wall_s"] for r in runs[m])
+        summary[m] = {
+            "tokens_per_s": round(rate),
+            "ratio": round(ratio, 4),
+            "us_per_step": round(per_step, 1),
+            "share_of_wall": round(share, 5),
+        }
+        print(f"{m:<12} {rate:>12,.0f} {ratio:>9.3f} {per_step:>9.1f} {share:>7.2%}")
     print(
         f"log: {log['log_bytes']:,} bytes for {log['segments']:,} segments "
         f"({steps} steps): {per_million:.2f} MiB per million samples"
@@ -190,7 +218,9 @@ def main() -> None:
         f"trace step {traced['step']} from ckpt {traced['restored_at']}: "
         f"{traced['trace_s']:.2f} s; bound (cold first batch {traced['cold_first_batch_s']:.2f} s"
         f" + {traced['step'] - traced['restored_at']} x {traced['per_batch_s'] * 1e3:.1f} ms) "
-        f"{traced['bound_s']:.2f} s; from the start {traced['trace_from_start_s']:.2f} s"
+        f"{traced['bound_s']:.2f} s; from the start {traced['trace_from_start_s']:.2f} s; "
+        f"first batch after the restore alone {traced['restored_first_batch_s']:.2f} s; "
+        f"with stopping and previews {traced['trace_total_s']:.2f} s"
     )
     summary["log"] = {
         "bytes": log["log_bytes"],

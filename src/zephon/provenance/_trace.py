@@ -38,8 +38,9 @@ class TraceResult:
     fingerprint: str
     restored_from: str | None
     replayed: int  # items iterated to reach the step (the traced one included)
-    elapsed_s: float
+    elapsed_s: float  # building, restoring and running to the step
     previews: list[list[str]] = field(default_factory=list)
+    total_s: float = 0.0  # also stopping the pipeline and reading the previews
 
     def to_dict(self) -> dict[str, Any]:
         segments = self.provenance.to_dicts()
@@ -54,6 +55,7 @@ class TraceResult:
             "restored_from": self.restored_from,
             "replayed": self.replayed,
             "elapsed_s": round(self.elapsed_s, 3),
+            "total_s": round(self.total_s, 3),
             "segments": segments,
         }
 
@@ -105,14 +107,33 @@ def restore_before(pipe: Any, directory: str | os.PathLike[str], step: int) -> t
     return None, 0  # type: ignore[return-value]
 
 
-def _preview(origin: Origin, seg: Segment, text_field: str, width: int) -> str:
+def _previews(
+    origin: Origin, prov: BatchProvenance, text_field: str, width: int
+) -> list[list[str]]:
+    """A short text per segment, reading each shard's rows in one call."""
+    wanted: dict[tuple[int, int], set[int]] = {}
+    for _, _, seg in prov.segments():
+        if not seg.extra:
+            wanted.setdefault(seg.sample_id[:2], set()).add(seg.sample_id[2])
+    rows: dict[tuple[int, int, int], Any] = {}
+    for (ds, shard), indices in wanted.items():
+        ordered = sorted(indices)
+        read: list[Any]
+        try:
+            read = origin.datasets[ds].read(shard, ordered)
+        except Exception as exc:  # a moved or unreadable file: say so in the table
+            read = [f"<unreadable: {type(exc).__name__}>"] * len(ordered)
+        rows.update({(ds, shard, i): r for i, r in zip(ordered, read, strict=True)})
+    return [
+        [_preview(rows.get(seg.sample_id), seg, text_field, width) for seg in row] for row in prov
+    ]
+
+
+def _preview(data: Any, seg: Segment, text_field: str, width: int) -> str:
     if seg.extra:
         return ", ".join(f"{k}={v}" for k, v in sorted(seg.extra.items()))[:width]
-    ds, shard, row = seg.sample_id
-    try:
-        data = origin.read(ds, shard, row)
-    except Exception as exc:  # a moved or unreadable file: say so in the table
-        return f"<unreadable: {type(exc).__name__}>"
+    if isinstance(data, str):
+        return data
     text = data.get(text_field) if isinstance(data, Mapping) else None
     if not isinstance(text, str) and isinstance(data, Mapping):
         text = next((v for v in data.values() if isinstance(v, str)), None)
@@ -152,12 +173,11 @@ def trace(
     restored, base = (None, 0)
     if checkpoint_dir is not None:
         restored, base = restore_before(pipe, checkpoint_dir, step)
-    item = _run_to(pipe, step, base, progress)
+    item, reached = _run_to(pipe, step, base, progress)
     batch = item if isinstance(item, SampleBatch) else SampleBatch([item])
     origin = pipe.provenance_origin()
     prov = batch_provenance(batch, origin)
-    field_name = _text_field(pipe)
-    previews = [[_preview(origin, seg, field_name, preview_chars) for seg in row] for row in prov]
+    previews = _previews(origin, prov, _text_field(pipe), preview_chars)
     return TraceResult(
         step=step,
         rank=pipe.runtime_options.dp_rank,
@@ -166,12 +186,14 @@ def trace(
         fingerprint=fingerprint(item),
         restored_from=str(restored) if restored is not None else None,
         replayed=step - base + 1,
-        elapsed_s=time.perf_counter() - start,
+        elapsed_s=reached - start,
         previews=previews,
+        total_s=time.perf_counter() - start,
     )
 
 
-def _run_to(pipe: Any, step: int, base: int, progress: bool) -> StreamItem:
+def _run_to(pipe: Any, step: int, base: int, progress: bool) -> tuple[StreamItem, float]:
+    """The item of ``step`` and when it arrived (before the pipeline is stopped)."""
     from rich.console import Console
 
     from zephon._progress import of_total, progress_bar
@@ -187,7 +209,7 @@ def _run_to(pipe: Any, step: int, base: int, progress: bool) -> StreamItem:
                 bar.update(task, completed=k - base + 1)
                 delivered = k + 1
                 if k == step:
-                    return item
+                    return item, time.perf_counter()
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:
