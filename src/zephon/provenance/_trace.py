@@ -3,7 +3,8 @@
 Steps count delivered items from 0; ``ckpt-K.json`` (``zephon run --checkpoint-dir``) holds the
 state after K items, so it resumes at step K. Tracing step N restores the newest valid
 checkpoint of the rank with K <= N and runs N - K + 1 items forward (from the start when there
-is none): the cost is the cold first batch plus the batches between, never a replay of the run.
+is none): the cost is the restore (re-reading the records its snapshot holds open) plus the
+batches between, never a replay of the run.
 """
 
 from __future__ import annotations
