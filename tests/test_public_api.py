@@ -23,7 +23,7 @@ EXPECTED: dict[str, list[str]] = {
     "zephon": _names(
         "CacheOptions Dataset MixtureSchedule MixtureSpec Pipeline SampleBatch SampleMeta "
         "SampleRecord StaticMixtureWorkSource TokenCalibration WorkChunk WorkSource __version__ "
-        "gather_checkpoints merge_checkpoints"
+        "gather_checkpoints merge_checkpoints trace"
     ),
     "zephon.capture": _names(
         "BuildNotes BuildOutput CallRecord CaptureAdmissionRefused "
@@ -119,6 +119,11 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.options": _names("RUNNERS RunnerName RuntimeOptions default_workers"),
     "zephon.pipeline": _names("OPERATOR_METHODS Pipeline Placement"),
+    "zephon.provenance": _names(
+        "BatchProvenance Divergence Hit Origin ProvenanceLog Segment TraceResult "
+        "batch_provenance diff find fingerprint parse_query raw_segments read_log "
+        "restore_before trace"
+    ),
     "zephon.testing": _names(
         "CheckReport OperatorCheckError check_operator item_key run_with_stops"
     ),

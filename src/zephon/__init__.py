@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from zephon.distributed import gather_checkpoints
     from zephon.io import CacheOptions, Dataset
     from zephon.pipeline import Pipeline
+    from zephon.provenance import trace
     from zephon.types import SampleBatch, SampleMeta, SampleRecord
     from zephon.work import (
         MixtureSchedule,
@@ -28,6 +29,7 @@ _HOMES = {
     "CacheOptions": "zephon.io",
     "Dataset": "zephon.io",
     "Pipeline": "zephon.pipeline",
+    "trace": "zephon.provenance",
     "SampleBatch": "zephon.types",
     "SampleMeta": "zephon.types",
     "SampleRecord": "zephon.types",
@@ -71,4 +73,5 @@ __all__ = [
     "__version__",
     "gather_checkpoints",
     "merge_checkpoints",
+    "trace",
 ]

@@ -81,6 +81,7 @@ class Pipeline:
         self._resume: ckpt.ParsedCheckpoint | None = None
         self._epoch = 0
         self._epoch_chosen = True  # False once an iteration started without a new set_epoch
+        self._origin: Any = None
 
     # -- builder -------------------------------------------------------------------------
 
@@ -558,8 +559,12 @@ class Pipeline:
         self._engine = engine
         self._engine_done = False
         self.last_stats = engine.stats
+        origin = self.provenance_origin()
         try:
-            yield from engine
+            for item in engine:
+                if isinstance(item, SampleBatch):
+                    item._origin = origin
+                yield item
         finally:
             self._engine_done = True
 
@@ -601,6 +606,15 @@ class Pipeline:
         self._epoch = epoch
         self._epoch_chosen = True
         return self
+
+    def provenance_origin(self) -> Any:
+        """Names, files and lines of this pipeline's datasets (``zephon.provenance.Origin``),
+        which delivered batches carry for :meth:`SampleBatch.provenance`."""
+        if self._origin is None:
+            from zephon.provenance import Origin
+
+            self._origin = Origin(self.work_source.datasets)
+        return self._origin
 
     # -- checkpoints -----------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ exactly once (an output or a tombstone closes it).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, NamedTuple, TypeAlias
 
@@ -228,6 +228,9 @@ class SampleBatch:
     """Records of one lane that form a training micro-batch."""
 
     records: list[SampleRecord]
+    # Where the batch's datasets are (names, files, lines): set by the pipeline that delivers
+    # the batch, read by provenance(); never pickled (a batch crosses processes without it).
+    _origin: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         lanes = list(map(_LANE_OF, self.records))
@@ -286,6 +289,22 @@ class SampleBatch:
     def __iter__(self) -> Iterator[SampleRecord]:
         return iter(self.records)
 
+    def provenance(self, origin: Any = None) -> Any:
+        """Per row, the ordered segments it is made of: dataset, file and line (or row),
+        sample id, lineage and token spans in the row and in the source document (see
+        :mod:`zephon.provenance`). ``origin`` (a pipeline) is only needed for a batch that
+        was pickled after delivery."""
+        from zephon.provenance import batch_provenance
+
+        return batch_provenance(self, origin)
+
+    def fingerprint(self) -> str:
+        """A stable digest (32 hex digits) of the batch's training content: every field of
+        every row's payload, never its metadata, so equal batches on any runner agree."""
+        from zephon.provenance import fingerprint
+
+        return fingerprint(self)
+
     def to_training(self, **kwargs: Any) -> dict[str, Any]:
         """Model inputs (input_ids, labels, positions, masks, cu_seqlens); see zephon.training."""
         from zephon.training import to_training
@@ -303,6 +322,7 @@ def _batch_from_columns(
 ) -> SampleBatch:
     """Unpickle a batch pickled by columns (its records were one lane when it was pickled)."""
     batch = object.__new__(cls)
+    batch._origin = None
     batch.records = [
         SampleRecord(SampleMeta(*values), payload)
         for values, payload in zip(zip(*columns), payloads, strict=True)

@@ -7,8 +7,10 @@ of different lanes never share a bin, so a lane's bins depend on that lane's str
 Output meta: the cursor is the first segment's cursor with the segment start appended to the
 lineage; ``TAG_CONTRIBUTORS`` lists every segment's refs, closing (``is_last_child``) only on a
 record's last segment; ``TAG_PACKING`` holds ``num_sequences``, ``total_length``,
-``padding_length``, ``packing_efficiency``, ``component_tokens`` and ``segments`` (source
-cursor, start, stop per segment), from which split records can be put back together.
+``padding_length``, ``packing_efficiency``, ``component_tokens``, ``segments`` (source
+cursor, start, stop per segment), from which split records can be put back together, and
+``source_lengths`` (each segment's whole record length, so provenance can tell a piece of a
+split record from a whole one).
 """
 
 from __future__ import annotations
@@ -274,6 +276,7 @@ class PackAccumulator(Accumulator):
         comp_tokens: dict[int, int] = {}
         seg_info: list[tuple[Any, int, int]] = []
         parts: list[tuple[Any, int, int, int]] = []
+        lengths: list[int] = []
         extract = op.extract
         target = None
         for record, start, stop, last in segments:
@@ -291,6 +294,7 @@ class PackAccumulator(Accumulator):
             seg_info.append((meta.cursor, start, stop))
             fields, full = extract(record)
             parts.append((fields, start, stop, full))
+            lengths.append(full)
         used = b.used
         padding = op.max_length - used if op.pads else 0
         packing = {
@@ -300,6 +304,7 @@ class PackAccumulator(Accumulator):
             "packing_efficiency": used / op.max_length,
             "component_tokens": comp_tokens,
             "segments": tuple(seg_info),
+            "source_lengths": tuple(lengths),
         }
         tags: dict[str, Any] = {TAG_CONTRIBUTORS: tuple(refs), TAG_PACKING: packing}
         if target is not None:

@@ -73,6 +73,7 @@ class _Row:
     version: int
     tokens: int
     payload: dict[str, Any] | None  # None: retired before this source was rebuilt
+    call_ids: tuple[str, ...] = ()  # the captured calls the trajectory is made of
 
 
 class TrajectoryShard(Shard):
@@ -101,6 +102,11 @@ class TrajectoryShard(Shard):
                 )
             out.append(dict(row.payload))
         return out
+
+    def provenance_of(self, index: int) -> dict[str, Any]:
+        """What provenance reports about row ``index``: its rollout and captured calls."""
+        row = self._rows[index]
+        return {"rollout_id": row.rollout_id, "call_ids": list(row.call_ids)}
 
 
 @dataclass
@@ -182,7 +188,9 @@ async def _freeze_and_build(
             masked.append(rid)
             continue
         for t in built.trajectories:  # one per sample when the rollout holds a group
-            rows.append(_Row(rid, snapshot.snapshot_id, snapshot.version, len(t), t.to_row()))
+            rows.append(
+                _Row(rid, snapshot.snapshot_id, snapshot.version, len(t), t.to_row(), t.call_ids)
+            )
     return rows, builds, masked
 
 

@@ -23,6 +23,8 @@ _COMMANDS = (
     "zephon.cli._checkpoint",
     "zephon.cli._bench",
     "zephon.cli._capture",
+    "zephon.cli._trace",
+    "zephon.cli._diff",
 )
 
 

@@ -88,6 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--record", type=Path, default=None, metavar="FILE",
         help="append one JSON line per item: its lane and sample ids (for audits and tests)",
     )  # fmt: skip
+    parser.add_argument(
+        "--provenance", type=Path, default=None, metavar="LOG",
+        help="log every delivered batch's segments to the Parquet folder LOG (zephon trace "
+        "--find, zephon diff); flushed with every checkpoint, cut back on resume",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     parser.add_argument("--stats", action="store_true", help="print per-operator statistics")
     parser.add_argument(
@@ -313,6 +318,7 @@ def _run_locked(args: argparse.Namespace, config: Any, pipe: Any, signals: RunSi
         Startup.checkpoint = str(loop.resumed_from) if loop.resumed_from is not None else None
         if state is not None:
             loop.before = read_before(state, pipe)
+            loop.start_step = _delivered(state)
         if args.record is not None:
             run_meta = state.get("run", {}) if state is not None else None
             cut_record(args.record, args.checkpoint_dir, run_meta)
@@ -339,6 +345,8 @@ class RunLoop:
         self.checkpoint: Path | None = None
         self.error: BaseException | None = None
         self.record: TextIO | None = None
+        self.start_step = 0  # items delivered before this run (a resumed checkpoint's)
+        self.provenance: Any = None
 
     def save(self) -> Path | None:
         """Write the checkpoint of what was delivered (with the record file's position)."""
@@ -346,6 +354,8 @@ class RunLoop:
         if args.checkpoint_dir is None:
             return None
         state = self.pipe.checkpoint()
+        if self.provenance is not None:
+            self.provenance.flush()  # the log covers every step the checkpoint does
         if self.record is not None:
             try:
                 self.record.flush()
@@ -378,8 +388,13 @@ class RunLoop:
         self.items += 1
         self.samples += n
         self.tokens += t
+        if self.provenance is not None:
+            self.provenance.write(item)
         if self.record is not None:
-            line = json.dumps({"lane": lane, "ids": ids, "tokens": t}) + "\n"
+            from zephon.provenance import fingerprint
+
+            entry = {"lane": lane, "ids": ids, "tokens": t, "fingerprint": fingerprint(item)}
+            line = json.dumps(entry) + "\n"
             try:
                 self.record.write(line)
             except OSError as exc:
@@ -430,6 +445,12 @@ class RunLoop:
         if args.record is not None:
             # line-buffered: a kill loses no line of an item already delivered
             self.record = open(args.record, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+        if args.provenance is not None:
+            from zephon.provenance import ProvenanceLog
+
+            self.provenance = ProvenanceLog.for_pipeline(
+                args.provenance, self.pipe, start_step=self.start_step
+            )
         total = total_reads(self.config, self.pipe) if self.before is not None else None
         start = time.perf_counter()
         progress = progress_bar(
@@ -457,6 +478,9 @@ class RunLoop:
             if self.record is not None:
                 with contextlib.suppress(OSError):  # a full disk: said above, cut on resume
                     self.record.close()
+            if self.provenance is not None and self.status != "failed":
+                with contextlib.suppress(OSError):
+                    self.provenance.close()
             if metrics is not None:
                 metrics.close()
             if reporter is not None:

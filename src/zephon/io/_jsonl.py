@@ -140,6 +140,7 @@ class JsonlShard(Shard):
         self._bounds: np.ndarray | None = None
         self._raw: Blob | None = None  # the decompressed copy, for compressed shards
         self._decoder = msgspec.json.Decoder()
+        self._lines: np.ndarray | None = None  # 1-based line of every row, built on demand
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -297,8 +298,27 @@ class JsonlShard(Shard):
             ) from None
 
     def line_of(self, row: int) -> int:
-        """1-based line number of row ``row`` (blank lines are not rows; error path only)."""
-        return self._line_number(int(self._bounds_array()[row][0]))
+        """1-based line number of row ``row`` (blank lines are not rows)."""
+        return int(self.lines()[row])
+
+    def lines(self) -> np.ndarray:
+        """The 1-based line of every row, built once from the offset index: a row's line is
+        its row number plus the blank lines before it, and only the bytes between rows that
+        are not adjacent (blank lines) are read to count those."""
+        lines = self._lines
+        if lines is not None:
+            return lines
+        bounds = self._bounds_array()
+        starts = bounds[:, 0]
+        expected = np.empty(len(bounds), dtype=np.int64)
+        expected[:1] = 0
+        expected[1:] = bounds[:-1, 1] + 1  # the byte after the previous row's newline
+        dropped = np.zeros(len(bounds), dtype=np.int64)
+        for i in np.flatnonzero(starts > expected).tolist():
+            dropped[i] = self._read_range(int(expected[i]), int(starts[i])).count(b"\n")
+        lines = np.arange(1, len(bounds) + 1, dtype=np.int64) + np.cumsum(dropped)
+        self._lines = lines
+        return lines
 
     def _line_number(self, offset: int) -> int:
         """1-based line number of the line starting at ``offset`` (error path only)."""

@@ -1,0 +1,235 @@
+"""What provenance costs: ``batch.provenance()`` and the ``--provenance`` log per step, the
+log's size, and ``trace`` from a checkpoint against the bound "cold first batch + the batches
+from the checkpoint to N".
+
+The pipeline is the reference one (``benchmarks/pipeline.py``'s corpus and byte-level BPE)
+as a two-dataset mixture: half the shards as JSON Lines, half converted to Parquet; tokenize,
+shuffle, pack_flat(2048), batch(8), threads runner. Configurations alternate within each round
+(same process, same machine load) and the table gives medians of tokens/s and their ratio to the
+plain run of the same round:
+
+* ``plain``: iterate only;
+* ``provenance``: call ``batch.provenance()`` on every batch;
+* ``log``: write every batch to a :class:`zephon.provenance.ProvenanceLog` (flushed at the end);
+* ``fingerprint``: ``batch.fingerprint()`` on every batch (what ``--record`` adds per line).
+
+Besides the tokens/s ratio (noisy on a shared machine), each run times the consumer's own calls
+(``us/step`` and ``share`` of the run's wall time): the cost provenance adds to a training step,
+an upper bound on the throughput it can take whatever else runs on the machine.
+
+Then a run with a checkpoint every ``--every`` steps is traced at step ``N``: the trace time
+is compared with the cold first batch plus ``N - K`` batches at the measured steady rate
+(K: the checkpoint restored), with a trace from the start, and with a trace of step K alone
+(the restore and its first batch, which re-reads the records the snapshot holds open).
+
+Prints a table and one final JSON line. Usage:
+``python benchmarks/provenance.py [--docs 8000] [--rounds 3] [--every 50]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+YAML = """\
+datasets:
+  - name: web
+    path: {web}
+  - name: books
+    path: {books}
+source:
+  chunk_size: 500
+  seed: 1
+  stop_after_passes: 1
+operators:
+  - op: tokenize
+    tokenizer: {tok}
+    max_length: 2048
+  - op: shuffle
+    buffer_size: 512
+    seed: 3
+  - pack_flat: {{max_length: 2048, pad_token_id: 0}}
+  - op: batch
+    microbatch_size: 8
+runner: threads
+"""
+
+
+def build_mixture(work: Path, docs: int) -> Path:
+    sys.path.insert(0, str(HERE))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline import prepare  # type: ignore[import-not-found]
+
+    corpus, tok_dir = prepare(work / "data", docs)
+    files = sorted(corpus.glob("part-*.jsonl"))
+    books = work / "books"
+    books.mkdir(exist_ok=True)
+    for f in files[len(files) // 2 :]:
+        rows = [json.loads(line) for line in f.read_text().splitlines()]
+        pq.write_table(pa.Table.from_pylist(rows), books / (f.stem + ".parquet"))
+    web = [str(f) for f in files[: len(files) // 2]]
+    path = work / "mixture.yaml"
+    path.write_text(YAML.format(web=json.dumps(web), books=str(books), tok=str(tok_dir)))
+    return path
+
+
+def tokens_of(batch: Any) -> int:
+    from zephon.types import TAG_PACKING
+
+    return sum(int(r.meta.tags[TAG_PACKING]["total_length"]) for r in batch.records)
+
+
+def one_run(yaml: Path, mode: str, log_dir: Path) -> dict[str, Any]:
+    from zephon.config import load_config
+    from zephon.provenance import ProvenanceLog
+
+    pipe = load_config(yaml).build()
+    log = ProvenanceLog.for_pipeline(log_dir / mode, pipe) if mode == "log" else None
+    tokens = steps = segments = 0
+    start = time.perf_counter()
+    first = extra = 0.0
+    for batch in pipe:
+        if not steps:
+            first = time.perf_counter() - start
+        t0 = time.perf_counter()
+        if mode == "provenance":
+            segments += sum(len(row) for row in batch.provenance())
+        elif mode == "fingerprint":
+            batch.fingerprint()
+        elif log is not None:
+            log.write(batch)
+        extra += time.perf_counter() - t0
+        tokens += tokens_of(batch)
+        steps += 1
+    if log is not None:
+        t0 = time.perf_counter()
+        log.close()
+        extra += time.perf_counter() - t0
+    wall = time.perf_counter() - start
+    out = {
+        "tokens_per_s": tokens / wall,
+        "steps": steps,
+        "wall_s": wall,
+        "first_s": first,
+        "extra_s": extra,  # time the consumer spent in the mode's call
+    }
+    if log is not None:
+        from zephon.provenance import read_log
+
+        table = read_log(log_dir / mode)
+        size = sum(p.stat().st_size for p in (log_dir / mode).iterdir())
+        out.update(log_bytes=size, segments=table.num_rows)
+    return out
+
+
+def trace_cost(yaml: Path, work: Path, every: int, steps: int, repeats: int) -> dict[str, Any]:
+    from zephon.checkpoints import checkpoint_path, save_checkpoint
+    from zephon.config import load_config
+    from zephon.provenance import trace
+
+    ckpt = work / "ckpt"
+    ckpt.mkdir(exist_ok=True)
+    pipe = load_config(yaml).build()
+    start = time.perf_counter()
+    times = []
+    for k, _ in enumerate(pipe, start=1):
+        times.append(time.perf_counter() - start)
+        if k % every == 0:
+            save_checkpoint(checkpoint_path(ckpt, k), pipe.checkpoint())
+    per_batch = (times[-1] - times[0]) / max(1, len(times) - 1)
+    target = min(steps - 1, (steps // every - 1) * every + every // 2)  # mid-way past one
+    traced, colds, starts, at_ckpt = [], [], [], []
+    for _ in range(repeats):
+        traced.append(trace(yaml, target, checkpoint_dir=ckpt))
+        k = target - traced[-1].replayed + 1
+        at_ckpt.append(trace(yaml, k, checkpoint_dir=ckpt).elapsed_s)  # restore + 1st batch
+        t0 = time.perf_counter()  # cold: build the pipeline and take its first batch
+        it = iter(load_config(yaml).build())
+        next(it)
+        colds.append(time.perf_counter() - t0)
+        it.close()
+    starts.append(trace(yaml, target))
+    base = target - traced[0].replayed + 1
+    first = statistics.median(colds)
+    return {
+        "step": target,
+        "restored_at": base,
+        "trace_s": statistics.median(t.elapsed_s for t in traced),
+        "trace_total_s": statistics.median(t.total_s for t in traced),  # + stop and previews
+        "bound_s": first + (target - base) * per_batch,
+        "cold_first_batch_s": first,
+        "restored_first_batch_s": statistics.median(at_ckpt),
+        "per_batch_s": per_batch,
+        "trace_from_start_s": starts[0].elapsed_s,
+        "same_batch": all(t.fingerprint == starts[0].fingerprint for t in traced),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--docs", type=int, default=8000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--every", type=int, default=50)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="zephon-prov-bench-"))
+    yaml = build_mixture(work, args.docs)
+    modes = ("plain", "provenance", "log", "fingerprint")
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    ratios: dict[str, list[float]] = {m: [] for m in modes}
+    for i in range(args.rounds):
+        order = modes[i % len(modes) :] + modes[: i % len(modes)]  # rotate: no mode always first
+        got = {m: one_run(yaml, m, work) for m in order}
+        for m in modes:
+            runs[m].append(got[m])
+            ratios[m].append(got[m]["tokens_per_s"] / got["plain"]["tokens_per_s"])
+    log = runs["log"][-1]
+    steps = runs["plain"][-1]["steps"]
+    per_million = log["log_bytes"] / log["segments"] * 1e6 / 2**20
+    traced = trace_cost(yaml, work, args.every, steps, args.rounds)
+    print(f"{'mode':<12} {'tokens/s':>12} {'vs plain':>9} {'us/step':>9} {'share':>7}")
+    summary: dict[str, Any] = {"docs": args.docs, "steps": steps, "rounds": args.rounds}
+    for m in modes:
+        rate = statistics.median(r["tokens_per_s"] for r in runs[m])
+        ratio = statistics.median(ratios[m])
+        per_step = statistics.median(r["extra_s"] / r["steps"] for r in runs[m]) * 1e6
+        share = statistics.median(r["extra_s"] / r["wall_s"] for r in runs[m])
+        summary[m] = {
+            "tokens_per_s": round(rate),
+            "ratio": round(ratio, 4),
+            "us_per_step": round(per_step, 1),
+            "share_of_wall": round(share, 5),
+        }
+        print(f"{m:<12} {rate:>12,.0f} {ratio:>9.3f} {per_step:>9.1f} {share:>7.2%}")
+    print(
+        f"log: {log['log_bytes']:,} bytes for {log['segments']:,} segments "
+        f"({steps} steps): {per_million:.2f} MiB per million samples"
+    )
+    print(
+        f"trace step {traced['step']} from ckpt {traced['restored_at']}: "
+        f"{traced['trace_s']:.2f} s; bound (cold first batch {traced['cold_first_batch_s']:.2f} s"
+        f" + {traced['step'] - traced['restored_at']} x {traced['per_batch_s'] * 1e3:.1f} ms) "
+        f"{traced['bound_s']:.2f} s; from the start {traced['trace_from_start_s']:.2f} s; "
+        f"first batch after the restore alone {traced['restored_first_batch_s']:.2f} s; "
+        f"with stopping and previews {traced['trace_total_s']:.2f} s"
+    )
+    summary["log"] = {
+        "bytes": log["log_bytes"],
+        "segments": log["segments"],
+        "mib_per_million_samples": round(per_million, 3),
+    }
+    summary["trace"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in traced.items()}
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

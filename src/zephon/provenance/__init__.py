@@ -1,0 +1,37 @@
+"""Provenance: which documents made each training step, and where two runs first diverged.
+
+* :meth:`SampleBatch.provenance` (:func:`batch_provenance`): per row, its segments with
+  dataset, file, line or row, sample id, lineage and token spans in the row and the source.
+* :meth:`SampleBatch.fingerprint` (:func:`fingerprint`): a stable digest of a batch's content.
+* :class:`ProvenanceLog`: every delivered batch's segments as Parquet (``zephon run
+  --provenance``); :func:`find` answers "which steps trained on FILE:LINE".
+* :func:`trace`: rebuild the batch of step N from the newest checkpoint before it.
+* :func:`diff`: the first step at which two runs (logs or ``--record`` files) differ.
+"""
+
+from zephon.provenance._diff import Divergence, diff
+from zephon.provenance._extract import batch_provenance, fingerprint, raw_segments
+from zephon.provenance._find import Hit, find, parse_query
+from zephon.provenance._log import ProvenanceLog, read_log
+from zephon.provenance._model import BatchProvenance, Segment
+from zephon.provenance._origin import Origin
+from zephon.provenance._trace import TraceResult, restore_before, trace
+
+__all__ = [
+    "BatchProvenance",
+    "Divergence",
+    "Hit",
+    "Origin",
+    "ProvenanceLog",
+    "Segment",
+    "TraceResult",
+    "batch_provenance",
+    "diff",
+    "find",
+    "fingerprint",
+    "parse_query",
+    "raw_segments",
+    "read_log",
+    "restore_before",
+    "trace",
+]

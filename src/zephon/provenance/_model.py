@@ -1,0 +1,85 @@
+"""What provenance reports: segments of rows, with the place each came from."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+__all__ = ["BatchProvenance", "Segment"]
+
+
+class Segment(msgspec.Struct, frozen=True, kw_only=True):
+    """One contiguous run of a row's tokens and the document it was cut from.
+
+    ``start``/``end``: the token span in the row; ``source_start``/``source_end``: the same
+    tokens in the source document as the pipeline tokenized it (``source_length`` tokens in
+    all, ``None`` when unknown). ``source_row`` is the 0-based row of the source file, ``line`` its
+    1-based line for JSON Lines. ``lineage`` holds child indices of fan-outs (``expand_chat``).
+    ``extra`` is what a source adds (a capture rollout's ``rollout_id`` and ``call_ids``).
+    """
+
+    dataset: str
+    source: str
+    source_row: int
+    line: int | None
+    sample_id: tuple[int, int, int]
+    lineage: tuple[int, ...]
+    start: int
+    end: int
+    source_start: int
+    source_end: int
+    source_length: int | None
+    extra: Mapping[str, Any] | None = None
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    @property
+    def is_piece(self) -> bool:
+        """True for a piece of a document split across rows (packing with wrap)."""
+        if self.source_length is None:
+            return self.source_start > 0
+        return self.source_start > 0 or self.source_end < self.source_length
+
+    @property
+    def where(self) -> str:
+        """``FILE:LINE`` for JSON Lines, ``FILE#ROW`` (0-based) otherwise."""
+        if self.line is not None:
+            return f"{self.source}:{self.line}"
+        return f"{self.source}#{self.source_row}"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        out["is_piece"] = self.is_piece
+        return out
+
+
+@dataclass(frozen=True)
+class BatchProvenance:
+    """Per row of a batch, its segments in row order; ``lane`` is the batch's lane."""
+
+    rows: tuple[tuple[Segment, ...], ...]
+    lane: int
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[tuple[Segment, ...]]:
+        return iter(self.rows)
+
+    def __getitem__(self, row: int) -> tuple[Segment, ...]:
+        return self.rows[row]
+
+    def segments(self) -> Iterator[tuple[int, int, Segment]]:
+        """``(row, segment index, segment)`` for every segment, in order."""
+        for r, row in enumerate(self.rows):
+            for s, seg in enumerate(row):
+                yield r, s, seg
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """One JSON-safe dict per segment, with its ``row`` and ``segment`` index."""
+        return [{"row": r, "segment": s, **seg.to_dict()} for r, s, seg in self.segments()]
