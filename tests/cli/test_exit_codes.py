@@ -24,6 +24,8 @@ MODULES = {
     "checkpoint": [CLI / "_checkpoint.py"],
     "bench": [CLI / "_bench.py"],
     "capture": [CLI / "_capture.py", CLI / "_capture_tools.py"],
+    "trace": [CLI / "_trace.py"],
+    "diff": [CLI / "_diff.py"],
 }
 
 

@@ -31,6 +31,7 @@ __all__ = [
 EXIT_OK = 0
 EXIT_FAILURE = 1  # the command ran and failed (bad data, failing check, operator error)
 EXIT_USAGE = 2  # the command line or the configuration is wrong
+EXIT_DIFFERENT = 1  # `diff`: the two runs differ (not a failure of the command)
 EXIT_INTERRUPTED = 130  # stopped with Ctrl-C (a checkpoint was written when possible)
 EXIT_TERMINATED = 143  # stopped by SIGTERM, e.g. a preemption (a checkpoint was written)
 

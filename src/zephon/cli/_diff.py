@@ -11,9 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from zephon.cli._common import EXIT_OK, EXIT_USAGE, fail
-
-EXIT_DIFFERENT = 1
+from zephon.cli._common import EXIT_DIFFERENT, EXIT_OK, EXIT_USAGE, fail
 
 
 def register(subparsers: Any) -> None:

@@ -92,9 +92,9 @@ def restore_before(pipe: Any, directory: str | os.PathLike[str], step: int) -> t
     rank = pipe.runtime_options.dp_rank
     found = []
     for path in checkpoint_files(directory):
-        m = CHECKPOINT_RE.match(path.name)
-        if m and int(m.group(1)) <= step:
-            found.append((int(m.group(1)), path))
+        m = CHECKPOINT_RE.match(path.name)  # ckpt-[e<epoch>-]<items>.json
+        if m and int(m.group(1) or 0) == pipe.epoch and int(m.group(2)) <= step:
+            found.append((int(m.group(2)), path))
     for _, path in sorted(found, reverse=True):
         try:
             state = load_checkpoint(path)
