@@ -1,8 +1,11 @@
-"""Fixtures shared by the whole suite: generated documents and a locally trained tokenizer."""
+"""Fixtures shared by the whole suite: generated documents, a locally trained tokenizer, and
+worker processes kept for reuse released after each test (tests share a pytest process)."""
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,3 +37,14 @@ def hf_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         json.dumps({"bos_token": "<s>", "eos_token": "</s>"})
     )
     return out
+
+
+@pytest.fixture(autouse=True)
+def reused_workers_released() -> Iterator[None]:
+    """Process workers a test kept for reuse (``reuse_workers=True``) go with it, so the next
+    test in this pytest process starts without children (tests/runners asserts exactly that,
+    and checks its own tests before this runs)."""
+    yield
+    pools = sys.modules.get("zephon._engine.pools")
+    if pools is not None:
+        pools.shutdown_idle_workers()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.provenance._mixture import check_batch, make_mixture
+from zephon._engine.pools import shutdown_idle_workers
 from zephon.config import load_config
 from zephon.pipeline import Pipeline
 from zephon.types import SampleBatch
@@ -86,7 +87,10 @@ def test_restored_twice_reports_the_same_segments(mixture: Path, reference: list
 
 def _same_on_process_runner(path: Path, reference: list[Any]) -> None:
     pipe = _pipe(path, runner="process", reuse_workers=True)
-    batches = list(pipe)
+    try:
+        batches = list(pipe)
+    finally:
+        shutdown_idle_workers()  # the workers kept for reuse go with the test
     assert len(batches) == len(reference)
     for s in _spread(len(batches)):
         assert batches[s].provenance() == reference[s].provenance()
