@@ -194,3 +194,26 @@ def test_bad_epochs_and_sources_without_epochs_are_refused():
     with pytest.raises(RuntimeError, match="between iterations"):
         pipe.set_epoch(1)
     it.close()  # type: ignore[attr-defined]
+
+
+def block_shuffled(runner: str, **options: Any) -> Pipeline:
+    src = StaticMixtureWorkSource([Dataset.from_records("d", ROWS, shard_size=40)], chunk_size=24)
+    return (
+        Pipeline(src)
+        .decode_text()
+        .tokenize("bytes", max_length=64)
+        .shuffle(16, seed=2, algorithm="block")
+        .batch(2, drop_last=False)
+        .options(runner=runner, canonical_replicas=2, **options)
+    )
+
+
+def test_block_shuffle_in_reused_workers_takes_each_epochs_seed():
+    # the block shuffle seeds itself when a worker sets it up; a worker kept for reuse from
+    # epoch 0 must not keep epoch 0's seed
+    def two_epochs(pipe: Pipeline) -> list[list[Any]]:
+        return [[item_key(b) for b in pipe.set_epoch(epoch)] for epoch in (0, 1)]
+
+    reference = two_epochs(block_shuffled("inline"))
+    assert reference[0] != reference[1]
+    assert two_epochs(block_shuffled("process", reuse_workers=True)) == reference
