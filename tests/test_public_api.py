@@ -92,10 +92,21 @@ EXPECTED: dict[str, list[str]] = {
         "run_conformance run_conformance_sync run_flood run_mutation sample_commit"
     ),
     "zephon.checkpoints": _names(
-        "LatestCheckpoint checkpoint_files checkpoint_path delivered_counts latest_checkpoint "
-        "load_checkpoint "
-        "refetch_counts save_checkpoint seal"
+        "CHECKPOINT_RE LaneCheckpoint LatestCheckpoint OperatorInfo ParsedCheckpoint "
+        "REJECTED_SUFFIX SourceInfo checkpoint_files checkpoint_path delivered_counts "
+        "latest_checkpoint load_checkpoint merge_checkpoints parse_checkpoint refetch_counts "
+        "save_checkpoint seal write_json_atomic"
     ),
+    "zephon.checkpoints.files": _names(
+        "CHECKPOINT_RE LatestCheckpoint REJECTED_SUFFIX checkpoint_files checkpoint_path "
+        "latest_checkpoint load_checkpoint save_checkpoint write_json_atomic"
+    ),
+    "zephon.checkpoints.format": _names(
+        "CHECKSUM_KEY FORMAT LaneCheckpoint OperatorInfo ParsedCheckpoint SourceInfo VERSION "
+        "build checksum cursor_from_json cursor_to_json fingerprint first_difference migrate "
+        "parse seal to_jsonable verify_checksum"
+    ),
+    "zephon.checkpoints.gather": _names("delivered_counts merge_checkpoints refetch_counts"),
     "zephon.cli": _names("build_parser main"),
     "zephon.config": _names("ConfigFileError OPERATORS PipelineConfig load_config parse_config"),
     "zephon.demo": _names("add_arguments closing_lines main make_corpus run"),

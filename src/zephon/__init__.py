@@ -6,7 +6,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from zephon._engine.checkpoint import merge_checkpoints
+    from zephon.checkpoints import merge_checkpoints
     from zephon.distributed import gather_checkpoints
     from zephon.io import CacheOptions, Dataset
     from zephon.pipeline import Pipeline
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # The public names, imported on first use: ``import zephon.cli`` (the ``zephon`` command) then
 # costs nothing, so ``zephon run`` handles signals before numpy and the engine are loaded.
 _HOMES = {
-    "merge_checkpoints": "zephon._engine.checkpoint",
+    "merge_checkpoints": "zephon.checkpoints",
     "gather_checkpoints": "zephon.distributed",
     "CacheOptions": "zephon.io",
     "Dataset": "zephon.io",

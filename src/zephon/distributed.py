@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from zephon._engine.checkpoint import merge_checkpoints
+from zephon.checkpoints import merge_checkpoints
 from zephon.errors import CheckpointError
 
 __all__ = ["gather_checkpoints"]

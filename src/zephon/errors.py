@@ -13,11 +13,17 @@
     ├── ContractError (RuntimeError)      an operator or accumulator broke the contract
     ├── ReorderError (RuntimeError)       a duplicate or missing micro-batch sequence number
     ├── EngineProcessError (RuntimeError) the engine process (engine_process=True) died
-    └── CheckpointError (ValueError)      a checkpoint is corrupt or from another configuration
+    ├── CheckpointError (ValueError)      a checkpoint is corrupt or from another configuration
+    └── token capture (zephon.capture):
+        ├── CaptureAdmissionRefused (ValueError)        the rollout admits no more generation
+        ├── CaptureHistoryUnrepresentable (ValueError)  a history capture cannot record
+        ├── TokenCaptureFrozenError (RuntimeError)      a write after the rollout's freeze
+        │   └── TokenCaptureRetiredError                a write after its retirement
+        ├── RolloutRetiredError (LookupError)           a read of a retired rollout
+        ├── ConformanceError (AssertionError)           a store broke a contract clause
+        └── LogCorruptionError (DataFormatError)        a damaged capture store log
 
 Warnings: ``CacheThrashingWarning`` (UserWarning), a node cache too small for its working set.
-
-Token capture has its own tree in :mod:`zephon.capture.protocols`.
 """
 
 from __future__ import annotations

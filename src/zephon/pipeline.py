@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
-from zephon._engine import checkpoint as ckpt
 from zephon._engine.engine import Engine
 from zephon._engine.engine_process import EngineProcess
 from zephon._engine.plan import OpSpec, Plan, Resources, ray_resources
@@ -28,6 +27,7 @@ from zephon._ops.shuffle import ShuffleAlgorithm, ShuffleOp
 from zephon._ops.stateful_transform import StatefulTransformOp
 from zephon._ops.tokenize import SpecialTokens, TokenizeOp
 from zephon._ops.tokenize_chat import TokenizeChatOp
+from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError, ConfigError
 from zephon.ops import BaseOp
 from zephon.options import RuntimeOptions

@@ -23,7 +23,7 @@ from typing import Any
 
 import cloudpickle
 
-from zephon._engine.checkpoint import merge_checkpoints
+from zephon.checkpoints import merge_checkpoints
 from zephon.errors import ContractError, ZephonError
 from zephon.ops import BaseOp, OpContext
 from zephon.pipeline import Pipeline

@@ -184,3 +184,19 @@ def test_lineage_resolution_invariant() -> None:
         P.LineageResolution(ParentResolutionStatus.RESOLVED)
     with pytest.raises(ValueError, match="RESOLVED"):
         P.LineageResolution(ParentResolutionStatus.ROOT, match=match)
+
+
+def test_memory_store_is_the_durable_store_over_memory() -> None:
+    """Only the primitives are its own: the conformance suite run on it checks the surface
+    the file, sqlite and postgres stores share."""
+    from zephon.capture.stores import DurableStore
+
+    assert issubclass(MemoryStore, DurableStore)
+    surface = [
+        name
+        for name, value in vars(DurableStore).items()
+        if callable(value) and not name.startswith("_") and name not in ("describe",)
+    ]
+    assert {"put", "freeze", "peek", "drop", "retire", "record", "resolve"} <= set(surface)
+    own = sorted(name for name in surface if name in vars(MemoryStore))
+    assert own == ["is_process_shared"]

@@ -9,7 +9,6 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from zephon._engine import checkpoint as ckpt
 from zephon._engine.driver_chain import run_tasks
 from zephon._engine.fusion import Unit, build_units
 from zephon._engine.global_order import regrouping
@@ -41,6 +40,7 @@ from zephon._engine.tail import LaneMux
 from zephon._engine.threaded import DATA, END, ERROR, STOP, Channel, OpDriver, SourceThread
 from zephon._ops.batch import BatchOp
 from zephon._ops.replay_filter import ReplayFilterOp
+from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError, ZephonError
 from zephon.io import SourceStats, io_totals
 from zephon.options import RuntimeOptions

@@ -27,7 +27,6 @@ from typing import Any
 
 import cloudpickle
 
-from zephon._engine import checkpoint as ckpt
 from zephon._engine import shm
 from zephon._engine.engine import Engine, Position
 from zephon._engine.handoff import END, FAILED, ITEM, Receiver, Sender
@@ -42,6 +41,7 @@ from zephon._engine.pools import (
     worker_context,
 )
 from zephon._engine.stats import RunStats
+from zephon.checkpoints import format as ckpt
 from zephon.errors import ConfigError, EngineProcessError
 from zephon.options import RuntimeOptions
 from zephon.types import StreamItem

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from zephon._engine import checkpoint as ckpt
 from zephon._engine.lane_state import LaneStateLog, Position, frozen_copy
 from zephon._engine.snapshot_codec import (
     HeldRecord,
@@ -27,6 +26,7 @@ from zephon._engine.snapshot_codec import (
     unpack_state,
 )
 from zephon._engine.snapshots import Rebuilder, holds_records
+from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError
 from zephon.ops import Accumulator, BaseOp, OpContext
 from zephon.types import TAG_PACKING, SampleMeta

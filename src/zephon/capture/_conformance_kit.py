@@ -20,11 +20,12 @@ from zephon.capture.records import (
     TokenEntry,
     canonical_json,
 )
+from zephon.errors import ZephonError
 
 Factory = Callable[[], Any]
 
 
-class ConformanceError(AssertionError):
+class ConformanceError(ZephonError, AssertionError):
     """A transport broke a contract clause: ``check`` names it, ``detail`` says how."""
 
     def __init__(self, check: str, detail: str) -> None:
@@ -68,7 +69,7 @@ class ConformanceReport:
         return not self.failed
 
 
-class _Skip(Exception):
+class _Skip(ZephonError):
     """Raised inside a check to skip it with a ConformanceWarning."""
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from zephon.capture.builder import RolloutBuild, build_rollout
 from zephon.capture.protocols import RolloutRetiredError
+from zephon.checkpoints import parse_checkpoint
 from zephon.errors import CheckpointError, ConfigError, DataError
 from zephon.io import Dataset, Shard
 from zephon.work import WorkChunk, WorkSource
@@ -323,10 +324,8 @@ class CaptureSource(WorkSource):
 
     def covered(self, checkpoint: Mapping[str, Any]) -> list[str]:
         """Rollouts whose every sample the checkpoint counts as delivered (row order)."""
-        from zephon._engine import checkpoint as ckpt
-
-        parsed = ckpt.parse(checkpoint)
-        fp = parsed.config.get("source", {}).get("fingerprint")
+        parsed = parse_checkpoint(checkpoint)
+        fp = parsed.source.fingerprint
         if fp != self.fingerprint:
             raise CheckpointError(
                 f"checkpoint was taken over another source (fingerprint {fp!r}, this source "

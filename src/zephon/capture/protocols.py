@@ -21,6 +21,7 @@ from zephon.capture.records import (
     TokenCaptureSnapshot,
     TokenEntry,
 )
+from zephon.errors import ZephonError
 
 __all__ = [
     "CaptureAdmissionRefused",
@@ -54,7 +55,7 @@ __all__ = [
 # --------------------------------------------------------------------------- errors
 
 
-class CaptureAdmissionRefused(ValueError):
+class CaptureAdmissionRefused(ZephonError, ValueError):
     """The rollout's capture state cannot safely admit generation for this request.
 
     Raised before any compute is spent, e.g. admissions were closed for the rollout. Refuse the
@@ -66,11 +67,11 @@ TokenCaptureRequestRefused = CaptureAdmissionRefused
 """Alias under the name the reference records for this error."""
 
 
-class CaptureHistoryUnrepresentable(ValueError):
+class CaptureHistoryUnrepresentable(ZephonError, ValueError):
     """The request's history is something capture cannot record (e.g. rewritten model turns)."""
 
 
-class TokenCaptureFrozenError(RuntimeError):
+class TokenCaptureFrozenError(ZephonError, RuntimeError):
     """A write arrived after its rollout's capture was frozen.
 
     The caller drops the late record and must NOT mark the rollout incomplete: completeness was
@@ -87,7 +88,7 @@ class TokenCaptureRetiredError(TokenCaptureFrozenError):
     """
 
 
-class RolloutRetiredError(LookupError):
+class RolloutRetiredError(ZephonError, LookupError):
     """A read of a retired rollout (its records are gone; an empty answer would be a lie).
 
     ``delete`` removes the fence, after which the id reads as unused again.

@@ -7,9 +7,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zephon.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, fail
+
+if TYPE_CHECKING:
+    from zephon.checkpoints import ParsedCheckpoint
 
 
 def register(subparsers: Any) -> None:
@@ -43,14 +46,13 @@ class _Unreadable(Exception):
     pass
 
 
-def load(path_text: str) -> tuple[Path, dict[str, Any], Any, list[tuple[Path, str]]]:
+def load(path_text: str) -> tuple[Path, dict[str, Any], ParsedCheckpoint, list[tuple[Path, str]]]:
     """Read and check a checkpoint file, or the newest valid one of a checkpoint directory.
 
     Returns the path, the raw state, the parsed state and the newer files of the directory
     that were refused (with the reason).
     """
-    from zephon._engine import checkpoint as ckpt
-    from zephon.checkpoints import latest_checkpoint, load_checkpoint
+    from zephon.checkpoints import latest_checkpoint, load_checkpoint, parse_checkpoint
     from zephon.errors import CheckpointError
 
     path = Path(path_text)
@@ -65,7 +67,7 @@ def load(path_text: str) -> tuple[Path, dict[str, Any], Any, list[tuple[Path, st
             raw = load_checkpoint(path)
     except CheckpointError as exc:
         raise _Unreadable(str(exc)) from None
-    return path, raw, ckpt.parse(raw), rejected
+    return path, raw, parse_checkpoint(raw), rejected
 
 
 def _cursor(value: Any) -> str:
@@ -75,57 +77,55 @@ def _cursor(value: Any) -> str:
     return f"{chunk}:{offset}" + ("/" + ".".join(map(str, lineage)) if lineage else "")
 
 
-def summary(path: Path, raw: dict[str, Any], parsed: Any) -> dict[str, Any]:
+def summary(path: Path, parsed: ParsedCheckpoint) -> dict[str, Any]:
+    """What ``inspect`` shows (and prints with ``--json``) of a checked checkpoint."""
     from zephon.checkpoints import refetch_counts
+    from zephon.checkpoints.format import FORMAT, cursor_to_json
 
-    config = raw["config"]
-    source = config.get("source", {})
-    refetch = refetch_counts(raw)
-    lanes = []
-    for key in sorted(raw["lanes"], key=int):
-        lane = raw["lanes"][key]
-        lanes.append(
-            {
-                "lane": int(key),
-                "delivered": lane["delivered"],
-                "restart_chunk": lane["start_chunk_id"],
-                "restart_offset": lane.get("start_offset", 0),
-                "refetch": refetch[int(key)],
-                "replay_cursor": lane.get("replay_cursor"),
-                "done": lane["done"],
-            }
-        )
+    refetch = refetch_counts(parsed)
+    lanes = [
+        {
+            "lane": lane,
+            "delivered": lc.delivered,
+            "restart_chunk": lc.start_chunk_id,
+            "restart_offset": lc.start_offset,
+            "refetch": refetch[lane],
+            "replay_cursor": cursor_to_json(lc.replay_cursor),
+            "done": lc.done,
+        }
+        for lane, lc in sorted(parsed.lanes.items())
+    ]
     return {
         "file": str(path),
         "bytes": os.path.getsize(path),
-        "format": raw["format"],
-        "version": raw["version"],
-        "fingerprint": raw["fingerprint"],
+        "format": FORMAT,
+        "version": parsed.version,
+        "fingerprint": parsed.fingerprint,
         "valid": True,
-        "checksum": raw.get("checksum"),
-        "world": raw["world"],
+        "checksum": parsed.checksum,
+        "world": dict(parsed.world),
         "canonical_replicas": parsed.canonical_replicas,
-        "flush_every_k_chunks": config.get("flush_every_k_chunks"),
+        "flush_every_k_chunks": parsed.flush_every_k_chunks,
         "epoch": parsed.epoch,
         "source": {
-            "type": source.get("type"),
-            "fingerprint": source.get("fingerprint"),
-            "datasets": source.get("datasets"),
+            "type": parsed.source.type,
+            "fingerprint": parsed.source.fingerprint,
+            "datasets": list(parsed.source.datasets),
         },
-        "operators": [op.get("name") for op in config.get("operators", [])],
-        "operator_state": _state_sizes(raw, config),
-        "delivered": sum(lane["delivered"] for lane in lanes),
+        "operators": [op.name for op in parsed.operators],
+        "operator_state": _state_sizes(parsed),
+        "delivered": parsed.delivered,
         "lanes": lanes,
-        "tail": raw["tail"],
+        "tail": {"lanes": parsed.tail_lanes, "order": parsed.tail_order, "turn": parsed.tail_turn},
     }
 
 
-def _state_sizes(raw: dict[str, Any], config: dict[str, Any]) -> list[dict[str, Any]]:
+def _state_sizes(parsed: ParsedCheckpoint) -> list[dict[str, Any]]:
     """Bytes of saved accumulator state per operator, over every lane of the checkpoint."""
-    names = [op.get("name") for op in config.get("operators", [])]
+    names = [op.name for op in parsed.operators]
     sizes: dict[int, int] = {}
-    for lane in raw["lanes"].values():
-        for key, state in (lane.get("operator_state") or {}).items():
+    for lane in parsed.lanes.values():
+        for key, state in (lane.operator_state or {}).items():
             sizes[int(key)] = sizes.get(int(key), 0) + len(json.dumps(state))
     return [
         {"index": index, "operator": names[index] if index < len(names) else "?", "bytes": size}
@@ -138,10 +138,10 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     try:
-        path, raw, parsed, rejected = load(args.file)
+        path, _raw, parsed, rejected = load(args.file)
     except _Unreadable as exc:
         return fail("checkpoint inspect", f"invalid checkpoint: {exc}", EXIT_USAGE)
-    info = summary(path, raw, parsed)
+    info = summary(path, parsed)
     info["rejected"] = [{"file": str(p), "reason": reason} for p, reason in rejected]
     if args.json:
         print(json.dumps(info, indent=1))

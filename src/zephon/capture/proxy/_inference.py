@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 import msgspec
 
+from zephon.errors import ZephonError
+
 __all__ = [
     "InferenceAnswer",
     "InferenceClient",
@@ -60,7 +62,7 @@ def forward_raw_headers(
     ]
 
 
-class InferenceUnavailable(Exception):
+class InferenceUnavailable(ZephonError):
     """No HTTP answer from the engine: every engine refused the connection within the retry
     budget (``kind="refused"``: nothing was sent, nothing generated), it timed out
     (``"timeout"``) or the connection failed or was closed after the request may have been

@@ -17,6 +17,8 @@ import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from zephon.errors import ZephonError
+
 __all__ = [
     "Admission",
     "BodyBudget",
@@ -28,7 +30,7 @@ __all__ = [
 
 
 @dataclass
-class ClientRefused(Exception):
+class ClientRefused(ZephonError):
     """A request refused for what the client sent (or, 503, for what the worker can take)."""
 
     status: int

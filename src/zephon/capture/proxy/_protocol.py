@@ -16,6 +16,8 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from zephon.errors import ZephonError
+
 __all__ = ["bounded_protocol"]
 
 _408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
@@ -25,7 +27,7 @@ _431 = (
 )
 
 
-class _HeadersTooLarge(Exception):
+class _HeadersTooLarge(ZephonError):
     pass
 
 

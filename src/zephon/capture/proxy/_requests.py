@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from zephon.capture.lineage import token_prompt_item
+from zephon.errors import ZephonError
 
 __all__ = [
     "CAPTURE_ROUTES",
@@ -65,7 +66,7 @@ _RESPONSES_ONLY = frozenset(
 )
 
 
-class BadRequest(Exception):
+class BadRequest(ZephonError):
     """A client request the proxy refuses before any capture state is written (HTTP 4xx)."""
 
     def __init__(self, message: str, *, code: str = "invalid_request", status: int = 400) -> None:

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from zephon.errors import ZephonError
+
 __all__ = [
     "GenerationTokens",
     "TokenDataError",
@@ -26,7 +28,7 @@ __all__ = [
 _TOKEN_ID_PREFIX = "token_id:"
 
 
-class TokenDataError(ValueError):
+class TokenDataError(ZephonError, ValueError):
     """The engine's answer lacks exact token data or carries an inconsistent part of it."""
 
 

@@ -52,6 +52,7 @@ from zephon.capture.proxy._requests import CAPTURE_ROUTES
 from zephon.capture.proxy._spill import SpillJournal
 from zephon.capture.proxy._sse import sse_events
 from zephon.capture.records import TokenCaptureSnapshot, validate_rollout_id
+from zephon.errors import ZephonError
 
 __all__ = [
     "CAPTURE_SEGMENT",
@@ -456,7 +457,7 @@ def create_app(config: ProxyConfig) -> Starlette:
 _ALL = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 
 
-class _BodyError(ValueError):
+class _BodyError(ZephonError, ValueError):
     pass
 
 

@@ -1,4 +1,5 @@
-"""Checkpoint files: written atomically, checked when read, newest valid one found.
+"""Checkpoint files: named by epoch and items, written atomically, checked when read, newest
+valid one found.
 
 ``pipeline.checkpoint()`` returns a small JSON-safe dict that carries a checksum of its own
 content. These helpers put such dicts in files so that a crash, a full disk or an editor can
@@ -18,51 +19,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from zephon._engine import checkpoint as _ckpt
-from zephon._engine.snapshot_codec import named_sources
+from zephon.checkpoints.format import parse, seal
 from zephon.errors import CheckpointError
 
 __all__ = [
+    "CHECKPOINT_RE",
+    "REJECTED_SUFFIX",
     "LatestCheckpoint",
     "checkpoint_files",
     "checkpoint_path",
-    "delivered_counts",
     "latest_checkpoint",
     "load_checkpoint",
-    "refetch_counts",
     "save_checkpoint",
-    "seal",
+    "write_json_atomic",
 ]
 
 CHECKPOINT_RE = re.compile(r"^ckpt-(?:e(\d+)-)?(\d+)\.json$")
 #: Suffix given to a checkpoint file found invalid, so it is never picked (or pruned) again.
 REJECTED_SUFFIX = ".invalid"
-
-
-def seal(state: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``state`` with a fresh checksum: call it after adding entries of your own."""
-    return _ckpt.seal(state)
-
-
-def refetch_counts(state: Mapping[str, Any]) -> dict[int, int]:
-    """Per lane: how many source records a restore from ``state`` reads again to rebuild the
-    open state its snapshot names (open pack bins, shuffle and mixture buffers).
-
-    Records from the restart point to the last delivered one are replayed besides; both are
-    bounded by the buffers and the snapshot interval, never by how far training has gone.
-    """
-    parsed = _ckpt.parse(state)
-    return {
-        lane: len(named_sources(lc.operator_state or {})) if not lc.done else 0
-        for lane, lc in sorted(parsed.lanes.items())
-    }
-
-
-def delivered_counts(state: Mapping[str, Any]) -> dict[int, int]:
-    """Per lane still running in ``state``: how many items it has delivered (lanes whose data
-    ended are left out). The counts say where each rank's round-robin continues."""
-    parsed = _ckpt.parse(state)
-    return {lane: lc.delivered for lane, lc in sorted(parsed.lanes.items()) if not lc.done}
 
 
 def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
@@ -116,7 +90,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{target}: not valid JSON ({exc}); the file is truncated or damaged"
         ) from None
     try:
-        _ckpt.parse(state)
+        parse(state)
     except CheckpointError as exc:
         raise CheckpointError(f"{target}: {exc}") from None
     if not isinstance(state, dict):  # parse() refuses anything else; this narrows the type

@@ -1,11 +1,13 @@
-"""Checkpoint format: versioned, JSON-safe, small, and checked before it is used.
+"""The checkpoint format: versioned, JSON-safe, small, and checked before it is used.
 
 A checkpoint describes, per lane, where to regenerate from (the work-source state before the
 oldest chunk still in flight, and that chunk's id), the cursor of the last delivered item, how
 many items were delivered and whether the lane is done; plus the tail's round-robin position,
 the world and the configuration it was taken with. Its size depends on the number of lanes,
 never on how far training has gone. Keys are strings (JSON turns integer keys into strings,
-so the format never relies on anything else).
+so the format never relies on anything else). :func:`parse` checks a checkpoint and returns it
+as a :class:`ParsedCheckpoint`, so code that reads one (a training loop, capture's retirement,
+``zephon checkpoint inspect``) never walks the dict itself; :func:`build` writes one.
 
 Since version 2 a checkpoint carries a ``checksum`` of everything else in it, so a file that was
 edited or damaged after it was written is refused instead of restoring a wrong position.
@@ -16,10 +18,10 @@ already inside the restored snapshot) and ``operator_state`` may hold the open s
 shuffling and mixture correction (buffered records by meta). Version 2 checkpoints restore by
 replay from the last flush, as they were written.
 
-Since version 4 the open state of a buffering operator may be deflated (``{"$zz": ...}``, see
-``snapshot_codec.pack_state``) and the checksum is computed over msgspec's canonical JSON
-(older checkpoints' checksums, from the json module, are still accepted). A pass other than the
-first (``Pipeline.set_epoch``) puts ``epoch`` in the configuration.
+Since version 4 the open state of a buffering operator may be deflated (``{"$zz": ...}``) and
+the checksum is computed over msgspec's canonical JSON (older checkpoints' checksums, from the
+json module, are still accepted). A pass other than the first (``Pipeline.set_epoch``) puts
+``epoch`` in the configuration.
 """
 
 from __future__ import annotations
@@ -41,6 +43,27 @@ FORMAT = "zephon.pipeline-checkpoint"
 VERSION = 4
 CHECKSUM_KEY = "checksum"
 
+__all__ = [
+    "CHECKSUM_KEY",
+    "FORMAT",
+    "VERSION",
+    "LaneCheckpoint",
+    "OperatorInfo",
+    "ParsedCheckpoint",
+    "SourceInfo",
+    "build",
+    "checksum",
+    "cursor_from_json",
+    "cursor_to_json",
+    "fingerprint",
+    "first_difference",
+    "migrate",
+    "parse",
+    "seal",
+    "to_jsonable",
+    "verify_checksum",
+]
+
 
 def to_jsonable(value: Any) -> Any:
     """Normalise operator/source settings into plain JSON data for fingerprints."""
@@ -58,6 +81,7 @@ def to_jsonable(value: Any) -> Any:
 
 
 def fingerprint(config: Mapping[str, Any]) -> str:
+    """xxh64 of a configuration's JSON with sorted keys (what a restore must match)."""
     return xxhash.xxh64(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
@@ -158,14 +182,20 @@ def cursor_from_json(value: Any, where: str) -> SampleCursor | None:
 
 @dataclass(frozen=True)
 class LaneCheckpoint:
+    """Where one lane restarts and what it has delivered."""
+
     lane: int
+    #: The oldest chunk still in flight: a restore regenerates from it.
     start_chunk_id: int
+    #: The work source's ``state_dict`` before that chunk (None: the source keeps no state).
     source_state: Mapping[str, Any] | None
+    #: The cursor of the last item delivered (None: nothing delivered yet).
     replay_cursor: SampleCursor | None
     delivered: int
     done: bool
-    # stage index (str) -> that stateful accumulator's lane state at the restart point
+    #: Stage index (str) -> that stateful accumulator's lane state at the restart point.
     operator_state: Mapping[str, Any] | None = None
+    #: Records of the start chunk already inside the restored snapshot.
     start_offset: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -184,7 +214,31 @@ class LaneCheckpoint:
 
 
 @dataclass(frozen=True)
+class SourceInfo:
+    """What the configuration says about the work source the checkpoint was taken over."""
+
+    type: str | None
+    #: The source's own fingerprint (rows, order, snapshots...), None when it has none.
+    fingerprint: str | None
+    #: One entry per dataset: ``{"name", "shards", "rows"}`` as the pipeline recorded it.
+    datasets: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class OperatorInfo:
+    """One operator of the checkpointed plan, in plan order."""
+
+    index: int
+    type: str | None
+    name: str | None
+    config: Any
+
+
+@dataclass(frozen=True)
 class ParsedCheckpoint:
+    """A checked checkpoint with named fields; ``config`` stays the full configuration that
+    a restore compares (and the fingerprint covers)."""
+
     config: Mapping[str, Any]
     canonical_replicas: int
     lanes: Mapping[int, LaneCheckpoint]
@@ -192,17 +246,60 @@ class ParsedCheckpoint:
     tail_order: list[int]
     tail_turn: int
     world: Mapping[str, Any]
-
-    @property
-    def epoch(self) -> int:
-        """The pass over the data the checkpoint is in (``Pipeline.set_epoch``)."""
-        epoch = self.config.get("epoch", 0)
-        return epoch if isinstance(epoch, int) else 0
+    #: The version the checkpoint was written with (older ones are read as they were).
+    version: int = VERSION
+    #: ``fingerprint(config)``, checked when parsed.
+    fingerprint: str = ""
+    #: The checksum it was sealed with (None in a version 1 checkpoint).
+    checksum: str | None = None
+    #: The pass over the data the checkpoint is in (``Pipeline.set_epoch``).
+    epoch: int = 0
+    source: SourceInfo = SourceInfo(None, None, ())
+    operators: tuple[OperatorInfo, ...] = ()
+    #: Chunks per lane between flush sentinels, None when the configuration does not say.
+    flush_every_k_chunks: int | None = None
 
     @property
     def finished(self) -> bool:
         """Whether every lane it describes had delivered its whole stream."""
         return all(lc.done for lc in self.lanes.values())
+
+    @property
+    def delivered(self) -> int:
+        """Items delivered over every lane it describes."""
+        return sum(lc.delivered for lc in self.lanes.values())
+
+
+def _int_or(value: Any, default: int | None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _source_info(config: Mapping[str, Any]) -> SourceInfo:
+    raw = config.get("source")
+    source: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    kind, fp, datasets = source.get("type"), source.get("fingerprint"), source.get("datasets")
+    return SourceInfo(
+        type=kind if isinstance(kind, str) else None,
+        fingerprint=fp if isinstance(fp, str) else None,
+        datasets=tuple(datasets) if isinstance(datasets, list) else (),
+    )
+
+
+def _operator_infos(config: Mapping[str, Any]) -> tuple[OperatorInfo, ...]:
+    raw = config.get("operators")
+    out = []
+    for index, op in enumerate(raw if isinstance(raw, list) else []):
+        entry: Mapping[str, Any] = op if isinstance(op, Mapping) else {}
+        kind, name = entry.get("type"), entry.get("name")
+        out.append(
+            OperatorInfo(
+                index=index,
+                type=kind if isinstance(kind, str) else None,
+                name=name if isinstance(name, str) else None,
+                config=entry.get("config"),
+            )
+        )
+    return tuple(out)
 
 
 def _need(mapping: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -236,45 +333,50 @@ def migrate(state: Mapping[str, Any]) -> Mapping[str, Any]:
     return state
 
 
+def _parse_lane(key: str, raw: Any, replicas: int) -> LaneCheckpoint:
+    where = f"lanes[{key}]."
+    try:
+        lane = int(key)
+    except ValueError:
+        raise CheckpointError(f"checkpoint lane key {key!r} is not a lane number") from None
+    if not 0 <= lane < replicas:
+        raise CheckpointError(f"checkpoint lane {lane} is outside 0..{replicas - 1}")
+    source_state = raw.get("source_state") if isinstance(raw, Mapping) else None
+    if source_state is not None and not isinstance(source_state, Mapping):
+        raise CheckpointError(f"checkpoint {where}source_state is not a dict")
+    operator_state = raw.get("operator_state") if isinstance(raw, Mapping) else None
+    if operator_state is not None and not isinstance(operator_state, Mapping):
+        raise CheckpointError(f"checkpoint {where}operator_state is not a dict")
+    return LaneCheckpoint(
+        lane=lane,
+        start_chunk_id=_need(raw, "start_chunk_id", int, where),
+        source_state=source_state,
+        replay_cursor=cursor_from_json(raw.get("replay_cursor"), f"{where}replay_cursor"),
+        delivered=_need(raw, "delivered", int, where),
+        done=_need(raw, "done", bool, where),
+        operator_state=operator_state,
+        start_offset=_need(raw, "start_offset", int, where) if "start_offset" in raw else 0,
+    )
+
+
 def parse(state: Any) -> ParsedCheckpoint:
-    """Validate a checkpoint (as returned by ``checkpoint()`` or after a JSON round trip)."""
+    """Validate a checkpoint (as returned by ``checkpoint()`` or after a JSON round trip);
+    :class:`CheckpointError` names the first key at fault."""
     if not isinstance(state, Mapping):
         raise CheckpointError(f"a checkpoint is a dict, got {type(state).__name__}")
     if state.get("format") != FORMAT:
         raise CheckpointError(f"not a zephon pipeline checkpoint (format={state.get('format')!r})")
     state = migrate(state)
     config = _need(state, "config", Mapping, "")
-    if _need(state, "fingerprint", str, "") != fingerprint(config):
+    config_fingerprint = _need(state, "fingerprint", str, "")
+    if config_fingerprint != fingerprint(config):
         raise CheckpointError("checkpoint is corrupt: its config does not match its fingerprint")
     world = _need(state, "world", Mapping, "")
     replicas = _need(world, "canonical_replicas", int, "world.")
     lanes_raw = _need(state, "lanes", Mapping, "")
-    lanes: dict[int, LaneCheckpoint] = {}
-    for key, raw in lanes_raw.items():
-        where = f"lanes[{key}]."
-        try:
-            lane = int(key)
-        except ValueError:
-            raise CheckpointError(f"checkpoint lane key {key!r} is not a lane number") from None
-        if not 0 <= lane < replicas:
-            raise CheckpointError(f"checkpoint lane {lane} is outside 0..{replicas - 1}")
-        source_state = raw.get("source_state") if isinstance(raw, Mapping) else None
-        if source_state is not None and not isinstance(source_state, Mapping):
-            raise CheckpointError(f"checkpoint {where}source_state is not a dict")
-        operator_state = raw.get("operator_state") if isinstance(raw, Mapping) else None
-        if operator_state is not None and not isinstance(operator_state, Mapping):
-            raise CheckpointError(f"checkpoint {where}operator_state is not a dict")
-        lanes[lane] = LaneCheckpoint(
-            lane=lane,
-            start_chunk_id=_need(raw, "start_chunk_id", int, where),
-            source_state=source_state,
-            replay_cursor=cursor_from_json(raw.get("replay_cursor"), f"{where}replay_cursor"),
-            delivered=_need(raw, "delivered", int, where),
-            done=_need(raw, "done", bool, where),
-            operator_state=operator_state,
-            start_offset=_need(raw, "start_offset", int, where) if "start_offset" in raw else 0,
-        )
+    lanes = {lc.lane: lc for lc in (_parse_lane(k, v, replicas) for k, v in lanes_raw.items())}
     tail = _need(state, "tail", Mapping, "")
+    saved_checksum = state.get(CHECKSUM_KEY)
     return ParsedCheckpoint(
         config=config,
         canonical_replicas=replicas,
@@ -283,6 +385,13 @@ def parse(state: Any) -> ParsedCheckpoint:
         tail_order=[int(x) for x in _need(tail, "order", list, "tail.")],
         tail_turn=_need(tail, "turn", int, "tail."),
         world=world,
+        version=state["version"],
+        fingerprint=config_fingerprint,
+        checksum=saved_checksum if isinstance(saved_checksum, str) else None,
+        epoch=_int_or(config.get("epoch"), 0) or 0,
+        source=_source_info(config),
+        operators=_operator_infos(config),
+        flush_every_k_chunks=_int_or(config.get("flush_every_k_chunks"), None),
     )
 
 
@@ -308,48 +417,3 @@ def build(
             "tail": {"lanes": list(tail_lanes), "order": list(tail_order), "turn": tail_turn},
         }
     )
-
-
-def merge_checkpoints(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Merge per-rank checkpoints into one that any world size can restore from.
-
-    Every rank's checkpoint describes its own lanes; the merged one holds them all. The
-    configurations must agree, and every lane must be described exactly once.
-    """
-    if not states:
-        raise CheckpointError("merge_checkpoints needs at least one checkpoint")
-    parsed = [parse(s) for s in states]
-    first = parsed[0]
-    lanes: dict[str, Any] = {}
-    for index, (raw, p) in enumerate(zip(states, parsed, strict=True)):
-        diff = first_difference(first.config, p.config)
-        if diff:
-            raise CheckpointError(f"checkpoint #{index} has another configuration: {diff}")
-        for key, value in raw["lanes"].items():
-            if key in lanes and lanes[key] != value:
-                raise CheckpointError(
-                    f"lane {key} appears in several checkpoints with different states; did "
-                    "every rank take its checkpoint at the same step?"
-                )
-            lanes[key] = value
-    missing = sorted(set(range(first.canonical_replicas)) - {int(k) for k in lanes})
-    if missing:
-        raise CheckpointError(f"merged checkpoints do not cover lanes {missing}")
-    world: dict[str, Any] = {
-        "canonical_replicas": first.canonical_replicas,
-        "merged_from": len(states),
-    }
-    for key in ("dp_world_size", "mapping"):  # the layout that took them, when they agree
-        values = {repr(p.world.get(key)) for p in parsed}
-        if len(values) == 1 and first.world.get(key) is not None:
-            world[key] = first.world[key]
-    out = {
-        "format": FORMAT,
-        "version": VERSION,
-        "fingerprint": fingerprint(first.config),
-        "config": first.config,
-        "world": world,
-        "lanes": {k: lanes[k] for k in sorted(lanes, key=int)},
-        "tail": {"lanes": [], "order": [], "turn": 0},
-    }
-    return seal(out)

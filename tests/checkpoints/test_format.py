@@ -1,0 +1,165 @@
+"""The checkpoint format: a typed parsed checkpoint, version 4 written byte for byte as before,
+and the public package loads without the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon.checkpoints import (
+    LaneCheckpoint,
+    ParsedCheckpoint,
+    delivered_counts,
+    parse_checkpoint,
+    refetch_counts,
+    seal,
+)
+from zephon.checkpoints.format import FORMAT, VERSION, build, cursor_to_json
+from zephon.errors import CheckpointError
+from zephon.types import SampleCursor
+
+FIXTURE = Path(__file__).with_name("fixtures") / "v4-shuffle-pack.json"
+STOP = 5  # batches delivered when the fixture was taken
+
+
+def pipeline() -> Pipeline:
+    rows = [{"text": f"document {i} " * (1 + i % 5)} for i in range(300)]
+    source = StaticMixtureWorkSource(
+        datasets=[Dataset.from_records("docs", rows)],
+        mixture=MixtureSpec({"docs": 1.0}),
+        chunk_size=20,
+        seed=4,
+    )
+    return (
+        Pipeline(source)
+        .decode_text()
+        .tokenize("bytes", max_length=48)
+        .shuffle(32, seed=1)
+        .pack_flat(64, pad_token_id=0)
+        .batch(2)
+        .options(canonical_replicas=2, runner="inline")
+    )
+
+
+def checkpoint_after(batches: int, epoch: int = 0) -> tuple[dict, list]:
+    pipe = pipeline()
+    if epoch:
+        pipe.set_epoch(epoch)
+    it = iter(pipe)
+    seen = [next(it).ids for _ in range(batches)]
+    state = pipe.checkpoint()
+    it.close()
+    return state, seen
+
+
+def file_text(state: dict) -> str:
+    """The bytes ``save_checkpoint`` writes for ``state``."""
+    return json.dumps(state, indent=1) + "\n"
+
+
+def test_version_4_is_written_byte_for_byte_as_before_and_restores() -> None:
+    """The fixture was written by the release before the package existed."""
+    state, seen = checkpoint_after(STOP)
+    assert state["version"] == VERSION == 4
+    assert file_text(state) == FIXTURE.read_text()
+    saved = json.loads(FIXTURE.read_text())
+    rest = [b.ids for b in pipeline().restore(saved)]
+    assert seen + rest == [b.ids for b in pipeline()]
+
+
+def test_a_parsed_checkpoint_names_every_part() -> None:
+    state, _ = checkpoint_after(STOP)
+    parsed = parse_checkpoint(json.loads(json.dumps(state)))
+    assert isinstance(parsed, ParsedCheckpoint)
+    assert (parsed.version, parsed.fingerprint, parsed.checksum) == (
+        4,
+        state["fingerprint"],
+        state["checksum"],
+    )
+    assert parsed.epoch == 0 and parsed.canonical_replicas == 2
+    assert parsed.world["canonical_replicas"] == 2
+    assert parsed.source.type == "StaticMixtureWorkSource"
+    assert parsed.source.fingerprint == state["config"]["source"]["fingerprint"]
+    assert [d["name"] for d in parsed.source.datasets] == ["docs"]
+    assert [(op.index, op.name) for op in parsed.operators] == [
+        (i, op["name"]) for i, op in enumerate(state["config"]["operators"])
+    ]
+    shuffle = next(op for op in parsed.operators if op.type == "ShuffleOp")
+    assert shuffle.config["buffer_size"] == 32
+    assert parsed.flush_every_k_chunks == state["config"]["flush_every_k_chunks"]
+    assert sorted(parsed.lanes) == [0, 1]
+    for lane, lc in parsed.lanes.items():
+        raw = state["lanes"][str(lane)]
+        assert isinstance(lc, LaneCheckpoint)
+        assert isinstance(lc.replay_cursor, SampleCursor)
+        assert cursor_to_json(lc.replay_cursor) == raw["replay_cursor"]
+        assert (lc.start_chunk_id, lc.delivered, lc.done) == (
+            raw["start_chunk_id"],
+            raw["delivered"],
+            raw["done"],
+        )
+        assert lc.operator_state == raw.get("operator_state")
+    assert parsed.delivered == sum(delivered_counts(parsed).values()) == STOP  # batches
+    assert refetch_counts(parsed) == refetch_counts(state)
+    assert any(lc.operator_state for lc in parsed.lanes.values())  # shuffle and pack state
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        parsed.epoch = 3  # type: ignore[misc]
+
+
+def test_the_epoch_is_a_field_of_the_parsed_checkpoint() -> None:
+    state, _ = checkpoint_after(2, epoch=2)
+    parsed = parse_checkpoint(state)
+    assert parsed.epoch == 2 == state["config"]["epoch"]
+    resumed = pipeline().restore(state)
+    assert resumed.epoch == 2
+
+
+def test_older_versions_parse_with_their_version() -> None:
+    state, _ = checkpoint_after(2)
+    v1 = {k: v for k, v in state.items() if k != "checksum"} | {"version": 1}
+    parsed = parse_checkpoint(v1)
+    assert (parsed.version, parsed.checksum) == (1, None)
+    v2 = seal(state | {"version": 2})
+    assert parse_checkpoint(v2).version == 2
+
+
+def test_build_round_trips_through_parse() -> None:
+    state, _ = checkpoint_after(3)
+    parsed = parse_checkpoint(state)
+    rebuilt = build(
+        parsed.config,
+        parsed.world,
+        list(parsed.lanes.values()),
+        parsed.tail_lanes,
+        parsed.tail_order,
+        parsed.tail_turn,
+    )
+    assert file_text(rebuilt) == file_text(state)
+
+
+def test_a_damaged_field_is_named() -> None:
+    state, _ = checkpoint_after(1)
+    bad = json.loads(json.dumps(state))
+    bad["lanes"]["1"]["delivered"] = "many"
+    with pytest.raises(CheckpointError, match=r"lanes\[1\]\.'delivered' has type str"):
+        parse_checkpoint(seal(bad))
+    with pytest.raises(CheckpointError, match="not a zephon pipeline checkpoint"):
+        parse_checkpoint({"format": "other", "version": VERSION})
+    assert parse_checkpoint(state).config is not None and state["format"] == FORMAT
+
+
+def test_the_public_package_loads_without_the_engine() -> None:
+    code = (
+        "import sys, zephon.checkpoints, zephon.checkpoints.format, zephon.checkpoints.gather;"
+        "print(sorted(m for m in sys.modules if m.startswith('zephon._engine')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
