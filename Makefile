@@ -30,6 +30,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/python scripts/check_complexity.py
 	$(BIN)/python scripts/check_import_cycles.py
+	$(BIN)/python scripts/check_layering.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -1,4 +1,5 @@
-"""The structure checks of ``make lint``: function size/complexity and package import cycles.
+"""The structure checks of ``make lint``: function size/complexity, package import cycles and
+the engine's layering (no built-in operator imports, no hook probes).
 
 They run on the real source tree (so a test run fails where ``make lint`` would), and on small
 synthetic trees to show each check catches what it is for.
@@ -25,6 +26,7 @@ def _script(name: str) -> ModuleType:
 
 complexity = _script("check_complexity")
 cycles = _script("check_import_cycles")
+layering = _script("check_layering")
 
 
 def test_no_function_in_src_is_over_the_limits() -> None:
@@ -62,3 +64,68 @@ def test_load_time_imports_skip_functions_and_type_checking() -> None:
     )
     names = [n.names[0].name for n in cycles._load_time_imports(tree.body)]
     assert names == ["zephon.io", "zephon.capture"]
+
+
+def test_the_engine_keeps_to_the_operator_contract() -> None:
+    assert layering.violations() == []
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / "zephon" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "zephon"
+
+
+def test_a_forbidden_import_is_reported_wherever_it_is(tmp_path: Path) -> None:
+    package = _tree(
+        tmp_path,
+        {
+            "_engine/a.py": "def f():\n    from zephon._ops.batch import BatchOp\n",
+            "capture/b.py": "import zephon._engine.stage\n",
+            "work/c.py": "from zephon import _ops\n",
+            "_ops/d.py": "import zephon._engine.stage\n",  # allowed: operators may use it
+        },
+    )
+    found = layering.violations(package)
+    assert found == [
+        "_engine/a.py:2: _engine must not import _ops (zephon._ops.batch)",
+        "capture/b.py:1: capture must not import _engine (zephon._engine.stage)",
+        "work/c.py:1: work must not import _ops (zephon._ops)",
+    ]
+
+
+def test_a_hook_probe_or_unlisted_getattr_in_the_engine_is_reported(tmp_path: Path) -> None:
+    package = _tree(
+        tmp_path,
+        {
+            "_engine/stage.py": (
+                "x = getattr(acc, 'state_dict', None)\n"
+                "y = hasattr(source, 'seed')\n"
+                "z = getattr(exc, 'zephon_op_name', None)\n"  # listed in ALLOWED
+                "w = getattr(op, 'something_else', None)\n"
+            ),
+            "ops/e.py": "x = getattr(acc, 'state_dict', None)\n",  # outside the engine
+        },
+    )
+    assert layering.violations(package) == [
+        "_engine/stage.py:1: probes hook 'state_dict'; use its typed protocol",
+        "_engine/stage.py:2: probes hook 'seed'; use its typed protocol",
+        "_engine/stage.py:4: getattr/hasattr of 'something_else' is not in ALLOWED",
+    ]
+
+
+def test_a_type_ignore_at_a_hook_call_is_reported(tmp_path: Path) -> None:
+    package = _tree(
+        tmp_path,
+        {
+            "_engine/states.py": (
+                "acc.load_state_dict(lane, state)  # type: ignore[attr-defined]\n"
+                "other(1)  # type: ignore[arg-type]\n"
+            )
+        },
+    )
+    assert layering.violations(package) == [
+        "_engine/states.py:1: '# type: ignore' at a use of hook 'load_state_dict'"
+    ]

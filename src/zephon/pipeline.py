@@ -9,6 +9,7 @@ from typing import Any, Literal, TypeVar
 
 from zephon._engine.engine import Engine
 from zephon._engine.engine_process import EngineProcess
+from zephon._engine.fetch import FetchOp
 from zephon._engine.plan import OpSpec, Plan, Resources, ray_resources
 from zephon._engine.stats import RunStats
 from zephon._ops._chat_spans import LossScope, SpanSource
@@ -19,7 +20,6 @@ from zephon._ops.batch import BatchOp
 from zephon._ops.decode_text import DecodeTextOp
 from zephon._ops.ensure_mixture import EnsureMixtureOp
 from zephon._ops.expand_chat import ExpandChatOp
-from zephon._ops.fetch import FetchOp
 from zephon._ops.map_batch import MapBatchOp, MaterializeOp
 from zephon._ops.map_transform import FilterOp, MapTransformOp
 from zephon._ops.pack import PackFlatOp, PackSequencesOp
@@ -32,7 +32,7 @@ from zephon.errors import CheckpointError, ConfigError
 from zephon.ops import BaseOp
 from zephon.options import RuntimeOptions
 from zephon.types import SampleBatch, StreamItem
-from zephon.work import MixtureSpec, WorkSource
+from zephon.work import MixtureSpec, WorkSource, source_mixture
 
 __all__ = ["OPERATOR_METHODS", "Pipeline", "Placement"]
 
@@ -409,7 +409,7 @@ class Pipeline:
         names = self.work_source.component_names()
         explicit = mixture is not None
         if mixture is None:
-            mixture = getattr(self.work_source, "mixture", None)
+            mixture = source_mixture(self.work_source)
             if mixture is None:
                 raise ConfigError(
                     "ensure_mixture: the work source has no mixture; pass "

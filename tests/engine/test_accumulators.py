@@ -2,9 +2,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zephon._engine.fetch import FetchOp
 from zephon._ops.batch import BatchOp
 from zephon._ops.decode_text import DecodeTextOp
-from zephon._ops.fetch import FetchOp
 from zephon._ops.map_transform import FilterOp, MapTransformOp
 from zephon._ops.tokenize import TokenizeOp
 from zephon.ops import CountingAccumulator, OpContext, PassthroughAccumulator

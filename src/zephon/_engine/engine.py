@@ -31,6 +31,7 @@ from zephon._engine.pools import (
     check_not_bootstrapping,
 )
 from zephon._engine.quarantine import Quarantine
+from zephon._engine.replay_filter import ReplayFilterOp
 from zephon._engine.shm import ShmSession, resolve_items
 from zephon._engine.snapshots import SnapshotPlan, plan_snapshots
 from zephon._engine.source import LaneStart, SnapshotPolicy, SourceFeeder
@@ -38,14 +39,12 @@ from zephon._engine.stage import StageCore
 from zephon._engine.stats import LaneProgress, OpStats, RunStats
 from zephon._engine.tail import LaneMux
 from zephon._engine.threaded import DATA, END, ERROR, STOP, Channel, OpDriver, SourceThread
-from zephon._ops.batch import BatchOp
-from zephon._ops.replay_filter import ReplayFilterOp
 from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError, ZephonError
 from zephon.io import SourceStats, io_totals
 from zephon.options import RuntimeOptions
 from zephon.types import SampleCursor, StreamItem
-from zephon.work import WorkSource, lanes_for_rank
+from zephon.work import WorkSource, lanes_for_rank, source_fingerprint, source_seed
 
 log = logging.getLogger("zephon")
 
@@ -56,7 +55,7 @@ def with_replay_filter(
     """Insert the replay filter right before ``batch`` (or last without a batch)."""
     replay = OpSpec(ReplayFilterOp(targets, monotone=monotone), 1)
     for index, spec in enumerate(specs):
-        if isinstance(spec.op, BatchOp):
+        if spec.op.traits().batches:
             return [*specs[:index], replay, *specs[index:]]
     return [*specs, replay]
 
@@ -78,7 +77,7 @@ def pipeline_config(
         {
             "source": {
                 "type": type(source).__name__,
-                "fingerprint": getattr(source, "fingerprint", None),
+                "fingerprint": source_fingerprint(source),
                 "datasets": [
                     {"name": d.name, "shards": d.shard_count(), "rows": d.total()}
                     for d in source.datasets
@@ -167,12 +166,11 @@ class Engine:
                 if lc.replay_cursor is not None and not lc.done:
                     targets[lane] = lc.replay_cursor
         self.specs = with_replay_filter(specs, targets, monotone=self.monotone)
-        seed = getattr(source, "seed", 0)
         self.contexts = compile_contexts(
             self.specs,
             options,
             self.lanes,
-            source_seed=seed if isinstance(seed, int) else 0,
+            source_seed=source_seed(source),
             epoch=source.epoch,
         )
         self.stats = RunStats()

@@ -25,6 +25,7 @@ from zephon.ops import (
     Accumulator,
     BaseOp,
     CountingAccumulator,
+    MarkerObserver,
     OpContext,
     OpTraits,
     PassthroughAccumulator,
@@ -48,7 +49,7 @@ def fusible(op: BaseOp, acc: Accumulator, runner: str) -> bool:
         and not traits.runs_in_driver
         and type(acc) in (CountingAccumulator, PassthroughAccumulator)
         and not has_lane_state(acc)
-        and getattr(acc, "on_marker", None) is None
+        and not isinstance(acc, MarkerObserver)
     )
 
 

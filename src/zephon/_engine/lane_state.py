@@ -18,21 +18,14 @@ import json
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, TypeGuard
 
 from zephon.errors import CheckpointError, ContractError
+from zephon.ops import LaneStateful
 
 
-@runtime_checkable
-class LaneStateful(Protocol):
-    """An accumulator whose per-lane state is saved in checkpoints."""
-
-    def state_dict(self, lane_id: int) -> Any: ...
-
-    def load_state_dict(self, lane_id: int, state: Any) -> None: ...
-
-
-def has_lane_state(accumulator: object) -> bool:
+def has_lane_state(accumulator: object) -> TypeGuard[LaneStateful]:
+    """Whether ``accumulator`` keeps per-lane state (``zephon.ops.LaneStateful``)."""
     return isinstance(accumulator, LaneStateful)
 
 

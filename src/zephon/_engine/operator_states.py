@@ -28,7 +28,8 @@ from zephon._engine.snapshot_codec import (
 from zephon._engine.snapshots import Rebuilder, holds_records
 from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError
-from zephon.ops import Accumulator, BaseOp, OpContext
+from zephon.ops import BaseOp, LaneStateful, OpContext
+from zephon.ops.state import payloads_lazy
 from zephon.types import TAG_PACKING, SampleMeta
 
 # Tags of lazily restored records decoded only when their payload is rebuilt: a packed
@@ -69,7 +70,7 @@ class OperatorStates:
         self.k = flush_every_k_chunks
         self.logs: dict[int, LaneStateLog] = {}
         self._records: set[int] = set()  # stages whose states hold records
-        self._pending: list[tuple[int, BaseOp, Accumulator, int, Any]] = []
+        self._pending: list[tuple[int, BaseOp, LaneStateful, int, Any]] = []
         self.refetched = 0  # base records read again at the restore
         # stage -> restored records still waiting for payloads when they leave that stage
         self.lazy: dict[int, int] = {}
@@ -79,7 +80,7 @@ class OperatorStates:
         self._lock = threading.Lock()
         self._at: dict[int, tuple[Position, dict[str, Any]]] = {}  # lane -> last encoded
 
-    def attach(self, index: int, op: BaseOp, acc: Accumulator) -> LaneStateLog:
+    def attach(self, index: int, op: BaseOp, acc: LaneStateful) -> LaneStateLog:
         """Start logging ``acc``'s lane states; queue the saved ones for :meth:`load`."""
         records = holds_records(acc)
         log = LaneStateLog(op.name, self.starts, _shared if records else frozen_copy)
@@ -89,14 +90,14 @@ class OperatorStates:
         key = self.key_of(index)
         for lane in self.starts:
             if self.resume is None:
-                log.set_initial(lane, acc.state_dict(lane))  # type: ignore[attr-defined]
+                log.set_initial(lane, acc.state_dict(lane))
                 continue
             saved = self.resume.lanes[lane].operator_state or {}
             if key in saved:
                 state = unpack_state(saved[key]) if records else saved[key]
                 self._pending.append((index, op, acc, lane, state))
             elif self._untouched(lane) or (records and self._at_epoch_start(lane)):
-                log.set_initial(lane, acc.state_dict(lane))  # type: ignore[attr-defined]
+                log.set_initial(lane, acc.state_dict(lane))
             else:
                 raise CheckpointError(
                     f"checkpoint holds no state of operator {op.name!r} (stage {index}) for "
@@ -127,11 +128,11 @@ class OperatorStates:
         (``state_payloads_lazy`` unset) or when they leave stage ``resolve_at[holder]`` (see
         :meth:`resolver`), so a restore waits neither for a whole shuffle buffer nor for
         records the replay filter drops."""
-        decoded: list[tuple[int, Accumulator, int, Any, Any]] = []
+        decoded: list[tuple[int, LaneStateful, int, Any, Any]] = []
         eager: dict[int, list[tuple[int, HeldRecord]]] = {}
         payloads: dict[int, Any] = {}
         for index, _op, acc, lane, saved in self._pending:
-            lazy = getattr(acc, "state_payloads_lazy", False)
+            lazy = payloads_lazy(acc)
             defer = DEFERRED_TAGS if lazy else frozenset()
             state = decode(saved, defer) if index in self._records else saved
             named = held_records(state) if index in self._records else []
@@ -154,7 +155,7 @@ class OperatorStates:
                 self.logs[index].set_initial(lane, state)
             else:
                 self.logs[index].set_initial(lane, saved)
-            acc.load_state_dict(lane, state)  # type: ignore[attr-defined]
+            acc.load_state_dict(lane, state)
 
     def _rebuild(self, held: Mapping[int, Sequence[tuple[int, Any]]]) -> dict[int, Any]:
         """``id(record) -> payload`` for ``held`` records by the stage that holds them."""

@@ -159,10 +159,8 @@ class Plan:
 
 
 def stalls_sentinels(op: BaseOp) -> bool:
-    """Only ``batch(drop_last=True)`` may hold a sentinel back; decided by the instance."""
-    from zephon._ops.batch import BatchOp
-
-    return isinstance(op, BatchOp) and op.drop_last
+    """Whether ``op`` may hold a lane's flush sentinel back (its ``stalls_sentinels`` trait)."""
+    return op.traits().stalls_sentinels
 
 
 def op_seed(source_seed: int, index: int, name: str, epoch: int = 0) -> int:

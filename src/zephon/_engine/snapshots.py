@@ -23,48 +23,40 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zephon._engine.lane_state import has_lane_state
+from zephon._engine.replay_filter import REPLAY_FILTER
 from zephon._engine.snapshot_codec import HeldRecord
 from zephon._engine.stage import call_process_many
-from zephon._ops.batch import BatchAccumulator
-from zephon._ops.ensure_mixture import EnsureMixtureOp, MixtureAccumulator
-from zephon._ops.pack import DeferredBin, PackOpBase
-from zephon._ops.replay_filter import ReplayFilterAccumulator, ReplayFilterOp
-from zephon._ops.shuffle import ShuffleOp, StreamingShuffleAccumulator
-from zephon.ops import Accumulator, BaseOp, CountingAccumulator, PassthroughAccumulator
+from zephon.errors import ContractError
+from zephon.ops import (
+    Accumulator,
+    BaseOp,
+    CountingAccumulator,
+    PassthroughAccumulator,
+    Reassembles,
+    Rebuild,
+)
+from zephon.ops.state import holds_records
 from zephon.types import TAG_PACKING, SampleCursor, SampleMeta, SampleRecord, is_control
 
 REBUILD_BATCH = 1024
-# accumulators whose push never reads a payload unless they say so (``reads_payload``)
-_KNOWN_ACCUMULATORS = (
-    PassthroughAccumulator,
-    CountingAccumulator,
-    BatchAccumulator,
-    StreamingShuffleAccumulator,
-    MixtureAccumulator,
-    ReplayFilterAccumulator,
-)
 Key = tuple[int, SampleCursor]  # (lane, cursor): cursors repeat across lanes
+_PLAIN = (CountingAccumulator, PassthroughAccumulator)
 
-
-def holds_records(acc: Accumulator) -> bool:
-    """Whether ``acc``'s lane state names buffered records (written by meta, rebuilt later)."""
-    return bool(getattr(acc, "state_holds_records", False))
+__all__ = ["REBUILD_BATCH", "Rebuilder", "SnapshotPlan", "holds_records", "plan_snapshots"]
 
 
 def _role(op: BaseOp, acc: Accumulator) -> str:
-    """How a record that left ``op`` is rebuilt: ``elementwise`` (run the operator again),
-    ``pack`` (reassemble from segments), ``reorder`` (payload unchanged), ``stateful`` (its
-    output depends on state: never upstream of a buffer) or ``opaque`` (no snapshots)."""
-    if isinstance(op, PackOpBase):
-        return "pack"
-    if isinstance(op, EnsureMixtureOp) or (
-        isinstance(op, ShuffleOp) and op.algorithm == "streaming"
-    ):
-        return "reorder"
+    """How a record that left ``op`` is rebuilt: by its ``rebuild`` trait (``elementwise``: run
+    the operator again, ``pack``: reassemble from segments, ``reorder``: payload unchanged),
+    else ``stateful`` (its output depends on state: never upstream of a buffer), the derived
+    ``elementwise`` of a plain element-wise operator, or ``opaque`` (no snapshots)."""
+    traits = op.traits()
+    if traits.rebuild is not None:
+        return traits.rebuild.value
     if has_lane_state(acc):
         return "stateful"
-    if op.traits().elementwise and type(acc) in (CountingAccumulator, PassthroughAccumulator):
-        return "elementwise"
+    if traits.elementwise and type(acc) in _PLAIN:
+        return Rebuild.RERUN.value
     return "opaque"
 
 
@@ -84,7 +76,7 @@ class SnapshotPlan:
 
 def plan_snapshots(ops: Sequence[BaseOp], accs: Sequence[Accumulator]) -> SnapshotPlan:
     """Decide each stage's marker mode, or why this plan cannot take snapshots."""
-    replay = next(i for i, op in enumerate(ops) if isinstance(op, ReplayFilterOp))
+    replay = next(i for i, op in enumerate(ops) if op.name == REPLAY_FILTER)
     roles = [_role(op, acc) for op, acc in zip(ops, accs, strict=True)]
     modes: list[str] = []
     reason: str | None = None
@@ -128,11 +120,12 @@ def resolve_points(
 
 def _passes_unread(op: BaseOp, role: str) -> bool:
     """Whether ``op``'s ``process_many`` hands payloads on without reading them."""
-    return role == "reorder" or isinstance(op, ReplayFilterOp)
+    return role == Rebuild.UNCHANGED.value
 
 
 def _pushes_unread(acc: Accumulator) -> bool:
-    return type(acc) in _KNOWN_ACCUMULATORS and not acc.reads_payload
+    """Whether ``acc`` inspects only metadata (its ``reads_payload`` contract)."""
+    return not acc.reads_payload
 
 
 def _meta_of(lane: int, cursor: SampleCursor) -> SampleMeta:
@@ -200,7 +193,11 @@ class Rebuilder:
 
     def _assembled(self, j: int, wanted: Mapping[Key, SampleMeta | None]) -> dict[Key, Any]:
         op = self.ops[j]
-        assert isinstance(op, PackOpBase)
+        if not isinstance(op, Reassembles):
+            raise ContractError(
+                f"operator {op.name!r} declares rebuild=Rebuild.REASSEMBLE but has no "
+                "reassemble(meta, segments) method"
+            )
         segments: dict[Key, list[tuple[SampleCursor, int, int]]] = {}
         for key, meta in wanted.items():
             if meta is None or TAG_PACKING not in meta.tags:
@@ -210,12 +207,11 @@ class Rebuilder:
         inputs = self._inputs(j, need)
         out: dict[Key, Any] = {}
         for key, segs in segments.items():
-            parts = []
-            for cursor, start, stop in segs:
-                record = SampleRecord(_meta_of(key[0], cursor), inputs[(key[0], cursor)])
-                fields, full = op.extract(record)
-                parts.append((fields, start, stop, full))
+            parts = [
+                (SampleRecord(_meta_of(key[0], cursor), inputs[(key[0], cursor)]), start, stop)
+                for cursor, start, stop in segs
+            ]
             meta = wanted[key]
             assert meta is not None
-            out[key] = op.assemble(meta, DeferredBin(parts))
+            out[key] = op.reassemble(meta, parts)
         return out

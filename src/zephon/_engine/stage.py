@@ -21,7 +21,14 @@ from typing import Any
 from zephon._engine.lane_state import LaneStateLog
 from zephon._engine.stats import OpStats
 from zephon.errors import ContractError
-from zephon.ops import Accumulator, BaseOp
+from zephon.ops import (
+    Accumulator,
+    BaseOp,
+    LaneStateful,
+    MarkerObserver,
+    PendingTarget,
+    check_accumulator,
+)
 from zephon.types import (
     TAG_BOUNDARY_CID,
     TAG_END_OF_DATA,
@@ -136,11 +143,14 @@ class StageCore:
         self.stats = stats
         self.acc = accumulator
         self.state_log = state_log
-        self._state_of: Callable[[int], Any] = getattr(accumulator, "state_dict", _no_state)
+        check_accumulator(accumulator, op.name)
+        self._state_of: Callable[[int], Any] = (
+            accumulator.state_dict if isinstance(accumulator, LaneStateful) else _no_state
+        )
         self.stalls_sentinels = stalls_sentinels
         self._next_seq = 0
         self._held: dict[int, deque[StreamItem]] = {}
-        self._on_marker = getattr(accumulator, "on_marker", None)
+        self._on_marker = accumulator.on_marker if isinstance(accumulator, MarkerObserver) else None
 
     def _task(self, work: list[StreamItem], passthrough: list[StreamItem] | None = None) -> Task:
         seq = self._next_seq
@@ -313,8 +323,8 @@ class StageCore:
             self._held_at[id(marker)] = self._last_out.get(lane, (0, None))[0]
             return
         elif mode == "replay":
-            pending = getattr(self.acc, "pending_target", None)
-            target = pending(lane) if pending is not None else None
+            acc = self.acc
+            target = acc.pending_target(lane) if isinstance(acc, PendingTarget) else None
             if target is not None:
                 marker = SampleRecord(marker.meta.with_tags(**{TAG_SNAPSHOT_REPLAY: target}), None)
         out.append(self._task([], [marker]))

@@ -20,8 +20,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import numpy as np
-
 from zephon._ops._chat_messages import assistant_turns, last_user_turn
 from zephon._ops._chat_template import Span, render
 from zephon.errors import ChatFormatError
@@ -114,17 +112,3 @@ class ChatRenderer:
                 "(tool calls included) or use span_source='prefix_diff'"
             )
         return kept
-
-
-def token_mask(offsets: np.ndarray, spans: Sequence[Span]) -> np.ndarray:
-    """1 (int8) on every token whose ``[start, end)`` character range overlaps a span."""
-    mask = np.zeros(offsets.shape[0], dtype=np.int8)
-    if not spans or offsets.shape[0] == 0:
-        return mask
-    starts = offsets[:, 0]
-    ends = offsets[:, 1]
-    hit = np.zeros(offsets.shape[0], dtype=bool)
-    for a, b in spans:
-        hit |= (ends > a) & (starts < b)
-    mask[hit] = 1
-    return mask

@@ -36,7 +36,12 @@ class BatchOp(BaseOp):
         return BatchAccumulator(self.microbatch_size, None, drop_last=self.drop_last)
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, runs_in_driver=True)
+        return OpTraits(
+            preserves_cursor_order=True,
+            runs_in_driver=True,
+            stalls_sentinels=self.drop_last,
+            batches=True,
+        )
 
     def config(self) -> Mapping[str, Any]:
         return {"microbatch_size": self.microbatch_size, "drop_last": self.drop_last}

@@ -28,7 +28,7 @@ from typing import Any
 from zephon._ops._bookkeeping import TAG_TARGET_MIXTURE, CloserTracker
 from zephon._ops.pack import resolve_tokens_field
 from zephon.errors import ConfigError, DataError
-from zephon.ops import Accumulator, BaseOp, OpContext, OpTraits
+from zephon.ops import Accumulator, BaseOp, OpContext, OpTraits, Rebuild
 from zephon.ops.accumulators import MicroBatch
 from zephon.types import (
     TAG_CONTRIBUTORS,
@@ -407,7 +407,12 @@ class EnsureMixtureOp(BaseOp):
 
     def traits(self) -> OpTraits:
         # All decisions are serial; process_many is a passthrough, so keep it on the driver.
-        return OpTraits(preserves_cursor_order=False, parallelism=1, runs_in_driver=True)
+        return OpTraits(
+            preserves_cursor_order=False,
+            parallelism=1,
+            runs_in_driver=True,
+            rebuild=Rebuild.UNCHANGED,
+        )
 
     def config(self) -> Mapping[str, Any]:
         wb = self.weight_by

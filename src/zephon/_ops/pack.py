@@ -39,7 +39,7 @@ from zephon._ops._packing_algos import (
     make_packer,
 )
 from zephon.errors import ConfigError, DataError, MissingFieldError, did_you_mean
-from zephon.ops import Accumulator, BaseOp, OpContext, OpTraits
+from zephon.ops import Accumulator, BaseOp, OpContext, OpTraits, Rebuild
 from zephon.ops.accumulators import MicroBatch
 from zephon.types import (
     TAG_CONTRIBUTORS,
@@ -421,7 +421,7 @@ class PackOpBase(BaseOp):
         return PackAccumulator(self)
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=False, parallelism=1)
+        return OpTraits(preserves_cursor_order=False, parallelism=1, rebuild=Rebuild.REASSEMBLE)
 
     def config(self) -> Mapping[str, Any]:
         return {
@@ -461,6 +461,16 @@ class PackOpBase(BaseOp):
 
     def assemble(self, meta: SampleMeta, deferred: DeferredBin) -> Any:
         raise NotImplementedError
+
+    def reassemble(
+        self, meta: SampleMeta, segments: Sequence[tuple[SampleRecord, int, int]]
+    ) -> Any:
+        """The payload of the packed record ``meta`` from its source records (``Reassembles``)."""
+        parts = []
+        for record, start, stop in segments:
+            fields, full = self.extract(record)
+            parts.append((fields, start, stop, full))
+        return self.assemble(meta, DeferredBin(parts))
 
 
 def _aligned(value: Any, length: int) -> bool:

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from zephon._ops._bookkeeping import CloserTracker, cursor_hash, mix, settle_block
 from zephon.errors import ConfigError, did_you_mean
-from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
+from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits, Rebuild
 from zephon.ops.accumulators import MicroBatch
 from zephon.types import LaneId, SampleRecord, StreamItem
 
@@ -251,6 +251,7 @@ class ShuffleOp(BaseOp):
             preserves_cursor_order=False,
             parallelism=1,
             runs_in_driver=self.algorithm == "streaming",
+            rebuild=Rebuild.UNCHANGED if self.algorithm == "streaming" else None,
         )
 
     def config(self) -> Mapping[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from zephon._ops._tokenizers import BatchEncoder, load_tokenizer
+from zephon._tokenizers import BatchEncoder, load_tokenizer
 from zephon.errors import ConfigError, MissingFieldError, did_you_mean, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem, cut_note, spawn_child

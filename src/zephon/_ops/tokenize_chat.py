@@ -35,7 +35,7 @@ from zephon._ops._chat_spans import (
     SpanSource,
 )
 from zephon._ops._chat_template import Span, compile_template, has_generation_tags
-from zephon._ops._tokenizers import load_tokenizer
+from zephon._tokenizers import load_tokenizer
 from zephon.errors import ChatFormatError, ConfigError, MissingFieldError, did_you_mean, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem, cut_note, tombstone_meta

@@ -11,6 +11,7 @@ from typing import Any
 
 from zephon.errors import ConfigError
 from zephon.ops.accumulators import Accumulator, PassthroughAccumulator
+from zephon.ops.state import Rebuild
 from zephon.types import StreamItem
 
 
@@ -27,12 +28,24 @@ class OpTraits:
     counting or passthrough accumulator the runner may then fuse the operator with its
     element-wise neighbours into one worker task. A subclass that changes ``process_many``
     must say again whether this still holds.
+
+    ``rebuild``: how a record that left this operator is rebuilt when a restored snapshot
+    names it (:class:`~zephon.ops.state.Rebuild`); ``None`` derives it: ``RERUN`` for an
+    element-wise operator with a plain counting or passthrough accumulator, else none, and a
+    plan whose reordering operator has no way to rebuild (nor lane state) takes no snapshots.
+    ``stalls_sentinels``: the accumulator may hold a lane's flush sentinel back until its
+    buffer empties (``try_epoch_reset``), as ``batch(drop_last=True)`` does for its partial
+    batch. ``batches``: the operator turns records into batches; the engine drops records
+    replayed after a restore right before it, so a checkpoint falls between whole batches.
     """
 
     preserves_cursor_order: bool
     parallelism: int = 1
     runs_in_driver: bool = False
     elementwise: bool = False
+    rebuild: Rebuild | None = None
+    stalls_sentinels: bool = False
+    batches: bool = False
 
 
 @dataclass(frozen=True)

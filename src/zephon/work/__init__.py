@@ -6,16 +6,30 @@ from zephon.work._lanes import LaneMapping, lanes_for_rank
 from zephon.work._mixture import MixtureSpec
 from zephon.work._schedule import MixtureSchedule
 from zephon.work._static import ExhaustedPolicy, LaneAssignment, StaticMixtureWorkSource
+from zephon.work._traits import (
+    FingerprintedSource,
+    MixtureSource,
+    SeededSource,
+    source_fingerprint,
+    source_mixture,
+    source_seed,
+)
 
 __all__ = [
     "ExhaustedPolicy",
+    "FingerprintedSource",
     "LaneAssignment",
     "LaneMapping",
     "MixtureSchedule",
+    "MixtureSource",
     "MixtureSpec",
+    "SeededSource",
     "StaticMixtureWorkSource",
     "TokenCalibration",
     "WorkChunk",
     "WorkSource",
     "lanes_for_rank",
+    "source_fingerprint",
+    "source_mixture",
+    "source_seed",
 ]

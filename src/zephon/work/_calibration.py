@@ -98,7 +98,7 @@ class TokenCalibration:
     ) -> dict[str, float]:
         """Mean tokens per sample of each dataset, by name. ``count``: rows -> token counts
         (a pipeline's own operators), instead of ``tokenizer`` or ``measure``."""
-        from zephon._ops._tokenizers import load_tokenizer
+        from zephon._tokenizers import load_tokenizer
 
         encoder = None if count or self.measure else load_tokenizer(self.tokenizer)
         out: dict[str, float] = {}

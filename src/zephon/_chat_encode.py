@@ -19,9 +19,21 @@ from typing import Any
 
 import numpy as np
 
-from zephon._ops._chat_spans import token_mask
-
 Spans = Sequence[tuple[int, int]]
+
+
+def token_mask(offsets: np.ndarray, spans: Spans) -> np.ndarray:
+    """1 (int8) on every token whose ``[start, end)`` character range overlaps a span."""
+    mask = np.zeros(offsets.shape[0], dtype=np.int8)
+    if not spans or offsets.shape[0] == 0:
+        return mask
+    starts = offsets[:, 0]
+    ends = offsets[:, 1]
+    hit = np.zeros(offsets.shape[0], dtype=bool)
+    for a, b in spans:
+        hit |= (ends > a) & (starts < b)
+    mask[hit] = 1
+    return mask
 
 
 def added_token_ids(tokenizer: Any) -> frozenset[int]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from zephon.errors import CheckpointError
-from zephon.ops import Accumulator, BaseOp, OpContext, OpTraits
+from zephon.ops import Accumulator, BaseOp, OpContext, OpTraits, Rebuild
 from zephon.types import (
     TAG_BOUNDARY_CID,
     TAG_FLUSH_SENTINEL,
@@ -22,6 +22,9 @@ from zephon.types import (
     StreamItem,
     tombstone_meta,
 )
+
+REPLAY_FILTER = "replay_filter"
+"""The name of the engine's replay filter stage."""
 
 
 def _missed(lane: int, target: SampleCursor, where: str) -> CheckpointError:
@@ -88,7 +91,7 @@ class ReplayFilterAccumulator(Accumulator):
 class ReplayFilterOp(BaseOp):
     """Inserted by the engine; drops replayed records with tombstones."""
 
-    name = "replay_filter"
+    name = REPLAY_FILTER
 
     def __init__(self, targets: Mapping[LaneId, SampleCursor], *, monotone: bool) -> None:
         super().__init__()
@@ -99,7 +102,7 @@ class ReplayFilterOp(BaseOp):
         return ReplayFilterAccumulator(self.targets, monotone=self.monotone)
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, runs_in_driver=True)
+        return OpTraits(preserves_cursor_order=True, runs_in_driver=True, rebuild=Rebuild.UNCHANGED)
 
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
         return elems

@@ -15,8 +15,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from zephon._ops._chat_encode import added_token_ids, encode_masked
-from zephon._ops._chat_spans import token_mask
+from zephon._chat_encode import added_token_ids, encode_masked, token_mask
 from zephon.errors import ConfigError
 
 _BOS_NAMES = ("<s>", "<|begin_of_text|>", "<bos>", "[CLS]", "<|startoftext|>")

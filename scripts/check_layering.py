@@ -1,0 +1,143 @@
+"""Fail when the engine reaches past the operator and source contracts.
+
+Three rules over ``src/zephon``:
+
+- layering: ``_engine`` imports nothing from ``_ops`` (built-in operators are operators like
+  any other), ``capture`` nothing from ``_engine``, ``work`` nothing from ``_ops``; every import
+  counts, also those inside functions;
+- no probing: a ``getattr``/``hasattr`` in ``_engine`` must be listed in ``ALLOWED`` with why,
+  and no entry there may name an operator or source hook (``HOOKS``): the engine reads hooks
+  through the typed protocols of ``zephon.ops.state`` and ``zephon.work``;
+- no ``# type: ignore`` on a line that calls or reads a hook: a hook is typed, so mypy checks it.
+
+Run: ``python scripts/check_layering.py [package root]`` (part of ``make lint``).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "zephon"
+
+FORBIDDEN = {"_engine": ("_ops",), "capture": ("_engine",), "work": ("_ops",)}
+"""``package: packages it must not import`` (top-level units of ``zephon``)."""
+
+HOOKS = frozenset(
+    {
+        "state_dict",
+        "load_state_dict",
+        "state_holds_records",
+        "state_payloads_lazy",
+        "on_marker",
+        "pending_target",
+        "reads_payload",
+        "reassemble",
+        "extract",
+        "assemble",
+        "seed",
+        "fingerprint",
+        "mixture",
+    }
+)
+
+ALLOWED = {
+    ("_engine/ray_pool.py", "_private"): "ray's session name (no public API for it)",
+    ("_engine/ray_pool.py", "worker"): "ray's session name",
+    ("_engine/ray_pool.py", "global_worker"): "ray's session name",
+    ("_engine/ray_pool.py", "node"): "ray's session name",
+    ("_engine/ray_pool.py", "session_name"): "ray's session name",
+    ("_engine/pools.py", "_inheriting"): "multiprocessing's bootstrapping flag",
+    ("_engine/pools.py", "__file__"): "the main module's file, for an error message",
+    ("_engine/pools.py", "sched_getaffinity"): "absent on some platforms",
+    ("_engine/pools.py", "take_counts"): "the engine's own fused operator",
+    ("_engine/pools.py", "counters"): "the engine's own fused operator",
+    ("_engine/shm.py", "on"): "a thread-local flag",
+    ("_engine/stage.py", "zephon_op_name"): "an exception note the engine sets itself",
+    ("_engine/stats.py", "name"): "the counters of OpStats, by field name",
+}
+
+
+def _unit(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "zephon" and len(parts) > 1 else None
+
+
+def _imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """``(line, module)`` of every absolute import in ``tree``, wherever it is."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+            if node.module == "zephon":  # ``from zephon import _ops``
+                yield from ((node.lineno, f"zephon.{alias.name}") for alias in node.names)
+
+
+def _probes(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """``(line, attribute)`` of every ``getattr``/``hasattr`` call (source text if dynamic)."""
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+        ):
+            arg = node.args[1]
+            name = arg.value if isinstance(arg, ast.Constant) else ast.unparse(arg)
+            yield node.lineno, str(name)
+
+
+def _ignored_hook_lines(text: str) -> Iterator[tuple[int, str]]:
+    for number, line in enumerate(text.splitlines(), 1):
+        code, sep, comment = line.partition("#")
+        if not sep or "type: ignore" not in comment:
+            continue
+        for hook in HOOKS:
+            if f".{hook}" in code or f'"{hook}"' in code:
+                yield number, hook
+
+
+def check_file(path: Path, package: Path) -> list[str]:
+    """The violations in one module of ``package``."""
+    rel = path.relative_to(package).as_posix()
+    unit = rel.split("/")[0].removesuffix(".py")
+    text = path.read_text()
+    tree = ast.parse(text, str(path))
+    errors = []
+    for line, module in _imports(tree):
+        target = _unit(module)
+        if target in FORBIDDEN.get(unit, ()):
+            errors.append(f"{rel}:{line}: {unit} must not import {target} ({module})")
+    if unit == "_engine":
+        for line, name in _probes(tree):
+            if name in HOOKS:
+                errors.append(f"{rel}:{line}: probes hook {name!r}; use its typed protocol")
+            elif (rel, name) not in ALLOWED:
+                errors.append(f"{rel}:{line}: getattr/hasattr of {name!r} is not in ALLOWED")
+    for line, hook in _ignored_hook_lines(text):
+        errors.append(f"{rel}:{line}: '# type: ignore' at a use of hook {hook!r}")
+    return errors
+
+
+def violations(package: Path = PACKAGE) -> list[str]:
+    """Every violation under ``package``; an ``ALLOWED`` entry naming a hook is one too."""
+    errors = [f"ALLOWED names hook {name!r} ({rel})" for rel, name in ALLOWED if name in HOOKS]
+    for path in sorted(package.rglob("*.py")):
+        errors.extend(check_file(path, package))
+    return errors
+
+
+def main(argv: list[str]) -> int:
+    package = Path(argv[1]) if len(argv) > 1 else PACKAGE
+    errors = violations(package)
+    for error in errors:
+        print(error)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
