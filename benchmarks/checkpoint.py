@@ -16,16 +16,25 @@ of the same run (medians of 5; the replay, seconds long, runs once); plus checkp
 buffered record. Garbage is collected before each timed start (cold and restored alike), so a
 collection owed by building the 240k-row corpus in memory is not charged to whichever run
 happens to trigger it. Prints the tables and a final JSON line.
-Usage: ``python benchmarks/checkpoint.py [--docs 240000] [--skip-monotone] [--per-step-only]``.
+
+Table 3 (``--user-only`` runs only this one): the same restore measurement at 5 stop points
+for a plan of operators written only against the public API (``tests/ops/_user_ops.py``: a
+window sorter and a packer) on a 20,000-document corpus: such a plan takes snapshots too.
+Usage: ``python benchmarks/checkpoint.py [--docs 240000] [--skip-monotone] [--per-step-only]
+[--user-only]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from _reference import reference_pipeline
@@ -184,10 +193,58 @@ def state_bytes(state: dict[str, Any]) -> dict[str, float]:
 
 
 def restore_points(docs: int, lanes: int, points: int, records: int | None) -> dict[str, Any]:
+    """Table 2: the built-in pack, shuffle and mixture plan."""
+    return restore_table(
+        lambda every: build_packed(docs, lanes, every=every, records=records), points, state_bytes
+    )
+
+
+def _user_ops() -> ModuleType:
+    """``tests/ops/_user_ops.py``: operators that use only the public API."""
+    path = Path(__file__).resolve().parent.parent / "tests" / "ops" / "_user_ops.py"
+    spec = importlib.util.spec_from_file_location("_user_ops", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_user(docs: int, lanes: int, *, every: int, records: int | None) -> Pipeline:
+    """Table 3: tokenize, a user window sorter (64), a user packer (2048), batch 8."""
+    ops = _user_ops()
+    rows = [
+        {"id": i, "text": f"document {i} " + " ".join(WORDS[(i + j) % 8] for j in range(i % 97))}
+        for i in range(docs)
+    ]
+    source = StaticMixtureWorkSource(
+        datasets=[Dataset.from_records("a", rows, shard_size=1024)], chunk_size=1024, seed=1
+    )
+    return (
+        Pipeline(source)
+        .decode_text()
+        .tokenize("bytes", max_length=2048)
+        .add_op(ops.WindowSortOp(64))
+        .add_op(ops.GreedyPackOp(2048))
+        .batch(8)
+        .options(
+            runner="threads",
+            canonical_replicas=lanes,
+            flush_every_k_chunks=8,
+            snapshot_every_chunks=every,
+            snapshot_every_records=records,
+        )
+    )
+
+
+def restore_table(
+    build_for: Callable[[int], Pipeline],
+    points: int,
+    sizes_of: Callable[[dict[str, Any]], dict[str, float]] | None = None,
+) -> dict[str, Any]:
     """Restore to first batch at ``points`` stop points: snapshots against epoch replay."""
 
     def make(every: int, state: dict[str, Any] | None = None) -> Pipeline:
-        pipe = build_packed(docs, lanes, every=every, records=records)
+        pipe = build_for(every)
         return pipe if state is None else pipe.restore(state)
 
     total = sum(1 for _ in make(1))
@@ -209,7 +266,7 @@ def restore_points(docs: int, lanes: int, points: int, records: int | None) -> d
             row[f"{name}_s"] = round(seconds, 3)
             row[f"{name}_x_cold"] = round(seconds / cold_s, 2)
         rows.append(row)
-        sizes = sizes or state_bytes(state)
+        sizes = sizes or (sizes_of(state) if sizes_of is not None else {})
     return {"batches": total, "rows": rows, "state_bytes": sizes}
 
 
@@ -242,8 +299,14 @@ def main() -> None:
     parser.add_argument("--skip-monotone", action="store_true")
     parser.add_argument("--per-step-only", action="store_true", help="only table 0")
     parser.add_argument("--steps", type=int, default=400, help="table 0: batches")
+    parser.add_argument("--user-only", action="store_true", help="only table 3")
+    parser.add_argument("--user-docs", type=int, default=20_000, help="documents of table 3")
     args = parser.parse_args()
     out: dict[str, Any] = {"benchmark": "checkpoint"}
+    if args.user_only:
+        out["user"] = user_table(args.user_docs, args.packed_lanes, args.snapshot_every_records)
+        print(json.dumps(out))
+        return
     step = per_step(args.steps, warmup=50)
     print("checkpoint() per step, reference pipeline (4 lanes):")
     print_table([step])
@@ -263,7 +326,18 @@ def main() -> None:
     worst = max(r["snapshot_x_cold"] for r in packed["rows"])
     print(f"worst snapshot restore: {worst}x the cold first batch")
     out["packed"] = {**packed, "docs": args.packed_docs, "lanes": args.packed_lanes}
+    out["user"] = user_table(args.user_docs, args.packed_lanes, args.snapshot_every_records)
     print(json.dumps(out))
+
+
+def user_table(docs: int, lanes: int, records: int | None) -> dict[str, Any]:
+    """Table 3, printed; its rows for the JSON line."""
+    table = restore_table(lambda every: build_user(docs, lanes, every=every, records=records), 5)
+    print(f"user operators, {docs} documents: {table['batches']} batches")
+    print_table(table["rows"])
+    worst = max(r["snapshot_x_cold"] for r in table["rows"])
+    print(f"worst snapshot restore: {worst}x the cold first batch")
+    return {**table, "docs": docs, "lanes": lanes}
 
 
 if __name__ == "__main__":
