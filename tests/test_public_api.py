@@ -122,11 +122,17 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.metrics": _names("MetricsReporter MetricsSink StatsdSink metric_values parse_address"),
     "zephon.ops": _names(
-        "Accumulator BaseOp CountingAccumulator MicroBatch OpContext OpTraits "
-        "PassthroughAccumulator cut_note spawn_child tombstone_meta tombstones_for_record"
+        "Accumulator BaseOp CountingAccumulator HoldsRecords LaneStateful LazyPayloads "
+        "MarkerObserver MicroBatch OpContext OpTraits PassthroughAccumulator PendingTarget "
+        "Reassembles Rebuild check_accumulator cut_note spawn_child tombstone_meta "
+        "tombstones_for_record"
     ),
     "zephon.ops.accumulators": _names(
         "Accumulator CountingAccumulator MicroBatch PassthroughAccumulator"
+    ),
+    "zephon.ops.state": _names(
+        "HoldsRecords LaneStateful LazyPayloads MarkerObserver PendingTarget Reassembles "
+        "Rebuild check_accumulator holds_records payloads_lazy"
     ),
     "zephon.options": _names("RUNNERS RunnerName RuntimeOptions default_workers"),
     "zephon.pipeline": _names("OPERATOR_METHODS Pipeline Placement"),
@@ -159,8 +165,10 @@ EXPECTED: dict[str, list[str]] = {
         "spawn_child tombstone_meta tombstones_for_record"
     ),
     "zephon.work": _names(
-        "ExhaustedPolicy LaneAssignment LaneMapping MixtureSchedule MixtureSpec "
-        "StaticMixtureWorkSource TokenCalibration WorkChunk WorkSource lanes_for_rank"
+        "ExhaustedPolicy FingerprintedSource LaneAssignment LaneMapping MixtureSchedule "
+        "MixtureSource MixtureSpec SeededSource StaticMixtureWorkSource TokenCalibration "
+        "TokenMeasuredSource WorkChunk WorkSource lanes_for_rank source_fingerprint "
+        "source_mixture source_seed"
     ),
 }
 

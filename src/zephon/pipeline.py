@@ -32,7 +32,7 @@ from zephon.errors import CheckpointError, ConfigError
 from zephon.ops import BaseOp
 from zephon.options import RuntimeOptions
 from zephon.types import SampleBatch, StreamItem
-from zephon.work import MixtureSpec, WorkSource, source_mixture
+from zephon.work import MixtureSpec, TokenMeasuredSource, WorkSource, source_mixture
 
 __all__ = ["OPERATOR_METHODS", "Pipeline", "Placement"]
 
@@ -114,10 +114,10 @@ class Pipeline:
     def _measure_token_mixture(self, output_field: str) -> None:
         """A token mixture without estimates is measured when the first tokenize (or
         tokenize_chat) is appended, through the operators appended so far."""
-        needs = getattr(self.work_source, "needs_measuring", None)
-        if callable(needs) and needs():
+        source = self.work_source
+        if isinstance(source, TokenMeasuredSource) and source.needs_measuring():
             ops = [spec.op for spec in self._specs]
-            self.work_source.measure_tokens(row_counter(ops, output_field))  # type: ignore[attr-defined]
+            source.measure_tokens(row_counter(ops, output_field))
 
     def fetch(
         self,

@@ -8,7 +8,8 @@ checks it against these protocols, and the engine reads it only through the help
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 from zephon.work._mixture import MixtureSpec
 
@@ -35,6 +36,15 @@ class MixtureSource(Protocol):
 
     @property
     def mixture(self) -> MixtureSpec: ...
+
+
+@runtime_checkable
+class TokenMeasuredSource(Protocol):
+    """A source whose token mixture is measured through the pipeline's first tokenizer."""
+
+    def needs_measuring(self) -> bool: ...
+
+    def measure_tokens(self, count: Callable[[list[Any]], list[int]]) -> bool: ...
 
 
 def source_seed(source: object) -> int:
