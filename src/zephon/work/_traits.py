@@ -51,7 +51,7 @@ def source_seed(source: object) -> int:
     """The source's seed (``SeededSource``), else 0."""
     if isinstance(source, SeededSource):
         seed = source.seed
-        if isinstance(seed, int) and not isinstance(seed, bool):
+        if isinstance(seed, int):
             return seed
     return 0
 
