@@ -13,8 +13,6 @@ import pytest
 from tests.ops._user_ops import GreedyPackOp, WindowSortOp
 from zephon import Dataset, Pipeline, SampleBatch, SampleRecord
 from zephon import StaticMixtureWorkSource as Source
-from zephon.errors import ContractError
-from zephon.ops import Accumulator, PassthroughAccumulator, check_accumulator
 from zephon.testing import check_operator, run_with_stops
 
 TEXTS = [{"id": i, "text": "alpha beta " * (1 + i * 7 % 11) + f"doc {i}"} for i in range(240)]
@@ -98,29 +96,3 @@ def test_a_plan_with_user_operators_takes_snapshots() -> None:
     assert "input_ids" not in json.dumps(lane["operator_state"])  # held records by cursor
     assert [batch_key(b) for b in snapshotting().restore(state)] == reference[17:]
     assert run_with_stops(snapshotting, batch_key, [3, 11, 26]) == reference
-
-
-class _HalfStateful(PassthroughAccumulator):
-    def state_dict(self, lane_id: int) -> Any:
-        return {}
-
-
-class _Misspelled(PassthroughAccumulator):
-    def load_state(self, lane_id: int, state: Any) -> None:
-        pass
-
-
-@pytest.mark.parametrize(
-    ("acc", "message"),
-    [
-        (_HalfStateful(), "defines state_dict but not load_state_dict"),
-        (_Misspelled(), "did you mean 'load_state_dict'"),
-    ],
-)
-def test_a_half_implemented_hook_is_refused_naming_the_operator(
-    acc: Accumulator, message: str
-) -> None:
-    with pytest.raises(ContractError, match=message) as err:
-        check_accumulator(acc, "my_op")
-    assert "'my_op'" in str(err.value)
-    check_accumulator(PassthroughAccumulator(), "my_op")  # a plain one is fine
