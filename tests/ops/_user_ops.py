@@ -59,8 +59,7 @@ class _LaneBuffers(Accumulator):
 
     def flush(self, *, reset: bool = False, lane_id: LaneId | None = None) -> list[MicroBatch]:
         lanes = sorted(self.lanes) if lane_id is None else [lane_id]
-        out = [self.emit(held) for lane in lanes if (held := self.lanes.pop(lane, None))]
-        return out
+        return [self.emit(held) for lane in lanes if (held := self.lanes.pop(lane, None))]
 
     def emit(self, held: Held) -> MicroBatch:
         raise NotImplementedError

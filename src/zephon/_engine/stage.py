@@ -151,6 +151,9 @@ class StageCore:
         self._next_seq = 0
         self._held: dict[int, deque[StreamItem]] = {}
         self._on_marker = accumulator.on_marker if isinstance(accumulator, MarkerObserver) else None
+        self._pending_target: Callable[[int], Any] | None = (
+            accumulator.pending_target if isinstance(accumulator, PendingTarget) else None
+        )
 
     def _task(self, work: list[StreamItem], passthrough: list[StreamItem] | None = None) -> Task:
         seq = self._next_seq
@@ -323,8 +326,8 @@ class StageCore:
             self._held_at[id(marker)] = self._last_out.get(lane, (0, None))[0]
             return
         elif mode == "replay":
-            acc = self.acc
-            target = acc.pending_target(lane) if isinstance(acc, PendingTarget) else None
+            pending = self._pending_target
+            target = pending(lane) if pending is not None else None
             if target is not None:
                 marker = SampleRecord(marker.meta.with_tags(**{TAG_SNAPSHOT_REPLAY: target}), None)
         out.append(self._task([], [marker]))
