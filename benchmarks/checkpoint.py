@@ -12,7 +12,8 @@ checkpoint holds per-lane cursors and source states, never the history.
 Table 2 (pack + shuffle + ensure_mixture + batch at production chunk sizes): restore to first
 batch at 10 stop points, from the newest snapshot (default) against a replay from the last
 flush (``snapshot_every_chunks=0``, the previous behaviour), as a ratio to the cold first batch
-of the same run (medians of 5; the replay, seconds long, runs once); plus checkpoint bytes per
+of the same run (medians of 5, cold and snapshot starts taking turns; the replay, seconds
+long, runs once); plus checkpoint bytes per
 buffered record. Garbage is collected before each timed start (cold and restored alike), so a
 collection owed by building the 240k-row corpus in memory is not charged to whichever run
 happens to trigger it. Prints the tables and a final JSON line.
@@ -173,6 +174,15 @@ def median_first_batch(make: Any, repeats: int) -> tuple[float, Any]:
     return statistics.median(r[0] for r in runs), runs[0][1]
 
 
+def interleaved(makers: list[Callable[[], Pipeline]], repeats: int) -> list[tuple[float, Any]]:
+    """Median time to first batch of each maker's pipeline, the makers taking turns."""
+    runs: list[list[tuple[float, Any]]] = [[] for _ in makers]
+    for _ in range(repeats):
+        for i, make in enumerate(makers):
+            runs[i].append(collected_first_batch_s(make()))
+    return [(statistics.median(r[0] for r in rs), rs[0][1]) for rs in runs]
+
+
 def state_bytes(state: dict[str, Any]) -> dict[str, float]:
     """Checkpoint bytes per open pack bin, per buffered shuffle record, per queued record."""
     sizes = {"per_open_bin": [0, 0], "per_shuffled": [0, 0], "per_mixture_queued": [0, 0]}
@@ -252,16 +262,18 @@ def restore_table(
     rows = []
     sizes: dict[str, float] = {}
     for stop in stops:
-        cold_s, _ = median_first_batch(lambda: make(1), 5)
         state = checkpoint_at(make(1), stop)
         expected_ids = state.pop("expected")
         replay = checkpoint_at(make(0), stop)
         replay.pop("expected")
+        # cold and snapshot starts alternate, so a change in machine load hits both alike
+        starts = [lambda: make(1), lambda s=state: make(1, s)]
+        (cold_s, _), (snap_s, snap) = interleaved(starts, 5)
+        replay_s, replayed = median_first_batch(lambda s=replay: make(0, s), 1)
         row: dict[str, Any] = {"stop": stop, "cold_s": round(cold_s, 3)}
         row["checkpoint_bytes"] = len(json.dumps(state))
         row["refetch"] = sum(refetch_counts(state).values())
-        for name, every, saved, repeats in (("snapshot", 1, state, 5), ("replay", 0, replay, 1)):
-            seconds, first = median_first_batch(lambda e=every, s=saved: make(e, s), repeats)
+        for name, seconds, first in (("snapshot", snap_s, snap), ("replay", replay_s, replayed)):
             assert first.ids == expected_ids, f"{name} restore at {stop} did not continue exactly"
             row[f"{name}_s"] = round(seconds, 3)
             row[f"{name}_x_cold"] = round(seconds / cold_s, 2)
