@@ -308,6 +308,7 @@ class ProcessRunner(DriverThreadsRunner):
         options: RuntimeOptions,
         session: ShmSession | None,
     ) -> dict[int, WorkerPool]:
+        assert session is not None  # shares_memory: build_pools made one
         shared = options.process_pool == "shared"
         groups = [list(stages)] if shared else [[s] for s in stages]
         pools: dict[int, WorkerPool] = {}
