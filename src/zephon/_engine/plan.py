@@ -97,7 +97,7 @@ class Plan:
     """Thread-runner units of width one (a fused group or a stage): their work runs on their
     driver thread, without a pool."""
     snapshots: str = ""
-    """Where a restore starts, for a plan that is not monotone (see ``Engine.explain``)."""
+    """Where a restore starts, for a plan that is not monotone (see ``compile.snapshot_note``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
