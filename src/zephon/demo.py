@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon._engine.runners import REGISTRY
 from zephon._progress import of_total, progress_bar
 from zephon.types import SampleBatch
 
@@ -46,6 +47,10 @@ def make_corpus(folder: Path, *, docs: int, shards: int, seed: int = 0) -> Path:
     return folder
 
 
+LOCAL_RUNNERS = [name for name, runner in REGISTRY.items() if runner.requires is None]
+"""The runners the core install has (the demo needs no extra)."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", type=Path, default=Path("demo-data"), help="corpus folder")
     parser.add_argument("--docs", type=int, default=20_000, help="documents to generate")
@@ -53,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default="bytes", help="'bytes' or a tokenizer.json path")
     parser.add_argument("--batch-size", type=int, default=8, help="records per batch (8)")
     parser.add_argument(
-        "--runner", default="threads", choices=["inline", "threads", "process"],
+        "--runner", default="threads", choices=LOCAL_RUNNERS,
         help="where operators run: in the loop, in threads (default) or in processes",
     )  # fmt: skip
 

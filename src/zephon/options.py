@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from zephon.errors import ConfigError, did_you_mean
 
 __all__ = ["RUNNERS", "RunnerName", "RuntimeOptions", "default_workers"]
 
 RunnerName = Literal["inline", "threads", "process", "ray"]
-RUNNERS: tuple[str, ...] = ("inline", "threads", "process", "ray")
+"""The runners' names for typing; the runner registry defines them (a test keeps the two
+equal)."""
+RUNNERS: tuple[str, ...] = get_args(RunnerName)
 
 
 def default_workers() -> int:
@@ -108,11 +110,7 @@ class RuntimeOptions:
         return opts
 
     def validate(self) -> None:
-        if self.runner not in RUNNERS:
-            raise ConfigError(
-                f"runner must be one of {list(RUNNERS)}, got {self.runner!r}"
-                + did_you_mean(self.runner, RUNNERS)
-            )
+        self._validate_runner()
         if self.queue_size < 1:
             raise ConfigError(f"queue_size must be >= 1, got {self.queue_size}")
         if self.max_inflight is not None and self.max_inflight < 1:
@@ -144,14 +142,25 @@ class RuntimeOptions:
                 f"process_pool must be 'shared' or 'per_op', got {self.process_pool!r}"
                 + did_you_mean(self.process_pool, ("shared", "per_op"))
             )
-        if self.engine_process and self.runner == "ray":
-            raise ConfigError(
-                "engine_process=True cannot run runner='ray': Ray stages belong to the Ray "
-                "session of the process that iterates; use runner='threads' or 'process' "
-                "with engine_process, or drop engine_process"
-            )
         if self.on_error not in ("raise", "skip"):
             raise ConfigError(
                 f"on_error must be 'raise' or 'skip', got {self.on_error!r}"
                 + did_you_mean(self.on_error, ("raise", "skip"))
+            )
+
+    def _validate_runner(self) -> None:
+        """``runner`` is a registered runner that can run where ``engine_process`` puts it."""
+        from zephon._engine.runners import REGISTRY  # the engine imports this module
+
+        if self.runner not in REGISTRY:
+            raise ConfigError(
+                f"runner must be one of {list(REGISTRY)}, got {self.runner!r}"
+                + did_you_mean(self.runner, list(REGISTRY))
+            )
+        if self.engine_process and not REGISTRY[self.runner].in_engine_process:
+            usable = [name for name, r in REGISTRY.items() if r.in_engine_process]
+            raise ConfigError(
+                f"engine_process=True cannot run runner={self.runner!r}: its stages belong to "
+                f"the session of the process that iterates; use runner= one of {usable} "
+                "with engine_process, or drop engine_process"
             )

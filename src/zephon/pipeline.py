@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
+from zephon._engine.compile import compile as compile_run
 from zephon._engine.engine import Engine
 from zephon._engine.engine_process import EngineProcess
 from zephon._engine.fetch import FetchOp
@@ -533,7 +534,7 @@ class Pipeline:
 
     def explain(self) -> Plan:
         """The compiled plan: stages, runners, parallelism, queue sizes (``str()`` for text)."""
-        return Engine.explain(self.work_source, self._all_specs(), self._options)
+        return compile_run(self.work_source, self._all_specs(), self._options).plan
 
     def operators(self) -> Sequence[BaseOp]:
         return [s.op for s in self._all_specs()]
@@ -553,8 +554,8 @@ class Pipeline:
                 self._epoch,
             )
         self._epoch_chosen = False
-        make = EngineProcess if self._options.engine_process else Engine
-        engine = make(self._source(), self._all_specs(), self._options, self._resume)
+        run = compile_run(self._source(), self._all_specs(), self._options, self._resume)
+        engine = EngineProcess(run) if self._options.engine_process else Engine(run)
         self._resume = None
         self._engine = engine
         self._engine_done = False
@@ -627,7 +628,7 @@ class Pipeline:
         engine = self._engine
         if engine is not None and self._resume is None and engine.prepared:
             return engine.checkpoint()
-        engine = Engine(self._source(), self._all_specs(), self._options, self._resume)
+        engine = Engine(compile_run(self._source(), self._all_specs(), self._options, self._resume))
         engine.prepare()
         return engine.checkpoint()
 
@@ -644,7 +645,7 @@ class Pipeline:
             )
         parsed = ckpt.parse(state)
         source = self.work_source.with_epoch(parsed.epoch)
-        Engine(source, self._all_specs(), self._options, parsed)  # validates
+        compile_run(source, self._all_specs(), self._options, parsed)  # validates
         self._resume = parsed
         self._epoch = parsed.epoch
         self._epoch_chosen = True

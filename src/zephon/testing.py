@@ -14,7 +14,6 @@ Importable without pytest: call it from any test framework, or from a script.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import inspect
 import json
 from collections.abc import Callable, Iterator, Sequence
@@ -23,8 +22,9 @@ from typing import Any
 
 import cloudpickle
 
+from zephon._engine.runners import REFERENCE, REGISTRY, available
 from zephon.checkpoints import merge_checkpoints
-from zephon.errors import ContractError, ZephonError
+from zephon.errors import ConfigError, ContractError, ZephonError
 from zephon.ops import BaseOp, OpContext
 from zephon.pipeline import Pipeline
 from zephon.types import SampleBatch, StreamItem, is_control
@@ -131,7 +131,7 @@ class _Checker:
 
     def reference(self) -> list[Any]:
         try:
-            expected = _run(self.variant("inline"), self.key)
+            expected = _run(self.variant(REFERENCE), self.key)
         except ContractError as exc:
             raise OperatorCheckError(
                 "contract", f"the inline run raised ContractError: {exc}", _CONTRACT_CAUSE
@@ -142,23 +142,23 @@ class _Checker:
 
     def runner_equality(self, expected: list[Any]) -> None:
         for runner in self.runners:
-            if runner == "inline":
+            if runner == REFERENCE:
                 continue
-            for workers in self.workers if runner == "threads" else (2,):
+            for workers in REGISTRY[runner].check_widths(self.workers):
                 got = _run(self.variant(runner, workers), self.key)
                 if got != expected:
                     raise OperatorCheckError(
                         "runner equality",
                         f"runner={runner!r} with {workers} worker(s) gives other output than "
-                        f"inline ({_first_difference(expected, got)})",
+                        f"{REFERENCE} ({_first_difference(expected, got)})",
                         "process_many depends on state kept across calls or on which worker "
                         "runs it, or randomness not derived from the records' cursors and a seed",
                     )
-                self.report.passed.append(f"{runner} x{workers} equals inline")
+                self.report.passed.append(f"{runner} x{workers} equals {REFERENCE}")
 
     def stop_and_restore(self, expected: list[Any], stops: Sequence[int]) -> None:
         def build() -> Pipeline:
-            return self.variant("inline")
+            return self.variant(REFERENCE)
 
         plans = [[s] for s in stops] + [[stops[len(stops) // 2], stops[len(stops) // 2] + 1]]
         for plan in plans:
@@ -185,17 +185,17 @@ class _Checker:
         return out
 
     def elastic(self, stop: int) -> None:
-        expected_lanes = _lanes(self.lane_keys(self.variant("inline", canonical_replicas=4)))
+        expected_lanes = _lanes(self.lane_keys(self.variant(REFERENCE, canonical_replicas=4)))
         states, before = [], []
         for rank in range(2):
-            pipe = self.variant("inline", canonical_replicas=4, dp_rank=rank, dp_world_size=2)
+            pipe = self.variant(REFERENCE, canonical_replicas=4, dp_rank=rank, dp_world_size=2)
             before.extend(self.lane_keys(pipe, stop))
             states.append(pipe.checkpoint())
         merged = json.loads(json.dumps(merge_checkpoints(states)))
         for world in (1, 4):
             after = []
             for rank in range(world):
-                pipe = self.variant("inline", canonical_replicas=4, dp_rank=rank,
+                pipe = self.variant(REFERENCE, canonical_replicas=4, dp_rank=rank,
                                     dp_world_size=world)  # fmt: skip
                 after.extend(self.lane_keys(pipe.restore(merged)))
             if _lanes(before + after) != expected_lanes:
@@ -228,7 +228,7 @@ def _lanes(pairs: list[tuple[int, Any]]) -> dict[int, list[Any]]:
 def _check_reset_contract(checker: _Checker) -> None:
     """Flush sentinels after every chunk make every lane flush often; nothing may break."""
     try:
-        for _ in checker.variant("inline", flush_every_k_chunks=1):
+        for _ in checker.variant(REFERENCE, flush_every_k_chunks=1):
             pass
     except ContractError as exc:
         raise OperatorCheckError(
@@ -241,7 +241,7 @@ def _micro_batches(checker: _Checker) -> list[list[StreamItem]]:
     """The micro-batches the operator's accumulator cuts from its real upstream input."""
     upstream = checker.build()
     upstream._drop_last_op()
-    inputs = [item for item in upstream.options(runner="inline") if not is_control(item)]
+    inputs = [item for item in upstream.options(runner=REFERENCE) if not is_control(item)]
     ctx = OpContext(op_name=checker.op.name, op_index=0)
     acc = copy.deepcopy(checker.op).accumulator(deterministic=True, ctx=ctx)
     batches = acc.push_many(inputs[:1])  # a partial micro-batch: no deadline may be set
@@ -324,11 +324,6 @@ def _check_fingerprint(checker: _Checker) -> None:
     checker.report.passed.append("every constructor argument is in the fingerprint")
 
 
-def _default_runners() -> tuple[str, ...]:
-    ray = importlib.util.find_spec("ray") is not None
-    return ("inline", "threads", "process", "ray") if ray else ("inline", "threads", "process")
-
-
 def check_operator(
     build: Callable[[], Pipeline],
     *,
@@ -340,12 +335,17 @@ def check_operator(
 ) -> CheckReport:
     """Run every check on the pipeline's last operator; raise :class:`OperatorCheckError`.
 
-    ``runners``: default inline, threads, process and (when installed) ray. ``workers``: the
-    threads runner's worker counts. ``stops``: where to stop and restore (default: 0, the end,
+    ``runners``: default every registered runner whose needs are installed (inline, threads,
+    process, and ray with ``zephon[ray]``). ``workers``: the threads runner's worker counts
+    (the others run with 2). ``stops``: where to stop and restore (default: 0, the end,
     and points in between). ``elastic``: also resume a ``canonical_replicas=4`` run taken on 2
     ranks on 1 and on 4 ranks.
     """
-    checker = _Checker(build, key, runners or _default_runners(), workers)
+    chosen = runners or available()
+    unknown = [r for r in chosen if r not in REGISTRY]
+    if unknown:
+        raise ConfigError(f"check_operator: unknown runner(s) {unknown}; known: {list(REGISTRY)}")
+    checker = _Checker(build, key, chosen, workers)
     _check_fingerprint(checker)
     _check_pickle(checker)
     expected = checker.reference()

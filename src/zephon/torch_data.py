@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from zephon._engine.runners import REFERENCE, REGISTRY
 from zephon._optional import require
 from zephon.errors import ConfigError
 
@@ -54,8 +55,10 @@ def worker_pipeline(pipeline: Pipeline, worker_id: int, num_workers: int) -> Pip
             f"{num_workers} DataLoader workers cannot split the {lanes_per_rank} lanes of this "
             "rank evenly; use a worker count that divides it"
         )
+    # a DataLoader worker is daemonic: it cannot start processes, so it runs the reference
+    runner = REFERENCE if REGISTRY[opts.runner].starts_processes else opts.runner
     return copy.copy(pipeline).options(
-        runner="inline" if opts.runner == "process" else opts.runner,
+        runner=runner,
         _worker_share=(worker_id, num_workers),
     )
 

@@ -70,7 +70,8 @@ def pending_on(pipe: Pipeline, node_id: str, running: threading.Thread) -> bool:
     the pipeline ended first."""
     while running.is_alive():
         engine = pipe._engine
-        pools = [p for p in getattr(engine, "_pools", []) if isinstance(p, RayWorkerPool)]
+        live = engine.resources.pools if engine is not None else []
+        pools = [p for p in live if isinstance(p, RayWorkerPool)]
         refs = [ref for pool in pools for ref in list(pool._pending)]
         if refs:
             where = ray.experimental.get_object_locations(refs, timeout_ms=5000)

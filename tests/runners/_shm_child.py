@@ -25,7 +25,7 @@ CHILD = textwrap.dedent(
         it = iter(pipe)
         held = [next(it)]
         engine = pipe._engine
-        pids = [p for pool in engine._pools for p in pool.fleet.pids()]
+        pids = [p for pool in engine.resources.pools for p in pool.fleet.pids()]
         print("READY", *sorted(set(pids)), flush=True)
         sys.stdin.readline()  # wait, mid-run, for the signal
         held.extend(it)

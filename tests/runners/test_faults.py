@@ -46,7 +46,7 @@ def kill_every_worker(pipe: Pipeline) -> set[Any]:
     """SIGKILL every process worker of ``pipe``'s running engine; returns its fleets."""
     engine = pipe._engine
     assert engine is not None
-    fleets = {p.fleet for p in engine._pools if isinstance(p, ProcessWorkerPool)}
+    fleets = {p.fleet for p in engine.resources.pools if isinstance(p, ProcessWorkerPool)}
     killed = [pid for fleet in fleets for pid in fleet.pids()]
     for pid in killed:
         os.kill(pid, signal.SIGKILL)

@@ -60,7 +60,7 @@ def test_packing_and_shuffle_process_equal_inline_also_after_restore(docs, hf_to
             if not first:
                 engine = pipe._engine
                 assert engine is not None
-                first = sorted({pid for p in engine._pools for pid in p.fleet.pids()})
+                first = sorted({pid for p in engine.resources.pools for pid in p.fleet.pids()})
             got.append(key(item))
         assert got == expected
         resumed = run_with_stops(
@@ -130,7 +130,7 @@ def test_workers_are_never_forked_from_the_engine_and_hold_no_semaphores(docs, h
             assert semaphores_mapped_by(os.getpid()) - sems_before == set()
             engine = pipe._engine
             assert engine is not None
-            pools = [p for p in engine._pools if isinstance(p, ProcessWorkerPool)]
+            pools = [p for p in engine.resources.pools if isinstance(p, ProcessWorkerPool)]
             assert pools and all(p.fleet.pids() for p in pools)
         out.append(record)
     assert len(out) == 120

@@ -123,7 +123,7 @@ EXIT_DURING_RESPAWN = textwrap.dedent(
         pipe = heavy("process", rows=120, queue_size=2)
         it = iter(pipe)
         next(it)
-        pids = [p for pool in pipe._engine._pools for p in pool.fleet.pids()]
+        pids = [p for pool in pipe._engine.resources.pools for p in pool.fleet.pids()]
         os.kill(pids[0], signal.SIGKILL)  # its slot respawns while the interpreter exits
         print("EXITING", flush=True)
     """

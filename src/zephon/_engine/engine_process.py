@@ -28,9 +28,9 @@ from typing import Any
 import cloudpickle
 
 from zephon._engine import shm
+from zephon._engine.compile import CompiledRun
 from zephon._engine.engine import Engine, Position
 from zephon._engine.handoff import END, FAILED, ITEM, Receiver, Sender
-from zephon._engine.plan import OpSpec
 from zephon._engine.pools import (
     MAIN_GUARD_EXIT,
     WORKER_NAME_PREFIX,
@@ -40,12 +40,10 @@ from zephon._engine.pools import (
     check_not_bootstrapping,
     worker_context,
 )
+from zephon._engine.runners import lookup
 from zephon._engine.stats import RunStats
-from zephon.checkpoints import format as ckpt
 from zephon.errors import ConfigError, EngineProcessError
-from zephon.options import RuntimeOptions
 from zephon.types import StreamItem
-from zephon.work import WorkSource
 
 PROCESS_NAME = f"{WORKER_NAME_PREFIX}engine"
 STATS_EVERY_S = 0.5
@@ -123,13 +121,14 @@ def child_main(conn: Connection, blob: bytes, environ: dict[str, str]) -> None:
     """The engine process: build the engine from the pickled pipeline and run it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the consumer decides when to stop
     adopt_environment(environ)  # forked from the forkserver: its environment is older
-    source, specs, options, resume = cloudpickle.loads(blob)
+    run: CompiledRun = cloudpickle.loads(blob)
+    options = run.options
     session = shm.ShmSession(options.shm_min_bytes or _NO_SHM)
     sender = Sender(conn, session.encoder("h"), options.queue_size)
     threading.Thread(target=sender.serve, name="zephon-engine-handoff", daemon=True).start()
     engine: Engine | None = None
     try:
-        engine = Engine(source, specs, options, resume)
+        engine = Engine(run)
         _pump(engine, sender)
     except BaseException as exc:
         if sender.send((FAILED, _transferable(exc), None)):
@@ -158,24 +157,18 @@ def _close_live() -> None:
 class EngineProcess:
     """The consumer's side of an engine running in a child process (same shape as Engine)."""
 
-    def __init__(
-        self,
-        source: WorkSource,
-        specs: list[OpSpec],
-        options: RuntimeOptions,
-        resume: ckpt.ParsedCheckpoint | None = None,
-    ) -> None:
-        self.local = Engine(source, specs, options, resume)  # validates; builds checkpoints
-        remote = [s.op_name for s in self.local.plan.stages if s.runner == "ray"]
+    def __init__(self, run: CompiledRun) -> None:
+        self.local = Engine(run)  # builds checkpoints (and stats before the child's first)
+        remote = [s.op_name for s in run.plan.stages if not lookup(s.runner).in_engine_process]
         if remote:
             raise ConfigError(
                 f"engine_process=True cannot run operators on Ray (placement='remote': "
                 f"{remote}): Ray stages belong to the Ray session of the process that iterates; "
                 "drop engine_process or keep those operators local"
             )
-        child_options = replace(options, engine_process=False)
+        options = run.options
         try:
-            self._blob: bytes = cloudpickle.dumps((source, specs, child_options, resume))
+            self._blob: bytes = cloudpickle.dumps(run.for_child())
         except Exception as exc:
             raise ConfigError(
                 f"the pipeline cannot be sent to the engine process (engine_process=True): "

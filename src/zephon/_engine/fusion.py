@@ -35,17 +35,13 @@ from zephon.types import StreamItem, is_control
 if TYPE_CHECKING:
     from zephon._engine.plan import Plan, StagePlan
 
-FUSED_RUNNERS = ("threads", "process")
-"""Runners whose stages fuse: the fused task's counters must reach ``pipeline.stats()``
-(process workers send theirs back with each reply, see ``FusedOp.take_counts``)."""
 
-
-def fusible(op: BaseOp, acc: Accumulator, runner: str) -> bool:
-    """Whether ``op`` may share a worker task with a fusible neighbour on ``runner``."""
+def fusible(op: BaseOp, acc: Accumulator) -> bool:
+    """Whether ``op`` may share a worker task with a fusible neighbour (on a runner that
+    fuses: ``Runner.fuses``)."""
     traits = op.traits()
     return (
-        runner in FUSED_RUNNERS
-        and traits.elementwise
+        traits.elementwise
         and not traits.runs_in_driver
         and type(acc) in (CountingAccumulator, PassthroughAccumulator)
         and not has_lane_state(acc)
@@ -65,35 +61,30 @@ def fusion_groups(flags: Sequence[bool], runners: Sequence[str]) -> list[list[in
     return groups
 
 
-WORKER_RUNNERS = ("threads", "process", "ray")
-
-
 def single_worker_units(
-    runners: Sequence[str], widths: Sequence[int], fused: Sequence[Sequence[int]]
+    on_driver_ok: Sequence[bool], widths: Sequence[int], fused: Sequence[Sequence[int]]
 ) -> list[list[int]]:
-    """Thread-runner units (a fused chain, or one stage) of width one: they run on their
+    """Units (a fused chain, or one stage) of width one whose runner allows it
+    (``on_driver_ok``, by stage: ``Runner.width_one_on_driver``): they run on their
     driver thread. One worker thread adds nothing the driver could not do itself, as it only
     waits for the result, but costs two thread wake-ups and GIL hand-overs per micro-batch."""
     heads = {group[0]: list(group) for group in fused}
     units: list[list[int]] = []
     index = 0
-    while index < len(runners):
+    while index < len(on_driver_ok):
         group = heads.get(index) or [index]
-        if all(runners[i] == "threads" for i in group) and max(widths[i] for i in group) == 1:
+        if all(on_driver_ok[i] for i in group) and max(widths[i] for i in group) == 1:
             units.append(group)
         index = group[-1] + 1
     return units
 
 
-def driver_chains(runners: Sequence[str]) -> list[list[int]]:
-    """Runs of ``driver`` stages right after a worker stage: they run on that stage's driver
-    thread, as its results leave in order, instead of on a thread of their own."""
+def driver_chains(runners: Sequence[str], pooled: Sequence[bool]) -> list[list[int]]:
+    """Runs of ``driver`` stages right after a stage on a worker pool (``pooled``, by stage):
+    they run on that stage's driver thread, as its results leave in order, instead of on a
+    thread of their own."""
     groups = fusion_groups([r == "driver" for r in runners], runners)
-    return [
-        g
-        for g in groups
-        if runners[g[0]] == "driver" and g[0] > 0 and runners[g[0] - 1] in WORKER_RUNNERS
-    ]
+    return [g for g in groups if runners[g[0]] == "driver" and g[0] > 0 and pooled[g[0] - 1]]
 
 
 @dataclass

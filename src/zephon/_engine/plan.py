@@ -10,6 +10,7 @@ from typing import Any
 import xxhash
 
 from zephon._engine.fusion import driver_chains, fusible, fusion_groups, single_worker_units
+from zephon._engine.runners import REGISTRY, lookup
 from zephon.errors import ConfigError
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext
 from zephon.options import RuntimeOptions
@@ -96,7 +97,7 @@ class Plan:
     """Thread-runner units of width one (a fused group or a stage): their work runs on their
     driver thread, without a pool."""
     snapshots: str = ""
-    """Where a restore starts, for a plan that is not monotone (see ``Engine.explain``)."""
+    """Where a restore starts, for a plan that is not monotone (see ``compile.snapshot_note``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -190,13 +191,7 @@ def flush_every(options: RuntimeOptions, monotone: bool) -> int:
 
 def _runner_of(spec: OpSpec, options: RuntimeOptions) -> tuple[str, int]:
     """Where the operator's ``process_many`` runs, and how many copies."""
-    if options.runner == "inline":
-        return "inline", 1
-    if spec.op.traits().runs_in_driver:
-        return "driver", 1
-    if spec.placement == "remote":
-        return "ray", spec.parallelism
-    return options.runner, spec.parallelism
+    return REGISTRY[options.runner].stage(spec.op, spec.placement, spec.parallelism)
 
 
 def compile_contexts(
@@ -220,7 +215,7 @@ def compile_contexts(
                 deterministic=options.deterministic,
                 runner=runner,
                 seed=op_seed(source_seed, index, op.name, epoch),
-                services=services(op.name, spec.resources if runner == "ray" else ()),
+                services=services(op.name, spec.resources if lookup(runner).remote else ()),
                 lanes=tuple(lanes),
                 epoch=epoch,
             )
@@ -274,13 +269,16 @@ def compile_plan(
     can_fuse = [
         options.fuse
         and spec.placement == "local"
-        and fusible(spec.op, acc, ctx.runner)
+        and lookup(ctx.runner).fuses
+        and fusible(spec.op, acc)
         and not stalls_sentinels(spec.op)
         for spec, ctx, acc in zip(specs, contexts, accumulators, strict=True)
     ]
     runners = [s.runner for s in stages]
     fused = [g for g in fusion_groups(can_fuse, runners) if len(g) > 1]
     widths = [s.parallelism for s in stages]
+    on_driver_ok = [lookup(r).width_one_on_driver for r in runners]
+    pooled = [lookup(r).pooled for r in runners]
     return Plan(
         runner=options.runner,
         deterministic=options.deterministic,
@@ -292,6 +290,6 @@ def compile_plan(
         monotone=monotone,
         stages=stages,
         fused=fused,
-        chained=driver_chains(runners) if options.fuse else [],
-        on_driver=single_worker_units(runners, widths, fused) if options.fuse else [],
+        chained=driver_chains(runners, pooled) if options.fuse else [],
+        on_driver=single_worker_units(on_driver_ok, widths, fused) if options.fuse else [],
     )

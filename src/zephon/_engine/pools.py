@@ -33,12 +33,12 @@ import sys
 import threading
 import traceback
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext, SpawnContext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 
@@ -48,10 +48,6 @@ from zephon.errors import ConfigError, ZephonError
 from zephon.io import SourceStats, io_totals
 from zephon.ops import BaseOp, OpContext
 from zephon.types import StreamItem
-
-if TYPE_CHECKING:
-    from zephon._engine.plan import StagePlan
-    from zephon.options import RuntimeOptions
 
 log = logging.getLogger("zephon")
 
@@ -778,56 +774,3 @@ class ProcessWorkerPool(WorkerPool):
     def shutdown(self) -> None:
         if self.owns_fleet:
             self.fleet.shutdown()
-
-
-def build_pools(
-    stages: Sequence[StagePlan],
-    ops: Sequence[BaseOp],
-    contexts: Sequence[OpContext],
-    options: RuntimeOptions,
-) -> tuple[dict[int, WorkerPool], shm.ShmSession | None]:
-    """A pool per stage that runs on workers (threads, process, ray); driver stages get none.
-
-    Returns the pools (by stage index) and the shared-memory session when any stage runs in
-    processes; the caller shuts the pools down, then closes the session.
-    """
-    pools: dict[int, WorkerPool] = {}
-    process = [s for s in stages if s.runner == "process"]
-    session: shm.ShmSession | None = None
-    try:
-        if process:
-            min_bytes = options.shm_min_bytes
-            session = shm.ShmSession(min_bytes if min_bytes is not None else 1 << 62)
-            groups: list[list[StagePlan]]
-            groups = [process] if options.process_pool == "shared" else [[s] for s in process]
-            for group in groups:
-                fleet = ProcessFleet(
-                    {s.index: (ops[s.index], contexts[s.index]) for s in group},
-                    max(s.parallelism for s in group),
-                    session=session,
-                    max_retries=options.max_worker_retries,
-                    reuse=options.reuse_workers,
-                )
-                for i, s in enumerate(group):
-                    pools[s.index] = ProcessWorkerPool(fleet, s.index, owns_fleet=i == 0)
-        for s in stages:
-            if s.runner == "threads":
-                pools[s.index] = ThreadWorkerPool(
-                    ops[s.index], s.parallelism, contexts[s.index], resolve_shm=bool(process)
-                )
-            elif s.runner == "ray":
-                from zephon._engine.ray_pool import RayWorkerPool
-
-                pools[s.index] = RayWorkerPool(
-                    ops[s.index],
-                    s.parallelism,
-                    contexts[s.index],
-                    max_retries=options.max_worker_retries,
-                )
-    except BaseException:
-        for pool in pools.values():
-            pool.shutdown()
-        if session is not None:
-            session.close()
-        raise
-    return pools, session

@@ -1,0 +1,229 @@
+"""Compile a pipeline into a :class:`CompiledRun`: the one place a plan is decided.
+
+``explain()``, checkpoint validation, the engine and the engine process all start here, so
+what ``explain()`` shows is what runs, and a restore is checked against the same
+configuration the engine writes. Compiling is pure: it reads the source's metadata (dataset
+names, shard and row counts) and the operators' configuration, and touches nothing else; the
+same inputs give an equal :class:`CompiledRun`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from zephon._engine.plan import (
+    OpSpec,
+    Plan,
+    accumulators_for,
+    compile_contexts,
+    compile_plan,
+    flush_every,
+    is_monotone,
+)
+from zephon._engine.replay_filter import ReplayFilterOp
+from zephon._engine.runners import REGISTRY, Runner
+from zephon._engine.snapshots import SnapshotPlan, plan_snapshots
+from zephon.checkpoints import format as ckpt
+from zephon.errors import CheckpointError
+from zephon.ops import Accumulator, OpContext
+from zephon.options import RuntimeOptions
+from zephon.types import SampleCursor
+from zephon.work import WorkSource, lanes_for_rank, source_fingerprint, source_seed
+
+
+@dataclass(frozen=True)
+class CompiledRun:
+    """Everything decided before a run starts: what an :class:`Engine` runs and checkpoints.
+
+    ``specs`` are the operators as they run: ``operators`` (as configured) with the engine's
+    replay filter at ``replay_index``. The filter is a fresh object per compile, so equality
+    compares where it sits and what it skips (``replay_targets``) instead.
+    """
+
+    source: WorkSource
+    operators: list[OpSpec]
+    options: RuntimeOptions
+    resume: ckpt.ParsedCheckpoint | None
+    lanes: list[int]
+    """The lanes this pipeline view runs."""
+    monotone: bool
+    config: dict[str, Any]
+    """Everything that shapes a lane's output; a checkpoint refuses any other."""
+    config_fingerprint: str
+    replay_index: int
+    replay_targets: dict[int, SampleCursor]
+    contexts: list[OpContext]
+    plan: Plan
+    snapshot_plan: SnapshotPlan
+    specs: list[OpSpec] = field(compare=False)
+
+    @property
+    def runner(self) -> Runner:
+        """The runner of ``options.runner``."""
+        return REGISTRY[self.options.runner]
+
+    def state_key(self, index: int) -> str:
+        """A stage's key in ``operator_state``: its index in the configuration's operators
+        (the engine's own replay filter, inserted before ``batch``, does not count)."""
+        return str(index - 1 if index > self.replay_index else index)
+
+    def for_child(self) -> CompiledRun:
+        """This run as the engine process runs it (it is the engine, not a consumer of one)."""
+        return replace(self, options=replace(self.options, engine_process=False))
+
+
+def compile(
+    source: WorkSource,
+    specs: list[OpSpec],
+    options: RuntimeOptions,
+    resume: ckpt.ParsedCheckpoint | None = None,
+) -> CompiledRun:
+    """The compiled run of ``specs`` over ``source``; raises ``CheckpointError`` when
+    ``resume`` was taken with another configuration or lacks this view's lanes."""
+    lanes = view_lanes(options)
+    monotone = is_monotone(specs)
+    k = flush_every(options, monotone)
+    config = pipeline_config(source, specs, options, k)
+    targets: dict[int, SampleCursor] = {}
+    if resume is not None:
+        check_resume(resume, config, lanes, options)
+        for lane in lanes:
+            lc = resume.lanes[lane]
+            if lc.replay_cursor is not None and not lc.done:
+                targets[lane] = lc.replay_cursor
+    all_specs = with_replay_filter(specs, targets, monotone=monotone)
+    seed = source_seed(source)
+    contexts = compile_contexts(
+        all_specs,
+        options,
+        lanes,
+        source_seed=seed if isinstance(seed, int) else 0,
+        epoch=source.epoch,
+    )
+    accs = accumulators_for(all_specs, contexts, options)
+    plan = compile_plan(all_specs, options, lanes, contexts, accs)
+    snapshot_plan = _snapshot_plan(all_specs, accs, options, monotone)
+    if not monotone:
+        plan = replace(plan, snapshots=snapshot_note(snapshot_plan, options))
+    return CompiledRun(
+        source=source,
+        operators=list(specs),
+        options=options,
+        resume=resume,
+        lanes=lanes,
+        monotone=monotone,
+        config=config,
+        config_fingerprint=ckpt.fingerprint(config),
+        replay_index=next(i for i, s in enumerate(all_specs) if isinstance(s.op, ReplayFilterOp)),
+        replay_targets=targets,
+        contexts=contexts,
+        plan=plan,
+        snapshot_plan=snapshot_plan,
+        specs=all_specs,
+    )
+
+
+def with_replay_filter(
+    specs: list[OpSpec], targets: dict[int, SampleCursor], *, monotone: bool
+) -> list[OpSpec]:
+    """Insert the replay filter right before ``batch`` (or last without a batch)."""
+    replay = OpSpec(ReplayFilterOp(targets, monotone=monotone), 1)
+    for index, spec in enumerate(specs):
+        if spec.op.traits().batches:
+            return [*specs[:index], replay, *specs[index:]]
+    return [*specs, replay]
+
+
+def view_lanes(options: RuntimeOptions) -> list[int]:
+    """The lanes this pipeline view runs: its rank's, or a DataLoader worker's share of them."""
+    worker, workers = options._worker_share
+    lanes = lanes_for_rank(
+        options.dp_rank, options.dp_world_size, options.canonical_replicas, options.mapping
+    )
+    return lanes[worker::workers]
+
+
+def pipeline_config(
+    source: WorkSource, specs: list[OpSpec], options: RuntimeOptions, k: int
+) -> dict[str, Any]:
+    """Everything that shapes a lane's output; a checkpoint refuses any other."""
+    config: dict[str, Any] = ckpt.to_jsonable(
+        {
+            "source": {
+                "type": type(source).__name__,
+                "fingerprint": source_fingerprint(source),
+                "datasets": [
+                    {"name": d.name, "shards": d.shard_count(), "rows": d.total()}
+                    for d in source.datasets
+                ],
+            },
+            "operators": [
+                {"type": type(s.op).__name__, "name": s.op.name, "config": s.op.config()}
+                for s in specs
+            ],
+            "canonical_replicas": options.canonical_replicas,
+            "flush_every_k_chunks": k,
+        }
+    )
+    if source.epoch:  # epoch 0 leaves the configuration (and old fingerprints) as they were
+        config["epoch"] = source.epoch
+    return config
+
+
+_DATA_CHANGED_HINT = (
+    "; the data changed since the checkpoint, so no position in it means the same records any "
+    "more. To get past a bad record, keep the file as it was and resume with "
+    "fetch: {on_error: skip} (skipped records are logged and quarantined), or restore the "
+    "file to what it was; to train on the new data, start without --resume"
+)
+
+
+def _hint_for(diff: str) -> str:
+    """What to do about a configuration difference a user is likely to make by accident."""
+    if diff.startswith("source.datasets[") and (".rows:" in diff or ".shards:" in diff):
+        return _DATA_CHANGED_HINT
+    return ""
+
+
+def check_resume(
+    resume: ckpt.ParsedCheckpoint,
+    config: dict[str, Any],
+    lanes: list[int],
+    options: RuntimeOptions,
+) -> None:
+    """Refuse a checkpoint of another configuration, or one without this view's lanes."""
+    diff = ckpt.first_difference(resume.config, config)
+    if diff:
+        raise CheckpointError(
+            f"checkpoint was taken with another configuration: {diff}{_hint_for(diff)}"
+        )
+    missing = [lane for lane in lanes if lane not in resume.lanes]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint does not describe lanes {missing} of rank "
+            f"{options.dp_rank}/{options.dp_world_size}; restore from the "
+            "checkpoints of every rank merged with zephon.merge_checkpoints([...])"
+        )
+
+
+def _snapshot_plan(
+    specs: list[OpSpec], accs: list[Accumulator], options: RuntimeOptions, monotone: bool
+) -> SnapshotPlan:
+    """Which stages take snapshots and how, or why the plan takes none."""
+    if monotone:
+        return SnapshotPlan([], [], "the plan keeps cursor order (a restore replays a chunk)")
+    if not options.snapshot_every_chunks:
+        return SnapshotPlan([], [], "snapshot_every_chunks=0")
+    return plan_snapshots([s.op for s in specs], accs)
+
+
+def snapshot_note(plan: SnapshotPlan, options: RuntimeOptions) -> str:
+    """Where a restore starts, for ``explain()``."""
+    if not plan.enabled:
+        return f"snapshots off ({plan.reason}): a restore replays from the last flush"
+    every = options.snapshot_every_chunks
+    note = f"snapshots every {every} chunk{'s' if every > 1 else ''}"
+    if options.snapshot_every_records is not None:
+        note += f" and every {options.snapshot_every_records} records"
+    return note + ": a restore starts at the newest delivered snapshot"

@@ -1,0 +1,429 @@
+"""Runners: where each operator's ``process_many`` runs. One class per runner, one registry.
+
+Everything that differs between runners is a method or a class attribute here: the option
+name (``RuntimeOptions.runner``), the docs table (docs/runners.md), which widths
+``zephon.testing.check_operator`` tries, where a stage runs and how wide (the plan), whether
+its stages fuse, which worker pools it builds and how a run is driven. Adding a runner is
+adding a class to :data:`REGISTRY`. No runner changes what comes out: every one gives the
+inline runner's output, byte for byte.
+
+A stage's runner in the plan is a registry name or ``"driver"``: an operator that
+``runs_in_driver`` stays on its driver thread under every runner but inline.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, ClassVar
+
+from zephon._engine.driver_chain import run_tasks
+from zephon._engine.fusion import Unit, build_units
+from zephon._engine.pools import (
+    ProcessFleet,
+    ProcessWorkerPool,
+    ThreadWorkerPool,
+    WorkerPool,
+)
+from zephon._engine.shm import ShmSession, resolve_items
+from zephon._engine.stage import StageCore
+from zephon._engine.threaded import DATA, END, ERROR, STOP, Channel, OpDriver, SourceThread
+from zephon.errors import ZephonError
+from zephon.io import SourceStats
+from zephon.ops import BaseOp, OpContext
+from zephon.types import StreamItem
+
+if TYPE_CHECKING:
+    from zephon._engine.plan import Plan, StagePlan
+    from zephon._engine.source import SourceFeeder
+    from zephon._engine.tail import LaneMux
+    from zephon.options import RuntimeOptions
+
+DRIVER = "driver"
+"""The plan's runner of a stage that runs on its driver thread (``runs_in_driver``)."""
+
+
+@dataclass
+class RunResources:
+    """What a run started (threads, pools, shared memory, set-up operators); closed once."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    threads: list[threading.Thread] = field(default_factory=list)
+    pools: list[WorkerPool] = field(default_factory=list)
+    shm: ShmSession | None = None
+    set_up: list[StageCore] = field(default_factory=list)
+    """Stages whose operator ran ``setup`` in this process (torn down at the close)."""
+    channels: list[Channel] = field(default_factory=list)
+    """Between the units of a threaded run (source first)."""
+    inboxes: list[Channel | None] = field(default_factory=list)
+    """Stage index -> the channel it reads (None inside a fused or chained unit)."""
+
+    def process_io(self) -> dict[int, SourceStats]:
+        """Dataset I/O of each process stage, summed over its workers."""
+        out: dict[int, SourceStats] = {}
+        for pool in self.pools:
+            if isinstance(pool, ProcessWorkerPool):
+                out[pool.stage] = out.get(pool.stage, SourceStats()) + pool.fleet.io(pool.stage)
+        return out
+
+    def close(self) -> None:
+        """Stop the threads, shut the pools down, release shared memory, tear operators down."""
+        self.stop.set()
+        for channel in self.channels:
+            channel.put((STOP,))
+        for thread in self.threads:
+            thread.join(timeout=30)
+            if thread.is_alive():
+                raise ZephonError(f"engine thread {thread.name} did not stop within 30 s")
+        try:
+            for pool in self.pools:
+                pool.shutdown()
+        finally:
+            if self.shm is not None:
+                self.shm.close()
+
+    def teardown(self) -> None:
+        for core in self.set_up:
+            core.op.teardown()
+
+
+@dataclass
+class RunJob:
+    """One run as a runner drives it: the engine's stages and where their output goes."""
+
+    cores: list[StageCore]
+    plan: Plan
+    contexts: list[OpContext]
+    options: RuntimeOptions
+    feeder: SourceFeeder
+    mux: LaneMux
+    deliver: Callable[[LaneMux], Iterator[StreamItem]]
+    """Pops what the tail can deliver (the engine counts, logs and evicts)."""
+    resources: RunResources
+
+
+class Runner:
+    """A runner: class attributes say what the plan, fusion and tests need to know of it."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    """One line for the docs table."""
+    pooled: ClassVar[bool] = False
+    """Its stages run on a worker pool fed by a driver thread."""
+    fuses: ClassVar[bool] = False
+    """Adjacent element-wise stages share one worker task (their counters must reach
+    ``stats()``: process workers send theirs back with each reply)."""
+    width_one_on_driver: ClassVar[bool] = False
+    """A unit of width one runs on its driver thread (one worker would only add hand-offs)."""
+    shares_memory: ClassVar[bool] = False
+    """Its stages need a shared-memory session (large arrays cross process boundaries)."""
+    in_engine_process: ClassVar[bool] = True
+    """It may run inside ``engine_process=True``."""
+    starts_processes: ClassVar[bool] = False
+    """It starts child processes (which a daemonic process, a DataLoader worker, cannot)."""
+    remote: ClassVar[bool] = False
+    """Stages added with ``placement="remote"`` run on it, and its actors ask for the
+    operator's ``resources``."""
+    requires: ClassVar[str | None] = None
+    """A module it needs (an optional extra); ``check_operator`` skips it when missing."""
+    reference: ClassVar[bool] = False
+    """The runner the others are compared with."""
+
+    def available(self) -> bool:
+        """Whether what it needs is installed."""
+        return self.requires is None or importlib.util.find_spec(self.requires) is not None
+
+    def stage(self, op: BaseOp, placement: str, parallelism: int) -> tuple[str, int]:
+        """Where an operator's ``process_many`` runs under this runner, and how many copies."""
+        if op.traits().runs_in_driver:
+            return DRIVER, 1
+        if placement == "remote":
+            return REMOTE, parallelism
+        return self.name, parallelism
+
+    def check_widths(self, workers: Sequence[int]) -> Sequence[int]:
+        """The worker counts ``check_operator`` runs it with (``workers``: the caller's)."""
+        return (2,)
+
+    def pools(
+        self,
+        stages: Sequence[StagePlan],
+        ops: Sequence[BaseOp],
+        contexts: Sequence[OpContext],
+        options: RuntimeOptions,
+        session: ShmSession | None,
+    ) -> dict[int, WorkerPool]:
+        """A worker pool per stage of this runner (by stage index)."""
+        return {}
+
+    def run(self, job: RunJob) -> Iterator[StreamItem]:
+        """Feed the source through the stages and yield what the tail delivers."""
+        raise NotImplementedError
+
+
+class InlineRunner(Runner):
+    """Everything on the calling thread, stage after stage: the reference."""
+
+    name = "inline"
+    summary = "everything on the calling thread, one stage after another (the reference)"
+    reference = True
+
+    def stage(self, op: BaseOp, placement: str, parallelism: int) -> tuple[str, int]:
+        return self.name, 1
+
+    def run(self, job: RunJob) -> Iterator[StreamItem]:
+        cores, feeder, mux, deliver = job.cores, job.feeder, job.mux, job.deliver
+        for core, ctx in zip(cores, job.contexts, strict=True):
+            core.op.setup(ctx)
+        job.resources.set_up = cores
+        run = run_tasks
+        for items in feeder:
+            outs = items
+            for core in cores:
+                outs = run(core, core.feed(outs))
+                if not outs:
+                    break
+            mux.add(outs)
+            yield from deliver(mux)
+        for i, core in enumerate(cores):
+            outs = run(core, core.finish())
+            for later in cores[i + 1 :]:
+                outs = run(later, later.feed(outs))
+            mux.add(outs)
+            yield from deliver(mux)
+        mux.ended = True
+        yield from deliver(mux)
+
+
+class DriverThreadsRunner(Runner):
+    """A source thread and one driver thread per unit; each unit's work on its pool."""
+
+    pooled = True
+
+    def run(self, job: RunJob) -> Iterator[StreamItem]:
+        res = job.resources
+        cores = job.cores
+        units = build_units(job.plan, cores, job.contexts, job.options.max_inflight)
+        channels = [Channel(job.options.queue_size, res.stop) for _ in range(len(units) + 1)]
+        res.channels = channels
+        res.inboxes = [None] * len(cores)
+        for i, unit in enumerate(units):
+            channels[i + 1].producer_stats = cores[unit.end].stats
+            res.inboxes[unit.first] = channels[i]
+        _start_drivers(job, units, channels)
+        res.threads.insert(0, SourceThread(job.feeder, channels[0], res.stop))
+        for thread in res.threads:
+            thread.start()
+        out, mux, deliver = channels[-1], job.mux, job.deliver
+        while True:
+            message = out.queue.get()
+            kind = message[0]
+            if kind == DATA:
+                out.release(message[2])
+                if res.shm is not None:
+                    resolve_items(message[1])
+                mux.add(message[1])
+                yield from deliver(mux)
+            elif kind == END:
+                mux.ended = True
+                yield from deliver(mux)
+                return
+            elif kind == ERROR:
+                raise message[1]
+
+
+def _start_drivers(job: RunJob, units: list[Unit], channels: list[Channel]) -> None:
+    """A pool and a driver thread per unit (a stage, or a fused chain of stages)."""
+    res, cores = job.resources, job.cores
+    ops = [c.op for c in cores]
+    contexts = list(job.contexts)
+    for unit in units:
+        ops[unit.first] = unit.core.op
+        contexts[unit.first] = replace(
+            contexts[unit.first], op_name=unit.core.op.name, num_workers=unit.stage.parallelism
+        )
+    pools, res.shm = build_pools([u.stage for u in units], ops, contexts, job.options)
+    res.pools.extend(pools.values())
+    for i, unit in enumerate(units):
+        pool = pools.get(unit.first)
+        on_driver = range(unit.first if pool is None else unit.last + 1, unit.end + 1)
+        for index in on_driver:
+            cores[index].op.setup(job.contexts[index])
+            res.set_up.append(cores[index])
+        res.threads.append(
+            OpDriver(
+                unit.core,
+                pool,
+                channels[i],
+                channels[i + 1],
+                deterministic=job.options.deterministic,
+                max_inflight=unit.stage.max_inflight,
+                stop=res.stop,
+                count_work=not unit.fused,
+                resolve_shm=res.shm is not None,
+                after=unit.after,
+            )
+        )
+
+
+class ThreadsRunner(DriverThreadsRunner):
+    name = "threads"
+    summary = "a thread pool per operator in this process (the default)"
+    fuses = True
+    width_one_on_driver = True
+
+    def check_widths(self, workers: Sequence[int]) -> Sequence[int]:
+        return workers
+
+    def pools(
+        self,
+        stages: Sequence[StagePlan],
+        ops: Sequence[BaseOp],
+        contexts: Sequence[OpContext],
+        options: RuntimeOptions,
+        session: ShmSession | None,
+    ) -> dict[int, WorkerPool]:
+        return {
+            s.index: ThreadWorkerPool(
+                ops[s.index], s.parallelism, contexts[s.index], resolve_shm=session is not None
+            )
+            for s in stages
+        }
+
+
+class ProcessRunner(DriverThreadsRunner):
+    name = "process"
+    summary = "worker processes (one shared set by default); large arrays through shared memory"
+    fuses = True
+    shares_memory = True
+    starts_processes = True
+
+    def pools(
+        self,
+        stages: Sequence[StagePlan],
+        ops: Sequence[BaseOp],
+        contexts: Sequence[OpContext],
+        options: RuntimeOptions,
+        session: ShmSession | None,
+    ) -> dict[int, WorkerPool]:
+        assert session is not None  # shares_memory: build_pools made one
+        shared = options.process_pool == "shared"
+        groups = [list(stages)] if shared else [[s] for s in stages]
+        pools: dict[int, WorkerPool] = {}
+        for group in groups:
+            fleet = ProcessFleet(
+                {s.index: (ops[s.index], contexts[s.index]) for s in group},
+                max(s.parallelism for s in group),
+                session=session,
+                max_retries=options.max_worker_retries,
+                reuse=options.reuse_workers,
+            )
+            for i, s in enumerate(group):
+                pools[s.index] = ProcessWorkerPool(fleet, s.index, owns_fleet=i == 0)
+        return pools
+
+
+class RayRunner(DriverThreadsRunner):
+    name = "ray"
+    summary = "Ray actors (`placement='remote'` puts one operator there under any runner)"
+    in_engine_process = False
+    remote = True
+    requires = "ray"
+
+    def pools(
+        self,
+        stages: Sequence[StagePlan],
+        ops: Sequence[BaseOp],
+        contexts: Sequence[OpContext],
+        options: RuntimeOptions,
+        session: ShmSession | None,
+    ) -> dict[int, WorkerPool]:
+        from zephon._engine.ray_pool import RayWorkerPool
+
+        return {
+            s.index: RayWorkerPool(
+                ops[s.index],
+                s.parallelism,
+                contexts[s.index],
+                max_retries=options.max_worker_retries,
+            )
+            for s in stages
+        }
+
+
+REGISTRY: dict[str, Runner] = {
+    runner.name: runner
+    for runner in (InlineRunner(), ThreadsRunner(), ProcessRunner(), RayRunner())
+}
+"""Every runner by option name, in the order docs and checks list them."""
+
+
+class _DriverStage(Runner):
+    """The plan's runner of a ``runs_in_driver`` stage: no pool, no fusion (not an option)."""
+
+    name = DRIVER
+    summary = "the stage's driver thread"
+
+
+_DRIVER_STAGE = _DriverStage()
+
+
+def lookup(stage_runner: str) -> Runner:
+    """The runner of a stage of the plan (``"driver"`` included)."""
+    return REGISTRY.get(stage_runner, _DRIVER_STAGE)
+
+
+def build_pools(
+    stages: Sequence[StagePlan],
+    ops: Sequence[BaseOp],
+    contexts: Sequence[OpContext],
+    options: RuntimeOptions,
+) -> tuple[dict[int, WorkerPool], ShmSession | None]:
+    """A pool per stage that runs on workers; driver stages get none.
+
+    Returns the pools (by stage index) and the shared-memory session when a stage's runner
+    needs one; the caller shuts the pools down, then closes the session.
+    """
+    groups: dict[str, list[StagePlan]] = {}
+    for s in stages:
+        if s.runner in REGISTRY:
+            groups.setdefault(s.runner, []).append(s)
+    runners = sorted((REGISTRY[name] for name in groups), key=lambda r: not r.shares_memory)
+    pools: dict[int, WorkerPool] = {}
+    session: ShmSession | None = None
+    try:
+        if any(r.shares_memory for r in runners):
+            min_bytes = options.shm_min_bytes
+            session = ShmSession(min_bytes if min_bytes is not None else 1 << 62)
+        for runner in runners:
+            pools.update(runner.pools(groups[runner.name], ops, contexts, options, session))
+    except BaseException:
+        for pool in pools.values():
+            pool.shutdown()
+        if session is not None:
+            session.close()
+        raise
+    return pools, session
+
+
+def docs_table() -> str:
+    """The runner table of docs/runners.md (a test keeps the two equal)."""
+    lines = ["| runner | where `process_many` runs | needs |", "|---|---|---|"]
+    for runner in REGISTRY.values():
+        needs = f"`zephon[{runner.requires}]`" if runner.requires else "-"
+        lines.append(f'| `"{runner.name}"` | {runner.summary} | {needs} |')
+    return "\n".join(lines)
+
+
+REMOTE = next(name for name, runner in REGISTRY.items() if runner.remote)
+"""The runner of ``placement="remote"`` stages."""
+
+REFERENCE = next(name for name, runner in REGISTRY.items() if runner.reference)
+"""The runner every other one must equal."""
+
+
+def available() -> tuple[str, ...]:
+    """The runners whose needs are installed, in registry order."""
+    return tuple(name for name, runner in REGISTRY.items() if runner.available())
