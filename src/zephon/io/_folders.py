@@ -8,20 +8,17 @@ LitData's ``index.json``), so discovery asks the format instead of listing files
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 from zephon.errors import DataFormatError
 from zephon.io._arrow import ArrowShard
-from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Shard
+from zephon.io._formats import ReadOptions
 from zephon.io._hf import hf_data_files, is_hf_folder
 from zephon.io._lance import is_lance, lance_shards
 from zephon.io._litdata import is_litdata_index, litdata_shards
 from zephon.io._mds import is_mds_index, mds_shards
 from zephon.io._paths import get_fs, split_protocol
-
-FOLDER_FORMATS = ("hf", "lance", "mds", "litdata")
 
 
 def _own_index(entry: str, storage_options: dict[str, Any] | None) -> Any:
@@ -43,52 +40,58 @@ def _mds_index(entry: str, storage_options: dict[str, Any] | None) -> Any:
     return data if data is not None and is_mds_index(data) else None
 
 
-def folder_format(entry: str, storage_options: dict[str, Any] | None) -> str | None:
-    """``"hf"``, ``"lance"``, ``"mds"`` or ``"litdata"`` for such a folder, else ``None``."""
+def is_hf(entry: str, storage_options: dict[str, Any] | None) -> bool:
     protocol, path = split_protocol(entry)
-    if protocol == "file" and is_hf_folder(path):
-        return "hf"
-    if is_lance(path) if protocol == "file" else path.rstrip("/").endswith(".lance"):
-        return "lance"
+    return protocol == "file" and is_hf_folder(path)
+
+
+def is_lance_folder(entry: str, storage_options: dict[str, Any] | None) -> bool:
+    protocol, path = split_protocol(entry)
+    return is_lance(path) if protocol == "file" else path.rstrip("/").endswith(".lance")
+
+
+def is_mds(entry: str, storage_options: dict[str, Any] | None) -> bool:
+    return _mds_index(entry, storage_options) is not None
+
+
+def is_litdata(entry: str, storage_options: dict[str, Any] | None) -> bool:
     index = _own_index(entry, storage_options)
-    if index is not None:
-        return "mds" if is_mds_index(index) else "litdata"
-    return None
+    return index is not None and is_litdata_index(index)
 
 
-def folder_shards(
-    entry: str,
-    fmt: str,
-    *,
-    columns: Sequence[str] | None,
-    storage_options: dict[str, Any] | None,
-    cache: CacheOptions | None,
-    cache_dir: str | None,
-    decode_images: bool = False,
-    allow_pickle: bool = False,
-) -> list[Shard]:
-    """The shards of a self-describing folder of format ``fmt`` (the two flags: MDS columns)."""
+def hf_folder_shards(entry: str, options: ReadOptions) -> list[Shard]:
     protocol, path = split_protocol(entry)
-    if fmt == "hf":
-        if protocol != "file":
-            raise DataFormatError(
-                f"{entry}: Hugging Face save_to_disk folders are read from local disk; copy it "
-                "locally or load it with datasets and use Dataset.from_hf"
-            )
-        return [ArrowShard(f, columns=columns) for f in hf_data_files(path)]
-    if fmt == "lance":
-        return lance_shards(
-            path if protocol == "file" else entry, columns=columns, storage_options=storage_options
+    if protocol != "file":
+        raise DataFormatError(
+            f"{entry}: Hugging Face save_to_disk folders are read from local disk; copy it "
+            "locally or load it with datasets and use Dataset.from_hf"
         )
-    if fmt == "litdata":
-        index = _own_index(entry, storage_options)
-        if protocol != "file" or index is None or not is_litdata_index(index):
-            raise DataFormatError(
-                f"{entry} is not a local LitData folder (index.json with 'chunks' and 'config'); "
-                "point at the folder litdata.optimize wrote, copied to local disk"
-            )
-        return litdata_shards(path, index, columns)
-    index = _mds_index(entry, storage_options)
+    return [ArrowShard(f, columns=options.columns) for f in hf_data_files(path)]
+
+
+def lance_folder_shards(entry: str, options: ReadOptions) -> list[Shard]:
+    protocol, path = split_protocol(entry)
+    return lance_shards(
+        path if protocol == "file" else entry,
+        columns=options.columns,
+        storage_options=options.storage_options,
+    )
+
+
+def litdata_folder_shards(entry: str, options: ReadOptions) -> list[Shard]:
+    protocol, path = split_protocol(entry)
+    index = _own_index(entry, options.storage_options)
+    if protocol != "file" or index is None or not is_litdata_index(index):
+        raise DataFormatError(
+            f"{entry} is not a local LitData folder (index.json with 'chunks' and 'config'); "
+            "point at the folder litdata.optimize wrote, copied to local disk"
+        )
+    return litdata_shards(path, index, options.columns)
+
+
+def mds_folder_shards(entry: str, options: ReadOptions) -> list[Shard]:
+    protocol, path = split_protocol(entry)
+    index = _mds_index(entry, options.storage_options)
     if index is None:
         raise DataFormatError(
             f"{entry} has no MDS index.json (version 2 with 'mds' shards); point at the folder "
@@ -97,10 +100,10 @@ def folder_shards(
     return mds_shards(
         path if protocol == "file" else entry,
         index,
-        columns=columns,
-        storage_options=storage_options,
-        cache=cache,
-        cache_dir=cache_dir,
-        decode_images=decode_images,
-        allow_pickle=allow_pickle,
+        columns=options.columns,
+        storage_options=options.storage_options,
+        cache=options.cache,
+        cache_dir=None if options.cache_dir is None else str(options.cache_dir),
+        decode_images=options.decode_images,
+        allow_pickle=options.allow_pickle,
     )
