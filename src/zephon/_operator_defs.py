@@ -142,7 +142,9 @@ def type_hints(func: Callable[..., Any]) -> dict[str, Any]:
 
 def parameters_of(func: Callable[..., Any], skip: tuple[str, ...] = ()) -> list[OperatorParameter]:
     """The named parameters of ``func`` (not ``self``, ``*args``, ``**kwargs`` or ``skip``)."""
-    hints = type_hints(func.__init__ if isinstance(func, type) else func)
+    # a class's hints are its attributes'; its parameters' are its constructor's
+    target: Any = func
+    hints = type_hints(target.__init__ if isinstance(func, type) else func)
     out = []
     for name, p in inspect.signature(func).parameters.items():
         if name in ("self", "cls", *skip) or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):

@@ -552,8 +552,8 @@ def _format_hint() -> Any:
     """``Literal[<every registered format name>] | None``: the ``format`` key's type."""
     from zephon.io import format_names
 
-    names: Any = format_names()
-    return Literal.__getitem__(names) | None
+    literal: Any = Literal.__getitem__(format_names())  # type: ignore[attr-defined]
+    return literal | None
 
 
 def _cache(raw: Any, key: str, resolve: Any) -> dict[str, Any] | None:
