@@ -121,19 +121,8 @@ def _read_index(folder: str, protocol: str, storage_options: dict[str, Any] | No
         ) from e
 
 
-def make_shard(
-    url: str,
-    fmt: str,
-    rows: int | None,
-    *,
-    columns: Sequence[str] | None,
-    storage_options: dict[str, Any] | None,
-    cache_dir: str | os.PathLike[str] | None,
-    cache: CacheOptions | None = None,
-) -> Shard:
-    options = ReadOptions(
-        columns=columns, storage_options=storage_options, cache=cache, cache_dir=cache_dir
-    )
+def make_shard(url: str, fmt: str, rows: int | None, options: ReadOptions) -> Shard:
+    """One file of the registered file format ``fmt`` as a shard."""
     return format_spec(fmt).shard(url, rows, options)
 
 
@@ -234,16 +223,9 @@ def dataset_from_path(
                 ReadOptions(columns, storage_options, cache, derived, decode_images, allow_pickle),
             )
             continue
+        options = ReadOptions(columns, storage_options, cache, derived)
         shards += [
-            make_shard(
-                url,
-                found,
-                rows,
-                columns=columns,
-                storage_options=storage_options,
-                cache_dir=derived,
-                cache=cache,
-            )
+            make_shard(url, found, rows, options)
             for url, found, rows in discover(entry, fmt=fmt, storage_options=storage_options)
         ]
     return Dataset(name, shards)
@@ -252,17 +234,8 @@ def dataset_from_path(
 def _hub_shards(entry: str, *, columns: Sequence[str] | None, cache_dir: str | None) -> list[Shard]:
     """The shards of an ``hf://`` split: its files, downloaded at one pinned commit."""
     files = hub_files(entry, lambda name: detect_format(name) is not None)
-    return [
-        make_shard(
-            f,
-            detect_format(f) or "parquet",
-            None,
-            columns=columns,
-            storage_options=None,
-            cache_dir=cache_dir,
-        )
-        for f in files
-    ]
+    options = ReadOptions(columns, None, None, cache_dir)
+    return [make_shard(f, detect_format(f) or "parquet", None, options) for f in files]
 
 
 def build_index(
@@ -291,10 +264,9 @@ def build_index(
     if fs.exists(index_file):
         fs.rm(index_file)  # rebuild from the files, not from the stale index
     shards = []
+    options = ReadOptions(None, storage_options, None, cache_dir)
     for url, kind, _ in discover(entry, fmt=fmt, storage_options=storage_options):
-        shard = make_shard(
-            url, kind, None, columns=None, storage_options=storage_options, cache_dir=cache_dir
-        )
+        shard = make_shard(url, kind, None, options)
         if protocol == "file":
             rel = os.path.relpath(split_protocol(url)[1], folder)
         else:

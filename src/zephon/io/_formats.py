@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from zephon.errors import ConfigError, MissingDependencyError, did_you_mean
 from zephon.io._cache import CacheOptions
@@ -30,8 +30,6 @@ __all__ = [
     "register_format",
     "unregister_format",
 ]
-
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,27 +91,33 @@ class FormatSpec:
             raise ConfigError(
                 f"{self.name} is a folder format; {url} cannot be read as one file of it"
             )
-        reader = self.open_file
-        return self._importing(lambda: reader(url, rows, options))
+        try:
+            return self.open_file(url, rows, options)
+        except ImportError as exc:
+            missing = self._missing(exc)
+            if missing is None:
+                raise
+            raise missing from exc
 
     def folder_shards(self, entry: str, options: ReadOptions) -> list[Shard]:
         """Every shard of the folder ``entry`` of this folder format."""
         if self.open_folder is None:
             raise ConfigError(f"{self.name} is a file format; {entry} is not a folder of it")
-        reader = self.open_folder
-        return self._importing(lambda: reader(entry, options))
-
-    def _importing(self, read: Callable[[], _T]) -> _T:
-        """``read()``; a library it cannot import is an error naming the spec's extra."""
         try:
-            return read()
-        except MissingDependencyError:
-            raise
+            return self.open_folder(entry, options)
         except ImportError as exc:
-            if self.extra is None:
+            missing = self._missing(exc)
+            if missing is None:
                 raise
-            module = (exc.name or "").partition(".")[0] or self.extra
-            raise MissingDependencyError(module, self.extra, f"{self.name} datasets") from exc
+            raise missing from exc
+
+    def _missing(self, exc: ImportError) -> MissingDependencyError | None:
+        """A library the reader could not import as an error naming the spec's extra (None:
+        the error already names one, or the spec has no extra)."""
+        if isinstance(exc, MissingDependencyError) or self.extra is None:
+            return None
+        module = (exc.name or "").partition(".")[0] or self.extra
+        return MissingDependencyError(module, self.extra, f"{self.name} datasets")
 
 
 _FORMATS: dict[str, FormatSpec] = {}
