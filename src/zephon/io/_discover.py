@@ -18,6 +18,7 @@ import zephon.io._builtin_formats  # noqa: F401 - registers the built-in formats
 from zephon.errors import ConfigError, DataError, DataFormatError, did_you_mean
 from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Dataset, Shard
+from zephon.io._folders import one_probe
 from zephon.io._formats import (
     ReadOptions,
     file_format_names,
@@ -46,9 +47,10 @@ def detect_format(path: str) -> str | None:
 
 def folder_format(entry: str, storage_options: dict[str, Any] | None) -> str | None:
     """The registered folder format (``"hf"``, ``"lance"``, ...) ``entry`` is, or None."""
-    for spec in formats():
-        if spec.detect is not None and spec.detect(entry, storage_options):
-            return spec.name
+    with one_probe():
+        for spec in formats():
+            if spec.detect is not None and spec.detect(entry, storage_options):
+                return spec.name
     return None
 
 

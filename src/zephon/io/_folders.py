@@ -8,6 +8,9 @@ LitData's ``index.json``), so discovery asks the format instead of listing files
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from zephon.errors import DataFormatError
@@ -20,8 +23,31 @@ from zephon.io._litdata import is_litdata_index, litdata_shards
 from zephon.io._mds import is_mds_index, mds_shards
 from zephon.io._paths import get_fs, split_protocol
 
+#: Entry -> its own index (or None), while :func:`one_probe` is active.
+_PROBED: ContextVar[dict[str, Any] | None] = ContextVar("zephon_folder_probe", default=None)
+
+
+@contextmanager
+def one_probe() -> Iterator[None]:
+    """Within it, a folder's ``index.json`` is read once, however many formats probe it (the
+    MDS and LitData probes read the same file)."""
+    token = _PROBED.set({})
+    try:
+        yield
+    finally:
+        _PROBED.reset(token)
+
 
 def _own_index(entry: str, storage_options: dict[str, Any] | None) -> Any:
+    memo = _PROBED.get()
+    if memo is None:
+        return _read_own_index(entry, storage_options)
+    if entry not in memo:
+        memo[entry] = _read_own_index(entry, storage_options)
+    return memo[entry]
+
+
+def _read_own_index(entry: str, storage_options: dict[str, Any] | None) -> Any:
     protocol, path = split_protocol(entry)
     fs = get_fs(protocol, storage_options)
     index_path = path.rstrip("/") + "/index.json"
