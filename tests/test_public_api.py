@@ -81,8 +81,9 @@ EXPECTED: dict[str, list[str]] = {
         "require_finite validate_call_id validate_capture_keys validate_rollout_id"
     ),
     "zephon.capture.stores": _names(
-        "DurableStore FileSystem LogCorruptionError STORE_CLASSES STORE_SCHEMES open_store "
-        "store_class"
+        "DurableStore FileSystem LogCorruptionError STORE_CLASSES STORE_SCHEMES StoreSpec "
+        "open_store register_store store_class store_spec store_specs stores_markdown "
+        "unregister_store url_forms"
     ),
     "zephon.capture.testing": _names(
         "CHECKS CheckResult ConformanceError ConformanceReport ConformanceWarning FloodPlan "
@@ -108,7 +109,10 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.checkpoints.gather": _names("delivered_counts merge_checkpoints refetch_counts"),
     "zephon.cli": _names("build_parser main"),
-    "zephon.config": _names("ConfigFileError OPERATORS PipelineConfig load_config parse_config"),
+    "zephon.config": _names(
+        "ConfigFileError OPERATORS OperatorDefinition OperatorParameter PipelineConfig "
+        "load_config operator_definition operator_definitions operators_markdown parse_config"
+    ),
     "zephon.demo": _names("add_arguments closing_lines main make_corpus run"),
     "zephon.distributed": _names("gather_checkpoints"),
     "zephon.errors": _names(
@@ -117,8 +121,9 @@ EXPECTED: dict[str, list[str]] = {
         "ReorderError ZephonError did_you_mean json_type"
     ),
     "zephon.io": _names(
-        "CacheOptions Dataset InMemoryShard JsonlShard NodeCache Row Shard SourceStats "
-        "build_index cache_root io_totals list_shards"
+        "CacheOptions Dataset FormatSpec InMemoryShard JsonlShard NodeCache ReadOptions Row "
+        "Shard SourceStats build_index cache_root format_names format_spec formats "
+        "formats_markdown io_totals list_shards register_format unregister_format"
     ),
     "zephon.metrics": _names("MetricsReporter MetricsSink StatsdSink metric_values parse_address"),
     "zephon.ops": _names(

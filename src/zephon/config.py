@@ -26,10 +26,29 @@ from typing import Any, Literal
 
 import msgspec
 
+import zephon.pipeline  # noqa: F401 - its builder methods define the operators
+from zephon._operator_defs import (
+    OperatorDefinition,
+    OperatorParameter,
+    operator_definition,
+    operator_definitions,
+    operators_markdown,
+    parameters_of,
+)
 from zephon.errors import ConfigError, ZephonError, did_you_mean
-from zephon.pipeline import OPERATOR_METHODS
 
-__all__ = ["OPERATORS", "ConfigFileError", "PipelineConfig", "load_config", "parse_config"]
+__all__ = [
+    "OPERATORS",
+    "ConfigFileError",
+    "OperatorDefinition",
+    "OperatorParameter",
+    "PipelineConfig",
+    "load_config",
+    "operator_definition",
+    "operator_definitions",
+    "operators_markdown",
+    "parse_config",
+]
 
 TOP_LEVEL_KEYS = (
     "datasets", "mixture", "source", "fetch", "operators", "runner", "options", "epoch",
@@ -42,9 +61,9 @@ DATASET_KEYS = (
 )  # fmt: skip
 
 #: Operator name in YAML -> Pipeline builder method of the same name (one registry).
-OPERATORS = tuple(OPERATOR_METHODS)
+OPERATORS = tuple(d.name for d in operator_definitions())
 #: Operators that may follow ``batch`` (they see SampleBatch objects).
-AFTER_BATCH = ("map_batch",)
+AFTER_BATCH = tuple(d.name for d in operator_definitions() if d.after_batch)
 
 
 class ConfigFileError(ConfigError):
@@ -282,22 +301,6 @@ def _check_other(value: Any, tp: Any, key: str) -> Any:
     return value  # an instance, or an annotation we cannot check statically: the callee decides
 
 
-def _hints(func: Callable[..., Any]) -> dict[str, Any]:
-    """Resolved type hints of ``func``; annotations that cannot be resolved count as Any."""
-    try:
-        return typing.get_type_hints(func)
-    except Exception:  # e.g. names imported only under TYPE_CHECKING
-        pass
-    module = importlib.import_module(func.__module__)
-    out: dict[str, Any] = {}
-    for name, ann in getattr(func, "__annotations__", {}).items():
-        try:
-            out[name] = eval(ann, vars(module)) if isinstance(ann, str) else ann
-        except Exception:
-            out[name] = Any
-    return out
-
-
 def check_call(
     func: Callable[..., Any],
     params: Mapping[str, Any],
@@ -307,14 +310,22 @@ def check_call(
     what: str = "",
 ) -> dict[str, Any]:
     """Check keyword arguments for ``func``: unknown, missing and mistyped ones name ``key``."""
-    sig = inspect.signature(func)
-    hints = _hints(func)
-    accepted = {
-        n: p
-        for n, p in sig.parameters.items()
-        if n not in ("self", "cls", *skip) and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    }
-    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(func).parameters.values())
+    accepted = parameters_of(func, tuple(skip))
+    return check_parameters(accepted, params, key, what=what, takes_kwargs=takes_kwargs)
+
+
+def check_parameters(
+    parameters: Sequence[OperatorParameter],
+    params: Mapping[str, Any],
+    key: str,
+    *,
+    what: str = "",
+    takes_kwargs: bool = False,
+) -> dict[str, Any]:
+    """Check keyword arguments against ``parameters``: unknown ones get "did you mean", and
+    missing and mistyped ones name ``key``."""
+    accepted = {p.name: p for p in parameters}
     out: dict[str, Any] = {}
     for name, value in params.items():
         where = f"{key}.{name}" if key else str(name)
@@ -329,9 +340,9 @@ def check_call(
                 f"unknown parameter{' of ' + what if what else ''}{hint} "
                 f"(known: {', '.join(accepted)})",
             )
-        out[name] = check_value(value, hints.get(name, Any), where)
+        out[name] = check_value(value, accepted[name].annotation, where)
     for name, p in accepted.items():
-        if p.default is p.empty and name not in out:
+        if p.required and name not in out:
             raise ConfigFileError(
                 f"{key}.{name}" if key else name,
                 f"required{' by ' + what if what else ''} but missing",
@@ -514,7 +525,7 @@ def _dataset(raw: Any, key: str, base_dir: Path) -> DatasetConfig:
 
     fmt = check_value(
         raw.get("format"),
-        Literal["jsonl", "parquet", "arrow", "vortex", "hf", "lance", "mds", "litdata"] | None,
+        _format_hint(),
         f"{key}.format",
     )
     columns = check_value(raw.get("columns"), list[str] | None, f"{key}.columns")
@@ -537,6 +548,14 @@ def _dataset(raw: Any, key: str, base_dir: Path) -> DatasetConfig:
     )
 
 
+def _format_hint() -> Any:
+    """``Literal[<every registered format name>] | None``: the ``format`` key's type."""
+    from zephon.io import format_names
+
+    literal: Any = Literal.__getitem__(format_names())  # type: ignore[attr-defined]
+    return literal | None
+
+
 def _cache(raw: Any, key: str, resolve: Any) -> dict[str, Any] | None:
     """``cache: {dir: PATH, max_bytes: N}`` -> keyword arguments of ``CacheOptions``."""
     if raw is None:
@@ -554,10 +573,6 @@ def _cache(raw: Any, key: str, resolve: Any) -> dict[str, Any] | None:
     return {"dir": resolve(cache_dir), "max_bytes": max_bytes}
 
 
-#: Operator parameters that may name a file, resolved relative to the YAML file's folder.
-PATH_PARAMS = {"tokenize": ("tokenizer",), "tokenize_chat": ("tokenizer", "chat_template")}
-
-
 def _resolve_path(value: Any, base_dir: Path) -> Any:
     """A relative tokenizer or template path -> the path under ``base_dir`` (like datasets);
     ``bytes``, template text, URLs and non-strings are returned unchanged."""
@@ -567,9 +582,12 @@ def _resolve_path(value: Any, base_dir: Path) -> Any:
     return expanded if os.path.isabs(expanded) else str(base_dir / value)
 
 
-def _resolve_paths(name: str, params: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+def _resolve_paths(
+    definition: OperatorDefinition, params: dict[str, Any], base_dir: Path
+) -> dict[str, Any]:
+    """Parameters that name a file, resolved relative to the YAML file's folder."""
     out = dict(params)
-    for param in PATH_PARAMS.get(name, ()):
+    for param in definition.path_parameters:
         if param in out:
             out[param] = _resolve_path(out[param], base_dir)
     return out
@@ -586,7 +604,6 @@ def _calibration_paths(raw: Any, base_dir: Path) -> Any:
 
 def _operator(raw: Any, key: str, base_dir: Path) -> OperatorConfig:
     from zephon.ops import BaseOp
-    from zephon.pipeline import Pipeline
 
     if isinstance(raw, str):
         name, params = raw, {}
@@ -624,9 +641,9 @@ def _operator(raw: Any, key: str, base_dir: Path) -> OperatorConfig:
             f"unknown operator {name!r}; {hint}known operators: {', '.join(OPERATORS)} "
             "(or 'package.module:Class' for your own BaseOp subclass)",
         )
-    method = getattr(Pipeline, name)
-    checked = check_call(method, params, key, what=name)
-    return OperatorConfig(name, _resolve_paths(name, checked, base_dir), key)
+    definition = operator_definition(name)
+    checked = check_parameters(definition.parameters, params, key, what=name)
+    return OperatorConfig(name, _resolve_paths(definition, checked, base_dir), key)
 
 
 def _check_batch_order(operators: Sequence[OperatorConfig]) -> None:

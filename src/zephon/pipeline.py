@@ -13,6 +13,7 @@ from zephon._engine.engine_process import EngineProcess
 from zephon._engine.fetch import FetchOp
 from zephon._engine.plan import OpSpec, Plan, Resources, ray_resources
 from zephon._engine.stats import RunStats
+from zephon._operator_defs import register_builder
 from zephon._ops._chat_spans import LossScope, SpanSource
 from zephon._ops._pack_groups import Homogeneity, ShuffleStrategy
 from zephon._ops._packing_algos import FlushStrategy, PackingAlgorithm
@@ -42,13 +43,27 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 log = logging.getLogger("zephon")
 
 #: The builder methods that append a built-in operator, in definition order. Their names are
-#: the operators' YAML names, and their signatures the YAML parameters (zephon.config).
+#: the operators' YAML names, and their signatures the operators' definitions
+#: (:func:`zephon.config.operator_definitions`).
 OPERATOR_METHODS: list[str] = []
 
 
-def _operator(method: _Method) -> _Method:
-    OPERATOR_METHODS.append(method.__name__)
-    return method
+def _operator(
+    *,
+    forwards: Callable[..., Any] | None = None,
+    path_parameters: tuple[str, ...] = (),
+    after_batch: bool = False,
+) -> Callable[[_Method], _Method]:
+    """Register a builder method as the definition of the operator of the same name."""
+    mark = register_builder(
+        forwards=forwards, path_parameters=path_parameters, after_batch=after_batch
+    )
+
+    def register(method: _Method) -> _Method:
+        OPERATOR_METHODS.append(method.__name__)
+        return mark(method)
+
+    return register
 
 
 class Pipeline:
@@ -139,7 +154,7 @@ class Pipeline:
         self._fetch_on_error = on_error
         return self
 
-    @_operator
+    @_operator(forwards=DecodeTextOp)
     def decode_text(
         self,
         parallelism: int | None = None,
@@ -151,7 +166,7 @@ class Pipeline:
         """Make text fields ``str``; kwargs: fields, encoding, errors, normalize_newlines..."""
         return self._append(DecodeTextOp(**kwargs), parallelism, placement, resources)
 
-    @_operator
+    @_operator()
     def map_transform(
         self,
         fn: Callable[[Any], Any],
@@ -166,7 +181,7 @@ class Pipeline:
         op = MapTransformOp(fn, drop_none=drop_none, name=name)
         return self._append(op, parallelism, placement, resources)
 
-    @_operator
+    @_operator()
     def filter(
         self,
         predicate: Callable[[Any], bool],
@@ -179,7 +194,7 @@ class Pipeline:
         """Keep records whose payload satisfies ``predicate``."""
         return self._append(FilterOp(predicate, name=name), parallelism, placement, resources)
 
-    @_operator
+    @_operator(path_parameters=("tokenizer",))
     def tokenize(
         self,
         tokenizer: Any = "bytes",
@@ -214,7 +229,7 @@ class Pipeline:
         self._measure_token_mixture(output_field)
         return self
 
-    @_operator
+    @_operator()
     def expand_chat(
         self,
         *,
@@ -227,7 +242,7 @@ class Pipeline:
         (child lineage; conversations without an assistant turn become tombstones)."""
         return self._append(ExpandChatOp(field=field), parallelism, placement, resources)
 
-    @_operator
+    @_operator(path_parameters=("tokenizer", "chat_template"))
     def tokenize_chat(
         self,
         tokenizer: Any,
@@ -270,7 +285,7 @@ class Pipeline:
         self._measure_token_mixture(output_field)
         return self
 
-    @_operator
+    @_operator()
     def batch(self, microbatch_size: int, *, drop_last: bool = True) -> Pipeline:
         """Group each lane's records into ``SampleBatch`` es of ``microbatch_size``."""
         if self._batched:
@@ -281,7 +296,7 @@ class Pipeline:
 
     # -- stateful operators: packing, shuffling, mixture correction (issue 5) ----------------
 
-    @_operator
+    @_operator()
     def pack_sequences(
         self,
         max_length: int,
@@ -328,7 +343,7 @@ class Pipeline:
         )
         return self._append(op, parallelism, placement, resources)
 
-    @_operator
+    @_operator()
     def pack_flat(
         self,
         max_length: int,
@@ -376,7 +391,7 @@ class Pipeline:
         )
         return self._append(op, parallelism, placement, resources)
 
-    @_operator
+    @_operator()
     def shuffle(
         self,
         buffer_size: int = 8192,
@@ -393,7 +408,7 @@ class Pipeline:
         op = ShuffleOp(buffer_size, seed=seed, algorithm=algorithm, warmup_growth=warmup_growth)
         return self._append(op, parallelism, placement, resources)
 
-    @_operator
+    @_operator()
     def ensure_mixture(
         self,
         *,
@@ -441,7 +456,7 @@ class Pipeline:
         )
         return self._append(op, 1)
 
-    @_operator
+    @_operator()
     def stateful_transform(
         self,
         name: str,
@@ -466,7 +481,7 @@ class Pipeline:
         )
         return self._append(op, 1)
 
-    @_operator
+    @_operator(after_batch=True)
     def map_batch(
         self,
         fn: Callable[[SampleBatch], SampleBatch | None],
@@ -479,7 +494,7 @@ class Pipeline:
         """Apply ``fn`` to each ``SampleBatch`` (after ``batch``); ``None`` drops the batch."""
         return self._append(MapBatchOp(fn, name=name), parallelism, placement, resources)
 
-    @_operator
+    @_operator()
     def materialize(self) -> Pipeline:
         """A passthrough stage boundary: payloads are resolved there (from shared memory)."""
         return self._append(MaterializeOp(), 1)

@@ -135,7 +135,7 @@ def test_cli_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.timeout(60)
 def test_cli_fails_with_exit_code_one_on_a_broken_store(tmp_path: object) -> None:
-    # A store URL whose backend breaks a clause: a registered mutant scheme in a subprocess.
+    # A store URL whose backend breaks a clause: a registered mutant store in a subprocess.
     code = (
         "import sys, uuid\n"
         "from zephon.capture import stores\n"
@@ -144,11 +144,9 @@ def test_cli_fails_with_exit_code_one_on_a_broken_store(tmp_path: object) -> Non
         "m = MUTATIONS['retire_not_fencing']\n"
         "class Broken:\n"
         "    @classmethod\n"
-        "    def from_url(cls, url):\n"
+        "    def from_url(cls, url, *, create=True):\n"
         "        return m.wrapper(MemoryStore('broken'), {})\n"
-        "import types; mod = types.ModuleType('broken_store'); mod.Broken = Broken\n"
-        "sys.modules['broken_store'] = mod\n"
-        "stores.STORE_SCHEMES['broken'] = 'broken_store:Broken'\n"
+        "stores.register_store(stores.StoreSpec('broken', ('broken',), Broken, 'broken://X'))\n"
         "from zephon.cli._capture import main\n"
         "sys.exit(main(['conformance', 'broken://x']))\n"
     )

@@ -140,20 +140,6 @@ def test_mixture_and_both_operator_forms_agree(workdir: Path) -> None:
     assert share_a == pytest.approx(0.75, abs=0.01)
 
 
-def test_docs_yaml_lists_exactly_the_operators_of_the_registry():
-    import re
-
-    from zephon.config import OPERATORS
-    from zephon.pipeline import Pipeline
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "yaml.md").read_text()
-    paragraph = text[text.index("Built-in names") : text.index("`batch` appears at most once")]
-    listed = re.findall(r"`([a-z_]+)`", paragraph)
-    assert listed == list(OPERATORS)
-    for name in OPERATORS:  # each name is a builder method: its signature is the YAML schema
-        assert callable(getattr(Pipeline, name))
-
-
 def test_map_batch_may_follow_batch_in_yaml_and_nothing_else():
     from zephon.config import parse_config
 

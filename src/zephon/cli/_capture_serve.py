@@ -68,7 +68,7 @@ def register_serve(capture_subparsers: Any) -> None:
         "--store",
         required=True,
         metavar="STORE_URL",
-        help="capture store (file:///DIR, sqlite:///FILE, postgresql://..., memory://NAME)",
+        help="capture store (memory://NAME, file:///DIR, sqlite:///FILE, postgresql://...)",
     )
     p.add_argument("--host", default="127.0.0.1", help="listen address (127.0.0.1)")
     p.add_argument("--port", type=int, default=8100, help="listen port (8100; 0 = any free)")
@@ -246,7 +246,7 @@ def _error(message: object) -> None:
 def _probe_store(url: str) -> str | None:
     """Why the store cannot serve (one line), or None: checked before "listening"."""
     from zephon.capture.protocols import RolloutRetiredError
-    from zephon.capture.stores import open_store
+    from zephon.capture.stores import open_store, store_spec
 
     async def probe() -> None:
         store = open_store(url)
@@ -260,7 +260,7 @@ def _probe_store(url: str) -> str | None:
     try:
         asyncio.run(probe())
     except ImportError as exc:
-        extra = "postgres" if url.lower().startswith("postgres") else "proxy"
+        extra = store_spec(url).extra or "proxy"
         package = (exc.name or str(exc)).split(".")[0]
         return f"store {url.split('?')[0]} needs {package}: pip install 'zephon[{extra}]'"
     except Exception as exc:

@@ -28,8 +28,9 @@ def register(subparsers: Any) -> None:
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", metavar="PATH", help="dataset folder (local or fsspec URL)")
     parser.add_argument(
-        "--format", dest="fmt", choices=("jsonl", "parquet", "arrow"), default=None,
-        help="treat every file as this format (default: detect from the suffix)",
+        "--format", dest="fmt", default=None, metavar="FORMAT",
+        help="treat every file as this registered file format, e.g. jsonl or parquet "
+        "(default: detect from the suffix; zephon.io.format_names() lists them)",
     )  # fmt: skip
     parser.add_argument(
         "--cache-dir", default=None, help="where offset indexes of read-only data go"

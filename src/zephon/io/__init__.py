@@ -1,10 +1,22 @@
 """Datasets and shard formats: JSONL (plain, .gz, .zst, .bz2, .xz), Parquet, Arrow IPC /
 Feather, Vortex, Hugging Face ``save_to_disk`` folders and Hub splits (``hf://``), Lance, MDS and
-LitData; local, on any fsspec URL, or through a node cache."""
+LitData; local, on any fsspec URL, or through a node cache. Every format is a
+:class:`FormatSpec` in one registry; :func:`register_format` adds yours."""
 
+import zephon.io._builtin_formats  # noqa: F401 - registers the built-in formats
 from zephon.io._cache import CacheOptions, NodeCache
 from zephon.io._dataset import Dataset, InMemoryShard, Row, Shard
 from zephon.io._discover import build_index, list_shards
+from zephon.io._formats import (
+    FormatSpec,
+    ReadOptions,
+    format_names,
+    format_spec,
+    formats,
+    formats_markdown,
+    register_format,
+    unregister_format,
+)
 from zephon.io._jsonl import JsonlShard
 from zephon.io._paths import cache_root
 from zephon.io._stats import SourceStats, io_totals
@@ -12,14 +24,22 @@ from zephon.io._stats import SourceStats, io_totals
 __all__ = [
     "CacheOptions",
     "Dataset",
+    "FormatSpec",
     "InMemoryShard",
     "JsonlShard",
     "NodeCache",
+    "ReadOptions",
     "Row",
     "Shard",
     "SourceStats",
     "build_index",
     "cache_root",
+    "format_names",
+    "format_spec",
+    "formats",
+    "formats_markdown",
     "io_totals",
     "list_shards",
+    "register_format",
+    "unregister_format",
 ]

@@ -14,41 +14,51 @@ import posixpath
 from collections.abc import Sequence
 from typing import Any
 
-from zephon.errors import ConfigError, DataError, DataFormatError
-from zephon.io._arrow import ARROW_SUFFIXES, ArrowShard
+import zephon.io._builtin_formats  # noqa: F401 - registers the built-in formats
+from zephon.errors import ConfigError, DataError, DataFormatError, did_you_mean
 from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Dataset, Shard
-from zephon.io._folders import FOLDER_FORMATS, folder_format, folder_shards
+from zephon.io._folders import one_probe
+from zephon.io._formats import (
+    ReadOptions,
+    file_format_names,
+    find_format,
+    folder_format_names,
+    format_names,
+    format_spec,
+    formats,
+    known_suffixes,
+)
 from zephon.io._hub import hub_files, is_hub_path
-from zephon.io._jsonl import JsonlShard, is_jsonl
 from zephon.io._paths import derived_dir, get_fs, split_protocol, strip_protocol
 from zephon.io._remote import with_retries
-from zephon.io._vortex import VORTEX_SUFFIXES, VortexShard
 
 INDEX_NAME = "index.json"
 INDEX_VERSION = 1
-FILE_FORMATS = ("jsonl", "parquet", "arrow", "vortex")
-FORMATS = (*FILE_FORMATS, *FOLDER_FORMATS)
-KNOWN_SUFFIXES = (
-    "*.jsonl, *.ndjson, *.jsonl.gz, *.jsonl.zst, *.jsonl.bz2, *.jsonl.xz, *.parquet, *.arrow, "
-    "*.feather, *.vortex, or a Hugging Face save_to_disk, Lance, MDS or LitData folder"
-)
 _SIDECARS = (".zidx", ".raw", ".tmp")
 
 PathArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
 def detect_format(path: str) -> str | None:
-    """``"jsonl"``, ``"parquet"``, ``"arrow"``, ``"vortex"`` or ``None`` from the file name."""
-    if path.endswith((".parquet", ".pq")):
-        return "parquet"
-    if path.endswith(VORTEX_SUFFIXES):
-        return "vortex"
-    if path.endswith(ARROW_SUFFIXES):
-        return "arrow"
-    if is_jsonl(path):
-        return "jsonl"
+    """The registered file format of ``path`` from its name (``"jsonl"``, ...), or None."""
+    return find_format(path)
+
+
+def folder_format(entry: str, storage_options: dict[str, Any] | None) -> str | None:
+    """The registered folder format (``"hf"``, ``"lance"``, ...) ``entry`` is, or None."""
+    with one_probe():
+        for spec in formats():
+            if spec.detect is not None and spec.detect(entry, storage_options):
+                return spec.name
     return None
+
+
+def _check_fmt(fmt: str | None, names: tuple[str, ...], where: str = "") -> None:
+    if fmt is not None and fmt not in names:
+        raise ConfigError(
+            f"fmt must be one of {', '.join(names)}{where}, got {fmt!r}{did_you_mean(fmt, names)}"
+        )
 
 
 def _join(protocol: str, base: str, name: str) -> str:
@@ -113,36 +123,9 @@ def _read_index(folder: str, protocol: str, storage_options: dict[str, Any] | No
         ) from e
 
 
-def make_shard(
-    url: str,
-    fmt: str,
-    rows: int | None,
-    *,
-    columns: Sequence[str] | None,
-    storage_options: dict[str, Any] | None,
-    cache_dir: str | os.PathLike[str] | None,
-    cache: CacheOptions | None = None,
-) -> Shard:
-    if fmt == "jsonl":
-        return JsonlShard(
-            url,
-            rows,
-            storage_options=storage_options,
-            cache_dir=cache_dir,
-            cache=cache,
-            columns=columns,
-        )
-    if fmt == "parquet":
-        from zephon.io._parquet import ParquetShard
-
-        return ParquetShard(
-            url, rows, columns=columns, storage_options=storage_options, cache=cache
-        )
-    if fmt == "arrow":
-        return ArrowShard(url, rows, columns=columns, storage_options=storage_options, cache=cache)
-    if fmt == "vortex":
-        return VortexShard(url, rows, columns=columns, storage_options=storage_options, cache=cache)
-    raise ConfigError(f"unknown format {fmt!r} for {url}; use one of {', '.join(FILE_FORMATS)}")
+def make_shard(url: str, fmt: str, rows: int | None, options: ReadOptions) -> Shard:
+    """One file of the registered file format ``fmt`` as a shard."""
+    return format_spec(fmt).shard(url, rows, options)
 
 
 def _indexed(
@@ -176,15 +159,15 @@ def _listed(
         if kind is None:
             if folder is None and len(files) == 1:
                 raise DataError(
-                    f"unknown shard format for {f}: expected one of {KNOWN_SUFFIXES} "
-                    f"(or pass fmt= one of {', '.join(FORMATS)})"
+                    f"unknown shard format for {f}: expected one of {known_suffixes()} "
+                    f"(or pass fmt= one of {', '.join(format_names())})"
                 )
             unknown.append(base)
             continue
         out.append((f, kind, None))
     if not out:
         hint = f"; unsupported files found: {', '.join(unknown[:5])}" if unknown else ""
-        raise DataError(f"no shards found in {entry} (looked for {KNOWN_SUFFIXES}){hint}")
+        raise DataError(f"no shards found in {entry} (looked for {known_suffixes()}){hint}")
     return out
 
 
@@ -198,8 +181,7 @@ def discover(
     entries = _entries(path)
     if not entries:
         raise DataError("dataset path list is empty; pass a folder, a glob or a list of shards")
-    if fmt is not None and fmt not in FILE_FORMATS:
-        raise ConfigError(f"fmt must be one of {', '.join(FILE_FORMATS)} here, got {fmt!r}")
+    _check_fmt(fmt, file_format_names(), " here")
     out: list[tuple[str, str, int | None]] = []
     for entry in entries:
         files, folder = _expand(entry, storage_options)
@@ -227,39 +209,25 @@ def dataset_from_path(
     decode_images: bool = False,
     allow_pickle: bool = False,
 ) -> Dataset:
-    if fmt is not None and fmt not in FORMATS:
-        raise ConfigError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    _check_fmt(fmt, format_names())
     derived = derived_dir(cache_dir, cache)
     shards: list[Shard] = []
     for entry in _entries(path):
         if is_hub_path(entry):
             shards += _hub_shards(entry, columns=columns, cache_dir=derived)
             continue
-        kind = fmt if fmt in FOLDER_FORMATS else None
+        kind = fmt if fmt in folder_format_names() else None
         if fmt is None and not any(c in entry for c in "*?[") and detect_format(entry) is None:
             kind = folder_format(entry, storage_options)  # a file name needs no probe
         if kind is not None:
-            shards += folder_shards(
+            shards += format_spec(kind).folder_shards(
                 entry,
-                kind,
-                columns=columns,
-                storage_options=storage_options,
-                cache=cache,
-                cache_dir=derived,
-                decode_images=decode_images,
-                allow_pickle=allow_pickle,
+                ReadOptions(columns, storage_options, cache, derived, decode_images, allow_pickle),
             )
             continue
+        options = ReadOptions(columns, storage_options, cache, derived)
         shards += [
-            make_shard(
-                url,
-                found,
-                rows,
-                columns=columns,
-                storage_options=storage_options,
-                cache_dir=derived,
-                cache=cache,
-            )
+            make_shard(url, found, rows, options)
             for url, found, rows in discover(entry, fmt=fmt, storage_options=storage_options)
         ]
     return Dataset(name, shards)
@@ -268,17 +236,8 @@ def dataset_from_path(
 def _hub_shards(entry: str, *, columns: Sequence[str] | None, cache_dir: str | None) -> list[Shard]:
     """The shards of an ``hf://`` split: its files, downloaded at one pinned commit."""
     files = hub_files(entry, lambda name: detect_format(name) is not None)
-    return [
-        make_shard(
-            f,
-            detect_format(f) or "parquet",
-            None,
-            columns=columns,
-            storage_options=None,
-            cache_dir=cache_dir,
-        )
-        for f in files
-    ]
+    options = ReadOptions(columns, None, None, cache_dir)
+    return [make_shard(f, detect_format(f) or "parquet", None, options) for f in files]
 
 
 def build_index(
@@ -307,10 +266,9 @@ def build_index(
     if fs.exists(index_file):
         fs.rm(index_file)  # rebuild from the files, not from the stale index
     shards = []
+    options = ReadOptions(None, storage_options, None, cache_dir)
     for url, kind, _ in discover(entry, fmt=fmt, storage_options=storage_options):
-        shard = make_shard(
-            url, kind, None, columns=None, storage_options=storage_options, cache_dir=cache_dir
-        )
+        shard = make_shard(url, kind, None, options)
         if protocol == "file":
             rel = os.path.relpath(split_protocol(url)[1], folder)
         else:
@@ -334,11 +292,10 @@ def list_shards(
     """``[(url, format, rows or None)]`` of a dataset path from metadata alone: listings and
     ``index.json``; no shard is opened, scanned, indexed or decompressed (for ``explain``).
     A self-describing folder (hf, lance, mds) is one entry with unknown rows."""
-    if fmt is not None and fmt not in FORMATS:
-        raise ConfigError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    _check_fmt(fmt, format_names())
     out: list[tuple[str, str, int | None]] = []
     for entry in _entries(path):
-        kind = fmt if fmt in FOLDER_FORMATS else None
+        kind = fmt if fmt in folder_format_names() else None
         if is_hub_path(entry):
             kind = "hub"  # resolving the split's files is a network call: left to the run
         elif fmt is None and not any(c in entry for c in "*?[") and detect_format(entry) is None:

@@ -8,23 +8,46 @@ LitData's ``index.json``), so discovery asks the format instead of listing files
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from zephon.errors import DataFormatError
 from zephon.io._arrow import ArrowShard
-from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Shard
+from zephon.io._formats import ReadOptions
 from zephon.io._hf import hf_data_files, is_hf_folder
 from zephon.io._lance import is_lance, lance_shards
 from zephon.io._litdata import is_litdata_index, litdata_shards
 from zephon.io._mds import is_mds_index, mds_shards
 from zephon.io._paths import get_fs, split_protocol
 
-FOLDER_FORMATS = ("hf", "lance", "mds", "litdata")
+#: Entry -> its own index (or None), while :func:`one_probe` is active.
+_PROBED: ContextVar[dict[str, Any] | None] = ContextVar("zephon_folder_probe", default=None)
+
+
+@contextmanager
+def one_probe() -> Iterator[None]:
+    """Within it, a folder's ``index.json`` is read once, however many formats probe it (the
+    MDS and LitData probes read the same file)."""
+    token = _PROBED.set({})
+    try:
+        yield
+    finally:
+        _PROBED.reset(token)
 
 
 def _own_index(entry: str, storage_options: dict[str, Any] | None) -> Any:
+    memo = _PROBED.get()
+    if memo is None:
+        return _read_own_index(entry, storage_options)
+    if entry not in memo:
+        memo[entry] = _read_own_index(entry, storage_options)
+    return memo[entry]
+
+
+def _read_own_index(entry: str, storage_options: dict[str, Any] | None) -> Any:
     protocol, path = split_protocol(entry)
     fs = get_fs(protocol, storage_options)
     index_path = path.rstrip("/") + "/index.json"
@@ -43,52 +66,58 @@ def _mds_index(entry: str, storage_options: dict[str, Any] | None) -> Any:
     return data if data is not None and is_mds_index(data) else None
 
 
-def folder_format(entry: str, storage_options: dict[str, Any] | None) -> str | None:
-    """``"hf"``, ``"lance"``, ``"mds"`` or ``"litdata"`` for such a folder, else ``None``."""
+def is_hf(entry: str, storage_options: dict[str, Any] | None) -> bool:
     protocol, path = split_protocol(entry)
-    if protocol == "file" and is_hf_folder(path):
-        return "hf"
-    if is_lance(path) if protocol == "file" else path.rstrip("/").endswith(".lance"):
-        return "lance"
+    return protocol == "file" and is_hf_folder(path)
+
+
+def is_lance_folder(entry: str, storage_options: dict[str, Any] | None) -> bool:
+    protocol, path = split_protocol(entry)
+    return is_lance(path) if protocol == "file" else path.rstrip("/").endswith(".lance")
+
+
+def is_mds(entry: str, storage_options: dict[str, Any] | None) -> bool:
+    return _mds_index(entry, storage_options) is not None
+
+
+def is_litdata(entry: str, storage_options: dict[str, Any] | None) -> bool:
     index = _own_index(entry, storage_options)
-    if index is not None:
-        return "mds" if is_mds_index(index) else "litdata"
-    return None
+    return index is not None and is_litdata_index(index)
 
 
-def folder_shards(
-    entry: str,
-    fmt: str,
-    *,
-    columns: Sequence[str] | None,
-    storage_options: dict[str, Any] | None,
-    cache: CacheOptions | None,
-    cache_dir: str | None,
-    decode_images: bool = False,
-    allow_pickle: bool = False,
-) -> list[Shard]:
-    """The shards of a self-describing folder of format ``fmt`` (the two flags: MDS columns)."""
+def hf_folder_shards(entry: str, options: ReadOptions) -> list[Shard]:
     protocol, path = split_protocol(entry)
-    if fmt == "hf":
-        if protocol != "file":
-            raise DataFormatError(
-                f"{entry}: Hugging Face save_to_disk folders are read from local disk; copy it "
-                "locally or load it with datasets and use Dataset.from_hf"
-            )
-        return [ArrowShard(f, columns=columns) for f in hf_data_files(path)]
-    if fmt == "lance":
-        return lance_shards(
-            path if protocol == "file" else entry, columns=columns, storage_options=storage_options
+    if protocol != "file":
+        raise DataFormatError(
+            f"{entry}: Hugging Face save_to_disk folders are read from local disk; copy it "
+            "locally or load it with datasets and use Dataset.from_hf"
         )
-    if fmt == "litdata":
-        index = _own_index(entry, storage_options)
-        if protocol != "file" or index is None or not is_litdata_index(index):
-            raise DataFormatError(
-                f"{entry} is not a local LitData folder (index.json with 'chunks' and 'config'); "
-                "point at the folder litdata.optimize wrote, copied to local disk"
-            )
-        return litdata_shards(path, index, columns)
-    index = _mds_index(entry, storage_options)
+    return [ArrowShard(f, columns=options.columns) for f in hf_data_files(path)]
+
+
+def lance_folder_shards(entry: str, options: ReadOptions) -> list[Shard]:
+    protocol, path = split_protocol(entry)
+    return lance_shards(
+        path if protocol == "file" else entry,
+        columns=options.columns,
+        storage_options=options.storage_options,
+    )
+
+
+def litdata_folder_shards(entry: str, options: ReadOptions) -> list[Shard]:
+    protocol, path = split_protocol(entry)
+    index = _own_index(entry, options.storage_options)
+    if protocol != "file" or index is None or not is_litdata_index(index):
+        raise DataFormatError(
+            f"{entry} is not a local LitData folder (index.json with 'chunks' and 'config'); "
+            "point at the folder litdata.optimize wrote, copied to local disk"
+        )
+    return litdata_shards(path, index, options.columns)
+
+
+def mds_folder_shards(entry: str, options: ReadOptions) -> list[Shard]:
+    protocol, path = split_protocol(entry)
+    index = _mds_index(entry, options.storage_options)
     if index is None:
         raise DataFormatError(
             f"{entry} has no MDS index.json (version 2 with 'mds' shards); point at the folder "
@@ -97,10 +126,10 @@ def folder_shards(
     return mds_shards(
         path if protocol == "file" else entry,
         index,
-        columns=columns,
-        storage_options=storage_options,
-        cache=cache,
-        cache_dir=cache_dir,
-        decode_images=decode_images,
-        allow_pickle=allow_pickle,
+        columns=options.columns,
+        storage_options=options.storage_options,
+        cache=options.cache,
+        cache_dir=None if options.cache_dir is None else str(options.cache_dir),
+        decode_images=options.decode_images,
+        allow_pickle=options.allow_pickle,
     )

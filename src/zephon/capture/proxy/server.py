@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from zephon.capture.proxy._config import CONFIG_ENV, ProxyConfig
+from zephon.capture.stores import store_spec, url_forms
 
 __all__ = ["bind_socket", "exposure_problem", "serve"]
 
@@ -154,10 +155,10 @@ def serve(
         log.warning("zephon capture proxy: %s", problem)
     if workers < 1:
         raise ValueError("--workers must be >= 1")
-    if workers > 1 and config.store_url.lower().startswith("memory:"):
+    if workers > 1 and not store_spec(config.store_url).shared_across_processes:
         raise ValueError(
-            "memory:// stores live in one process; with --workers > 1 use a shared store "
-            "(file:///DIR, sqlite:///FILE or postgresql://...)"
+            f"{store_spec(config.store_url).url_form} stores live in one process; with "
+            f"--workers > 1 use a shared store ({url_forms(shared_only=True)})"
         )
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]

@@ -1,20 +1,28 @@
 """Capture stores opened by URL: ``open_store("memory://name" | "file:///dir" | ...)``.
 
 Each store implements sink, source, lineage resolver and ledger over one shared backend; two
-stores opened with the same URL are two clients of that backend. Implementations are imported
-lazily so that ``memory://`` never pulls in psycopg.
+stores opened with the same URL are two clients of that backend. Every kind of store is a
+:class:`StoreSpec` in one registry (:func:`register_store` adds yours); implementations are
+imported lazily so that ``memory://`` never pulls in psycopg.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
-from urllib.parse import urlsplit
 
 from zephon.capture.protocols import CaptureStore
 from zephon.capture.stores._durable import DurableStore
 from zephon.capture.stores._fsio import FileSystem
 from zephon.capture.stores._fsutil import LogCorruptionError
+from zephon.capture.stores._registry import (
+    StoreSpec,
+    register_store,
+    store_spec,
+    store_specs,
+    stores_markdown,
+    unregister_store,
+    url_forms,
+)
 
 __all__ = [
     "STORE_CLASSES",
@@ -22,27 +30,64 @@ __all__ = [
     "DurableStore",
     "FileSystem",
     "LogCorruptionError",
+    "StoreSpec",
     "open_store",
+    "register_store",
     "store_class",
+    "store_spec",
+    "store_specs",
+    "stores_markdown",
+    "unregister_store",
+    "url_forms",
 ]
 
-STORE_SCHEMES: dict[str, str] = {
-    "memory": "zephon.capture.stores._memory:MemoryStore",
-    "file": "zephon.capture.stores._file:FileStore",
-    "sqlite": "zephon.capture.stores._sqlite:SqliteStore",
-    "postgresql": "zephon.capture.stores._postgres:PostgresStore",
-    "postgres": "zephon.capture.stores._postgres:PostgresStore",
-}
-"""URL scheme -> ``"module:Class"``; every class has a ``from_url(url, *, create)`` classmethod."""
+_BUILTIN = (
+    StoreSpec(
+        "memory",
+        ("memory",),
+        "zephon.capture.stores._memory:MemoryStore",
+        "memory://NAME",
+        "the reference; one process; tests (`memory://` = `default`)",
+        shared_across_processes=False,
+    ),
+    StoreSpec(
+        "file",
+        ("file",),
+        "zephon.capture.stores._file:FileStore",
+        "file:///DIR",
+        "the embedded default: append-only per-rollout logs, flock, fsync",
+    ),
+    StoreSpec(
+        "sqlite",
+        ("sqlite",),
+        "zephon.capture.stores._sqlite:SqliteStore",
+        "sqlite:///FILE",
+        "WAL, one transaction per write, many processes on one machine",
+    ),
+    StoreSpec(
+        "postgres",
+        ("postgresql", "postgres"),
+        "zephon.capture.stores._postgres:PostgresStore",
+        "postgresql://...",
+        "one transaction per write, many machines",
+        extra="postgres",
+    ),
+)
+for _spec in _BUILTIN:
+    register_store(_spec, replace=True)
 
-STORE_CLASSES: dict[str, str] = {
-    "MemoryStore": "memory",
-    "FileStore": "file",
-    "SqliteStore": "sqlite",
-    "PostgresStore": "postgresql",
+STORE_SCHEMES: dict[str, str] = {
+    scheme: spec.store
+    for spec in _BUILTIN
+    for scheme in spec.schemes
+    if isinstance(spec.store, str)
 }
-"""Store class name -> its URL scheme; the classes are attributes of this module, imported on
-first access."""
+"""The built-in stores' URL scheme -> ``"module:Class"`` (the registry, :func:`store_specs`,
+also holds the stores registered later)."""
+
+STORE_CLASSES: dict[str, str] = {spec.class_name: spec.schemes[0] for spec in _BUILTIN}
+"""Built-in store class name -> its URL scheme; the classes are attributes of this module,
+imported on first access."""
 
 
 def __getattr__(name: str) -> Any:
@@ -54,17 +99,7 @@ def __getattr__(name: str) -> Any:
 
 def store_class(url: str) -> Any:
     """The store class for ``url``'s scheme (imported on first use)."""
-    scheme = urlsplit(url).scheme.lower()
-    target = STORE_SCHEMES.get(scheme)
-    if target is None:
-        known = ", ".join(f"{s}://" for s in STORE_SCHEMES)
-        raise ValueError(
-            f"unknown capture store URL {url!r}: scheme {scheme + '://' if scheme else '(none)'}"
-            f" is not one of {known}"
-        )
-    module_name, _, class_name = target.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, class_name)
+    return store_spec(url).load()
 
 
 def open_store(url: str, *, create: bool = True) -> CaptureStore:
