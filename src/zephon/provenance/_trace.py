@@ -127,7 +127,9 @@ def _previews(
     ]
 
 
-def _decoded(prov: BatchProvenance, batch: SampleBatch, tokenize: Any) -> dict[tuple[int, int], str]:
+def _decoded(
+    prov: BatchProvenance, batch: SampleBatch, tokenize: Any
+) -> dict[tuple[int, int], str]:
     """``(row, segment) -> text`` of each segment's span of the row's token ids."""
     field = str(getattr(tokenize, "output_field", "input_ids"))
     out: dict[tuple[int, int], str] = {}
