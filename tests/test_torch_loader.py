@@ -10,7 +10,7 @@ import pytest
 
 from tests.engine._sources import RangeSource
 from tests.engine.test_torch import build, ids
-from zephon import Dataset, Pipeline
+from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 from zephon.errors import CheckpointError, ConfigError
 from zephon.torch_loader import PipelineDataLoader, merge_loader_states
 
@@ -145,3 +145,70 @@ def test_history_gives_the_position_after_an_earlier_item(workers: int) -> None:
     resumed = PipelineDataLoader(build(), ids, num_workers=workers)
     resumed.load_state_dict(state)
     assert list(resumed) == rest
+
+
+def build_epochs() -> Pipeline:
+    """A few batches per epoch over 4 lanes, from a source whose order is keyed by the epoch."""
+    rows = [{"text": f"doc {i}: " + "lorem " * (1 + i % 5)} for i in range(48)]
+    source = StaticMixtureWorkSource(
+        datasets=[Dataset.from_records("docs", rows)],
+        mixture=MixtureSpec({"docs": 1.0}),
+        chunk_size=6,
+        seed=3,
+    )
+    return (
+        Pipeline(source).decode_text().tokenize("bytes").shuffle(8, seed=5).batch(2)
+        .options(canonical_replicas=4, runner="inline")
+    )  # fmt: skip
+
+
+def pipeline_pass(epoch: int) -> list[Any]:
+    return [ids(b) for b in build_epochs().set_epoch(epoch)]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_set_epoch_passes_the_pipelines_epoch(workers: int) -> None:
+    loader = PipelineDataLoader(build_epochs(), ids, num_workers=workers)
+    passes = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        assert loader.epoch == epoch
+        passes.append(list(loader))
+    assert passes == [pipeline_pass(e) for e in range(3)]
+    assert passes[0] != passes[1] != passes[2]
+    assert sorted(passes[0]) != sorted(passes[1])  # other batches, not only another order
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_auto_epoch_moves_on_after_a_finished_pass_and_a_resume_continues(workers: int) -> None:
+    loader = PipelineDataLoader(build_epochs(), ids, num_workers=workers, auto_epoch=True)
+    first = list(loader)
+    assert loader.epoch_finished and loader.epoch == 0
+    second, it = take(loader, 3)
+    assert loader.epoch == 1 and not loader.epoch_finished
+    state = loader.state_dict()
+    assert [first, second + list(it)] == [pipeline_pass(0), pipeline_pass(1)]
+    resumed = PipelineDataLoader(build_epochs(), ids, num_workers=workers, auto_epoch=True)
+    resumed.load_state_dict(state)
+    assert resumed.epoch == 1 and not resumed.epoch_finished
+    assert second + list(resumed) == pipeline_pass(1)  # the loaded epoch is finished first
+    assert list(resumed) == pipeline_pass(2)
+
+
+def test_set_epoch_refuses_a_loaded_state_in_the_middle_of_another_epoch() -> None:
+    loader = PipelineDataLoader(build_epochs(), ids)
+    take(loader, 3)
+    state = loader.state_dict()
+    resumed = PipelineDataLoader(build_epochs(), ids)
+    resumed.load_state_dict(state)
+    with pytest.raises(CheckpointError, match=r"middle of epoch 0; call set_epoch\(0\)"):
+        resumed.set_epoch(1)
+    finished = PipelineDataLoader(build_epochs(), ids)
+    list(finished)
+    after_the_end = PipelineDataLoader(build_epochs(), ids)
+    after_the_end.load_state_dict(finished.state_dict())
+    assert after_the_end.epoch_finished
+    after_the_end.set_epoch(1)  # that epoch was complete: the new one starts at its beginning
+    assert list(after_the_end) == pipeline_pass(1)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zephon._optional import require
-from zephon.checkpoints import delivered_counts
+from zephon.checkpoints import ParsedCheckpoint, delivered_counts, parse_checkpoint
 from zephon.errors import CheckpointError
 from zephon.torch_data import worker_pipeline
 from zephon.work import lanes_for_rank
@@ -120,6 +120,12 @@ class PipelineDataLoader:
     items handed out, for a consumer that reads ahead of what it trains
     (``state_dict(upto=index)``); without workers that takes a checkpoint per item. The
     remaining keyword arguments go to ``torch.utils.data.DataLoader``.
+
+    Each iteration is one pass over the data (:attr:`epoch`); call :meth:`set_epoch` between
+    iterations for the next one, as with a ``DistributedSampler``, or pass ``auto_epoch=True``:
+    an iteration that starts after its epoch finished then passes the next epoch, so
+    ``for epoch in range(n): for batch in loader: ...`` gives n different passes and, after
+    ``load_state_dict``, continues the loaded epoch first.
     """
 
     def __init__(
@@ -130,10 +136,12 @@ class PipelineDataLoader:
         num_workers: int = 0,
         device: Any = None,
         history: int = 0,
+        auto_epoch: bool = False,
         **dataloader_kwargs: Any,
     ) -> None:
         require("torch", "PipelineDataLoader")
         self.pipeline = pipeline
+        self.auto_epoch = auto_epoch
         self.num_workers = num_workers
         self.device = device
         self._dataset = _StampedDataset(pipeline, transform, stamp=history > 0)
@@ -146,10 +154,50 @@ class PipelineDataLoader:
         self._start: _Start = None  # where the current (or last) iteration started
         self._latest: dict[int, dict[str, Any]] = {}
         self.items_yielded = 0  # items handed out by this loader, over all its iterations
+        self._exhausted = False  # the last iteration delivered the rest of its epoch
+
+    @property
+    def epoch(self) -> int:
+        """The pass over the data the next (or current) iteration delivers: a loaded state's
+        epoch until it is iterated, otherwise the pipeline's (:meth:`Pipeline.set_epoch`)."""
+        if self._restored is not None:
+            return _parsed_views(self._restored)[0].epoch
+        return self.pipeline.epoch
+
+    @property
+    def epoch_finished(self) -> bool:
+        """Whether :attr:`epoch` has nothing left to deliver: the last iteration ran to its
+        end, or the loaded state was saved at the end of its epoch."""
+        if self._restored is not None:
+            return all(view.finished for view in _parsed_views(self._restored))
+        return self._exhausted
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration pass ``epoch`` over the data (between iterations).
+
+        A loaded state in that epoch is continued; one at the end of another epoch is
+        dropped (the new epoch starts at its beginning); one in the middle of another epoch
+        is refused, naming the epoch to set.
+        """
+        if self._restored is not None and self.epoch != epoch:
+            if not self.epoch_finished:
+                raise CheckpointError(
+                    f"set_epoch({epoch}): the loaded state is in the middle of epoch "
+                    f"{self.epoch}; call set_epoch({self.epoch}) (or leave it) to finish that "
+                    f"epoch first"
+                )
+            self._restored = None
+        self.pipeline.set_epoch(epoch)
+        self._exhausted = False
 
     def __iter__(self) -> Iterator[Any]:
+        if self.auto_epoch and self.epoch_finished:
+            self.set_epoch(self.epoch + 1)
+        elif self._restored is not None:
+            self.pipeline.set_epoch(self.epoch)  # the workers' copies restore; keep it here too
         self._dataset.pending = self._start = self._restored
         self._restored = None
+        self._exhausted = False
         self._latest = {}
         self._history.clear()
         loader = DataLoader(
@@ -167,6 +215,7 @@ class PipelineDataLoader:
                 self._history.append((self.items_yielded, dict(self._latest)))
             self.items_yielded += 1
             yield payload if self.device is None else _to_device(payload, self.device)
+        self._exhausted = True
 
     def _rotation(self) -> _RankRotation:
         """The rank's round-robin where this iteration starts."""
@@ -268,6 +317,11 @@ class PipelineDataLoader:
         else:
             self._restored = merge_loader_states([state])
         self._latest = {}
+
+
+def _parsed_views(start: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[ParsedCheckpoint]:
+    views = start if isinstance(start, Sequence) else [start]
+    return [parse_checkpoint(view) for view in views]
 
 
 def merge_loader_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -14,13 +14,14 @@ ROW_LENGTH = 64
 BATCH = 2
 
 
-def build_pipeline(**options: Any) -> Pipeline:
-    return build_pipeline_unbatched(**options).batch(BATCH)
+def build_pipeline(*, docs: int = len(ROWS), **options: Any) -> Pipeline:
+    """The pipeline over the first ``docs`` documents (a few make short epochs)."""
+    return build_pipeline_unbatched(docs=docs, **options).batch(BATCH)
 
 
-def build_pipeline_unbatched(**options: Any) -> Pipeline:
+def build_pipeline_unbatched(*, docs: int = len(ROWS), **options: Any) -> Pipeline:
     source = StaticMixtureWorkSource(
-        datasets=[Dataset.from_records("docs", ROWS)],
+        datasets=[Dataset.from_records("docs", ROWS[:docs])],
         mixture=MixtureSpec({"docs": 1.0}),
         chunk_size=16,
         seed=3,

@@ -46,21 +46,35 @@ class TinyLlama(pl.LightningModule):  # type: ignore[misc]
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
-def main() -> None:
-    out, mode, workers = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-    record_pid(out)
+def fit(
+    out: Path,
+    mode: str,
+    workers: int,
+    *,
+    steps: int = STEPS,
+    docs: int | None = None,
+    ckpt: str | None = None,
+) -> None:
+    """Train ``steps`` steps (checkpoints every 5 in ``OUT/ckpt``), from ``ckpt`` if given."""
     torch.manual_seed(0)
     checkpoints = pl.callbacks.ModelCheckpoint(
         dirpath=out / "ckpt", every_n_train_steps=EVERY, save_top_k=-1, filename="{step}"
     )
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=STEPS, callbacks=[checkpoints],
+        accelerator="cpu", devices=1, max_steps=steps, callbacks=[checkpoints],
         logger=False, enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
-    data = ZephonDataModule(build_pipeline(), num_workers=workers)
+    pipeline = build_pipeline() if docs is None else build_pipeline(docs=docs)
+    data = ZephonDataModule(pipeline, num_workers=workers)
     model = TinyLlama(out / f"{mode}.jsonl", park=mode == "park")
-    ckpt = str(out / "ckpt" / "step=10.ckpt") if mode == "resume" else None
     trainer.fit(model, datamodule=data, ckpt_path=ckpt)
+
+
+def main() -> None:
+    out, mode, workers = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    record_pid(out)
+    ckpt = str(out / "ckpt" / "step=10.ckpt") if mode == "resume" else None
+    fit(out, mode, workers, ckpt=ckpt)
 
 
 if __name__ == "__main__":

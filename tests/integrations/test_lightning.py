@@ -36,6 +36,33 @@ def test_sigkill_after_a_checkpoint_then_ckpt_path_resumes_bitwise(
     assert json_lines(killed / "resume.jsonl") == ref[CHECKPOINT:]
 
 
+@pytest.mark.timeout(400)
+# Lightning's own use of a torch pytree API torch deprecates (raised in the test's process)
+@pytest.mark.filterwarnings("ignore:`isinstance.treespec, LeafSpec.` is deprecated:FutureWarning")
+# the resume writes its checkpoints to a folder of its own
+@pytest.mark.filterwarnings("ignore:The dirpath has changed:UserWarning")
+def test_each_training_epoch_is_the_next_pass_and_a_resume_mid_epoch_continues_it(
+    tmp_path: Path,
+) -> None:
+    from tests.integrations._corpus import build_pipeline, row_digest
+    from tests.integrations._lightning_job import fit
+
+    docs = 24  # 10 batches an epoch: 25 steps end in the third epoch
+    epochs = [
+        [[row_digest(r) for r in b.to_training(convention="hf")["input_ids"]] for b in
+         build_pipeline(docs=docs).set_epoch(epoch)]
+        for epoch in range(3)
+    ]  # fmt: skip
+    assert epochs[0] != epochs[1] != epochs[2]
+    fresh, resumed = tmp_path / "fresh", tmp_path / "resumed"
+    fresh.mkdir(), resumed.mkdir()
+    fit(fresh, "fresh", 0, steps=25, docs=docs)
+    reference = json_lines(fresh / "fresh.jsonl")
+    assert [line["rows"] for line in reference] == [b for e in epochs for b in e][:25]
+    fit(resumed, "resume", 0, steps=25, docs=docs, ckpt=str(fresh / "ckpt" / "step=15.ckpt"))
+    assert json_lines(resumed / "resume.jsonl") == reference[15:]
+
+
 def test_state_before_training_is_refused() -> None:
     from tests.integrations._corpus import build_pipeline
 

@@ -106,7 +106,9 @@ def test_torchrun_trainer_trains_every_lane_once_and_resumes_bitwise(
 # -- in one process ------------------------------------------------------------------------
 
 
-def trainer(out: Path, mode: str, steps: int, run: str = "run") -> RecordingTrainer:
+def trainer(
+    out: Path, mode: str, steps: int, run: str = "run", docs: int | None = None
+) -> RecordingTrainer:
     args = TrainingArguments(
         output_dir=str(out / run),
         max_steps=steps,
@@ -118,14 +120,18 @@ def trainer(out: Path, mode: str, steps: int, run: str = "run") -> RecordingTrai
         disable_tqdm=True,
         seed=0,
     )
-    t = RecordingTrainer(model=tiny_llama(), args=args, train_pipeline=build_pipeline())
+    pipeline = build_pipeline() if docs is None else build_pipeline(docs=docs)
+    t = RecordingTrainer(model=tiny_llama(), args=args, train_pipeline=pipeline)
     t.log_path = out / f"{mode}.jsonl"
     return t
 
 
 class SigtermAt(TrainerCallback):  # type: ignore[misc]
+    def __init__(self, step: int = 5) -> None:
+        self.step = step
+
     def on_step_end(self, args: object, state: object, control: object, **kw: object) -> object:
-        if state.global_step == 5:  # type: ignore[attr-defined]
+        if state.global_step == self.step:  # type: ignore[attr-defined]
             os.kill(os.getpid(), signal.SIGTERM)
         return control
 
@@ -149,6 +155,26 @@ def test_sigterm_checkpoints_at_the_next_step_end_exits_143_and_resumes_exactly(
     assert json_lines(tmp_path / "stopped.jsonl") == reference[:6]
     assert json_lines(tmp_path / "resumed.jsonl") == reference[6:]
     assert resumed.zephon_loader is not None and resumed.zephon_loader.items_yielded == 6
+
+
+def test_each_pass_is_the_next_epoch_and_a_resume_mid_epoch_continues_it(tmp_path: Path) -> None:
+    docs = 24  # 10 batches an epoch: 25 steps end in the third epoch
+    epochs = [
+        [[row_digest(r) for r in b.to_training(convention="hf")["input_ids"]] for b in
+         build_pipeline(docs=docs).set_epoch(epoch)]
+        for epoch in range(3)
+    ]  # fmt: skip
+    assert len(epochs[0]) == 10 and epochs[0] != epochs[1] != epochs[2]
+    trainer(tmp_path, "reference", 25, run="reference-run", docs=docs).train()
+    reference = json_lines(tmp_path / "reference.jsonl")
+    assert [line["rows"] for line in reference] == [b for e in epochs for b in e][:25]
+    stopped = trainer(tmp_path, "stopped", 25, docs=docs)
+    stopped.add_callback(SigtermAt(13))  # in the second epoch: saves checkpoint-14
+    with pytest.raises(SystemExit):
+        stopped.train()
+    resumed = trainer(tmp_path, "resumed", 25, docs=docs)
+    resumed.train(resume_from_checkpoint=True)
+    assert json_lines(tmp_path / "resumed.jsonl") == reference[14:]
 
 
 def test_wrong_setups_are_refused_naming_the_fix(tmp_path: Path) -> None:

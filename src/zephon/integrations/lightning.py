@@ -53,7 +53,8 @@ class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
     ``transform`` turns a zephon batch into what ``training_step`` receives (default:
     ``to_training(convention="hf")`` tensors). ``num_workers`` runs shares of the rank's lanes in
     DataLoader workers; ``read_ahead`` bounds how many batches Lightning may fetch beyond the
-    one it trains (1 by default in Lightning).
+    one it trains (1 by default in Lightning). Each training epoch is the pipeline's next pass
+    over the data (``Pipeline.set_epoch``); a resume continues the saved one.
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
                 self.transform,
                 num_workers=self.num_workers,
                 history=self.read_ahead + 1,
+                auto_epoch=True,
             )
         if self._pending is not None:
             self.loader.load_state_dict(self._pending)

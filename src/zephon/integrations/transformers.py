@@ -9,6 +9,9 @@ What a plain ``Trainer`` gets wrong with an iterable dataset, and what this clas
   every Trainer checkpoint holds ``zephon-data-state.json`` (all ranks' lanes merged) for the
   last batch the optimizer consumed, whatever the DataLoader or gradient accumulation read
   ahead, and ``resume_from_checkpoint`` continues from it without replaying anything.
+- a second pass over an iterable dataset repeats the first (the Trainer numbers epochs from 0
+  again after a resume, so it cannot key them); here each pass after a finished one is the
+  pipeline's next epoch (``Pipeline.set_epoch``), and a resume continues the saved epoch.
 - SIGTERM kills the job without a checkpoint; here SIGTERM checkpoints at the next step end and
   exits 143, and SIGUSR1 checkpoints and goes on, as ``zephon run`` does.
 """
@@ -32,7 +35,7 @@ from zephon.torch_data import hf_tensors
 from zephon.torch_loader import PipelineDataLoader
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from zephon.pipeline import Pipeline
 
@@ -140,7 +143,7 @@ class ZephonTrainer(Trainer):  # type: ignore[misc]
         self.preemption = PreemptionCallback()
         self.add_callback(self.preemption)
 
-    def get_train_dataloader(self) -> PipelineDataLoader:  # type: ignore[override]
+    def get_train_dataloader(self) -> _Passes:  # type: ignore[override]
         if self.zephon_loader is None:
             args = self.args
             extra: dict[str, Any] = {"pin_memory": args.dataloader_pin_memory}
@@ -152,12 +155,13 @@ class ZephonTrainer(Trainer):  # type: ignore[misc]
                 self.train_pipeline,
                 self.transform,
                 num_workers=args.dataloader_num_workers,
+                auto_epoch=True,
                 **extra,
             )
         if self._data_resume is not None:
             self.zephon_loader.load_state_dict(self._data_resume)
             self._data_resume = None
-        return self.zephon_loader
+        return _Passes(self.zephon_loader)
 
     def train(  # type: ignore[override]
         self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any
@@ -199,6 +203,17 @@ class ZephonTrainer(Trainer):  # type: ignore[misc]
             target.mkdir(parents=True, exist_ok=True)
             save_checkpoint(target / DATA_STATE_NAME, data)
         super()._save_checkpoint(model, trial)
+
+
+class _Passes:
+    """The loader as the Trainer sees it: without ``set_epoch``, whose epoch index restarts at
+    0 after a resume of an iterable dataset; the loader counts its passes itself."""
+
+    def __init__(self, loader: PipelineDataLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.loader)
 
 
 def _check_batch_size(pipeline: Pipeline, per_device: int) -> None:
