@@ -53,11 +53,6 @@ class DriverChain:
             items = run_tasks(core, core.feed(items))
         return items
 
-    @property
-    def resolving(self) -> bool:
-        """Whether a core still gives restored records their payloads as they leave it."""
-        return any(core.resolve is not None for core in self.cores)
-
     def push(self, items: Sequence[StreamItem]) -> list[StreamItem]:
         """Items in stream order through every operator of the chain."""
         return self._through(0, list(items))

@@ -37,10 +37,6 @@ COALESCE_PARTS = 4
 """A driver sends what it released as one message once this many items or micro-batches are
 waiting, or before it blocks: one consumer wake-up then carries several micro-batches. The
 message takes a channel slot per micro-batch, so what is in flight stays bounded as before."""
-RESOLVE_SLICE = 16
-"""While restored records still wait for their payloads, a riding chain takes its input this
-many items at a time and sends what leaves at once: a batch then waits only for the rebuild of
-its own records, not for that of a whole released micro-batch (most of a shuffle buffer's)."""
 Message = tuple[Any, ...]
 
 
@@ -187,9 +183,6 @@ class OpDriver(threading.Thread):
         for part in released:
             out.extend(part)
         if out and self.after is not None:
-            if self.after.resolving:
-                self._ride_in_slices(out, len(released))
-                return
             out = self._ride(out)
         if out:
             self._outbox.extend(out)
@@ -210,18 +203,6 @@ class OpDriver(threading.Thread):
         if after.reads_payload and self.resolve_shm:
             resolve_items(items)
         return after.push(items)
-
-    def _ride_in_slices(self, items: list[StreamItem], parts: int) -> None:
-        """Ride ``items`` through the chain a slice at a time, sending each slice's output on
-        (the released micro-batches' channel slots go with the first send)."""
-        for start in range(0, len(items), RESOLVE_SLICE):
-            out = self._ride(items[start : start + RESOLVE_SLICE])
-            if out:
-                self._outbox.extend(out)
-                self._outbox_parts += parts
-                parts = 0
-                self._flush_outbox()
-        self._outbox_parts += parts
 
     def _send(self, items: list[StreamItem]) -> None:
         """Send on what the riding chain's ``finish`` or ``poll`` emitted."""
