@@ -191,7 +191,8 @@ def state_bytes(state: dict[str, Any]) -> dict[str, float]:
         pack, shuffle, mixture = ops.get("3") or {}, ops.get("4") or {}, ops.get("5") or {}
         if pack:
             sizes["per_open_bin"][0] += len(json.dumps(pack))
-            sizes["per_open_bin"][1] += len(pack["packer"]["bins"])
+            packers = pack.get("packers") or [[None, pack["packer"]]]  # older: one packer
+            sizes["per_open_bin"][1] += sum(len(p["bins"]) for _, p in packers)
         if shuffle:
             sizes["per_shuffled"][0] += len(json.dumps(shuffle))
             sizes["per_shuffled"][1] += len(shuffle["items"])

@@ -23,7 +23,9 @@ is compared with the cold first batch plus ``N - K`` batches at the measured ste
 (the restore and its first batch, which re-reads the records the snapshot holds open).
 
 Prints a table and one final JSON line. Usage:
-``python benchmarks/provenance.py [--docs 8000] [--rounds 3] [--every 50]``.
+``python benchmarks/provenance.py [--docs 8000] [--rounds 3] [--every 50]
+[--snapshot-every-records N]`` (the last sets ``options.snapshot_every_records``, which bounds
+what a restore replays from its snapshot to the checkpoint).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ runner: threads
 """
 
 
-def build_mixture(work: Path, docs: int) -> Path:
+def build_mixture(work: Path, docs: int, snapshot_every: int | None = None) -> Path:
     sys.path.insert(0, str(HERE))
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -79,7 +81,10 @@ def build_mixture(work: Path, docs: int) -> Path:
         pq.write_table(pa.Table.from_pylist(rows), books / (f.stem + ".parquet"))
     web = [str(f) for f in files[: len(files) // 2]]
     path = work / "mixture.yaml"
-    path.write_text(YAML.format(web=json.dumps(web), books=str(books), tok=str(tok_dir)))
+    text = YAML.format(web=json.dumps(web), books=str(books), tok=str(tok_dir))
+    if snapshot_every is not None:  # a restore replays at most this many records per lane
+        text += f"options: {{snapshot_every_records: {snapshot_every}}}\n"
+    path.write_text(text)
     return path
 
 
@@ -180,9 +185,10 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=8000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--every", type=int, default=50)
+    parser.add_argument("--snapshot-every-records", type=int, default=None)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="zephon-prov-bench-"))
-    yaml = build_mixture(work, args.docs)
+    yaml = build_mixture(work, args.docs, args.snapshot_every_records)
     modes = ("plain", "provenance", "log", "fingerprint")
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     ratios: dict[str, list[float]] = {m: [] for m in modes}

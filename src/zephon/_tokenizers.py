@@ -41,6 +41,10 @@ class ByteTokenizer:
     def encode_many(self, texts: list[str]) -> list[np.ndarray]:
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.int32) for t in texts]
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` without BOS/EOS; a character cut at a span edge becomes U+FFFD."""
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
     def encode_masked(
         self,
         texts: list[str],
@@ -74,6 +78,10 @@ class HFTokenizer:
     def encode_many(self, texts: list[str]) -> list[list[int]]:
         encode = self._fast or self.tokenizer.encode_batch
         return [e.ids for e in encode(texts, add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``, special tokens left out."""
+        return str(self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True))
 
     def encode_masked(
         self,

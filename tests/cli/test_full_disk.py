@@ -1,6 +1,6 @@
 """Disks that fail under ``zephon run`` (a real tmpfs, mounted in a mount namespace of the
-test's own): a ``--record`` on a full disk is one line saying what to do, with no checkpoint
-ahead of the record, and once space is freed the resume completes the record exactly; a
+test's own): a ``--record`` or ``--provenance`` log on a full disk is one line saying what to
+do, with no checkpoint ahead of it, and once space is freed the resume completes it exactly; a
 read-only checkpoint directory whose newest file is damaged is one line too."""
 
 from __future__ import annotations
@@ -79,3 +79,69 @@ def test_a_read_only_checkpoint_dir_with_a_damaged_newest_file_is_one_line(workd
     assert (workdir / "code").read_text().strip() == "2", err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith("zephon run: error: ") and "Read-only file system" in err
+
+
+PROVENANCE = """\
+set -u
+mount -t tmpfs -o size={size} tmpfs small
+head -c {filler} /dev/zero > small/filler
+run() {{ {zephon} run pipeline.yaml --quiet --provenance small/log --checkpoint-dir ck \\
+        --checkpoint-every 20 "$@"; }}
+run > out1 2> err1; echo $? > code1
+ls -a small/log > parts1
+ls ck > checkpoints1
+rm small/filler
+run --resume > out2 2> err2; echo $? > code2
+cp -r small/log got
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_full_disk_under_the_provenance_log_is_one_line_and_the_resume_completes_it(
+    workdir: Path,
+):
+    from zephon.provenance import read_log
+
+    expected = subprocess.run(
+        [ZEPHON, "run", "pipeline.yaml", "--quiet", "--provenance", "full"], cwd=workdir,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert expected.returncode == 0, expected.stderr
+    full = read_log(workdir / "full")
+    steps = full["step"].to_pylist()[-1] + 1
+    assert steps > 60  # several checkpoints (one part each) before the disk fills
+    (workdir / "small").mkdir()
+    free = 4 * 2 * PAGE  # about four parts of 20 steps (each under two pages)
+    script = PROVENANCE.format(size=SIZE, filler=SIZE - free, zephon=ZEPHON)
+    _in_mount_namespace(workdir, script)
+
+    assert (workdir / "code1").read_text().strip() == "1"
+    err = (workdir / "err1").read_text()
+    assert "Traceback" not in err
+    last = err.splitlines()[-1]
+    assert last.startswith(
+        "zephon run: error: ProvenanceWriteError: cannot write the provenance log small/log: "
+    )
+    assert "No space left on device" in last and "free space, then resume" in last
+    parts = (workdir / "parts1").read_text().split()
+    assert not [p for p in parts if ".tmp-" in p]  # no half-written part is left
+    kept = sorted(p for p in parts if p.startswith("part-"))
+    saved = (workdir / "checkpoints1").read_text().split()
+    newest = max(int(c[5:-5]) for c in saved if c.startswith("ckpt-"))
+    assert kept and int(kept[-1].split("-")[2].split(".")[0]) == newest - 1  # no step ahead
+    assert (workdir / "code2").read_text().strip() == "0", (workdir / "err2").read_text()
+    assert read_log(workdir / "got").equals(full)
+
+
+@pytest.mark.parametrize("flag", ["--record", "--provenance"])
+def test_an_output_path_that_cannot_be_created_is_a_usage_error(workdir: Path, flag: str):
+    (workdir / "a-file").write_text("")
+    target = "a-file/inside" if flag == "--record" else "a-file/log"
+    done = subprocess.run(
+        [ZEPHON, "run", "pipeline.yaml", "--quiet", flag, target], cwd=workdir,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("zephon run: error: cannot open the ")
+    assert "a-file/" in done.stderr and "Not a directory" in done.stderr

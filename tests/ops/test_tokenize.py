@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -125,3 +126,24 @@ def test_token_arrays_equal_per_document_encoding(special_tokens, max_length, li
         if max_length is not None:
             body = body[: max_length - len(head) - len(tail)]
         assert ids.tolist() == head + body + tail
+
+
+@pytest.mark.parametrize("kind", ["bytes", "hf", "custom"])
+def test_decode_gives_the_text_of_a_span_without_specials(tmp_path: Path, kind: str) -> None:
+    """``TokenizeOp.decode`` turns a row's span back into text (trace previews use it): BOS
+    and EOS are left out; an encoder without ``decode`` says so with None."""
+    from zephon._ops.tokenize import TokenizeOp
+
+    spec: Any = {"bytes": "bytes", "custom": _ListEncoder()}.get(kind)
+    if kind == "hf":
+        spec = str(_train(tmp_path / "hf", ["[BOS]", "[EOS]"]))
+    op = TokenizeOp(spec)
+    (record,) = next(iter(_pipe().tokenize(spec).batch(1))).records
+    ids = record.payload["input_ids"]
+    if kind == "custom":
+        assert op.decode(ids) is None
+        return
+    assert op.decode(ids) == "the data loader"
+    assert op.decode(ids[:2]).strip() in ("t", "the")  # BOS, then the first token
+    if kind == "bytes":
+        assert op.decode(list("é".encode())[:1]) == "\ufffd"  # a cut character

@@ -160,3 +160,27 @@ def test_trace_another_rank_from_its_checkpoint(tmp_path: Path) -> None:
     other = trace(yaml, 30, rank=1, checkpoint_dir=ckpt / "r0")
     assert other.restored_from is None and other.replayed == 31
     assert other.fingerprint == delivered[1, 30].fingerprint()
+
+
+def test_trace_previews_show_each_segments_own_text(tmp_path: Path) -> None:
+    """A segment's preview is its own span decoded (a piece of a split document shows its
+    middle, marked "…"), not the start of the document it was cut from."""
+    from tests.provenance._mixture import source_text, tokenize_like
+    from zephon.provenance import trace
+
+    yaml = make_mixture(tmp_path, SMALL_DOCS, max_length=24)  # short rows: many pieces
+    got = trace(yaml, 5)
+    pipe = _pipe(yaml)
+    pieces = 0
+    for segments, previews in zip(got.provenance, got.previews, strict=True):
+        for seg, preview in zip(segments, previews, strict=True):
+            doc = tokenize_like(pipe, source_text(seg.source, seg.line, seg.source_row))
+            span = doc[seg.source_start : seg.source_end]
+            text = bytes(int(i) for i in span if i < 256).decode("utf-8", errors="replace")
+            flat = " ".join(text.split())
+            shown = flat if len(flat) <= 48 else flat[:47] + "…"
+            assert preview == ("…" if seg.source_start else "") + shown, seg
+            whole = " ".join(source_text(seg.source, seg.line, seg.source_row).split())
+            if seg.source_start and not whole.startswith(flat):
+                pieces += 1
+    assert pieces  # the document's start would have been shown for these

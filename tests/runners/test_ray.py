@@ -54,6 +54,32 @@ def test_remote_placement_puts_one_operator_on_actors(ray_session, docs, hf_toke
     assert digest(build("threads")) == digest(build("inline"))
 
 
+@pytest.mark.timeout(180)
+def test_ray_batches_report_the_provenance_inline_does(ray_session, tmp_path):
+    """Every delivered batch names the same segments (files, lines, spans) as inline's, also
+    after a restore, and a traced step re-reads to exactly the row's tokens."""
+    from tests.provenance._mixture import check_batch, make_mixture
+    from zephon.config import load_config
+
+    yaml = make_mixture(tmp_path, 120)
+
+    def pipe(runner: str) -> Pipeline:
+        return load_config(yaml).build().options(runner=runner)
+
+    expected = [b.provenance() for b in pipe("inline")]
+    got = pipe("ray")
+    it = iter(got)
+    seen = [next(it).provenance() for _ in range(len(expected) // 2)]
+    batch = next(it)
+    seen.append(batch.provenance())
+    state = got.checkpoint()
+    it.close()  # type: ignore[attr-defined]
+    assert check_batch(got, batch) and seen == expected[: len(seen)]
+    restored = pipe("ray").restore(state)
+    seen += [b.provenance() for b in restored]
+    assert seen == expected
+
+
 def faulty(docs: list[dict[str, Any]], op: KillWorkerOp, runner: str, **opts: Any) -> Pipeline:
     ds = Dataset.from_records("docs", docs, shard_size=50)
     return (

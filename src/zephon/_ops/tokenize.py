@@ -142,6 +142,13 @@ class TokenizeOp(BaseOp):
             repr(os.fspath(spec)) if isinstance(spec, (str, os.PathLike)) else type(spec).__name__
         )
 
+    def decode(self, ids: Sequence[int]) -> str | None:
+        """The text of token ``ids`` (a span of a row), or None when the tokenizer cannot
+        decode (a custom encoder without ``decode``)."""
+        encoder = self._encoder or self._load()
+        decode = getattr(encoder, "decode", None)
+        return None if decode is None else str(decode(ids))
+
     def _load(self) -> BatchEncoder:
         self._encoder = load_tokenizer(self.tokenizer_spec)
         return self._encoder

@@ -199,6 +199,20 @@ class RecordWriteError(Exception):
         )
 
 
+class ProvenanceWriteError(Exception):
+    """The ``--provenance`` log cannot be written (a full disk): the run stops as for
+    :class:`RecordWriteError`; the parts already written stay, and cover the newest checkpoint."""
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        super().__init__(
+            f"cannot write the provenance log {path}: {error.strerror or error}; stopped "
+            "without a new checkpoint (the newest one matches the log): free space, then resume"
+        )
+
+
+OUTPUT_ERRORS = (RecordWriteError, ProvenanceWriteError)
+
+
 def _check_arguments(args: argparse.Namespace) -> None:
     if args.max_batches is not None and args.max_batches < 0:
         raise UsageError("--max-batches must be >= 0")
@@ -355,7 +369,10 @@ class RunLoop:
             return None
         state = self.pipe.checkpoint()
         if self.provenance is not None:
-            self.provenance.flush()  # the log covers every step the checkpoint does
+            try:
+                self.provenance.flush()  # the log covers every step the checkpoint does
+            except OSError as exc:
+                raise ProvenanceWriteError(args.provenance, exc) from None
         if self.record is not None:
             try:
                 self.record.flush()
@@ -389,7 +406,10 @@ class RunLoop:
         self.samples += n
         self.tokens += t
         if self.provenance is not None:
-            self.provenance.write(item)
+            try:
+                self.provenance.write(item)  # a full buffer writes a part
+            except OSError as exc:
+                raise ProvenanceWriteError(self.args.provenance, exc) from None
         if self.record is not None:
             from zephon.provenance import fingerprint
 
@@ -441,16 +461,11 @@ class RunLoop:
         if args.metrics_port is not None:
             metrics = MetricsServer(lambda: _prometheus_text(self.pipe), port=args.metrics_port)
             err.print(f"metrics: {metrics.url}")
+        try:
+            self._open_outputs()
+        except UsageError as exc:
+            return fail("run", exc, EXIT_USAGE)
         reporter = _metrics_reporter(self.pipe, self.config.metrics, args.statsd)
-        if args.record is not None:
-            # line-buffered: a kill loses no line of an item already delivered
-            self.record = open(args.record, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
-        if args.provenance is not None:
-            from zephon.provenance import ProvenanceLog
-
-            self.provenance = ProvenanceLog.for_pipeline(
-                args.provenance, self.pipe, start_step=self.start_step
-            )
         total = total_reads(self.config, self.pipe) if self.before is not None else None
         start = time.perf_counter()
         progress = progress_bar(
@@ -469,7 +484,7 @@ class RunLoop:
         except KeyboardInterrupt:  # a second stop signal, or Ctrl-C inside the engine
             self.status = self._stop_status()
             self._save_after_stop()
-        except RecordWriteError as exc:
+        except OUTPUT_ERRORS as exc:
             self.status, self.error = "failed", exc
         except Exception as exc:  # zephon errors and errors raised by user code in an operator
             self.status, self.error = "failed", exc
@@ -479,13 +494,44 @@ class RunLoop:
                 with contextlib.suppress(OSError):  # a full disk: said above, cut on resume
                     self.record.close()
             if self.provenance is not None and self.status != "failed":
-                with contextlib.suppress(OSError):
-                    self.provenance.close()
+                self._close_provenance()
             if metrics is not None:
                 metrics.close()
             if reporter is not None:
                 reporter.close()
         return self._finish(time.perf_counter() - start)
+
+    def _open_outputs(self) -> None:
+        """Open the ``--record`` file and the ``--provenance`` log; a path that cannot be one
+        is a usage error (exit 2) before anything runs."""
+        args = self.args
+        if args.record is not None:
+            try:  # line-buffered: a kill loses no line of an item already delivered
+                self.record = open(args.record, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+            except OSError as exc:
+                raise UsageError(f"cannot open the record {args.record}: {exc.strerror}") from None
+        if args.provenance is not None:
+            from zephon.provenance import ProvenanceLog
+
+            try:
+                self.provenance = ProvenanceLog.for_pipeline(
+                    args.provenance, self.pipe, start_step=self.start_step
+                )
+            except (OSError, ValueError) as exc:
+                if self.record is not None:
+                    self.record.close()
+                if isinstance(exc, ValueError):
+                    raise UsageError(str(exc)) from None
+                raise UsageError(
+                    f"cannot open the provenance log {args.provenance}: {exc.strerror or exc}"
+                ) from None
+
+    def _close_provenance(self) -> None:
+        """Write the log's last part; a failure fails the run (its steps are not all logged)."""
+        try:
+            self.provenance.close()
+        except OSError as exc:
+            self.status, self.error = "failed", ProvenanceWriteError(self.args.provenance, exc)
 
     def _finish(self, elapsed: float) -> int:
         args, pipe = self.args, self.pipe

@@ -14,6 +14,7 @@ then holds every delivered step exactly once. ``pandas.read_parquet(folder)`` re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -158,10 +159,15 @@ class ProvenanceLog:
         last = int(self._cols["step"][-1])
         final = self.path / f"part-{self._first:012d}-{last:012d}.parquet"
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-        pq.write_table(table, tmp, compression="zstd", compression_level=9)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+        try:
+            pq.write_table(table, tmp, compression="zstd", compression_level=9)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        except OSError:  # a full disk: no partial part is left; the steps stay buffered
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
         self._reset()
         return final
 

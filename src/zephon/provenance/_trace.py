@@ -109,14 +109,51 @@ def restore_before(pipe: Any, directory: str | os.PathLike[str], step: int) -> t
 
 
 def _previews(
-    origin: Origin, prov: BatchProvenance, text_field: str, width: int
+    origin: Origin, prov: BatchProvenance, batch: SampleBatch, pipe: Any, width: int
 ) -> list[list[str]]:
-    """A short text per segment, reading each shard's rows in one call."""
+    """A short text per segment: its own tokens decoded with the pipeline's tokenizer, else
+    (no tokenize operator, or one that cannot decode) the start of its source document."""
+    tokenize = _tokenize_op(pipe)
+    texts = _decoded(prov, batch, tokenize) if tokenize is not None else {}
+    missing = [seg for r, s, seg in prov.segments() if (r, s) not in texts and not seg.extra]
+    field = str(getattr(tokenize, "field", "text"))
+    documents = _documents(origin, missing, field)
+    return [
+        [
+            _preview(texts.get((r, s), documents.get(seg.sample_id, "")), seg, width)
+            for s, seg in enumerate(row)
+        ]
+        for r, row in enumerate(prov)
+    ]
+
+
+def _decoded(
+    prov: BatchProvenance, batch: SampleBatch, tokenize: Any
+) -> dict[tuple[int, int], str]:
+    """``(row, segment) -> text`` of each segment's span of the row's token ids."""
+    field = str(getattr(tokenize, "output_field", "input_ids"))
+    out: dict[tuple[int, int], str] = {}
+    for r, row in enumerate(prov):
+        payload = batch.records[r].payload if r < len(batch.records) else None
+        ids = payload.get(field) if isinstance(payload, Mapping) else None
+        if ids is None:
+            continue
+        for s, seg in enumerate(row):
+            if seg.extra:
+                continue
+            text = tokenize.decode(ids[seg.start : seg.end])
+            if text is None:
+                return {}
+            out[(r, s)] = text
+    return out
+
+
+def _documents(origin: Origin, segments: list[Segment], field: str) -> dict[Any, str]:
+    """``sample_id -> text`` of the source documents of ``segments``, one read per shard."""
     wanted: dict[tuple[int, int], set[int]] = {}
-    for _, _, seg in prov.segments():
-        if not seg.extra:
-            wanted.setdefault(seg.sample_id[:2], set()).add(seg.sample_id[2])
-    rows: dict[tuple[int, int, int], Any] = {}
+    for seg in segments:
+        wanted.setdefault(seg.sample_id[:2], set()).add(seg.sample_id[2])
+    out: dict[Any, str] = {}
     for (ds, shard), indices in wanted.items():
         ordered = sorted(indices)
         read: list[Any]
@@ -124,32 +161,36 @@ def _previews(
             read = origin.datasets[ds].read(shard, ordered)
         except Exception as exc:  # a moved or unreadable file: say so in the table
             read = [f"<unreadable: {type(exc).__name__}>"] * len(ordered)
-        rows.update({(ds, shard, i): r for i, r in zip(ordered, read, strict=True)})
-    return [
-        [_preview(rows.get(seg.sample_id), seg, text_field, width) for seg in row] for row in prov
-    ]
+        out.update({(ds, shard, i): _text_of(r, field) for i, r in zip(ordered, read, strict=True)})
+    return out
 
 
-def _preview(data: Any, seg: Segment, text_field: str, width: int) -> str:
-    if seg.extra:
-        return ", ".join(f"{k}={v}" for k, v in sorted(seg.extra.items()))[:width]
+def _text_of(data: Any, field: str) -> str:
     if isinstance(data, str):
         return data
-    text = data.get(text_field) if isinstance(data, Mapping) else None
+    text = data.get(field) if isinstance(data, Mapping) else None
     if not isinstance(text, str) and isinstance(data, Mapping):
         text = next((v for v in data.values() if isinstance(v, str)), None)
-    if not isinstance(text, str):
-        return ""
+    return text if isinstance(text, str) else ""
+
+
+def _preview(text: str, seg: Segment, width: int) -> str:
+    """One line of at most ``width`` characters; "…" marks a piece that starts mid-document
+    and a cut at the width."""
+    if seg.extra:
+        return ", ".join(f"{k}={v}" for k, v in sorted(seg.extra.items()))[:width]
     flat = " ".join(text.split())
     head = "…" if seg.source_start > 0 else ""
     return head + (flat if len(flat) <= width else flat[: width - 1] + "…")
 
 
-def _text_field(pipe: Any) -> str:
+def _tokenize_op(pipe: Any) -> Any:
+    """The pipeline's tokenize operator (the last one), or None."""
+    found = None
     for op in pipe.operators():
-        if getattr(op, "name", "") == "tokenize":
-            return str(getattr(op, "field", "text"))
-    return "text"
+        if getattr(op, "name", "") == "tokenize" and hasattr(op, "decode"):
+            found = op
+    return found
 
 
 def trace(
@@ -178,7 +219,7 @@ def trace(
     batch = item if isinstance(item, SampleBatch) else SampleBatch([item])
     origin = pipe.provenance_origin()
     prov = batch_provenance(batch, origin)
-    previews = _previews(origin, prov, _text_field(pipe), preview_chars)
+    previews = _previews(origin, prov, batch, pipe, preview_chars)
     return TraceResult(
         step=step,
         rank=pipe.runtime_options.dp_rank,
