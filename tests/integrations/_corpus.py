@@ -36,6 +36,12 @@ def build_pipeline_unbatched(*, docs: int = len(ROWS), **options: Any) -> Pipeli
     )
 
 
+def epoch_rows(docs: int, epoch: int) -> list[list[str]]:
+    """The row digests of each batch of epoch ``epoch`` over the first ``docs`` documents."""
+    pipeline = build_pipeline(docs=docs).set_epoch(epoch)
+    return [[row_digest(r) for r in b.to_training(convention="hf")["input_ids"]] for b in pipeline]
+
+
 def row_digest(row: Any) -> str:
     """A short digest of one row of token ids (a tensor or an array)."""
     data = row.numpy() if hasattr(row, "numpy") else row

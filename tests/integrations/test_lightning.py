@@ -44,15 +44,11 @@ def test_sigkill_after_a_checkpoint_then_ckpt_path_resumes_bitwise(
 def test_each_training_epoch_is_the_next_pass_and_a_resume_mid_epoch_continues_it(
     tmp_path: Path,
 ) -> None:
-    from tests.integrations._corpus import build_pipeline, row_digest
+    from tests.integrations._corpus import epoch_rows
     from tests.integrations._lightning_job import fit
 
     docs = 24  # 10 batches an epoch: 25 steps end in the third epoch
-    epochs = [
-        [[row_digest(r) for r in b.to_training(convention="hf")["input_ids"]] for b in
-         build_pipeline(docs=docs).set_epoch(epoch)]
-        for epoch in range(3)
-    ]  # fmt: skip
+    epochs = [epoch_rows(docs, epoch) for epoch in range(3)]
     assert epochs[0] != epochs[1] != epochs[2]
     fresh, resumed = tmp_path / "fresh", tmp_path / "resumed"
     fresh.mkdir(), resumed.mkdir()

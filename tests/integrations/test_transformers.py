@@ -15,6 +15,7 @@ from tests.integrations._corpus import (
     BATCH,
     build_pipeline,
     build_pipeline_unbatched,
+    epoch_rows,
     row_digest,
     tiny_llama,
 )
@@ -159,11 +160,7 @@ def test_sigterm_checkpoints_at_the_next_step_end_exits_143_and_resumes_exactly(
 
 def test_each_pass_is_the_next_epoch_and_a_resume_mid_epoch_continues_it(tmp_path: Path) -> None:
     docs = 24  # 10 batches an epoch: 25 steps end in the third epoch
-    epochs = [
-        [[row_digest(r) for r in b.to_training(convention="hf")["input_ids"]] for b in
-         build_pipeline(docs=docs).set_epoch(epoch)]
-        for epoch in range(3)
-    ]  # fmt: skip
+    epochs = [epoch_rows(docs, epoch) for epoch in range(3)]
     assert len(epochs[0]) == 10 and epochs[0] != epochs[1] != epochs[2]
     trainer(tmp_path, "reference", 25, run="reference-run", docs=docs).train()
     reference = json_lines(tmp_path / "reference.jsonl")
