@@ -53,9 +53,6 @@ ALLOWED = {
     ("_engine/pools.py", "_inheriting"): "multiprocessing's bootstrapping flag",
     ("_engine/pools.py", "__file__"): "the main module's file, for an error message",
     ("_engine/pools.py", "sched_getaffinity"): "absent on some platforms",
-    ("_engine/pools.py", "take_counts"): "the engine's own fused operator",
-    ("_engine/pools.py", "counters"): "the engine's own fused operator",
-    ("_engine/shm.py", "on"): "a thread-local flag",
     ("_engine/stage.py", "zephon_op_name"): "an exception note the engine sets itself",
     ("_engine/stats.py", "name"): "the counters of OpStats, by field name",
 }

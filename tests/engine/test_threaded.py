@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from zephon._engine.threaded import DATA, Channel, Stopped
+from zephon._engine.messages import Data
+from zephon._engine.threaded import Channel, Stopped
 from zephon.types import SampleMeta, SampleRecord
 
 
@@ -19,12 +20,13 @@ def test_a_coalesced_message_takes_one_slot_per_micro_batch_up_to_the_capacity()
     channel = Channel(3, stop)
     channel.put_data(items(4), parts=2)
     assert channel._slots.qsize() == 1  # one slot left for the next message
-    kind, got, parts = channel.queue.get_nowait()
-    assert (kind, len(got), parts) == (DATA, 4, 2)
-    channel.release(parts)
+    message = channel.queue.get_nowait()
+    assert isinstance(message, Data) and (len(message.items), message.parts) == (4, 2)
+    channel.release(message.parts)
     assert channel._slots.qsize() == 3
     channel.put_data(items(1), parts=10)  # more than the capacity: it takes them all
-    assert channel.queue.get_nowait()[2] == 3 and channel._slots.qsize() == 0
+    message = channel.queue.get_nowait()
+    assert isinstance(message, Data) and message.parts == 3 and channel._slots.qsize() == 0
 
 
 def test_a_full_channel_gives_up_waiting_when_the_engine_stops():

@@ -23,14 +23,15 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, assert_never
 
 import cloudpickle
 
 from zephon._engine import shm
 from zephon._engine.compile import CompiledRun
 from zephon._engine.engine import Engine, Position
-from zephon._engine.handoff import END, FAILED, ITEM, Receiver, Sender
+from zephon._engine.handoff import Receiver, Sender
+from zephon._engine.messages import HandoffEnd, HandoffError, HandoffItem, HandoffMessage
 from zephon._engine.pools import (
     MAIN_GUARD_EXIT,
     WORKER_NAME_PREFIX,
@@ -106,11 +107,11 @@ def _pump(engine: Engine, sender: Sender) -> None:
             if track and time.monotonic() >= next_stats:
                 next_stats = time.monotonic() + STATS_EVERY_S
                 stats = engine.snapshot()
-            if not sender.send((ITEM, item, thin(engine.position(), sent), stats)):
+            if not sender.send(HandoffItem(item, thin(engine.position(), sent), stats)):
                 return
-        final: tuple[Any, ...] = (END, thin(engine.position(), sent), engine.snapshot())
+        final: HandoffMessage = HandoffEnd(thin(engine.position(), sent), engine.snapshot())
     except BaseException as exc:
-        final = (FAILED, _transferable(exc), engine.snapshot())
+        final = HandoffError(_transferable(exc), engine.snapshot())
     finally:
         items.close()
     if sender.send(final):
@@ -131,7 +132,7 @@ def child_main(conn: Connection, blob: bytes, environ: dict[str, str]) -> None:
         engine = Engine(run)
         _pump(engine, sender)
     except BaseException as exc:
-        if sender.send((FAILED, _transferable(exc), None)):
+        if sender.send(HandoffError(_transferable(exc))):
             sender.wait_closed()
     finally:
         try:
@@ -238,22 +239,22 @@ class EngineProcess:
                     if self._proc.exitcode is None:
                         raise
                     raise self._died(receiver.received) from None
-                kind = message[0]
-                if kind == ITEM:
-                    _, item, position, stats = message
-                    self._position = thicken(position, self._position)
-                    if stats is not None:
+                match message:
+                    case HandoffItem(item, position, stats):
+                        self._position = thicken(position, self._position)
+                        if stats is not None:
+                            self._last_stats = stats
+                        yield item
+                    case HandoffEnd(position, stats):
+                        self._position = thicken(position, self._position)
                         self._last_stats = stats
-                    yield item
-                elif kind == END:
-                    _, position, self._last_stats = message
-                    self._position = thicken(position, self._position)
-                    return
-                elif kind == FAILED:
-                    _, error, stats = message
-                    if stats is not None:
-                        self._last_stats = stats
-                    raise error
+                        return
+                    case HandoffError(error, stats):
+                        if stats is not None:
+                            self._last_stats = stats
+                        raise error
+                    case _:
+                        assert_never(message)
         finally:
             self.close()
 

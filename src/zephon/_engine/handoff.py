@@ -18,8 +18,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from zephon._engine import shm
+from zephon._engine.messages import HANDOFF, HandoffMessage
 
-ITEM, END, FAILED = "item", "end", "failed"
 _ACK_BYTES = 8
 
 
@@ -54,9 +54,9 @@ class Sender:
             if self.stopped:
                 return
 
-    def send(self, message: Any) -> bool:
+    def send(self, message: HandoffMessage) -> bool:
         """Send ``message`` once the window has room; False when the consumer has stopped."""
-        data, keep = self._encoder.dumps(message)
+        data, keep = self._encoder.dumps(HANDOFF.wire(message))
         with self._cond:
             while self._sent - self._acked >= self.window and not self.stopped:
                 self._cond.wait()
@@ -89,13 +89,13 @@ class Receiver:
         self._received = 0
         self._acked = 0
 
-    def recv(self, decode: Callable[[bytes], Any] = shm.loads) -> Any:
+    def recv(self, decode: Callable[[bytes], Any] = shm.loads) -> HandoffMessage:
         """The next message (its arrays mapped); EOFError when the engine process is gone."""
         try:
             data = self._conn.recv_bytes()
         except OSError as exc:
             raise EOFError(str(exc)) from exc
-        message = decode(data)
+        message = HANDOFF.read(decode(data))
         self._received += 1
         if self._received - self._acked >= self._every:
             self._acked = self._received

@@ -38,11 +38,24 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext, SpawnContext
-from typing import Any
+from typing import Any, assert_never
 
 import cloudpickle
 
 from zephon._engine import shm
+from zephon._engine.fusion import FusedOp
+from zephon._engine.messages import (
+    REPLIES,
+    REQUESTS,
+    Failed,
+    Load,
+    MessageError,
+    Ok,
+    Ready,
+    Run,
+    Unload,
+    Unloaded,
+)
 from zephon._engine.stage import annotate, call_process_many
 from zephon.errors import ConfigError, ZephonError
 from zephon.io import SourceStats, io_totals
@@ -144,43 +157,14 @@ def _describe_exit(exitcode: int | None) -> str:
 
 
 def _error_reply(exc: BaseException) -> bytes:
-    """Pickle ``("err", exc)``; an exception that cannot be pickled becomes a RuntimeError."""
+    """Pickle a :class:`Failed` reply; an exception that cannot be pickled becomes a
+    RuntimeError carrying its traceback."""
     try:
-        return pickle.dumps(("err", exc), protocol=5)
+        return pickle.dumps(REPLIES.wire(Failed(exc)), protocol=5)
     except Exception:
         text = "".join(traceback.format_exception(exc)).rstrip()
-        return pickle.dumps(("err", RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")))
-
-
-def _decode(data: bytes) -> tuple[Any, bytes | None]:
-    """The message in ``data``, or (None, the error reply) when a segment it names is gone:
-    a clear error for the engine rather than a worker dying as if out of memory."""
-    try:
-        return shm.loads(data), None
-    except FileNotFoundError as exc:
-        return None, _error_reply(shm.lost_segment(exc))
-
-
-def _load_ops(conn: Connection, message: tuple[Any, ...]) -> dict[int, BaseOp] | None:
-    """Handle ``("load", blobs, worker_index)``: set up the operators; None if that raised.
-
-    Each stage arrives as its own pickle, so an operator whose module cannot be imported here
-    is named in the error like one whose ``setup`` raised.
-    """
-    _, blobs, worker_index = message
-    ops: dict[int, BaseOp] = {}
-    current = "process worker start-up"
-    try:
-        for stage, (name, blob) in blobs.items():
-            current = name
-            op, ctx = cloudpickle.loads(blob)
-            op.setup(replace(ctx, worker_index=worker_index))
-            ops[stage] = op
-    except BaseException as exc:
-        conn.send_bytes(_error_reply(annotate(exc, current)))
-        return None
-    conn.send_bytes(pickle.dumps(("ready", os.getpid())))
-    return ops
+        error = RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")
+        return pickle.dumps(REPLIES.wire(Failed(error)), protocol=5)
 
 
 #: Exit status of a worker process that found itself started while its parent's main module
@@ -275,13 +259,90 @@ def _name_process(name: str) -> None:
         comm.write(name[:15])
 
 
+class _Worker:
+    """A worker process's operators and shared-memory encoder, and what it does per request."""
+
+    def __init__(self, prefix: str, min_bytes: int) -> None:
+        self.prefix = prefix
+        self.mine = f"{prefix}w{os.getpid()}-"
+        self.encoder = shm.Encoder(self.mine, min_bytes)
+        self.ops: dict[int, BaseOp] = {}
+        self.failed = False  # an operator's setup raised: the worker exits after replying
+
+    def handle(self, data: bytes) -> bytes:
+        """The reply to one request (pickled); an error reply when it cannot be read."""
+        try:
+            message = REQUESTS.read(shm.loads(data))
+        except FileNotFoundError as exc:
+            # a segment it names is gone: a clear error for the engine rather than a worker
+            # dying as if out of memory
+            return _error_reply(shm.lost_segment(exc))
+        except Exception as exc:
+            return _error_reply(exc)
+        match message:
+            case Run(stage, elems):
+                return self.run(self.ops[stage], elems)
+            case Load():
+                return self.load(message)
+            case Unload():
+                self.teardown()
+                return pickle.dumps(REPLIES.wire(Unloaded(os.getpid())))
+            case _:
+                assert_never(message)
+
+    def load(self, message: Load) -> bytes:
+        """Set the operators up, each from its own pickle: an operator whose module cannot be
+        imported here is named in the error like one whose ``setup`` raised."""
+        self.prefix = message.prefix
+        self.mine = f"{message.prefix}w{os.getpid()}-"
+        self.encoder = shm.Encoder(self.mine, message.min_bytes)
+        adopt_environment(message.environ)
+        ops: dict[int, BaseOp] = {}
+        current = "process worker start-up"
+        try:
+            for stage, (name, blob) in message.blobs.items():
+                current = name
+                op, ctx = cloudpickle.loads(blob)
+                op.setup(replace(ctx, worker_index=message.worker_index))
+                ops[stage] = op
+        except BaseException as exc:
+            self.failed = True
+            return _error_reply(annotate(exc, current))
+        self.ops = ops
+        return pickle.dumps(REPLIES.wire(Ready(os.getpid())))
+
+    def run(self, op: BaseOp, elems: list[StreamItem]) -> bytes:
+        try:
+            before = io_totals()
+            out = call_process_many(op, elems)
+            counts = op.take_counts() if isinstance(op, FusedOp) else None
+            io = (io_totals() - before).to_dict()  # what reading this micro-batch cost
+            reply = Ok(out, counts, io if any(io.values()) else None)
+            data, _ = self.encoder.dumps(REPLIES.wire(reply))
+            return data
+        except BaseException as exc:
+            return _error_reply(annotate(exc, op.name))
+
+    def teardown(self) -> None:
+        for op in self.ops.values():
+            op.teardown()
+        self.ops = {}
+
+    def sweep(self) -> None:
+        """The engine died (or is killing us): segments we wrote have no owner any more, and
+        if the engine is gone, none of its session's files has."""
+        for name in shm.segment_files(self.mine):
+            shm._unlink(str(shm.shm_dir() / name))
+        shm.sweep_session(self.prefix)
+
+
 def _worker_main(conn: Connection, prefix: str, min_bytes: int) -> None:
     """A worker process: load operators, run micro-batches; unload and wait to be reused.
 
-    Messages: ``("load", blobs, worker_index, prefix, min_bytes, environ)`` sets up the
-    operators of an engine (the first message of every worker), ``(stage, elems)`` runs a
-    micro-batch, ``("unload",)`` tears the operators down (the worker then idles until the next
-    load), and an empty message stops the worker.
+    Requests (:data:`~zephon._engine.messages.WorkerRequest`): :class:`Load` sets up the
+    operators of an engine (the first request of every worker), :class:`Run` runs a
+    micro-batch, :class:`Unload` tears the operators down (the worker then idles until the
+    next load), and an empty message stops the worker.
     """
     # The engine process decides when to stop: Ctrl-C and a SIGTERM sent to the whole process
     # group (Slurm, ``kill -- -PGID``) reach the workers too, and a worker that died of one
@@ -291,67 +352,29 @@ def _worker_main(conn: Connection, prefix: str, min_bytes: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _name_process(multiprocessing.current_process().name)
     shm.enter_worker_mode()
-    ops: dict[int, BaseOp] = {}
     try:
         data = conn.recv_bytes()
     except (EOFError, OSError):
         return  # the engine stopped before sending the operators
     if not data:
         return
-    mine = f"{prefix}w{os.getpid()}-"
-    encoder = shm.Encoder(mine, min_bytes)
+    worker = _Worker(prefix, min_bytes)
     while True:
-        message, lost = _decode(data)
-        if lost is not None:
-            try:
-                conn.send_bytes(lost)
-            except (EOFError, OSError):
-                break
-        elif message[0] == "load":
-            if len(message) > 3:
-                prefix = message[3]
-                mine = f"{prefix}w{os.getpid()}-"
-                encoder = shm.Encoder(mine, message[4])
-            if len(message) > 5:
-                adopt_environment(message[5])
-            loaded = _load_ops(conn, message[:3])
-            if loaded is None:
-                return
-            ops = loaded
-        elif message[0] == "unload":
-            for op in ops.values():
-                op.teardown()
-            ops = {}
-            conn.send_bytes(pickle.dumps(("unloaded", os.getpid())))
-        else:
-            stage, elems = message
-            op = ops[stage]
-            try:
-                before = io_totals()
-                out = call_process_many(op, elems)
-                take = getattr(op, "take_counts", None)  # a fused chain's per-operator counts
-                io = (io_totals() - before).to_dict()  # what reading this micro-batch cost
-                reply, _ = encoder.dumps(("ok", out, take() if take is not None else None, io))
-            except BaseException as exc:
-                reply = _error_reply(annotate(exc, op.name))
-            del elems, message
-            try:
-                conn.send_bytes(reply)
-            except (EOFError, OSError):
-                break
+        reply = worker.handle(data)
+        try:
+            conn.send_bytes(reply)
+        except (EOFError, OSError):
+            break
+        if worker.failed:
+            return
         try:
             data = conn.recv_bytes()
         except (EOFError, OSError):
             break  # the engine process is gone
         if not data:
-            for op in ops.values():
-                op.teardown()
+            worker.teardown()
             return
-    # The engine died (or is killing us): segments we wrote have no owner any more, and
-    # if the engine is gone, none of its session's files has.
-    for name in shm.segment_files(mine):
-        shm._unlink(str(shm.shm_dir() / name))
-    shm.sweep_session(prefix)
+    worker.sweep()
 
 
 #: Fleets not shut down yet: killed at interpreter exit (this hook runs before
@@ -443,9 +466,9 @@ class ProcessFleet:
         self._names = {stage: op.name for stage, (op, _) in specs.items()}
         # fused chains: the engine-side counters that the workers' counts are added to
         self._counters = {
-            stage: counters
+            stage: op.counters
             for stage, (op, _) in specs.items()
-            if (counters := getattr(op, "counters", None)) is not None
+            if isinstance(op, FusedOp) and op.counters is not None
         }
         self._blobs = {stage: (op.name, _pickle_op(op, ctx)) for stage, (op, ctx) in specs.items()}
         self._session = session
@@ -487,7 +510,9 @@ class ProcessFleet:
         """Give ``slot`` a worker (an idle one when reusing) and send it the operators."""
         session = self._session
         load = pickle.dumps(
-            ("load", self._blobs, slot, session.prefix, session.min_bytes, self._environ())
+            REQUESTS.wire(
+                Load(self._blobs, slot, session.prefix, session.min_bytes, self._environ())
+            )
         )
         while self._reuse:
             with _IDLE_LOCK:
@@ -537,9 +562,16 @@ class ProcessFleet:
         if load is not None:
             self._pending_load[slot] = None
             conn.send_bytes(load)
-        kind, value = pickle.loads(conn.recv_bytes())
-        if kind == "err":
-            raise _SetupFailed(value)
+        reply = REPLIES.read(pickle.loads(conn.recv_bytes()))
+        match reply:
+            case Ready():
+                return
+            case Failed(error):
+                raise _SetupFailed(error)
+            case Ok() | Unloaded():
+                raise MessageError(f"a starting worker replied {reply!r:.80}")
+            case _:
+                assert_never(reply)
 
     def _reap(self, slot: int) -> int | None:
         proc, conn = self._procs[slot], self._conns[slot]
@@ -605,7 +637,7 @@ class ProcessFleet:
             job.future.set_exception(error)
             return
         if job.data is None:
-            job.data, job.keep = encoder.dumps((job.stage, job.elems))
+            job.data, job.keep = encoder.dumps(REQUESTS.wire(Run(job.stage, job.elems)))
         while True:
             conn = self._conns[slot]
             if conn is None:
@@ -682,34 +714,42 @@ class ProcessFleet:
         )
         return False
 
-    def _finish(self, job: _Job, reply: bytes) -> None:
+    def _finish(self, job: _Job, data: bytes) -> None:
+        name = self._names[job.stage]
         try:
-            kind, value, *counts = shm.loads(reply)
+            reply = REPLIES.read(shm.loads(data))
         except BaseException as exc:
-            job.future.set_exception(annotate(exc, self._names[job.stage]))
+            job.future.set_exception(annotate(exc, name))
             return
         finally:
             job.data, job.keep, job.elems = None, [], []
-        if kind == "ok":
-            counters = self._counters.get(job.stage)
-            if counters is not None and counts and counts[0] is not None:
-                counters.add(counts[0])
-            if len(counts) > 1 and any(counts[1].values()):
-                with self._lock:
-                    self._io.setdefault(job.stage, SourceStats())
-                    self._io[job.stage] += SourceStats(**counts[1])
-            job.future.set_result(value)
-        else:
-            job.future.set_exception(annotate(value, self._names[job.stage]))
+        match reply:
+            case Ok(out, counts, io):
+                counters = self._counters.get(job.stage)
+                if counters is not None and counts is not None:
+                    counters.add(counts)
+                if io is not None:
+                    with self._lock:
+                        self._io.setdefault(job.stage, SourceStats())
+                        self._io[job.stage] += SourceStats(**io)
+                job.future.set_result(out)
+            case Failed(error):
+                job.future.set_exception(annotate(error, name))
+            case Ready() | Unloaded():
+                job.future.set_exception(
+                    annotate(MessageError(f"a worker replied {reply!r} to a micro-batch"), name)
+                )
+            case _:
+                assert_never(reply)
 
     def _stop_worker(self, slot: int, ready: bool) -> None:
         conn, proc = self._conns[slot], self._procs[slot]
         if self._reuse and ready and conn is not None and proc is not None:
             try:
-                conn.send_bytes(pickle.dumps(("unload",)))
-                kind, _ = pickle.loads(conn.recv_bytes())
+                conn.send_bytes(pickle.dumps(REQUESTS.wire(Unload())))
+                reply = REPLIES.read(pickle.loads(conn.recv_bytes()))
                 with _IDLE_LOCK:
-                    keep = kind == "unloaded" and len(_IDLE) < _MAX_IDLE
+                    keep = isinstance(reply, Unloaded) and len(_IDLE) < _MAX_IDLE
                     if keep:
                         _IDLE.append((proc, conn))
                 if keep:
@@ -717,7 +757,7 @@ class ProcessFleet:
                         self._procs[slot] = None
                         self._conns[slot] = None
                     return
-            except (EOFError, OSError):
+            except (EOFError, OSError, MessageError):
                 pass
         if conn is not None:
             try:

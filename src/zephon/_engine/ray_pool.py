@@ -32,10 +32,11 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, assert_never
 
 import cloudpickle
 
+from zephon._engine.messages import Failed, Ok, RunReply
 from zephon._engine.pools import WorkerCrashedError, WorkerPool
 from zephon._engine.shm import resolve_items
 from zephon._engine.stage import annotate, call_process_many
@@ -67,7 +68,7 @@ class OpActor:
 
         return str(ray.get_runtime_context().get_node_id())
 
-    def run(self, elems: list[StreamItem]) -> tuple[str, Any]:
+    def run(self, elems: list[StreamItem]) -> RunReply:
         op = self._op
         try:
             if op is None:
@@ -75,9 +76,9 @@ class OpActor:
                 assert isinstance(op, BaseOp)
                 op.setup(self._ctx)
                 self._op = op
-            return ("ok", call_process_many(op, elems))
+            return Ok(call_process_many(op, elems))
         except BaseException as exc:
-            return ("err", annotate(exc, self._ctx.op_name))
+            return Failed(annotate(exc, self._ctx.op_name))
 
     def teardown(self) -> None:
         if self._op is not None:
@@ -257,7 +258,7 @@ class RayWorkerPool(WorkerPool):
     def _done(self, job: _Job, slot: int, actor: Any, ref: Any) -> None:
         errors = self._ray.exceptions
         try:
-            kind, value = self._ray.get(ref)
+            reply: RunReply = self._ray.get(ref)
         except errors.RayActorError as exc:
             self._actor_died(job, slot, actor, exc)
             return
@@ -267,10 +268,13 @@ class RayWorkerPool(WorkerPool):
             # again from its inputs, which the driver still holds.
             self._actor_died(job, slot, actor, exc)
             return
-        if kind == "ok":
-            job.future.set_result(value)
-        else:
-            job.future.set_exception(value)
+        match reply:
+            case Ok(out):
+                job.future.set_result(out)
+            case Failed(error):
+                job.future.set_exception(error)
+            case _:
+                assert_never(reply)
 
     def _actor_died(self, job: _Job, slot: int, actor: Any, exc: BaseException) -> None:
         """``actor`` died or lost the result of ``job``: replace it, send ``job`` again."""

@@ -17,10 +17,11 @@ import importlib.util
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, assert_never
 
 from zephon._engine.driver_chain import run_tasks
 from zephon._engine.fusion import Unit, build_units
+from zephon._engine.messages import Data, Done, End, Failed, MessageError, Stop
 from zephon._engine.pools import (
     ProcessFleet,
     ProcessWorkerPool,
@@ -29,7 +30,7 @@ from zephon._engine.pools import (
 )
 from zephon._engine.shm import ShmSession, resolve_items
 from zephon._engine.stage import StageCore
-from zephon._engine.threaded import DATA, END, ERROR, STOP, Channel, OpDriver, SourceThread
+from zephon._engine.threaded import Channel, OpDriver, SourceThread
 from zephon.errors import ZephonError
 from zephon.io import SourceStats
 from zephon.ops import BaseOp, OpContext
@@ -72,7 +73,7 @@ class RunResources:
         """Stop the threads, shut the pools down, release shared memory, tear operators down."""
         self.stop.set()
         for channel in self.channels:
-            channel.put((STOP,))
+            channel.put(Stop())
         for thread in self.threads:
             thread.join(timeout=30)
             if thread.is_alive():
@@ -219,19 +220,25 @@ class DriverThreadsRunner(Runner):
         out, mux, deliver = channels[-1], job.mux, job.deliver
         while True:
             message = out.queue.get()
-            kind = message[0]
-            if kind == DATA:
-                out.release(message[2])
-                if res.shm is not None:
-                    resolve_items(message[1])
-                mux.add(message[1])
-                yield from deliver(mux)
-            elif kind == END:
-                mux.ended = True
-                yield from deliver(mux)
-                return
-            elif kind == ERROR:
-                raise message[1]
+            match message:
+                case Data(items, parts):
+                    out.release(parts)
+                    if res.shm is not None:
+                        resolve_items(items)
+                    mux.add(items)
+                    yield from deliver(mux)
+                case End():
+                    mux.ended = True
+                    yield from deliver(mux)
+                    return
+                case Failed(error):
+                    raise error
+                case Stop():
+                    pass  # sent to every channel when the run closes; the consumer has left
+                case Done():
+                    raise MessageError(f"the run's output channel carried {message!r}")
+                case _:
+                    assert_never(message)
 
 
 def _start_drivers(job: RunJob, units: list[Unit], channels: list[Channel]) -> None:

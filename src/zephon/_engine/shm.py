@@ -167,13 +167,19 @@ class ShmArrayRef:
         return f"ShmArrayRef(segment={self.args[0]!r}, dtype={self.dtype}, shape={self.shape})"
 
 
-_RESOLVING = threading.local()  # set by loads_resolved() around its unpickling
+class _Resolving(threading.local):
+    """Per thread: whether ``loads_resolved()`` is unpickling (arrays become views)."""
+
+    on = False
+
+
+_RESOLVING = _Resolving()
 
 
 def _load_array(name: str, offset: int, dtype: Any, shape: tuple[int, ...]) -> Any:
     """Unpickle hook: an array view in workers, a lazy handle in the engine process."""
     args = (name, offset, dtype, shape)
-    if _RESOLVE_ON_LOAD or getattr(_RESOLVING, "on", False):
+    if _RESOLVE_ON_LOAD or _RESOLVING.on:
         return _view(args)
     return ShmArrayRef(_map(name), args)
 

@@ -15,9 +15,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from typing import Any
+from typing import assert_never
 
 from zephon._engine.driver_chain import DriverChain, run_tasks
+from zephon._engine.messages import Data, Done, End, Failed, Stop, ThreadMessage
 from zephon._engine.pools import WorkerPool
 from zephon._engine.reorder import ReorderBuffer
 from zephon._engine.shm import resolve_items
@@ -31,13 +32,11 @@ def has_marker(items: list[StreamItem]) -> bool:
     return any(TAG_TOMBSTONE not in item.meta.tags for item in items)
 
 
-DATA, DONE, END, ERROR, STOP = range(5)
 COALESCE_ITEMS = 256
 COALESCE_PARTS = 4
 """A driver sends what it released as one message once this many items or micro-batches are
 waiting, or before it blocks: one consumer wake-up then carries several micro-batches. The
 message takes a channel slot per micro-batch, so what is in flight stays bounded as before."""
-Message = tuple[Any, ...]
 
 
 class Stopped(Exception):
@@ -49,7 +48,7 @@ class Channel:
 
     def __init__(self, capacity: int, stop: threading.Event) -> None:
         self.capacity = capacity
-        self.queue: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[ThreadMessage] = queue.SimpleQueue()
         # Free data slots as tokens: a C-level queue, where threading.Semaphore would run a
         # Python condition variable on every hand-off.
         self._slots: queue.SimpleQueue[None] = queue.SimpleQueue()
@@ -71,7 +70,7 @@ class Channel:
         if self._stop.is_set():
             raise Stopped
         self.depth += 1
-        self.queue.put((DATA, items, parts))
+        self.queue.put(Data(items, parts))
 
     def _wait_for_slot(self) -> None:
         """Block until the consumer frees a slot (a stall), checking for a stop meanwhile."""
@@ -89,12 +88,12 @@ class Channel:
             stats.stall_ns += time.perf_counter_ns() - start
 
     def release(self, parts: int = 1) -> None:
-        """A data message of ``parts`` slots (its third field) was taken off the queue."""
+        """A :class:`Data` message of ``parts`` slots was taken off the queue."""
         self.depth -= 1
         for _ in range(parts):
             self._slots.put(None)
 
-    def put(self, message: Message) -> None:
+    def put(self, message: ThreadMessage) -> None:
         self.queue.put(message)
 
 
@@ -111,11 +110,11 @@ class SourceThread(threading.Thread):
         try:
             for items in self.feeder:
                 self.out.put_data(items)
-            self.out.put((END,))
+            self.out.put(End())
         except Stopped:
             pass
         except BaseException as exc:
-            self.out.put((ERROR, annotate(exc, "source")))
+            self.out.put(Failed(annotate(exc, "source")))
 
 
 class OpDriver(threading.Thread):
@@ -169,11 +168,11 @@ class OpDriver(threading.Thread):
         except BaseException as exc:
             with contextlib.suppress(Stopped):
                 self._flush_outbox()  # what left before the error is delivered first
-            self.downstream.put((ERROR, exc))
+            self.downstream.put(Failed(exc))
 
     def _on_done(self, seq: int) -> Callable[[Future[list[StreamItem]]], None]:
         def callback(future: Future[list[StreamItem]]) -> None:
-            self.inbox.put((DONE, seq, future))
+            self.inbox.put(Done(seq, future))
 
         return callback
 
@@ -282,7 +281,7 @@ class OpDriver(threading.Thread):
                 if self.after is not None:
                     self._send(self.after.finish())
                 self._flush_outbox()
-                self.downstream.put((END,))
+                self.downstream.put(End())
                 return
             if self.inbox.queue.empty():
                 self._flush_outbox()  # before waiting: nothing ready may wait with us
@@ -294,16 +293,18 @@ class OpDriver(threading.Thread):
                 if self.after is not None:
                     self._send(self.after.poll(now))
                 continue
-            kind = message[0]
-            if kind == DATA:
-                self._pending_inputs.append((message[1], message[2]))
-            elif kind == DONE:
-                self._task_done(message[1], message[2])
-            elif kind == END:
-                self._ended = True
-            elif kind == ERROR:
-                self._flush_outbox()
-                self.downstream.put(message)  # forward unchanged: the consumer raises it
-                return
-            elif kind == STOP:
-                raise Stopped
+            match message:
+                case Data(items, parts):
+                    self._pending_inputs.append((items, parts))
+                case Done(seq, future):
+                    self._task_done(seq, future)
+                case End():
+                    self._ended = True
+                case Failed():
+                    self._flush_outbox()
+                    self.downstream.put(message)  # forward unchanged: the consumer raises it
+                    return
+                case Stop():
+                    raise Stopped
+                case _:
+                    assert_never(message)
