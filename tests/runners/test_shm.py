@@ -17,6 +17,7 @@ import pytest
 from tests.runners._leaks import descendants_of, our_segments, process_gone
 from tests.runners._shm_child import CHILD, dead_pid
 from zephon._engine import pools, shm
+from zephon._engine.messages import REPLIES, Failed
 from zephon.types import SampleRecord
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,10 +189,12 @@ def test_a_micro_batch_whose_segment_was_removed_is_one_clear_error_not_a_crash(
         os.unlink(shm.shm_dir() / name)  # e.g. a cleanup job sweeping /dev/shm
         del keep  # as in a worker: no mapping of it yet
         gc.collect()
-        message, reply = pools._decode(data)
-        assert message is None and reply is not None
-        kind, error = pickle.loads(reply)
-        assert kind == "err" and isinstance(error, shm.SegmentLostError)
+        reply = pools._decode(data)
+        assert isinstance(reply, bytes)
+        failed = REPLIES.read(pickle.loads(reply))
+        assert isinstance(failed, Failed)
+        error = failed.error
+        assert isinstance(error, shm.SegmentLostError)
         assert name in str(error) and "did not crash" in str(error) and "\n" not in str(error)
     finally:
         session.close()

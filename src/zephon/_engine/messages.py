@@ -191,4 +191,4 @@ class Codec(Generic[M]):
 
 REQUESTS: Codec[WorkerRequest] = Codec("worker request", Load, Unload, Run)
 REPLIES: Codec[WorkerReply] = Codec("worker reply", Ready, Unloaded, Ok, Failed)
-HANDOFF: Codec[HandoffMessage] = Codec("engine process", HandoffItem, HandoffEnd, HandoffError)
+HANDOFF: Codec[HandoffMessage] = Codec("hand-off", HandoffItem, HandoffEnd, HandoffError)

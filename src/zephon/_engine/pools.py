@@ -55,6 +55,7 @@ from zephon._engine.messages import (
     Run,
     Unload,
     Unloaded,
+    WorkerRequest,
 )
 from zephon._engine.stage import annotate, call_process_many
 from zephon.errors import ConfigError, ZephonError
@@ -259,6 +260,18 @@ def _name_process(name: str) -> None:
         comm.write(name[:15])
 
 
+def _decode(data: bytes) -> WorkerRequest | bytes:
+    """The request in ``data``, or the error reply when there is none: a segment it names is
+    gone (a clear error for the engine rather than a worker dying as if out of memory), or
+    it is no request."""
+    try:
+        return REQUESTS.read(shm.loads(data))
+    except FileNotFoundError as exc:
+        return _error_reply(shm.lost_segment(exc))
+    except Exception as exc:
+        return _error_reply(exc)
+
+
 class _Worker:
     """A worker process's operators and shared-memory encoder, and what it does per request."""
 
@@ -271,14 +284,9 @@ class _Worker:
 
     def handle(self, data: bytes) -> bytes:
         """The reply to one request (pickled); an error reply when it cannot be read."""
-        try:
-            message = REQUESTS.read(shm.loads(data))
-        except FileNotFoundError as exc:
-            # a segment it names is gone: a clear error for the engine rather than a worker
-            # dying as if out of memory
-            return _error_reply(shm.lost_segment(exc))
-        except Exception as exc:
-            return _error_reply(exc)
+        message = _decode(data)
+        if isinstance(message, bytes):
+            return message
         match message:
             case Run(stage, elems):
                 return self.run(self.ops[stage], elems)
