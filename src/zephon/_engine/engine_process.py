@@ -240,19 +240,19 @@ class EngineProcess:
                         raise
                     raise self._died(receiver.received) from None
                 match message:
-                    case HandoffItem(item, position, stats):
-                        self._position = thicken(position, self._position)
-                        if stats is not None:
-                            self._last_stats = stats
-                        yield item
-                    case HandoffEnd(position, stats):
-                        self._position = thicken(position, self._position)
-                        self._last_stats = stats
+                    case HandoffItem():
+                        self._position = thicken(message.position, self._position)
+                        if message.stats is not None:
+                            self._last_stats = message.stats
+                        yield message.item
+                    case HandoffEnd():
+                        self._position = thicken(message.position, self._position)
+                        self._last_stats = message.stats
                         return
-                    case HandoffError(error, stats):
-                        if stats is not None:
-                            self._last_stats = stats
-                        raise error
+                    case HandoffError():
+                        if message.stats is not None:
+                            self._last_stats = message.stats
+                        raise message.error
                     case _:
                         assert_never(message)
         finally:

@@ -288,8 +288,8 @@ class _Worker:
         if isinstance(message, bytes):
             return message
         match message:
-            case Run(stage, elems):
-                return self.run(self.ops[stage], elems)
+            case Run():
+                return self.run(self.ops[message.stage], message.elems)
             case Load():
                 return self.load(message)
             case Unload():
@@ -574,8 +574,8 @@ class ProcessFleet:
         match reply:
             case Ready():
                 return
-            case Failed(error):
-                raise _SetupFailed(error)
+            case Failed():
+                raise _SetupFailed(reply.error)
             case Ok() | Unloaded():
                 raise MessageError(f"a starting worker replied {reply!r:.80}")
             case _:
@@ -732,17 +732,17 @@ class ProcessFleet:
         finally:
             job.data, job.keep, job.elems = None, [], []
         match reply:
-            case Ok(out, counts, io):
+            case Ok():
                 counters = self._counters.get(job.stage)
-                if counters is not None and counts is not None:
-                    counters.add(counts)
-                if io is not None:
+                if counters is not None and reply.counts is not None:
+                    counters.add(reply.counts)
+                if reply.io is not None:
                     with self._lock:
                         self._io.setdefault(job.stage, SourceStats())
-                        self._io[job.stage] += SourceStats(**io)
-                job.future.set_result(out)
-            case Failed(error):
-                job.future.set_exception(annotate(error, name))
+                        self._io[job.stage] += SourceStats(**reply.io)
+                job.future.set_result(reply.out)
+            case Failed():
+                job.future.set_exception(annotate(reply.error, name))
             case Ready() | Unloaded():
                 job.future.set_exception(
                     annotate(MessageError(f"a worker replied {reply!r} to a micro-batch"), name)

@@ -269,10 +269,10 @@ class RayWorkerPool(WorkerPool):
             self._actor_died(job, slot, actor, exc)
             return
         match reply:
-            case Ok(out):
-                job.future.set_result(out)
-            case Failed(error):
-                job.future.set_exception(error)
+            case Ok():
+                job.future.set_result(reply.out)
+            case Failed():
+                job.future.set_exception(reply.error)
             case _:
                 assert_never(reply)
 

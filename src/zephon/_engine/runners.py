@@ -221,18 +221,18 @@ class DriverThreadsRunner(Runner):
         while True:
             message = out.queue.get()
             match message:
-                case Data(items, parts):
-                    out.release(parts)
+                case Data():
+                    out.release(message.parts)
                     if res.shm is not None:
-                        resolve_items(items)
-                    mux.add(items)
+                        resolve_items(message.items)
+                    mux.add(message.items)
                     yield from deliver(mux)
                 case End():
                     mux.ended = True
                     yield from deliver(mux)
                     return
-                case Failed(error):
-                    raise error
+                case Failed():
+                    raise message.error
                 case Stop():
                     pass  # sent to every channel when the run closes; the consumer has left
                 case Done():

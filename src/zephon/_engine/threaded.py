@@ -294,10 +294,10 @@ class OpDriver(threading.Thread):
                     self._send(self.after.poll(now))
                 continue
             match message:
-                case Data(items, parts):
-                    self._pending_inputs.append((items, parts))
-                case Done(seq, future):
-                    self._task_done(seq, future)
+                case Data():
+                    self._pending_inputs.append((message.items, message.parts))
+                case Done():
+                    self._task_done(message.seq, message.future)
                 case End():
                     self._ended = True
                 case Failed():
