@@ -26,6 +26,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Generic, TypeAlias, TypeVar
 
 import msgspec
+from msgspec.structs import astuple
 
 from zephon.errors import ZephonError
 from zephon.types import StreamItem
@@ -173,20 +174,19 @@ class Codec(Generic[M]):
 
     def __init__(self, channel: str, *kinds: type[M]) -> None:
         self.channel = channel
-        self._kinds = kinds
+        self._kinds = dict(enumerate(kinds))
         self._tags = {kind: tag for tag, kind in enumerate(kinds)}
 
     def wire(self, message: M) -> tuple[Any, ...]:
         """What to pickle for ``message``."""
-        return (self._tags[type(message)], *msgspec.structs.astuple(message))
+        return (self._tags[type(message)], *astuple(message))
 
     def read(self, wire: Any) -> M:
         """The message an unpickled ``wire`` tuple stands for; MessageError if it is none."""
-        kinds = self._kinds
-        if type(wire) is tuple and wire and type(wire[0]) is int and 0 <= wire[0] < len(kinds):
+        if type(wire) is tuple:
             try:
-                return kinds[wire[0]](*wire[1:])
-            except TypeError:  # too many or too few fields
+                return self._kinds[wire[0]](*wire[1:])
+            except (LookupError, TypeError):  # no such tag, or too many or too few fields
                 pass
         raise MessageError(f"not a {self.channel} message: {reprlib.repr(wire)}")
 
