@@ -48,8 +48,7 @@ def pipeline(runner: str = "inline") -> Pipeline:
 def rows(batches: Any) -> list[list[Any]]:
     """Every batch in full: ids and every payload field, as plain lists."""
     return [
-        [(r.meta.sample_id, {k: list(v) for k, v in r.payload.items()}) for r in b]
-        for b in batches
+        [(r.meta.sample_id, {k: list(v) for k, v in r.payload.items()}) for r in b] for b in batches
     ]
 
 
