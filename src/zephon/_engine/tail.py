@@ -69,17 +69,17 @@ class LaneMux:
         queues = self._queues
         for item in items:
             tomb = item.meta.control
-            if type(tomb) is Tombstone:
-                if tomb.cut_tokens is None:  # a cut note closes and drops nothing
-                    self.tombstones += 1
-                self.drops.count(tomb)
-                reason = tomb.reason or ""
-                if self._on_skip is not None and (
-                    tomb.skipped is not None or reason.startswith("skipped:")
-                ):
-                    self._on_skip(item.meta.sample_id, tomb.skipped or {"reason": reason})
+            if tomb is None or not isinstance(tomb, Tombstone):
+                queues[item.meta.lane_id].append(item)
                 continue
-            queues[item.meta.lane_id].append(item)
+            if tomb.cut_tokens is None:  # a cut note closes and drops nothing
+                self.tombstones += 1
+            self.drops.count(tomb)
+            reason = tomb.reason or ""
+            if self._on_skip is not None and (
+                tomb.skipped is not None or reason.startswith("skipped:")
+            ):
+                self._on_skip(item.meta.sample_id, tomb.skipped or {"reason": reason})
 
     def _settle_head(self, lane: int) -> bool:
         """Consume markers at the head of ``lane``'s queue; False once the lane has ended."""
