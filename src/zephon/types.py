@@ -68,22 +68,22 @@ LineagePath: TypeAlias = tuple[int, ...]
 
 # Reserved tag names. User tags must not start with an underscore.
 TAG_CONTRIBUTORS = "_contributors"
+# Control records (tombstones, sentinels, markers) are typed (``SampleMeta.control``); these
+# tag names are the form checkpoints write them in (see control_as_tags), and older code's.
+TAG_TOMBSTONE = "_tombstone"
+TAG_FLUSH_SENTINEL = "_flush_sentinel"
+TAG_BOUNDARY_CID = "_boundary_cid"  # FlushSentinel.boundary_chunk_id
+TAG_END_OF_DATA = "_end_of_data"
+TAG_ERROR = "_error"  # Tombstone.reason
+TAG_DROPPED_TOKENS = "_dropped_tokens"  # Tombstone.dropped_tokens
+TAG_CUT_TOKENS = "_cut_tokens"  # Tombstone.cut_tokens (a cut note)
 #: Payload fields that hold token ids, in the order "auto" looks for them.
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 TAG_PACKING = "_packing_metadata"
 TAG_TARGET_MIXTURE = "_target_mixture"
-# The tag names control records had before they became typed (``SampleMeta.control``): kept
-# because checkpoints write a held control record's meta in this form (see control_as_tags).
-TAG_TOMBSTONE = "_tombstone"
-TAG_FLUSH_SENTINEL = "_flush_sentinel"
-TAG_BOUNDARY_CID = "_boundary_cid"
-TAG_END_OF_DATA = "_end_of_data"
-TAG_ERROR = "_error"
-TAG_DROPPED_TOKENS = "_dropped_tokens"
-TAG_CUT_TOKENS = "_cut_tokens"
-TAG_SKIPPED = "_skipped"
-TAG_SNAPSHOT = "_snapshot"
-TAG_SNAPSHOT_REPLAY = "_snapshot_replay"
+TAG_SKIPPED = "_skipped"  # Tombstone.skipped
+TAG_SNAPSHOT = "_snapshot"  # SnapshotMarker.position
+TAG_SNAPSHOT_REPLAY = "_snapshot_replay"  # SnapshotMarker.replay_cursor
 _CONTROL_TAGS = frozenset(
     {
         TAG_TOMBSTONE,
