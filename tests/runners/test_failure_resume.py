@@ -27,13 +27,16 @@ def test_checkpoint_after_a_failure_resumes_exactly(
     tmp_path, docs, hf_tokenizer_dir, runner, how, error_type
 ):
     armed = tmp_path / "armed"
+    many = [{**d, "id": i} for i, d in enumerate(docs * 4)]  # more than the engine buffers
 
     def build() -> Pipeline:
-        op = FailWhileArmedOp(armed, victim=397, how=how)
-        return faulty_stateful(docs, hf_tokenizer_dir, op, runner, max_worker_retries=1)
+        # Any record fails while armed, and it is armed once the first batch was received: the
+        # failure lands mid-run however far ahead of the consumer the workers are.
+        op = FailWhileArmedOp(armed, victim=None, how=how)
+        return faulty_stateful(many, hf_tokenizer_dir, op, runner, max_worker_retries=1)
 
     expected = [key(item) for item in build()]  # not armed: the uninterrupted run
-    first, rest, error = fail_then_resume(build, armed)
+    first, rest, error = fail_then_resume(build, armed, arm_after=1)
     assert isinstance(error, error_type)
-    assert 0 < len(first) < len(expected)
+    assert 1 <= len(first) < len(expected)
     assert first + rest == expected
