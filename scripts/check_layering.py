@@ -1,6 +1,6 @@
 """Fail when the engine reaches past the operator and source contracts.
 
-Three rules over ``src/zephon``:
+Four rules over ``src/zephon``:
 
 - layering: ``_engine`` imports nothing from ``_ops`` (built-in operators are operators like
   any other), ``capture`` nothing from ``_engine``, ``work`` nothing from ``_ops``; every import
@@ -8,7 +8,10 @@ Three rules over ``src/zephon``:
 - no probing: a ``getattr``/``hasattr`` in ``_engine`` must be listed in ``ALLOWED`` with why,
   and no entry there may name an operator or source hook (``HOOKS``): the engine reads hooks
   through the typed protocols of ``zephon.ops.state`` and ``zephon.work``;
-- no ``# type: ignore`` on a line that calls or reads a hook: a hook is typed, so mypy checks it.
+- no ``# type: ignore`` on a line that calls or reads a hook: a hook is typed, so mypy checks it;
+- no control tag (``TAG_TOMBSTONE``, ``TAG_SNAPSHOT``, ...) named outside ``types.py``: control
+  records are read through the typed ``SampleMeta.control``; the tag form is only what
+  ``types.py`` converts checkpoints from and to.
 
 Run: ``python scripts/check_layering.py [package root]`` (part of ``make lint``).
 """
@@ -43,6 +46,23 @@ HOOKS = frozenset(
         "mixture",
     }
 )
+
+CONTROL_TAGS = frozenset(
+    {
+        "TAG_TOMBSTONE",
+        "TAG_FLUSH_SENTINEL",
+        "TAG_END_OF_DATA",
+        "TAG_SNAPSHOT",
+        "TAG_SNAPSHOT_REPLAY",
+        "TAG_BOUNDARY_CID",
+        "TAG_SKIPPED",
+        "TAG_ERROR",
+        "TAG_DROPPED_TOKENS",
+        "TAG_CUT_TOKENS",
+    }
+)
+CONTROL_TAGS_HOME = "types.py"
+"""The one module that may name ``CONTROL_TAGS`` (it defines them and converts the tag form)."""
 
 ALLOWED = {
     ("_engine/ray_pool.py", "_private"): "ray's session name (no public API for it)",
@@ -91,6 +111,20 @@ def _probes(tree: ast.AST) -> Iterator[tuple[int, str]]:
             yield node.lineno, str(name)
 
 
+def _control_tag_uses(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """``(line, name)`` of every import, name or attribute that is a control tag."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        else:
+            continue
+        yield from ((node.lineno, name) for name in names if name in CONTROL_TAGS)
+
+
 def _ignored_hook_lines(text: str) -> Iterator[tuple[int, str]]:
     for number, line in enumerate(text.splitlines(), 1):
         code, sep, comment = line.partition("#")
@@ -120,6 +154,9 @@ def check_file(path: Path, package: Path) -> list[str]:
                 errors.append(f"{rel}:{line}: getattr/hasattr of {name!r} is not in ALLOWED")
     for line, hook in _ignored_hook_lines(text):
         errors.append(f"{rel}:{line}: '# type: ignore' at a use of hook {hook!r}")
+    if rel != CONTROL_TAGS_HOME:
+        for line, name in sorted(set(_control_tag_uses(tree))):
+            errors.append(f"{rel}:{line}: names {name}; read the typed SampleMeta.control")
     return errors
 
 

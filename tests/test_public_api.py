@@ -161,11 +161,13 @@ EXPECTED: dict[str, list[str]] = {
         "DATA_STATE_NAME PreemptionCallback ZephonTrainer latest_complete_checkpoint"
     ),
     "zephon.types": _names(
-        "ChunkId ChunkOffset ContributorRef LaneId LineagePath RESERVED_TAGS SampleBatch "
-        "SampleCursor SampleId SampleMeta SampleRecord StreamItem TAG_BOUNDARY_CID "
+        "ChunkId ChunkOffset ContributorRef Control EndOfData FlushSentinel LaneId LineagePath "
+        "RESERVED_TAGS SampleBatch SampleCursor SampleId SampleMeta SampleRecord SnapshotMarker "
+        "StreamItem TAG_BOUNDARY_CID "
         "TAG_CONTRIBUTORS TAG_CUT_TOKENS TAG_DROPPED_TOKENS TAG_END_OF_DATA TAG_ERROR "
         "TAG_FLUSH_SENTINEL TAG_PACKING TAG_SKIPPED "
-        "TAG_SNAPSHOT TAG_SNAPSHOT_REPLAY TAG_TARGET_MIXTURE TAG_TOMBSTONE TOKEN_FIELDS cut_note "
+        "TAG_SNAPSHOT TAG_SNAPSHOT_REPLAY TAG_TARGET_MIXTURE TAG_TOMBSTONE TOKEN_FIELDS Tombstone "
+        "cut_note "
         "end_of_data flush_sentinel is_control record_tokens records_of snapshot_marker "
         "spawn_child tombstone_meta tombstones_for_record"
     ),

@@ -1,5 +1,6 @@
 """The structure checks of ``make lint``: function size/complexity, package import cycles and
-the engine's layering (no built-in operator imports, no hook probes).
+the engine's layering (no built-in operator imports, no hook probes, no control tags read
+outside ``types.py``).
 
 They run on the real source tree (so a test run fails where ``make lint`` would), and on small
 synthetic trees to show each check catches what it is for.
@@ -128,4 +129,24 @@ def test_a_type_ignore_at_a_hook_call_is_reported(tmp_path: Path) -> None:
     )
     assert layering.violations(package) == [
         "_engine/states.py:1: '# type: ignore' at a use of hook 'load_state_dict'"
+    ]
+
+
+def test_a_control_tag_named_outside_types_is_reported(tmp_path: Path) -> None:
+    package = _tree(
+        tmp_path,
+        {
+            "_engine/tail.py": (
+                "from zephon.types import TAG_TOMBSTONE, TAG_PACKING\n"
+                "dead = TAG_TOMBSTONE in meta.tags\n"
+                "packed = TAG_PACKING in meta.tags\n"  # not a control tag
+            ),
+            "_ops/pack.py": "import zephon.types as t\nx = meta.tags[t.TAG_SNAPSHOT_REPLAY]\n",
+            "types.py": "TAG_TOMBSTONE = '_tombstone'\nx = {TAG_TOMBSTONE: True}\n",
+        },
+    )
+    assert layering.violations(package) == [
+        "_engine/tail.py:1: names TAG_TOMBSTONE; read the typed SampleMeta.control",
+        "_engine/tail.py:2: names TAG_TOMBSTONE; read the typed SampleMeta.control",
+        "_ops/pack.py:2: names TAG_SNAPSHOT_REPLAY; read the typed SampleMeta.control",
     ]

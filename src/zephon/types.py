@@ -34,6 +34,9 @@ __all__ = [
     "ChunkId",
     "ChunkOffset",
     "ContributorRef",
+    "Control",
+    "EndOfData",
+    "FlushSentinel",
     "LaneId",
     "LineagePath",
     "SampleBatch",
@@ -41,7 +44,9 @@ __all__ = [
     "SampleId",
     "SampleMeta",
     "SampleRecord",
+    "SnapshotMarker",
     "StreamItem",
+    "Tombstone",
     "cut_note",
     "end_of_data",
     "flush_sentinel",
@@ -63,24 +68,24 @@ LineagePath: TypeAlias = tuple[int, ...]
 
 # Reserved tag names. User tags must not start with an underscore.
 TAG_CONTRIBUTORS = "_contributors"
+# Control records (tombstones, sentinels, markers) are typed (``SampleMeta.control``); these
+# tag names are the form checkpoints write them in (see control_as_tags), and older code's.
 TAG_TOMBSTONE = "_tombstone"
 TAG_FLUSH_SENTINEL = "_flush_sentinel"
-TAG_BOUNDARY_CID = "_boundary_cid"
+TAG_BOUNDARY_CID = "_boundary_cid"  # FlushSentinel.boundary_chunk_id
 TAG_END_OF_DATA = "_end_of_data"
-TAG_ERROR = "_error"
-TAG_DROPPED_TOKENS = "_dropped_tokens"  # on a tombstone: the tokens of the record it drops
-# on a contributor-less tombstone (a cut note): tokens cut from a record that was delivered
-TAG_CUT_TOKENS = "_cut_tokens"
+TAG_ERROR = "_error"  # Tombstone.reason
+TAG_DROPPED_TOKENS = "_dropped_tokens"  # Tombstone.dropped_tokens
+TAG_CUT_TOKENS = "_cut_tokens"  # Tombstone.cut_tokens (a cut note)
 #: Payload fields that hold token ids, in the order "auto" looks for them.
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 TAG_PACKING = "_packing_metadata"
 TAG_TARGET_MIXTURE = "_target_mixture"
-TAG_SKIPPED = "_skipped"  # on a tombstone: where the unreadable record is and why (fetch skip)
-TAG_SNAPSHOT = "_snapshot"  # a snapshot marker: (chunk id, offset) of the cut it stands for
-TAG_SNAPSHOT_REPLAY = "_snapshot_replay"  # on a marker: last cursor a restore there re-delivers
-RESERVED_TAGS = frozenset(
+TAG_SKIPPED = "_skipped"  # Tombstone.skipped
+TAG_SNAPSHOT = "_snapshot"  # SnapshotMarker.position
+TAG_SNAPSHOT_REPLAY = "_snapshot_replay"  # SnapshotMarker.replay_cursor
+_CONTROL_TAGS = frozenset(
     {
-        TAG_CONTRIBUTORS,
         TAG_TOMBSTONE,
         TAG_FLUSH_SENTINEL,
         TAG_BOUNDARY_CID,
@@ -88,13 +93,12 @@ RESERVED_TAGS = frozenset(
         TAG_ERROR,
         TAG_DROPPED_TOKENS,
         TAG_CUT_TOKENS,
-        TAG_PACKING,
-        TAG_TARGET_MIXTURE,
         TAG_SKIPPED,
         TAG_SNAPSHOT,
         TAG_SNAPSHOT_REPLAY,
     }
 )
+RESERVED_TAGS = frozenset({TAG_CONTRIBUTORS, TAG_PACKING, TAG_TARGET_MIXTURE}) | _CONTROL_TAGS
 
 
 class SampleCursor(NamedTuple):
@@ -115,6 +119,45 @@ class SampleCursor(NamedTuple):
         )
 
 
+class FlushSentinel(msgspec.Struct, frozen=True, gc=False):
+    """A lane's epoch boundary: every accumulator flushes and resets the lane here, and the
+    lane's chunks from ``boundary_chunk_id`` on start the next flush window."""
+
+    boundary_chunk_id: ChunkId
+
+
+class EndOfData(msgspec.Struct, frozen=True, gc=False):
+    """The end of a lane's stream: every accumulator flushes that lane here."""
+
+
+class SnapshotMarker(msgspec.Struct, frozen=True, gc=False):
+    """A cut of a lane before record ``position[1]`` of chunk ``position[0]``.
+
+    ``replay_cursor``: the last cursor a restore at this cut re-delivers (the replay filter
+    drops it again); stamped by the stage that holds or replays the marker, else None."""
+
+    position: tuple[ChunkId, ChunkOffset]
+    replay_cursor: SampleCursor | None = None
+
+
+class Tombstone(msgspec.Struct, frozen=True, gc=False):
+    """A dropped record: it closes its contributors' offsets without delivering data.
+
+    ``reason`` (``"category: detail"``) and ``dropped_tokens`` are what run summaries count
+    drops by. A *cut note* (``cut_tokens`` set, no contributors) closes nothing: it counts
+    tokens cut from a record that was delivered shorter. ``skipped``: where an unreadable
+    record is and why (a fetch skip)."""
+
+    reason: str | None = None
+    dropped_tokens: int = 0
+    cut_tokens: int | None = None
+    skipped: Mapping[str, Any] | None = None
+
+
+Control: TypeAlias = FlushSentinel | EndOfData | SnapshotMarker | Tombstone
+"""What a control element is (``SampleMeta.control``); None on every ordinary record."""
+
+
 class ContributorRef(NamedTuple):
     """A base record that contributed to an output; ``is_last_child`` closes its offset."""
 
@@ -129,6 +172,9 @@ class SampleMeta(msgspec.Struct, frozen=True, gc=False):
     more per record, and tracked ones kept young-generation collections busy (and promoted
     in-flight records into full collections of the whole process). So a meta's ``tags`` must
     never refer back to the meta or its record.
+
+    ``control`` is None on every record an operator sees; tombstones, flush sentinels, end of
+    data and snapshot markers carry their kind and fields there, typed (see :data:`Control`).
     """
 
     sample_id: SampleId
@@ -139,6 +185,7 @@ class SampleMeta(msgspec.Struct, frozen=True, gc=False):
     component_id: int = 0
     component_counts: Mapping[int, int] | None = None
     tags: Mapping[str, Any] = msgspec.field(default_factory=dict)
+    control: Control | None = None
 
     @property
     def cursor(self) -> SampleCursor:
@@ -153,11 +200,11 @@ class SampleMeta(msgspec.Struct, frozen=True, gc=False):
 
     @property
     def is_tombstone(self) -> bool:
-        return TAG_TOMBSTONE in self.tags
+        return isinstance(self.control, Tombstone)
 
     @property
     def is_sentinel(self) -> bool:
-        return TAG_FLUSH_SENTINEL in self.tags or TAG_END_OF_DATA in self.tags
+        return isinstance(self.control, (FlushSentinel, EndOfData))
 
     @property
     def contributors(self) -> tuple[ContributorRef, ...]:
@@ -168,8 +215,13 @@ class SampleMeta(msgspec.Struct, frozen=True, gc=False):
         return tuple(refs)
 
     def with_tags(self, **tags: Any) -> SampleMeta:
-        merged = dict(self.tags)
-        merged.update(tags)
+        """This meta with ``tags`` added. Control tags in the older form (``TAG_TOMBSTONE``,
+        ``TAG_ERROR``, ...) become the typed ``control`` instead."""
+        merged: Mapping[str, Any] = {**self.tags, **tags}
+        control = self.control
+        if not _CONTROL_TAGS.isdisjoint(tags):
+            legacy = control_as_tags(control) if control is not None else {}
+            merged, control = control_from_tags({**self.tags, **legacy, **tags})
         return SampleMeta(
             self.sample_id,
             self.lane_id,
@@ -179,6 +231,21 @@ class SampleMeta(msgspec.Struct, frozen=True, gc=False):
             self.component_id,
             self.component_counts,
             merged,
+            control,
+        )
+
+    def with_control(self, control: Control | None) -> SampleMeta:
+        """This meta with ``control`` as its control record (None: an ordinary record)."""
+        return SampleMeta(
+            self.sample_id,
+            self.lane_id,
+            self.chunk_id,
+            self.chunk_offset,
+            self.lineage,
+            self.component_id,
+            self.component_counts,
+            self.tags,
+            control,
         )
 
     def child(self, index: int, *, is_last_child: bool) -> SampleMeta:
@@ -198,6 +265,7 @@ class SampleMeta(msgspec.Struct, frozen=True, gc=False):
             self.component_id,
             self.component_counts if is_last_child else {},
             tags,
+            self.control,
         )
 
 
@@ -337,11 +405,6 @@ def tombstone_meta(
 
     ``reason`` (``"category: detail"``) and ``tokens`` (how many the dropped record had) are
     what run summaries count drops by."""
-    tags: dict[str, Any] = {TAG_TOMBSTONE: True, TAG_CONTRIBUTORS: meta.contributors}
-    if reason is not None:
-        tags[TAG_ERROR] = reason
-    if tokens:
-        tags[TAG_DROPPED_TOKENS] = int(tokens)
     return SampleMeta(
         meta.sample_id,
         meta.lane_id,
@@ -350,7 +413,8 @@ def tombstone_meta(
         meta.lineage,
         meta.component_id,
         meta.component_counts,
-        tags,
+        {TAG_CONTRIBUTORS: meta.contributors},
+        Tombstone(reason, int(tokens) if tokens else 0),
     )
 
 
@@ -358,8 +422,21 @@ def cut_note(record: StreamItem, *, reason: str, tokens: int) -> SampleRecord:
     """A control element telling the run summary that ``tokens`` of ``record`` were cut away
     (truncation) while ``record`` itself was delivered shorter. It closes nothing (no
     contributors); the summary counts it under ``cut_records`` / ``cut_tokens``."""
-    meta = tombstone_meta(record.meta, reason=reason)
-    return SampleRecord(meta.with_tags(**{TAG_CONTRIBUTORS: (), TAG_CUT_TOKENS: int(tokens)}), None)
+    meta = record.meta
+    return SampleRecord(
+        SampleMeta(
+            meta.sample_id,
+            meta.lane_id,
+            meta.chunk_id,
+            meta.chunk_offset,
+            meta.lineage,
+            meta.component_id,
+            meta.component_counts,
+            {TAG_CONTRIBUTORS: ()},
+            Tombstone(reason, cut_tokens=int(tokens)),
+        ),
+        None,
+    )
 
 
 def record_tokens(record: StreamItem) -> int:
@@ -405,14 +482,15 @@ def flush_sentinel(lane_id: LaneId, boundary_chunk_id: ChunkId) -> SampleRecord:
         (),
         -1,
         {},
-        {TAG_FLUSH_SENTINEL: True, TAG_BOUNDARY_CID: boundary_chunk_id},
+        {},
+        FlushSentinel(boundary_chunk_id),
     )
     return SampleRecord(meta, None)
 
 
 def end_of_data(lane_id: LaneId) -> SampleRecord:
     """Marks the end of a lane's stream: every accumulator flushes that lane here."""
-    meta = SampleMeta((-1, -1, -1), lane_id, -1, -1, (), -1, {}, {TAG_END_OF_DATA: True})
+    meta = SampleMeta((-1, -1, -1), lane_id, -1, -1, (), -1, {}, {}, EndOfData())
     return SampleRecord(meta, None)
 
 
@@ -420,7 +498,7 @@ def snapshot_marker(lane_id: LaneId, chunk_id: ChunkId, offset: ChunkOffset) -> 
     """A cut of ``lane_id`` before record ``offset`` of chunk ``chunk_id``: every stateful
     accumulator saves its lane state as the marker passes, so a restore can start there."""
     meta = SampleMeta(
-        (-1, -1, -1), lane_id, chunk_id, offset, (), -1, {}, {TAG_SNAPSHOT: (chunk_id, offset)}
+        (-1, -1, -1), lane_id, chunk_id, offset, (), -1, {}, {}, SnapshotMarker((chunk_id, offset))
     )
     return SampleRecord(meta, None)
 
@@ -428,13 +506,58 @@ def snapshot_marker(lane_id: LaneId, chunk_id: ChunkId, offset: ChunkOffset) -> 
 def is_control(item: StreamItem) -> bool:
     """Tombstones, sentinels and markers: elements that bypass operators and never reach the
     consumer."""
-    tags = item.meta.tags
-    return bool(tags) and (
-        TAG_TOMBSTONE in tags
-        or TAG_FLUSH_SENTINEL in tags
-        or TAG_END_OF_DATA in tags
-        or TAG_SNAPSHOT in tags
-    )
+    return item.meta.control is not None
+
+
+def control_as_tags(control: Control) -> dict[str, Any]:
+    """``control`` in the tag form older code and checkpoints use (``TAG_TOMBSTONE``, ...):
+    a checkpoint writes a held control record's meta this way, so its format is unchanged."""
+    match control:
+        case Tombstone(reason, dropped, cut, skipped):
+            tags: dict[str, Any] = {TAG_TOMBSTONE: True}
+            if reason is not None:
+                tags[TAG_ERROR] = reason
+            if dropped:
+                tags[TAG_DROPPED_TOKENS] = dropped
+            if cut is not None:
+                tags[TAG_CUT_TOKENS] = cut
+            if skipped is not None:
+                tags[TAG_SKIPPED] = skipped
+            return tags
+        case FlushSentinel(boundary):
+            return {TAG_FLUSH_SENTINEL: True, TAG_BOUNDARY_CID: boundary}
+        case EndOfData():
+            return {TAG_END_OF_DATA: True}
+        case SnapshotMarker(position, replay):
+            tags = {TAG_SNAPSHOT: position}
+            if replay is not None:
+                tags[TAG_SNAPSHOT_REPLAY] = replay
+            return tags
+
+
+def control_from_tags(tags: Mapping[str, Any]) -> tuple[Mapping[str, Any], Control | None]:
+    """The inverse of :func:`control_as_tags`: ``tags`` without the control tags, and the
+    control record they describe (None, and ``tags`` itself, when they name no kind)."""
+    kind: Control | None
+    if TAG_TOMBSTONE in tags:
+        reason = tags.get(TAG_ERROR)
+        cut = tags.get(TAG_CUT_TOKENS)
+        kind = Tombstone(
+            None if reason is None else str(reason),
+            int(tags.get(TAG_DROPPED_TOKENS) or 0),
+            None if cut is None else int(cut),
+            tags.get(TAG_SKIPPED),
+        )
+    elif TAG_FLUSH_SENTINEL in tags:
+        kind = FlushSentinel(int(tags[TAG_BOUNDARY_CID]))
+    elif TAG_END_OF_DATA in tags:
+        kind = EndOfData()
+    elif TAG_SNAPSHOT in tags:
+        chunk, offset = tags[TAG_SNAPSHOT]
+        kind = SnapshotMarker((int(chunk), int(offset)), tags.get(TAG_SNAPSHOT_REPLAY))
+    else:
+        return tags, None
+    return {k: v for k, v in tags.items() if k not in _CONTROL_TAGS}, kind
 
 
 def records_of(items: Sequence[StreamItem]) -> Iterator[SampleRecord]:

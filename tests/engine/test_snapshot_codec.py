@@ -11,7 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from zephon._engine.snapshot_codec import HeldRecord, decode, encode, fill, held_records
+from zephon._engine.snapshot_codec import (
+    HeldRecord,
+    decode,
+    decode_meta,
+    encode,
+    encode_meta,
+    fill,
+    held_records,
+)
 from zephon.errors import ContractError
 from zephon.types import (
     TAG_CONTRIBUTORS,
@@ -21,6 +29,13 @@ from zephon.types import (
     SampleCursor,
     SampleMeta,
     SampleRecord,
+    SnapshotMarker,
+    Tombstone,
+    cut_note,
+    end_of_data,
+    flush_sentinel,
+    snapshot_marker,
+    tombstones_for_record,
 )
 
 ints = st.integers(min_value=-5, max_value=10**9)
@@ -113,3 +128,29 @@ def test_a_damaged_deflated_state_is_refused_clearly():
 
     with pytest.raises(CheckpointError, match="operator state is damaged"):
         unpack_state({"$zz": "bm90IHpsaWI="})
+
+
+def test_control_records_are_written_in_the_tag_form_and_come_back_typed():
+    """A checkpoint holds a control record's meta as the tags it always had, so checkpoints
+    written before control records were typed restore, and the format did not change."""
+    rec = SampleRecord(SampleMeta((0, 0, 4), 1, 2, 4), {"input_ids": [1, 2, 3]})
+    marker = snapshot_marker(1, 2, 5)
+    stamped = marker.meta.with_control(SnapshotMarker((2, 5), rec.meta.cursor))
+    metas = [
+        flush_sentinel(1, 8).meta,
+        end_of_data(1).meta,
+        marker.meta,
+        stamped,
+        tombstones_for_record(rec, reason="filtered")[0].meta,
+        cut_note(rec, reason="truncate", tokens=2).meta,
+        rec.meta.with_tags(**{TAG_TARGET_MIXTURE: {0: 1.0}}),
+    ]
+    for meta in metas:
+        written = json.loads(json.dumps(encode_meta(meta)))
+        assert decode_meta(written) == meta
+    sentinel_tags = encode_meta(flush_sentinel(1, 8).meta)[7]
+    assert sentinel_tags == {"_flush_sentinel": True, "_boundary_cid": 8}
+    assert encode_meta(stamped)[7]["_snapshot"] == {"$zt": [2, 5]}
+    old = [[0, 0, 4], 1, 2, 4, [], 0, None, {"_tombstone": True, "_error": "filtered: x"}]
+    assert decode_meta(old).control == Tombstone("filtered: x")
+    assert decode_meta(old).tags == {}

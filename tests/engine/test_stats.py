@@ -74,3 +74,47 @@ def test_prometheus_text_and_log_line(caplog):
     assert f"zephon_pipeline_delivered_total {stats.delivered}" in text
     assert 'zephon_pipeline_op_elements_in_total{op="fetch"} 300' in text
     assert 'zephon_pipeline_lane_delivered_total{lane="1"}' in text
+
+
+def _no_seven(payload: dict[str, object]) -> bool:
+    return "7" not in str(payload["text"])
+
+
+def dropping(**options) -> Pipeline:
+    """Tombstones with reasons and tokens (filter, drop_last), cut notes (truncation),
+    flush sentinels and snapshot markers (shuffle and pack), all made by workers."""
+    ds = Dataset.from_records("rows", ROWS, shard_size=40)
+    return (
+        Pipeline(RangeSource([ds], chunk_size=16))
+        .decode_text(parallelism=2)
+        .filter(_no_seven, parallelism=2)
+        .tokenize("bytes", max_length=20, parallelism=2)
+        .shuffle(16, seed=3)
+        .pack_flat(24, pad_token_id=0, drop_oversized=True)
+        .batch(3, drop_last=True)
+        .options(canonical_replicas=2, **options)
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"runner": "threads"},
+        {"runner": "process"},
+        {"runner": "threads", "engine_process": True},
+    ],
+)
+def test_control_records_cross_threads_and_processes_intact(options):
+    """Every drop is counted the same wherever the control records were made and pickled."""
+    expected = build_and_count(runner="inline")
+    assert expected[1]["records"] > 0 and expected[1]["cut_records"] > 0
+    assert set(expected[1]["by_reason"]) == {"filtered", "drop_last"}
+    assert build_and_count(**options) == expected
+
+
+def build_and_count(**options) -> tuple[list[list[tuple[int, int, int]]], dict, int]:
+    pipe = dropping(**options)
+    batches = [b.ids for b in pipe]
+    stats = pipe.stats()
+    assert stats is not None
+    return batches, stats.to_dict()["dropped"], stats.tombstones

@@ -15,7 +15,7 @@ from tests.ops._helpers import digest
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon._ops.expand_chat import ExpandChatOp
 from zephon.capture.builder import Trajectory
-from zephon.types import TAG_ERROR, TAG_PACKING, SampleBatch, SampleMeta, SampleRecord
+from zephon.types import TAG_PACKING, SampleBatch, SampleMeta, SampleRecord, Tombstone
 
 ROWS = conversations(160, seed=5)
 ROWS[7] = {"id": 7, "messages": [{"role": "user", "content": "no reply"}]}
@@ -118,7 +118,8 @@ def test_dropped_conversations_are_counted(chat_tokenizer_dir):
     stats = pipe.stats()
     assert stats is not None and stats.tombstones == 1
     (tomb,) = ExpandChatOp().process_many([SampleRecord(SampleMeta((0, 0, 7), 0, 0, 7), ROWS[7])])
-    assert tomb.meta.is_tombstone and "no assistant turn" in tomb.meta.tags[TAG_ERROR]
+    assert isinstance(tomb.meta.control, Tombstone)
+    assert "no assistant turn" in (tomb.meta.control.reason or "")
 
 
 RUNS = [("threads", 1), ("threads", 2), ("process", 2)]

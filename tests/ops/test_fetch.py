@@ -9,7 +9,7 @@ import pytest
 from zephon._engine.fetch import FetchOp
 from zephon.errors import DataError
 from zephon.io import Dataset, InMemoryShard, Row, Shard
-from zephon.types import TAG_SKIPPED, SampleMeta, SampleRecord
+from zephon.types import SampleMeta, SampleRecord, Tombstone
 
 
 def pointer(ds: int, shard: int, row: int, offset: int) -> SampleRecord:
@@ -69,8 +69,10 @@ def test_skip_turns_only_the_unreadable_row_into_a_tombstone_in_place():
     out = FetchOp(datasets, on_error="skip").process_many(list(elems))
     assert [r.payload for r in out] == [{"text": "c1"}, {"text": "a0-0"}, None, {"text": "c3"}]
     skipped = out[2].meta
-    assert skipped.is_tombstone and skipped.tags[TAG_SKIPPED]["row"] == 2
-    assert skipped.tags[TAG_SKIPPED]["file"] == "broken.jsonl"
+    assert skipped.is_tombstone and isinstance(skipped.control, Tombstone)
+    assert skipped.control.skipped is not None and skipped.control.skipped["row"] == 2
+    assert skipped.control.skipped["file"] == "broken.jsonl"
+    assert skipped.control.reason is not None and skipped.control.reason.startswith("skipped:")
 
 
 def test_a_reader_returning_too_few_rows_is_named():

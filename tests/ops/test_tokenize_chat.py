@@ -28,7 +28,7 @@ from tests.ops._chat import (
 )
 from zephon._ops.tokenize_chat import TokenizeChatOp
 from zephon.errors import ChatFormatError, ConfigError
-from zephon.types import TAG_ERROR, SampleMeta, SampleRecord
+from zephon.types import SampleMeta, SampleRecord, Tombstone
 
 FIXED = conversations(30, seed=11)
 
@@ -147,15 +147,15 @@ def test_truncation_keeps_the_mask_aligned(chat_tokenizer_dir):
         assert cut.payload["input_ids"].tolist() == full.payload["input_ids"][:limit].tolist()
         assert cut.payload["loss_mask"].tolist() == full.payload["loss_mask"][:limit].tolist()
     (gone,) = tokenize(TokenizeChatOp(chat_tokenizer_dir, max_length=first), [row])
-    assert gone.meta.is_tombstone
-    assert "no supervised token" in gone.meta.tags[TAG_ERROR]
+    assert isinstance(gone.meta.control, Tombstone)
+    assert "no supervised token" in (gone.meta.control.reason or "")
 
 
 def test_conversation_without_supervised_token_is_a_tombstone(chat_tokenizer_dir):
     rows = [{"messages": [{"role": "user", "content": "hello"}]}, _multi_round()]
     out = tokenize(TokenizeChatOp(chat_tokenizer_dir), rows)
     assert out[0].meta.is_tombstone and out[0].payload is None
-    assert out[0].meta.tags[TAG_ERROR] == "tokenize_chat: no supervised token (none in scope)"
+    assert out[0].meta.control == Tombstone("tokenize_chat: no supervised token (none in scope)")
     assert not out[1].meta.is_tombstone
 
 

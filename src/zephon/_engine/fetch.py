@@ -9,7 +9,7 @@ from typing import Any, Literal
 from zephon.errors import DataError, DataFormatError
 from zephon.io import Dataset, InMemoryShard
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
-from zephon.types import TAG_SKIPPED, SampleMeta, SampleRecord, StreamItem, tombstone_meta
+from zephon.types import SampleMeta, SampleRecord, StreamItem, Tombstone, tombstone_meta
 
 FETCH_MICRO_BATCH = 64
 FETCH_LATENCY_MS = 5.0
@@ -103,9 +103,10 @@ class FetchOp(BaseOp):
 
     @staticmethod
     def _skipped(dataset: Dataset, shard: int, meta: SampleMeta, row: _Skipped) -> SampleRecord:
-        dead = tombstone_meta(meta, reason=f"skipped: {row.reason}")
+        reason = f"skipped: {row.reason}"
         info = row.describe(dataset, shard, meta.sample_id[2])
-        return SampleRecord(dead.with_tags(**{TAG_SKIPPED: info}), None)
+        dead = tombstone_meta(meta, reason=reason).with_control(Tombstone(reason, skipped=info))
+        return SampleRecord(dead, None)
 
     @staticmethod
     def _read_one_by_one(dataset: Dataset, shard: int, indices: list[int]) -> list[Any]:

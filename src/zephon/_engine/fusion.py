@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from zephon._engine.driver_chain import DriverChain
 from zephon._engine.lane_state import has_lane_state
-from zephon._engine.stage import StageCore, annotate, any_tagged, call_process_many
+from zephon._engine.stage import StageCore, annotate, any_control, call_process_many
 from zephon._engine.stats import OpStats
 from zephon.ops import (
     Accumulator,
@@ -173,7 +173,7 @@ class FusedOp(BaseOp):
                 raise annotate(exc, op.name) from None
             counts.append((len(work), len(out), time.perf_counter_ns() - start))
             work = out
-            if index < last and any_tagged(out):
+            if index < last and any_control(out):
                 work = [item for item in out if not is_control(item)]
                 if len(work) != len(out):
                     controls.extend(item for item in out if is_control(item))

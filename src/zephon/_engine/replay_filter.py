@@ -13,12 +13,11 @@ from collections.abc import Mapping, Sequence
 from zephon.errors import CheckpointError
 from zephon.ops import Accumulator, BaseOp, OpContext, OpTraits, Rebuild
 from zephon.types import (
-    TAG_BOUNDARY_CID,
-    TAG_FLUSH_SENTINEL,
-    TAG_SNAPSHOT,
+    FlushSentinel,
     LaneId,
     SampleCursor,
     SampleRecord,
+    SnapshotMarker,
     StreamItem,
     tombstone_meta,
 )
@@ -67,12 +66,13 @@ class ReplayFilterAccumulator(Accumulator):
         snapshot marker may come first: a restore there re-delivers up to the target)."""
         lane = marker.meta.lane_id
         target = self.targets.get(lane)
-        tags = marker.meta.tags
-        if target is None or TAG_SNAPSHOT in tags:
+        control = marker.meta.control
+        if target is None or isinstance(control, SnapshotMarker):
             return
-        if TAG_FLUSH_SENTINEL in tags:
-            if target.chunk_id < int(tags[TAG_BOUNDARY_CID]):
-                raise _missed(lane, target, f"finished epoch {tags[TAG_BOUNDARY_CID]}")
+        if isinstance(control, FlushSentinel):
+            boundary = control.boundary_chunk_id
+            if target.chunk_id < boundary:
+                raise _missed(lane, target, f"finished epoch {boundary}")
         else:
             raise _missed(lane, target, "ended")
 

@@ -28,7 +28,15 @@ from typing import Any
 import numpy as np
 
 from zephon.errors import CheckpointError, ContractError
-from zephon.types import TAG_PACKING, ContributorRef, SampleCursor, SampleMeta, SampleRecord
+from zephon.types import (
+    TAG_PACKING,
+    ContributorRef,
+    SampleCursor,
+    SampleMeta,
+    SampleRecord,
+    control_as_tags,
+    control_from_tags,
+)
 
 _TUPLE, _DICT, _DEQUE, _CURSOR, _REF, _RECORD, _FLOAT = (
     "$zt",
@@ -114,7 +122,12 @@ def _cursor(cursor: SampleCursor) -> list[Any]:
 
 
 def encode_meta(meta: SampleMeta) -> list[Any]:
+    """A meta as JSON; a control record's ``control`` is written in its tag form (see
+    ``control_as_tags``), so the format is the one it always was."""
     counts = meta.component_counts
+    tags = meta.tags
+    if meta.control is not None:
+        tags = {**tags, **control_as_tags(meta.control)}
     return [
         list(meta.sample_id),
         meta.lane_id,
@@ -123,7 +136,7 @@ def encode_meta(meta: SampleMeta) -> list[Any]:
         list(meta.lineage),
         meta.component_id,
         None if counts is None else encode(dict(counts)),
-        encode(dict(meta.tags)) if meta.tags else {},
+        encode(dict(tags)) if tags else {},
     ]
 
 
@@ -187,8 +200,10 @@ Defer = frozenset[str]
 
 
 def decode_meta(value: Any, defer: Defer = frozenset()) -> SampleMeta:
-    """A record's meta; tags named in ``defer`` stay :class:`EncodedTag` s."""
+    """A record's meta; tags named in ``defer`` stay :class:`EncodedTag` s. Control tags (the
+    form ``encode_meta`` writes) become the meta's typed ``control``."""
     sid, lane, chunk, offset, lineage, component, counts, tags = value
+    decoded, control = control_from_tags(_tags(tags, defer)) if tags else ({}, None)
     return SampleMeta(
         tuple(sid),  # type: ignore[arg-type]
         lane,
@@ -197,7 +212,8 @@ def decode_meta(value: Any, defer: Defer = frozenset()) -> SampleMeta:
         tuple(lineage),
         component,
         None if counts is None else decode(counts),
-        _tags(tags, defer) if tags else {},
+        decoded,
+        control,
     )
 
 

@@ -30,26 +30,24 @@ from zephon.ops import (
     check_accumulator,
 )
 from zephon.types import (
-    TAG_BOUNDARY_CID,
-    TAG_END_OF_DATA,
-    TAG_FLUSH_SENTINEL,
-    TAG_SNAPSHOT,
-    TAG_SNAPSHOT_REPLAY,
-    TAG_TOMBSTONE,
+    EndOfData,
+    FlushSentinel,
     SampleBatch,
     SampleRecord,
+    SnapshotMarker,
     StreamItem,
+    Tombstone,
     is_control,
 )
 
-_TAGS_OF = attrgetter("meta.tags")
+_CONTROL_OF = attrgetter("meta.control")
 _ELEMENT_TYPES = frozenset({SampleRecord, SampleBatch})
 
 
-def any_tagged(items: Sequence[StreamItem]) -> bool:
-    """Whether any of ``items`` has tags (only tagged elements can be control elements);
-    C-level iteration, since every stage asks it of every micro-batch."""
-    return any(map(_TAGS_OF, items))
+def any_control(items: Sequence[StreamItem]) -> bool:
+    """Whether any of ``items`` is a control element; C-level iteration, since every stage
+    asks it of every micro-batch."""
+    return any(map(_CONTROL_OF, items))
 
 
 @dataclass(slots=True)
@@ -182,7 +180,7 @@ class StageCore:
                 lane = mb[-1].meta.lane_id
                 count = self._last_out.get(lane, (0, None))[0]
                 self._last_out[lane] = (count + 1, mb[-1].meta.cursor)
-            if not any_tagged(mb):  # fast path: plain records only
+            if not any_control(mb):  # fast path: plain records only
                 out.append(self._task(mb))
                 continue
             work = [e for e in mb if not is_control(e)]
@@ -203,7 +201,7 @@ class StageCore:
 
     def _feed(self, items: Sequence[StreamItem]) -> list[Task]:
         out: list[Task] = []
-        if not any_tagged(items):  # fast path: no control element among them
+        if not any_control(items):  # fast path: no control element among them
             if items:
                 self._push(items, out)
             return out
@@ -212,7 +210,7 @@ class StageCore:
         i = 0
         while i < n:
             item = items[i]
-            if not item.meta.tags or not is_control(item):
+            if item.meta.control is None:
                 i += 1
                 continue
             if run_start < i:
@@ -279,22 +277,22 @@ class StageCore:
     def _control(self, controls: Sequence[StreamItem], out: list[Task]) -> None:
         passthrough: list[StreamItem] = []
         for item in controls:
-            tags = item.meta.tags
-            if self._on_marker is not None and TAG_TOMBSTONE not in tags:
+            control = item.meta.control
+            if self._on_marker is not None and not isinstance(control, Tombstone):
                 self._on_marker(item)
-            if TAG_SNAPSHOT in tags:
+            if isinstance(control, SnapshotMarker):
                 if passthrough:
                     out.append(self._task([], passthrough))
                     passthrough = []
-                self._cut(item, out)
+                self._cut(item, control, out)
                 continue
-            if TAG_END_OF_DATA in tags:
+            if isinstance(control, EndOfData):
                 if passthrough:
                     out.append(self._task([], passthrough))
                     passthrough = []
                 self._end_lane(item, out)
                 continue
-            if TAG_FLUSH_SENTINEL not in tags:
+            if not isinstance(control, FlushSentinel):
                 passthrough.append(item)
                 continue
             lane = item.meta.lane_id
@@ -307,18 +305,18 @@ class StageCore:
             self._flush_lane(lane, out)
             for marker in self._held.pop(lane, ()):  # held markers were cut before the flush
                 out.append(self._task([], [self._release_marker(marker, lane)]))
-            self._snapshot_at_boundary(lane, int(tags[TAG_BOUNDARY_CID]))
+            self._snapshot_at_boundary(lane, control.boundary_chunk_id)
             out.append(self._task([], [item]))
         if passthrough:
             out.append(self._task([], passthrough))
 
-    def _cut(self, marker: StreamItem, out: list[Task]) -> None:
-        """A snapshot marker: act on it by ``marker_mode`` (see ``MARKER_MODES``)."""
+    def _cut(self, marker: StreamItem, cut: SnapshotMarker, out: list[Task]) -> None:
+        """A snapshot marker (``cut``, its control): act on it by ``marker_mode`` (see
+        ``MARKER_MODES``)."""
         lane = marker.meta.lane_id
         mode = self.marker_mode
         if mode == "snapshot" and self.state_log is not None:
-            position = marker.meta.tags[TAG_SNAPSHOT]
-            self.state_log.record_cut(lane, (position[0], position[1]), self._state_of(lane))
+            self.state_log.record_cut(lane, cut.position, self._state_of(lane))
         elif mode == "flush" and self.acc.has_pending_data(lane):
             self._tasks_for(self.acc.flush(reset=True, lane_id=lane), out)
         elif mode == "hold" and (lane in self._held or self.acc.has_pending_data(lane)):
@@ -329,7 +327,8 @@ class StageCore:
             pending = self._pending_target
             target = pending(lane) if pending is not None else None
             if target is not None:
-                marker = SampleRecord(marker.meta.with_tags(**{TAG_SNAPSHOT_REPLAY: target}), None)
+                stamped = SnapshotMarker(cut.position, target)
+                marker = SampleRecord(marker.meta.with_control(stamped), None)
         out.append(self._task([], [marker]))
 
     def _end_lane(self, marker: StreamItem, out: list[Task]) -> None:
@@ -381,13 +380,14 @@ class StageCore:
         for lane in list(self._held):
             queue = self._held[lane]
             while queue:
-                tags = queue[0].meta.tags
-                if TAG_SNAPSHOT in tags:
+                control = queue[0].meta.control
+                if isinstance(control, SnapshotMarker):
                     if self.acc.has_pending_data(lane):
                         break
                     out.append(self._task([], [self._release_marker(queue.popleft(), lane)]))
                     continue
-                boundary = int(tags[TAG_BOUNDARY_CID])
+                assert isinstance(control, FlushSentinel)  # only markers and sentinels are held
+                boundary = control.boundary_chunk_id
                 if not self.acc.try_epoch_reset(boundary, lane):
                     break
                 self._snapshot_at_boundary(lane, boundary)
@@ -401,7 +401,9 @@ class StageCore:
         count, last = self._last_out.get(lane, (0, None))
         if last is None or count == self._held_at.pop(id(marker), count):
             return marker
-        return SampleRecord(marker.meta.with_tags(**{TAG_SNAPSHOT_REPLAY: last}), None)
+        cut = marker.meta.control
+        assert isinstance(cut, SnapshotMarker)
+        return SampleRecord(marker.meta.with_control(SnapshotMarker(cut.position, last)), None)
 
     def poll(self, now_ns: int) -> list[Task]:
         """Tasks due by a latency bound (non-deterministic mode only)."""

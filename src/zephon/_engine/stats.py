@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from zephon.io import SourceStats
-from zephon.types import TAG_CUT_TOKENS, TAG_DROPPED_TOKENS, TAG_ERROR
+from zephon.types import Tombstone
 
 # The reason of the replay filter's tombstones: records a restore streams again and were
 # delivered before it, so not drops.
@@ -74,20 +73,20 @@ class DropCounts:
     cut_tokens: int = 0
     cut_by_reason: dict[str, int] = field(default_factory=dict)
 
-    def count(self, tags: Mapping[str, Any]) -> None:
+    def count(self, tomb: Tombstone) -> None:
         """Count one tombstone (or cut note); returns nothing, replays are not drops."""
-        reason = str(tags.get(TAG_ERROR) or "dropped")
+        reason = tomb.reason or "dropped"
         if reason == _REPLAYED:
             return
         key = reason.split(":", 1)[0]
-        cut = tags.get(TAG_CUT_TOKENS)
+        cut = tomb.cut_tokens
         if cut is not None:
             self.cut_records += 1
-            self.cut_tokens += int(cut)
+            self.cut_tokens += cut
             self.cut_by_reason[key] = self.cut_by_reason.get(key, 0) + 1
             return
         self.records += 1
-        self.tokens += int(tags.get(TAG_DROPPED_TOKENS, 0))
+        self.tokens += tomb.dropped_tokens
         self.by_reason[key] = self.by_reason.get(key, 0) + 1
 
     def copy(self) -> DropCounts:

@@ -16,17 +16,12 @@ from typing import Any
 
 from zephon._engine.stats import DropCounts
 from zephon.types import (
-    TAG_BOUNDARY_CID,
-    TAG_CUT_TOKENS,
-    TAG_END_OF_DATA,
-    TAG_ERROR,
-    TAG_FLUSH_SENTINEL,
-    TAG_SKIPPED,
-    TAG_SNAPSHOT,
-    TAG_SNAPSHOT_REPLAY,
-    TAG_TOMBSTONE,
+    EndOfData,
+    FlushSentinel,
     SampleCursor,
+    SnapshotMarker,
     StreamItem,
+    Tombstone,
 )
 
 EpochCallback = Callable[[int, int], None]
@@ -73,29 +68,29 @@ class LaneMux:
     def add(self, items: Iterable[StreamItem]) -> None:
         queues = self._queues
         for item in items:
-            tags = item.meta.tags
-            if tags and TAG_TOMBSTONE in tags:
-                if TAG_CUT_TOKENS not in tags:  # a cut note closes and drops nothing
-                    self.tombstones += 1
-                self.drops.count(tags)
-                if self._on_skip is not None and (
-                    TAG_SKIPPED in tags or str(tags.get(TAG_ERROR, "")).startswith("skipped:")
-                ):
-                    info = tags.get(TAG_SKIPPED) or {"reason": str(tags[TAG_ERROR])}
-                    self._on_skip(item.meta.sample_id, info)
+            tomb = item.meta.control
+            if tomb is None or not isinstance(tomb, Tombstone):
+                queues[item.meta.lane_id].append(item)
                 continue
-            queues[item.meta.lane_id].append(item)
+            if tomb.cut_tokens is None:  # a cut note closes and drops nothing
+                self.tombstones += 1
+            self.drops.count(tomb)
+            reason = tomb.reason or ""
+            if self._on_skip is not None and (
+                tomb.skipped is not None or reason.startswith("skipped:")
+            ):
+                self._on_skip(item.meta.sample_id, tomb.skipped or {"reason": reason})
 
     def _settle_head(self, lane: int) -> bool:
         """Consume markers at the head of ``lane``'s queue; False once the lane has ended."""
         queue = self._queues[lane]
         while queue:
-            tags = queue[0].meta.tags
-            if not tags or TAG_TOMBSTONE in tags:
+            control = queue[0].meta.control
+            if control is None:
                 return True
-            if TAG_FLUSH_SENTINEL in tags:
+            if isinstance(control, FlushSentinel):
                 queue.popleft()
-                boundary = int(tags[TAG_BOUNDARY_CID])
+                boundary = control.boundary_chunk_id
                 cursor = self.replay_cursor.get(lane)
                 if self._on_epoch is not None and cursor is not None and cursor.chunk_id < boundary:
                     # Epoch eviction: everything before the boundary is delivered and will not
@@ -103,15 +98,14 @@ class LaneMux:
                     self.replay_cursor[lane] = None
                 if self._on_epoch is not None:
                     self._on_epoch(lane, boundary)
-            elif TAG_SNAPSHOT in tags:
+            elif isinstance(control, SnapshotMarker):
                 # Everything before the cut is delivered; a restore there re-delivers up to the
                 # stamped cursor (the replay filter drops it again), or nothing.
                 queue.popleft()
-                self.replay_cursor[lane] = tags.get(TAG_SNAPSHOT_REPLAY)
+                self.replay_cursor[lane] = control.replay_cursor
                 if self._on_snapshot is not None:
-                    position = tags[TAG_SNAPSHOT]
-                    self._on_snapshot(lane, (int(position[0]), int(position[1])))
-            elif TAG_END_OF_DATA in tags:
+                    self._on_snapshot(lane, control.position)
+            elif isinstance(control, EndOfData):
                 queue.popleft()
                 self.finished_lanes.add(lane)
                 if self._on_lane_done is not None:

@@ -23,12 +23,12 @@ from zephon._engine.reorder import ReorderBuffer
 from zephon._engine.shm import resolve_items
 from zephon._engine.stage import StageCore, Task, annotate
 from zephon._engine.stats import OpStats
-from zephon.types import TAG_TOMBSTONE, StreamItem
+from zephon.types import StreamItem, Tombstone
 
 
 def has_marker(items: list[StreamItem]) -> bool:
     """Whether ``items`` hold a sentinel or end-of-lane marker (not just tombstones)."""
-    return any(TAG_TOMBSTONE not in item.meta.tags for item in items)
+    return any(not isinstance(item.meta.control, Tombstone) for item in items)
 
 
 DATA, DONE, END, ERROR, STOP = range(5)
