@@ -108,8 +108,8 @@ def test_restore_with_the_engine_in_a_child_process(reference):
 
 @pytest.mark.parametrize(("taken", "restored"), [(12, 5), (5, 12), (12, None)])
 def test_a_checkpoint_restores_exactly_under_another_snapshot_interval(reference, taken, restored):
-    """The interval is no part of the configuration: a checkpoint written with the previous
-    default (restart points every 128 records) restores under the current one, and back."""
+    """The interval is no part of the configuration: a checkpoint taken with one interval
+    restores exactly under another, the default included."""
     offsets = set()
     for stop in (7, 20, 33, 46):
         state = checkpoint_after(build(records=taken), stop)
