@@ -21,8 +21,11 @@ happens to trigger it. Prints the tables and a final JSON line.
 Table 3 (``--user-only`` runs only this one): the same restore measurement at 5 stop points
 for a plan of operators written only against the public API (``tests/ops/_user_ops.py``: a
 window sorter and a packer) on a 20,000-document corpus: such a plan takes snapshots too.
+Its restores take 10-25 ms, so besides the wall-time ratio it gives the ratio of CPU time
+(every thread of the process), medians of ``--repeats`` starts per stop point.
+``--snapshot-every-records`` overrides the option (default: the option's default).
 Usage: ``python benchmarks/checkpoint.py [--docs 240000] [--skip-monotone] [--per-step-only]
-[--user-only]``.
+[--user-only] [--repeats 5] [--snapshot-every-records N]``.
 """
 
 from __future__ import annotations
@@ -150,9 +153,14 @@ def build_packed(docs: int, lanes: int, *, every: int, records: int | None) -> P
             canonical_replicas=lanes,
             flush_every_k_chunks=8,
             snapshot_every_chunks=every,
-            snapshot_every_records=records,
+            **record_cuts(records),
         )
     )
+
+
+def record_cuts(records: int | None) -> dict[str, int]:
+    """``snapshot_every_records`` when given, else nothing: the pipeline's default applies."""
+    return {} if records is None else {"snapshot_every_records": records}
 
 
 def first_batch_s(pipe: Pipeline) -> tuple[float, Any]:
@@ -164,23 +172,33 @@ def first_batch_s(pipe: Pipeline) -> tuple[float, Any]:
     return elapsed, first
 
 
-def collected_first_batch_s(pipe: Pipeline) -> tuple[float, Any]:
+def timed_first_batch(pipe: Pipeline) -> tuple[float, float, Any]:
+    """Wall and CPU seconds (every thread of this process) to the first batch, after a
+    collection."""
     gc.collect()
-    return first_batch_s(pipe)
+    cpu = time.process_time()
+    elapsed, first = first_batch_s(pipe)
+    return elapsed, time.process_time() - cpu, first
 
 
 def median_first_batch(make: Any, repeats: int) -> tuple[float, Any]:
-    runs = [collected_first_batch_s(make()) for _ in range(repeats)]
-    return statistics.median(r[0] for r in runs), runs[0][1]
+    runs = [timed_first_batch(make()) for _ in range(repeats)]
+    return statistics.median(r[0] for r in runs), runs[0][2]
 
 
-def interleaved(makers: list[Callable[[], Pipeline]], repeats: int) -> list[tuple[float, Any]]:
-    """Median time to first batch of each maker's pipeline, the makers taking turns."""
-    runs: list[list[tuple[float, Any]]] = [[] for _ in makers]
+def interleaved(
+    makers: list[Callable[[], Pipeline]], repeats: int
+) -> list[tuple[float, float, Any]]:
+    """Median wall and CPU time to the first batch of each maker's pipeline, the makers
+    taking turns."""
+    runs: list[list[tuple[float, float, Any]]] = [[] for _ in makers]
     for _ in range(repeats):
         for i, make in enumerate(makers):
-            runs[i].append(collected_first_batch_s(make()))
-    return [(statistics.median(r[0] for r in rs), rs[0][1]) for rs in runs]
+            runs[i].append(timed_first_batch(make()))
+    return [
+        (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs), rs[0][2])
+        for rs in runs
+    ]
 
 
 def state_bytes(state: dict[str, Any]) -> dict[str, float]:
@@ -242,7 +260,7 @@ def build_user(docs: int, lanes: int, *, every: int, records: int | None) -> Pip
             canonical_replicas=lanes,
             flush_every_k_chunks=8,
             snapshot_every_chunks=every,
-            snapshot_every_records=records,
+            **record_cuts(records),
         )
     )
 
@@ -251,6 +269,7 @@ def restore_table(
     build_for: Callable[[int], Pipeline],
     points: int,
     sizes_of: Callable[[dict[str, Any]], dict[str, float]] | None = None,
+    repeats: int = 5,
 ) -> dict[str, Any]:
     """Restore to first batch at ``points`` stop points: snapshots against epoch replay."""
 
@@ -269,9 +288,11 @@ def restore_table(
         replay.pop("expected")
         # cold and snapshot starts alternate, so a change in machine load hits both alike
         starts = [lambda: make(1), lambda s=state: make(1, s)]
-        (cold_s, _), (snap_s, snap) = interleaved(starts, 5)
+        (cold_s, cold_cpu, _), (snap_s, snap_cpu, snap) = interleaved(starts, repeats)
         replay_s, replayed = median_first_batch(lambda s=replay: make(0, s), 1)
         row: dict[str, Any] = {"stop": stop, "cold_s": round(cold_s, 3)}
+        row["cold_cpu_s"] = round(cold_cpu, 3)
+        row["snapshot_cpu_x_cold"] = round(snap_cpu / cold_cpu, 2)
         row["checkpoint_bytes"] = len(json.dumps(state))
         row["refetch"] = sum(refetch_counts(state).values())
         for name, seconds, first in (("snapshot", snap_s, snap), ("replay", replay_s, replayed)):
@@ -308,7 +329,12 @@ def main() -> None:
     parser.add_argument("--packed-docs", type=int, default=240_000, help="documents of table 2")
     parser.add_argument("--packed-lanes", type=int, default=2)
     parser.add_argument("--points", type=int, default=10)
-    parser.add_argument("--snapshot-every-records", type=int, default=128)
+    parser.add_argument(
+        "--snapshot-every-records", type=int, default=None, help="default: the option's default"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="table 3: cold and restored starts per stop point"
+    )
     parser.add_argument("--skip-monotone", action="store_true")
     parser.add_argument("--per-step-only", action="store_true", help="only table 0")
     parser.add_argument("--steps", type=int, default=400, help="table 0: batches")
@@ -317,7 +343,9 @@ def main() -> None:
     args = parser.parse_args()
     out: dict[str, Any] = {"benchmark": "checkpoint"}
     if args.user_only:
-        out["user"] = user_table(args.user_docs, args.packed_lanes, args.snapshot_every_records)
+        out["user"] = user_table(
+            args.user_docs, args.packed_lanes, args.snapshot_every_records, args.repeats
+        )
         print(json.dumps(out))
         return
     step = per_step(args.steps, warmup=50)
@@ -339,17 +367,24 @@ def main() -> None:
     worst = max(r["snapshot_x_cold"] for r in packed["rows"])
     print(f"worst snapshot restore: {worst}x the cold first batch")
     out["packed"] = {**packed, "docs": args.packed_docs, "lanes": args.packed_lanes}
-    out["user"] = user_table(args.user_docs, args.packed_lanes, args.snapshot_every_records)
+    out["user"] = user_table(
+        args.user_docs, args.packed_lanes, args.snapshot_every_records, args.repeats
+    )
     print(json.dumps(out))
 
 
-def user_table(docs: int, lanes: int, records: int | None) -> dict[str, Any]:
+def user_table(docs: int, lanes: int, records: int | None, repeats: int = 5) -> dict[str, Any]:
     """Table 3, printed; its rows for the JSON line."""
-    table = restore_table(lambda every: build_user(docs, lanes, every=every, records=records), 5)
+    table = restore_table(
+        lambda every: build_user(docs, lanes, every=every, records=records),
+        5,
+        repeats=repeats,
+    )
     print(f"user operators, {docs} documents: {table['batches']} batches")
     print_table(table["rows"])
     worst = max(r["snapshot_x_cold"] for r in table["rows"])
-    print(f"worst snapshot restore: {worst}x the cold first batch")
+    worst_cpu = max(r["snapshot_cpu_x_cold"] for r in table["rows"])
+    print(f"worst snapshot restore: {worst}x the cold first batch ({worst_cpu}x its CPU time)")
     return {**table, "docs": docs, "lanes": lanes}
 
 

@@ -106,6 +106,18 @@ def test_restore_with_the_engine_in_a_child_process(reference):
     assert got == reference
 
 
+@pytest.mark.parametrize(("taken", "restored"), [(12, 5), (5, 12), (12, None)])
+def test_a_checkpoint_restores_exactly_under_another_snapshot_interval(reference, taken, restored):
+    """The interval is no part of the configuration: a checkpoint taken with one interval
+    restores exactly under another, the default included."""
+    offsets = set()
+    for stop in (7, 20, 33, 46):
+        state = checkpoint_after(build(records=taken), stop)
+        offsets.update(lane.get("start_offset", 0) for lane in state["lanes"].values())
+        assert [key(b) for b in build(records=restored).restore(state)] == reference[stop:]
+    assert offsets - {0}, "no checkpoint restarted inside a chunk"
+
+
 def test_a_mid_epoch_checkpoint_restarts_at_the_snapshot_with_records_by_meta(reference):
     state = checkpoint_after(build(records=8), 20)
     lane = state["lanes"]["0"]
