@@ -5,6 +5,7 @@ pool and closed when evicted, not kept open per shard read. The same holds for e
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -102,10 +103,13 @@ def test_a_long_lived_process_holds_no_more_descriptors_after_each_pipeline(many
     def run_once() -> int:
         for _ in load_config(many / "p.yaml").build().options(runner="threads"):
             pass
+        gc.collect()
         return len(os.listdir("/proc/self/fd"))
 
+    # The count is the whole process's: what earlier tests left behind may close meanwhile
+    # (so it can drop), but a pipeline that leaked would raise it with every run.
     first = run_once()
-    assert [run_once() for _ in range(4)] == [first] * 4
+    assert all(count <= first for count in [run_once() for _ in range(4)])
 
 
 def write_formats(root: Path, shards: int, rows: int) -> Path:
