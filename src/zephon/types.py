@@ -222,31 +222,11 @@ class SampleMeta(msgspec.Struct, frozen=True, gc=False):
         if not _CONTROL_TAGS.isdisjoint(tags):
             legacy = control_as_tags(control) if control is not None else {}
             merged, control = control_from_tags({**self.tags, **legacy, **tags})
-        return SampleMeta(
-            self.sample_id,
-            self.lane_id,
-            self.chunk_id,
-            self.chunk_offset,
-            self.lineage,
-            self.component_id,
-            self.component_counts,
-            merged,
-            control,
-        )
+        return msgspec.structs.replace(self, tags=merged, control=control)
 
     def with_control(self, control: Control | None) -> SampleMeta:
         """This meta with ``control`` as its control record (None: an ordinary record)."""
-        return SampleMeta(
-            self.sample_id,
-            self.lane_id,
-            self.chunk_id,
-            self.chunk_offset,
-            self.lineage,
-            self.component_id,
-            self.component_counts,
-            self.tags,
-            control,
-        )
+        return msgspec.structs.replace(self, control=control)
 
     def child(self, index: int, *, is_last_child: bool) -> SampleMeta:
         """Meta of the ``index``-th output of a fan-out; only the last child closes the parent."""
