@@ -385,16 +385,10 @@ def tombstone_meta(
 
     ``reason`` (``"category: detail"``) and ``tokens`` (how many the dropped record had) are
     what run summaries count drops by."""
-    return SampleMeta(
-        meta.sample_id,
-        meta.lane_id,
-        meta.chunk_id,
-        meta.chunk_offset,
-        meta.lineage,
-        meta.component_id,
-        meta.component_counts,
-        {TAG_CONTRIBUTORS: meta.contributors},
-        Tombstone(reason, int(tokens) if tokens else 0),
+    return msgspec.structs.replace(
+        meta,
+        tags={TAG_CONTRIBUTORS: meta.contributors},
+        control=Tombstone(reason, int(tokens) if tokens else 0),
     )
 
 
@@ -402,21 +396,9 @@ def cut_note(record: StreamItem, *, reason: str, tokens: int) -> SampleRecord:
     """A control element telling the run summary that ``tokens`` of ``record`` were cut away
     (truncation) while ``record`` itself was delivered shorter. It closes nothing (no
     contributors); the summary counts it under ``cut_records`` / ``cut_tokens``."""
-    meta = record.meta
-    return SampleRecord(
-        SampleMeta(
-            meta.sample_id,
-            meta.lane_id,
-            meta.chunk_id,
-            meta.chunk_offset,
-            meta.lineage,
-            meta.component_id,
-            meta.component_counts,
-            {TAG_CONTRIBUTORS: ()},
-            Tombstone(reason, cut_tokens=int(tokens)),
-        ),
-        None,
-    )
+    control = Tombstone(reason, cut_tokens=int(tokens))
+    meta = msgspec.structs.replace(record.meta, tags={TAG_CONTRIBUTORS: ()}, control=control)
+    return SampleRecord(meta, None)
 
 
 def record_tokens(record: StreamItem) -> int:
