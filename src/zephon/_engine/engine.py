@@ -267,8 +267,9 @@ class Engine:
         """Whether the feeder and tail exist (a checkpoint then describes this iteration)."""
         return self.feeder is not None
 
-    def position(self) -> Position:
-        """What a checkpoint records of the consumer's position (cheap: no encoding)."""
+    def position(self, *, held_records: bool = False) -> Position:
+        """What a checkpoint records of the consumer's position (cheap: no encoding, unless
+        ``held_records`` asks for the payloads of the records operators hold)."""
         feeder, mux = self.feeder, self.mux
         if feeder is None or mux is None:
             raise CheckpointError("the engine has not started")
@@ -279,6 +280,11 @@ class Engine:
             restart = self._restart.get(lane, (start_cid, 0))
             offset = restart[1] if restart[0] == start_cid else 0
             done = lane in mux.finished_lanes
+            operator_state, payloads = (
+                (None, False)
+                if done
+                else self._operator_state(lane, (start_cid, offset), held_records)
+            )
             lanes.append(
                 ckpt.LaneCheckpoint(
                     lane=lane,
@@ -287,10 +293,9 @@ class Engine:
                     replay_cursor=mux.replay_cursor.get(lane),
                     delivered=mux.delivered[lane],
                     done=done,
-                    operator_state=None
-                    if done
-                    else self._operator_state(lane, (start_cid, offset)),
+                    operator_state=operator_state,
                     start_offset=offset,
+                    held_payloads=payloads,
                 )
             )
         return Position(lanes, list(mux.order), mux.turn)
@@ -313,18 +318,26 @@ class Engine:
             self.config_fingerprint,
         )
 
-    def checkpoint(self) -> dict[str, Any]:
-        """The consumer-visible state: what has been delivered, per lane (see checkpoint.py)."""
-        return self.checkpoint_at(self.position())
+    def checkpoint(self, *, held_records: bool = False) -> dict[str, Any]:
+        """The consumer-visible state: what has been delivered, per lane (see checkpoint.py);
+        ``held_records`` writes the payloads of the records operators hold as well."""
+        return self.checkpoint_at(self.position(held_records=held_records))
 
-    def _operator_state(self, lane: int, start: tuple[int, int]) -> dict[str, Any] | None:
-        """Each stateful accumulator's lane state at the point a restore regenerates from."""
+    def _operator_state(
+        self, lane: int, start: tuple[int, int], held_records: bool
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """Each stateful accumulator's lane state at the point a restore regenerates from,
+        and whether it carries held records' payloads."""
         if not self.states.logs:  # not iterated yet: a pending restore's state still holds
             if self.resume is None or lane not in self.resume.lanes:
-                return None
+                return None, False
             saved = self.resume.lanes[lane].operator_state
-            return dict(saved) if saved is not None else None
-        return self.states.at(lane, start)
+            if saved is None:
+                return None, False
+            return dict(saved), self.resume.version >= ckpt.HELD_PAYLOADS_VERSION
+        if held_records:
+            return self.states.held_at(lane, start)
+        return self.states.at(lane, start), False
 
     def __iter__(self) -> Iterator[StreamItem]:
         try:

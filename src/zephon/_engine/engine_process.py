@@ -195,8 +195,12 @@ class EngineProcess:
         """The engine process's id while it runs (for diagnostics and tests)."""
         return self._pid
 
-    def checkpoint(self) -> dict[str, Any]:
-        """The position right after the last item received (the start before the first)."""
+    def checkpoint(self, *, held_records: bool = False) -> dict[str, Any]:
+        """The position right after the last item received (the start before the first).
+
+        The child sends operator states with records by meta only, so ``held_records`` adds
+        no payloads here: a restore rebuilds those records (exactly, as from any checkpoint).
+        """
         if self._position is None:
             self.local.prepare()
             return self.local.checkpoint()

@@ -16,6 +16,7 @@ from typing import Any
 
 from zephon._engine.lane_state import LaneStateLog, Position, frozen_copy
 from zephon._engine.snapshot_codec import (
+    HeldPayloads,
     HeldRecord,
     decode,
     encode,
@@ -222,15 +223,24 @@ class OperatorStates:
         cached = self._at.get(lane)
         if cached is not None and cached[0] == position:
             return cached[1]
-        out = self._encode_at(lane, position)
+        out = self._encode_at(lane, position, None)
         self._at[lane] = (position, out)
         return out
 
-    def _encode_at(self, lane: int, position: Position) -> dict[str, Any]:
+    def held_at(self, lane: int, position: Position) -> tuple[dict[str, Any], bool]:
+        """:meth:`at` with the held records' payloads written too (not cached: asked for
+        once per checkpoint file), and whether any record carries its payload."""
+        held = HeldPayloads()
+        out = self._encode_at(lane, position, held)
+        return out, held.written > 0
+
+    def _encode_at(
+        self, lane: int, position: Position, held: HeldPayloads | None
+    ) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for index, log in sorted(self.logs.items()):
             state = log.state_at(lane, *position)
             if index in self._records:  # record metas: repetitive, so deflated when large
-                state = pack_state(encode(state, f"operator {log.op_name!r} state_dict()"))
+                state = pack_state(encode(state, f"operator {log.op_name!r} state_dict()", held))
             out[self.key_of(index)] = state
         return out

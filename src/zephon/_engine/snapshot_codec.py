@@ -3,7 +3,14 @@
 An accumulator that buffers records (open pack bins, a shuffle reservoir, mixture queues)
 returns them in ``state_dict`` as the ``SampleRecord`` objects themselves. In a checkpoint each
 one is written as its meta only, never its payload, so a checkpoint stays small whatever the
-records hold; a restore rebuilds the payloads from the source (see ``rebuild.py``).
+records hold; a restore rebuilds the payloads from the source (``snapshots.Rebuilder``).
+
+A checkpoint taken with held payloads (``encode(..., held=HeldPayloads())``) writes each
+record with its payload as well (``{"$zrp": [meta, payload]}``), so a restore reads it back
+instead of fetching and re-running its source record. Payloads keep their exact types: numpy
+arrays as dtype, shape and base64 bytes, numpy scalars and ``bytes`` likewise, tuples and
+non-string dict keys tagged as in states. A record whose payload holds anything else (an
+object array, a custom class, a payload not built yet) is written by meta and rebuilt.
 
 A lane's saved state of one buffering operator is written deflated (``pack_state``: zlib,
 base64 in a one-key ``$zz`` dict) once its JSON passes ``PACK_MIN_BYTES``: a reservoir of a few
@@ -27,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon._engine.shm import ShmArrayRef
 from zephon.errors import CheckpointError, ContractError
 from zephon.types import (
     TAG_PACKING,
@@ -49,8 +57,25 @@ _TUPLE, _DICT, _DEQUE, _CURSOR, _REF, _RECORD, _FLOAT = (
 )
 _REFS, _SEGMENTS = "$zR", "$zS"  # compact forms of contributor refs and packing segments
 _PACKED = "$zz"  # a deflated state (see pack_state)
+_HELD = "$zrp"  # a record with its payload
+_ARRAY, _SCALAR, _BYTES = "$zA", "$zN", "$zB"  # payload values: numpy arrays, scalars, bytes
 _TAGS = frozenset(
-    {_TUPLE, _DICT, _DEQUE, _CURSOR, _REF, _RECORD, _FLOAT, _REFS, _SEGMENTS, _PACKED}
+    {
+        _TUPLE,
+        _DICT,
+        _DEQUE,
+        _CURSOR,
+        _REF,
+        _RECORD,
+        _FLOAT,
+        _REFS,
+        _SEGMENTS,
+        _PACKED,
+        _HELD,
+        _ARRAY,
+        _SCALAR,
+        _BYTES,
+    }
 )
 PACK_MIN_BYTES = 256
 
@@ -140,51 +165,116 @@ def encode_meta(meta: SampleMeta) -> list[Any]:
     ]
 
 
-def _tuple(value: tuple[Any, ...], where: str) -> Any:
+class HeldPayloads:
+    """Asks :func:`encode` to write held records with their payloads, and counts them:
+    ``written`` with a payload, ``by_meta`` by meta only (a payload it cannot write)."""
+
+    __slots__ = ("by_meta", "written")
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.by_meta = 0
+
+
+class _Unencodable(Exception):
+    """A payload value with no exact JSON form (the record is then written by meta)."""
+
+
+def _array(value: np.ndarray) -> Any:
+    dtype = value.dtype
+    if dtype.hasobject or dtype.fields is not None:
+        raise _Unencodable(dtype)
+    data = base64.b64encode(np.ascontiguousarray(value).tobytes()).decode("ascii")
+    return {_ARRAY: [dtype.str, list(value.shape), data]}
+
+
+def encode_payload(value: Any) -> Any:
+    """A payload as JSON data that :func:`decode` turns back into an equal value of the same
+    types (see the module docstring); raises ``_Unencodable`` for anything else."""
+    kind = type(value)
+    if value is None or kind is bool or kind is int or kind is str:
+        return value
+    if kind is float:
+        return _float(value, "payload", None)
+    if kind is list:
+        return [encode_payload(v) for v in value]
+    if kind is dict:
+        if all(type(k) is str and k not in _TAGS for k in value):
+            return {k: encode_payload(v) for k, v in value.items()}
+        return {_DICT: [[encode_payload(k), encode_payload(v)] for k, v in value.items()]}
+    if kind is tuple:
+        return {_TUPLE: [encode_payload(v) for v in value]}
+    if kind is np.ndarray:
+        return _array(value)
+    if kind is ShmArrayRef:
+        return _array(value.resolve())
+    if kind is bytes:
+        return {_BYTES: base64.b64encode(value).decode("ascii")}
+    if isinstance(value, np.generic) and not value.dtype.hasobject and value.dtype.fields is None:
+        return {_SCALAR: [value.dtype.str, base64.b64encode(value.tobytes()).decode("ascii")]}
+    raise _Unencodable(kind)
+
+
+def _record(value: SampleRecord, where: str, held: HeldPayloads | None) -> Any:
+    if held is not None:
+        try:
+            payload = encode_payload(value.payload)
+        except _Unencodable:
+            held.by_meta += 1
+        else:
+            held.written += 1
+            return {_HELD: [encode_meta(value.meta), payload]}
+    return {_RECORD: encode_meta(value.meta)}
+
+
+def _tuple(value: tuple[Any, ...], where: str, held: HeldPayloads | None) -> Any:
     if value and type(value[0]) is ContributorRef:
         return {_REFS: [[*_cursor(r.cursor), bool(r.is_last_child)] for r in value]}
     if value and type(value[0]) is tuple and value[0] and type(value[0][0]) is SampleCursor:
         return {_SEGMENTS: [[*_cursor(c), start, stop] for c, start, stop in value]}
-    return {_TUPLE: [encode(v, where) for v in value]}
+    return {_TUPLE: [encode(v, where, held) for v in value]}
 
 
-def _mapping(value: Mapping[Any, Any], where: str) -> Any:
+def _mapping(value: Mapping[Any, Any], where: str, held: HeldPayloads | None) -> Any:
     if all(type(k) is str and k not in _TAGS for k in value):
-        return {k: encode(v, where) for k, v in value.items()}
-    return {_DICT: [[encode(k, where), encode(v, where)] for k, v in value.items()]}
+        return {k: encode(v, where, held) for k, v in value.items()}
+    return {_DICT: [[encode(k, where, held), encode(v, where, held)] for k, v in value.items()]}
 
 
-def _float(value: float, where: str) -> Any:
+def _float(value: float, where: str, held: HeldPayloads | None) -> Any:
     return value if math.isfinite(value) else {_FLOAT: repr(value)}
 
 
-_ENCODERS: dict[type, Callable[[Any, str], Any]] = {
+_ENCODERS: dict[type, Callable[[Any, str, HeldPayloads | None], Any]] = {
     float: _float,
-    list: lambda value, where: [encode(v, where) for v in value],
-    SampleRecord: lambda value, where: {_RECORD: encode_meta(value.meta)},
-    SampleCursor: lambda value, where: {_CURSOR: _cursor(value)},
-    ContributorRef: lambda value, where: {_REF: [_cursor(value.cursor), value.is_last_child]},
+    list: lambda value, where, held: [encode(v, where, held) for v in value],
+    SampleRecord: _record,
+    SampleCursor: lambda value, where, held: {_CURSOR: _cursor(value)},
+    ContributorRef: lambda value, where, held: {
+        _REF: [_cursor(value.cursor), value.is_last_child]
+    },
     tuple: _tuple,
-    deque: lambda value, where: {_DEQUE: [encode(v, where) for v in value]},
+    deque: lambda value, where, held: {_DEQUE: [encode(v, where, held) for v in value]},
     dict: _mapping,
-    EncodedTag: lambda value, where: value.raw,  # never decoded: already in checkpoint form
+    EncodedTag: lambda value, where, held: value.raw,  # never decoded: already in checkpoint form
 }
 
 
-def encode(value: Any, where: str = "state") -> Any:
-    """``value`` as plain JSON data (see the module docstring)."""
+def encode(value: Any, where: str = "state", held: HeldPayloads | None = None) -> Any:
+    """``value`` as plain JSON data (see the module docstring); with ``held``, records are
+    written with their payloads where they can be."""
     kind = type(value)
     if value is None or kind is bool or kind is int or kind is str:
         return value
     encoder = _ENCODERS.get(kind)
     if encoder is not None:
-        return encoder(value, where)
+        return encoder(value, where, held)
     if isinstance(value, Mapping):
-        return _mapping(value, where)
+        return _mapping(value, where, held)
     if isinstance(value, np.integer):
         return int(value)
     if isinstance(value, np.floating):
-        return _float(float(value), where)
+        return _float(float(value), where, held)
     raise ContractError(
         f"{where}: cannot save a {kind.__name__} in a checkpoint; state_dict() may hold JSON "
         "data, tuples, deques, SampleRecord objects and their cursors only"
@@ -239,7 +329,23 @@ _DECODERS: dict[str, Callable[[Any, Defer], Any]] = {
     _DEQUE: lambda body, defer: deque(decode(v, defer) for v in body),
     _DICT: lambda body, defer: {decode(k, defer): decode(v, defer) for k, v in body},
     _FLOAT: lambda body, defer: float(body),
+    _HELD: lambda body, defer: SampleRecord(decode_meta(body[0]), decode(body[1])),
+    _ARRAY: lambda body, defer: _array_of(*body),
+    _SCALAR: lambda body, defer: _array_of(body[0], [], body[1])[()],
+    _BYTES: lambda body, defer: base64.b64decode(body, validate=True),
 }
+
+
+def _array_of(dtype_str: str, shape: list[int], data: str) -> np.ndarray:
+    """A writable array from its ``$zA`` form (the byte count checked against the shape)."""
+    dtype = np.dtype(dtype_str)
+    raw = base64.b64decode(data, validate=True)
+    out = np.empty(tuple(shape), dtype)
+    if len(raw) != out.nbytes:
+        raise ValueError(f"{len(raw)} bytes for an array of {out.nbytes}")
+    if out.nbytes:
+        out = np.frombuffer(bytearray(raw), dtype).reshape(out.shape)
+    return out
 
 
 def decode(value: Any, defer: Defer = frozenset()) -> Any:

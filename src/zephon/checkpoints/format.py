@@ -22,6 +22,11 @@ Since version 4 the open state of a buffering operator may be deflated (``{"$zz"
 the checksum is computed over msgspec's canonical JSON (older checkpoints' checksums, from the
 json module, are still accepted). A pass other than the first (``Pipeline.set_epoch``) puts
 ``epoch`` in the configuration.
+
+Since version 5 the records an operator state names may carry their payloads
+(``checkpoint(held_records=True)``), so a restore reads them back instead of rebuilding them
+from the source. Only such a checkpoint is written as version 5; every other one is still
+version 4, byte for byte as before, and older readers refuse a version 5 file naming it.
 """
 
 from __future__ import annotations
@@ -40,12 +45,19 @@ from zephon.errors import CheckpointError
 from zephon.types import SampleCursor
 
 FORMAT = "zephon.pipeline-checkpoint"
-VERSION = 4
+#: The newest format version this zephon reads and writes.
+VERSION = 5
+#: The version a checkpoint is written with when it uses nothing newer (older readers read it).
+PLAIN_VERSION = 4
+#: The first version whose operator states may hold records with their payloads.
+HELD_PAYLOADS_VERSION = 5
 CHECKSUM_KEY = "checksum"
 
 __all__ = [
     "CHECKSUM_KEY",
     "FORMAT",
+    "HELD_PAYLOADS_VERSION",
+    "PLAIN_VERSION",
     "VERSION",
     "LaneCheckpoint",
     "OperatorInfo",
@@ -197,6 +209,9 @@ class LaneCheckpoint:
     operator_state: Mapping[str, Any] | None = None
     #: Records of the start chunk already inside the restored snapshot.
     start_offset: int = 0
+    #: Whether ``operator_state`` holds records with their payloads (a version 5 feature;
+    #: not written itself: :func:`build` picks the version by it).
+    held_payloads: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -406,10 +421,11 @@ def build(
 ) -> dict[str, Any]:
     """A sealed checkpoint; ``config_fingerprint`` is ``fingerprint(config)`` when the caller
     keeps it (the configuration of one iteration never changes)."""
+    held = any(lc.held_payloads for lc in lanes)
     return seal(
         {
             "format": FORMAT,
-            "version": VERSION,
+            "version": HELD_PAYLOADS_VERSION if held else PLAIN_VERSION,
             "fingerprint": config_fingerprint or fingerprint(config),
             "config": config,
             "world": dict(world),

@@ -13,7 +13,7 @@ from typing import Any
 
 from zephon.checkpoints.format import (
     FORMAT,
-    VERSION,
+    PLAIN_VERSION,
     ParsedCheckpoint,
     fingerprint,
     first_difference,
@@ -60,7 +60,7 @@ def merge_checkpoints(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             world[key] = first.world[key]
     out = {
         "format": FORMAT,
-        "version": VERSION,
+        "version": max(PLAIN_VERSION, *(p.version for p in parsed)),
         "fingerprint": fingerprint(first.config),
         "config": first.config,
         "world": world,
