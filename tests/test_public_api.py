@@ -103,7 +103,8 @@ EXPECTED: dict[str, list[str]] = {
         "latest_checkpoint load_checkpoint save_checkpoint write_json_atomic"
     ),
     "zephon.checkpoints.format": _names(
-        "CHECKSUM_KEY FORMAT LaneCheckpoint OperatorInfo ParsedCheckpoint SourceInfo VERSION "
+        "CHECKSUM_KEY FORMAT HELD_PAYLOADS_VERSION LaneCheckpoint OperatorInfo PLAIN_VERSION "
+        "ParsedCheckpoint SourceInfo VERSION "
         "build checksum cursor_from_json cursor_to_json fingerprint first_difference migrate "
         "parse seal to_jsonable verify_checksum"
     ),
