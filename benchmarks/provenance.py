@@ -137,47 +137,125 @@ def one_run(yaml: Path, mode: str, log_dir: Path) -> dict[str, Any]:
     return out
 
 
-def trace_cost(yaml: Path, work: Path, every: int, steps: int, repeats: int) -> dict[str, Any]:
+def _write_checkpoints(yaml: Path, dirs: dict[str, Path], every: int) -> dict[str, Any]:
+    """One run, both checkpoint forms every ``every`` steps; the steady per-batch time leaves
+    the checkpoint writes out (they are no part of a batch)."""
     from zephon.checkpoints import checkpoint_path, save_checkpoint
+    from zephon.config import load_config
+
+    pipe = load_config(yaml).build()
+    start = time.perf_counter()
+    times, encode_s, paused = [], [], 0.0
+    for k, _ in enumerate(pipe, start=1):
+        times.append(time.perf_counter() - start - paused)
+        if k % every == 0:
+            t0 = time.perf_counter()
+            save_checkpoint(checkpoint_path(dirs["lean"], k), pipe.checkpoint())
+            t1 = time.perf_counter()
+            held = pipe.checkpoint(held_records=True)
+            encode_s.append(time.perf_counter() - t1)
+            save_checkpoint(checkpoint_path(dirs["held"], k), held)
+            paused += time.perf_counter() - t0
+    return {
+        "steps": len(times),
+        "per_batch_s": (times[-1] - times[0]) / max(1, len(times) - 1),
+        "held_checkpoint_s": statistics.median(encode_s),
+    }
+
+
+def _timed(fn: Any) -> tuple[Any, float]:
+    """``fn()`` and the CPU seconds of this process (every thread) it took."""
+    c0 = time.process_time()
+    out = fn()
+    return out, time.process_time() - c0
+
+
+def trace_cost(yaml: Path, work: Path, every: int, repeats: int) -> dict[str, Any]:
+    """Trace a step mid-way past a checkpoint and the checkpoint's own step, restoring
+    checkpoints without (``lean``) and with (``held``) held payloads, interleaved."""
     from zephon.config import load_config
     from zephon.provenance import trace
 
-    ckpt = work / "ckpt"
-    ckpt.mkdir(exist_ok=True)
-    pipe = load_config(yaml).build()
-    start = time.perf_counter()
-    times = []
-    for k, _ in enumerate(pipe, start=1):
-        times.append(time.perf_counter() - start)
-        if k % every == 0:
-            save_checkpoint(checkpoint_path(ckpt, k), pipe.checkpoint())
-    per_batch = (times[-1] - times[0]) / max(1, len(times) - 1)
+    dirs = {m: work / f"ckpt-{m}" for m in ("lean", "held")}
+    for d in dirs.values():
+        d.mkdir(exist_ok=True)
+    run = _write_checkpoints(yaml, dirs, every)
+    steps, per_batch = run["steps"], run["per_batch_s"]
     target = min(steps - 1, (steps // every - 1) * every + every // 2)  # mid-way past one
-    traced, colds, starts, at_ckpt = [], [], [], []
-    for _ in range(repeats):
-        traced.append(trace(yaml, target, checkpoint_dir=ckpt))
-        k = target - traced[-1].replayed + 1
-        at_ckpt.append(trace(yaml, k, checkpoint_dir=ckpt).elapsed_s)  # restore + 1st batch
-        t0 = time.perf_counter()  # cold: build the pipeline and take its first batch
+    base = (target + 1) // every * every  # items the restored checkpoint had delivered
+    got: dict[str, dict[str, list[float]]] = {
+        m: {"wall": [], "cpu": [], "at_wall": [], "at_cpu": []} for m in dirs
+    }
+    prints: set[str] = set()
+    colds, cold_cpus = [], []
+    for i in range(repeats):
+        for m in list(dirs)[i % 2 :] + list(dirs)[: i % 2]:  # alternate which goes first
+            t, cpu = _timed(lambda d=dirs[m]: trace(yaml, target, checkpoint_dir=d))
+            assert t.replayed == target - base + 1, (t.replayed, target, base)
+            got[m]["wall"].append(t.elapsed_s)
+            got[m]["cpu"].append(cpu)
+            prints.add(t.fingerprint)
+            at, cpu = _timed(lambda d=dirs[m]: trace(yaml, base, checkpoint_dir=d))
+            got[m]["at_wall"].append(at.elapsed_s)  # the restore and its first batch
+            got[m]["at_cpu"].append(cpu)
+        c0, t0 = time.process_time(), time.perf_counter()  # cold: build, take the 1st batch
         it = iter(load_config(yaml).build())
         next(it)
         colds.append(time.perf_counter() - t0)
+        cold_cpus.append(time.process_time() - c0)
         it.close()
-    starts.append(trace(yaml, target))
-    base = target - traced[0].replayed + 1
+    start = trace(yaml, target)
     first = statistics.median(colds)
-    return {
+    out: dict[str, Any] = {
         "step": target,
         "restored_at": base,
-        "trace_s": statistics.median(t.elapsed_s for t in traced),
-        "trace_total_s": statistics.median(t.total_s for t in traced),  # + stop and previews
         "bound_s": first + (target - base) * per_batch,
         "cold_first_batch_s": first,
-        "restored_first_batch_s": statistics.median(at_ckpt),
+        "cold_first_batch_cpu_s": statistics.median(cold_cpus),
         "per_batch_s": per_batch,
-        "trace_from_start_s": starts[0].elapsed_s,
-        "same_batch": all(t.fingerprint == starts[0].fingerprint for t in traced),
+        "trace_from_start_s": start.elapsed_s,
+        "same_batch": prints == {start.fingerprint},
+        "held_checkpoint_s": run["held_checkpoint_s"],
     }
+    for m, d in dirs.items():
+        out[m] = {k: statistics.median(v) for k, v in got[m].items()}
+        out[m]["bytes"] = checkpoint_path_size(d, base)
+    return out
+
+
+def checkpoint_path_size(directory: Path, items: int) -> int:
+    from zephon.checkpoints import checkpoint_path
+
+    return checkpoint_path(directory, items).stat().st_size
+
+
+def print_trace(traced: dict[str, Any]) -> None:
+    step, base = traced["step"], traced["restored_at"]
+    print(
+        f"trace bound: cold first batch {traced['cold_first_batch_s']:.2f} s "
+        f"(cpu {traced['cold_first_batch_cpu_s']:.2f} s) + {step - base} x "
+        f"{traced['per_batch_s'] * 1e3:.1f} ms = {traced['bound_s']:.2f} s at step {step}, "
+        f"{traced['cold_first_batch_s']:.2f} s at step {base}; from the start "
+        f"{traced['trace_from_start_s']:.2f} s; same batch: {traced['same_batch']}"
+    )
+    print(
+        f"{'checkpoint':<10} {'bytes':>12} {f'step {step} s':>12} {'cpu s':>7} {'/bound':>7} "
+        f"{f'step {base} s':>12} {'cpu s':>7} {'/cold':>7}"
+    )
+    for m in ("lean", "held"):
+        r = traced[m]
+        print(
+            f"{m:<10} {r['bytes']:>12,} {r['wall']:>12.2f} {r['cpu']:>7.2f} "
+            f"{r['wall'] / traced['bound_s']:>7.2f} {r['at_wall']:>12.2f} {r['at_cpu']:>7.2f} "
+            f"{r['at_wall'] / traced['cold_first_batch_s']:>7.2f}"
+        )
+    print(f"held checkpoint: {traced['held_checkpoint_s'] * 1e3:.0f} ms to take (median)")
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return round(value, 4) if isinstance(value, float) else value
 
 
 def main() -> None:
@@ -186,9 +264,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--snapshot-every-records", type=int, default=None)
+    parser.add_argument("--trace-only", action="store_true", help="only the trace part")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="zephon-prov-bench-"))
     yaml = build_mixture(work, args.docs, args.snapshot_every_records)
+    if args.trace_only:
+        traced = trace_cost(yaml, work, args.every, args.rounds)
+        print_trace(traced)
+        print(json.dumps({"docs": args.docs, "trace": _rounded(traced)}))
+        return
     modes = ("plain", "provenance", "log", "fingerprint")
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     ratios: dict[str, list[float]] = {m: [] for m in modes}
@@ -201,7 +285,7 @@ def main() -> None:
     log = runs["log"][-1]
     steps = runs["plain"][-1]["steps"]
     per_million = log["log_bytes"] / log["segments"] * 1e6 / 2**20
-    traced = trace_cost(yaml, work, args.every, steps, args.rounds)
+    traced = trace_cost(yaml, work, args.every, args.rounds)
     print(f"{'mode':<12} {'tokens/s':>12} {'vs plain':>9} {'us/step':>9} {'share':>7}")
     summary: dict[str, Any] = {"docs": args.docs, "steps": steps, "rounds": args.rounds}
     for m in modes:
@@ -220,20 +304,13 @@ def main() -> None:
         f"log: {log['log_bytes']:,} bytes for {log['segments']:,} segments "
         f"({steps} steps): {per_million:.2f} MiB per million samples"
     )
-    print(
-        f"trace step {traced['step']} from ckpt {traced['restored_at']}: "
-        f"{traced['trace_s']:.2f} s; bound (cold first batch {traced['cold_first_batch_s']:.2f} s"
-        f" + {traced['step'] - traced['restored_at']} x {traced['per_batch_s'] * 1e3:.1f} ms) "
-        f"{traced['bound_s']:.2f} s; from the start {traced['trace_from_start_s']:.2f} s; "
-        f"first batch after the restore alone {traced['restored_first_batch_s']:.2f} s; "
-        f"with stopping and previews {traced['trace_total_s']:.2f} s"
-    )
+    print_trace(traced)
     summary["log"] = {
         "bytes": log["log_bytes"],
         "segments": log["segments"],
         "mib_per_million_samples": round(per_million, 3),
     }
-    summary["trace"] = {k: round(v, 4) if isinstance(v, float) else v for k, v in traced.items()}
+    summary["trace"] = _rounded(traced)
     print(json.dumps(summary))
 
 

@@ -85,10 +85,17 @@ def _first_difference(expected: Sequence[Any], got: Sequence[Any]) -> str:
     return f"{len(got)} items instead of {len(expected)}"
 
 
-def run_with_stops(build: Callable[[], Pipeline], key: Key, stops: Sequence[int]) -> list[Any]:
+def run_with_stops(
+    build: Callable[[], Pipeline],
+    key: Key,
+    stops: Sequence[int],
+    *,
+    held_records: bool = False,
+) -> list[Any]:
     """Items delivered when stopped after each count in ``stops``, checkpointed through JSON
-    and restored in a freshly built pipeline each time. A stop at a count already delivered
-    (0 first of all) checkpoints a pipeline that was never iterated."""
+    (``checkpoint(held_records=...)``) and restored in a freshly built pipeline each time. A
+    stop at a count already delivered (0 first of all) checkpoints a pipeline that was never
+    iterated."""
     out: list[Any] = []
     state = None
     for stop in [*stops, None]:
@@ -96,14 +103,14 @@ def run_with_stops(build: Callable[[], Pipeline], key: Key, stops: Sequence[int]
         if state is not None:
             pipe.restore(json.loads(json.dumps(state)))
         if stop is not None and len(out) >= stop:
-            state = pipe.checkpoint()
+            state = pipe.checkpoint(held_records=held_records)
             continue
         it: Iterator[StreamItem] = iter(pipe)
         for item in it:
             out.append(key(item))
             if stop is not None and len(out) >= stop:
                 break
-        state = pipe.checkpoint()
+        state = pipe.checkpoint(held_records=held_records)
         it.close()  # type: ignore[attr-defined]
     return out
 

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zephon._engine.snapshot_codec import (
+    HeldPayloads,
     HeldRecord,
     decode,
     decode_meta,
@@ -20,7 +21,7 @@ from zephon._engine.snapshot_codec import (
     fill,
     held_records,
 )
-from zephon.errors import ContractError
+from zephon.errors import CheckpointError, ContractError
 from zephon.types import (
     TAG_CONTRIBUTORS,
     TAG_PACKING,
@@ -154,3 +155,94 @@ def test_control_records_are_written_in_the_tag_form_and_come_back_typed():
     old = [[0, 0, 4], 1, 2, 4, [], 0, None, {"_tombstone": True, "_error": "filtered: x"}]
     assert decode_meta(old).control == Tombstone("filtered: x")
     assert decode_meta(old).tags == {}
+
+
+# -- records with their payloads (checkpoints with held payloads) -----------------------------
+
+dtypes = st.sampled_from(["<i4", "<i8", ">i2", "|u1", "<f4", "<f8", "|b1", "<U3", "|S2", "<c8"])
+arrays = st.builds(
+    lambda dtype, shape, seed: np.random.default_rng(seed)
+    .integers(0, 255, size=(int(np.prod(shape)) * np.dtype(dtype).itemsize), dtype=np.uint8)
+    .view(dtype)
+    .reshape(shape),
+    dtypes,
+    st.lists(st.integers(0, 3), max_size=3).map(tuple),
+    st.integers(0, 2**32 - 1),
+)
+leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=5)
+    | st.binary(max_size=5)
+    | arrays
+    | arrays.map(lambda a: a[()] if a.ndim == 0 else a.reshape(-1)[:1][0] if a.size else a)
+)
+payloads = st.recursive(
+    leaves,
+    lambda inner: st.lists(inner, max_size=3)
+    | st.lists(inner, max_size=3).map(tuple)
+    | st.dictionaries(st.text(max_size=4) | st.sampled_from(["$zA", "$zt"]), inner, max_size=3)
+    | st.dictionaries(st.integers(), inner, max_size=2),
+    max_leaves=8,
+)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal values of the same types, arrays by dtype, shape and bytes (NaN equals NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (np.ndarray, np.generic)):
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, float):
+        return a == b or (a != a and b != b)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+@given(payloads)
+def test_held_payloads_come_back_with_their_exact_types_and_bytes(payload):
+    meta = SampleMeta((0, 1, 2), 1, 3, 4, (), 0)
+    held = HeldPayloads()
+    state = {"items": [SampleRecord(meta, payload)]}
+    text = json.dumps(encode(state, "s", held))
+    (record,) = decode(json.loads(text))["items"]
+    assert held.written == 1 and held.by_meta == 0
+    assert type(record) is SampleRecord and record.meta == meta
+    assert same(record.payload, payload)
+
+
+def test_held_arrays_are_writable_copies_of_the_viewed_bytes_only():
+    base = np.arange(12, dtype=np.int32)
+    meta = SampleMeta((0, 1, 2), 1, 3, 4, (), 0)
+    encoded = encode([SampleRecord(meta, {"ids": base[3:9:2]})], "s", HeldPayloads())
+    (record,) = decode(json.loads(json.dumps(encoded)))
+    ids = record.payload["ids"]
+    assert ids.tolist() == [3, 5, 7] and ids.dtype == np.int32 and ids.flags.writeable
+
+
+def test_a_payload_without_an_exact_form_is_written_by_meta():
+    meta = SampleMeta((0, 1, 2), 1, 3, 4, (), 0)
+    odd = [
+        {"x": object()},
+        np.array([1, None], dtype=object),
+        np.zeros(2, dtype=[("a", "<i4")]),
+        bytearray(b"x"),
+    ]
+    held = HeldPayloads()
+    encoded = encode([SampleRecord(meta, p) for p in odd], "s", held)
+    assert (held.written, held.by_meta) == (0, len(odd))
+    assert all(type(r) is HeldRecord for r in decode(encoded))
+    assert encode([SampleRecord(meta, {"x": 1})]) == [{"$zrec": encode_meta(meta)}]  # default
+
+
+def test_a_damaged_held_array_is_refused_clearly():
+    meta = SampleMeta((0, 1, 2), 1, 3, 4, (), 0)
+    encoded = encode([SampleRecord(meta, np.arange(4))], "s", HeldPayloads())
+    encoded[0]["$zrp"][1]["$zA"][1] = [5]  # the shape no longer matches the bytes
+    with pytest.raises(CheckpointError, match=r"damaged at \$zrp"):
+        decode(encoded)

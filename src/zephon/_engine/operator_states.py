@@ -241,6 +241,9 @@ class OperatorStates:
         for index, log in sorted(self.logs.items()):
             state = log.state_at(lane, *position)
             if index in self._records:  # record metas: repetitive, so deflated when large
-                state = pack_state(encode(state, f"operator {log.op_name!r} state_dict()", held))
+                before = held.written if held is not None else 0
+                state = encode(state, f"operator {log.op_name!r} state_dict()", held)
+                with_payloads = held is not None and held.written > before
+                state = pack_state(state, payloads=with_payloads)
             out[self.key_of(index)] = state
         return out

@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from zephon._engine.shm import ShmArrayRef
@@ -78,15 +79,25 @@ _TAGS = frozenset(
     }
 )
 PACK_MIN_BYTES = 256
+HELD_LEVEL = 1  # zlib level of a state that holds payloads (see pack_state)
 
 
-def pack_state(state: Any) -> Any:
+def pack_state(state: Any, *, payloads: bool = False) -> Any:
     """``state`` (checkpoint JSON) as ``{"$zz": base64(zlib(json))}`` when its JSON has at least
-    ``PACK_MIN_BYTES`` bytes, else unchanged. The json module keeps every float as it is."""
-    raw = json.dumps(state, separators=(",", ":")).encode()
+    ``PACK_MIN_BYTES`` bytes, else unchanged. The json module keeps every float as it is.
+
+    A state with held ``payloads`` (megabytes, mostly token ids and texts) is written by
+    msgspec (its floats are finite here: the others are tagged) at zlib ``HELD_LEVEL``: about
+    5x faster than level 6, for a file some 20 % larger."""
+    if payloads:
+        raw = msgspec.json.encode(state)
+        level = HELD_LEVEL
+    else:
+        raw = json.dumps(state, separators=(",", ":")).encode()
+        level = 6
     if len(raw) < PACK_MIN_BYTES and not _is_packed(state):  # a user's own "$zz" key: packed
         return state
-    return {_PACKED: base64.b64encode(zlib.compress(raw, 6)).decode("ascii")}
+    return {_PACKED: base64.b64encode(zlib.compress(raw, level)).decode("ascii")}
 
 
 def _is_packed(value: Any) -> bool:

@@ -72,6 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--checkpoint-every", type=int, default=0, metavar="N",
         help="also checkpoint every N items (default: only when the run stops)",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-held-records", dest="held_records", action="store_false",
+        help="write checkpoints without the payloads of the records shuffle, packing and "
+        "mixture buffers hold (smaller files; a restore then reads and re-runs their sources)",
+    )  # fmt: skip
     parser.add_argument("--keep", type=int, default=3, help="checkpoints to keep (3)")
     parser.add_argument(
         "--resume", action="store_true",
@@ -367,7 +372,7 @@ class RunLoop:
         args = self.args
         if args.checkpoint_dir is None:
             return None
-        state = self.pipe.checkpoint()
+        state = self.pipe.checkpoint(held_records=args.held_records)
         if self.provenance is not None:
             try:
                 self.provenance.flush()  # the log covers every step the checkpoint does
