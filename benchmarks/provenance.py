@@ -144,21 +144,24 @@ def _write_checkpoints(yaml: Path, dirs: dict[str, Path], every: int) -> dict[st
     from zephon.config import load_config
 
     pipe = load_config(yaml).build()
-    start = time.perf_counter()
-    times, encode_s, paused = [], [], 0.0
+    start, cpu_start = time.perf_counter(), time.process_time()
+    times, cpus, encode_s, paused, paused_cpu = [], [], [], 0.0, 0.0
     for k, _ in enumerate(pipe, start=1):
         times.append(time.perf_counter() - start - paused)
+        cpus.append(time.process_time() - cpu_start - paused_cpu)
         if k % every == 0:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             save_checkpoint(checkpoint_path(dirs["lean"], k), pipe.checkpoint())
             t1 = time.perf_counter()
             held = pipe.checkpoint(held_records=True)
             encode_s.append(time.perf_counter() - t1)
             save_checkpoint(checkpoint_path(dirs["held"], k), held)
             paused += time.perf_counter() - t0
+            paused_cpu += time.process_time() - c0
     return {
         "steps": len(times),
         "per_batch_s": (times[-1] - times[0]) / max(1, len(times) - 1),
+        "per_batch_cpu_s": (cpus[-1] - cpus[0]) / max(1, len(cpus) - 1),
         "held_checkpoint_s": statistics.median(encode_s),
     }
 
@@ -180,7 +183,7 @@ def trace_cost(yaml: Path, work: Path, every: int, repeats: int) -> dict[str, An
     for d in dirs.values():
         d.mkdir(exist_ok=True)
     run = _write_checkpoints(yaml, dirs, every)
-    steps, per_batch = run["steps"], run["per_batch_s"]
+    steps, per_batch, per_cpu = run["steps"], run["per_batch_s"], run["per_batch_cpu_s"]
     target = min(steps - 1, (steps // every - 1) * every + every // 2)  # mid-way past one
     base = (target + 1) // every * every  # items the restored checkpoint had delivered
     got: dict[str, dict[str, list[float]]] = {
@@ -205,14 +208,16 @@ def trace_cost(yaml: Path, work: Path, every: int, repeats: int) -> dict[str, An
         cold_cpus.append(time.process_time() - c0)
         it.close()
     start = trace(yaml, target)
-    first = statistics.median(colds)
+    first, first_cpu = statistics.median(colds), statistics.median(cold_cpus)
     out: dict[str, Any] = {
         "step": target,
         "restored_at": base,
         "bound_s": first + (target - base) * per_batch,
+        "bound_cpu_s": first_cpu + (target - base) * per_cpu,
         "cold_first_batch_s": first,
-        "cold_first_batch_cpu_s": statistics.median(cold_cpus),
+        "cold_first_batch_cpu_s": first_cpu,
         "per_batch_s": per_batch,
+        "per_batch_cpu_s": per_cpu,
         "trace_from_start_s": start.elapsed_s,
         "same_batch": prints == {start.fingerprint},
         "held_checkpoint_s": run["held_checkpoint_s"],
@@ -232,22 +237,25 @@ def checkpoint_path_size(directory: Path, items: int) -> int:
 def print_trace(traced: dict[str, Any]) -> None:
     step, base = traced["step"], traced["restored_at"]
     print(
-        f"trace bound: cold first batch {traced['cold_first_batch_s']:.2f} s "
-        f"(cpu {traced['cold_first_batch_cpu_s']:.2f} s) + {step - base} x "
-        f"{traced['per_batch_s'] * 1e3:.1f} ms = {traced['bound_s']:.2f} s at step {step}, "
-        f"{traced['cold_first_batch_s']:.2f} s at step {base}; from the start "
-        f"{traced['trace_from_start_s']:.2f} s; same batch: {traced['same_batch']}"
+        f"trace bound at step {step}: cold first batch + {step - base} batches = "
+        f"{traced['cold_first_batch_s']:.2f} + {step - base} x "
+        f"{traced['per_batch_s'] * 1e3:.1f} ms = {traced['bound_s']:.2f} s wall, "
+        f"{traced['cold_first_batch_cpu_s']:.2f} + {step - base} x "
+        f"{traced['per_batch_cpu_s'] * 1e3:.1f} ms = {traced['bound_cpu_s']:.2f} s cpu; at step "
+        f"{base}: the cold first batch; from the start {traced['trace_from_start_s']:.2f} s; "
+        f"same batch: {traced['same_batch']}"
     )
     print(
-        f"{'checkpoint':<10} {'bytes':>12} {f'step {step} s':>12} {'cpu s':>7} {'/bound':>7} "
-        f"{f'step {base} s':>12} {'cpu s':>7} {'/cold':>7}"
+        f"{'checkpoint':<10} {'bytes':>10} {f'@{step} s':>7} {'/bound':>6} {'cpu s':>6} "
+        f"{'/bound':>6} {f'@{base} s':>7} {'/cold':>6} {'cpu s':>6} {'/cold':>6}"
     )
     for m in ("lean", "held"):
         r = traced[m]
         print(
-            f"{m:<10} {r['bytes']:>12,} {r['wall']:>12.2f} {r['cpu']:>7.2f} "
-            f"{r['wall'] / traced['bound_s']:>7.2f} {r['at_wall']:>12.2f} {r['at_cpu']:>7.2f} "
-            f"{r['at_wall'] / traced['cold_first_batch_s']:>7.2f}"
+            f"{m:<10} {r['bytes']:>10,} {r['wall']:>7.2f} {r['wall'] / traced['bound_s']:>6.2f} "
+            f"{r['cpu']:>6.2f} {r['cpu'] / traced['bound_cpu_s']:>6.2f} {r['at_wall']:>7.2f} "
+            f"{r['at_wall'] / traced['cold_first_batch_s']:>6.2f} {r['at_cpu']:>6.2f} "
+            f"{r['at_cpu'] / traced['cold_first_batch_cpu_s']:>6.2f}"
         )
     print(f"held checkpoint: {traced['held_checkpoint_s'] * 1e3:.0f} ms to take (median)")
 

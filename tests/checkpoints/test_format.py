@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,15 +21,23 @@ from zephon.checkpoints import (
     refetch_counts,
     seal,
 )
-from zephon.checkpoints.format import FORMAT, PLAIN_VERSION, VERSION, build, cursor_to_json
+from zephon.checkpoints.format import (
+    FORMAT,
+    HELD_PAYLOADS_VERSION,
+    PLAIN_VERSION,
+    VERSION,
+    build,
+    cursor_to_json,
+)
 from zephon.errors import CheckpointError
 from zephon.types import SampleCursor
 
 FIXTURE = Path(__file__).with_name("fixtures") / "v4-shuffle-pack.json"
+HELD_FIXTURE = Path(__file__).with_name("fixtures") / "v5-shuffle-pack-held.json"
 STOP = 5  # batches delivered when the fixture was taken
 
 
-def pipeline() -> Pipeline:
+def pipeline(runner: str = "inline") -> Pipeline:
     rows = [{"text": f"document {i} " * (1 + i % 5)} for i in range(300)]
     source = StaticMixtureWorkSource(
         datasets=[Dataset.from_records("docs", rows)],
@@ -43,19 +52,27 @@ def pipeline() -> Pipeline:
         .shuffle(32, seed=1)
         .pack_flat(64, pad_token_id=0)
         .batch(2)
-        .options(canonical_replicas=2, runner="inline")
+        .options(canonical_replicas=2, runner=runner)
     )
 
 
-def checkpoint_after(batches: int, epoch: int = 0) -> tuple[dict, list]:
+def checkpoint_after(batches: int, epoch: int = 0, held_records: bool = False) -> tuple[dict, list]:
     pipe = pipeline()
     if epoch:
         pipe.set_epoch(epoch)
     it = iter(pipe)
-    seen = [next(it).ids for _ in range(batches)]
-    state = pipe.checkpoint()
+    seen = [content(next(it)) for _ in range(batches)]
+    state = pipe.checkpoint(held_records=held_records)
     it.close()
     return state, seen
+
+
+def content(batch: Any) -> list[Any]:
+    """A batch in full: each record's cursor and every payload field's dtype and bytes."""
+    return [
+        (r.meta.cursor, {k: (v.dtype.str, v.tobytes()) for k, v in r.payload.items()})
+        for r in batch.records
+    ]
 
 
 def file_text(state: dict) -> str:
@@ -69,8 +86,32 @@ def test_version_4_is_written_byte_for_byte_as_before_and_restores() -> None:
     assert state["version"] == PLAIN_VERSION == 4
     assert file_text(state) == FIXTURE.read_text()
     saved = json.loads(FIXTURE.read_text())
-    rest = [b.ids for b in pipeline().restore(saved)]
-    assert seen + rest == [b.ids for b in pipeline()]
+    rest = [content(b) for b in pipeline().restore(saved)]
+    assert seen + rest == [content(b) for b in pipeline()]
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+def test_version_5_holds_the_held_records_payloads_and_restores_exactly(runner: str) -> None:
+    """The fixture holds the shuffle's and the packer's records with their token ids: its
+    restore re-reads none of them, and delivers what an uninterrupted run does."""
+    state, seen = checkpoint_after(STOP, held_records=True)
+    assert state["version"] == HELD_PAYLOADS_VERSION == VERSION == 5
+    assert file_text(state) == HELD_FIXTURE.read_text()
+    saved = json.loads(HELD_FIXTURE.read_text())
+    assert set(refetch_counts(saved).values()) == {0} and sum(refetch_counts(state).values()) == 0
+    pipe = pipeline(runner).restore(saved)
+    rest = [content(b) for b in pipe]
+    assert seen + rest == [content(b) for b in pipeline(runner)]
+    stats = pipe.stats()
+    assert stats is not None and stats.samples_refetched == 0
+    assert file_text(pipeline().restore(saved).checkpoint()) == file_text(saved)  # passed on
+
+
+def test_a_version_this_zephon_does_not_know_is_refused_naming_it() -> None:
+    """What a reader of version 4 says of a version 5 file, said here of a version 6 one."""
+    saved = json.loads(HELD_FIXTURE.read_text())
+    with pytest.raises(CheckpointError, match="checkpoint version 6 is newer than this zephon"):
+        parse_checkpoint(seal(saved | {"version": 6}))
 
 
 def test_a_parsed_checkpoint_names_every_part() -> None:

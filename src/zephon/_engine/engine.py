@@ -331,10 +331,9 @@ class Engine:
         if not self.states.logs:  # not iterated yet: a pending restore's state still holds
             if self.resume is None or lane not in self.resume.lanes:
                 return None, False
-            saved = self.resume.lanes[lane].operator_state
-            if saved is None:
-                return None, False
-            return dict(saved), self.resume.version >= ckpt.HELD_PAYLOADS_VERSION
+            lc = self.resume.lanes[lane]
+            saved = lc.operator_state
+            return (dict(saved) if saved is not None else None), lc.held_payloads
         if held_records:
             return self.states.held_at(lane, start)
         return self.states.at(lane, start), False

@@ -209,8 +209,9 @@ class LaneCheckpoint:
     operator_state: Mapping[str, Any] | None = None
     #: Records of the start chunk already inside the restored snapshot.
     start_offset: int = 0
-    #: Whether ``operator_state`` holds records with their payloads (a version 5 feature;
-    #: not written itself: :func:`build` picks the version by it).
+    #: Whether ``operator_state`` may hold records with their payloads (a version 5 feature;
+    #: not written itself: :func:`build` picks the version by it, :func:`parse` sets it for
+    #: the operator states of a version 5 checkpoint).
     held_payloads: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -348,7 +349,7 @@ def migrate(state: Mapping[str, Any]) -> Mapping[str, Any]:
     return state
 
 
-def _parse_lane(key: str, raw: Any, replicas: int) -> LaneCheckpoint:
+def _parse_lane(key: str, raw: Any, replicas: int, version: int) -> LaneCheckpoint:
     where = f"lanes[{key}]."
     try:
         lane = int(key)
@@ -371,6 +372,7 @@ def _parse_lane(key: str, raw: Any, replicas: int) -> LaneCheckpoint:
         done=_need(raw, "done", bool, where),
         operator_state=operator_state,
         start_offset=_need(raw, "start_offset", int, where) if "start_offset" in raw else 0,
+        held_payloads=version >= HELD_PAYLOADS_VERSION and bool(operator_state),
     )
 
 
@@ -389,7 +391,10 @@ def parse(state: Any) -> ParsedCheckpoint:
     world = _need(state, "world", Mapping, "")
     replicas = _need(world, "canonical_replicas", int, "world.")
     lanes_raw = _need(state, "lanes", Mapping, "")
-    lanes = {lc.lane: lc for lc in (_parse_lane(k, v, replicas) for k, v in lanes_raw.items())}
+    version = state["version"]
+    lanes = {
+        lc.lane: lc for lc in (_parse_lane(k, v, replicas, version) for k, v in lanes_raw.items())
+    }
     tail = _need(state, "tail", Mapping, "")
     saved_checksum = state.get(CHECKSUM_KEY)
     return ParsedCheckpoint(
