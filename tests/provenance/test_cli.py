@@ -11,6 +11,7 @@ import pytest
 
 from tests.cli.conftest import ZEPHON
 from tests.provenance._mixture import make_mixture
+from zephon.checkpoints import load_checkpoint, refetch_counts
 from zephon.cli import main
 from zephon.config import load_config
 from zephon.provenance import diff, read_log
@@ -89,6 +90,30 @@ def test_trace_from_a_checkpoint_replays_only_from_it(
     ]
     assert shown == logged
     assert all(s["preview"] for s in traced["segments"])
+
+
+def test_run_writes_held_records_and_trace_restores_either_form(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``zephon run`` checkpoints hold the payloads of the records buffers hold (nothing to
+    re-read at a restore); ``--no-held-records`` writes them by meta; both trace alike."""
+    yaml = runs["a"] / "pipeline.yaml"
+    held = load_checkpoint(runs["a"] / "ckpt" / "ckpt-0000000080.json")
+    assert held["version"] == 5 and set(refetch_counts(held).values()) == {0}
+    lean_dir = tmp_path / "lean"
+    args = ["run", str(yaml), "--quiet", "--max-batches", "80", "--no-held-records"]
+    assert main([*args, "--checkpoint-dir", str(lean_dir)]) == 0
+    lean = load_checkpoint(lean_dir / "ckpt-0000000080.json")
+    assert lean["version"] == 4 and sum(refetch_counts(lean).values()) > 0
+    line = (runs["a"] / "record.jsonl").read_text().splitlines()[93]
+    for directory in (runs["a"] / "ckpt", lean_dir):
+        capsys.readouterr()
+        code = main(["trace", str(yaml), "--step", "93", "--checkpoint-dir", str(directory),
+                     "--json"])  # fmt: skip
+        assert code == 0
+        traced = json.loads(capsys.readouterr().out)
+        assert traced["restored_from"].endswith("ckpt-0000000080.json")
+        assert traced["fingerprint"] == json.loads(line)["fingerprint"]
 
 
 def test_find_names_the_steps_that_trained_on_a_line(runs: dict[str, Path]) -> None:
