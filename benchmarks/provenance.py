@@ -159,6 +159,8 @@ def _write_checkpoints(yaml: Path, dirs: dict[str, Path], every: int) -> dict[st
             paused += time.perf_counter() - t0
             paused_cpu += time.process_time() - c0
     return {
+        "times": times,
+        "cpus": cpus,
         "steps": len(times),
         "per_batch_s": (times[-1] - times[0]) / max(1, len(times) - 1),
         "per_batch_cpu_s": (cpus[-1] - cpus[0]) / max(1, len(cpus) - 1),
@@ -224,6 +226,9 @@ def trace_cost(yaml: Path, work: Path, every: int, repeats: int) -> dict[str, An
         "restored_at": base,
         "bound_s": first + (target - base) * per_batch,
         "bound_cpu_s": first_cpu + (target - base) * per_cpu,
+        # the same with the uninterrupted run's own time for the batches after ``base``
+        "bound_window_s": first + run["times"][target] - run["times"][base],
+        "bound_window_cpu_s": first_cpu + run["cpus"][target] - run["cpus"][base],
         "cold_first_batch_s": first,
         "cold_first_batch_cpu_s": first_cpu,
         "per_batch_s": per_batch,
@@ -255,6 +260,14 @@ def print_trace(traced: dict[str, Any]) -> None:
         f"{traced['per_batch_cpu_s'] * 1e3:.1f} ms = {traced['bound_cpu_s']:.2f} s cpu; at step "
         f"{base}: the cold first batch; from the start {traced['trace_from_start_s']:.2f} s; "
         f"same batch: {traced['same_batch']}"
+    )
+    print(
+        f"with the uninterrupted run's own steps {base + 1}-{step} instead: "
+        f"{traced['bound_window_s']:.2f} s wall, {traced['bound_window_cpu_s']:.2f} s cpu "
+        f"(held: {traced['held']['wall'] / traced['bound_window_s']:.2f}x wall, "
+        f"{traced['held']['cpu'] / traced['bound_window_cpu_s']:.2f}x cpu; lean: "
+        f"{traced['lean']['wall'] / traced['bound_window_s']:.2f}x, "
+        f"{traced['lean']['cpu'] / traced['bound_window_cpu_s']:.2f}x)"
     )
     print(
         f"{'checkpoint':<10} {'bytes':>10} {f'@{step} s':>7} {'/bound':>6} {'cpu s':>6} "

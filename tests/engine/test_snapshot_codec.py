@@ -161,10 +161,12 @@ def test_control_records_are_written_in_the_tag_form_and_come_back_typed():
 
 dtypes = st.sampled_from(["<i4", "<i8", ">i2", "|u1", "<f4", "<f8", "|b1", "<U3", "|S2", "<c8"])
 arrays = st.builds(
-    lambda dtype, shape, seed: np.random.default_rng(seed)
-    .integers(0, 255, size=(int(np.prod(shape)) * np.dtype(dtype).itemsize), dtype=np.uint8)
-    .view(dtype)
-    .reshape(shape),
+    lambda dtype, shape, seed: (
+        np.random.default_rng(seed)
+        .integers(0, 255, size=(int(np.prod(shape)) * np.dtype(dtype).itemsize), dtype=np.uint8)
+        .view(dtype)
+        .reshape(shape)
+    ),
     dtypes,
     st.lists(st.integers(0, 3), max_size=3).map(tuple),
     st.integers(0, 2**32 - 1),
@@ -181,10 +183,12 @@ leaves = (
 )
 payloads = st.recursive(
     leaves,
-    lambda inner: st.lists(inner, max_size=3)
-    | st.lists(inner, max_size=3).map(tuple)
-    | st.dictionaries(st.text(max_size=4) | st.sampled_from(["$zA", "$zt"]), inner, max_size=3)
-    | st.dictionaries(st.integers(), inner, max_size=2),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.lists(inner, max_size=3).map(tuple)
+        | st.dictionaries(st.text(max_size=4) | st.sampled_from(["$zA", "$zt"]), inner, max_size=3)
+        | st.dictionaries(st.integers(), inner, max_size=2)
+    ),
     max_leaves=8,
 )
 

@@ -261,9 +261,7 @@ _ENCODERS: dict[type, Callable[[Any, str, HeldPayloads | None], Any]] = {
     list: lambda value, where, held: [encode(v, where, held) for v in value],
     SampleRecord: _record,
     SampleCursor: lambda value, where, held: {_CURSOR: _cursor(value)},
-    ContributorRef: lambda value, where, held: {
-        _REF: [_cursor(value.cursor), value.is_last_child]
-    },
+    ContributorRef: lambda value, where, held: {_REF: [_cursor(value.cursor), value.is_last_child]},
     tuple: _tuple,
     deque: lambda value, where, held: {_DEQUE: [encode(v, where, held) for v in value]},
     dict: _mapping,
