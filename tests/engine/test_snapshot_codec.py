@@ -20,6 +20,8 @@ from zephon._engine.snapshot_codec import (
     encode_meta,
     fill,
     held_records,
+    pack_state,
+    unpack_state,
 )
 from zephon.errors import CheckpointError, ContractError
 from zephon.types import (
@@ -250,3 +252,11 @@ def test_a_damaged_held_array_is_refused_clearly():
     encoded[0]["$zrp"][1]["$zA"][1] = [5]  # the shape no longer matches the bytes
     with pytest.raises(CheckpointError, match=r"damaged at \$zrp"):
         decode(encoded)
+
+
+def test_a_held_text_with_lone_surrogates_survives_deflation():
+    meta = SampleMeta((0, 1, 2), 1, 3, 4, (), 0)
+    payload = {"text": "caf\udce9 " * 80, "big": 2**70}
+    packed = pack_state(encode([SampleRecord(meta, payload)], "s", HeldPayloads()), payloads=True)
+    (record,) = decode(unpack_state(json.loads(json.dumps(packed))))
+    assert record.payload == payload

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import math
 import zlib
@@ -87,14 +88,16 @@ def pack_state(state: Any, *, payloads: bool = False) -> Any:
     ``PACK_MIN_BYTES`` bytes, else unchanged. The json module keeps every float as it is.
 
     A state with held ``payloads`` (megabytes, mostly token ids and texts) is written by
-    msgspec (its floats are finite here: the others are tagged) at zlib ``HELD_LEVEL``: about
-    5x faster than level 6, for a file some 20 % larger."""
+    msgspec (its floats are finite here: the others are tagged; a text it refuses, one with
+    lone surrogates, goes through the json module) at zlib ``HELD_LEVEL``: about 5x faster
+    than level 6, for a file some 20 % larger."""
+    raw = b""
     if payloads:
-        raw = msgspec.json.encode(state)
-        level = HELD_LEVEL
-    else:
+        with contextlib.suppress(UnicodeEncodeError):
+            raw = msgspec.json.encode(state)
+    if not raw:
         raw = json.dumps(state, separators=(",", ":")).encode()
-        level = 6
+    level = HELD_LEVEL if payloads else 6
     if len(raw) < PACK_MIN_BYTES and not _is_packed(state):  # a user's own "$zz" key: packed
         return state
     return {_PACKED: base64.b64encode(zlib.compress(raw, level)).decode("ascii")}
