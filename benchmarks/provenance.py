@@ -17,15 +17,21 @@ Besides the tokens/s ratio (noisy on a shared machine), each run times the consu
 (``us/step`` and ``share`` of the run's wall time): the cost provenance adds to a training step,
 an upper bound on the throughput it can take whatever else runs on the machine.
 
-Then a run with a checkpoint every ``--every`` steps is traced at step ``N``: the trace time
-is compared with the cold first batch plus ``N - K`` batches at the measured steady rate
-(K: the checkpoint restored), with a trace from the start, and with a trace of step K alone
-(the restore and its first batch, which re-reads the records the snapshot holds open).
+Then a run writes a checkpoint every ``--every`` steps in both forms: without the payloads
+of held records (``lean``, ``pipeline.checkpoint()``) and with them (``held``,
+``checkpoint(held_records=True)``, what ``zephon run`` writes). Each round restores both to a
+step ``N`` mid-way past checkpoint ``K`` (what ``zephon trace --step N --checkpoint-dir``
+does up to the item, without stopping and previews) and to step ``K`` alone (the restore and
+its first batch), and runs the pipeline uninterrupted to ``N``: the bound is its cold first
+batch plus its own steps ``K+1..N``. The three take turns; wall and CPU seconds (every thread
+of the process), ratios per round, medians; checkpoint bytes; a ``zephon.provenance.trace``
+of each form once (the same batch as a trace from the start).
 
 Prints a table and one final JSON line. Usage:
 ``python benchmarks/provenance.py [--docs 8000] [--rounds 3] [--every 50]
-[--snapshot-every-records N]`` (the last sets ``options.snapshot_every_records``, which bounds
-what a restore replays from its snapshot to the checkpoint).
+[--snapshot-every-records N] [--trace-only]`` (``--snapshot-every-records`` sets
+``options.snapshot_every_records``, which bounds what a restore replays from its snapshot to
+the checkpoint; ``--trace-only`` skips the per-step provenance table).
 """
 
 from __future__ import annotations
@@ -138,33 +144,21 @@ def one_run(yaml: Path, mode: str, log_dir: Path) -> dict[str, Any]:
 
 
 def _write_checkpoints(yaml: Path, dirs: dict[str, Path], every: int) -> dict[str, Any]:
-    """One run writing both checkpoint forms every ``every`` steps, then a plain run (no
-    checkpoints, since the pipeline works ahead while one is written) timing each step."""
+    """One run writing both checkpoint forms every ``every`` steps."""
     from zephon.checkpoints import checkpoint_path, save_checkpoint
     from zephon.config import load_config
 
     pipe = load_config(yaml).build()
     encode_s = []
-    for k, _ in enumerate(pipe, start=1):
-        if k % every == 0:
-            save_checkpoint(checkpoint_path(dirs["lean"], k), pipe.checkpoint())
+    steps = 0
+    for steps, _ in enumerate(pipe, start=1):
+        if steps % every == 0:
+            save_checkpoint(checkpoint_path(dirs["lean"], steps), pipe.checkpoint())
             t0 = time.perf_counter()
             held = pipe.checkpoint(held_records=True)
             encode_s.append(time.perf_counter() - t0)
-            save_checkpoint(checkpoint_path(dirs["held"], k), held)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    times, cpus = [], []
-    for _ in load_config(yaml).build():
-        times.append(time.perf_counter() - start)
-        cpus.append(time.process_time() - cpu_start)
-    return {
-        "times": times,
-        "cpus": cpus,
-        "steps": len(times),
-        "per_batch_s": (times[-1] - times[0]) / max(1, len(times) - 1),
-        "per_batch_cpu_s": (cpus[-1] - cpus[0]) / max(1, len(cpus) - 1),
-        "held_checkpoint_s": statistics.median(encode_s),
-    }
+            save_checkpoint(checkpoint_path(dirs["held"], steps), held)
+    return {"steps": steps, "held_checkpoint_s": statistics.median(encode_s)}
 
 
 def restore_to(yaml: Path, directory: Path, items: int, step: int) -> tuple[float, float]:
@@ -185,59 +179,76 @@ def restore_to(yaml: Path, directory: Path, items: int, step: int) -> tuple[floa
     return out
 
 
-def trace_cost(yaml: Path, work: Path, every: int, repeats: int) -> dict[str, Any]:
-    """Trace a step mid-way past a checkpoint and the checkpoint's own step, restoring
-    checkpoints without (``lean``) and with (``held``) held payloads, interleaved."""
+def plain_to(yaml: Path, base: int, step: int) -> dict[str, float]:
+    """An uninterrupted run to ``step``: its cold first batch, and the batches after ``base``
+    up to ``step`` (wall and CPU seconds of this process, every thread)."""
     from zephon.config import load_config
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    marks = {}
+    it = iter(load_config(yaml).build())
+    for k in range(step + 1):
+        next(it)
+        if k in (0, base, step):
+            marks[k] = (time.perf_counter() - t0, time.process_time() - c0)
+    it.close()
+    return {
+        "cold": marks[0][0],
+        "cold_cpu": marks[0][1],
+        "window": marks[step][0] - marks[base][0],
+        "window_cpu": marks[step][1] - marks[base][1],
+    }
+
+
+def trace_cost(yaml: Path, work: Path, every: int, repeats: int) -> dict[str, Any]:
+    """Restore to a step mid-way past a checkpoint and to the checkpoint's own step, from
+    checkpoints without (``lean``) and with (``held``) held payloads, and an uninterrupted run
+    giving the bound of the same round (cold first batch + the batches in between); the three
+    take turns in each round, ratios are per round, then medians."""
     from zephon.provenance import trace
 
     dirs = {m: work / f"ckpt-{m}" for m in ("lean", "held")}
     for d in dirs.values():
         d.mkdir(exist_ok=True)
     run = _write_checkpoints(yaml, dirs, every)
-    steps, per_batch, per_cpu = run["steps"], run["per_batch_s"], run["per_batch_cpu_s"]
+    steps = run["steps"]
     target = min(steps - 1, (steps // every - 1) * every + every // 2)  # mid-way past one
     base = (target + 1) // every * every  # items the restored checkpoint had delivered
-    got: dict[str, dict[str, list[float]]] = {
-        m: {"wall": [], "cpu": [], "at_wall": [], "at_cpu": []} for m in dirs
-    }
-    colds, cold_cpus = [], []
+    rounds: list[dict[str, Any]] = []
+    order = ["plain", *dirs]
     for i in range(repeats):
-        for m in list(dirs)[i % 2 :] + list(dirs)[: i % 2]:  # alternate which goes first
+        got: dict[str, Any] = {}
+        for m in order[i % 3 :] + order[: i % 3]:  # no configuration always first
+            if m == "plain":
+                got[m] = plain_to(yaml, base, target)
+                continue
             wall, cpu = restore_to(yaml, dirs[m], base, target)
-            got[m]["wall"].append(wall)
-            got[m]["cpu"].append(cpu)
-            wall, cpu = restore_to(yaml, dirs[m], base, base)  # the restore and its 1st batch
-            got[m]["at_wall"].append(wall)
-            got[m]["at_cpu"].append(cpu)
-        c0, t0 = time.process_time(), time.perf_counter()  # cold: build, take the 1st batch
-        it = iter(load_config(yaml).build())
-        next(it)
-        colds.append(time.perf_counter() - t0)
-        cold_cpus.append(time.process_time() - c0)
-        it.close()
+            at_wall, at_cpu = restore_to(yaml, dirs[m], base, base)  # restore + 1st batch
+            got[m] = {"wall": wall, "cpu": cpu, "at_wall": at_wall, "at_cpu": at_cpu}
+        plain = got["plain"]
+        plain["bound"] = plain["cold"] + plain["window"]
+        plain["bound_cpu"] = plain["cold_cpu"] + plain["window_cpu"]
+        for m in dirs:
+            r = got[m]
+            r["x_bound"] = r["wall"] / plain["bound"]
+            r["x_bound_cpu"] = r["cpu"] / plain["bound_cpu"]
+            r["x_cold"] = r["at_wall"] / plain["cold"]
+            r["x_cold_cpu"] = r["at_cpu"] / plain["cold_cpu"]
+        rounds.append(got)
     start = trace(yaml, target)
     traced = {m: trace(yaml, target, checkpoint_dir=d) for m, d in dirs.items()}
     assert all(t.replayed == target - base + 1 for t in traced.values())
-    first, first_cpu = statistics.median(colds), statistics.median(cold_cpus)
     out: dict[str, Any] = {
         "step": target,
         "restored_at": base,
-        "bound_s": first + (target - base) * per_batch,
-        "bound_cpu_s": first_cpu + (target - base) * per_cpu,
-        # the same with the uninterrupted run's own time for the batches after ``base``
-        "bound_window_s": first + run["times"][target] - run["times"][base],
-        "bound_window_cpu_s": first_cpu + run["cpus"][target] - run["cpus"][base],
-        "cold_first_batch_s": first,
-        "cold_first_batch_cpu_s": first_cpu,
-        "per_batch_s": per_batch,
-        "per_batch_cpu_s": per_cpu,
+        "rounds": repeats,
         "trace_from_start_s": start.elapsed_s,
         "same_batch": {t.fingerprint for t in traced.values()} == {start.fingerprint},
         "held_checkpoint_s": run["held_checkpoint_s"],
     }
+    for m in order:
+        out[m] = {k: statistics.median(r[m][k] for r in rounds) for k in rounds[0][m]}
     for m, d in dirs.items():
-        out[m] = {k: statistics.median(v) for k, v in got[m].items()}
         out[m]["trace_s"] = traced[m].elapsed_s  # zephon.provenance.trace itself, once
         out[m]["bytes"] = checkpoint_path_size(d, base)
     return out
@@ -250,35 +261,25 @@ def checkpoint_path_size(directory: Path, items: int) -> int:
 
 
 def print_trace(traced: dict[str, Any]) -> None:
-    step, base = traced["step"], traced["restored_at"]
+    step, base, plain = traced["step"], traced["restored_at"], traced["plain"]
     print(
-        f"trace bound at step {step}: cold first batch + {step - base} batches = "
-        f"{traced['cold_first_batch_s']:.2f} + {step - base} x "
-        f"{traced['per_batch_s'] * 1e3:.1f} ms = {traced['bound_s']:.2f} s wall, "
-        f"{traced['cold_first_batch_cpu_s']:.2f} + {step - base} x "
-        f"{traced['per_batch_cpu_s'] * 1e3:.1f} ms = {traced['bound_cpu_s']:.2f} s cpu; at step "
-        f"{base}: the cold first batch; from the start {traced['trace_from_start_s']:.2f} s; "
-        f"same batch: {traced['same_batch']}"
-    )
-    print(
-        f"with the uninterrupted run's own steps {base + 1}-{step} instead: "
-        f"{traced['bound_window_s']:.2f} s wall, {traced['bound_window_cpu_s']:.2f} s cpu "
-        f"(held: {traced['held']['wall'] / traced['bound_window_s']:.2f}x wall, "
-        f"{traced['held']['cpu'] / traced['bound_window_cpu_s']:.2f}x cpu; lean: "
-        f"{traced['lean']['wall'] / traced['bound_window_s']:.2f}x, "
-        f"{traced['lean']['cpu'] / traced['bound_window_cpu_s']:.2f}x)"
+        f"restore to step {step} from the checkpoint at {base}; bound = cold first batch + "
+        f"steps {base + 1}-{step} of an uninterrupted run = {plain['cold']:.2f} + "
+        f"{plain['window']:.2f} = {plain['bound']:.2f} s wall, {plain['cold_cpu']:.2f} + "
+        f"{plain['window_cpu']:.2f} = {plain['bound_cpu']:.2f} s cpu (medians of "
+        f"{traced['rounds']} rounds; ratios are per round, then medians); trace from the start "
+        f"{traced['trace_from_start_s']:.2f} s; same batch: {traced['same_batch']}"
     )
     print(
         f"{'checkpoint':<10} {'bytes':>10} {f'@{step} s':>7} {'/bound':>6} {'cpu s':>6} "
-        f"{'/bound':>6} {f'@{base} s':>7} {'/cold':>6} {'cpu s':>6} {'/cold':>6}"
+        f"{'/bound':>6} {f'@{base} s':>7} {'/cold':>6} {'cpu s':>6} {'/cold':>6} {'trace s':>7}"
     )
     for m in ("lean", "held"):
         r = traced[m]
         print(
-            f"{m:<10} {r['bytes']:>10,} {r['wall']:>7.2f} {r['wall'] / traced['bound_s']:>6.2f} "
-            f"{r['cpu']:>6.2f} {r['cpu'] / traced['bound_cpu_s']:>6.2f} {r['at_wall']:>7.2f} "
-            f"{r['at_wall'] / traced['cold_first_batch_s']:>6.2f} {r['at_cpu']:>6.2f} "
-            f"{r['at_cpu'] / traced['cold_first_batch_cpu_s']:>6.2f}"
+            f"{m:<10} {r['bytes']:>10,} {r['wall']:>7.2f} {r['x_bound']:>6.2f} {r['cpu']:>6.2f} "
+            f"{r['x_bound_cpu']:>6.2f} {r['at_wall']:>7.2f} {r['x_cold']:>6.2f} "
+            f"{r['at_cpu']:>6.2f} {r['x_cold_cpu']:>6.2f} {r['trace_s']:>7.2f}"
         )
     print(f"held checkpoint: {traced['held_checkpoint_s'] * 1e3:.0f} ms to take (median)")
 

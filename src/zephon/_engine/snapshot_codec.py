@@ -202,28 +202,33 @@ def _array(value: np.ndarray) -> Any:
     return {_ARRAY: [dtype.str, list(value.shape), data]}
 
 
+def _payload_dict(value: dict[Any, Any]) -> Any:
+    if all(type(k) is str and k not in _TAGS for k in value):
+        return {k: encode_payload(v) for k, v in value.items()}
+    return {_DICT: [[encode_payload(k), encode_payload(v)] for k, v in value.items()]}
+
+
+_PAYLOAD_ENCODERS: dict[type, Callable[[Any], Any]] = {
+    float: lambda value: _float(value, "payload", None),
+    list: lambda value: [encode_payload(v) for v in value],
+    dict: _payload_dict,
+    tuple: lambda value: {_TUPLE: [encode_payload(v) for v in value]},
+    np.ndarray: _array,
+    ShmArrayRef: lambda value: _array(value.resolve()),
+    bytes: lambda value: {_BYTES: base64.b64encode(value).decode("ascii")},
+}
+
+
 def encode_payload(value: Any) -> Any:
     """A payload as JSON data that :func:`decode` turns back into an equal value of the same
-    types (see the module docstring); raises ``_Unencodable`` for anything else."""
+    types (see the module docstring); raises ``_Unencodable`` for anything else. Types match
+    exactly (a subclass of dict or of ndarray would come back as its base)."""
     kind = type(value)
     if value is None or kind is bool or kind is int or kind is str:
         return value
-    if kind is float:
-        return _float(value, "payload", None)
-    if kind is list:
-        return [encode_payload(v) for v in value]
-    if kind is dict:
-        if all(type(k) is str and k not in _TAGS for k in value):
-            return {k: encode_payload(v) for k, v in value.items()}
-        return {_DICT: [[encode_payload(k), encode_payload(v)] for k, v in value.items()]}
-    if kind is tuple:
-        return {_TUPLE: [encode_payload(v) for v in value]}
-    if kind is np.ndarray:
-        return _array(value)
-    if kind is ShmArrayRef:
-        return _array(value.resolve())
-    if kind is bytes:
-        return {_BYTES: base64.b64encode(value).decode("ascii")}
+    encoder = _PAYLOAD_ENCODERS.get(kind)
+    if encoder is not None:
+        return encoder(value)
     if isinstance(value, np.generic) and not value.dtype.hasobject and value.dtype.fields is None:
         return {_SCALAR: [value.dtype.str, base64.b64encode(value.tobytes()).decode("ascii")]}
     raise _Unencodable(kind)
