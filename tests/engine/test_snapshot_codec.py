@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon._engine.snapshot_codec import (
@@ -74,6 +74,7 @@ metas = st.builds(
 )
 
 
+@settings(deadline=None)  # timed by the load of a shared machine, not by the code
 @given(st.lists(metas, max_size=4), st.integers(), st.floats(allow_nan=False))
 def test_records_come_back_as_their_metas_and_everything_else_equal(metas_, n, x):
     state: dict[str, Any] = {
@@ -210,6 +211,7 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+@settings(deadline=None)  # a loaded machine: the first examples build numpy dtypes
 @given(payloads)
 def test_held_payloads_come_back_with_their_exact_types_and_bytes(payload):
     meta = SampleMeta((0, 1, 2), 1, 3, 4, (), 0)
