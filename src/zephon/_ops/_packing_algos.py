@@ -26,8 +26,10 @@ PackingAlgorithm = Literal["first_fit", "best_fit", "wrap", "best_fit_wrap"]
 FlushStrategy = Literal["fifo", "fullest"]
 ALGORITHMS: tuple[str, ...] = ("first_fit", "best_fit", "wrap", "best_fit_wrap")
 
-Segment = tuple[SampleRecord, int, int, bool]
-"""``(record, start, stop, is_last_segment_of_record)``: tokens ``[start, stop)`` of a record."""
+Segment = list[Any]
+"""``[record, start, stop, is_last_segment_of_record]``: tokens ``[start, stop)`` of a record.
+A list in the saved form already and never changed once put, so a snapshot shares it: taking
+one at every cut copies each open bin's list of segments, not every segment."""
 
 
 class Bin:
@@ -39,11 +41,11 @@ class Bin:
         self.used = 0
 
     def put(self, record: SampleRecord, start: int, stop: int, last: bool) -> None:
-        self.segments.append((record, start, stop, last))
+        self.segments.append([record, start, stop, last])
         self.used += stop - start
 
     def state(self) -> list[Any]:
-        return [self.opened, [list(seg) for seg in self.segments]]
+        return [self.opened, self.segments.copy()]
 
     @classmethod
     def from_state(cls, state: list[Any]) -> Bin:
