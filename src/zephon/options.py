@@ -94,7 +94,7 @@ class RuntimeOptions:
     quarantine: str | os.PathLike[str] | None = None
     fuse: bool = True
     snapshot_every_chunks: int = 1
-    snapshot_every_records: int | None = 128
+    snapshot_every_records: int | None = 32
     engine_process: bool = False
     # (worker, workers): this view runs the rank's lanes ``worker::workers`` (a DataLoader
     # worker's share; set by zephon.torch_data.worker_pipeline, never by users)
