@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from bisect import bisect_left
 import traceback
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -139,9 +139,10 @@ MARKER_MODES = ("pass", "snapshot", "flush", "ride", "hold", "replay")
 stage emits the lane's partial micro-batch first, so nothing pushed before the cut leaves after
 it. ``ride``: an element-wise stage whose input is in source order keeps the marker with the
 lane's partial micro-batch instead, and puts it back into that micro-batch's output by its cut
-(:func:`place_markers`): the same order, without halving the micro-batch at every cut. ``hold``: a stage after the replay filter (``batch``) keeps the marker until the lane's
-partial batch has left, and stamps it with that batch's cursor: a restore at the cut re-delivers
-up to there, and the replay filter drops it. ``replay``: the replay filter stamps the marker with
+(:func:`place_markers`): the same order, without halving the micro-batch at every cut.
+``hold``: a stage after the replay filter (``batch``) keeps the marker until the lane's partial
+batch has left, and stamps it with that batch's cursor: a restore at the cut re-delivers up to
+there, and the replay filter drops it. ``replay``: the replay filter stamps the marker with
 the cursor it still waits for. ``pass``: nothing to do.
 """
 
