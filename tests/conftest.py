@@ -4,6 +4,7 @@ worker processes kept for reuse released after each test (tests share a pytest p
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,12 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from tests._corpus import make_docs
+
+# torch's OpenMP threads spin while they wait for work: with every core busy (two xdist workers,
+# or a second copy of the suite beside this one) a tiny model's training step took 8x longer with
+# a thread per core than with one. The tests train only tiny models, which one thread runs best.
+# Set before any test imports torch; subprocesses (torchrun, docs pages) inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

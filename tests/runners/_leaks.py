@@ -39,17 +39,21 @@ def process_gone(pid: int) -> bool:
 
 
 def children_of(pid: int) -> list[int]:
-    """Direct children of ``pid`` (from /proc; empty once it is gone)."""
+    """Direct children of ``pid``, from the parent named in each process's ``/proc/N/stat``.
+
+    Not from ``/proc/pid/task/*/children``: a child started by a thread moves to another
+    thread's list when its thread exits, and a read during that move misses it.
+    """
     found: list[int] = []
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except (FileNotFoundError, ProcessLookupError):
-        return found
-    for task in tasks:
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
         try:
-            found.extend(int(c) for c in (task / "children").read_text().split())
+            stat = Path(f"/proc/{entry.name}/stat").read_text()
         except (FileNotFoundError, ProcessLookupError):
             continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # "pid (comm) state ppid ..."
+            found.append(int(entry.name))
     return found
 
 
