@@ -56,9 +56,10 @@ class RuntimeOptions:
     ``snapshot_every_chunks`` / ``snapshot_every_records``: how often a plan with packing,
     shuffling or mixture correction takes an aligned snapshot of its open state (at every
     ``snapshot_every_chunks``-th chunk start, and within a chunk every
-    ``snapshot_every_records`` records, 128 by default: a restore replays at most that many
-    records per lane; 64, the size of the slices the source feeds a lane in, halves that
-    replay and costs cheap pipelines 3-6 % more CPU per pass). A restore starts at the newest
+    ``snapshot_every_records`` records, 32 by default: a restore replays at most that many
+    records per lane; element-wise operators before the first order-changing one carry a
+    marker inside their micro-batch, so a short interval does not shrink micro-batches). A
+    restore starts at the newest
     delivered snapshot instead of the last flush, re-fetching only the records the snapshot
     names. Neither
     changes the output; ``snapshot_every_chunks=0`` turns snapshots off (restores replay from
@@ -94,7 +95,7 @@ class RuntimeOptions:
     quarantine: str | os.PathLike[str] | None = None
     fuse: bool = True
     snapshot_every_chunks: int = 1
-    snapshot_every_records: int | None = 128
+    snapshot_every_records: int | None = 32
     engine_process: bool = False
     # (worker, workers): this view runs the rank's lanes ``worker::workers`` (a DataLoader
     # worker's share; set by zephon.torch_data.worker_pipeline, never by users)

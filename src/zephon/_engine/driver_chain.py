@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from zephon._engine.stage import StageCore, Task, annotate, call_process_many
+from zephon._engine.stage import StageCore, Task, annotate, call_process_many, place_markers
 from zephon.types import StreamItem
 
 
@@ -33,7 +33,7 @@ def run_tasks(core: StageCore, tasks: list[Task], *, count: bool = True) -> list
                 stats.worker_ns += time.perf_counter_ns() - start
                 stats.micro_batches += 1
                 stats.elements_out += len(result)
-            out.extend(result)
+            out.extend(place_markers(result, task.inner) if task.inner else result)
         out.extend(task.passthrough)
     return out
 

@@ -118,7 +118,7 @@ class Engine:
                     stats=self.op_stats[i] if self.op_stats is not None else None,
                     lanes=self.lanes,
                     state_log=log,
-                    marker_mode=modes[i] if self.snapshot_plan.enabled else "pass",
+                    marker_mode=self._marker_mode(modes[i]) if modes else "pass",
                 )
             )
         plan = self.snapshot_plan
@@ -126,6 +126,13 @@ class Engine:
         for index, core in enumerate(cores):
             core.resolve = self.states.resolver(index)
         return cores
+
+    def _marker_mode(self, mode: str) -> str:
+        """A stage's marker mode; markers ride inside micro-batches only where results leave
+        in sequence order (completion order could let one overtake the data before it)."""
+        if not self.snapshot_plan.enabled:
+            return "pass"
+        return "flush" if mode == "ride" and not self.options.deterministic else mode
 
     def _lane_starts(self) -> dict[int, tuple[int, int]]:
         """Where each fed lane (re)starts: the beginning, or the restored restart point."""

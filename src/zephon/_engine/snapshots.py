@@ -81,7 +81,14 @@ def plan_snapshots(ops: Sequence[BaseOp], accs: Sequence[Accumulator]) -> Snapsh
     modes: list[str] = []
     reason: str | None = None
     last_buffer = max((i for i in range(replay) if holds_records(accs[i])), default=-1)
+    in_order = True  # every stage so far keeps its input in source order
     for i, (op, acc, role) in enumerate(zip(ops, accs, roles, strict=True)):
+        in_order = (
+            in_order
+            and role == "elementwise"
+            and not has_lane_state(acc)
+            and op.traits().preserves_cursor_order
+        )
         if i == replay:
             modes.append("replay")
         elif has_lane_state(acc):
@@ -92,7 +99,7 @@ def plan_snapshots(ops: Sequence[BaseOp], accs: Sequence[Accumulator]) -> Snapsh
                     "could not be rebuilt"
                 )
         elif role == "elementwise":
-            modes.append("flush")
+            modes.append("ride" if in_order else "flush")
         elif i > replay:
             modes.append("hold")
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 import traceback
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,11 +53,13 @@ def any_control(items: Sequence[StreamItem]) -> bool:
 
 @dataclass(slots=True)
 class Task:
-    """One micro-batch: ``work`` goes through ``process_many``; ``passthrough`` follows it."""
+    """One micro-batch: ``work`` goes through ``process_many``; ``passthrough`` follows it;
+    ``inner`` holds snapshot markers that ride inside it (see :func:`task_result`)."""
 
     seq: int
     work: list[StreamItem]
     passthrough: list[StreamItem] = field(default_factory=list)
+    inner: list[StreamItem] | None = None
 
     @property
     def needs_worker(self) -> bool:
@@ -86,6 +89,35 @@ def call_process_many(op: BaseOp, elems: list[StreamItem]) -> list[StreamItem]:
     return out
 
 
+def _position(item: StreamItem) -> tuple[int, int]:
+    meta = item.meta
+    return meta.chunk_id, meta.chunk_offset
+
+
+def place_markers(result: list[StreamItem], markers: Sequence[StreamItem]) -> list[StreamItem]:
+    """``result`` (in source order) with each marker before the first element at or after its
+    cut: the order a stage that split the micro-batch at the marker would have emitted."""
+    out: list[StreamItem] = []
+    start = 0
+    for marker in markers:
+        at = bisect_left(result, _position(marker), lo=start, key=_position)
+        out.extend(result[start:at])
+        out.append(marker)
+        start = at
+    out.extend(result[start:])
+    return out
+
+
+def task_result(task: Task, result: list[StreamItem]) -> list[StreamItem]:
+    """What ``task`` emits once ``process_many`` returned ``result``: riding markers in place,
+    then the passthrough."""
+    if task.inner:
+        result = place_markers(result, task.inner)
+    if task.passthrough:
+        result = [*result, *task.passthrough]
+    return result
+
+
 def annotate(exc: BaseException, op_name: str) -> BaseException:
     """Name the operator on an exception raised in a worker, keeping its type and traceback."""
     if getattr(exc, "zephon_op_name", None) is None:
@@ -100,14 +132,17 @@ def _no_state(lane_id: int) -> None:
     return None
 
 
-MARKER_MODES = ("pass", "snapshot", "flush", "hold", "replay")
+MARKER_MODES = ("pass", "snapshot", "flush", "ride", "hold", "replay")
 """What a stage does when a snapshot marker of a lane reaches it.
 
 ``snapshot``: record the accumulator's lane state for that cut. ``flush``: an element-wise
 stage emits the lane's partial micro-batch first, so nothing pushed before the cut leaves after
-it. ``hold``: a stage after the replay filter (``batch``) keeps the marker until the lane's
-partial batch has left, and stamps it with that batch's cursor: a restore at the cut re-delivers
-up to there, and the replay filter drops it. ``replay``: the replay filter stamps the marker with
+it. ``ride``: an element-wise stage whose input is in source order keeps the marker with the
+lane's partial micro-batch instead, and puts it back into that micro-batch's output by its cut
+(:func:`place_markers`): the same order, without halving the micro-batch at every cut.
+``hold``: a stage after the replay filter (``batch``) keeps the marker until the lane's partial
+batch has left, and stamps it with that batch's cursor: a restore at the cut re-delivers up to
+there, and the replay filter drops it. ``replay``: the replay filter stamps the marker with
 the cursor it still waits for. ``pass``: nothing to do.
 """
 
@@ -148,6 +183,7 @@ class StageCore:
         self.stalls_sentinels = stalls_sentinels
         self._next_seq = 0
         self._held: dict[int, deque[StreamItem]] = {}
+        self._riding: dict[int, list[StreamItem]] = {}  # ride mode: lane -> markers
         self._on_marker = accumulator.on_marker if isinstance(accumulator, MarkerObserver) else None
         self._pending_target: Callable[[int], Any] | None = (
             accumulator.pending_target if isinstance(accumulator, PendingTarget) else None
@@ -180,6 +216,11 @@ class StageCore:
                 lane = mb[-1].meta.lane_id
                 count = self._last_out.get(lane, (0, None))[0]
                 self._last_out[lane] = (count + 1, mb[-1].meta.cursor)
+            if self._riding and (inner := self._riding.pop(mb[0].meta.lane_id, None)):
+                task = self._task(mb)
+                task.inner = inner
+                out.append(task)
+                continue
             if not any_control(mb):  # fast path: plain records only
                 out.append(self._task(mb))
                 continue
@@ -293,6 +334,11 @@ class StageCore:
                 self._end_lane(item, out)
                 continue
             if not isinstance(control, FlushSentinel):
+                if self._riding and item.meta.lane_id in self._riding:
+                    if passthrough:  # a tombstone never overtakes a riding marker
+                        out.append(self._task([], passthrough))
+                        passthrough = []
+                    self._flush_riding(item.meta.lane_id, out)
                 passthrough.append(item)
                 continue
             lane = item.meta.lane_id
@@ -319,6 +365,9 @@ class StageCore:
             self.state_log.record_cut(lane, cut.position, self._state_of(lane))
         elif mode == "flush" and self.acc.has_pending_data(lane):
             self._tasks_for(self.acc.flush(reset=True, lane_id=lane), out)
+        elif mode == "ride" and self.acc.has_pending_data(lane):
+            self._riding.setdefault(lane, []).append(marker)
+            return
         elif mode == "hold" and (lane in self._held or self.acc.has_pending_data(lane)):
             self._held.setdefault(lane, deque()).append(marker)
             self._held_at[id(marker)] = self._last_out.get(lane, (0, None))[0]
@@ -331,10 +380,20 @@ class StageCore:
                 marker = SampleRecord(marker.meta.with_control(stamped), None)
         out.append(self._task([], [marker]))
 
+    def _flush_riding(self, lane: int, out: list[Task]) -> None:
+        """Emit the lane's partial micro-batch with its riding markers (and any marker the
+        flush left behind)."""
+        self._tasks_for(self.acc.flush(reset=True, lane_id=lane), out)
+        left = self._riding.pop(lane, None)
+        if left:
+            out.append(self._task([], left))
+
     def _end_lane(self, marker: StreamItem, out: list[Task]) -> None:
         """A lane's stream ended: emit everything of that lane, then the marker."""
         lane = marker.meta.lane_id
         self._flush_checked(lane, out, at="at the end of data")
+        if self._riding and (left := self._riding.pop(lane, None)):
+            out.append(self._task([], left))
         held = self._held.pop(lane, None) or ()
         for item in held:
             self._held_at.pop(id(item), None)  # the lane ends: no snapshot after this
@@ -342,6 +401,8 @@ class StageCore:
 
     def _flush_lane(self, lane: int, out: list[Task]) -> None:
         self._flush_checked(lane, out, at="at a flush sentinel")
+        if self._riding and (left := self._riding.pop(lane, None)):
+            out.append(self._task([], left))
 
     def _flush_checked(self, lane: int, out: list[Task], *, at: str) -> None:
         """``flush(reset=True, lane_id=lane)``, checking it emitted and reset only that lane.
@@ -415,6 +476,9 @@ class StageCore:
         """End of stream: flush every lane, then release any held sentinels."""
         out: list[Task] = []
         self._tasks_for(self.acc.flush(reset=False, lane_id=None), out)
+        for lane in sorted(self._riding):
+            out.append(self._task([], self._riding[lane]))
+        self._riding.clear()
         for lane in sorted(self._held):
             out.append(self._task([], list(self._held[lane])))
         self._held.clear()

@@ -22,7 +22,7 @@ from zephon._engine.messages import Data, Done, End, Failed, Stop, ThreadMessage
 from zephon._engine.pools import WorkerPool
 from zephon._engine.reorder import ReorderBuffer
 from zephon._engine.shm import resolve_items
-from zephon._engine.stage import StageCore, Task, annotate
+from zephon._engine.stage import StageCore, Task, annotate, task_result
 from zephon._engine.stats import OpStats
 from zephon.types import StreamItem, Tombstone
 
@@ -143,7 +143,7 @@ class OpDriver(threading.Thread):
         self.max_inflight = max(1, max_inflight)
         self.stop = stop
         self.reorder: ReorderBuffer[list[StreamItem]] = ReorderBuffer(deterministic=deterministic)
-        self._passthrough: dict[int, list[StreamItem]] = {}
+        self._passthrough: dict[int, Task] = {}  # dispatched tasks with controls to place
         self._dispatched_at: dict[int, int] = {}
         self._pending_inputs: deque[tuple[list[StreamItem], int]] = deque()  # items, slots
         self._ready: deque[Task] = deque()
@@ -223,8 +223,8 @@ class OpDriver(threading.Thread):
                 raise annotate(exc, core.op.name) from None
             self._complete(task.seq, run_tasks(core, [task], count=self.work_stats is not None))
             return False
-        if task.passthrough:
-            self._passthrough[task.seq] = task.passthrough
+        if task.passthrough or task.inner:
+            self._passthrough[task.seq] = task
         if self.work_stats is not None:
             self._dispatched_at[task.seq] = time.perf_counter_ns()
         self.pool.submit(task.work).add_done_callback(self._on_done(task.seq))
@@ -262,9 +262,9 @@ class OpDriver(threading.Thread):
             stats.micro_batches += 1
             stats.elements_out += len(result)
             stats.worker_ns += time.perf_counter_ns() - self._dispatched_at.pop(seq)
-        extra = self._passthrough.pop(seq, None)
-        if extra:
-            result.extend(extra)
+        task = self._passthrough.pop(seq, None)
+        if task is not None:
+            result = task_result(task, result)
         self._complete(seq, result)
 
     def _loop(self) -> None:

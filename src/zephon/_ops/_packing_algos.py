@@ -26,24 +26,33 @@ PackingAlgorithm = Literal["first_fit", "best_fit", "wrap", "best_fit_wrap"]
 FlushStrategy = Literal["fifo", "fullest"]
 ALGORITHMS: tuple[str, ...] = ("first_fit", "best_fit", "wrap", "best_fit_wrap")
 
-Segment = tuple[SampleRecord, int, int, bool]
-"""``(record, start, stop, is_last_segment_of_record)``: tokens ``[start, stop)`` of a record."""
+Segment = list[Any]
+"""``[record, start, stop, is_last_segment_of_record]``: tokens ``[start, stop)`` of a record.
+A list in the saved form already and never changed once put, so a snapshot shares it: taking
+one at every cut copies each open bin's list of segments, not every segment."""
 
 
 class Bin:
-    __slots__ = ("opened", "segments", "used")
+    __slots__ = ("_saved", "opened", "segments", "used")
 
     def __init__(self, opened: int) -> None:
         self.opened = opened
         self.segments: list[Segment] = []
         self.used = 0
+        self._saved: list[Any] | None = None  # state() since the last put
 
     def put(self, record: SampleRecord, start: int, stop: int, last: bool) -> None:
-        self.segments.append((record, start, stop, last))
+        self.segments.append([record, start, stop, last])
         self.used += stop - start
+        self._saved = None
 
     def state(self) -> list[Any]:
-        return [self.opened, [list(seg) for seg in self.segments]]
+        """The saved form, shared by every snapshot until the next put (nothing changes it):
+        a cut copies only the bins that changed since the one before."""
+        saved = self._saved
+        if saved is None:
+            saved = self._saved = [self.opened, self.segments.copy()]
+        return saved
 
     @classmethod
     def from_state(cls, state: list[Any]) -> Bin:
