@@ -70,4 +70,4 @@ def test_ctrl_c_while_the_forkserver_starts_is_exit_130(preempt_dir):
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert out.startswith("interrupted: ") and "Traceback" not in err
+    assert out.startswith("interrupted: ") and "Traceback" not in err, err

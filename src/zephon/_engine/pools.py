@@ -36,6 +36,7 @@ import weakref
 from collections.abc import Mapping
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import Any, assert_never
@@ -254,6 +255,22 @@ def adopt_environment(environ: Mapping[str, str]) -> None:
             os.environ[key] = value
 
 
+def _start_deaf_to_ctrl_c(proc: Any) -> None:
+    """Start ``proc`` with SIGINT blocked, a mask it keeps across fork and exec.
+
+    Ctrl-C reaches the whole foreground process group. A forkserver still importing its
+    preload modules, or a worker not yet in its loop, would die of it with a traceback on the
+    terminal while the engine winds down; the engine decides when its workers stop. The
+    resource tracker starts first: starting it unblocks SIGINT in the calling thread.
+    """
+    resource_tracker.ensure_running()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
 def _name_process(name: str) -> None:
     """Show ``name`` in ps and top (Linux; at most 15 characters are kept)."""
     with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
@@ -358,6 +375,7 @@ def _worker_main(conn: Connection, prefix: str, min_bytes: int) -> None:
     # A worker still ends when the engine does (its pipe closes) and on SIGKILL.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started
     _name_process(multiprocessing.current_process().name)
     shm.enter_worker_mode()
     try:
@@ -546,7 +564,7 @@ class ProcessFleet:
             name=f"{WORKER_NAME_PREFIX}{slot}",
             daemon=True,
         )
-        proc.start()
+        _start_deaf_to_ctrl_c(proc)
         child.close()
         with self._lock:
             self._procs[slot] = proc
