@@ -61,11 +61,14 @@ def test_checkpoint_inspect_and_diff(workdir: Path, capsys) -> None:
     assert info["file"] == str(b) and info["delivered"] == 10
     assert [lane["lane"] for lane in info["lanes"]] == [0, 1]
     assert info["operators"] == ["fetch", "decode_text", "tokenize", "pack_flat", "batch"]
-    # still inside the first chunk: no snapshot delivered yet, so nothing to re-read
+    # still inside the first chunk: lane 0 delivered its first cut (32 records) and nothing
+    # after it, lane 1 no cut yet; the file holds the held records' payloads, so a restore
+    # re-reads none
     assert [(lane["restart_chunk"], lane["restart_offset"]) for lane in info["lanes"]] == [
-        (0, 0),
+        (0, 32),
         (0, 0),
     ]
+    assert [lane["replay_cursor"] is None for lane in info["lanes"]] == [True, False]
     assert [lane["refetch"] for lane in info["lanes"]] == [0, 0]
     assert main(["checkpoint", "inspect", str(a)]) == 0
     shown = capsys.readouterr().out

@@ -39,7 +39,7 @@ def test_labelled_nodes_run_the_stages_and_a_lost_node_changes_nothing(hf_tokeni
     out = json.loads(proc.stdout.splitlines()[-1])
     nodes = out["nodes"]
     expected = out["inline"][:2]  # (digest of every batch's bytes, records)
-    for run in ("first", "second", "after_removal"):
+    for run in ("first", "second", "after_removal", "after_death"):
         assert out[run][:2] == expected, run
 
     first = out["first_placement"]

@@ -24,7 +24,7 @@ from zephon._engine.tail import LaneMux
 from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError
 from zephon.io import SourceStats, io_totals
-from zephon.types import StreamItem
+from zephon.types import SampleCursor, StreamItem
 
 log = logging.getLogger("zephon")
 
@@ -214,6 +214,7 @@ class Engine:
             "on_skip": self.quarantine.add,
             "on_snapshot": self._restart_at if self.snapshot_plan.enabled else None,
         }
+        callbacks["starts"] = self._lane_starts()
         resume = self.resume
         if resume is None:
             return LaneMux(self.lanes, **callbacks)
@@ -287,17 +288,18 @@ class Engine:
             restart = self._restart.get(lane, (start_cid, 0))
             offset = restart[1] if restart[0] == start_cid else 0
             done = lane in mux.finished_lanes
+            drained = mux.delivered_since(lane, (start_cid, offset))
             operator_state, payloads = (
                 (None, False)
                 if done
-                else self._operator_state(lane, (start_cid, offset), held_records)
+                else self._operator_state(lane, (start_cid, offset), held_records, drained=drained)
             )
             lanes.append(
                 ckpt.LaneCheckpoint(
                     lane=lane,
                     start_chunk_id=start_cid,
                     source_state=state,
-                    replay_cursor=mux.replay_cursor.get(lane),
+                    replay_cursor=self._replay_cursor(mux, lane, (start_cid, offset), drained),
                     delivered=mux.delivered[lane],
                     done=done,
                     operator_state=operator_state,
@@ -306,6 +308,17 @@ class Engine:
                 )
             )
         return Position(lanes, list(mux.order), mux.turn)
+
+    def _replay_cursor(
+        self, mux: LaneMux, lane: int, start: tuple[int, int], drained: bool
+    ) -> SampleCursor | None:
+        """The last delivered cursor, which a restore at ``start`` drops up to. When all the
+        lane delivered since the cut was the partial batch saved there (a flush emptied it),
+        no record after the cut was delivered: the cursor is the one the cut had."""
+        cursor = mux.replay_cursor.get(lane)
+        if drained and cursor is not None and self.states.batched_at(lane, start, cursor):
+            return mux.cursor_at(lane, start)
+        return cursor
 
     def checkpoint_at(self, position: Position) -> dict[str, Any]:
         """The checkpoint of ``position`` (taken by this engine or one of the same pipeline)."""
@@ -331,10 +344,11 @@ class Engine:
         return self.checkpoint_at(self.position(held_records=held_records))
 
     def _operator_state(
-        self, lane: int, start: tuple[int, int], held_records: bool
+        self, lane: int, start: tuple[int, int], held_records: bool, *, drained: bool
     ) -> tuple[dict[str, Any] | None, bool]:
         """Each stateful accumulator's lane state at the point a restore regenerates from,
-        and whether it carries held records' payloads."""
+        and whether it carries held records' payloads. ``drained``: the lane delivered since
+        that point, so what batching stages held there has left (their state is empty)."""
         if not self.states.logs:  # not iterated yet: a pending restore's state still holds
             if self.resume is None or lane not in self.resume.lanes:
                 return None, False
@@ -342,8 +356,8 @@ class Engine:
             saved = lc.operator_state
             return (dict(saved) if saved is not None else None), lc.held_payloads
         if held_records:
-            return self.states.held_at(lane, start)
-        return self.states.at(lane, start), False
+            return self.states.held_at(lane, start, drained=drained)
+        return self.states.at(lane, start, drained=drained), False
 
     def __iter__(self) -> Iterator[StreamItem]:
         try:

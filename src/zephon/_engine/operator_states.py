@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from zephon._engine.lane_state import LaneStateLog, Position, frozen_copy
@@ -31,7 +31,7 @@ from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError
 from zephon.ops import BaseOp, LaneStateful, OpContext
 from zephon.ops.state import payloads_lazy
-from zephon.types import TAG_PACKING, SampleMeta
+from zephon.types import TAG_PACKING, SampleCursor, SampleMeta, SampleRecord
 
 # Tags of lazily restored records decoded only when their payload is rebuilt: a packed
 # record's packing metadata (its segments) is most of its meta, and nothing reads it while
@@ -53,6 +53,18 @@ class PendingPayload:
 def _shared(state: Any, op_name: str) -> Any:
     """States with records are fresh containers already; they are encoded at checkpoint."""
     return state
+
+
+def _records_in(state: Any) -> Iterator[SampleRecord]:
+    """The records a live lane state holds, at any depth."""
+    if isinstance(state, SampleRecord):
+        yield state
+    elif isinstance(state, dict):
+        for value in state.values():
+            yield from _records_in(value)
+    elif isinstance(state, list | tuple):
+        for value in state:
+            yield from _records_in(value)
 
 
 class OperatorStates:
@@ -79,7 +91,11 @@ class OperatorStates:
         self._set_up: list[tuple[BaseOp, OpContext]] = []
         self._ready: list[BaseOp] = []  # operator copies set up for the rebuild
         self._lock = threading.Lock()
-        self._at: dict[int, tuple[Position, dict[str, Any]]] = {}  # lane -> last encoded
+        self._at: dict[int, tuple[Position, bool, dict[str, Any]]] = {}  # lane -> last encoded
+        # batching stages (their held records all leave in the lane's next batch): lane ->
+        # their empty state, which is theirs at a restart point the lane delivered after;
+        # a checkpoint names such a stage only while it holds records
+        self._drained: dict[int, dict[int, Any]] = {}
 
     def attach(self, index: int, op: BaseOp, acc: LaneStateful) -> LaneStateLog:
         """Start logging ``acc``'s lane states; queue the saved ones for :meth:`load`."""
@@ -89,6 +105,9 @@ class OperatorStates:
             self._records.add(index)
         self.logs[index] = log
         key = self.key_of(index)
+        batches = op.traits().batches
+        if batches:
+            self._drained[index] = {lane: acc.state_dict(lane) for lane in self.starts}
         for lane in self.starts:
             if self.resume is None:
                 log.set_initial(lane, acc.state_dict(lane))
@@ -97,7 +116,9 @@ class OperatorStates:
             if key in saved:
                 state = unpack_state(saved[key]) if records else saved[key]
                 self._pending.append((index, op, acc, lane, state))
-            elif self._untouched(lane) or (records and self._at_epoch_start(lane)):
+            elif self._untouched(lane) or (records and self._at_epoch_start(lane)) or batches:
+                # a batching stage is named only while it holds records (and not at all in
+                # checkpoints written before it had lane state): here it was empty
                 log.set_initial(lane, acc.state_dict(lane))
             else:
                 raise CheckpointError(
@@ -217,28 +238,45 @@ class OperatorStates:
         for log in self.logs.values():
             log.forget_below(lane, position)
 
-    def at(self, lane: int, position: Position) -> dict[str, Any]:
+    def at(self, lane: int, position: Position, *, drained: bool = False) -> dict[str, Any]:
         """Each stateful stage's lane state at the restart point, as checkpoint JSON: the same
-        object while the restart point stays (a state there never changes once recorded)."""
+        object while the restart point stays (a state there never changes once recorded).
+        ``drained``: the lane delivered since that point, so batching stages are empty."""
         cached = self._at.get(lane)
-        if cached is not None and cached[0] == position:
-            return cached[1]
-        out = self._encode_at(lane, position, None)
-        self._at[lane] = (position, out)
+        if cached is not None and cached[:2] == (position, drained):
+            return cached[2]
+        out = self._encode_at(lane, position, None, drained)
+        self._at[lane] = (position, drained, out)
         return out
 
-    def held_at(self, lane: int, position: Position) -> tuple[dict[str, Any], bool]:
+    def batched_at(self, lane: int, position: Position, cursor: SampleCursor) -> bool:
+        """Whether a batching stage held the record of ``cursor`` at the restart point."""
+        for index in self._drained:
+            try:
+                state = self.logs[index].state_at(lane, *position)
+            except CheckpointError:  # no cut there: an epoch boundary or a chunk start
+                continue
+            if any(record.meta.cursor == cursor for record in _records_in(state)):
+                return True
+        return False
+
+    def held_at(
+        self, lane: int, position: Position, *, drained: bool = False
+    ) -> tuple[dict[str, Any], bool]:
         """:meth:`at` with the held records' payloads written too (not cached: asked for
         once per checkpoint file), and whether any record carries its payload."""
         held = HeldPayloads()
-        out = self._encode_at(lane, position, held)
+        out = self._encode_at(lane, position, held, drained)
         return out, held.written > 0
 
     def _encode_at(
-        self, lane: int, position: Position, held: HeldPayloads | None
+        self, lane: int, position: Position, held: HeldPayloads | None, drained: bool
     ) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for index, log in sorted(self.logs.items()):
+            empty = self._drained.get(index)
+            if empty is not None and (drained or log.state_at(lane, *position) == empty[lane]):
+                continue  # an empty batching stage is left out: a restore starts it empty
             state = log.state_at(lane, *position)
             if index in self._records:  # record metas: repetitive, so deflated when large
                 before = held.written if held is not None else 0

@@ -3,7 +3,7 @@
 The feeder injects a snapshot marker into a lane at a cut (a chunk start, or every N records).
 Markers travel in stream order like any control element; each stage acts on one by its marker
 mode (``stage.MARKER_MODES``): stateful accumulators record their lane state, element-wise
-stages first emit what they buffered, ``batch`` holds it until its partial batch has left. When
+stages first emit what they buffered, ``batch`` saves its partial batch. When
 the marker reaches the tail everything before the cut is delivered, and a restore can start at
 the cut: the source resumes there, each accumulator loads its state, and the replay filter drops
 what was delivered after the cut.

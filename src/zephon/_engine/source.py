@@ -167,8 +167,13 @@ class SourceFeeder:
             out[0] = SampleRecord(first.with_tags(**{TAG_TARGET_MIXTURE: target}), None)
         if (chunk_id, start) == lane.resumed_at:
             lane.resumed_at = None  # the restored states are the ones after this cut
-        elif self.snapshots.cuts(chunk_id, start):
-            out.insert(0, snapshot_marker(lane_id, chunk_id, start))
+        elif start == 0 and self.snapshots.cuts(chunk_id, 0):
+            out.insert(0, snapshot_marker(lane_id, chunk_id, 0))
+        if stop < len(rows) and self.snapshots.cuts(chunk_id, stop):
+            # A cut inside the chunk closes the slice before it, not opens the next one: the
+            # marker then reaches the consumer with the records before it, and a checkpoint
+            # taken there restores from this cut instead of the one before.
+            out.append(snapshot_marker(lane_id, chunk_id, stop))
         lane.position = stop
         self.samples_emitted += len(out)
         if stop >= len(rows):

@@ -135,15 +135,16 @@ def _no_state(lane_id: int) -> None:
 MARKER_MODES = ("pass", "snapshot", "flush", "ride", "hold", "replay")
 """What a stage does when a snapshot marker of a lane reaches it.
 
-``snapshot``: record the accumulator's lane state for that cut. ``flush``: an element-wise
+``snapshot``: record the accumulator's lane state for that cut (a marker behind a flush sentinel
+the stage holds back waits, and records it once the lane has emptied). ``flush``: an element-wise
 stage emits the lane's partial micro-batch first, so nothing pushed before the cut leaves after
 it. ``ride``: an element-wise stage whose input is in source order keeps the marker with the
 lane's partial micro-batch instead, and puts it back into that micro-batch's output by its cut
 (:func:`place_markers`): the same order, without halving the micro-batch at every cut.
-``hold``: a stage after the replay filter (``batch``) keeps the marker until the lane's partial
-batch has left, and stamps it with that batch's cursor: a restore at the cut re-delivers up to
-there, and the replay filter drops it. ``replay``: the replay filter stamps the marker with
-the cursor it still waits for. ``pass``: nothing to do.
+``hold``: a stage after the replay filter without lane state keeps the marker until the lane's
+partial batch has left, and stamps it with that batch's cursor: a restore at the cut
+re-delivers up to there, and the replay filter drops it. ``replay``: the replay filter stamps
+the marker with the cursor it still waits for. ``pass``: nothing to do.
 """
 
 
@@ -166,6 +167,11 @@ class StageCore:
         self.op = op
         self.marker_mode = marker_mode
         self._chunk_snapshots = state_log is not None and marker_mode != "snapshot"
+        # Markers wait behind a stalled sentinel (and, in hold mode, behind a partial batch):
+        # track the lane's emitted micro-batches to stamp them when they leave.
+        self._holds_markers = marker_mode == "hold" or (
+            marker_mode == "snapshot" and stalls_sentinels
+        )
         # hold mode: lane -> (micro-batches emitted, cursor of the last one's last element)
         self._last_out: dict[int, tuple[int, Any]] = {}
         self._held_at: dict[int, int] = {}  # id(held marker) -> lane's emitted count then
@@ -206,7 +212,7 @@ class StageCore:
         return self._next_seq
 
     def _tasks_for(self, batches: Sequence[list[StreamItem]], out: list[Task]) -> None:
-        hold = self.marker_mode == "hold"
+        hold = self._holds_markers
         for mb in batches:
             if not mb:
                 continue
@@ -271,7 +277,7 @@ class StageCore:
             self.stats.elements_in += len(data)
         if self._chunk_snapshots:
             self._push_snapshotting(data, out)
-        elif self._held and self.marker_mode == "hold":
+        elif self._held and self._holds_markers:
             self._push_releasing(data, out)
             return
         else:
@@ -361,6 +367,11 @@ class StageCore:
         ``MARKER_MODES``)."""
         lane = marker.meta.lane_id
         mode = self.marker_mode
+        if mode == "snapshot" and lane in self._held:
+            # behind a stalled sentinel: the cut's state is the one once the lane has emptied
+            self._held[lane].append(marker)
+            self._held_at[id(marker)] = self._last_out.get(lane, (0, None))[0]
+            return
         if mode == "snapshot" and self.state_log is not None:
             self.state_log.record_cut(lane, cut.position, self._state_of(lane))
         elif mode == "flush" and self.acc.has_pending_data(lane):
@@ -445,7 +456,10 @@ class StageCore:
                 if isinstance(control, SnapshotMarker):
                     if self.acc.has_pending_data(lane):
                         break
-                    out.append(self._task([], [self._release_marker(queue.popleft(), lane)]))
+                    marker = self._release_marker(queue.popleft(), lane)
+                    if self.marker_mode == "snapshot" and self.state_log is not None:
+                        self.state_log.record_cut(lane, control.position, self._state_of(lane))
+                    out.append(self._task([], [marker]))
                     continue
                 assert isinstance(control, FlushSentinel)  # only markers and sentinels are held
                 boundary = control.boundary_chunk_id

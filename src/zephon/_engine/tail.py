@@ -45,6 +45,7 @@ class LaneMux:
         on_skip: SkipCallback | None = None,
         on_snapshot: SnapshotCallback | None = None,
         order: Sequence[int] | None = None,
+        starts: Mapping[int, tuple[int, int]] | None = None,
     ) -> None:
         done = set(finished)
         # ``order``: the round-robin order of the unfinished lanes (a restored tail's), else
@@ -60,6 +61,12 @@ class LaneMux:
         self.replay_cursor.update(replay_cursors or {})
         self.delivered: dict[int, int] = {lane: 0 for lane in lanes}
         self.delivered.update(delivered or {})
+        # lane -> (the newest restart point, items delivered and the replay cursor when it was
+        # reached): the run's start, then each snapshot marker's cut as it leaves the queue
+        self._marks: dict[int, tuple[tuple[int, int], int, SampleCursor | None]] = {
+            lane: ((start[0], start[1]), self.delivered[lane], self.replay_cursor.get(lane))
+            for lane, start in (starts or {}).items()
+        }
         self._on_epoch = on_epoch_delivered
         self._on_lane_done = on_lane_done
         self._on_skip = on_skip
@@ -103,6 +110,11 @@ class LaneMux:
                 # stamped cursor (the replay filter drops it again), or nothing.
                 queue.popleft()
                 self.replay_cursor[lane] = control.replay_cursor
+                self._marks[lane] = (
+                    control.position,
+                    self.delivered[lane],
+                    control.replay_cursor,
+                )
                 if self._on_snapshot is not None:
                     self._on_snapshot(lane, control.position)
             elif isinstance(control, EndOfData):
@@ -120,6 +132,20 @@ class LaneMux:
         for lane in list(self.order):
             if not self._settle_head(lane):
                 self._remove(lane)
+
+    def delivered_since(self, lane: int, position: tuple[int, int]) -> bool:
+        """Whether ``lane`` delivered an item after reaching the restart point ``position``
+        (true too when ``position`` is not the newest reached: an epoch boundary or chunk)."""
+        mark = self._marks.get(lane)
+        return mark is None or mark[:2] != (position, self.delivered[lane])
+
+    def cursor_at(self, lane: int, position: tuple[int, int]) -> SampleCursor | None:
+        """The replay cursor ``lane`` had when it reached ``position`` (its newest restart
+        point), or its current one."""
+        mark = self._marks.get(lane)
+        if mark is not None and mark[0] == position:
+            return mark[2]
+        return self.replay_cursor.get(lane)
 
     def _remove(self, lane: int) -> None:
         index = self.order.index(lane)

@@ -12,11 +12,24 @@ from zephon.types import LaneId, SampleBatch, SampleRecord, StreamItem
 
 
 class BatchAccumulator(CountingAccumulator):
-    """Counting accumulator that can release a stalled sentinel without a partial batch."""
+    """Counting accumulator that can release a stalled sentinel without a partial batch.
+
+    Its lane state is the lane's partial batch (records named by meta in a checkpoint), so a
+    snapshot marker passes it at once instead of waiting for the partial batch to leave: a
+    restore then starts at the newest cut, not at the one before the last batch.
+    """
+
+    state_holds_records = True
 
     def try_epoch_reset(self, boundary_chunk_id: int, lane_id: LaneId) -> bool:
         # Equivalent to a fresh accumulator once every pre-boundary record has left.
         return all(e.meta.chunk_id >= boundary_chunk_id for e in self.pending(lane_id))
+
+    def state_dict(self, lane_id: LaneId) -> dict[str, Any]:
+        return {"held": list(self.pending(lane_id))}
+
+    def load_state_dict(self, lane_id: LaneId, state: dict[str, Any]) -> None:
+        self.set_pending(lane_id, state.get("held", ()))
 
 
 class BatchOp(BaseOp):

@@ -177,6 +177,16 @@ class CountingAccumulator(Accumulator):
         """The buffered elements of ``lane_id`` (read-only view for subclasses and tests)."""
         return list(self._buffers.get(lane_id, ()))
 
+    def set_pending(self, lane_id: LaneId, elems: Sequence[StreamItem]) -> None:
+        """Make ``elems`` the buffer of ``lane_id`` (a subclass's ``load_state_dict``)."""
+        self._first_arrival_ns.pop(lane_id, None)
+        if not elems:
+            self._buffers.pop(lane_id, None)
+            return
+        self._buffers[lane_id] = list(elems)
+        if self.max_latency_ns is not None:
+            self._first_arrival_ns[lane_id] = time.monotonic_ns()
+
 
 __all__ = [
     "Accumulator",
