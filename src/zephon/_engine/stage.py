@@ -166,7 +166,11 @@ class StageCore:
             raise ValueError(f"marker_mode must be one of {MARKER_MODES}, got {marker_mode!r}")
         self.op = op
         self.marker_mode = marker_mode
-        self._chunk_snapshots = state_log is not None and marker_mode != "snapshot"
+        # A batching stage's state at a chunk start is never asked for: a restart there comes
+        # after its lane delivered, which emptied what it held (see ``OpTraits.batches``).
+        self._chunk_snapshots = (
+            state_log is not None and marker_mode != "snapshot" and not op.traits().batches
+        )
         # Markers wait behind a stalled sentinel (and, in hold mode, behind a partial batch):
         # track the lane's emitted micro-batches to stamp them when they leave.
         self._holds_markers = marker_mode == "hold" or (

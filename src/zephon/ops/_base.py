@@ -36,7 +36,10 @@ class OpTraits:
     ``stalls_sentinels``: the accumulator may hold a lane's flush sentinel back until its
     buffer empties (``try_epoch_reset``), as ``batch(drop_last=True)`` does for its partial
     batch. ``batches``: the operator turns records into batches; the engine drops records
-    replayed after a restore right before it, so a checkpoint falls between whole batches.
+    replayed after a restore right before it, so a checkpoint falls between whole batches. If
+    its accumulator keeps lane state (``batch`` keeps its partial batch), the engine counts on
+    the lane's next batch taking everything it holds, in order: a checkpoint taken after that
+    batch was delivered names no state for it.
     """
 
     preserves_cursor_order: bool
