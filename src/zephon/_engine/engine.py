@@ -259,6 +259,8 @@ class Engine:
             self._restart = self._lane_starts()
             self.feeder = self._feeder()
             self.mux = self._mux(self.feeder)
+            if self.mux.order:
+                self.feeder.lead_with(self.mux.order[self.mux.turn])
 
     def _lane_start(self, lane: int) -> tuple[int, Any]:
         feeder = self.feeder

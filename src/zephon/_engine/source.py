@@ -113,6 +113,7 @@ class SourceFeeder:
         self.snapshots = snapshots or SnapshotPolicy()
         self.samples_emitted = 0
         self.chunks_admitted = 0
+        self._lead = 0  # index of the lane fed first in each round
         self._lock = threading.Lock()
         for lane_id, start in (starts or {}).items():
             lane = self._by_lane[lane_id]
@@ -184,8 +185,14 @@ class SourceFeeder:
             lane.rows = None
         return out
 
+    def lead_with(self, lane_id: int) -> None:
+        """Feed ``lane_id`` first in every round: the lane the consumer waits for first (a
+        restored tail's turn). Lanes are independent, so the order never changes an output."""
+        at = next((i for i, lane in enumerate(self.lanes) if lane.lane_id == lane_id), 0)
+        self._lead = at
+
     def __iter__(self) -> Iterator[list[StreamItem]]:
-        active = list(self.lanes)
+        active = self.lanes[self._lead :] + self.lanes[: self._lead]
         while active:
             still: list[LaneState] = []
             for lane in active:
