@@ -290,7 +290,8 @@ class Engine:
             restart = self._restart.get(lane, (start_cid, 0))
             offset = restart[1] if restart[0] == start_cid else 0
             done = lane in mux.finished_lanes
-            drained = mux.delivered_since(lane, (start_cid, offset))
+            since = mux.deliveries_since(lane, (start_cid, offset))
+            drained = since != 0
             operator_state, payloads = (
                 (None, False)
                 if done
@@ -301,7 +302,7 @@ class Engine:
                     lane=lane,
                     start_chunk_id=start_cid,
                     source_state=state,
-                    replay_cursor=self._replay_cursor(mux, lane, (start_cid, offset), drained),
+                    replay_cursor=self._replay_cursor(mux, lane, (start_cid, offset), since),
                     delivered=mux.delivered[lane],
                     done=done,
                     operator_state=operator_state,
@@ -312,13 +313,13 @@ class Engine:
         return Position(lanes, list(mux.order), mux.turn)
 
     def _replay_cursor(
-        self, mux: LaneMux, lane: int, start: tuple[int, int], drained: bool
+        self, mux: LaneMux, lane: int, start: tuple[int, int], since: int | None
     ) -> SampleCursor | None:
-        """The last delivered cursor, which a restore at ``start`` drops up to. When all the
-        lane delivered since the cut was the partial batch saved there (a flush emptied it),
-        no record after the cut was delivered: the cursor is the one the cut had."""
+        """The last delivered cursor, which a restore at ``start`` drops up to. When the one
+        batch the lane delivered since the cut was the partial batch saved there (a flush
+        emptied it), no record after the cut was delivered: the cursor is the cut's own."""
         cursor = mux.replay_cursor.get(lane)
-        if drained and cursor is not None and self.states.batched_at(lane, start, cursor):
+        if since == 1 and cursor is not None and self.states.batched_at(lane, start, cursor):
             return mux.cursor_at(lane, start)
         return cursor
 

@@ -243,8 +243,14 @@ class OperatorStates:
         object while the restart point stays (a state there never changes once recorded).
         ``drained``: the lane delivered since that point, so batching stages are empty."""
         cached = self._at.get(lane)
-        if cached is not None and cached[:2] == (position, drained):
-            return cached[2]
+        if cached is not None and cached[0] == position:
+            if cached[1] == drained:
+                return cached[2]
+            if drained:  # a batch left since: only the batching stages changed (to empty)
+                batching = {self.key_of(index) for index in self._drained}
+                out = {key: state for key, state in cached[2].items() if key not in batching}
+                self._at[lane] = (position, drained, out)
+                return out
         out = self._encode_at(lane, position, None, drained)
         self._at[lane] = (position, drained, out)
         return out

@@ -133,11 +133,13 @@ class LaneMux:
             if not self._settle_head(lane):
                 self._remove(lane)
 
-    def delivered_since(self, lane: int, position: tuple[int, int]) -> bool:
-        """Whether ``lane`` delivered an item after reaching the restart point ``position``
-        (true too when ``position`` is not the newest reached: an epoch boundary or chunk)."""
+    def deliveries_since(self, lane: int, position: tuple[int, int]) -> int | None:
+        """Items ``lane`` delivered since it reached ``position``, its newest restart point
+        (None when ``position`` is not that: an epoch boundary or a chunk start)."""
         mark = self._marks.get(lane)
-        return mark is None or mark[:2] != (position, self.delivered[lane])
+        if mark is None or mark[0] != position:
+            return None
+        return self.delivered[lane] - mark[1]
 
     def cursor_at(self, lane: int, position: tuple[int, int]) -> SampleCursor | None:
         """The replay cursor ``lane`` had when it reached ``position`` (its newest restart
