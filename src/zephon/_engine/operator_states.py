@@ -281,9 +281,11 @@ class OperatorStates:
         out: dict[str, Any] = {}
         for index, log in sorted(self.logs.items()):
             empty = self._drained.get(index)
-            if empty is not None and (drained or log.state_at(lane, *position) == empty[lane]):
-                continue  # an empty batching stage is left out: a restore starts it empty
+            if empty is not None and drained:
+                continue  # a batch left since: the batching stage is empty, so left out
             state = log.state_at(lane, *position)
+            if empty is not None and state == empty[lane]:
+                continue  # an empty batching stage is left out: a restore starts it empty
             if index in self._records:  # record metas: repetitive, so deflated when large
                 before = held.written if held is not None else 0
                 state = encode(state, f"operator {log.op_name!r} state_dict()", held)

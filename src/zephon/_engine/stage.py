@@ -371,9 +371,11 @@ class StageCore:
         ``MARKER_MODES``)."""
         lane = marker.meta.lane_id
         mode = self.marker_mode
-        if mode == "snapshot" and lane in self._held:
-            # behind a stalled sentinel: the cut's state is the one once the lane has emptied
-            self._held[lane].append(marker)
+        # Behind a held sentinel the marker waits too (in snapshot mode the cut's state is
+        # then recorded once the lane has emptied); in hold mode also behind a partial batch.
+        waits = lane in self._held or (mode == "hold" and self.acc.has_pending_data(lane))
+        if waits and mode in ("snapshot", "hold"):
+            self._held.setdefault(lane, deque()).append(marker)
             self._held_at[id(marker)] = self._last_out.get(lane, (0, None))[0]
             return
         if mode == "snapshot" and self.state_log is not None:
@@ -382,10 +384,6 @@ class StageCore:
             self._tasks_for(self.acc.flush(reset=True, lane_id=lane), out)
         elif mode == "ride" and self.acc.has_pending_data(lane):
             self._riding.setdefault(lane, []).append(marker)
-            return
-        elif mode == "hold" and (lane in self._held or self.acc.has_pending_data(lane)):
-            self._held.setdefault(lane, deque()).append(marker)
-            self._held_at[id(marker)] = self._last_out.get(lane, (0, None))[0]
             return
         elif mode == "replay":
             pending = self._pending_target
