@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from zephon.capture.builder import build_rollout
 from zephon.capture.lineage import (
+    NOT_ON_CHAIN,
     RolloutLineage,
     resolve_among,
     stamp_continuation,
+    token_prompt_chain_of,
     token_prompt_item,
     token_prompt_of,
 )
@@ -103,3 +105,64 @@ def test_a_group_missing_a_sample_or_incomplete_is_masked() -> None:
     assert build_rollout(_snapshot(samples, incomplete=True)).trajectories == []
     plain = build_rollout(_snapshot([_entry("p", [1], [2])]))
     assert plain.trajectories[0].to_row()["group_id"] == "r"
+
+
+def _identical_group(turns: int) -> list[TokenEntry]:
+    """Four identical samples, each continued ``turns - 1`` times with identical ids, every
+    continuation naming (and recorded under) its own sample's chain."""
+    entries = [_entry(f"g-{k}", [1, 2], [10], group=SampleGroup("g", k, 4)) for k in range(4)]
+    for k in range(4):
+        parent, cum = f"g-{k}", [1, 2, 10]
+        for t in range(1, turns):
+            prompt = [*cum, 50 + t]
+            res = resolve_among([token_prompt_item(prompt, chain_of=f"g-{k}")], entries)
+            assert res.match is not None and res.match.model_call_id == parent
+            entries.append(_entry(f"c{t}-{k}", prompt, [60 + t], parent=parent))
+            parent, cum = f"c{t}-{k}", [*prompt, 60 + t]
+    return entries
+
+
+def test_identical_calls_resolve_by_the_named_chain() -> None:
+    entries = _identical_group(3)
+    prompt = [1, 2, 10, 51, 61, 52, 62, 7]
+    for k in range(4):
+        for named in (f"g-{k}", f"c1-{k}", f"c2-{k}"):  # the sample, or any later call of it
+            res = resolve_among([token_prompt_item(prompt, chain_of=named)], entries)
+            assert res.status is RESOLVED and res.match is not None
+            assert res.match.model_call_id == f"c2-{k}"
+            assert list(res.match.cumulative_token_ids) == prompt[:-1]
+    # without a name identical calls are one candidate, the smallest id
+    res = resolve_among([token_prompt_item(prompt)], entries)
+    assert res.match is not None and res.match.model_call_id == "c2-0"
+
+
+def test_a_named_chain_the_ids_do_not_extend_is_unresolved() -> None:
+    entries = _identical_group(2)
+    for prompt, named in (([1, 2, 10, 51, 61], "nowhere"), ([9, 9], "g-1"), ([1, 2, 11], "g-1")):
+        res = resolve_among([token_prompt_item(prompt, chain_of=named)], entries)
+        assert (res.status, res.reason) == (ParentResolutionStatus.UNRESOLVED, NOT_ON_CHAIN)
+    # a named chain never makes the request longer than the ids allow: the sample itself
+    res = resolve_among([token_prompt_item([1, 2, 10, 99], chain_of="c1-3")], entries)
+    assert res.status is ParentResolutionStatus.UNRESOLVED
+    res = resolve_among([token_prompt_item([1, 2, 10, 99], chain_of="g-3")], entries)
+    assert res.match is not None and res.match.model_call_id == "g-3"
+    assert token_prompt_of([token_prompt_item([1], chain_of="g-0")]) == [1]
+    assert token_prompt_chain_of([token_prompt_item([1], chain_of="g-0")]) == "g-0"
+    assert token_prompt_chain_of([token_prompt_item([1])]) is None
+
+
+def test_identical_named_chains_build_a_trainable_group_and_a_lost_call_masks_it() -> None:
+    entries = _identical_group(3)
+    build = build_rollout(_snapshot(entries))
+    assert not build.masked, build.mask_reasons
+    assert [list(t.call_ids) for t in build.trajectories] == [
+        [f"g-{k}", f"c1-{k}", f"c2-{k}"] for k in range(4)
+    ]
+    rows = [t.input_ids.tolist() for t in build.trajectories]
+    assert rows == [[1, 2, 10, 51, 61, 52, 62]] * 4
+    lost_sample = [e for e in entries if e.model_call_id != "g-2"]
+    assert "group_samples=3/4" in build_rollout(_snapshot(lost_sample)).mask_reasons
+    # a lost middle call: three identical calls could stand in, so nothing is guessed
+    lost_link = build_rollout(_snapshot([e for e in entries if e.model_call_id != "c1-1"]))
+    assert lost_link.masked and "unresolved_parent_calls" in lost_link.mask_reasons
+    assert lost_link.notes.parent_link_failures == {"parent_call_id_missing": 1}

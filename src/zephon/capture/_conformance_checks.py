@@ -35,6 +35,7 @@ from zephon.capture.records import (
     ParentResolutionStatus,
     TokenEntry,
     canonical_json,
+    compute_digest,
 )
 
 __all__ = ["CHECKS", "NEEDS"]
@@ -570,6 +571,34 @@ async def _check_lineage_visibility(ctx: _Ctx) -> None:
 @_check
 async def _check_fresh_client_lineage_visibility(ctx: _Ctx) -> None:
     await _lineage_visibility(ctx, resolver_first=False)
+
+
+@_check
+async def _check_lineage_named_chain(ctx: _Ctx) -> None:
+    """Token-in calls with identical ids (samples of a peaked policy) keep their identities:
+    a request naming a call's chain resolves to that call, never to its identical sibling."""
+    try:
+        from zephon.capture import lineage  # type: ignore[attr-defined]
+
+        stamp, item = lineage.stamp_continuation, lineage.token_prompt_item
+    except (ImportError, AttributeError):
+        raise _Skip("zephon.capture.lineage.token_prompt_item is not available") from None
+    rid = ctx.rid()
+    sink = await ctx.sink()
+    for cid in ("s0", "s1"):
+        tokens = [11, 12, 13, 14]
+        entry = _entry(rid, cid, cum_len=4, digest=compute_digest(tokens))
+        await sink.put(stamp(entry, [item([11, 12])]))
+    resolver = await ctx.lineage()
+    for named in ("s1", "s0"):
+        res = await resolver.resolve(rid, [item([11, 12, 13, 14, 15], chain_of=named)])
+        got = res.match.model_call_id if res.match is not None else None
+        ctx.require(got == named, f"chain of {named} resolved to {got} ({res.status})")
+    res = await resolver.resolve(rid, [item([11, 12, 13, 14, 15], chain_of="elsewhere")])
+    ctx.require(
+        res.status == ParentResolutionStatus.UNRESOLVED,
+        f"a chain the ids do not extend resolved {res.status}",
+    )
 
 
 NEEDS: dict[str, tuple[str, ...]] = {

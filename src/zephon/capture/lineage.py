@@ -60,6 +60,7 @@ __all__ = [
     "resolve_among",
     "resolve_from_ledger",
     "stamp_continuation",
+    "token_prompt_chain_of",
     "token_prompt_item",
     "token_prompt_of",
 ]
@@ -69,11 +70,13 @@ CONTEXT_DOMAIN = b"nemo-gym-lineage-context"
 
 TOKEN_PREFIX_DOMAIN = b"zephon-lineage-token-prefix"
 TOKEN_PROMPT_TYPE = "token_prompt"
+CHAIN_OF_KEY = "chain_of"
 
 # Reason codes of UNRESOLVED answers (the first two are the reference's).
 NO_MATCH = "no_match"
 AMBIGUOUS = "ambiguous"
 PARENT_UNAVAILABLE = "parent_tokens_unavailable"
+NOT_ON_CHAIN = "not_on_named_chain"
 TEXTLESS_TURN = "textless_turn"
 
 _ROOT = LineageResolution(ParentResolutionStatus.ROOT)
@@ -143,13 +146,19 @@ def conversation_digest(items: Iterable[dict[str, Any]]) -> str:
     return h.hexdigest()
 
 
-def token_prompt_item(token_ids: Sequence[int]) -> dict[str, Any]:
+def token_prompt_item(token_ids: Sequence[int], chain_of: str | None = None) -> dict[str, Any]:
     """The one request item of a token-in call: the prompt as the exact ids the engine gets.
 
     Such a request continues the recorded call whose prompt + generation ids are the longest
     prefix of these ids (see :meth:`RolloutLineage.resolve_prefix`), whatever text they render.
+    ``chain_of`` names a call of the chain the request extends (its parent or any ancestor):
+    among calls with identical ids, such as the samples of a group from a peaked policy, only
+    the one on that chain is the parent. It is not hashed (digests stay as they are).
     """
-    return {"type": TOKEN_PROMPT_TYPE, "token_ids": list(token_ids)}
+    item: dict[str, Any] = {"type": TOKEN_PROMPT_TYPE, "token_ids": list(token_ids)}
+    if chain_of is not None:
+        item[CHAIN_OF_KEY] = chain_of
+    return item
 
 
 def token_prompt_of(items: Sequence[Any]) -> list[int] | None:
@@ -163,6 +172,18 @@ def token_prompt_of(items: Sequence[Any]) -> list[int] | None:
     if not isinstance(ids, list) or not all(type(t) is int and t >= 0 for t in ids):
         raise CaptureHistoryUnrepresentable("a token prompt needs a list of non-negative ids")
     return ids
+
+
+def token_prompt_chain_of(items: Sequence[Any]) -> str | None:
+    """The call a token-in request says it extends (see :func:`token_prompt_item`), else None."""
+    if len(items) != 1 or not isinstance(items[0], dict):
+        return None
+    hint = items[0].get(CHAIN_OF_KEY)
+    if hint is None or items[0].get("type") != TOKEN_PROMPT_TYPE:
+        return None
+    if not isinstance(hint, str) or not hint:
+        raise CaptureHistoryUnrepresentable("a token prompt's chain_of must be a call id string")
+    return hint
 
 
 def has_model_authored_item(items: Iterable[Any]) -> bool:
@@ -279,21 +300,42 @@ class RolloutLineage:
         return True
 
     def resolve_prefix(
-        self, prompt: Sequence[int]
+        self, prompt: Sequence[int], chain_of: str | None = None
     ) -> tuple[ParentResolutionStatus, LineageNode | None, str]:
         """A token-in request's parent: the call whose prompt + generation ids are the longest
         prefix of ``prompt`` (any dialect recorded it). Calls with equal ids are one candidate
-        (the smallest id), so this never guesses; no prefix at all makes the request a root."""
+        (the smallest id), so this never guesses; no prefix at all makes the request a root.
+
+        With ``chain_of`` only calls on that call's chain count (it or its descendants by
+        recorded parent), so identical calls keep their identities; no such prefix is
+        UNRESOLVED ``not_on_named_chain``, never a silent switch to another chain.
+        """
         for n in sorted((n for n in self.by_len if 0 < n <= len(prompt)), reverse=True):
             want = compute_digest(prompt[:n])
             hits = [
                 self.nodes[c]
                 for c in self.by_len[n]
-                if c not in self.conflicted and self.nodes[c].digest == want
+                if c not in self.conflicted
+                and self.nodes[c].digest == want
+                and (chain_of is None or self._on_chain(c, chain_of))
             ]
             if hits:
                 return ParentResolutionStatus.RESOLVED, min(hits, key=lambda c: c.call_id), ""
+        if chain_of is not None:
+            return ParentResolutionStatus.UNRESOLVED, None, NOT_ON_CHAIN
         return ParentResolutionStatus.ROOT, None, ""
+
+    def _on_chain(self, call_id: str, ancestor: str) -> bool:
+        """Whether ``ancestor`` is ``call_id`` or one of its recorded parents."""
+        seen: set[str] = set()
+        current: str | None = call_id
+        while current is not None and current not in seen:
+            if current == ancestor:
+                return True
+            seen.add(current)
+            node = self.nodes.get(current)
+            current = node.parent_call_id if node is not None else None
+        return False
 
     def resolve_node(
         self, request_items: Sequence[dict[str, Any]], fingerprint: str | None = None
@@ -301,7 +343,7 @@ class RolloutLineage:
         """The decision without tokens: (status, winning node, reason)."""
         prompt = token_prompt_of(request_items)
         if prompt is not None:
-            return self.resolve_prefix(prompt)
+            return self.resolve_prefix(prompt, token_prompt_chain_of(request_items))
         fp = assistant_fingerprint(request_items) if fingerprint is None else fingerprint
         if not fp:
             return ParentResolutionStatus.ROOT, None, ""

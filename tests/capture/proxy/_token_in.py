@@ -8,6 +8,7 @@ group is one request with ``n`` samples, each continued on its own.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -27,7 +28,12 @@ def _turn(resp: httpx.Response, choice: dict[str, Any], call_id: str) -> Turn:
 
 
 def complete(
-    http: httpx.Client, base: str, rid: str, prompt: list[int], **extra: Any
+    http: httpx.Client,
+    base: str,
+    rid: str,
+    prompt: list[int],
+    headers: dict[str, str] | None = None,
+    **extra: Any,
 ) -> httpx.Response:
     body = {
         "model": "tiny",
@@ -37,7 +43,8 @@ def complete(
         "return_token_ids": True,
         **extra,
     }
-    return http.post(base + CAP.format(rid=rid) + "/v1/completions", json=body)
+    url = base + CAP.format(rid=rid) + "/v1/completions"
+    return http.post(url, json=body, headers=headers)
 
 
 def token_in_rollout(
@@ -64,22 +71,36 @@ def token_in_rollout(
 
 
 def group_rollout(
-    http: httpx.Client, base: str, rid: str, n: int, turns: int, encode: Any
+    http: httpx.Client,
+    base: str,
+    rid: str,
+    n: int,
+    turns: int,
+    encode: Any,
+    *,
+    name_chain: bool = False,
+    **extra: Any,
 ) -> list[RolloutRun]:
-    """One request with ``n`` samples, then each sample continued for ``turns - 1`` calls."""
+    """One request with ``n`` samples, then each sample continued for ``turns - 1`` calls, the
+    samples concurrently (one thread each, as a GRPO loop runs its agents). ``name_chain``:
+    each continuation names the call it extends in ``x-zephon-parent-call-id``."""
     prompt = encode(f"Task for {rid}: pick a river.")
-    resp = complete(http, base, rid, prompt, n=n)
+    resp = complete(http, base, rid, prompt, n=n, **extra)
     assert resp.status_code == 200, resp.text
     ids = resp.headers["x-zephon-model-call-ids"].split(",")
-    runs = []
-    for choice in sorted(resp.json()["choices"], key=lambda c: c["index"]):
+    choices = sorted(resp.json()["choices"], key=lambda c: c["index"])
+
+    def sample(choice: dict[str, Any]) -> RolloutRun:
         run = RolloutRun(rid, [_turn(resp, choice, ids[choice["index"]])])
         for k in range(1, turns):
             last = run.turns[-1]
             nxt = [*last.prompt, *last.generation, *encode(f" sample turn {k}")]
-            got = complete(http, base, rid, nxt)
+            hdrs = {"x-zephon-parent-call-id": last.call_id} if name_chain else {}
+            got = complete(http, base, rid, nxt, headers=hdrs, **extra)
             assert got.status_code == 200, got.text
             c = got.json()["choices"][0]
             run.turns.append(_turn(got, c, got.headers["x-zephon-model-call-id"]))
-        runs.append(run)
-    return runs
+        return run
+
+    with ThreadPoolExecutor(len(choices)) as pool:
+        return list(pool.map(sample, choices))

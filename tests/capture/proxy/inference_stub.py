@@ -158,7 +158,9 @@ class Model:
         and the sample index. ``style``: ``noncanonical`` spells a text reply's first word
         one byte token at a time (as a sampler may; re-encoding the text merges them),
         ``textless`` samples an id past the tokenizer's vocabulary (a padded embedding row: no
-        text at all)."""
+        text at all), ``peaked`` gives every sample the same ids (a peaked policy)."""
+        if style == "peaked":
+            sample = 0
         seed = array("Q", prompt).tobytes() + (bytes([sample]) if sample else b"")
         h = hashlib.sha256(seed).digest()
         if style == "textless":

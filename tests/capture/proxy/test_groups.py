@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from tests.capture.proxy._harness import CAP
+from tests.capture.proxy._harness import CAP, RolloutRun
 from tests.capture.proxy._procs import Proc
-from tests.capture.proxy._token_in import group_rollout
+from tests.capture.proxy._token_in import complete, group_rollout
 from tests.capture.proxy.conftest import freeze
 from zephon.capture.builder import build_rollout
 
@@ -99,3 +99,81 @@ def test_token_in_groups_continue_each_sample(
                 assert t.resolution == "resolved"
             trainable += 1
     assert trainable == 12
+
+
+def _identical_groups(
+    proxy: Proc, rid: str, encode: Callable[[str], list[int]], groups: int, name_chain: bool
+) -> dict[str, list[RolloutRun]]:
+    """A GRPO loop on a peaked policy: ``groups`` requests of ``n=4`` identical samples, each
+    sample continued twice by token-in (the four chains are token-identical)."""
+    with httpx.Client(timeout=60) as http:
+        return {
+            f"{rid}-{g}": group_rollout(
+                http,
+                proxy.url,
+                f"{rid}-{g}",
+                4,
+                3,
+                encode,
+                name_chain=name_chain,
+                test_engine_style="peaked",
+            )
+            for g in range(groups)
+        }
+
+
+def test_identical_samples_named_by_chain_keep_their_identities(
+    proxy: Proc, store_url: str, rid: str, encode: Callable[[str], list[int]]
+) -> None:
+    groups = _identical_groups(proxy, rid, encode, 8, name_chain=True)
+    masked = 0
+    for grid, runs in groups.items():
+        build = build_rollout(freeze(store_url, grid))
+        masked += build.masked
+        assert not build.masked, (build.mask_reasons, build.notes.decisions)
+        rows = [t.input_ids.tolist() for t in build.trajectories]
+        assert len(rows) == 4 and all(r == rows[0] for r in rows)  # really identical samples
+        for k, (traj, run) in enumerate(zip(build.trajectories, runs, strict=True)):
+            assert traj.group_index == k
+            assert list(traj.call_ids) == [t.call_id for t in run.turns]
+            assert traj.input_ids.tolist() == [*run.turns[-1].prompt, *run.turns[-1].generation]
+            for before, turn in zip(run.turns, run.turns[1:], strict=False):
+                assert (turn.resolution, turn.parent_call_id) == ("resolved", before.call_id)
+    assert masked == 0
+
+
+def test_identical_samples_without_a_chain_name_are_never_merged_into_one_sample(
+    proxy: Proc, store_url: str, rid: str, encode: Callable[[str], list[int]]
+) -> None:
+    """Ids alone cannot tell identical samples apart: every continuation resolves to the
+    smallest id, and the group is masked rather than trained with the wrong identities."""
+    groups = _identical_groups(proxy, rid, encode, 1, name_chain=False)
+    ((grid, runs),) = groups.items()
+    assert {run.turns[1].parent_call_id for run in runs} == {runs[0].turns[0].call_id}
+    assert build_rollout(freeze(store_url, grid)).masked
+
+
+def test_a_continuation_off_the_named_chain_masks_its_group(
+    proxy: Proc, store_url: str, rid: str, encode: Callable[[str], list[int]]
+) -> None:
+    """Naming a call the ids do not extend is refused as a parent (never a silent switch to
+    another chain), so the sample is lost and its group masked."""
+    with httpx.Client(timeout=60) as http:
+        runs = group_rollout(http, proxy.url, rid, 4, 1, encode, test_engine_style="peaked")
+        last = runs[2].turns[0]
+        nxt = [*last.prompt, *last.generation, *encode(" sample turn 1")]
+        other = group_rollout(http, proxy.url, f"{rid}-o", 2, 1, encode)[0].turns[0].call_id
+        got = complete(http, proxy.url, rid, nxt, {"x-zephon-parent-call-id": other})
+        bad = complete(http, proxy.url, rid, nxt, {"x-zephon-parent-call-id": "a b"})
+        text = http.post(
+            proxy.url + CAP.format(rid=rid) + "/v1/completions",
+            json={"model": "tiny", "prompt": "plain text", "max_tokens": 4},
+            headers={"x-zephon-parent-call-id": last.call_id},
+        )
+    assert got.status_code == 200 and got.headers["x-zephon-capture"] == "committed"
+    assert got.headers["x-zephon-parent-resolution"] == "unresolved"
+    assert got.headers["x-zephon-parent-resolution-reason"] == "not_on_named_chain"
+    assert bad.status_code == 400 and "x-zephon-parent-call-id" in bad.json()["error"]["message"]
+    assert text.status_code == 400 and "token-in" in text.json()["error"]["message"]
+    build = build_rollout(freeze(store_url, rid))
+    assert build.masked and "unresolved_parent_calls" in build.mask_reasons

@@ -45,7 +45,13 @@ from zephon.capture.proxy._inference import InferenceAnswer, InferenceClient, In
 from zephon.capture.proxy._limits import ClientRefused, decode_json
 from zephon.capture.proxy._metrics import Metrics
 from zephon.capture.proxy._pool import StoreClients
-from zephon.capture.proxy._requests import BadRequest, Dialect, PreparedCall, prepare_call
+from zephon.capture.proxy._requests import (
+    CHAIN_HEADER,
+    BadRequest,
+    Dialect,
+    PreparedCall,
+    prepare_call,
+)
 from zephon.capture.proxy._responses import (
     CallTokens,
     output_items_of,
@@ -130,7 +136,7 @@ class CaptureService:
         except ClientRefused as exc:
             return self._bad(BadRequest(exc.message, code=exc.code))
         try:
-            call = prepare_call(dialect, body)
+            call = prepare_call(dialect, body, headers.get(CHAIN_HEADER))
             conversation_digest(call.request_items)  # refuse unhashable history up front
         except BadRequest as exc:
             return self._bad(exc)

@@ -23,6 +23,7 @@ from zephon.errors import ZephonError
 
 __all__ = [
     "CAPTURE_ROUTES",
+    "CHAIN_HEADER",
     "MAX_N",
     "BadRequest",
     "Dialect",
@@ -32,6 +33,9 @@ __all__ = [
 
 Dialect = Literal["chat", "completions", "responses"]
 MAX_N = 64  # samples of one request (a GRPO group); each becomes its own captured call
+# Request header: the call whose chain a token-in request extends (its parent or an ancestor).
+CHAIN_HEADER = "x-zephon-parent-call-id"
+_MAX_CHAIN_ID = 256
 
 CAPTURE_ROUTES: dict[str, Dialect] = {
     "v1/chat/completions": "chat",
@@ -295,8 +299,34 @@ def _ask_for_tokens(payload: dict[str, Any], engine: Literal["chat", "completion
         payload["return_tokens_as_token_ids"] = True
 
 
-def prepare_call(dialect: Dialect, body: Any) -> PreparedCall:
-    """Validate a capture request and build its engine request (raises :class:`BadRequest`)."""
+def _printable_id(value: str) -> bool:
+    return value.isascii() and value.isprintable() and " " not in value
+
+
+def _chain_of(value: str | None, token_in: bool) -> str | None:
+    """The validated :data:`CHAIN_HEADER` value (token-in requests only)."""
+    if value is None:
+        return None
+    if not token_in:
+        raise BadRequest(
+            f"{CHAIN_HEADER} applies to token-in requests (completions with 'prompt' as token "
+            "ids); a text request is resolved by the history it echoes: drop the header",
+            code="unsupported_parent_hint",
+        )
+    if not 0 < len(value) <= _MAX_CHAIN_ID or not _printable_id(value):
+        raise BadRequest(
+            f"{CHAIN_HEADER} must be one model call id (1 to {_MAX_CHAIN_ID} printable ASCII "
+            f"characters without spaces, as x-zephon-model-call-id(s) answered), not {value!r}",
+            code="unsupported_parent_hint",
+        )
+    return value
+
+
+def prepare_call(dialect: Dialect, body: Any, chain_of: str | None = None) -> PreparedCall:
+    """Validate a capture request and build its engine request (raises :class:`BadRequest`).
+
+    ``chain_of`` is the :data:`CHAIN_HEADER` value, if the client sent one.
+    """
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object", code="invalid_json")
     n = _samples(body, dialect)
@@ -314,7 +344,7 @@ def prepare_call(dialect: Dialect, body: Any) -> PreparedCall:
         if isinstance(prompt, str):
             items = [{"role": "user", "content": prompt}]
         else:
-            items = [token_prompt_item(prompt)]
+            items = [token_prompt_item(prompt, _chain_of(chain_of, token_in=True))]
         engine_body = dict(body, prompt=prompt)
         want_lp = body.get("logprobs") is not None
         path = "/v1/completions"
@@ -323,6 +353,9 @@ def prepare_call(dialect: Dialect, body: Any) -> PreparedCall:
         engine_body = responses_to_chat(body, items)
         want_lp = bool(body.get("top_logprobs"))
         path = "/v1/chat/completions"
+    token_in = dialect == "completions" and isinstance(engine_body.get("prompt"), list)
+    if not token_in:
+        _chain_of(chain_of, token_in=False)
     _ask_for_tokens(engine_body, "completions" if dialect == "completions" else "chat")
     return PreparedCall(
         dialect=dialect,
@@ -334,5 +367,5 @@ def prepare_call(dialect: Dialect, body: Any) -> PreparedCall:
         want_token_ids=want_ids,
         want_logprobs=want_lp,
         n=n,
-        token_in=dialect == "completions" and isinstance(engine_body.get("prompt"), list),
+        token_in=token_in,
     )
