@@ -56,7 +56,7 @@ EXPECTED: dict[str, list[str]] = {
         "EntryFetch FINGERPRINT_VERSION IncrementalResolver LineageNode RolloutLineage "
         "assistant_fingerprint canonicalize_tool_arguments conversation_digest "
         "has_model_authored_item resolve_among resolve_from_ledger stamp_continuation "
-        "token_prompt_item token_prompt_of"
+        "token_prompt_chain_of token_prompt_item token_prompt_of"
     ),
     "zephon.capture.protocols": _names(
         "CaptureAdmissionRefused CaptureHistoryUnrepresentable CaptureLedger CaptureStore "

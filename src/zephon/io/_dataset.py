@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from zephon.io._stats import SourceStats
 
 Row = dict[str, Any]
+PathArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 
 class Shard(abc.ABC):
@@ -155,11 +156,28 @@ class Dataset:
             raise ConfigError(f"dataset {name!r}: shard ids must be 0..{len(ids) - 1}, got {ids}")
         return cls(name, [shards[i] for i in ids])
 
+    @overload
+    @classmethod
+    def from_path(
+        cls,
+        path: PathArg,
+        *,
+        name: str | None = None,
+        fmt: str | None = None,
+        columns: Sequence[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache: CacheOptions | None = None,
+        decode_images: bool = False,
+        allow_pickle: bool = False,
+    ) -> Dataset: ...
+
+    @overload
     @classmethod
     def from_path(
         cls,
         name: str,
-        path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        path: PathArg,
         *,
         fmt: str | None = None,
         columns: Sequence[str] | None = None,
@@ -168,9 +186,26 @@ class Dataset:
         cache: CacheOptions | None = None,
         decode_images: bool = False,
         allow_pickle: bool = False,
+    ) -> Dataset: ...
+
+    @classmethod
+    def from_path(
+        cls,
+        *args: Any,
+        fmt: str | None = None,
+        columns: Sequence[str] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache: CacheOptions | None = None,
+        decode_images: bool = False,
+        allow_pickle: bool = False,
+        **named: Any,
     ) -> Dataset:
         """A dataset over files: a folder, a glob or a list of files/folders (local or fsspec).
 
+        ``from_path(path)`` names the dataset after the path (its last component before any
+        glob, without the format suffix, e.g. ``data/`` -> ``data``; see ``docs/datasets.md``);
+        ``from_path(name, path)`` or ``name=`` names it explicitly.
         Formats come from the suffix (``.jsonl``/``.ndjson`` optionally ``.gz``/``.zst``/
         ``.bz2``/``.xz``, ``.parquet``, ``.arrow``/``.feather``, ``.vortex``), from the folder
         (Hugging Face ``save_to_disk``, Lance, MDS, LitData) or from ``fmt``. ``columns``
@@ -185,6 +220,7 @@ class Dataset:
         with ``decode_images``; ``pkl`` columns need ``allow_pickle`` (unpickling can run
         code).
         """
+        name, path = _name_and_path(args, named)
         from zephon.io._discover import dataset_from_path
 
         return dataset_from_path(
@@ -217,3 +253,34 @@ class Dataset:
         from zephon.io._hf import from_hf
 
         return cls(name, from_hf(data, f"<hf:{name}>", columns=columns, shard_size=shard_size))
+
+
+_FROM_PATH_USE = "call Dataset.from_path(path), from_path(name, path) or from_path(path, name=...)"
+
+
+def _name_and_path(args: tuple[Any, ...], named: dict[str, Any]) -> tuple[str, PathArg]:
+    """``(name, path)`` of a ``from_path`` call, the name derived from the path if not given."""
+    unknown = sorted(set(named) - {"name", "path"})
+    if unknown:
+        raise TypeError(f"Dataset.from_path() got an unexpected keyword argument {unknown[0]!r}")
+    if len(args) > 2 or (len(args) == 2 and named) or (len(args) == 1 and len(named) == 2):
+        raise TypeError(f"Dataset.from_path() got too many names or paths; {_FROM_PATH_USE}")
+    if len(args) == 2:
+        name, path = args
+    elif len(args) == 1 and "path" in named:
+        name, path = args[0], named["path"]
+    elif len(args) == 1:
+        name, path = named.get("name"), args[0]
+    elif "path" in named:
+        name, path = named.get("name"), named["path"]
+    else:
+        raise TypeError(f"Dataset.from_path() needs a path; {_FROM_PATH_USE}")
+    if name is None:
+        from zephon.io._naming import name_from_path
+
+        return name_from_path(path), path
+    if not isinstance(name, str):
+        raise TypeError(
+            f"a dataset name is a str, got {type(name).__name__} {name!r}; {_FROM_PATH_USE}"
+        )
+    return name, path
