@@ -166,3 +166,23 @@ def test_identical_named_chains_build_a_trainable_group_and_a_lost_call_masks_it
     lost_link = build_rollout(_snapshot([e for e in entries if e.model_call_id != "c1-1"]))
     assert lost_link.masked and "unresolved_parent_calls" in lost_link.mask_reasons
     assert lost_link.notes.parent_link_failures == {"parent_call_id_missing": 1}
+
+
+def test_identical_samples_continued_without_a_chain_name_say_so() -> None:
+    """Without names every continuation resolves to the smallest id: the group is masked with a
+    reason that names the cause and the header that fixes it."""
+    entries = [_entry(f"g-{k}", [1, 2], [10], group=SampleGroup("g", k, 4)) for k in range(4)]
+    for k in range(4):
+        prompt = [1, 2, 10, 50 + k]  # each sample's harness adds its own ids
+        res = resolve_among([token_prompt_item(prompt)], entries)
+        assert res.match is not None and res.match.model_call_id == "g-0"
+        entries.append(_entry(f"c-{k}", prompt, [60], parent="g-0"))
+    build = build_rollout(_snapshot(entries))
+    assert build.masked and "identical_samples_continued_as_one" in build.mask_reasons
+    assert "group_samples=7/4" in build.mask_reasons
+    note = next(d for d in build.notes.decisions if "x-zephon-parent-call-id" in d)
+    assert "['g-1', 'g-2', 'g-3']" in note and "['g-0']" in note
+    named = _identical_group(2)
+    assert not any(
+        "x-zephon-parent-call-id" in d for d in build_rollout(_snapshot(named)).notes.decisions
+    )

@@ -525,11 +525,39 @@ def _group_verdict(
     return list(dict.fromkeys(reasons)), samples
 
 
+def _continued_as_one(entries: Sequence[TokenEntry]) -> str | None:
+    """Why a group whose samples have identical ids broke, if its continuations all went to
+    some of them: ids alone cannot tell such samples apart (the smallest id wins)."""
+    children: dict[str, int] = {}
+    for entry in entries:
+        if entry.parent_call_id is not None:
+            children[entry.parent_call_id] = children.get(entry.parent_call_id, 0) + 1
+    twins: dict[str, list[str]] = {}
+    for entry in entries:
+        if entry.group is not None and entry.digest:
+            twins.setdefault(entry.digest, []).append(entry.model_call_id)
+    for ids in twins.values():
+        busy = sorted(c for c in ids if children.get(c, 0) > 1)
+        idle = sorted(c for c in ids if c not in children)
+        if len(ids) > 1 and busy and idle:
+            return (
+                f"samples {idle} have the same ids as {busy}, which took all their "
+                "continuations: a continuation that names no chain resolves to the smallest id "
+                "among identical calls; a token-in harness names each sample's chain in the "
+                "x-zephon-parent-call-id request header"
+            )
+    return None
+
+
 def _build_group(snapshot: TokenCaptureSnapshot, group_ids: set[str]) -> RolloutBuild:
     """Build a rollout holding the samples of an ``n > 1`` request: a trajectory each."""
     out = prefix_merging(snapshot.entries)
     place_refusals(snapshot.engine_refusals, out)
     reasons, samples = _group_verdict(snapshot, out, group_ids)
+    merged = _continued_as_one(snapshot.entries)
+    if merged is not None:
+        reasons.append("identical_samples_continued_as_one")
+        out.notes.decisions.append(merged)
     trajectories = [chain.to_trajectory(snapshot.rollout_id, g) for chain, g in samples]
     out.notes.decisions.append(f"group of {len(samples)} sample chains")
     no_terminal = TerminalAttribution(None, "", reason="a group of samples has no one terminal")

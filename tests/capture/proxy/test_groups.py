@@ -150,7 +150,8 @@ def test_identical_samples_without_a_chain_name_are_never_merged_into_one_sample
     groups = _identical_groups(proxy, rid, encode, 1, name_chain=False)
     ((grid, runs),) = groups.items()
     assert {run.turns[1].parent_call_id for run in runs} == {runs[0].turns[0].call_id}
-    assert build_rollout(freeze(store_url, grid)).masked
+    build = build_rollout(freeze(store_url, grid))
+    assert build.masked and "identical_samples_continued_as_one" in build.mask_reasons
 
 
 def test_a_continuation_off_the_named_chain_masks_its_group(
