@@ -158,9 +158,7 @@ class Model:
         and the sample index. ``style``: ``noncanonical`` spells a text reply's first word
         one byte token at a time (as a sampler may; re-encoding the text merges them),
         ``textless`` samples an id past the tokenizer's vocabulary (a padded embedding row: no
-        text at all), ``peaked`` gives every sample the same ids (a peaked policy)."""
-        if style == "peaked":
-            sample = 0
+        text at all)."""
         seed = array("Q", prompt).tobytes() + (bytes([sample]) if sample else b"")
         h = hashlib.sha256(seed).digest()
         if style == "textless":
@@ -283,8 +281,11 @@ def build_app(model: Model) -> Any:
     ) -> list[tuple[list[int], str, list[dict[str, Any]], str]]:
         n = int(body.get("n") or 1)
         style = str(body.get("test_engine_style") or "")
+        greedy = body.get("top_k") == 1  # as vLLM: only the likeliest id, every sample alike
         return [
-            model.generate(prompt, tools, last_role, max_tokens, sample=k, style=style)
+            model.generate(
+                prompt, tools, last_role, max_tokens, sample=0 if greedy else k, style=style
+            )
             for k in range(n)
         ]
 

@@ -104,8 +104,8 @@ def test_token_in_groups_continue_each_sample(
 def _identical_groups(
     proxy: Proc, rid: str, encode: Callable[[str], list[int]], groups: int, name_chain: bool
 ) -> dict[str, list[RolloutRun]]:
-    """A GRPO loop on a peaked policy: ``groups`` requests of ``n=4`` identical samples, each
-    sample continued twice by token-in (the four chains are token-identical)."""
+    """A GRPO loop on a peaked policy (``top_k: 1``): ``groups`` requests of ``n=4`` identical
+    samples, each sample continued twice by token-in (the four chains are token-identical)."""
     with httpx.Client(timeout=60) as http:
         return {
             f"{rid}-{g}": group_rollout(
@@ -116,7 +116,7 @@ def _identical_groups(
                 3,
                 encode,
                 name_chain=name_chain,
-                test_engine_style="peaked",
+                top_k=1,
             )
             for g in range(groups)
         }
@@ -160,7 +160,7 @@ def test_a_continuation_off_the_named_chain_masks_its_group(
     """Naming a call the ids do not extend is refused as a parent (never a silent switch to
     another chain), so the sample is lost and its group masked."""
     with httpx.Client(timeout=60) as http:
-        runs = group_rollout(http, proxy.url, rid, 4, 1, encode, test_engine_style="peaked")
+        runs = group_rollout(http, proxy.url, rid, 4, 1, encode, top_k=1)
         last = runs[2].turns[0]
         nxt = [*last.prompt, *last.generation, *encode(" sample turn 1")]
         other = group_rollout(http, proxy.url, f"{rid}-o", 2, 1, encode)[0].turns[0].call_id
