@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from zephon.capture.lineage import assistant_fingerprint
+from zephon.capture.lineage import assistant_fingerprint, token_prompt_chain_of, token_prompt_item
 from zephon.capture.proxy import ProxyConfig
 from zephon.capture.proxy._capture import refusal_code
 from zephon.capture.proxy._inference import InferenceAnswer
@@ -108,6 +108,27 @@ def test_bad_requests(dialect: Any, body: Any, code: str) -> None:
     with pytest.raises(BadRequest) as info:
         prepare_call(dialect, body)
     assert info.value.code == code and info.value.status == 400
+
+
+def test_a_named_chain_rides_on_the_token_prompt_item_only() -> None:
+    call = prepare_call("completions", {"model": "m", "prompt": [[5, 6]]}, "abc-1")
+    assert call.request_items == [token_prompt_item([5, 6], chain_of="abc-1")]
+    assert token_prompt_chain_of(call.request_items) == "abc-1"
+    assert "chain_of" not in call.engine_body and call.token_in
+    plain = prepare_call("completions", {"model": "m", "prompt": [5, 6]})
+    assert plain.request_items == [token_prompt_item([5, 6])]
+    refused = [
+        ("chat", {"messages": [{"role": "user", "content": "x"}]}, "abc", "token-in"),
+        ("completions", {"prompt": "text"}, "abc", "token-in"),
+        ("responses", {"input": "x"}, "abc", "token-in"),
+        ("completions", {"prompt": [1]}, "", "model call id"),
+        ("completions", {"prompt": [1]}, "x" * 257, "model call id"),
+        ("completions", {"prompt": [1]}, "a\tb", "model call id"),
+    ]
+    for dialect, body, value, says in refused:
+        with pytest.raises(BadRequest, match=says) as info:
+            prepare_call(dialect, body, value)  # type: ignore[arg-type]
+        assert info.value.code == "unsupported_parent_hint" and info.value.status == 400
 
 
 def test_responses_request_translates_to_chat() -> None:
