@@ -11,7 +11,8 @@ Two hashes, bit-compatible with NeMo Gym's fingerprint version 2 (byte layout in
 :func:`stamp_continuation` writes both onto an entry before ``put``. :class:`RolloutLineage` is
 the per-rollout matcher: a candidate must carry the request's fingerprint AND the digest of
 the request's first ``context_len`` items; it never chooses between candidates (candidates
-with identical token sequences are one: the smallest call id). :class:`IncrementalResolver`
+with identical token sequences are one: the smallest call id, unless a token-in request names
+the chain it extends, see :func:`token_prompt_item`). :class:`IncrementalResolver`
 keeps one matcher per rollout over any store and, on each look, reads only the entries
 committed since its previous look, so every entry whose ``put`` returned is seen, from any
 client, at the cost of the new entries alone.
