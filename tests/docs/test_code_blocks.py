@@ -85,9 +85,8 @@ def test_page_blocks_run(page: Path, tmp_path: Path, demo_data: Path) -> None:
     (tmp_path / ".plan.json").write_text(json.dumps(plan))
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    # This checkout's source first (a git worktree shares another checkout's editable install);
-    # of the extras, only the page's are importable.
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(SITE), str(ROOT)])
+    # only the page's extras importable; this checkout's source first
+    env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(ROOT / "src"), str(ROOT)])
     env["ZEPHON_DOCS_EXTRAS"] = ",".join(page_extras(page))
     env["ZEPHON_CACHE_DIR"] = str(tmp_path / ".cache")
     proc = subprocess.run(
