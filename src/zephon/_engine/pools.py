@@ -31,6 +31,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Mapping
@@ -44,6 +45,7 @@ from typing import Any, assert_never
 import cloudpickle
 
 from zephon._engine import shm
+from zephon._engine.deadlines import STARTUP, StageDeadlines, Stalled, await_reply
 from zephon._engine.fusion import FusedOp
 from zephon._engine.messages import (
     REPLIES,
@@ -488,6 +490,7 @@ class ProcessFleet:
         session: shm.ShmSession,
         max_retries: int,
         reuse: bool = False,
+        deadline_s: float | None = None,
     ) -> None:
         self._names = {stage: op.name for stage, (op, _) in specs.items()}
         # fused chains: the engine-side counters that the workers' counts are added to
@@ -500,6 +503,7 @@ class ProcessFleet:
         self._session = session
         self._max_retries = max_retries
         self._reuse = reuse
+        self._deadlines = StageDeadlines(deadline_s)
         self._mp = worker_context()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
@@ -511,6 +515,8 @@ class ProcessFleet:
         # The operators for a freshly spawned worker, sent by its serving thread: a worker
         # that is slow to start (or dies while starting) then never blocks the engine.
         self._pending_load: list[bytes | None] = [None] * size
+        # slot -> (stage, monotonic start) of the micro-batch its worker is running
+        self._busy: list[tuple[int, float] | None] = [None] * size
         self.respawns = 0
         # I/O of the workers (bytes, requests, retries, cache events) by stage, summed
         self._io: dict[int, SourceStats] = {}
@@ -588,7 +594,10 @@ class ProcessFleet:
         if load is not None:
             self._pending_load[slot] = None
             conn.send_bytes(load)
+        # a worker stopped while starting would never answer: a deadline as for micro-batches
+        took = await_reply(conn, self._deadlines.limit(STARTUP), self._stopping)
         reply = REPLIES.read(pickle.loads(conn.recv_bytes()))
+        self._deadlines.observe(STARTUP, took)
         match reply:
             case Ready():
                 return
@@ -618,6 +627,17 @@ class ProcessFleet:
             self._procs[slot] = None
             self._conns[slot] = None
         return code
+
+    def busy(self) -> list[tuple[str, int | None, float]]:
+        """(operator, worker pid, seconds) of each micro-batch a worker is running now."""
+        now = time.monotonic()
+        out = []
+        for slot, running in enumerate(list(self._busy)):
+            proc = self._procs[slot]
+            if running is not None:
+                pid = proc.pid if proc is not None else None
+                out.append((self._names[running[0]], pid, now - running[1]))
+        return out
 
     def pids(self) -> list[int]:
         """Process ids of the live workers (for tests and diagnostics)."""
@@ -672,12 +692,18 @@ class ProcessFleet:
                 if not self._ready[slot]:
                     self._await_ready(slot)
                     self._ready[slot] = True
-                conn.send_bytes(job.data)
-                reply = conn.recv_bytes()
+                reply = self._exchange(slot, job, conn)
             except (EOFError, OSError):
                 starting = not self._ready[slot]
                 self._ready[slot] = False
                 if self._crashed(slot, job, starting=starting):
+                    return
+                continue
+            except Stalled as stall:  # alive but silent: killed, then handled like a death
+                starting = not self._ready[slot]
+                self._ready[slot] = False
+                how = stall.describe(self._kill(slot))
+                if self._crashed(slot, job, starting=starting, how=how):
                     return
                 continue
             except _SetupFailed as failed:  # an operator's setup raised in the worker
@@ -688,8 +714,33 @@ class ProcessFleet:
             self._finish(job, reply)
             return
 
-    def _crashed(self, slot: int, job: _Job, *, starting: bool) -> bool:
-        """The worker in ``slot`` died; respawn it. True when ``job`` is finished (failed)."""
+    def _exchange(self, slot: int, job: _Job, conn: Connection) -> bytes:
+        """Send ``job`` to the ready worker in ``slot`` and return its reply, within the
+        stage's deadline (:class:`Stalled` past it)."""
+        assert job.data is not None
+        conn.send_bytes(job.data)
+        self._busy[slot] = (job.stage, time.monotonic())
+        try:
+            took = await_reply(conn, self._deadlines.limit(job.stage), self._stopping)
+            reply = conn.recv_bytes()
+        finally:
+            self._busy[slot] = None
+        self._deadlines.observe(job.stage, took)
+        return reply
+
+    def _kill(self, slot: int) -> int | None:
+        """SIGKILL the worker in ``slot`` (stopped or hung: it cannot exit by itself); its pid."""
+        proc = self._procs[slot]
+        if proc is None:
+            return None
+        with contextlib.suppress(Exception):
+            proc.kill()
+        pid: int | None = proc.pid
+        return pid
+
+    def _crashed(self, slot: int, job: _Job, *, starting: bool, how: str | None = None) -> bool:
+        """The worker in ``slot`` died (or was killed as stalled: ``how`` says so); respawn
+        it. True when ``job`` is finished (failed)."""
         code = self._reap(slot)
         name = self._names[job.stage]
         if self._stopping.is_set():
@@ -708,11 +759,18 @@ class ProcessFleet:
             )
             return True
         job.crashes += 1
-        how = _describe_exit(code)
+        stalled, how = how is not None, how or _describe_exit(code)
         self._spawn(slot)
         self.respawns += 1
         if job.crashes > self._max_retries:
-            if starting:
+            if stalled:
+                why = (
+                    f"a worker process {how}, on the same micro-batch {job.crashes} time(s) "
+                    f"(max_worker_retries={self._max_retries}); the operator hangs on it (a "
+                    "stalled read, a deadlock) or needs longer: fix it, or raise "
+                    "worker_deadline_s in pipeline.options()"
+                )
+            elif starting:
                 why = (
                     f"a worker process {how} while starting, before its operators were set "
                     f"up ({job.crashes} time(s)); its traceback is on stderr. A script that "

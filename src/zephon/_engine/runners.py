@@ -326,6 +326,7 @@ class ProcessRunner(DriverThreadsRunner):
                 session=session,
                 max_retries=options.max_worker_retries,
                 reuse=options.reuse_workers,
+                deadline_s=options.worker_deadline_s,
             )
             for i, s in enumerate(group):
                 pools[s.index] = ProcessWorkerPool(fleet, s.index, owns_fleet=i == 0)
