@@ -62,7 +62,7 @@ from zephon._engine.messages import (
 )
 from zephon._engine.stage import annotate, call_process_many
 from zephon.errors import ConfigError, ZephonError
-from zephon.io import SourceStats, io_totals
+from zephon.io import SourceStats, abandon_reads, io_totals
 from zephon.ops import BaseOp, OpContext
 from zephon.types import StreamItem
 
@@ -114,6 +114,7 @@ class ThreadWorkerPool(WorkerPool):
         self._local = threading.local()
         self._counter = itertools.count()
         self._copies: list[BaseOp] = []
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.executor = ThreadPoolExecutor(
             parallelism,
@@ -127,6 +128,7 @@ class ThreadWorkerPool(WorkerPool):
         self._local.op = worker
         with self._lock:
             self._copies.append(worker)
+            self._threads.append(threading.current_thread())
 
     def _run(self, elems: list[StreamItem]) -> list[StreamItem]:
         op: BaseOp = self._local.op
@@ -141,6 +143,8 @@ class ThreadWorkerPool(WorkerPool):
         return self.executor.submit(self._run, elems)
 
     def shutdown(self) -> None:
+        # a read still waiting on a store (the run stopped while it stalled) gives up now
+        abandon_reads(self._threads)
         super().shutdown()
         for worker in self._copies:
             worker.teardown()

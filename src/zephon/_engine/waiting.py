@@ -1,0 +1,60 @@
+"""What a run waits for while no item comes: the line ``log_every_s`` writes during a wait.
+
+The consumer of a threaded run waits for the next item in slices of ``WAIT_SLICE_S``; after
+each empty slice the engine may log this line (a timer, not only on delivery) and ask the
+caller whether to stop waiting (:meth:`zephon.Pipeline.interrupt_when`). The line names the
+stage most downstream that has a micro-batch out (upstream ones are only held back by it),
+the worker process running it when there is one, and the oldest request to a store in flight.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zephon._engine.pools import ProcessWorkerPool
+from zephon._engine.threaded import OpDriver
+from zephon.io import open_requests
+
+if TYPE_CHECKING:
+    from zephon._engine.runners import RunResources
+
+WAIT_SLICE_S = 0.25
+"""How long the consumer blocks before it looks at the clock and at the caller's check."""
+
+
+def _busiest(resources: RunResources) -> tuple[str, float] | None:
+    """(operator, seconds) of the most downstream stage with a micro-batch on its pool."""
+    for thread in reversed(resources.threads):
+        if isinstance(thread, OpDriver):
+            seconds = thread.in_flight_for()
+            if seconds is not None:
+                return thread.core.op.name, seconds
+    return None
+
+
+def _worker_pid(resources: RunResources, name: str) -> int | None:
+    """The pid of the process worker that has run a micro-batch of ``name`` the longest."""
+    fleets = {id(p.fleet): p.fleet for p in resources.pools if isinstance(p, ProcessWorkerPool)}
+    runs = [(s, pid) for f in fleets.values() for op, pid, s in f.busy() if op == name]
+    return max(runs)[1] if runs else None
+
+
+def describe(resources: RunResources, waited: float, retries: int) -> str:
+    """``waiting 61 s for the next item: operator 'fetch' has had a micro-batch out for 60 s
+    (worker pid 1234); oldest open request: read bytes 0-99 of s3://b/k, 58 s; 2 retries``."""
+    parts = [f"waiting {waited:.0f} s for the next item"]
+    busiest = _busiest(resources)
+    if busiest is None:
+        parts.append("no operator has a micro-batch out (the source or a driver is busy)")
+    else:
+        name, seconds = busiest
+        pid = _worker_pid(resources, name)
+        where = f" (worker pid {pid})" if pid is not None else ""
+        parts.append(f"operator {name!r} has had a micro-batch out for {seconds:.0f} s{where}")
+    requests = open_requests()
+    if requests:
+        url, what, seconds = requests[0]
+        parts.append(f"oldest open request: {what} of {url}, {seconds:.0f} s")
+    if retries:
+        parts.append(f"{retries} request retr{'y' if retries == 1 else 'ies'} so far")
+    return "; ".join(parts)
