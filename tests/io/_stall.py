@@ -8,6 +8,7 @@ Requests are counted by their HTTP/1.1 request lines.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -100,7 +101,5 @@ class StallingProxy:
 
 def _close(*sockets: socket.socket) -> None:
     for s in sockets:
-        try:
+        with contextlib.suppress(OSError):
             s.close()
-        except OSError:
-            pass

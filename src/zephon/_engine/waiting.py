@@ -42,7 +42,7 @@ def _worker_pid(resources: RunResources, name: str) -> int | None:
 def describe(resources: RunResources, waited: float, retries: int) -> str:
     """``waiting 61 s for the next item: operator 'fetch' has had a micro-batch out for 60 s
     (worker pid 1234); oldest open request: read bytes 0-99 of s3://b/k, 58 s; 2 retries``."""
-    parts = [f"waiting {waited:.0f} s for the next item"]
+    parts: list[str] = []
     busiest = _busiest(resources)
     if busiest is None:
         parts.append("no operator has a micro-batch out (the source or a driver is busy)")
@@ -57,4 +57,4 @@ def describe(resources: RunResources, waited: float, retries: int) -> str:
         parts.append(f"oldest open request: {what} of {url}, {seconds:.0f} s")
     if retries:
         parts.append(f"{retries} request retr{'y' if retries == 1 else 'ies'} so far")
-    return "; ".join(parts)
+    return f"waiting {waited:.0f} s for the next item: " + "; ".join(parts)
