@@ -595,7 +595,8 @@ class Pipeline:
         the iteration raises :class:`~zephon.errors.WaitInterrupted`. Nothing is in transit
         then: :meth:`checkpoint` is the state after the last item delivered, so a process
         asked to stop (SIGTERM) can save it and exit without waiting for the stall to end.
-        ``zephon run`` sets it to "a stop signal arrived". None removes it.
+        ``zephon run`` sets it to "a stop signal arrived". None removes it. Not with
+        ``engine_process=True`` or the inline runner (their waits are not sliced).
         """
         self._interrupt = check
         return self
