@@ -1,9 +1,10 @@
 """The deadline of a process worker's answer: a floor, raised by what the stage was seen to take;
-waiting on a real pipe that stays silent, answers, hangs up, or outlives the engine's close."""
+the watchdog that kills a real process past it, or past the grace once the engine closes."""
 
 from __future__ import annotations
 
-import multiprocessing
+import signal
+import subprocess
 import threading
 import time
 
@@ -14,8 +15,7 @@ from zephon._engine.deadlines import (
     SLOW_FACTOR,
     STOP_GRACE_S,
     StageDeadlines,
-    Stalled,
-    await_reply,
+    Watchdog,
 )
 
 
@@ -38,30 +38,47 @@ def test_no_floor_means_no_deadline():
     assert deadlines.limit(0) is None
 
 
-def test_a_silent_peer_is_stalled_past_the_limit_and_an_answer_or_a_hang_up_returns():
-    here, there = multiprocessing.Pipe()
-    closing = threading.Event()
-    start = time.monotonic()
-    with pytest.raises(Stalled) as info:
-        await_reply(here, 0.3, closing)
-    assert time.monotonic() - start >= 0.3 and not info.value.closing
-    assert "did not answer within 0.3 s" in info.value.describe(1234)
-    assert "(pid 1234)" in info.value.describe(1234)
-    there.send_bytes(b"reply")
-    assert await_reply(here, 0.3, closing) < 0.3
-    assert here.recv_bytes() == b"reply"
-    there.close()
-    await_reply(here, 10.0, closing)  # a hang-up returns at once: the read then says EOF
-    with pytest.raises(EOFError):
-        here.recv_bytes()
+def sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["sleep", "600"])
 
 
-def test_once_the_engine_closes_a_busy_peer_is_given_up_after_the_grace():
-    here, _there = multiprocessing.Pipe()
+def test_the_watchdog_kills_a_worker_past_its_deadline_and_says_why():
+    worker = sleeper()
     closing = threading.Event()
-    closing.set()
-    start = time.monotonic()
-    with pytest.raises(Stalled) as info:
-        await_reply(here, None, closing)
-    assert time.monotonic() - start >= STOP_GRACE_S
-    assert info.value.closing and "still busy" in info.value.describe(None)
+    killed: list[int] = []
+
+    def kill(slot: int) -> int:
+        killed.append(slot)
+        worker.kill()
+        return worker.pid
+
+    watchdog = Watchdog(StageDeadlines(0.5), closing, kill, "test-watch")
+    try:
+        watchdog.begin(3, stage=0)
+        watchdog.begin(4, stage=0)
+        assert watchdog.end(4) < 0.5  # answered in time: never killed
+        assert worker.wait(timeout=60) == -signal.SIGKILL  # a real SIGKILL, at the deadline
+        stall = watchdog.stall_of(3)
+        assert killed == [3] and stall is not None and not stall.closing
+        assert stall.waited > 0.5 and watchdog.stall_of(3) is None  # read once
+        assert f"(pid {worker.pid}) did not answer within 0.5 s" in stall.describe()
+        assert watchdog.end(3) == 0.0  # the watchdog ended that exchange
+    finally:
+        watchdog.stop()
+
+
+def test_once_the_engine_closes_a_busy_worker_is_given_up_after_the_grace():
+    worker = sleeper()
+    closing = threading.Event()
+    watchdog = Watchdog(StageDeadlines(None), closing, lambda slot: worker.kill(), "test-watch")
+    try:
+        watchdog.begin(0, stage=0)
+        assert watchdog.busy()[0][0] == 0
+        closing.set()
+        start = time.monotonic()
+        assert worker.wait(timeout=60) == -signal.SIGKILL
+        assert time.monotonic() - start >= STOP_GRACE_S
+        stall = watchdog.stall_of(0)
+        assert stall is not None and stall.closing and "still busy" in stall.describe()
+    finally:
+        watchdog.stop()

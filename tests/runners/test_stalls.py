@@ -62,8 +62,13 @@ def test_stopped_worker_is_reported_replaced_and_output_unchanged_20_runs(docs, 
     check_stopped_runs(docs, tmp_path, caplog, 20)
 
 
-@pytest.mark.timeout(120)
-def test_every_worker_stopped_from_outside_mid_run(docs, tmp_path, caplog):
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_every_worker_stopped_from_outside_mid_run(docs, tmp_path, caplog, size):
+    """Stopped while idle: with large micro-batches (1.6 MB, more than a pipe holds) the next
+    send blocks too, not only the wait for the reply."""
+    if size == "large":
+        docs = [{**d, "text": f"{d['text']} " + "x" * 200_000} for d in docs[:160]]
     op = StopWorkerOp(tmp_path / "unused", victim=-1)
     expected = digest(faulty(docs, op, "inline"))
     pipe = faulty(docs, op, "process", queue_size=2, worker_deadline_s=DEADLINE_S)

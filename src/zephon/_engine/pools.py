@@ -31,7 +31,6 @@ import queue
 import signal
 import sys
 import threading
-import time
 import traceback
 import weakref
 from collections.abc import Mapping
@@ -45,7 +44,7 @@ from typing import Any, assert_never
 import cloudpickle
 
 from zephon._engine import shm
-from zephon._engine.deadlines import STARTUP, StageDeadlines, Stalled, await_reply
+from zephon._engine.deadlines import STARTUP, StageDeadlines, Watchdog
 from zephon._engine.fusion import FusedOp
 from zephon._engine.messages import (
     REPLIES,
@@ -507,7 +506,6 @@ class ProcessFleet:
         self._session = session
         self._max_retries = max_retries
         self._reuse = reuse
-        self._deadlines = StageDeadlines(deadline_s)
         self._mp = worker_context()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
@@ -519,13 +517,14 @@ class ProcessFleet:
         # The operators for a freshly spawned worker, sent by its serving thread: a worker
         # that is slow to start (or dies while starting) then never blocks the engine.
         self._pending_load: list[bytes | None] = [None] * size
-        # slot -> (stage, monotonic start) of the micro-batch its worker is running
-        self._busy: list[tuple[int, float] | None] = [None] * size
         self.respawns = 0
         # I/O of the workers (bytes, requests, retries, cache events) by stage, summed
         self._io: dict[int, SourceStats] = {}
         _FLEETS.add(self)
         label = "+".join(sorted(set(self._names.values())))
+        self._watchdog = Watchdog(
+            StageDeadlines(deadline_s), self._stopping, self._kill, f"zephon-engine-watch-{label}"
+        )
         for slot in range(size):
             self._spawn(slot)
         self._threads = [
@@ -599,9 +598,13 @@ class ProcessFleet:
             self._pending_load[slot] = None
             conn.send_bytes(load)
         # a worker stopped while starting would never answer: a deadline as for micro-batches
-        took = await_reply(conn, self._deadlines.limit(STARTUP), self._stopping)
-        reply = REPLIES.read(pickle.loads(conn.recv_bytes()))
-        self._deadlines.observe(STARTUP, took)
+        self._watchdog.begin(slot, STARTUP)
+        try:
+            data = conn.recv_bytes()
+        finally:
+            took = self._watchdog.end(slot)
+        self._watchdog.deadlines.observe(STARTUP, took)
+        reply = REPLIES.read(pickle.loads(data))
         match reply:
             case Ready():
                 return
@@ -634,13 +637,11 @@ class ProcessFleet:
 
     def busy(self) -> list[tuple[str, int | None, float]]:
         """(operator, worker pid, seconds) of each micro-batch a worker is running now."""
-        now = time.monotonic()
         out = []
-        for slot, running in enumerate(list(self._busy)):
+        for slot, (stage, seconds) in self._watchdog.busy().items():
             proc = self._procs[slot]
-            if running is not None:
-                pid = proc.pid if proc is not None else None
-                out.append((self._names[running[0]], pid, now - running[1]))
+            if stage in self._names:  # not a start-up
+                out.append((self._names[stage], proc.pid if proc is not None else None, seconds))
         return out
 
     def pids(self) -> list[int]:
@@ -700,13 +701,8 @@ class ProcessFleet:
             except (EOFError, OSError):
                 starting = not self._ready[slot]
                 self._ready[slot] = False
-                if self._crashed(slot, job, starting=starting):
-                    return
-                continue
-            except Stalled as stall:  # alive but silent: killed, then handled like a death
-                starting = not self._ready[slot]
-                self._ready[slot] = False
-                how = stall.describe(self._kill(slot))
+                stall = self._watchdog.stall_of(slot)  # alive but silent: it was killed
+                how = stall.describe() if stall is not None else None
                 if self._crashed(slot, job, starting=starting, how=how):
                     return
                 continue
@@ -719,17 +715,17 @@ class ProcessFleet:
             return
 
     def _exchange(self, slot: int, job: _Job, conn: Connection) -> bytes:
-        """Send ``job`` to the ready worker in ``slot`` and return its reply, within the
-        stage's deadline (:class:`Stalled` past it)."""
+        """Send ``job`` to the ready worker in ``slot`` and return its reply; the watchdog
+        kills a worker past the stage's deadline, which ends either wait with an error."""
         assert job.data is not None
-        conn.send_bytes(job.data)
-        self._busy[slot] = (job.stage, time.monotonic())
+        watchdog = self._watchdog
+        watchdog.begin(slot, job.stage)
         try:
-            took = await_reply(conn, self._deadlines.limit(job.stage), self._stopping)
+            conn.send_bytes(job.data)
             reply = conn.recv_bytes()
         finally:
-            self._busy[slot] = None
-        self._deadlines.observe(job.stage, took)
+            took = watchdog.end(slot)
+        watchdog.deadlines.observe(job.stage, took)
         return reply
 
     def _kill(self, slot: int) -> int | None:
@@ -871,6 +867,7 @@ class ProcessFleet:
             self._jobs.put(None)
         for thread in self._threads:
             thread.join(timeout=30)
+        self._watchdog.stop()
         self.kill_all()
         for slot in range(len(self._procs)):
             self._reap(slot)
