@@ -83,7 +83,7 @@ def test_sigterm_while_every_worker_is_stopped_exits_143_then_resumes_exactly(pr
         os.kill(pid, signal.SIGSTOP)
     # the timer line names the operator and a stopped worker while nothing is delivered
     pattern = re.compile(r"waiting \d+ s for the next item: operator '[^']+' has had a "
-                         r"micro-batch out for \d+ s \(worker pid (\d+)\)")  # fmt: skip
+                         r"micro-batch out for \d+ s; worker pid (\d+) busy for \d+ s")  # fmt: skip
     wait_for(lambda: pattern.search(err.read_text()) is not None or proc.poll() is not None)
     found = pattern.search(err.read_text())
     assert found is not None and int(found.group(1)) in stopped, err.read_text()

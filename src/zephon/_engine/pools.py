@@ -636,12 +636,13 @@ class ProcessFleet:
         return code
 
     def busy(self) -> list[tuple[str, int | None, float]]:
-        """(operator, worker pid, seconds) of each micro-batch a worker is running now."""
+        """(operator, worker pid, seconds) of each micro-batch a worker is running now
+        (operator "start-up": the worker is setting its operators up)."""
         out = []
         for slot, (stage, seconds) in self._watchdog.busy().items():
             proc = self._procs[slot]
-            if stage in self._names:  # not a start-up
-                out.append((self._names[stage], proc.pid if proc is not None else None, seconds))
+            name = self._names.get(stage, "start-up")
+            out.append((name, proc.pid if proc is not None else None, seconds))
         return out
 
     def pids(self) -> list[int]:

@@ -4,7 +4,7 @@ The consumer of a threaded run waits for the next item in slices of ``WAIT_SLICE
 each empty slice the engine may log this line (a timer, not only on delivery) and ask the
 caller whether to stop waiting (:meth:`zephon.Pipeline.interrupt_when`). The line names the
 stage most downstream that has a micro-batch out (upstream ones are only held back by it),
-the worker process running it when there is one, and the oldest request to a store in flight.
+the process worker busy the longest, and the oldest request to a store in flight.
 """
 
 from __future__ import annotations
@@ -32,25 +32,29 @@ def _busiest(resources: RunResources) -> tuple[str, float] | None:
     return None
 
 
-def _worker_pid(resources: RunResources, name: str) -> int | None:
-    """The pid of the process worker that has run a micro-batch of ``name`` the longest."""
+def _longest_busy_worker(resources: RunResources) -> tuple[float, int | None, str] | None:
+    """(seconds, pid, operator) of the process worker busy the longest with one exchange (a
+    micro-batch, or its start-up): the one a stalled run most likely waits on."""
     fleets = {id(p.fleet): p.fleet for p in resources.pools if isinstance(p, ProcessWorkerPool)}
-    runs = [(s, pid) for f in fleets.values() for op, pid, s in f.busy() if op == name]
-    return max(runs)[1] if runs else None
+    runs = [(s, pid, op) for f in fleets.values() for op, pid, s in f.busy()]
+    return max(runs, key=lambda run: run[0]) if runs else None
 
 
 def describe(resources: RunResources, waited: float, retries: int) -> str:
-    """``waiting 61 s for the next item: operator 'fetch' has had a micro-batch out for 60 s
-    (worker pid 1234); oldest open request: read bytes 0-99 of s3://b/k, 58 s; 2 retries``."""
+    """``waiting 61 s for the next item: operator 'fetch' has had a micro-batch out for 60 s;
+    worker pid 1234 busy for 60 s with 'fetch'; oldest open request: read bytes 0-99 of
+    s3://b/k, 58 s; 2 request retries so far``."""
     parts: list[str] = []
     busiest = _busiest(resources)
     if busiest is None:
         parts.append("no operator has a micro-batch out (the source or a driver is busy)")
     else:
         name, seconds = busiest
-        pid = _worker_pid(resources, name)
-        where = f" (worker pid {pid})" if pid is not None else ""
-        parts.append(f"operator {name!r} has had a micro-batch out for {seconds:.0f} s{where}")
+        parts.append(f"operator {name!r} has had a micro-batch out for {seconds:.0f} s")
+    worker = _longest_busy_worker(resources)
+    if worker is not None:
+        seconds, pid, op = worker
+        parts.append(f"worker pid {pid} busy for {seconds:.0f} s with {op!r}")
     requests = open_requests()
     if requests:
         url, what, seconds = requests[0]
