@@ -105,3 +105,21 @@ def test_stop_while_the_store_stalls_then_resume_exactly(s3, stall, url, monkeyp
     stall.heal()
     resumed = pipeline(url, stall.endpoint).restore(state)
     assert got + [key(b) for b in resumed] == expected
+
+
+@pytest.mark.timeout(180)
+def test_process_workers_read_through_the_deadline_and_fail_naming_the_url(
+    s3, stall, url, monkeypatch
+):
+    monkeypatch.setenv("ZEPHON_IO_TIMEOUT_S", "3")  # workers adopt the engine's environment
+    monkeypatch.setenv("ZEPHON_IO_RETRIES", "1")
+    monkeypatch.setenv("ZEPHON_IO_BACKOFF_S", "0.1")
+    expected = [key(b) for b in pipeline(url, stall.endpoint)]
+    assert [key(b) for b in pipeline(url, stall.endpoint, runner="process")] == expected
+    pipe = pipeline(url, stall.endpoint, runner="process")
+    stall.stall(after=2)
+    start = time.monotonic()
+    with pytest.raises(DataError) as info:
+        list(pipe)
+    assert url in str(info.value) and "no answer within 3 s" in str(info.value)
+    assert time.monotonic() - start < 90
