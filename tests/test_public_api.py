@@ -119,12 +119,12 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.errors": _names(
         "CacheThrashingWarning ChatFormatError CheckpointError ConfigError ContractError "
         "DataError DataFormatError MissingDependencyError MissingFieldError OperatorError "
-        "ReorderError ZephonError did_you_mean json_type"
+        "ReorderError WaitInterrupted ZephonError did_you_mean json_type"
     ),
     "zephon.io": _names(
         "CacheOptions Dataset FormatSpec InMemoryShard JsonlShard NodeCache ReadOptions Row "
-        "Shard SourceStats build_index cache_root format_names format_spec formats "
-        "formats_markdown io_totals list_shards register_format unregister_format"
+        "Shard SourceStats abandon_reads build_index cache_root format_names format_spec formats "
+        "formats_markdown io_totals list_shards open_requests register_format unregister_format"
     ),
     "zephon.metrics": _names("MetricsReporter MetricsSink StatsdSink metric_values parse_address"),
     "zephon.ops": _names(

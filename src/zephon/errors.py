@@ -14,6 +14,7 @@
     ├── ReorderError (RuntimeError)       a duplicate or missing micro-batch sequence number
     ├── EngineProcessError (RuntimeError) the engine process (engine_process=True) died
     ├── CheckpointError (ValueError)      a checkpoint is corrupt or from another configuration
+    ├── WaitInterrupted                   the caller's check stopped a wait for the next item
     └── token capture (zephon.capture):
         ├── CaptureAdmissionRefused (ValueError)        the rollout admits no more generation
         ├── CaptureHistoryUnrepresentable (ValueError)  a history capture cannot record
@@ -43,6 +44,7 @@ __all__ = [
     "MissingFieldError",
     "OperatorError",
     "ReorderError",
+    "WaitInterrupted",
     "ZephonError",
     "did_you_mean",
     "json_type",
@@ -207,6 +209,12 @@ class EngineProcessError(ZephonError, RuntimeError):
 
 def _rebuild_engine_process_error(message: str, exitcode: int | None) -> EngineProcessError:
     return EngineProcessError(message, exitcode=exitcode)
+
+
+class WaitInterrupted(ZephonError):
+    """The check given to :meth:`zephon.Pipeline.interrupt_when` asked to stop while the
+    iteration waited for its next item. Nothing was in transit: ``pipeline.checkpoint()`` is
+    the state after the last item delivered."""
 
 
 class CheckpointError(ZephonError, ValueError):

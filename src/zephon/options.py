@@ -46,7 +46,10 @@ class RuntimeOptions:
     large cross process boundaries through /dev/shm (None: always pickled). ``process_pool``:
     ``"shared"`` (one set of worker processes for every process stage, as many as the widest)
     or ``"per_op"``. ``reuse_workers``: keep the worker processes after an iteration and reuse
-    them in the next one of this process. See docs/runners.md.
+    them in the next one of this process. ``worker_deadline_s``: a process worker that has not
+    answered a micro-batch within max(this, 10 x the slowest recent micro-batch of its
+    operator) is reported, killed and respawned, and the micro-batch sent again (None: wait
+    for ever). See docs/runners.md.
 
     ``fuse``: run adjacent element-wise operators (fetch, decode_text, map_transform, filter,
     tokenize) that share a runner as one worker task each micro-batch, saving a hand-off per
@@ -90,6 +93,7 @@ class RuntimeOptions:
     shm_min_bytes: int | None = 64 * 1024
     process_pool: Literal["shared", "per_op"] = "shared"
     reuse_workers: bool = False
+    worker_deadline_s: float | None = 300.0
     track_stats: bool = True
     log_every_s: float | None = None
     quarantine: str | os.PathLike[str] | None = None
@@ -132,6 +136,11 @@ class RuntimeOptions:
             )
         if self.log_every_s is not None and self.log_every_s <= 0:
             raise ConfigError(f"log_every_s must be positive or None, got {self.log_every_s}")
+        if self.worker_deadline_s is not None and not self.worker_deadline_s > 0:
+            raise ConfigError(
+                f"worker_deadline_s must be positive or None (no deadline), "
+                f"got {self.worker_deadline_s}"
+            )
         if self.max_worker_retries < 0:
             raise ConfigError(f"max_worker_retries must be >= 0, got {self.max_worker_retries}")
         if self.shm_min_bytes is not None and self.shm_min_bytes < 1:

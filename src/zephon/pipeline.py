@@ -98,6 +98,7 @@ class Pipeline:
         self._epoch = 0
         self._epoch_chosen = True  # False once an iteration started without a new set_epoch
         self._origin: Any = None
+        self._interrupt: Callable[[], bool] | None = None
 
     # -- builder -------------------------------------------------------------------------
 
@@ -571,6 +572,8 @@ class Pipeline:
         self._epoch_chosen = False
         run = compile_run(self._source(), self._all_specs(), self._options, self._resume)
         engine = EngineProcess(run) if self._options.engine_process else Engine(run)
+        if isinstance(engine, Engine):
+            engine.interrupt = self._interrupt
         self._resume = None
         self._engine = engine
         self._engine_done = False
@@ -583,6 +586,20 @@ class Pipeline:
                 yield item
         finally:
             self._engine_done = True
+
+    def interrupt_when(self, check: Callable[[], bool] | None) -> Pipeline:
+        """Let ``check()`` stop an iteration that waits for its next item.
+
+        While the threads or process runner waits for an item (a stalled store, a stuck
+        operator), the iteration calls ``check()`` four times a second; once it returns True
+        the iteration raises :class:`~zephon.errors.WaitInterrupted`. Nothing is in transit
+        then: :meth:`checkpoint` is the state after the last item delivered, so a process
+        asked to stop (SIGTERM) can save it and exit without waiting for the stall to end.
+        ``zephon run`` sets it to "a stop signal arrived". None removes it. Not with
+        ``engine_process=True`` or the inline runner (their waits are not sliced).
+        """
+        self._interrupt = check
+        return self
 
     # -- epochs ----------------------------------------------------------------------------
 

@@ -50,7 +50,8 @@ options:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO)}  # tests.cli._custom_ops is importable
+    # tests.cli._custom_ops is importable, and zephon is this checkout's, not an installed one
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'src'}"}
 
 
 def lines(path: Path) -> int:

@@ -80,3 +80,17 @@ class FailWhileArmedOp(BaseOp):
 
     def config(self) -> dict[str, Any]:
         return {"victim": self.victim}
+
+
+class StopWorkerOp(KillWorkerOp):
+    """SIGSTOPs its own process on record ``victim``: alive, but silent for ever (as on a hung
+    NFS read or a deadlock in a C extension). Once (a marker file remembers) or always."""
+
+    name = "stop_worker"
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        ids = {int(e.payload["id"]) for e in elems if isinstance(e, SampleRecord)}
+        if self.victim in ids and (self.always or not os.path.exists(self.marker)):
+            Path(self.marker).touch()
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return [SampleRecord(e.meta, {**e.payload, "checked": True}) for e in elems]

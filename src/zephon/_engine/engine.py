@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from zephon._engine import waiting
 from zephon._engine.compile import CompiledRun
 from zephon._engine.global_order import regrouping
 from zephon._engine.lane_state import has_lane_state
@@ -22,7 +23,7 @@ from zephon._engine.stage import StageCore
 from zephon._engine.stats import LaneProgress, OpStats, RunStats
 from zephon._engine.tail import LaneMux
 from zephon.checkpoints import format as ckpt
-from zephon.errors import CheckpointError
+from zephon.errors import CheckpointError, WaitInterrupted
 from zephon.io import SourceStats, io_totals
 from zephon.types import SampleCursor, StreamItem
 
@@ -66,6 +67,8 @@ class Engine:
         self._io_start = io_totals()
         self._last_log = 0.0
         self.resources = RunResources()
+        self.interrupt: Callable[[], bool] | None = None
+        """Asked while the consumer waits for an item; True stops the wait (see _idle)."""
         self._closed = False
         self.feeder: SourceFeeder | None = None
         self.mux: LaneMux | None = None
@@ -394,6 +397,7 @@ class Engine:
             mux,
             self._deliver,
             self.resources,
+            self._idle,
         )
         yield from self.run.runner.run(job)
 
@@ -413,6 +417,22 @@ class Engine:
                 self._last_log = time.monotonic()
                 log.info("%s", self.snapshot().summary())
             yield item
+
+    def _idle(self, waited: float) -> None:
+        """No item for ``waited`` seconds: say what the run waits for every ``log_every_s``,
+        and stop waiting when the caller's check asks to (:class:`WaitInterrupted`)."""
+        log_every = self.options.log_every_s
+        if log_every is not None and time.monotonic() - self._last_log >= log_every:
+            self._last_log = time.monotonic()
+            retries = (io_totals() - self._io_start).retries
+            retries += sum(s.retries for s in self.resources.process_io().values())
+            log.info("zephon: %s", waiting.describe(self.resources, waited, retries))
+        check = self.interrupt
+        if check is not None and check():
+            raise WaitInterrupted(
+                f"the iteration stopped after waiting {waited:.1f} s for its next item, as "
+                "the check given to interrupt_when() asked"
+            )
 
     def close(self) -> None:
         """Stop threads and workers; safe to call more than once and after early exit."""

@@ -44,6 +44,7 @@ from typing import Any, assert_never
 import cloudpickle
 
 from zephon._engine import shm
+from zephon._engine.deadlines import STARTUP, StageDeadlines, Watchdog
 from zephon._engine.fusion import FusedOp
 from zephon._engine.messages import (
     REPLIES,
@@ -60,7 +61,7 @@ from zephon._engine.messages import (
 )
 from zephon._engine.stage import annotate, call_process_many
 from zephon.errors import ConfigError, ZephonError
-from zephon.io import SourceStats, io_totals
+from zephon.io import SourceStats, abandon_reads, io_totals
 from zephon.ops import BaseOp, OpContext
 from zephon.types import StreamItem
 
@@ -112,6 +113,7 @@ class ThreadWorkerPool(WorkerPool):
         self._local = threading.local()
         self._counter = itertools.count()
         self._copies: list[BaseOp] = []
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.executor = ThreadPoolExecutor(
             parallelism,
@@ -125,6 +127,7 @@ class ThreadWorkerPool(WorkerPool):
         self._local.op = worker
         with self._lock:
             self._copies.append(worker)
+            self._threads.append(threading.current_thread())
 
     def _run(self, elems: list[StreamItem]) -> list[StreamItem]:
         op: BaseOp = self._local.op
@@ -139,6 +142,8 @@ class ThreadWorkerPool(WorkerPool):
         return self.executor.submit(self._run, elems)
 
     def shutdown(self) -> None:
+        # a read still waiting on a store (the run stopped while it stalled) gives up now
+        abandon_reads(self._threads)
         super().shutdown()
         for worker in self._copies:
             worker.teardown()
@@ -488,6 +493,7 @@ class ProcessFleet:
         session: shm.ShmSession,
         max_retries: int,
         reuse: bool = False,
+        deadline_s: float | None = None,
     ) -> None:
         self._names = {stage: op.name for stage, (op, _) in specs.items()}
         # fused chains: the engine-side counters that the workers' counts are added to
@@ -516,6 +522,9 @@ class ProcessFleet:
         self._io: dict[int, SourceStats] = {}
         _FLEETS.add(self)
         label = "+".join(sorted(set(self._names.values())))
+        self._watchdog = Watchdog(
+            StageDeadlines(deadline_s), self._stopping, self._kill, f"zephon-engine-watch-{label}"
+        )
         for slot in range(size):
             self._spawn(slot)
         self._threads = [
@@ -588,7 +597,14 @@ class ProcessFleet:
         if load is not None:
             self._pending_load[slot] = None
             conn.send_bytes(load)
-        reply = REPLIES.read(pickle.loads(conn.recv_bytes()))
+        # a worker stopped while starting would never answer: a deadline as for micro-batches
+        self._watchdog.begin(slot, STARTUP)
+        try:
+            data = conn.recv_bytes()
+        finally:
+            took = self._watchdog.end(slot)
+        self._watchdog.deadlines.observe(STARTUP, took)
+        reply = REPLIES.read(pickle.loads(data))
         match reply:
             case Ready():
                 return
@@ -618,6 +634,16 @@ class ProcessFleet:
             self._procs[slot] = None
             self._conns[slot] = None
         return code
+
+    def busy(self) -> list[tuple[str, int | None, float]]:
+        """(operator, worker pid, seconds) of each micro-batch a worker is running now
+        (operator "start-up": the worker is setting its operators up)."""
+        out = []
+        for slot, (stage, seconds) in self._watchdog.busy().items():
+            proc = self._procs[slot]
+            name = self._names.get(stage, "start-up")
+            out.append((name, proc.pid if proc is not None else None, seconds))
+        return out
 
     def pids(self) -> list[int]:
         """Process ids of the live workers (for tests and diagnostics)."""
@@ -672,12 +698,13 @@ class ProcessFleet:
                 if not self._ready[slot]:
                     self._await_ready(slot)
                     self._ready[slot] = True
-                conn.send_bytes(job.data)
-                reply = conn.recv_bytes()
+                reply = self._exchange(slot, job, conn)
             except (EOFError, OSError):
                 starting = not self._ready[slot]
                 self._ready[slot] = False
-                if self._crashed(slot, job, starting=starting):
+                stall = self._watchdog.stall_of(slot)  # alive but silent: it was killed
+                how = stall.describe() if stall is not None else None
+                if self._crashed(slot, job, starting=starting, how=how):
                     return
                 continue
             except _SetupFailed as failed:  # an operator's setup raised in the worker
@@ -688,8 +715,33 @@ class ProcessFleet:
             self._finish(job, reply)
             return
 
-    def _crashed(self, slot: int, job: _Job, *, starting: bool) -> bool:
-        """The worker in ``slot`` died; respawn it. True when ``job`` is finished (failed)."""
+    def _exchange(self, slot: int, job: _Job, conn: Connection) -> bytes:
+        """Send ``job`` to the ready worker in ``slot`` and return its reply; the watchdog
+        kills a worker past the stage's deadline, which ends either wait with an error."""
+        assert job.data is not None
+        watchdog = self._watchdog
+        watchdog.begin(slot, job.stage)
+        try:
+            conn.send_bytes(job.data)
+            reply = conn.recv_bytes()
+        finally:
+            took = watchdog.end(slot)
+        watchdog.deadlines.observe(job.stage, took)
+        return reply
+
+    def _kill(self, slot: int) -> int | None:
+        """SIGKILL the worker in ``slot`` (stopped or hung: it cannot exit by itself); its pid."""
+        proc = self._procs[slot]
+        if proc is None:
+            return None
+        with contextlib.suppress(Exception):
+            proc.kill()
+        pid: int | None = proc.pid
+        return pid
+
+    def _crashed(self, slot: int, job: _Job, *, starting: bool, how: str | None = None) -> bool:
+        """The worker in ``slot`` died (or was killed as stalled: ``how`` says so); respawn
+        it. True when ``job`` is finished (failed)."""
         code = self._reap(slot)
         name = self._names[job.stage]
         if self._stopping.is_set():
@@ -708,11 +760,18 @@ class ProcessFleet:
             )
             return True
         job.crashes += 1
-        how = _describe_exit(code)
+        stalled, how = how is not None, how or _describe_exit(code)
         self._spawn(slot)
         self.respawns += 1
         if job.crashes > self._max_retries:
-            if starting:
+            if stalled:
+                why = (
+                    f"a worker process {how}, on the same micro-batch {job.crashes} time(s) "
+                    f"(max_worker_retries={self._max_retries}); the operator hangs on it (a "
+                    "stalled read, a deadlock) or needs longer: fix it, or raise "
+                    "worker_deadline_s in pipeline.options()"
+                )
+            elif starting:
                 why = (
                     f"a worker process {how} while starting, before its operators were set "
                     f"up ({job.crashes} time(s)); its traceback is on stderr. A script that "
@@ -809,6 +868,7 @@ class ProcessFleet:
             self._jobs.put(None)
         for thread in self._threads:
             thread.join(timeout=30)
+        self._watchdog.stop()
         self.kill_all()
         for slot in range(len(self._procs)):
             self._reap(slot)

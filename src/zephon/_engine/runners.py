@@ -14,7 +14,9 @@ A stage's runner in the plan is a registry name or ``"driver"``: an operator tha
 from __future__ import annotations
 
 import importlib.util
+import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar, assert_never
@@ -31,6 +33,7 @@ from zephon._engine.pools import (
 from zephon._engine.shm import ShmSession, resolve_items
 from zephon._engine.stage import StageCore
 from zephon._engine.threaded import Channel, OpDriver, SourceThread
+from zephon._engine.waiting import WAIT_SLICE_S
 from zephon.errors import ZephonError
 from zephon.io import SourceStats
 from zephon.ops import BaseOp, OpContext
@@ -103,6 +106,9 @@ class RunJob:
     deliver: Callable[[LaneMux], Iterator[StreamItem]]
     """Pops what the tail can deliver (the engine counts, logs and evicts)."""
     resources: RunResources
+    idle: Callable[[float], None] = field(default=lambda waited: None)
+    """Called while the consumer has waited that many seconds for the next item, every
+    ``WAIT_SLICE_S`` (the engine logs what it waits for, and may stop waiting by raising)."""
 
 
 class Runner:
@@ -218,8 +224,15 @@ class DriverThreadsRunner(Runner):
         for thread in res.threads:
             thread.start()
         out, mux, deliver = channels[-1], job.mux, job.deliver
+        get, idle = out.queue.get, job.idle
+        since = time.monotonic()
         while True:
-            message = out.queue.get()
+            try:
+                message = get(timeout=WAIT_SLICE_S)
+            except queue.Empty:
+                idle(time.monotonic() - since)
+                continue
+            since = time.monotonic()
             match message:
                 case Data():
                     out.release(message.parts)
@@ -326,6 +339,7 @@ class ProcessRunner(DriverThreadsRunner):
                 session=session,
                 max_retries=options.max_worker_retries,
                 reuse=options.reuse_workers,
+                deadline_s=options.worker_deadline_s,
             )
             for i, s in enumerate(group):
                 pools[s.index] = ProcessWorkerPool(fleet, s.index, owns_fleet=i == 0)

@@ -225,8 +225,7 @@ class OpDriver(threading.Thread):
             return False
         if task.passthrough or task.inner:
             self._passthrough[task.seq] = task
-        if self.work_stats is not None:
-            self._dispatched_at[task.seq] = time.perf_counter_ns()
+        self._dispatched_at[task.seq] = time.perf_counter_ns()
         self.pool.submit(task.work).add_done_callback(self._on_done(task.seq))
         return True
 
@@ -244,6 +243,15 @@ class OpDriver(threading.Thread):
                 resolve_items(items)
             ready.extend(core.feed(items))
 
+    def in_flight_for(self) -> float | None:
+        """Seconds the oldest micro-batch on the pool has been out; None when none is (read
+        from another thread for the line that says what a run waits for)."""
+        try:
+            oldest = next(iter(self._dispatched_at.values()), None)
+        except RuntimeError:  # the driver changed it meanwhile: it is not stuck
+            return None
+        return None if oldest is None else (time.perf_counter_ns() - oldest) / 1e9
+
     def _timeout(self) -> float | None:
         """Seconds until the accumulator's latency deadline (non-deterministic mode only)."""
         if self.deterministic:
@@ -257,11 +265,12 @@ class OpDriver(threading.Thread):
     def _task_done(self, seq: int, future: Future[list[StreamItem]]) -> None:
         self._inflight -= 1
         result = future.result()  # re-raises the worker's exception, already annotated
+        dispatched = self._dispatched_at.pop(seq)
         stats = self.work_stats
         if stats is not None:
             stats.micro_batches += 1
             stats.elements_out += len(result)
-            stats.worker_ns += time.perf_counter_ns() - self._dispatched_at.pop(seq)
+            stats.worker_ns += time.perf_counter_ns() - dispatched
         task = self._passthrough.pop(seq, None)
         if task is not None:
             result = task_result(task, result)

@@ -38,7 +38,7 @@ from zephon.cli._lock import RunLock, RunLockedError
 from zephon.cli._record import cut_record, record_position
 from zephon.cli._report import console, print_summary, read_before, total_reads, update
 from zephon.cli._signals import RunSignals, Startup
-from zephon.errors import CheckpointError, ConfigError, ZephonError
+from zephon.errors import CheckpointError, ConfigError, WaitInterrupted, ZephonError
 from zephon.options import RUNNERS
 
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
@@ -366,6 +366,8 @@ class RunLoop:
         self.record: TextIO | None = None
         self.start_step = 0  # items delivered before this run (a resumed checkpoint's)
         self.provenance: Any = None
+        # a stop signal also ends a wait for the next item (a stalled store, a stuck worker)
+        pipe.interrupt_when(lambda: signals.stop_requested)
 
     def save(self) -> Path | None:
         """Write the checkpoint of what was delivered (with the record file's position)."""
@@ -486,7 +488,8 @@ class RunLoop:
                 self._update(progress, task, time.perf_counter() - start)
                 if self.status == "completed" and total is not None:
                     progress.update(task, completed=total)  # the pass is read, all of it
-        except KeyboardInterrupt:  # a second stop signal, or Ctrl-C inside the engine
+        except (KeyboardInterrupt, WaitInterrupted):  # a stop signal while the run waited,
+            # a second stop signal, or Ctrl-C inside the engine
             self.status = self._stop_status()
             self._save_after_stop()
         except OUTPUT_ERRORS as exc:

@@ -19,6 +19,7 @@ from zephon.io._formats import (
 )
 from zephon.io._jsonl import JsonlShard
 from zephon.io._paths import cache_root
+from zephon.io._remote import abandon_reads, open_requests
 from zephon.io._stats import SourceStats, io_totals
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "Row",
     "Shard",
     "SourceStats",
+    "abandon_reads",
     "build_index",
     "cache_root",
     "format_names",
@@ -40,6 +42,7 @@ __all__ = [
     "formats_markdown",
     "io_totals",
     "list_shards",
+    "open_requests",
     "register_format",
     "unregister_format",
 ]

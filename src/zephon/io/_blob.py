@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from zephon.io._cache import CacheOptions, NodeCache
 from zephon.io._descriptors import DESCRIPTORS
 from zephon.io._paths import get_fs, split_protocol
-from zephon.io._remote import RangeFile, fetch_range, remote_size, with_retries
+from zephon.io._remote import RangeFile, fetch_range, remote_size, request, with_retries
 from zephon.io._spans import LOCAL_GAP, REMOTE_GAP
 
 T = TypeVar("T")
@@ -74,7 +74,11 @@ class Blob:
         if not self.remote:
             st = os.stat(self.path)
             return st.st_size, st.st_mtime_ns
-        info = with_retries(self.url, "stat", lambda: self.filesystem().info(self.path))
+        info = with_retries(
+            self.url,
+            "stat",
+            lambda: request(self.filesystem(), "info", self.url, "stat", self.path),
+        )
         mtime = info.get("mtime") or info.get("LastModified") or info.get("created") or 0
         if hasattr(mtime, "timestamp"):
             mtime = mtime.timestamp()

@@ -32,7 +32,7 @@ from typing import Any
 import xxhash
 
 from zephon.errors import CacheThrashingWarning, ConfigError, DataError
-from zephon.io._remote import fetch_range, with_retries
+from zephon.io._remote import fetch_range, request, with_retries
 from zephon.io._stats import count
 
 _PIECE = 8 << 20
@@ -97,7 +97,7 @@ class NodeCache:
     @contextlib.contextmanager
     def pinned(self, fs: Any, path: str, url: str) -> Iterator[str]:
         """The local copy of ``url``, downloaded if missing; open it inside the ``with``."""
-        info = with_retries(url, "stat", lambda: fs.info(path))
+        info = with_retries(url, "stat", lambda: request(fs, "info", url, "stat", path))
         size = int(info.get("size") or 0)
         etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
         stamp = f"{size}:{etag or info.get('mtime') or info.get('LastModified') or ''}"

@@ -31,7 +31,7 @@ from zephon.io._formats import (
 )
 from zephon.io._hub import hub_files, is_hub_path
 from zephon.io._paths import derived_dir, get_fs, split_protocol, strip_protocol
-from zephon.io._remote import with_retries
+from zephon.io._remote import request, with_retries
 
 INDEX_NAME = "index.json"
 INDEX_VERSION = 1
@@ -81,13 +81,17 @@ def _expand(entry: str, storage_options: dict[str, Any] | None) -> tuple[list[st
     protocol, path = split_protocol(entry)
     fs = get_fs(protocol, storage_options)
     if any(c in path for c in "*?["):
-        found = with_retries(entry, "list", lambda: fs.glob(path, detail=True))
+        found = with_retries(
+            entry, "list", lambda: request(fs, "glob", entry, "list", path, detail=True)
+        )
         files = sorted(_as_url(protocol, p) for p, i in found.items() if i["type"] != "directory")
         return files, None
-    if not with_retries(entry, "stat", lambda: fs.exists(path)):
+    if not with_retries(entry, "stat", lambda: request(fs, "exists", entry, "stat", path)):
         raise DataError(f"dataset path {entry} does not exist{_bucket_hint(fs, protocol, path)}")
-    if with_retries(entry, "stat", lambda: fs.isdir(path)):
-        listing = with_retries(entry, "list", lambda: fs.ls(path, detail=True))
+    if with_retries(entry, "stat", lambda: request(fs, "isdir", entry, "stat", path)):
+        listing = with_retries(
+            entry, "list", lambda: request(fs, "ls", entry, "list", path, detail=True)
+        )
         names = sorted(_as_url(protocol, i["name"]) for i in listing if i["type"] != "directory")
         return names, path
     return [path if protocol == "file" else entry], None

@@ -1,0 +1,64 @@
+"""What a run waits for while no item comes: the line ``log_every_s`` writes during a wait.
+
+The consumer of a threaded run waits for the next item in slices of ``WAIT_SLICE_S``; after
+each empty slice the engine may log this line (a timer, not only on delivery) and ask the
+caller whether to stop waiting (:meth:`zephon.Pipeline.interrupt_when`). The line names the
+stage most downstream that has a micro-batch out (upstream ones are only held back by it),
+the process worker busy the longest, and the oldest request to a store in flight.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from zephon._engine.pools import ProcessWorkerPool
+from zephon._engine.threaded import OpDriver
+from zephon.io import open_requests
+
+if TYPE_CHECKING:
+    from zephon._engine.runners import RunResources
+
+WAIT_SLICE_S = 0.25
+"""How long the consumer blocks before it looks at the clock and at the caller's check."""
+
+
+def _busiest(resources: RunResources) -> tuple[str, float] | None:
+    """(operator, seconds) of the most downstream stage with a micro-batch on its pool."""
+    for thread in reversed(resources.threads):
+        if isinstance(thread, OpDriver):
+            seconds = thread.in_flight_for()
+            if seconds is not None:
+                return thread.core.op.name, seconds
+    return None
+
+
+def _longest_busy_worker(resources: RunResources) -> tuple[float, int | None, str] | None:
+    """(seconds, pid, operator) of the process worker busy the longest with one exchange (a
+    micro-batch, or its start-up): the one a stalled run most likely waits on."""
+    fleets = {id(p.fleet): p.fleet for p in resources.pools if isinstance(p, ProcessWorkerPool)}
+    runs = [(s, pid, op) for f in fleets.values() for op, pid, s in f.busy()]
+    return max(runs, key=lambda run: run[0]) if runs else None
+
+
+def describe(resources: RunResources, waited: float, retries: int) -> str:
+    """``waiting 61 s for the next item: operator 'fetch' has had a micro-batch out for 60 s;
+    worker pid 1234 busy for 60 s with 'fetch'; oldest open request: read bytes 0-99 of
+    s3://b/k, 58 s; 2 request retries so far``."""
+    parts: list[str] = []
+    busiest = _busiest(resources)
+    if busiest is None:
+        parts.append("no operator has a micro-batch out (the source or a driver is busy)")
+    else:
+        name, seconds = busiest
+        parts.append(f"operator {name!r} has had a micro-batch out for {seconds:.0f} s")
+    worker = _longest_busy_worker(resources)
+    if worker is not None:
+        seconds, pid, op = worker
+        parts.append(f"worker pid {pid} busy for {seconds:.0f} s with {op!r}")
+    requests = open_requests()
+    if requests:
+        url, what, seconds = requests[0]
+        parts.append(f"oldest open request: {what} of {url}, {seconds:.0f} s")
+    if retries:
+        parts.append(f"{retries} request retr{'y' if retries == 1 else 'ies'} so far")
+    return f"waiting {waited:.0f} s for the next item: " + "; ".join(parts)
