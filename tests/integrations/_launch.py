@@ -26,7 +26,7 @@ def free_port() -> int:
 def job_env() -> dict[str, str]:
     return {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT))),  # this checkout's zephon
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo",
         "TOKENIZERS_PARALLELISM": "false",
