@@ -1,8 +1,9 @@
-"""A ``lightning.Trainer`` on the CPU that validates two pipelines through ``ZephonDataModule``.
+"""A ``lightning.Trainer`` on the CPU that validates pipelines through ``ZephonDataModule``.
 
 Usage: ``python tests/integrations/_lightning_eval_job.py OUT DEVICES SETS`` (2 devices: DDP,
-one process each; SETS: comma-separated names of ``_eval_corpus.EVAL_DOCS``). Trains 4 steps with learning rate 0, so the weights stay those every run starts
-from, and validates after steps 2 and 4 (through the DDP wrapper under DDP). Appends one JSON
+one process each; SETS: comma-separated names of ``_eval_corpus.EVAL_DOCS``). Trains 4 steps
+with learning rate 0, so the weights stay those every run starts from, and validates after
+steps 2 and 4 (through the DDP wrapper under DDP). Appends one JSON
 line per validation and eval set to ``OUT/val-r<RANK>.jsonl`` (step, set, loss as float hex,
 loss tokens) and one per eval batch to ``OUT/eval-r<RANK>-<PID>.jsonl`` (its rows, labelled
 ``<step>-<set>``, as ``_eval_corpus.evaluated_rows`` reads them).
@@ -37,7 +38,7 @@ class EvaluatedLlama(pl.LightningModule):  # type: ignore[misc]
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
         return self.model(**batch).loss
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self.eval_losses[dataloader_idx].update(self.model(**batch).loss, loss_tokens(batch))
         rows = [row_digest(r) for r in batch["input_ids"]]
         line = {"eval": f"{self.global_step}-{NAMES[dataloader_idx]}", "rows": rows}
