@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
 from torch.nn.parallel import DistributedDataParallel
@@ -26,11 +26,9 @@ from torch.nn.parallel import DistributedDataParallel
 from zephon.errors import ConfigError
 from zephon.integrations._eval import EvalLoader, TokenLoss, loss_tokens
 from zephon.integrations._ranks import global_state, rank_view
+from zephon.pipeline import Pipeline
 from zephon.torch_data import hf_tensors
 from zephon.torch_loader import PipelineDataLoader
-
-if TYPE_CHECKING:
-    from zephon.pipeline import Pipeline
 
 __all__ = ["TokenLoss", "ZephonDataModule", "loss_tokens"]
 
@@ -134,7 +132,9 @@ class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
         trainer = self.trainer
         rank, world = (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
         pipelines = self.eval_pipeline
-        many = isinstance(pipelines, Sequence)
+        if pipelines is None:
+            return []
+        single = isinstance(pipelines, Pipeline)
         loaders = [
             _Validation(
                 EvalLoader(
@@ -143,9 +143,9 @@ class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
                 ),
                 trainer,
             )
-            for pipeline in (pipelines if many else [pipelines] if pipelines else [])
+            for pipeline in ([pipelines] if isinstance(pipelines, Pipeline) else pipelines)
         ]  # fmt: skip
-        return loaders if many or not loaders else loaders[0]
+        return loaders[0] if single else loaders
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if isinstance(batch, _Positioned):
