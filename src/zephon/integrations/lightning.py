@@ -106,6 +106,8 @@ class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
         self._pending: Mapping[str, Any] | None = None
         self.eval_pipeline = eval_pipeline
         self.eval_transform = eval_transform or self.transform
+        if eval_pipeline is not None:  # Lightning validates when val_dataloader is overridden
+            vars(self)["val_dataloader"] = self._val_dataloader
 
     def _build_loader(self) -> PipelineDataLoader:
         if self.loader is None:
@@ -126,14 +128,13 @@ class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
     def train_dataloader(self) -> _PositionedLoader:
         return _PositionedLoader(self._build_loader())
 
-    def val_dataloader(self) -> _Validation | list[_Validation]:
-        """This rank's lanes of ``eval_pipeline`` (or of each), from the start at every
-        validation (no validation without one)."""
+    def _val_dataloader(self) -> _Validation | list[_Validation]:
+        """``val_dataloader`` with an eval pipeline: this rank's lanes of ``eval_pipeline`` (or
+        of each), from the start at every validation."""
         trainer = self.trainer
         rank, world = (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
         pipelines = self.eval_pipeline
-        if pipelines is None:
-            return []
+        assert pipelines is not None
         single = isinstance(pipelines, Pipeline)
         loaders = [
             _Validation(
