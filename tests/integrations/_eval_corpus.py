@@ -18,6 +18,8 @@ from zephon import Pipeline
 from zephon.torch_data import hf_tensors
 
 EVAL_DOCS = {"main": 50, "tiny": 5}
+# Seconds an evaluation job may take: about 20 s of CPU, but over 2 min on a loaded 2-core machine
+EVAL_JOB_TIMEOUT_S = 480
 
 
 def eval_pipeline(name: str) -> Pipeline:

@@ -42,11 +42,13 @@ def torchrun_argv(script: str, *args: object, nproc: int = 2) -> list[str]:
     ]  # fmt: skip
 
 
-def run_job(argv: list[str], out: Path) -> subprocess.CompletedProcess[str]:
+def run_job(
+    argv: list[str], out: Path, timeout: float = JOB_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
     """Run a job to its end; fail with its output if it did not exit 0."""
     try:
         done = subprocess.run(
-            argv, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S
+            argv, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=timeout
         )
     finally:
         kill_ranks(out)

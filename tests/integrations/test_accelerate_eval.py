@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integrations._eval_corpus import EVAL_DOCS, eval_rows, evaluated_rows
+from tests.integrations._eval_corpus import EVAL_DOCS, EVAL_JOB_TIMEOUT_S, eval_rows, evaluated_rows
 from tests.integrations._launch import free_port, json_lines, run_job
 from tests.integrations.test_transformers import assert_every_lane_once
 
@@ -28,7 +28,7 @@ def accelerate_argv(out: Path, processes: int, workers: int) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 def test_eval_loss_is_the_same_on_1_and_2_processes_and_every_row_is_evaluated_once(
     tmp_path: Path,
 ) -> None:
@@ -36,7 +36,7 @@ def test_eval_loss_is_the_same_on_1_and_2_processes_and_every_row_is_evaluated_o
     for processes, workers in ((1, 2), (2, 0)):
         out = tmp_path / f"processes{processes}"
         out.mkdir()
-        run_job(accelerate_argv(out, processes, workers), out)
+        run_job(accelerate_argv(out, processes, workers), out, timeout=EVAL_JOB_TIMEOUT_S)
         seen = evaluated_rows(out)
         assert sorted(seen) == sorted(f"{s}-{n}" for s in EVALUATED_AT for n in EVAL_DOCS)
         for label, rows in seen.items():  # each evaluation reads the whole set from its start

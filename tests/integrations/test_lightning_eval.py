@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests.integrations._corpus import tiny_llama
-from tests.integrations._eval_corpus import eval_pipeline, eval_rows, evaluated_rows
+from tests.integrations._eval_corpus import (
+    EVAL_JOB_TIMEOUT_S,
+    eval_pipeline,
+    eval_rows,
+    evaluated_rows,
+)
 from tests.integrations._launch import ROOT, json_lines, run_job
 from zephon.integrations.lightning import TokenLoss, loss_tokens
 from zephon.torch_data import hf_tensors
@@ -37,7 +42,8 @@ def test_ddp_validation_sees_every_row_once_with_the_loss_of_one_process(
     tmp_path: Path, sets: str
 ) -> None:
     script = ROOT / "tests" / "integrations" / "_lightning_eval_job.py"
-    run_job([sys.executable, str(script), str(tmp_path), "2", sets], tmp_path)
+    argv = [sys.executable, str(script), str(tmp_path), "2", sets]
+    run_job(argv, tmp_path, timeout=EVAL_JOB_TIMEOUT_S)
     names = sets.split(",")
     seen = evaluated_rows(tmp_path)
     assert sorted(seen) == sorted(f"{s}-{n}" for s in VALIDATED_AT for n in names)

@@ -11,7 +11,13 @@ import pytest
 from transformers import TrainingArguments
 
 from tests.integrations._corpus import BATCH, build_pipeline, build_pipeline_unbatched, tiny_llama
-from tests.integrations._eval_corpus import EVAL_DOCS, eval_pipeline, eval_rows, evaluated_rows
+from tests.integrations._eval_corpus import (
+    EVAL_DOCS,
+    EVAL_JOB_TIMEOUT_S,
+    eval_pipeline,
+    eval_rows,
+    evaluated_rows,
+)
 from tests.integrations._launch import json_lines, run_job, torchrun_argv
 from tests.integrations.test_transformers import assert_every_lane_once
 from zephon.errors import ConfigError
@@ -20,14 +26,15 @@ from zephon.integrations.transformers import ZephonTrainer
 EVALUATED_AT = (0, 2, 4)  # before training, then every 2 of the 4 steps
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 def test_eval_loss_is_the_same_on_1_and_2_processes_and_every_row_is_evaluated_once(
     tmp_path: Path,
 ) -> None:
     runs = {}
     for nproc, workers in ((1, 0), (2, 2)):
         out = tmp_path / f"nproc{nproc}"
-        run_job(torchrun_argv("_trainer_eval_job.py", out, workers, nproc=nproc), out)
+        argv = torchrun_argv("_trainer_eval_job.py", out, workers, nproc=nproc)
+        run_job(argv, out, timeout=EVAL_JOB_TIMEOUT_S)
         runs[nproc] = out
         seen = evaluated_rows(out)
         assert sorted(seen) == sorted(f"{s}-{n}" for s in EVALUATED_AT for n in EVAL_DOCS)
