@@ -37,7 +37,7 @@ def one_process_loss(name: str) -> str:
 
 @pytest.mark.timeout(600)
 # "main": the two ranks hold 9 and 16 batches; "tiny" alone: rank 1 holds none at all
-@pytest.mark.parametrize("sets", ["tiny,main", "tiny"])
+@pytest.mark.parametrize("sets", ["tiny", pytest.param("tiny,main", marks=pytest.mark.slow)])
 def test_ddp_validation_sees_every_row_once_with_the_loss_of_one_process(
     tmp_path: Path, sets: str
 ) -> None:
