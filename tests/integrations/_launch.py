@@ -26,7 +26,7 @@ def free_port() -> int:
 def job_env() -> dict[str, str]:
     return {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT))),  # this checkout's zephon
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo",
         "TOKENIZERS_PARALLELISM": "false",
@@ -42,11 +42,13 @@ def torchrun_argv(script: str, *args: object, nproc: int = 2) -> list[str]:
     ]  # fmt: skip
 
 
-def run_job(argv: list[str], out: Path) -> subprocess.CompletedProcess[str]:
+def run_job(
+    argv: list[str], out: Path, timeout: float = JOB_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
     """Run a job to its end; fail with its output if it did not exit 0."""
     try:
         done = subprocess.run(
-            argv, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT_S
+            argv, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=timeout
         )
     finally:
         kill_ranks(out)

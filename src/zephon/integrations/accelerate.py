@@ -6,6 +6,11 @@ narrowed to one rank's lanes, both drop or repeat lanes. ``prepare_pipeline`` gi
 loader over its own lanes that accelerate does not wrap, and registers the data position with
 ``accelerator.save_state`` / ``load_state``: the saved state is every rank's lanes merged, taken
 for the last batch each rank handed to the loop, so a resume on any world size continues exactly.
+
+``prepare_eval_pipeline`` gives each rank its lanes of an eval set, read from the start at every
+evaluation; ``evaluate_loss`` runs the model over them and returns the token-weighted loss of
+the whole set, the same on any number of processes (the ranks may hold different numbers of
+eval batches, or none).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from zephon.integrations._eval import EvalLoader, TokenLoss, loss_tokens
 from zephon.integrations._ranks import global_state, rank_view
 from zephon.torch_data import hf_tensors
 from zephon.torch_loader import PipelineDataLoader
@@ -22,7 +28,14 @@ if TYPE_CHECKING:
 
     from zephon.pipeline import Pipeline
 
-__all__ = ["DataState", "prepare_pipeline"]
+__all__ = [
+    "DataState",
+    "TokenLoss",
+    "evaluate_loss",
+    "loss_tokens",
+    "prepare_eval_pipeline",
+    "prepare_pipeline",
+]
 
 
 class DataState:
@@ -65,3 +78,48 @@ def prepare_pipeline(
     if register:
         accelerator.register_for_checkpointing(DataState(loader))
     return loader
+
+
+def prepare_eval_pipeline(
+    accelerator: Accelerator,
+    pipeline: Pipeline,
+    transform: Callable[[Any], Any] | None = None,
+    *,
+    num_workers: int = 0,
+    **dataloader_kwargs: Any,
+) -> EvalLoader:
+    """This process's lanes of an eval set ending in ``.batch(n, drop_last=False)``, items on
+    ``accelerator.device``; every iteration reads them from the start. Nothing is registered:
+    the training position is all ``save_state`` keeps."""
+    return EvalLoader(
+        pipeline,
+        transform or hf_tensors,
+        rank=accelerator.process_index,
+        world_size=accelerator.num_processes,
+        num_workers=num_workers,
+        device=accelerator.device,
+        **dataloader_kwargs,
+    )
+
+
+def evaluate_loss(accelerator: Accelerator, model: Any, loader: EvalLoader) -> float:
+    """The token-weighted loss of ``model`` over the whole eval set: every process calls it.
+
+    The forward passes run on the unwrapped model, without a collective: DDP's forward would
+    broadcast buffers at the first one after a training step, which a process without eval
+    batches never joins. One gather at the end sums every process's share (see
+    :class:`TokenLoss`). The model is back in training mode afterwards if it was before.
+    """
+    import torch
+
+    module = accelerator.unwrap_model(model)
+    training = module.training
+    module.eval()
+    metric = TokenLoss()
+    try:
+        with torch.no_grad():
+            for inputs in loader:
+                metric.update(module(**inputs).loss, loss_tokens(inputs))
+    finally:
+        module.train(training)
+    return metric.compute()

@@ -7,25 +7,30 @@ model (``on_before_batch_transfer``, right before ``training_step``), and its ``
 which Lightning stores in every checkpoint, is the position after the last batch trained: all
 ranks' lanes merged, so ``ckpt_path=`` resumes on any world size. The loader itself exposes no
 ``state_dict``, so Lightning keeps none of its own.
+
+With ``eval_pipeline=``, ``val_dataloader`` reads this rank's lanes of the eval set from its
+start at every validation, apart from the training position; the ranks may hold different
+numbers of eval batches (or none). :class:`TokenLoss` and :func:`loss_tokens` give a
+``validation_step`` the token-weighted loss of the whole set, the same on any number of ranks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lightning.pytorch as pl
+from torch.nn.parallel import DistributedDataParallel
 
 from zephon.errors import ConfigError
+from zephon.integrations._eval import EvalLoader, TokenLoss, loss_tokens
 from zephon.integrations._ranks import global_state, rank_view
+from zephon.pipeline import Pipeline
 from zephon.torch_data import hf_tensors
 from zephon.torch_loader import PipelineDataLoader
 
-if TYPE_CHECKING:
-    from zephon.pipeline import Pipeline
-
-__all__ = ["ZephonDataModule"]
+__all__ = ["TokenLoss", "ZephonDataModule", "loss_tokens"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,26 @@ class _PositionedLoader:
             yield _Positioned(self.loader.items_yielded - 1, batch)
 
 
+class _Validation:
+    """An eval loader that keeps DDP from syncing buffers at the first forward of a validation.
+
+    After a training step, DDP broadcasts the module's buffers at the next forward (a
+    collective); a rank whose eval lanes hold no batch never makes that forward, and the job
+    would hang. The buffers were synced before the last training forward, so validation skips
+    the broadcast; the next training forward syncs them as usual.
+    """
+
+    def __init__(self, loader: EvalLoader, trainer: Any) -> None:
+        self.loader = loader
+        self.trainer = trainer
+
+    def __iter__(self) -> Iterator[Any]:
+        model = getattr(getattr(self.trainer, "strategy", None), "model", None)
+        if isinstance(model, DistributedDataParallel):
+            model.require_forward_param_sync = False
+        return iter(self.loader)
+
+
 class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
     """Training batches from ``pipeline`` (one rank's lanes under DDP) for ``lightning.Trainer``.
 
@@ -55,6 +80,10 @@ class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
     DataLoader workers; ``read_ahead`` bounds how many batches Lightning may fetch beyond the
     one it trains (1 by default in Lightning). Each training epoch is the pipeline's next pass
     over the data (``Pipeline.set_epoch``); a resume continues the saved one.
+
+    ``eval_pipeline`` (ending in ``.batch(n, drop_last=False)``), or a list of them (one
+    ``dataloader_idx`` each), is what ``val_dataloader`` reads, each validation from its start,
+    through ``eval_transform`` (default: ``transform``).
     """
 
     def __init__(
@@ -64,6 +93,8 @@ class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
         *,
         num_workers: int = 0,
         read_ahead: int = 4,
+        eval_pipeline: Pipeline | Sequence[Pipeline] | None = None,
+        eval_transform: Callable[[Any], Any] | None = None,
     ) -> None:
         super().__init__()
         self.pipeline = pipeline
@@ -73,6 +104,10 @@ class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
         self.loader: PipelineDataLoader | None = None
         self._trained: int | None = None  # index of the last batch that reached the model
         self._pending: Mapping[str, Any] | None = None
+        self.eval_pipeline = eval_pipeline
+        self.eval_transform = eval_transform or self.transform
+        if eval_pipeline is not None:  # Lightning validates when val_dataloader is overridden
+            vars(self)["val_dataloader"] = self._val_dataloader
 
     def _build_loader(self) -> PipelineDataLoader:
         if self.loader is None:
@@ -92,6 +127,26 @@ class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
 
     def train_dataloader(self) -> _PositionedLoader:
         return _PositionedLoader(self._build_loader())
+
+    def _val_dataloader(self) -> _Validation | list[_Validation]:
+        """``val_dataloader`` with an eval pipeline: this rank's lanes of ``eval_pipeline`` (or
+        of each), from the start at every validation."""
+        trainer = self.trainer
+        rank, world = (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
+        pipelines = self.eval_pipeline
+        assert pipelines is not None
+        single = isinstance(pipelines, Pipeline)
+        loaders = [
+            _Validation(
+                EvalLoader(
+                    pipeline, self.eval_transform, rank=rank, world_size=world,
+                    num_workers=self.num_workers,
+                ),
+                trainer,
+            )
+            for pipeline in ([pipelines] if isinstance(pipelines, Pipeline) else pipelines)
+        ]  # fmt: skip
+        return loaders[0] if single else loaders
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         if isinstance(batch, _Positioned):

@@ -14,6 +14,11 @@ What a plain ``Trainer`` gets wrong with an iterable dataset, and what this clas
   pipeline's next epoch (``Pipeline.set_epoch``), and a resume continues the saved epoch.
 - SIGTERM kills the job without a checkpoint; here SIGTERM checkpoints at the next step end and
   exits 143, and SIGUSR1 checkpoints and goes on, as ``zephon run`` does.
+- evaluation over an iterable dataset gathers every batch's loss across ranks (a hang when
+  ranks hold different batch counts) and averages batch means; here ``eval_dataset=`` a pipeline
+  (or a dict of them) is read by each rank from its own lanes, from the start at every
+  evaluation, and ``eval_loss`` is token-weighted over the whole eval set, the same on any
+  number of ranks (:mod:`zephon.integrations._eval`).
 """
 
 from __future__ import annotations
@@ -30,14 +35,14 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from zephon.checkpoints import load_checkpoint, save_checkpoint
 from zephon.errors import CheckpointError, ConfigError
+from zephon.integrations._eval import EvalLoader, TokenLoss, check_eval_pipeline, loss_tokens
 from zephon.integrations._ranks import global_state, max_over_ranks, rank_view, settle_collectives
+from zephon.pipeline import Pipeline
 from zephon.torch_data import hf_tensors
 from zephon.torch_loader import PipelineDataLoader
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-
-    from zephon.pipeline import Pipeline
 
 __all__ = ["DATA_STATE_NAME", "PreemptionCallback", "ZephonTrainer", "latest_complete_checkpoint"]
 
@@ -125,6 +130,7 @@ class ZephonTrainer(Trainer):  # type: ignore[misc]
         *args: Any,
         train_pipeline: Pipeline,
         transform: Callable[[Any], Any] | None = None,
+        eval_transform: Callable[[Any], Any] | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("train_dataset") is not None:
@@ -142,6 +148,9 @@ class ZephonTrainer(Trainer):  # type: ignore[misc]
         self._data_resume: dict[str, Any] | None = None
         self.preemption = PreemptionCallback()
         self.add_callback(self.preemption)
+        self.eval_transform = eval_transform or self.transform
+        for pipeline in _eval_pipelines(self.eval_dataset):
+            check_eval_pipeline(pipeline, self.args.per_device_eval_batch_size)
 
     def get_train_dataloader(self) -> _Passes:  # type: ignore[override]
         if self.zephon_loader is None:
@@ -203,6 +212,92 @@ class ZephonTrainer(Trainer):  # type: ignore[misc]
             target.mkdir(parents=True, exist_ok=True)
             save_checkpoint(target / DATA_STATE_NAME, data)
         super()._save_checkpoint(model, trial)
+
+    # -- evaluation over pipelines ---------------------------------------------------------
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """A pipeline eval set (or the named one of a dict): this rank's lanes, from the start."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if isinstance(eval_dataset, str):
+            named: Any = self.eval_dataset
+            dataset = named[eval_dataset]
+        if not isinstance(dataset, Pipeline):
+            return super().get_eval_dataloader(eval_dataset)
+        check_eval_pipeline(dataset, self.args.per_device_eval_batch_size)
+        args = self.args
+        return EvalLoader(
+            dataset,
+            self.eval_transform,
+            rank=args.process_index,
+            world_size=args.world_size,
+            num_workers=args.dataloader_num_workers,
+            **_dataloader_extra(args),
+        )
+
+    def evaluation_loop(
+        self,
+        dataloader: Any,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> Any:
+        """For a pipeline eval set: every rank runs its own batches without a collective per
+        batch, then one gather gives the token-weighted loss of the whole set."""
+        if not isinstance(dataloader, EvalLoader):
+            return super().evaluation_loop(
+                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+            )
+        if self.compute_metrics is not None:
+            raise ConfigError(
+                "compute_metrics needs every prediction gathered; a pipeline eval set reports "
+                "eval_loss (token-weighted over all ranks) only: drop compute_metrics, or "
+                "compute the metric in compute_loss"
+            )
+        import torch
+        from transformers.trainer_utils import EvalLoopOutput
+
+        unwrapped: Any = self.model
+        model = self._wrap_model(unwrapped, training=False)
+        model.eval()
+        optimizer: Any = self.optimizer
+        if callable(getattr(optimizer, "eval", None)):
+            optimizer.eval()
+        self.callback_handler.eval_dataloader = dataloader
+        shifts = bool(getattr(self, "_loss_shifts_labels", True))
+        totals = TokenLoss()
+        with torch.no_grad():
+            for inputs in dataloader:
+                tokens = loss_tokens(inputs, shifts_labels=shifts)
+                with self.compute_loss_context_manager():
+                    loss = self.compute_loss(model, self._prepare_inputs(inputs))
+                totals.update(loss, tokens, rows=len(inputs["input_ids"]))
+                self.control = self.callback_handler.on_prediction_step(
+                    self.args, self.state, self.control
+                )
+        loss_sum, tokens, rows, _ = totals.totals()  # the one collective, on every rank
+        metrics = {
+            f"{metric_key_prefix}_loss": float(loss_sum / tokens) if tokens else float("nan"),
+            f"{metric_key_prefix}_loss_tokens": tokens,
+        }
+        nothing: Any = None  # no predictions: the loss is reduced on each rank as it goes
+        return EvalLoopOutput(
+            predictions=nothing, label_ids=None, metrics=metrics, num_samples=rows
+        )
+
+
+def _eval_pipelines(eval_dataset: Any) -> list[Pipeline]:
+    values = eval_dataset.values() if isinstance(eval_dataset, dict) else [eval_dataset]
+    return [value for value in values if isinstance(value, Pipeline)]
+
+
+def _dataloader_extra(args: Any) -> dict[str, Any]:
+    """The DataLoader settings of ``TrainingArguments`` an eval loader honours."""
+    extra: dict[str, Any] = {"pin_memory": args.dataloader_pin_memory}
+    if args.dataloader_num_workers:
+        extra["prefetch_factor"] = args.dataloader_prefetch_factor
+        extra["multiprocessing_context"] = args.dataloader_multiprocessing_context
+    return extra
 
 
 class _Passes:
