@@ -24,7 +24,7 @@ from zephon.demo import make_corpus
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted((ROOT / "docs").glob("*.md"))
 # Seconds a page may take: a few start real multi-process jobs (torchrun, accelerate launch).
-PAGE_TIMEOUT_S = {"training-loop.md": 400}
+PAGE_TIMEOUT_S = {"training-loop.md": 900}
 DEFAULT_PAGE_TIMEOUT_S = 110
 SITE = Path(__file__).with_name("_extras_site")
 INSTALL = re.compile(r"^Install: `pip install (zephon|'zephon\[([a-z0-9,]+)\]')`")
