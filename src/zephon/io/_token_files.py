@@ -93,7 +93,8 @@ class TokenFile(abc.ABC):
     def _map(self, path: str) -> np.ndarray:
         if self.n_tokens == 0:
             return np.zeros(0, dtype=self.dtype)
-        return np.memmap(path, self.dtype, "r", self.data_offset, (self.n_tokens,))
+        mm = np.memmap(path, self.dtype, "r", self.data_offset, (self.n_tokens,))
+        return mm.view(np.ndarray)  # slicing a plain view costs a third of slicing a memmap
 
     def read_tokens(self, start: int, stop: int) -> np.ndarray:
         """Tokens ``[start, stop)`` (a view of the memmap, or a fresh array fetched by range)."""

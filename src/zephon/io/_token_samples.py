@@ -140,13 +140,12 @@ class TokenChunkShard(_ViewShard):
         super().__init__(file, samples, rows_per_item, seed)
 
     def read_item(self, samples: np.ndarray) -> Row:
-        L, w, read = self.seq_length, self.width, self.file.read_tokens
+        L, w = self.seq_length, self.width
         starts = (samples * L).tolist()
-        if self.rows_per_item == 1 and not self.positions:
-            return {INPUT_IDS: np.array(read(starts[0], starts[0] + w))}
         out = np.empty((len(starts), w), dtype=self.file.dtype)
-        for row, s in enumerate(starts):
-            out[row] = read(s, s + w)
+        _copy_spans(self.file, out.reshape(-1), np.arange(len(starts)) * w, samples * L, w)
+        if self.rows_per_item == 1 and not self.positions:
+            return {INPUT_IDS: out[0]}
         item: Row = {INPUT_IDS: out}
         if self.positions:
             item.update(self._positions(starts))
@@ -213,32 +212,44 @@ class TokenPackShard(_ViewShard):
         super().__init__(file, len(self.bounds) - 1, rows_per_item, seed)
 
     def read_item(self, samples: np.ndarray) -> Row:
-        L, read = self.seq_length, self.file.read_tokens
-        ids = np.full((len(samples), L), self.pad_id, dtype=self.file.dtype)
-        pos = np.empty((len(samples), L), dtype=np.int64)
-        cus: list[np.ndarray] = []
-        used = np.zeros(len(samples), dtype=np.int64)
-        for row, b in enumerate(samples.tolist()):
-            members = self.members[self.bounds[b] : self.bounds[b + 1]]
-            at = 0
-            for s, n in zip(
-                self.starts[members].tolist(), self.lengths[members].tolist(), strict=True
-            ):
-                ids[row, at : at + n] = read(s, s + n)
-                at += n
-            used[row] = at
-            cum = np.cumsum(self.lengths[members])
-            pos[row], cu = _segments(cum[:-1], L) if at == L else _segments(cum, L)
-            cus.append(cu[:-1] + row * L)
+        L, B = self.seq_length, len(samples)
+        lo, counts = self.bounds[samples], np.diff(self.bounds)[samples]
+        first = np.cumsum(counts) - counts  # each row's first piece in the item's piece list
+        row_of = np.repeat(np.arange(B), counts)
+        members = self.members[np.arange(int(counts.sum())) + np.repeat(lo - first, counts)]
+        starts, lengths = self.starts[members], self.lengths[members]
+        before = np.cumsum(lengths) - lengths
+        dest = row_of * L + before - before[first][row_of]
+        ids = np.full((B, L), self.pad_id, dtype=self.file.dtype)
+        _copy_spans(self.file, ids.reshape(-1), dest, starts, lengths)
+        used = np.bincount(row_of, weights=lengths, minlength=B).astype(np.int64)
+        # Segments in order: each row's pieces, then its padding (when there is any).
+        order = np.argsort(np.concatenate((row_of * 2, np.arange(B) * 2 + 1)), kind="stable")
+        seg = np.concatenate((lengths, L - used))[order]
+        seg = seg[seg > 0]
+        cu = np.zeros(len(seg) + 1, dtype=np.int64)
+        np.cumsum(seg, out=cu[1:])
+        pos = np.arange(B * L, dtype=np.int64) - np.repeat(cu[:-1], seg)
         item: Row = {
             INPUT_IDS: ids,
-            POSITION_IDS: pos,
-            CU_SEQLENS: np.concatenate([*cus, [len(samples) * L]]).astype(np.int32),
+            POSITION_IDS: pos.reshape(B, L),
+            CU_SEQLENS: cu.astype(np.int32),
             NUM_TOKENS: used,
         }
         if self.rows_per_item == 1:
             item = {k: v[0] if k != CU_SEQLENS else v for k, v in item.items()}
         return item
+
+
+def _copy_spans(
+    file: TokenFile, out: np.ndarray, dest: np.ndarray, starts: np.ndarray, lengths: Any
+) -> None:
+    """``out[d:d+n] = tokens[s:s+n]`` for every span (``lengths`` an array or one int),
+    straight from the memmap when the file is local."""
+    tokens = file.tokens()
+    ns = np.broadcast_to(lengths, starts.shape).tolist()
+    for d, s, n in zip(dest.tolist(), starts.tolist(), ns, strict=True):
+        out[d : d + n] = tokens[s : s + n] if tokens is not None else file.read_tokens(s, s + n)
 
 
 def token_chunks(
