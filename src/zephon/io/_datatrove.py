@@ -68,6 +68,10 @@ class DatatroveFile(TokenFile):
             )
         return np.frombuffer(self._index.read_range(0, size), "<u8").astype(np.int64)
 
+    def documents(self) -> int:
+        """Rows: one ``uint64`` end per document in the index (its size, no read)."""
+        return self._index.size() // 8
+
     def _layout(self) -> tuple[np.dtype[Any], int, int]:
         size = self.file_size()
         index_size = self._index.size() if self._exists(self._index) else 0

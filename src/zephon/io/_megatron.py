@@ -119,8 +119,13 @@ class MegatronFile(TokenFile):
             )
         return code, seqs, docs
 
+    def documents(self) -> int:
+        """Rows: the header's sequence count (no array is read)."""
+        return self._counts[0]
+
     def _layout(self) -> tuple[np.dtype[Any], int, int]:
-        code, _seqs, _docs = self._header()
+        code, seqs, docs = self._header()
+        self._counts = (seqs, docs)
         dtype = DTYPE_CODES[code]
         size = self.file_size()
         if size % dtype.itemsize:
@@ -133,7 +138,7 @@ class MegatronFile(TokenFile):
 
     def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sequence lengths, pointers and document indices from the whole ``.idx``."""
-        _code, seqs, docs = self._header()
+        seqs, docs = self._counts
         raw = self._idx.read_range(HEADER.size, HEADER.size + seqs * 12 + docs * 8)
         lengths = np.frombuffer(raw, np.int32, seqs, 0)
         pointers = np.frombuffer(raw, np.int64, seqs, seqs * 4)

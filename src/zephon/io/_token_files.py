@@ -71,7 +71,8 @@ class TokenFile(abc.ABC):
         return self._url
 
     def documents(self) -> int:
-        """Documents in the file (loads the spans)."""
+        """Documents in the file (formats whose header counts them override this; the
+        default loads the spans)."""
         return len(self.spans()[0])
 
     def spans(self) -> tuple[np.ndarray, np.ndarray]:

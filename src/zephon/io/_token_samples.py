@@ -206,39 +206,56 @@ class TokenPackShard(_ViewShard):
         keep = self.lengths > 0
         self.starts, self.lengths = self.starts[keep], self.lengths[keep]
         bins = best_fit(self.lengths, seq_length)
-        self.members = np.lexsort((np.arange(len(bins)), bins))  # pieces by bin, file order
+        members = np.lexsort((np.arange(len(bins)), bins))  # pieces by bin, in file order
+        self.starts, self.lengths = self.starts[members], self.lengths[members]
         self.bounds = np.zeros(int(bins.max(initial=-1)) + 2, dtype=np.int64)
         np.cumsum(np.bincount(bins, minlength=len(self.bounds) - 1), out=self.bounds[1:])
         super().__init__(file, len(self.bounds) - 1, rows_per_item, seed)
 
     def read_item(self, samples: np.ndarray) -> Row:
-        L, B = self.seq_length, len(samples)
-        lo, counts = self.bounds[samples], np.diff(self.bounds)[samples]
-        first = np.cumsum(counts) - counts  # each row's first piece in the item's piece list
-        row_of = np.repeat(np.arange(B), counts)
-        members = self.members[np.arange(int(counts.sum())) + np.repeat(lo - first, counts)]
-        starts, lengths = self.starts[members], self.lengths[members]
-        before = np.cumsum(lengths) - lengths
-        dest = row_of * L + before - before[first][row_of]
-        ids = np.full((B, L), self.pad_id, dtype=self.file.dtype)
-        _copy_spans(self.file, ids.reshape(-1), dest, starts, lengths)
-        used = np.bincount(row_of, weights=lengths, minlength=B).astype(np.int64)
-        # Segments in order: each row's pieces, then its padding (when there is any).
-        order = np.argsort(np.concatenate((row_of * 2, np.arange(B) * 2 + 1)), kind="stable")
-        seg = np.concatenate((lengths, L - used))[order]
-        seg = seg[seg > 0]
-        cu = np.zeros(len(seg) + 1, dtype=np.int64)
-        np.cumsum(seg, out=cu[1:])
-        pos = np.arange(B * L, dtype=np.int64) - np.repeat(cu[:-1], seg)
+        L, B, file = self.seq_length, len(samples), self.file
+        tokens, ramp = file.tokens(), _ramp(L)
+        ids = np.empty((B, L), dtype=file.dtype)
+        pos = np.empty((B, L), dtype=np.int32)
+        used = np.empty(B, dtype=np.int64)
+        cu: list[int] = []
+        bounds = self.bounds
+        for row, b in enumerate(samples.tolist()):
+            lo, hi = int(bounds[b]), int(bounds[b + 1])
+            out, out_pos, at = ids[row], pos[row], 0
+            for s, n in zip(self.starts[lo:hi].tolist(), self.lengths[lo:hi].tolist(), strict=True):
+                out[at : at + n] = (
+                    tokens[s : s + n] if tokens is not None else file.read_tokens(s, s + n)
+                )
+                out_pos[at : at + n] = ramp[:n]
+                cu.append(row * L + at)
+                at += n
+            if at < L:  # the padding is a segment of its own
+                out[at:] = self.pad_id
+                out_pos[at:] = ramp[: L - at]
+                cu.append(row * L + at)
+            used[row] = at
+        cu.append(B * L)
         item: Row = {
             INPUT_IDS: ids,
-            POSITION_IDS: pos.reshape(B, L),
-            CU_SEQLENS: cu.astype(np.int32),
+            POSITION_IDS: pos,
+            CU_SEQLENS: np.array(cu, dtype=np.int32),
             NUM_TOKENS: used,
         }
         if self.rows_per_item == 1:
             item = {k: v[0] if k != CU_SEQLENS else v for k, v in item.items()}
         return item
+
+
+_RAMPS: dict[int, np.ndarray] = {}
+
+
+def _ramp(n: int) -> np.ndarray:
+    """``arange(n)``, built once per length: position ids are slices of it."""
+    found = _RAMPS.get(n)
+    if found is None:
+        found = _RAMPS[n] = np.arange(n, dtype=np.int32)
+    return found
 
 
 def _copy_spans(
