@@ -12,7 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.io._token_writers import documents, write_datatrove, write_megatron
+from tests.io._token_writers import (
+    documents,
+    with_eos,
+    write_datatrove,
+    write_megatron,
+    write_npy_raw,
+)
 from zephon import Pipeline, StaticMixtureWorkSource, merge_checkpoints
 from zephon.errors import ConfigError
 from zephon.io import Dataset, token_chunks, token_packs
@@ -160,3 +166,32 @@ def test_elastic_resume_from_two_ranks(corpus: Any, new_world: int) -> None:
         pipe.restore(merged)
         after += [_key(b) for b in pipe]
     assert sorted(before + after) == reference
+
+
+def test_yaml_reads_token_files_as_samples(tmp_path: Path) -> None:
+    from zephon.config import ConfigFileError, parse_config
+
+    docs = documents(60, seed=2, lo=5, hi=40)
+    write_npy_raw(tmp_path / "olmo" / "part-0.npy", with_eos(docs, 0), "uint16", metadata=False)
+    config = {
+        "datasets": [
+            {
+                "name": "olmo",
+                "path": "olmo",
+                "format_options": {"token_dtype": "uint16", "eos_id": 0},
+                "samples": {"view": "packs", "seq_length": L, "rows_per_item": 2},
+            }
+        ],
+        "source": {"chunk_size": 4, "seed": 1},
+        "operators": [{"op": "batch", "microbatch_size": 1}],
+    }
+    items = [b.records[0].payload for b in parse_config(config, base_dir=tmp_path).build()]
+    assert sum(int(i["num_tokens"].sum()) for i in items) == sum(len(d) + 1 for d in docs)
+    assert {i["input_ids"].shape[1] for i in items} == {L}
+    assert sum(i["input_ids"].shape[0] != 2 for i in items) <= 1  # the file's last item
+    config["datasets"][0]["samples"] = {"view": "packs", "seq_length": L, "plus_one": True}
+    with pytest.raises(ConfigFileError, match=r"datasets\[0\]\.samples\.plus_one"):
+        parse_config(config, base_dir=tmp_path)
+    config["datasets"][0]["samples"] = {"view": "chunks"}
+    with pytest.raises(ConfigFileError, match=r"samples\.seq_length.*required"):
+        parse_config(config, base_dir=tmp_path)
