@@ -14,6 +14,7 @@ fetched with one ranged request); the header alone gives the token count.
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import Any
 
@@ -88,10 +89,21 @@ class MegatronFile(TokenFile):
         self.idx_url = idx_url
         super().__init__(idx_url[: -len(IDX_SUFFIX)] + BIN_SUFFIX, storage_options, cache)
 
+    def _head(self) -> tuple[int, bytes]:
+        """The ``.idx`` size and first bytes: a local file with one open (a corpus of many
+        files opens each once, past the descriptor pool), a remote one through its blob."""
+        if self._idx.remote:
+            size = self._idx.size()
+            return size, self._idx.read_range(0, min(HEADER.size, size))
+        fd = os.open(self._idx.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.fstat(fd).st_size, os.pread(fd, HEADER.size, 0)
+        finally:
+            os.close(fd)
+
     def _header(self) -> tuple[int, int, int]:
         """``(dtype code, sequences, documents)``, checked."""
-        size = self._idx.size()
-        raw = self._idx.read_range(0, min(HEADER.size, size))
+        size, raw = self._head()
         if len(raw) < HEADER.size or raw[:9] != MAGIC:
             raise DataFormatError(
                 f"{self.idx_url} is not a Megatron index (no MMIDIDX header); pass the .idx "
