@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -195,3 +196,14 @@ def test_yaml_reads_token_files_as_samples(tmp_path: Path) -> None:
     config["datasets"][0]["samples"] = {"view": "chunks"}
     with pytest.raises(ConfigFileError, match=r"samples\.seq_length.*required"):
         parse_config(config, base_dir=tmp_path)
+
+
+def test_a_copied_corpus_keeps_its_seeded_order(corpus: Any, tmp_path: Path) -> None:
+    ds, _ = corpus
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(Path(ds.shards[0].location).parent, copy)
+    for view in (token_chunks, token_packs):
+        here, there = (view(d, L, rows_per_item=3, seed=4) for d in (ds, Dataset.from_path(copy)))
+        assert [x["input_ids"].tolist() for x in here.read(2, [0, 1])] == [
+            x["input_ids"].tolist() for x in there.read(2, [0, 1])
+        ]

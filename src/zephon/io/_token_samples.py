@@ -20,6 +20,7 @@ Samples never cross files; a file's last partial window is not a sample.
 
 from __future__ import annotations
 
+import posixpath
 import zlib
 from bisect import bisect_left, insort
 from collections.abc import Sequence
@@ -97,12 +98,14 @@ class _ViewShard(LazyShard):
         return -(-self.samples // self.rows_per_item)
 
     def order(self) -> np.ndarray:
-        """Sample numbers in item order: identity, or a permutation seeded by the file name."""
+        """Sample numbers in item order: identity, or a permutation seeded by ``seed`` and
+        the file's name."""
         if self._order is None:
             if self.seed is None:
                 self._order = np.arange(self.samples, dtype=np.int64)
             else:
-                salt = zlib.crc32(self.location.encode())
+                # The file's name, not its folder: a corpus moved or copied keeps its order.
+                salt = zlib.crc32(posixpath.basename(self.location).encode())
                 rng = np.random.default_rng([self.seed, salt])
                 self._order = rng.permutation(self.samples)
         return self._order
