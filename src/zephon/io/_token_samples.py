@@ -217,32 +217,32 @@ class TokenPackShard(_ViewShard):
 
     def read_item(self, samples: np.ndarray) -> Row:
         L, B, file = self.seq_length, len(samples), self.file
-        tokens, ramp = file.tokens(), _ramp(L)
+        tokens = file.tokens()
         ids = np.empty((B, L), dtype=file.dtype)
-        pos = np.empty((B, L), dtype=np.int32)
         used = np.empty(B, dtype=np.int64)
-        cu: list[int] = []
+        cu: list[int] = []  # where each document piece (and each row's padding) starts
         bounds = self.bounds
         for row, b in enumerate(samples.tolist()):
             lo, hi = int(bounds[b]), int(bounds[b + 1])
-            out, out_pos, at = ids[row], pos[row], 0
+            out, at = ids[row], 0
             for s, n in zip(self.starts[lo:hi].tolist(), self.lengths[lo:hi].tolist(), strict=True):
                 out[at : at + n] = (
                     tokens[s : s + n] if tokens is not None else file.read_tokens(s, s + n)
                 )
-                out_pos[at : at + n] = ramp[:n]
                 cu.append(row * L + at)
                 at += n
             if at < L:  # the padding is a segment of its own
                 out[at:] = self.pad_id
-                out_pos[at:] = ramp[: L - at]
                 cu.append(row * L + at)
             used[row] = at
         cu.append(B * L)
+        bounds_arr = np.array(cu, dtype=np.int32)
+        # Position ids restart at every segment: one vectorised pass over the whole item.
+        pos = _ramp(B * L) - np.repeat(bounds_arr[:-1], np.diff(bounds_arr))
         item: Row = {
             INPUT_IDS: ids,
-            POSITION_IDS: pos,
-            CU_SEQLENS: np.array(cu, dtype=np.int32),
+            POSITION_IDS: pos.reshape(B, L),
+            CU_SEQLENS: bounds_arr,
             NUM_TOKENS: used,
         }
         if self.rows_per_item == 1:
