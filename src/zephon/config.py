@@ -57,8 +57,10 @@ TOP_LEVEL_KEYS = (
 METRICS_KEYS = ("statsd", "prefix", "interval_s", "max_packet_bytes")
 DATASET_KEYS = (
     "name", "path", "format", "columns", "storage_options", "cache_dir", "cache",
-    "decode_images", "allow_pickle",
+    "decode_images", "allow_pickle", "format_options", "samples",
 )  # fmt: skip
+#: ``samples:`` of a pre-tokenized dataset: the view and its parameters.
+SAMPLES_KEYS = ("view", "seq_length", "plus_one", "rows_per_item", "seed", "positions", "pad_id")
 
 #: Operator name in YAML -> Pipeline builder method of the same name (one registry).
 OPERATORS = tuple(d.name for d in operator_definitions())
@@ -364,6 +366,8 @@ class DatasetConfig:
     cache: dict[str, Any] | None = None
     decode_images: bool = False
     allow_pickle: bool = False
+    format_options: dict[str, Any] | None = None
+    samples: dict[str, Any] | None = None  # token_chunks / token_packs view and its arguments
     key: str = "datasets"
 
 
@@ -411,11 +415,27 @@ class PipelineConfig:
                         cache=CacheOptions(**d.cache) if d.cache else None,
                         decode_images=d.decode_images,
                         allow_pickle=d.allow_pickle,
+                        format_options=d.format_options,
                     )
                 )
             except ZephonError as exc:
                 raise self._fail(f"{d.key}.path", str(exc)) from None
+            if d.samples is not None:
+                out[-1] = self._sample_view(out[-1], d)
         return out
+
+    def _sample_view(self, dataset: Any, d: DatasetConfig) -> Any:
+        """``samples: {view: chunks | packs, seq_length, ...}``: the dataset's token files as
+        training samples (``zephon.io.token_chunks`` / ``token_packs``)."""
+        from zephon.io import token_chunks, token_packs
+
+        assert d.samples is not None
+        params = dict(d.samples)
+        view = token_chunks if params.pop("view", "chunks") == "chunks" else token_packs
+        try:
+            return view(dataset, **params)
+        except (ZephonError, TypeError) as exc:
+            raise self._fail(f"{d.key}.samples", str(exc)) from None
 
     def build(self) -> Any:
         """Open the datasets, build the work source and the pipeline (errors name the key)."""
@@ -544,8 +564,33 @@ def _dataset(raw: Any, key: str, base_dir: Path) -> DatasetConfig:
         cache=cache,
         decode_images=check_value(raw.get("decode_images", False), bool, f"{key}.decode_images"),
         allow_pickle=check_value(raw.get("allow_pickle", False), bool, f"{key}.allow_pickle"),
+        format_options=check_value(
+            raw.get("format_options"), dict[str, Any] | None, f"{key}.format_options"
+        ),
+        samples=_samples(raw.get("samples"), f"{key}.samples"),
         key=key,
     )
+
+
+def _samples(raw: Any, key: str) -> dict[str, Any] | None:
+    """``samples:`` checked: known keys, ``view`` chunks or packs, ``seq_length`` given."""
+    if raw is None:
+        return None
+    found = check_value(raw, dict[str, Any], key)
+    for k in found:
+        if k not in SAMPLES_KEYS:
+            raise ConfigFileError(f"{key}.{k}", f"unknown key (known: {', '.join(SAMPLES_KEYS)})")
+    check_value(found.get("view", "chunks"), Literal["chunks", "packs"], f"{key}.view")
+    if "seq_length" not in found:
+        raise ConfigFileError(f"{key}.seq_length", "required but missing")
+    check_value(found["seq_length"], int, f"{key}.seq_length")
+    if found.get("view") == "packs":
+        for k in ("plus_one", "positions"):
+            if k in found:
+                raise ConfigFileError(f"{key}.{k}", "a chunks option; packs rows have neither")
+    elif "pad_id" in found:
+        raise ConfigFileError(f"{key}.pad_id", "a packs option; chunks rows are never padded")
+    return dict(found)
 
 
 def _format_hint() -> Any:

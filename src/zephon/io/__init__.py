@@ -1,6 +1,8 @@
 """Datasets and shard formats: JSONL (plain, .gz, .zst, .bz2, .xz), Parquet, Arrow IPC /
-Feather, Vortex, Hugging Face ``save_to_disk`` folders and Hub splits (``hf://``), Lance, MDS and
-LitData; local, on any fsspec URL, or through a node cache. Every format is a
+Feather, Vortex, Hugging Face ``save_to_disk`` folders and Hub splits (``hf://``), Lance, MDS,
+LitData and pre-tokenized Megatron ``.bin/.idx``, datatrove ``.ds`` and ``.npy`` token arrays
+(:func:`token_chunks` and :func:`token_packs` read their samples at memory speed); local, on any
+fsspec URL, or through a node cache. Every format is a
 :class:`FormatSpec` in one registry; :func:`register_format` adds yours."""
 
 import zephon.io._builtin_formats  # noqa: F401 - registers the built-in formats
@@ -21,6 +23,7 @@ from zephon.io._jsonl import JsonlShard
 from zephon.io._paths import cache_root
 from zephon.io._remote import abandon_reads, open_requests
 from zephon.io._stats import SourceStats, io_totals
+from zephon.io._token_samples import token_chunks, token_packs
 
 __all__ = [
     "CacheOptions",
@@ -44,5 +47,7 @@ __all__ = [
     "list_shards",
     "open_requests",
     "register_format",
+    "token_chunks",
+    "token_packs",
     "unregister_format",
 ]

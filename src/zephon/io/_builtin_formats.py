@@ -16,6 +16,7 @@ from zephon.io._folders import (
 )
 from zephon.io._formats import FormatSpec, ReadOptions, register_format
 from zephon.io._jsonl import COMPRESSIONS, JSONL_SUFFIXES, JsonlShard
+from zephon.io._token_files import TokenDocumentShard
 from zephon.io._vortex import VORTEX_SUFFIXES, VortexShard
 
 __all__ = ["BUILTIN_FORMATS"]
@@ -50,6 +51,25 @@ def _vortex(url: str, rows: int | None, o: ReadOptions) -> Shard:
     return VortexShard(
         url, rows, columns=o.columns, storage_options=o.storage_options, cache=o.cache
     )
+
+
+def _megatron(url: str, rows: int | None, o: ReadOptions) -> Shard:
+    from zephon.io._megatron import MegatronFile
+
+    return TokenDocumentShard(MegatronFile(url, o.storage_options, o.cache), rows)
+
+
+def _datatrove(url: str, rows: int | None, o: ReadOptions) -> Shard:
+    from zephon.io._datatrove import DatatroveFile
+
+    return TokenDocumentShard(DatatroveFile(url, o.storage_options, o.cache), rows)
+
+
+def _npy(url: str, rows: int | None, o: ReadOptions) -> Shard:
+    from zephon.io._npy_tokens import NpyTokenFile
+
+    file = NpyTokenFile(url, o.storage_options, o.cache, o.format_options)
+    return TokenDocumentShard(file, rows)
 
 
 def _stars(suffixes: tuple[str, ...]) -> str:
@@ -95,6 +115,9 @@ BUILTIN_FORMATS = (
         open_folder=litdata_folder_shards,
         extra="litdata",
     ),
+    FormatSpec("megatron", "*.idx (with its .bin)", suffixes=(".idx",), open_file=_megatron),
+    FormatSpec("datatrove", "*.ds (with its .ds.index)", suffixes=(".ds",), open_file=_datatrove),
+    FormatSpec("npy", "*.npy (token arrays)", suffixes=(".npy",), open_file=_npy),
 )
 
 for _spec in BUILTIN_FORMATS:

@@ -170,6 +170,7 @@ class Dataset:
         cache: CacheOptions | None = None,
         decode_images: bool = False,
         allow_pickle: bool = False,
+        format_options: Mapping[str, Any] | None = None,
     ) -> Dataset: ...
 
     @overload
@@ -186,6 +187,7 @@ class Dataset:
         cache: CacheOptions | None = None,
         decode_images: bool = False,
         allow_pickle: bool = False,
+        format_options: Mapping[str, Any] | None = None,
     ) -> Dataset: ...
 
     @classmethod
@@ -199,6 +201,7 @@ class Dataset:
         cache: CacheOptions | None = None,
         decode_images: bool = False,
         allow_pickle: bool = False,
+        format_options: Mapping[str, Any] | None = None,
         **named: Any,
     ) -> Dataset:
         """A dataset over files: a folder, a glob or a list of files/folders (local or fsspec).
@@ -207,8 +210,9 @@ class Dataset:
         glob, without the format suffix, e.g. ``data/`` -> ``data``; see ``docs/datasets.md``);
         ``from_path(name, path)`` or ``name=`` names it explicitly.
         Formats come from the suffix (``.jsonl``/``.ndjson`` optionally ``.gz``/``.zst``/
-        ``.bz2``/``.xz``, ``.parquet``, ``.arrow``/``.feather``, ``.vortex``), from the folder
-        (Hugging Face ``save_to_disk``, Lance, MDS, LitData) or from ``fmt``. ``columns``
+        ``.bz2``/``.xz``, ``.parquet``, ``.arrow``/``.feather``, ``.vortex``; pre-tokenized
+        Megatron ``.idx`` (+ ``.bin``), datatrove ``.ds`` and ``.npy`` token arrays), from the
+        folder (Hugging Face ``save_to_disk``, Lance, MDS, LitData) or from ``fmt``. ``columns``
         projects every format but JSONL. ``hf://org/name[@rev][/config]/split`` reads a Hub
         dataset split at one pinned commit (see ``docs/datasets.md``).
         ``storage_options`` go to fsspec (and Lance). ``cache`` keeps whole remote shards in a
@@ -218,7 +222,8 @@ class Dataset:
         ``index.json`` in the folder (``zephon index PATH``) makes discovery instant.
         MDS image columns (``jpeg``, ``png``) are their encoded bytes, or ``uint8`` arrays
         with ``decode_images``; ``pkl`` columns need ``allow_pickle`` (unpickling can run
-        code).
+        code). ``format_options`` go to a format that needs some: an ``npy`` token array takes
+        ``token_dtype`` (raw arrays) and ``eos_id`` (see ``docs/pretokenized.md``).
         """
         name, path = _name_and_path(args, named)
         from zephon.io._discover import dataset_from_path
@@ -233,6 +238,7 @@ class Dataset:
             cache=cache,
             decode_images=decode_images,
             allow_pickle=allow_pickle,
+            format_options=dict(format_options) if format_options else None,
         )
 
     @classmethod

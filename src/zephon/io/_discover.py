@@ -212,6 +212,7 @@ def dataset_from_path(
     cache: CacheOptions | None = None,
     decode_images: bool = False,
     allow_pickle: bool = False,
+    format_options: dict[str, Any] | None = None,
 ) -> Dataset:
     _check_fmt(fmt, format_names())
     derived = derived_dir(cache_dir, cache)
@@ -229,7 +230,9 @@ def dataset_from_path(
                 ReadOptions(columns, storage_options, cache, derived, decode_images, allow_pickle),
             )
             continue
-        options = ReadOptions(columns, storage_options, cache, derived)
+        options = ReadOptions(
+            columns, storage_options, cache, derived, format_options=format_options
+        )
         shards += [
             make_shard(url, found, rows, options)
             for url, found, rows in discover(entry, fmt=fmt, storage_options=storage_options)

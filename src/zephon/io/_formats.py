@@ -35,7 +35,8 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class ReadOptions:
     """What ``Dataset.from_path`` passes every reader: the projection, fsspec options, the
-    node cache, the folder for derived files, and MDS's two decoding flags."""
+    node cache, the folder for derived files, MDS's two decoding flags and the options of a
+    format that needs some (an ``npy`` token array's ``token_dtype`` and ``eos_id``)."""
 
     columns: Sequence[str] | None = None
     storage_options: dict[str, Any] | None = None
@@ -43,6 +44,7 @@ class ReadOptions:
     cache_dir: str | os.PathLike[str] | None = None
     decode_images: bool = False
     allow_pickle: bool = False
+    format_options: dict[str, Any] | None = None
 
 
 #: ``(url, rows or None, options) -> Shard``: one file of a file format.
