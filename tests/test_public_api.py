@@ -157,8 +157,10 @@ EXPECTED: dict[str, list[str]] = {
         "CONVENTIONS TOKEN_FIELDS TrainingOptions to_training training_arrays"
     ),
     "zephon.integrations": _names(""),
-    "zephon.integrations.accelerate": _names("DataState prepare_pipeline"),
-    "zephon.integrations.lightning": _names("ZephonDataModule"),
+    "zephon.integrations.accelerate": _names(
+        "DataState TokenLoss evaluate_loss loss_tokens prepare_eval_pipeline prepare_pipeline"
+    ),
+    "zephon.integrations.lightning": _names("TokenLoss ZephonDataModule loss_tokens"),
     "zephon.integrations.transformers": _names(
         "DATA_STATE_NAME PreemptionCallback ZephonTrainer latest_complete_checkpoint"
     ),
