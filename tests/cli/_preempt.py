@@ -50,7 +50,8 @@ options:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO)}  # tests.cli._custom_ops is importable
+    # this checkout's zephon, and tests.cli._custom_ops importable
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
 
 
 def lines(path: Path) -> int:

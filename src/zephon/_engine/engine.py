@@ -3,6 +3,7 @@ round-robin tail. How the stages run is the runner's business (``runners.py``)."
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Generator, Iterator
@@ -365,6 +366,9 @@ class Engine:
     def __iter__(self) -> Iterator[StreamItem]:
         try:
             yield from self.stream()
+        except Exception as exc:  # the run's error is the one the consumer sees
+            self._close_after(exc)
+            raise
         finally:
             self.snapshot()
             self.close()
@@ -375,6 +379,15 @@ class Engine:
                 self.quarantine.count,
                 f"; they are listed in {where}" if where is not None else "",
             )
+
+    def _close_after(self, error: BaseException) -> None:
+        """Close after ``error``; a failure to close is noted on it rather than replacing it."""
+        try:
+            self.snapshot()
+            self.close()
+        except Exception as exc:
+            with contextlib.suppress(BaseException):
+                error.add_note(f"closing the engine then failed too: {type(exc).__name__}: {exc}")
 
     def stream(self) -> Generator[StreamItem, None, None]:
         """The delivered items; unlike ``iter()`` it leaves closing the engine to the caller

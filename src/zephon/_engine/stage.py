@@ -128,6 +128,15 @@ def annotate(exc: BaseException, op_name: str) -> BaseException:
     return exc
 
 
+def safe_annotate(exc: BaseException, op_name: str) -> BaseException:
+    """:func:`annotate`, or ``exc`` as it is where even that fails (no memory left, notes
+    that are not a list): reporting an error must never raise another."""
+    try:
+        return annotate(exc, op_name)
+    except BaseException:
+        return exc
+
+
 def _no_state(lane_id: int) -> None:
     return None
 
