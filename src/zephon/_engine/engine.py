@@ -3,9 +3,11 @@ round-robin tail. How the stages run is the runner's business (``runners.py``)."
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -370,8 +372,9 @@ class Engine:
             self._close_after(exc)
             raise
         finally:
-            self.snapshot()
-            self.close()
+            if not self._closed:  # closed already after an error, or at interpreter exit
+                self.snapshot()
+                self.close()
         if self.quarantine.count:
             where = self.quarantine.path
             log.warning(
@@ -398,6 +401,7 @@ class Engine:
         assert feeder is not None and mux is not None
         self._started_at = self._last_log = time.monotonic()
         self._io_start = io_totals()
+        _LIVE.add(self)
         job = RunJob(
             self._cores(),
             self.plan,
@@ -432,7 +436,27 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        _LIVE.discard(self)
         self.resources.close()
         self.quarantine.close()
         self.states.close()
         self.resources.teardown()
+
+
+_LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
+"""Engines being iterated (started, not closed)."""
+
+
+@atexit.register  # after the worker pools' exit hooks (imported first), so it runs before them
+def _close_live_engines() -> None:
+    """Close the engines of iterators still open at interpreter exit while their threads run.
+
+    Left to the interpreter, the suspended iterator would be finalised after it froze the
+    engine's daemon threads (closing would wait on them and print an ignored exception), and
+    multiprocessing would join worker processes that a serving thread is reaping.
+    """
+    for engine in list(_LIVE):
+        try:
+            engine.close()
+        except Exception as exc:
+            log.warning("zephon: closing a pipeline left open at exit failed: %s", exc)
