@@ -56,3 +56,10 @@ def stall(payload: dict[str, Any]) -> dict[str, Any]:
         pass
     time.sleep(120)
     return payload
+
+
+def hungry(payload: dict[str, Any]) -> dict[str, Any]:
+    """Asks the allocator for more memory than any machine has: a real ``MemoryError``, as an
+    operator gets one when memory runs out."""
+    bytearray(1 << 62)
+    return payload
