@@ -129,7 +129,10 @@ class EngineThread(threading.Thread):
         raise NotImplementedError
 
     def lost(self) -> bool:
-        """Started, ended, and its last message may never have been sent."""
+        """Started, ended, and its last message may never have been sent; or a message it
+        waits for was lost (``fault`` set while it runs)."""
+        if self.fault is not None:
+            return True
         return self.ident is not None and not self.reported and not self.is_alive()
 
     def death(self) -> BaseException:
@@ -221,7 +224,10 @@ class OpDriver(EngineThread):
 
     def _on_done(self, seq: int) -> Callable[[Future[list[StreamItem]]], None]:
         def callback(future: Future[list[StreamItem]]) -> None:
-            self.inbox.put(Done(seq, future))
+            try:
+                self.inbox.put(Done(seq, future))
+            except BaseException as exc:  # the driver would wait for it forever
+                self.fault = exc
 
         return callback
 
