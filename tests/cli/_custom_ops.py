@@ -69,10 +69,10 @@ _HOARD: list[Any] = []
 
 
 def hoard(payload: dict[str, Any]) -> dict[str, Any]:
-    """Keeps 4 MiB for every record it sees, as a leaking operator does: under a memory limit
+    """Keeps 2 MiB for every record it sees, as a leaking operator does: under a memory limit
     (``ulimit -v``) the worker process running it runs out part-way through a run. The
     pages are never touched, so without a limit it costs address space, not memory."""
     import numpy as np
 
-    _HOARD.append(np.zeros(4 << 20, dtype=np.uint8))
+    _HOARD.append(np.zeros(2 << 20, dtype=np.uint8))
     return payload

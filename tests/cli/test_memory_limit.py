@@ -15,9 +15,9 @@ import pytest
 from tests.cli._preempt import env
 from tests.cli.conftest import PIPELINE_YAML, ZEPHON
 
-LIMIT_KB = 800_000
+LIMIT_KB = 700_000
 """Room to start the engine and its two workers, and for a few hundred of the operator's
-4 MiB allocations in each worker (which asks for about 300 of them: more than the limit)."""
+2 MiB allocations in each worker (which asks for about 300 of them: more than the limit)."""
 
 HOARD_OP = "  - op: map_transform\n    fn: 'tests.cli._custom_ops:hoard'\n"
 HOARD_YAML = PIPELINE_YAML.replace("  - pack_flat:", f"{HOARD_OP}  - pack_flat:").replace(
