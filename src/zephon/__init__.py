@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from zephon._startup import install_if_command
+
+install_if_command()  # the ``zephon`` command handles stop signals from here on
+
+import importlib  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 if TYPE_CHECKING:
     from zephon.checkpoints import merge_checkpoints

@@ -33,6 +33,7 @@ import difflib
 from collections.abc import Iterable
 
 __all__ = [
+    "OUT_OF_MEMORY_FIX",
     "CacheThrashingWarning",
     "ChatFormatError",
     "CheckpointError",
@@ -53,6 +54,14 @@ __all__ = [
 
 class ZephonError(Exception):
     """Base class of every error zephon raises on purpose."""
+
+
+OUT_OF_MEMORY_FIX = (
+    "out of memory: lower the operator's parallelism, the pipeline's queue_size and "
+    "max_inflight (pipeline.options()), or its batch and buffer sizes (microbatch_size, "
+    "buffer_size), or raise the memory limit"
+)
+"""What a ``MemoryError`` raised in an operator says to change."""
 
 
 class ConfigError(ZephonError, ValueError):

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import resource
+import shlex
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import zephon
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon.checkpoints import (
     checkpoint_files,
@@ -96,3 +103,83 @@ def test_no_valid_checkpoint_is_an_error_and_nothing_is_set_aside(tmp_path: Path
         latest_checkpoint(tmp_path, set_aside=True)
     assert checkpoint_path(tmp_path, 1).exists()
     assert latest_checkpoint(tmp_path / "empty-dir") is None
+
+
+# -- what the system refuses: real errors from the kernel, in a process of their own -----------
+
+SAVE = """\
+import json, os, sys
+from zephon.checkpoints import CheckpointWriteError, save_checkpoint
+state = json.load(open(sys.argv[2]))
+if len(sys.argv) > 3:
+    os.setuid(int(sys.argv[3]))  # another user from here on
+try:
+    save_checkpoint(sys.argv[1], state)
+except CheckpointWriteError as exc:
+    print(exc)
+"""
+
+
+def _save_elsewhere(tmp_path: Path, target: Path, *extra: str, **popen: Any) -> str:
+    """Save a real checkpoint to ``target`` from a child process; what it printed."""
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(state_after(2)))
+    env = {**os.environ, "PYTHONPATH": str(Path(zephon.__file__).parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", SAVE, str(target), str(state), *extra], env=env, capture_output=True,
+        text=True, timeout=120, **popen,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_folder_this_user_cannot_write_names_the_file_and_the_fix(tmp_path: Path):
+    folder = tmp_path / "theirs"
+    folder.mkdir(mode=0o755)
+    target = folder / "ckpt-0000000002.json"
+    if os.geteuid() == 0:  # root writes anywhere: save as another user
+        said = _save_elsewhere(tmp_path, target, "65534")
+    else:
+        folder.chmod(0o555)
+        said = _save_elsewhere(tmp_path, target)
+    assert said == (
+        f"cannot write the checkpoint {target}: Permission denied; make the folder writable "
+        "by this user, or write checkpoints elsewhere, then resume (the newest checkpoint "
+        "already written is intact)"
+    )
+    assert list(folder.iterdir()) == []
+
+
+def test_a_file_size_limit_below_the_checkpoint_names_the_file_and_the_limit(tmp_path: Path):
+    target = tmp_path / "ckpt-0000000002.json"
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))  # EFBIG past 512 bytes
+
+    said = _save_elsewhere(tmp_path, target, preexec_fn=limit)
+    assert said.startswith(f"cannot write the checkpoint {target}: File too large; the file ")
+    assert "(ulimit -f)" in said and not target.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temporary file left
+
+
+def test_a_read_only_file_system_names_the_file_and_the_fix(tmp_path: Path):
+    (tmp_path / "ro").mkdir()
+    target = tmp_path / "ro" / "ckpt-0000000002.json"
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps(state_after(2)))
+    own = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    script = (
+        f"mount -t tmpfs -o size=1m,ro tmpfs {tmp_path / 'ro'} && "
+        f"{shlex.quote(sys.executable)} -c {shlex.quote(SAVE)} {target} {state}"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(zephon.__file__).parents[1])}
+    done = subprocess.run(
+        ["unshare", *own, "--mount", "bash", "-c", script], env=env, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (
+        f"cannot write the checkpoint {target}: Read-only file system; the file system is "
+        "mounted read-only: remount it read-write, or write checkpoints elsewhere, then resume "
+        "(the newest checkpoint already written is intact)"
+    )

@@ -56,3 +56,23 @@ def stall(payload: dict[str, Any]) -> dict[str, Any]:
         pass
     time.sleep(120)
     return payload
+
+
+def hungry(payload: dict[str, Any]) -> dict[str, Any]:
+    """Asks the allocator for more memory than any machine has: a real ``MemoryError``, as an
+    operator gets one when memory runs out."""
+    bytearray(1 << 62)
+    return payload
+
+
+_HOARD: list[Any] = []
+
+
+def hoard(payload: dict[str, Any]) -> dict[str, Any]:
+    """Keeps 2 MiB for every record it sees, as a leaking operator does: under a memory limit
+    (``ulimit -v``) the worker process running it runs out part-way through a run. The
+    pages are never touched, so without a limit it costs address space, not memory."""
+    import numpy as np
+
+    _HOARD.append(np.zeros(2 << 20, dtype=np.uint8))
+    return payload

@@ -50,8 +50,8 @@ options:
 
 
 def env() -> dict[str, str]:
-    # tests.cli._custom_ops is importable, and zephon is this checkout's, not an installed one
-    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'src'}"}
+    # this checkout's zephon, and tests.cli._custom_ops importable
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
 
 
 def lines(path: Path) -> int:

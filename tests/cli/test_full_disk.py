@@ -145,3 +145,44 @@ def test_an_output_path_that_cannot_be_created_is_a_usage_error(workdir: Path, f
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith("zephon run: error: cannot open the ")
     assert "a-file/" in done.stderr and "Not a directory" in done.stderr
+
+
+CHECKPOINTS = """\
+set -u
+mount -t tmpfs -o size={size} tmpfs ck
+head -c {filler} /dev/zero > ck/filler
+run() {{ {zephon} run pipeline.yaml --quiet --record rec.jsonl --checkpoint-dir ck \\
+        --checkpoint-every 20 "$@"; }}
+run > out1 2> err1; echo $? > code1
+ls -a ck > files1
+rm ck/filler
+run --resume > out2 2> err2; echo $? > code2
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_full_disk_under_the_checkpoints_names_the_file_and_the_resume_is_exact(
+    workdir: Path,
+):
+    expected = subprocess.run(
+        [ZEPHON, "run", "pipeline.yaml", "--quiet", "--record", "full.jsonl"], cwd=workdir,
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert expected.returncode == 0, expected.stderr
+    (workdir / "ck").mkdir()
+    free = 6 * PAGE  # room for a checkpoint or two (three to four pages each)
+    script = CHECKPOINTS.format(size=SIZE, filler=SIZE - free, zephon=ZEPHON)
+    _in_mount_namespace(workdir, script)
+
+    err = (workdir / "err1").read_text()
+    assert (workdir / "code1").read_text().strip() == "1", err
+    assert "Traceback" not in err and err.count("\n") == 1
+    assert err.startswith(
+        "zephon run: error: CheckpointWriteError: cannot write the checkpoint ck/ckpt-"
+    )
+    assert "No space left on device; free space on that disk" in err and "then resume" in err
+    files = (workdir / "files1").read_text().split()
+    assert [f for f in files if f.startswith("ckpt-")]  # the ones written before it filled
+    assert not [f for f in files if ".tmp-" in f]
+    assert (workdir / "code2").read_text().strip() == "0", (workdir / "err2").read_text()
+    assert (workdir / "rec.jsonl").read_bytes() == (workdir / "full.jsonl").read_bytes()

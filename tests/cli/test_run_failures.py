@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def zephon(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     return subprocess.run(
         [ZEPHON, *args], cwd=cwd, capture_output=True, text=True, timeout=120, env=env
     )
@@ -201,3 +201,20 @@ def test_a_broken_tokenizer_file_is_one_line_naming_it(workdir: Path, name, text
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert f"tokenizer file {workdir / name} cannot be read" in proc.stderr and extra in proc.stderr
+
+
+HUNGRY_OP = "  - op: map_transform\n    fn: 'tests.cli._custom_ops:hungry'\n"
+HUNGRY_YAML = PIPELINE_YAML.replace("  - pack_flat:", f"{HUNGRY_OP}  - pack_flat:")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("runner", ["threads", "process"])
+def test_a_memory_error_in_an_operator_names_it_and_what_to_lower(workdir: Path, runner: str):
+    (workdir / "hungry.yaml").write_text(HUNGRY_YAML)
+    failed = zephon("run", "hungry.yaml", "--quiet", "--runner", runner, cwd=workdir)
+    assert failed.returncode == 1, failed.stderr
+    assert "Traceback" not in failed.stderr
+    error = failed.stderr.strip().splitlines()[-1]
+    assert error.startswith("zephon run: error: operator '") and "map_transform" in error
+    assert "MemoryError: out of memory: lower the operator's parallelism" in error
+    assert "queue_size and max_inflight" in error and "raise the memory limit" in error

@@ -1,13 +1,15 @@
 """A stop signal before ``zephon run`` delivers its first item (imports, config, restore, first
 batch, the process runner's forkserver) ends it at once with exit 143/130 and a one-line
-summary, never with the signal's own death or exit 1."""
+summary, never with the signal's own death or exit 1, from the first line the command runs."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -71,3 +73,44 @@ def test_ctrl_c_while_the_forkserver_starts_is_exit_130(preempt_dir):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert out.startswith("interrupted: ") and "Traceback" not in err, err
+
+
+def _stop_at(preempt_dir, delay: float, signum: int, module: bool) -> tuple[int, str, str]:
+    """Start ``zephon run`` (or ``python -m zephon run``), send ``signum`` ``delay`` seconds
+    after its entry point's first line installed the handlers (SigCgt shows SIGTERM caught:
+    before that, the interpreter itself is starting and no Python code can run)."""
+    head = [sys.executable, "-m", "zephon"] if module else [ZEPHON]
+    proc = subprocess.Popen(
+        [*head, "run", "p.yaml", "--quiet"], cwd=preempt_dir, env=env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wait_for(lambda: proc.poll() is not None or catches_sigterm(proc.pid))
+    time.sleep(delay)  # the moment under test, not a wait for anything
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out, err
+
+
+def _check_stops(preempt_dir, delays: list[float]) -> None:
+    bad = []
+    for i, delay in enumerate(delays):
+        signum = (signal.SIGINT, signal.SIGTERM)[i % 2]
+        code, out, err = _stop_at(preempt_dir, delay, signum, module=i % 3 == 2)
+        expected = 130 if signum == signal.SIGINT else 143
+        if code != expected or "Traceback" in err or not out.strip():
+            bad.append((round(delay, 3), signum.name, code, err[-400:]))
+    assert bad == []
+
+
+@pytest.mark.timeout(600)
+def test_stop_signals_spread_over_the_first_half_second_all_exit_130_or_143(preempt_dir):
+    """16 moments over the imports, the config and the first batch; one in three through
+    ``python -m zephon``: each exits 130 (SIGINT) or 143 (SIGTERM) with its summary line."""
+    _check_stops(preempt_dir, [i * 0.5 / 16 for i in range(16)])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_fifty_random_stop_signals_in_the_first_half_second_all_exit_130_or_143(preempt_dir):
+    rng = random.Random(2026)
+    _check_stops(preempt_dir, [rng.uniform(0.0, 0.5) for _ in range(50)])

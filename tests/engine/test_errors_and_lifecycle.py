@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -243,3 +247,18 @@ def test_accumulator_that_flushes_other_lanes_at_a_sentinel_is_refused(runner):
         ContractError, match="emitted a lane 1 element at a flush sentinel of lane 0"
     ):
         list(pipe)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("runner", ["threads", "process", "engine_process"])
+def test_an_iterator_left_open_at_exit_prints_nothing(runner):
+    """The interpreter exits with the engine busy behind an unfinished iterator: the engine
+    is closed quietly, without an ignored exception or a wait on frozen threads."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo / "src"), str(repo)])}
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.engine._open_at_exit", runner],
+            cwd=repo, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert (done.returncode, done.stderr) == (0, "")

@@ -106,6 +106,9 @@ def test_worker_that_always_dies_fails_after_max_retries_naming_the_operator(doc
     with pytest.raises(WorkerCrashedError, match=r"operator 'kill_worker'.*killed by SIGKILL") as e:
         list(pipe)
     assert "max_worker_retries=1" in str(e.value)
+    # a SIGKILL is most often the OOM killer's: said as likely, or as a fact when the
+    # kernel's OOM-kill counters rose meanwhile
+    assert "out of memory" in str(e.value) and "OOM killer" in str(e.value)
 
 
 class SetupFails(KillWorkerOp):

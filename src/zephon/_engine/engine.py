@@ -3,8 +3,11 @@ round-robin tail. How the stages run is the runner's business (``runners.py``)."
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -368,9 +371,13 @@ class Engine:
     def __iter__(self) -> Iterator[StreamItem]:
         try:
             yield from self.stream()
+        except Exception as exc:  # the run's error is the one the consumer sees
+            self._close_after(exc)
+            raise
         finally:
-            self.snapshot()
-            self.close()
+            if not self._closed:  # closed already after an error, or at interpreter exit
+                self.snapshot()
+                self.close()
         if self.quarantine.count:
             where = self.quarantine.path
             log.warning(
@@ -378,6 +385,15 @@ class Engine:
                 self.quarantine.count,
                 f"; they are listed in {where}" if where is not None else "",
             )
+
+    def _close_after(self, error: BaseException) -> None:
+        """Close after ``error``; a failure to close is noted on it rather than replacing it."""
+        try:
+            self.snapshot()
+            self.close()
+        except Exception as exc:
+            with contextlib.suppress(BaseException):
+                error.add_note(f"closing the engine then failed too: {type(exc).__name__}: {exc}")
 
     def stream(self) -> Generator[StreamItem, None, None]:
         """The delivered items; unlike ``iter()`` it leaves closing the engine to the caller
@@ -388,6 +404,7 @@ class Engine:
         assert feeder is not None and mux is not None
         self._started_at = self._last_log = time.monotonic()
         self._io_start = io_totals()
+        _LIVE.add(self)
         job = RunJob(
             self._cores(),
             self.plan,
@@ -439,7 +456,27 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        _LIVE.discard(self)
         self.resources.close()
         self.quarantine.close()
         self.states.close()
         self.resources.teardown()
+
+
+_LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
+"""Engines being iterated (started, not closed)."""
+
+
+@atexit.register  # after the worker pools' exit hooks (imported first), so it runs before them
+def _close_live_engines() -> None:
+    """Close the engines of iterators still open at interpreter exit while their threads run.
+
+    Left to the interpreter, the suspended iterator would be finalised after it froze the
+    engine's daemon threads (closing would wait on them and print an ignored exception), and
+    multiprocessing would join worker processes that a serving thread is reaping.
+    """
+    for engine in list(_LIVE):
+        try:
+            engine.close()
+        except Exception as exc:
+            log.warning("zephon: closing a pipeline left open at exit failed: %s", exc)

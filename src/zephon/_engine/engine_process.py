@@ -27,7 +27,7 @@ from typing import Any, assert_never
 
 import cloudpickle
 
-from zephon._engine import shm
+from zephon._engine import oom, shm
 from zephon._engine.compile import CompiledRun
 from zephon._engine.engine import Engine, Position
 from zephon._engine.handoff import Receiver, Sender
@@ -212,6 +212,7 @@ class EngineProcess:
 
     def _start(self) -> Receiver:
         mp = worker_context()
+        oom.watch()
         parent, child = mp.Pipe(duplex=True)
         self._proc = mp.Process(
             target=child_main,
@@ -274,10 +275,9 @@ class EngineProcess:
                 '"__main__":` (the engine process imports the main script)',
                 exitcode=code,
             )
-        hint = " (the OOM killer sends SIGKILL when memory runs out)" if code == -9 else ""
         return EngineProcessError(
             f"the engine process (engine_process=True, pid {proc.pid}) {_describe_exit(code)}"
-            f"{hint} after handing over {received} item(s). What you received stays "
+            f" after handing over {received} item(s). What you received stays "
             "delivered: pipeline.checkpoint() is the position right after it; restore that "
             "into a new pipeline (pipe.restore(state)) and iterate to go on from there",
             exitcode=code,

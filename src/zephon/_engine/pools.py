@@ -31,6 +31,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Mapping
@@ -43,7 +44,7 @@ from typing import Any, assert_never
 
 import cloudpickle
 
-from zephon._engine import shm
+from zephon._engine import oom, shm
 from zephon._engine.deadlines import STARTUP, StageDeadlines, Watchdog
 from zephon._engine.fusion import FusedOp
 from zephon._engine.messages import (
@@ -59,7 +60,7 @@ from zephon._engine.messages import (
     Unloaded,
     WorkerRequest,
 )
-from zephon._engine.stage import annotate, call_process_many
+from zephon._engine.stage import annotate, call_process_many, safe_annotate
 from zephon.errors import ConfigError, ZephonError
 from zephon.io import SourceStats, abandon_reads, io_totals
 from zephon.ops import BaseOp, OpContext
@@ -99,6 +100,9 @@ class WorkerPool:
     def shutdown(self) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)
 
+    def check_alive(self) -> None:
+        """Raise when a thread the pool's futures depend on died (they would never end)."""
+
 
 class ThreadWorkerPool(WorkerPool):
     """Threads, each with its own deep copy of the operator (set up once per copy)."""
@@ -129,6 +133,15 @@ class ThreadWorkerPool(WorkerPool):
             self._copies.append(worker)
             self._threads.append(threading.current_thread())
 
+    def check_alive(self) -> None:
+        with self._lock:
+            dead = [t.name for t in self._threads if not t.is_alive()]
+        if dead:
+            raise WorkerCrashedError(
+                f"operator {self._op.name!r}: worker thread {dead[0]} died (its error is "
+                "logged above); the run stopped at the last delivered item: resume from there"
+            )
+
     def _run(self, elems: list[StreamItem]) -> list[StreamItem]:
         op: BaseOp = self._local.op
         try:
@@ -155,6 +168,8 @@ class ThreadWorkerPool(WorkerPool):
 def _describe_exit(exitcode: int | None) -> str:
     if exitcode is None:
         return "stopped responding"
+    if exitcode == -signal.SIGKILL:
+        return f"was killed by SIGKILL{oom.sigkill_hint()}"
     if exitcode < 0:
         try:
             return f"was killed by {signal.Signals(-exitcode).name}"
@@ -507,6 +522,7 @@ class ProcessFleet:
         self._max_retries = max_retries
         self._reuse = reuse
         self._mp = worker_context()
+        oom.watch()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -527,9 +543,10 @@ class ProcessFleet:
         )
         for slot in range(size):
             self._spawn(slot)
+        self._faults: list[BaseException | None] = [None] * size
         self._threads = [
             threading.Thread(
-                target=self._serve,
+                target=self._serve_watched,
                 args=(slot,),
                 name=f"zephon-engine-pool-{label}-{slot}",
                 daemon=True,
@@ -621,15 +638,21 @@ class ProcessFleet:
             conn.close()
         if proc is None:
             return None
-        proc.join(timeout=5)
-        if proc.is_alive():
+        try:
+            proc.join(timeout=5)
+        except ValueError:  # closed: reaped by a serving thread that died before forgetting it
+            proc = None
+        if proc is None:
+            code = None
+        elif proc.is_alive():
             proc.kill()
             proc.join(timeout=30)  # SIGKILL ends it; a loaded machine may take a while to reap
-        code: int | None = proc.exitcode
-        if code is not None:
-            proc.close()
-        else:  # still not reaped: leave it to the resource tracker rather than fail the run
-            log.warning("zephon: worker process %s did not exit after SIGKILL", proc.pid)
+        if proc is not None:
+            code = proc.exitcode
+            if code is not None:
+                proc.close()
+            else:  # still not reaped: leave it to the resource tracker rather than fail the run
+                log.warning("zephon: worker process %s did not exit after SIGKILL", proc.pid)
         with self._lock:
             self._procs[slot] = None
             self._conns[slot] = None
@@ -665,6 +688,24 @@ class ProcessFleet:
         self._jobs.put(_Job(stage, elems, future))
         return future
 
+    def _serve_watched(self, slot: int) -> None:
+        try:
+            self._serve(slot)
+        except BaseException as exc:  # kept for check_alive, which ends the run with it
+            self._faults[slot] = exc
+
+    def check_alive(self) -> None:
+        """Raise the error of a serving thread that died (its micro-batch would never end)."""
+        if self._stopping.is_set():
+            return
+        for slot, thread in enumerate(self._threads):
+            if thread.ident is not None and not thread.is_alive():
+                label = "+".join(sorted(set(self._names.values())))
+                fault = self._faults[slot]
+                if fault is None:
+                    fault = WorkerCrashedError(f"serving thread {thread.name} ended")
+                raise safe_annotate(fault, label)
+
     def _serve(self, slot: int) -> None:
         encoder = self._session.encoder(f"p{slot}")
         self._ready[slot] = False
@@ -677,9 +718,19 @@ class ProcessFleet:
             try:
                 self._run(slot, job, encoder)
             except BaseException as exc:  # e.g. a respawn failed: fail the job, never hang
+                self._abandon(slot)
                 if not job.future.done():
-                    job.future.set_exception(annotate(exc, self._names[job.stage]))
+                    job.future.set_exception(safe_annotate(exc, self._names[job.stage]))
         self._stop_worker(slot, self._ready[slot])
+
+    def _abandon(self, slot: int) -> None:
+        """An error left the request in ``slot`` half sent or half read: kill its worker, so
+        nothing waits on that pipe (the next micro-batch there respawns it)."""
+        with self._lock:
+            proc = self._procs[slot]
+        if proc is not None:
+            with contextlib.suppress(Exception):
+                proc.kill()
 
     def _run(self, slot: int, job: _Job, encoder: shm.Encoder) -> None:
         """Run ``job`` on the worker in ``slot``, respawning it as often as allowed."""
@@ -855,7 +906,8 @@ class ProcessFleet:
         self._reap(slot)
 
     def shutdown(self) -> None:
-        """Cancel queued micro-batches, let running ones finish, stop every worker."""
+        """Cancel queued micro-batches, let running ones finish, stop every worker (at once
+        when a serving thread died: its worker may be half-way through a request)."""
         self._stopping.set()
         while True:
             try:
@@ -866,8 +918,12 @@ class ProcessFleet:
                 job.future.cancel()
         for _ in self._threads:
             self._jobs.put(None)
+        deadline = time.monotonic() + 30
         for thread in self._threads:
-            thread.join(timeout=30)
+            while thread.is_alive() and time.monotonic() < deadline:
+                if any(fault is not None for fault in self._faults):
+                    self.kill_all()  # a dead serving thread's worker may never answer
+                thread.join(timeout=0.2)
         self._watchdog.stop()
         self.kill_all()
         for slot in range(len(self._procs)):
@@ -900,3 +956,6 @@ class ProcessWorkerPool(WorkerPool):
     def shutdown(self) -> None:
         if self.owns_fleet:
             self.fleet.shutdown()
+
+    def check_alive(self) -> None:
+        self.fleet.check_alive()

@@ -32,7 +32,7 @@ from zephon._engine.pools import (
 )
 from zephon._engine.shm import ShmSession, resolve_items
 from zephon._engine.stage import StageCore
-from zephon._engine.threaded import Channel, OpDriver, SourceThread
+from zephon._engine.threaded import Channel, EngineThread, OpDriver, SourceThread
 from zephon._engine.waiting import WAIT_SLICE_S
 from zephon.errors import ZephonError
 from zephon.io import SourceStats
@@ -78,6 +78,8 @@ class RunResources:
         for channel in self.channels:
             channel.put(Stop())
         for thread in self.threads:
+            if thread.ident is None:
+                continue  # never started (starting it failed: that error is the run's)
             thread.join(timeout=30)
             if thread.is_alive():
                 raise ZephonError(f"engine thread {thread.name} did not stop within 30 s")
@@ -87,6 +89,28 @@ class RunResources:
         finally:
             if self.shm is not None:
                 self.shm.close()
+
+    def check_alive(self) -> None:
+        """Raise the error of an engine thread or worker pool that died without reporting it
+        (its consumers would wait for it forever)."""
+        for thread in self.threads:
+            if isinstance(thread, EngineThread) and thread.lost():
+                raise thread.death()
+        for pool in self.pools:
+            pool.check_alive()
+
+    def start_threads(self) -> None:
+        """Start every engine thread; one that cannot start (no memory or threads left) is
+        an error that says what to lower."""
+        for thread in self.threads:
+            try:
+                thread.start()
+            except RuntimeError as exc:
+                raise ZephonError(
+                    f"cannot start the engine thread {thread.name}: {exc}. The process is out "
+                    "of memory or threads: lower the operators' parallelism, or raise the "
+                    "limit (ulimit -v, ulimit -u, the container's memory)"
+                ) from exc
 
     def teardown(self) -> None:
         for core in self.set_up:
@@ -221,8 +245,7 @@ class DriverThreadsRunner(Runner):
             res.inboxes[unit.first] = channels[i]
         _start_drivers(job, units, channels)
         res.threads.insert(0, SourceThread(job.feeder, channels[0], res.stop))
-        for thread in res.threads:
-            thread.start()
+        res.start_threads()
         out, mux, deliver = channels[-1], job.mux, job.deliver
         get, idle = out.queue.get, job.idle
         since = time.monotonic()
@@ -230,6 +253,7 @@ class DriverThreadsRunner(Runner):
             try:
                 message = get(timeout=WAIT_SLICE_S)
             except queue.Empty:
+                res.check_alive()  # no path waits on a thread that died
                 idle(time.monotonic() - since)
                 continue
             since = time.monotonic()

@@ -21,7 +21,7 @@ from typing import Any
 
 from zephon._engine.lane_state import LaneStateLog
 from zephon._engine.stats import OpStats
-from zephon.errors import ContractError
+from zephon.errors import OUT_OF_MEMORY_FIX, ContractError
 from zephon.ops import (
     Accumulator,
     BaseOp,
@@ -125,7 +125,18 @@ def annotate(exc: BaseException, op_name: str) -> BaseException:
             exc.zephon_op_name = op_name  # type: ignore[attr-defined]
         tb = "".join(traceback.format_exception(exc)).rstrip()
         exc.add_note(f"raised in operator {op_name!r}; worker traceback:\n{tb}")
+        if isinstance(exc, MemoryError):
+            exc.add_note(f"operator {op_name!r}: {OUT_OF_MEMORY_FIX}")
     return exc
+
+
+def safe_annotate(exc: BaseException, op_name: str) -> BaseException:
+    """:func:`annotate`, or ``exc`` as it is where even that fails (no memory left, notes
+    that are not a list): reporting an error must never raise another."""
+    try:
+        return annotate(exc, op_name)
+    except BaseException:
+        return exc
 
 
 def _no_state(lane_id: int) -> None:

@@ -22,8 +22,9 @@ from zephon._engine.messages import Data, Done, End, Failed, Stop, ThreadMessage
 from zephon._engine.pools import WorkerPool
 from zephon._engine.reorder import ReorderBuffer
 from zephon._engine.shm import resolve_items
-from zephon._engine.stage import StageCore, Task, annotate, task_result
+from zephon._engine.stage import StageCore, Task, safe_annotate, task_result
 from zephon._engine.stats import OpStats
+from zephon.errors import ZephonError
 from zephon.types import StreamItem, Tombstone
 
 
@@ -97,16 +98,66 @@ class Channel:
         self.queue.put(message)
 
 
-class SourceThread(threading.Thread):
+WATCH_S = 1.0
+"""How long the consumer waits for output before it checks that every engine thread lives."""
+
+
+class EngineThread(threading.Thread):
+    """An engine thread that never dies unnoticed.
+
+    ``work`` sends the thread's own end or error message downstream. Whatever escapes it (an
+    error raised while reporting another, a ``MemoryError``, an exception raised into the
+    thread from outside) is kept in ``fault``; the consumer, which checks its threads whenever
+    output is slow to come (:data:`WATCH_S`), raises it rather than wait for a dead thread.
+    """
+
+    role = "engine"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.fault: BaseException | None = None
+        self.reported = False  # ``work`` returned: its last message is on its way
+
+    def run(self) -> None:
+        try:
+            self.work()
+            self.reported = True
+        except BaseException as exc:  # kept without allocating: the slot already exists
+            self.fault = exc
+
+    def work(self) -> None:
+        raise NotImplementedError
+
+    def lost(self) -> bool:
+        """Started, ended, and its last message may never have been sent; or a message it
+        waits for was lost (``fault`` set while it runs)."""
+        if self.fault is not None:
+            return True
+        return self.ident is not None and not self.reported and not self.is_alive()
+
+    def death(self) -> BaseException:
+        """The error a run ends with when this thread is :meth:`lost`."""
+        fault = self.fault
+        if fault is None:
+            return ZephonError(
+                f"engine thread {self.name} ({self.role}) ended without a message; its error "
+                "is on stderr. The run stopped at the last delivered item: resume from there"
+            )
+        return safe_annotate(fault, self.role)
+
+
+class SourceThread(EngineThread):
+    role = "source"
+
     def __init__(
         self, feeder: Iterable[list[StreamItem]], out: Channel, stop: threading.Event
     ) -> None:
-        super().__init__(name="zephon-engine-source", daemon=True)
+        super().__init__("zephon-engine-source")
         self.feeder = feeder
         self.out = out
         self.stop = stop
 
-    def run(self) -> None:
+    def work(self) -> None:
         try:
             for items in self.feeder:
                 self.out.put_data(items)
@@ -114,10 +165,10 @@ class SourceThread(threading.Thread):
         except Stopped:
             pass
         except BaseException as exc:
-            self.out.put(Failed(annotate(exc, "source")))
+            self.out.put(Failed(safe_annotate(exc, "source")))
 
 
-class OpDriver(threading.Thread):
+class OpDriver(EngineThread):
     """Drives one operator: accumulator on this thread, ``process_many`` on the pool."""
 
     def __init__(
@@ -134,7 +185,8 @@ class OpDriver(threading.Thread):
         resolve_shm: bool = True,
         after: DriverChain | None = None,
     ) -> None:
-        super().__init__(name=f"zephon-engine-driver-{core.op.name}", daemon=True)
+        super().__init__(f"zephon-engine-driver-{core.op.name}")
+        self.role = core.op.name
         self.core = core
         self.pool = pool
         self.inbox = inbox
@@ -160,7 +212,7 @@ class OpDriver(threading.Thread):
         # A fused chain counts its operators' work itself (see fusion.py).
         self.work_stats = core.stats if count_work else None
 
-    def run(self) -> None:
+    def work(self) -> None:
         try:
             self._loop()
         except Stopped:
@@ -168,11 +220,14 @@ class OpDriver(threading.Thread):
         except BaseException as exc:
             with contextlib.suppress(Stopped):
                 self._flush_outbox()  # what left before the error is delivered first
-            self.downstream.put(Failed(exc))
+            self.downstream.put(Failed(safe_annotate(exc, self.role)))
 
     def _on_done(self, seq: int) -> Callable[[Future[list[StreamItem]]], None]:
         def callback(future: Future[list[StreamItem]]) -> None:
-            self.inbox.put(Done(seq, future))
+            try:
+                self.inbox.put(Done(seq, future))
+            except BaseException as exc:  # the driver would wait for it forever
+                self.fault = exc
 
         return callback
 
@@ -220,7 +275,7 @@ class OpDriver(threading.Thread):
                 if self.resolve_shm:
                     resolve_items(task.work)
             except BaseException as exc:
-                raise annotate(exc, core.op.name) from None
+                raise safe_annotate(exc, core.op.name) from None
             self._complete(task.seq, run_tasks(core, [task], count=self.work_stats is not None))
             return False
         if task.passthrough or task.inner:

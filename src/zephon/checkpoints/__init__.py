@@ -14,6 +14,7 @@ from __future__ import annotations
 from zephon.checkpoints.files import (
     CHECKPOINT_RE,
     REJECTED_SUFFIX,
+    CheckpointWriteError,
     LatestCheckpoint,
     checkpoint_files,
     checkpoint_path,
@@ -35,6 +36,7 @@ from zephon.checkpoints.gather import delivered_counts, merge_checkpoints, refet
 __all__ = [
     "CHECKPOINT_RE",
     "REJECTED_SUFFIX",
+    "CheckpointWriteError",
     "LaneCheckpoint",
     "LatestCheckpoint",
     "OperatorInfo",

@@ -11,6 +11,7 @@ or not a zephon checkpoint is refused with a message naming it and what is wrong
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -20,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from zephon.checkpoints.format import parse, seal
-from zephon.errors import CheckpointError
+from zephon.errors import CheckpointError, ZephonError
 
 __all__ = [
     "CHECKPOINT_RE",
     "REJECTED_SUFFIX",
+    "CheckpointWriteError",
     "LatestCheckpoint",
     "checkpoint_files",
     "checkpoint_path",
@@ -59,14 +61,47 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
         os.close(dir_fd)
 
 
+_WRITE_FIXES = {
+    errno.ENOSPC: "free space on that disk (or write checkpoints elsewhere)",
+    errno.EDQUOT: "free space within your disk quota (or write checkpoints elsewhere)",
+    errno.EACCES: "make the folder writable by this user, or write checkpoints elsewhere",
+    errno.EPERM: "make the folder writable by this user, or write checkpoints elsewhere",
+    errno.EROFS: "the file system is mounted read-only: remount it read-write, or write "
+    "checkpoints elsewhere",
+    errno.EFBIG: "the file size limit (ulimit -f) is below the checkpoint's size: raise it",
+}
+
+
+class CheckpointWriteError(ZephonError, OSError):
+    """A checkpoint file cannot be written: names the file, the system's reason and the fix.
+    The previous checkpoint file is untouched (writes go through a temporary file)."""
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        fix = _WRITE_FIXES.get(error.errno or 0, "make that path writable")
+        reason = error.strerror or str(error)
+        self.message = (
+            f"cannot write the checkpoint {path}: {reason}; {fix}, then resume (the newest "
+            "checkpoint already written is intact)"
+        )
+        super().__init__(error.errno, self.message)
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def save_checkpoint(path: str | os.PathLike[str], state: Mapping[str, Any]) -> Path:
     """Write ``state`` (sealed again, so entries you added are covered) atomically to ``path``.
 
-    The folder is created when missing.
+    The folder is created when missing. A full disk, a missing permission or a read-only file
+    system is a :class:`CheckpointWriteError` naming the file and the fix.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(target, seal(state))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(target, seal(state))
+    except OSError as exc:
+        raise CheckpointWriteError(target, exc) from exc
     return target
 
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from zephon.checkpoints import latest_checkpoint, save_checkpoint
+from zephon.checkpoints import CheckpointWriteError, latest_checkpoint, save_checkpoint
 from zephon.cli._common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -38,7 +38,13 @@ from zephon.cli._lock import RunLock, RunLockedError
 from zephon.cli._record import cut_record, record_position
 from zephon.cli._report import console, print_summary, read_before, total_reads, update
 from zephon.cli._signals import RunSignals, Startup
-from zephon.errors import CheckpointError, ConfigError, WaitInterrupted, ZephonError
+from zephon.errors import (
+    OUT_OF_MEMORY_FIX,
+    CheckpointError,
+    ConfigError,
+    WaitInterrupted,
+    ZephonError,
+)
 from zephon.options import RUNNERS
 
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
@@ -215,7 +221,8 @@ class ProvenanceWriteError(Exception):
         )
 
 
-OUTPUT_ERRORS = (RecordWriteError, ProvenanceWriteError)
+OUTPUT_ERRORS = (RecordWriteError, ProvenanceWriteError, CheckpointWriteError)
+"""Errors writing what the run writes: it stops without trying a final checkpoint."""
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -590,6 +597,8 @@ def _describe_error(error: BaseException, pipe: Any = None) -> str:
     """``Type: message``, naming the operator it was raised in when the engine knows it, and
     the file and line of the record when the error names one."""
     text = f"{type(error).__name__}: {error}"
+    if isinstance(error, MemoryError):
+        text = f"{text.rstrip(': ')}: {OUT_OF_MEMORY_FIX}"
     op_name = getattr(error, "zephon_op_name", None)
     if op_name and repr(op_name) not in text:
         text = f"operator {op_name!r}: {text}"

@@ -10,63 +10,36 @@ Until the first item is delivered (imports, reading the config, a restore, the f
 which may take many seconds) a stop signal ends the process at once with the one-line summary:
 nothing was delivered since the checkpoint it started from (or since the start), so there is
 nothing to save, and waiting for the first batch would outlast a supervisor's grace period.
-The handlers for that phase are installed by ``zephon.cli.main`` before anything heavy is
-imported (``install_startup_handlers``); this module imports only the standard library.
+The handlers for that phase are installed by the first statement the command runs (see
+``zephon._startup``).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import threading
-import time
 from types import FrameType
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from zephon._startup import (
+    EXIT_CODES,
+    STOP_SIGNALS,
+    Startup,
+    install_startup_handlers,
+    stop_while_starting,
+)
+
 CHECKPOINT_SIGNAL = getattr(signal, "SIGUSR1", None)
-EXIT_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}  # as zephon.cli._common says
 
-
-class Startup:
-    """What the summary of a run stopped before its first item says (filled in as it starts)."""
-
-    installed = False  # by install_startup_handlers: this process is the ``zephon`` command
-    began = time.monotonic()
-    config = ""
-    json = False
-    checkpoint: str | None = None  # the checkpoint being resumed: still where the run stands
-    opened_io: dict[str, int] | None = None  # what opening the datasets read (row counts)
-
-
-def _summary_line(signum: int) -> str:
-    status = "terminated" if signum == signal.SIGTERM else "interrupted"
-    elapsed = round(time.monotonic() - Startup.began, 3)
-    if Startup.json:
-        return json.dumps({
-            "status": status, "config": Startup.config, "items": 0, "samples": 0, "tokens": 0,
-            "elapsed_s": elapsed, "items_per_s": 0.0, "tokens_per_s": 0.0,
-            "checkpoint": Startup.checkpoint, "resumed_from": Startup.checkpoint,
-            "error": None, "stats": None,
-        })  # fmt: skip
-    where = f"checkpoint: {Startup.checkpoint}" if Startup.checkpoint else "no checkpoint"
-    return f"{status}: 0 items while starting ({elapsed:.2f} s); {where}"
-
-
-def stop_while_starting(signum: int, frame: FrameType | None = None) -> None:
-    """End the process now with the summary line (``os.write``: the handler may run inside a
-    ``print`` of the main thread, and the stdio buffers are not reentrant)."""
-    os.write(1, (_summary_line(signum) + "\n").encode())
-    os._exit(EXIT_CODES.get(signum, 1))
-
-
-def install_startup_handlers() -> None:
-    """Stop signals end the process with a summary from here on (main thread only)."""
-    if threading.current_thread() is threading.main_thread():
-        Startup.installed = True
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, stop_while_starting)
+__all__ = [
+    "CHECKPOINT_SIGNAL",
+    "EXIT_CODES",
+    "STOP_SIGNALS",
+    "RunSignals",
+    "Startup",
+    "install_startup_handlers",
+    "stop_while_starting",
+]
 
 
 class RunSignals:

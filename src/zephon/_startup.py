@@ -1,0 +1,91 @@
+"""Stop signals while the ``zephon`` command starts, from the first line it runs.
+
+``zephon run`` turns SIGINT and SIGTERM into exit 130 and 143 with a one-line summary; until
+its first item is delivered there is nothing to checkpoint, so a stop ends it at once (see
+``zephon.cli._signals``). The command's entry points (the ``zephon`` console script and
+``python -m zephon``) import :mod:`zephon` first, whose first statement calls
+:func:`install_if_command`: the handlers are in place before any other import, so a signal
+during the imports is that exit too, never a ``KeyboardInterrupt`` traceback or a death by
+the signal. Importing zephon from any other program installs nothing. Standard library only,
+and as little of it as possible: every import here runs before the handlers exist.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from types import FrameType
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+EXIT_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
+COMMANDS = frozenset({"run"})
+"""The subcommands whose start a stop signal ends with a summary (the others have none)."""
+ENTRY_MODULES = frozenset({"zephon.__main__", "zephon.cli.__main__"})
+
+
+class Startup:
+    """What the summary of a run stopped before its first item says (filled in as it starts)."""
+
+    installed = False  # by install_startup_handlers: this process is the ``zephon`` command
+    began = time.monotonic()
+    config = ""
+    json = False
+    checkpoint: str | None = None  # the checkpoint being resumed: still where the run stands
+    opened_io: dict[str, int] | None = None  # what opening the datasets read (row counts)
+
+
+def _summary_line(signum: int) -> str:
+    status = "terminated" if signum == signal.SIGTERM else "interrupted"
+    elapsed = round(time.monotonic() - Startup.began, 3)
+    if Startup.json:
+        import json
+
+        return json.dumps({
+            "status": status, "config": Startup.config, "items": 0, "samples": 0, "tokens": 0,
+            "elapsed_s": elapsed, "items_per_s": 0.0, "tokens_per_s": 0.0,
+            "checkpoint": Startup.checkpoint, "resumed_from": Startup.checkpoint,
+            "error": None, "stats": None,
+        })  # fmt: skip
+    where = f"checkpoint: {Startup.checkpoint}" if Startup.checkpoint else "no checkpoint"
+    return f"{status}: 0 items while starting ({elapsed:.2f} s); {where}"
+
+
+def stop_while_starting(signum: int, frame: FrameType | None = None) -> None:
+    """End the process now with the summary line (``os.write``: the handler may run inside a
+    ``print`` of the main thread, and the stdio buffers are not reentrant)."""
+    os.write(1, (_summary_line(signum) + "\n").encode())
+    os._exit(EXIT_CODES.get(signum, 1))
+
+
+def install_startup_handlers() -> None:
+    """Stop signals end the process with a summary from here on (main thread only: another
+    thread cannot set handlers, and the command's own thread is the main one)."""
+    try:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, stop_while_starting)
+    except ValueError:
+        return
+    Startup.installed = True
+
+
+def is_command(argv: list[str]) -> bool:
+    """Whether this process is the ``zephon`` command running one of :data:`COMMANDS`: its
+    main module is the console script or ``python -m zephon`` (``-m zephon.cli``)."""
+    if len(argv) < 2 or argv[1] not in COMMANDS:
+        return False
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name in ENTRY_MODULES:
+        return True
+    if getattr(sys, "orig_argv", [])[1:3] in (["-m", "zephon"], ["-m", "zephon.cli"]):
+        return True  # still locating the module: ``__main__`` is not it yet
+    path = str(getattr(main, "__file__", None) or "")
+    return os.path.basename(path).split(".")[0].removesuffix("-script") == "zephon"
+
+
+def install_if_command() -> None:
+    """Install the start-up handlers when this process is the command (see the module)."""
+    if not Startup.installed and is_command(sys.argv):
+        install_startup_handlers()
