@@ -12,13 +12,14 @@ state is taken only when asked for.
 from __future__ import annotations
 
 import copy
+import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zephon._optional import require
 from zephon.checkpoints import ParsedCheckpoint, delivered_counts, parse_checkpoint
-from zephon.errors import CheckpointError
+from zephon.errors import CheckpointError, ConfigError
 from zephon.torch_data import worker_pipeline
 from zephon.work import lanes_for_rank
 
@@ -35,6 +36,7 @@ except ImportError:  # pragma: no cover - exercised when torch is absent
 __all__ = ["LOADER_STATE_FORMAT", "PipelineDataLoader", "merge_loader_states"]
 
 LOADER_STATE_FORMAT = "zephon-loader-state"
+log = logging.getLogger("zephon")
 # A start position: from the beginning, one checkpoint for every view, or one per view.
 _Start = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
@@ -126,6 +128,13 @@ class PipelineDataLoader:
     an iteration that starts after its epoch finished then passes the next epoch, so
     ``for epoch in range(n): for batch in loader: ...`` gives n different passes and, after
     ``load_state_dict``, continues the loaded epoch first.
+
+    ``endless=True`` makes one iteration the rank's whole stream, pass after pass (epochs as
+    with ``auto_epoch``), so only the consumer's step limit ends it: ranks whose passes differ
+    in length never see a pass end at different steps. ``accumulation_steps=n`` hands out each
+    pass in whole groups of ``n`` items (one optimizer step of gradient accumulation): the
+    fewer than ``n`` items a pass has left after its last whole group are left out of that
+    pass (counted in :attr:`left_out`), so no group spans two passes.
     """
 
     def __init__(
@@ -137,16 +146,31 @@ class PipelineDataLoader:
         device: Any = None,
         history: int = 0,
         auto_epoch: bool = False,
+        endless: bool = False,
+        accumulation_steps: int = 1,
         **dataloader_kwargs: Any,
     ) -> None:
         require("torch", "PipelineDataLoader")
+        if isinstance(accumulation_steps, bool) or not (
+            isinstance(accumulation_steps, int) and accumulation_steps >= 1
+        ):
+            raise ConfigError(
+                f"PipelineDataLoader: accumulation_steps must be an integer >= 1, got "
+                f"{accumulation_steps!r}"
+            )
         self.pipeline = pipeline
-        self.auto_epoch = auto_epoch
+        self.auto_epoch = auto_epoch or endless
+        self.endless = endless
+        self.accumulation_steps = accumulation_steps
+        self.left_out = 0  # items left out at pass ends (fewer than one accumulation group)
         self.num_workers = num_workers
         self.device = device
-        self._dataset = _StampedDataset(pipeline, transform, stamp=history > 0)
-        # (index of an item handed out, each view's state after it)
-        self._history: deque[tuple[int, dict[int, dict[str, Any]]]] = deque(maxlen=history)
+        # a consumer that reads ahead, or groups read before they are handed out: each item
+        # carries its position
+        stamp = history > 0 or accumulation_steps > 1
+        self._dataset = _StampedDataset(pipeline, transform, stamp=stamp)
+        # (index of an item handed out, each view's state after it, where its pass started)
+        self._history: deque[tuple[int, dict[int, dict[str, Any]], _Start]] = deque(maxlen=history)
         self._dataloader_kwargs = dataloader_kwargs
         if num_workers:
             worker_pipeline(pipeline, 0, num_workers)  # refuse a worker count that cannot split
@@ -169,15 +193,22 @@ class PipelineDataLoader:
         """Whether :attr:`epoch` has nothing left to deliver: the last iteration ran to its
         end, or the loaded state was saved at the end of its epoch."""
         if self._restored is not None:
-            return all(view.finished for view in _parsed_views(self._restored))
+            lanes = self._rank_lanes()
+            return all(view.finished_for(lanes) for view in _parsed_views(self._restored))
         return self._exhausted
+
+    def _rank_lanes(self) -> list[int]:
+        opts = self.pipeline.runtime_options
+        return lanes_for_rank(
+            opts.dp_rank, opts.dp_world_size, opts.canonical_replicas, opts.mapping
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration pass ``epoch`` over the data (between iterations).
 
         A loaded state in that epoch is continued; one at the end of another epoch is
-        dropped (the new epoch starts at its beginning); one in the middle of another epoch
-        is refused, naming the epoch to set.
+        dropped (the new epoch starts at its beginning, where lanes it saved in that epoch
+        continue); one in the middle of another epoch is refused, naming the epoch to set.
         """
         if self._restored is not None and self.epoch != epoch:
             if not self.epoch_finished:
@@ -186,11 +217,45 @@ class PipelineDataLoader:
                     f"{self.epoch}; call set_epoch({self.epoch}) (or leave it) to finish that "
                     f"epoch first"
                 )
-            self._restored = None
+            self._restored = self._advanced(self._restored, epoch)
         self.pipeline.set_epoch(epoch)
         self._exhausted = False
 
+    def _advanced(
+        self, restored: Mapping[str, Any] | Sequence[Mapping[str, Any]], epoch: int
+    ) -> _Start:
+        """A finished loaded state moved to the start of pass ``epoch``: None, unless some of
+        the rank's lanes were saved in a later pass (they continue there)."""
+        views = _parsed_views(restored)
+        lanes = set(self._rank_lanes())
+        if not any(lc.epoch is not None for v in views for n, lc in v.lanes.items() if n in lanes):
+            return None
+        if not isinstance(restored, Sequence):
+            pipe = copy.copy(self.pipeline).restore(restored).set_epoch(epoch)
+            return pipe.checkpoint()
+        out = []
+        for worker, state in enumerate(restored):
+            pipe = copy.copy(worker_pipeline(self.pipeline, worker, self.num_workers))
+            out.append(pipe.restore(state).set_epoch(epoch).checkpoint())
+        return out
+
     def __iter__(self) -> Iterator[Any]:
+        self._history.clear()
+        while True:
+            fresh = self._restored is None  # the pass starts at its beginning
+            handed = self.items_yielded
+            yield from self._one_pass()
+            if not self.endless:
+                return
+            if fresh and self.items_yielded == handed:
+                raise ConfigError(
+                    f"endless=True: pass {self.pipeline.epoch} of this rank's lanes handed out "
+                    f"no item ({self.left_out} left out in all, accumulation_steps="
+                    f"{self.accumulation_steps}), so the stream would never deliver; check the "
+                    "data, or use fewer accumulation steps"
+                )
+
+    def _one_pass(self) -> Iterator[Any]:
         if self.auto_epoch and self.epoch_finished:
             self.set_epoch(self.epoch + 1)
         elif self._restored is not None:
@@ -199,7 +264,6 @@ class PipelineDataLoader:
         self._restored = None
         self._exhausted = False
         self._latest = {}
-        self._history.clear()
         loader = DataLoader(
             self._dataset,
             batch_size=None,
@@ -207,15 +271,37 @@ class PipelineDataLoader:
             num_workers=self.num_workers,
             **self._dataloader_kwargs,
         )
-        items = loader if self.num_workers == 0 else self._in_turn(loader)
+        items: Iterator[_Stamped] = iter(loader) if self.num_workers == 0 else self._in_turn(loader)
+        if self.accumulation_steps > 1:
+            items = self._whole_groups(items)
         for worker, _, state, payload in items:
             if state is not None:
                 self._latest[worker] = state
             if self._history.maxlen:
-                self._history.append((self.items_yielded, dict(self._latest)))
+                self._history.append((self.items_yielded, dict(self._latest), self._start))
             self.items_yielded += 1
             yield payload if self.device is None else _to_device(payload, self.device)
         self._exhausted = True
+
+    def _whole_groups(self, items: Iterator[_Stamped]) -> Iterator[_Stamped]:
+        """``items`` in whole groups of ``accumulation_steps``; a partial last group of the
+        pass is left out."""
+        group: list[_Stamped] = []
+        for stamped in items:
+            group.append(stamped)
+            if len(group) == self.accumulation_steps:
+                yield from group
+                group = []
+        if group:
+            self.left_out += len(group)
+            log.info(
+                "zephon: pass %d of rank %d ends with %d item(s), fewer than "
+                "accumulation_steps=%d: left out of that pass",
+                self.pipeline.epoch,
+                self.pipeline.runtime_options.dp_rank,
+                len(group),
+                self.accumulation_steps,
+            )
 
     def _rotation(self) -> _RankRotation:
         """The rank's round-robin where this iteration starts."""
@@ -278,24 +364,25 @@ class PipelineDataLoader:
             return self._state_after(upto)
         if self._restored is not None:  # loaded and not iterated since
             states = [self._start_state(w, self._restored) for w in range(self._views)]
-        elif self.num_workers == 0:
+        elif self.num_workers == 0 and not self._dataset.stamp:
             states = [self.pipeline.checkpoint()]
         else:
-            states = self._view_states(self._latest)
+            states = self._view_states(self._latest, self._start)
         return {"format": LOADER_STATE_FORMAT, "version": 1, "checkpoints": states}
 
-    def _view_states(self, latest: Mapping[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    def _view_states(
+        self, latest: Mapping[int, dict[str, Any]], start: _Start
+    ) -> list[dict[str, Any]]:
         return [
-            latest[w] if w in latest else self._start_state(w, self._start)
-            for w in range(self._views)
+            latest[w] if w in latest else self._start_state(w, start) for w in range(self._views)
         ]
 
     def _state_after(self, index: int) -> dict[str, Any]:
-        for seen, latest in self._history:
+        for seen, latest, start in self._history:
             if seen == index:
-                states = self._view_states(latest)
+                states = self._view_states(latest, start)
                 return {"format": LOADER_STATE_FORMAT, "version": 1, "checkpoints": states}
-        kept = [seen for seen, _ in self._history]
+        kept = [seen for seen, _, _ in self._history]
         raise CheckpointError(
             f"state_dict(upto={index}): the loader keeps the positions after items "
             f"{kept[:1] + kept[-1:] if kept else 'none'} (history={self._history.maxlen}); "
