@@ -725,7 +725,11 @@ class Pipeline:
         return self
 
     def to_torch_dataset(
-        self, transform: Callable[[Any], Any] | None = None, *, rows: bool = False
+        self,
+        transform: Callable[[Any], Any] | None = None,
+        *,
+        rows: bool = False,
+        endless: bool = False,
     ) -> Any:
         """A torch ``IterableDataset`` with ``state_dict``/``load_state_dict`` (needs torch).
 
@@ -733,10 +737,12 @@ class Pipeline:
         collate_fn=...)``; ``transform`` converts each item (e.g. ``SampleBatch.to_training``).
         ``rows=True`` yields single rows of each transformed batch (by default Hugging Face
         tensors, ``to_training(convention="hf")``) for a DataLoader that batches itself.
+        ``endless=True``: one iteration goes on from pass to pass (each the next epoch), for
+        data-parallel ranks whose passes differ in length; the loop's step limit ends it.
         """
         from zephon.torch_data import PipelineDataset
 
-        return PipelineDataset(self, transform, rows=rows)
+        return PipelineDataset(self, transform, rows=rows, endless=endless)
 
     def stats(self) -> RunStats | None:
         """Live statistics of the current (or last) iteration: totals, per-operator

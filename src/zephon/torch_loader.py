@@ -401,8 +401,10 @@ class PipelineDataLoader:
             self._restored = state
         elif len(state["checkpoints"]) == self._views:
             self._restored = list(state["checkpoints"])
-        else:
-            self._restored = merge_loader_states([state])
+        else:  # saved with another worker count: this rank's lanes in one checkpoint
+            from zephon import merge_checkpoints
+
+            self._restored = merge_checkpoints(state["checkpoints"], partial=True)
         self._latest = {}
 
 

@@ -27,13 +27,17 @@ from zephon.errors import CheckpointError
 __all__ = ["delivered_counts", "merge_checkpoints", "refetch_counts"]
 
 
-def merge_checkpoints(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def merge_checkpoints(
+    states: Sequence[Mapping[str, Any]], *, partial: bool = False
+) -> dict[str, Any]:
     """Merge per-rank checkpoints into one that any world size can restore from.
 
     Every rank's checkpoint describes its own lanes; the merged one holds them all. The
     configurations must agree but for the pass (ranks of uneven lengths are in different
     passes at the same step): the merged checkpoint is in the earliest one, and each lane of a
-    later pass carries its own (format version 6). Every lane must be described exactly once.
+    later pass carries its own (format version 6). Every lane must be described exactly once;
+    ``partial=True`` merges views that hold only some of them (one rank's DataLoader
+    workers), which only a view over those lanes restores.
     """
     if not states:
         raise CheckpointError("merge_checkpoints needs at least one checkpoint")
@@ -56,7 +60,7 @@ def merge_checkpoints(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 )
             lanes[key] = value
     missing = sorted(set(range(first.canonical_replicas)) - {int(k) for k in lanes})
-    if missing:
+    if missing and not partial:
         raise CheckpointError(f"merged checkpoints do not cover lanes {missing}")
     world: dict[str, Any] = {
         "canonical_replicas": first.canonical_replicas,
