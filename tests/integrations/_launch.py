@@ -26,7 +26,8 @@ def free_port() -> int:
 def job_env() -> dict[str, str]:
     return {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        # this checkout's source first, whichever checkout the environment installed
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo",
         "TOKENIZERS_PARALLELISM": "false",
