@@ -85,7 +85,8 @@ def test_page_blocks_run(page: Path, tmp_path: Path, demo_data: Path) -> None:
     (tmp_path / ".plan.json").write_text(json.dumps(plan))
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = f"{SITE}{os.pathsep}{ROOT}"  # only the page's extras importable
+    # only the page's extras importable; this checkout's source first
+    env["PYTHONPATH"] = os.pathsep.join([str(SITE), str(ROOT / "src"), str(ROOT)])
     env["ZEPHON_DOCS_EXTRAS"] = ",".join(page_extras(page))
     env["ZEPHON_CACHE_DIR"] = str(tmp_path / ".cache")
     proc = subprocess.run(
