@@ -627,15 +627,17 @@ class Pipeline:
                 )
             self._resume = None  # that epoch was complete: the new one starts at its beginning
         if self._later and self._resume is None:
-            fresh = self._fresh_checkpoint(epoch)
-            self._resume, self._later = start_of_pass(fresh, epoch, self._later)
+            state = start_of_pass(self.pass_start(epoch), epoch, self._later)
+            assert state is not None
+            self._resume, self._later = split_later(ckpt.parse(state), view_lanes(self._options))
         self._engine = None  # checkpoint() now describes the start of that pass
         self._epoch = epoch
         self._epoch_chosen = True
         return self
 
-    def _fresh_checkpoint(self, epoch: int) -> dict[str, Any]:
-        """This view's checkpoint at the start of pass ``epoch``."""
+    def pass_start(self, epoch: int) -> dict[str, Any]:
+        """This view's checkpoint at the start of pass ``epoch`` (nothing delivered yet),
+        whatever this pipeline restored or iterated."""
         source = self.work_source.with_epoch(epoch)
         engine = Engine(compile_run(source, self._all_specs(), self._options, None))
         engine.prepare()

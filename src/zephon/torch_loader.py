@@ -18,7 +18,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zephon._optional import require
-from zephon.checkpoints import ParsedCheckpoint, delivered_counts, parse_checkpoint
+from zephon.checkpoints import (
+    LaneCheckpoint,
+    ParsedCheckpoint,
+    delivered_counts,
+    parse_checkpoint,
+)
+from zephon.checkpoints.passes import split_later, start_of_pass
 from zephon.errors import CheckpointError, ConfigError
 from zephon.torch_data import worker_pipeline
 from zephon.work import lanes_for_rank
@@ -175,6 +181,7 @@ class PipelineDataLoader:
         if num_workers:
             worker_pipeline(pipeline, 0, num_workers)  # refuse a worker count that cannot split
         self._restored: _Start = None  # loaded, for the next iteration
+        self._later: dict[int, LaneCheckpoint] = {}  # rank lanes the last start saved later
         self._start: _Start = None  # where the current (or last) iteration started
         self._latest: dict[int, dict[str, Any]] = {}
         self.items_yielded = 0  # items handed out by this loader, over all its iterations
@@ -218,26 +225,28 @@ class PipelineDataLoader:
                     f"epoch first"
                 )
             self._restored = self._advanced(self._restored, epoch)
+        elif self._restored is None and self._later:  # lanes a restore saved in a later pass
+            self._restored = self._start_with(self._later, epoch)
         self.pipeline.set_epoch(epoch)
         self._exhausted = False
 
-    def _advanced(
-        self, restored: Mapping[str, Any] | Sequence[Mapping[str, Any]], epoch: int
-    ) -> _Start:
+    def _advanced(self, restored: _Start, epoch: int) -> _Start:
         """A finished loaded state moved to the start of pass ``epoch``: None, unless some of
         the rank's lanes were saved in a later pass (they continue there)."""
-        views = _parsed_views(restored)
-        lanes = set(self._rank_lanes())
-        if not any(lc.epoch is not None for v in views for n, lc in v.lanes.items() if n in lanes):
+        return self._start_with(self._later_of(restored), epoch)
+
+    def _later_of(self, start: _Start) -> dict[int, LaneCheckpoint]:
+        """The rank's lanes that ``start`` saved in a pass after its own."""
+        if start is None:
+            return {}
+        lanes = self._rank_lanes()
+        return {n: lc for v in _parsed_views(start) for n, lc in split_later(v, lanes)[1].items()}
+
+    def _start_with(self, later: Mapping[int, LaneCheckpoint], epoch: int) -> _Start:
+        """The rank's start of pass ``epoch`` where ``later`` lanes continue (None: none)."""
+        if not later:
             return None
-        if not isinstance(restored, Sequence):
-            pipe = copy.copy(self.pipeline).restore(restored).set_epoch(epoch)
-            return pipe.checkpoint()
-        out = []
-        for worker, state in enumerate(restored):
-            pipe = copy.copy(worker_pipeline(self.pipeline, worker, self.num_workers))
-            out.append(pipe.restore(state).set_epoch(epoch).checkpoint())
-        return out
+        return start_of_pass(self.pipeline.pass_start(epoch), epoch, later)
 
     def __iter__(self) -> Iterator[Any]:
         self._history.clear()
@@ -261,6 +270,7 @@ class PipelineDataLoader:
         elif self._restored is not None:
             self.pipeline.set_epoch(self.epoch)  # the workers' copies restore; keep it here too
         self._dataset.pending = self._start = self._restored
+        self._later = self._later_of(self._start)  # the workers restore them: kept for later
         self._restored = None
         self._exhausted = False
         self._latest = {}

@@ -19,7 +19,6 @@ from zephon.checkpoints.format import (
     LANE_EPOCHS_VERSION,
     LaneCheckpoint,
     ParsedCheckpoint,
-    parse,
     seal,
 )
 from zephon.errors import CheckpointError
@@ -86,14 +85,16 @@ def with_lanes(state: Mapping[str, Any], lanes: Mapping[int, LaneCheckpoint]) ->
 
 def start_of_pass(
     fresh: Mapping[str, Any], epoch: int, later: Mapping[int, LaneCheckpoint]
-) -> tuple[ParsedCheckpoint | None, dict[int, LaneCheckpoint]]:
+) -> dict[str, Any] | None:
     """Where a view starts pass ``epoch`` when some of its lanes were saved in later passes.
 
     ``fresh`` is the view's checkpoint at the start of that pass. Lanes saved in ``epoch``
-    continue from their state; lanes saved in a pass after it stay aside (finished for this
-    one). Returns the checkpoint to restore (None when no lane needs one) and what stays aside.
-    A lane saved in a pass before ``epoch`` would lose the rest of that pass: refused.
+    continue from their state; lanes saved in a pass after it stay tagged with theirs (finished
+    for this one). Returns the checkpoint to restore (None when ``later`` is empty). A lane
+    saved in a pass before ``epoch`` would lose the rest of that pass: refused.
     """
+    if not later:
+        return None
     behind = sorted(lane for lane, lc in later.items() if (lc.epoch or 0) < epoch)
     if behind:
         raise CheckpointError(
@@ -101,25 +102,18 @@ def start_of_pass(
             f"{min(later[lane].epoch or 0 for lane in behind)}; set that epoch first so that "
             "they finish it"
         )
-    due = {
-        lane: replace(lc, epoch=None, fingerprint=None)
-        for lane, lc in later.items()
-        if lc.epoch == epoch
-    }
     for lane, lc in later.items():
         if lc.epoch == epoch and lc.fingerprint != fresh["fingerprint"]:
             raise CheckpointError(
                 f"lane {lane} was saved in epoch {epoch} with another configuration than this "
                 "pipeline's in that epoch; restore with the pipeline that took the checkpoint"
             )
-    still = {lane: lc for lane, lc in later.items() if (lc.epoch or 0) > epoch}
-    if not due and not still:
-        return None, {}
-    parsed = parse(fresh)
-    missing = sorted(set(still) - set(parsed.lanes))
+    missing = sorted(set(later) - {int(key) for key in fresh["lanes"]})
     if missing:
         raise CheckpointError(f"lanes {missing} are not lanes of this pipeline view")
-    done = {lane: replace(parsed.lanes[lane], done=True) for lane in still}
+    lanes = {
+        lane: replace(lc, epoch=None, fingerprint=None) if lc.epoch == epoch else lc
+        for lane, lc in later.items()
+    }
     # no saved turn: the lane that delivered the fewest items goes first, as after a merge
-    state = with_lanes({**fresh, "tail": {"lanes": [], "order": [], "turn": 0}}, {**due, **done})
-    return parse(state), still
+    return with_lanes({**fresh, "tail": {"lanes": [], "order": [], "turn": 0}}, lanes)
