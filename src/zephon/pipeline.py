@@ -709,12 +709,14 @@ class Pipeline:
         parsed, later = split_later(ckpt.parse(state), view_lanes(self._options))
         source = self.work_source.with_epoch(parsed.epoch)
         compile_run(source, self._all_specs(), self._options, parsed)  # validates
+        fingerprints: dict[int, str] = {}  # each later pass's configuration, as this pipeline's
         for lane, lc in sorted(later.items()):
             assert lc.epoch is not None
-            ours = compile_run(
-                self.work_source.with_epoch(lc.epoch), self._all_specs(), self._options
-            )
-            if lc.fingerprint != ours.config_fingerprint:
+            if lc.epoch not in fingerprints:
+                source = self.work_source.with_epoch(lc.epoch)
+                run = compile_run(source, self._all_specs(), self._options)
+                fingerprints[lc.epoch] = run.config_fingerprint
+            if lc.fingerprint != fingerprints[lc.epoch]:
                 raise CheckpointError(
                     f"checkpoint lane {lane} was saved in epoch {lc.epoch} with another "
                     "configuration than this pipeline's; restore with the pipeline that took it"

@@ -251,7 +251,7 @@ class PipelineDataLoader:
     def __iter__(self) -> Iterator[Any]:
         self._history.clear()
         while True:
-            fresh = self._restored is None  # the pass starts at its beginning
+            fresh = self._restored is None and not self._later  # a pass from its beginning
             handed = self.items_yielded
             yield from self._one_pass()
             if not self.endless:
@@ -315,17 +315,13 @@ class PipelineDataLoader:
 
     def _rotation(self) -> _RankRotation:
         """The rank's round-robin where this iteration starts."""
-        opts = self.pipeline.runtime_options
-        lanes = lanes_for_rank(
-            opts.dp_rank, opts.dp_world_size, opts.canonical_replicas, opts.mapping
-        )
+        lanes = self._rank_lanes()
         start = self._start
         if start is None:
             counts = dict.fromkeys(lanes, 0)
-        elif isinstance(start, Sequence):
-            counts = {lane: n for state in start for lane, n in delivered_counts(state).items()}
-        else:
-            counts = delivered_counts(start)
+        else:  # lanes saved in a later pass are finished in this one, as the engine runs them
+            views = [split_later(view, lanes)[0] for view in _parsed_views(start)]
+            counts = {lane: n for view in views for lane, n in delivered_counts(view).items()}
         return _RankRotation(lanes, counts, self.num_workers)
 
     def _in_turn(self, loader: Any) -> Iterator[_Stamped]:
