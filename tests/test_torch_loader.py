@@ -290,6 +290,19 @@ def test_ranks_in_different_passes_merge_and_resume_on_one_rank(workers: int) ->
     assert sorted(heads[0] + heads[1] + rest + left_out) == sorted(every)
 
 
+def test_without_workers_the_state_is_taken_between_groups_only() -> None:
+    loader = PipelineDataLoader(build_uneven(0), ids, endless=True, accumulation_steps=4)
+    _, it = take(loader, 6)
+    with pytest.raises(CheckpointError, match="after item 2 of a group of accumulation_steps=4"):
+        loader.state_dict()
+    next(it), next(it)
+    state = loader.state_dict()  # after 8: between groups
+    it.close()
+    resumed = PipelineDataLoader(build_uneven(0), ids, endless=True, accumulation_steps=4)
+    resumed.load_state_dict(state)
+    assert take(resumed, 4)[0] == whole_groups(0, 4)[8:12]
+
+
 def test_endless_refuses_a_pass_that_holds_no_whole_group() -> None:
     loader = PipelineDataLoader(build_uneven(0), ids, endless=True, accumulation_steps=20)
     with pytest.raises(ConfigError, match="pass 0 of this rank's lanes handed out no item"):

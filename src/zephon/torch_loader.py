@@ -65,11 +65,13 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
     share of the rank's lanes."""
 
     def __init__(
-        self, pipeline: Pipeline, transform: Callable[[Any], Any] | None, *, stamp: bool
+        self, pipeline: Pipeline, transform: Callable[[Any], Any] | None, *, stamp: int
     ) -> None:
         self.pipeline = pipeline
         self.transform = transform
-        self.stamp = stamp  # stamp items without workers too (a consumer that reads ahead)
+        # without workers, stamp every ``stamp``-th item (0: none): each item for a consumer
+        # that reads ahead, the last of each accumulation group for one that reads groups
+        self.stamp = stamp
         self.pending: _Start = None
 
     def __iter__(self) -> Iterator[_Stamped]:
@@ -81,9 +83,10 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
             pending = pending[worker]
         if pending is not None:
             pipe.restore(pending)
-        transform = self.transform
-        for item in pipe:
-            state = pipe.checkpoint() if workers or self.stamp else None
+        transform, every = self.transform, self.stamp
+        for count, item in enumerate(pipe, 1):
+            stamped = workers or (every and count % every == 0)
+            state = pipe.checkpoint() if stamped else None
             yield worker, item.lane_id, state, item if transform is None else transform(item)
         if workers:
             yield worker, -1, None, _WORKER_DONE
@@ -171,10 +174,11 @@ class PipelineDataLoader:
         self.left_out = 0  # items left out at pass ends (fewer than one accumulation group)
         self.num_workers = num_workers
         self.device = device
-        # a consumer that reads ahead, or groups read before they are handed out: each item
-        # carries its position
-        stamp = history > 0 or accumulation_steps > 1
+        # a consumer that reads ahead: each item carries its position; groups read before they
+        # are handed out: the last item of each (the state is asked for between groups)
+        stamp = 1 if history > 0 else accumulation_steps if accumulation_steps > 1 else 0
         self._dataset = _StampedDataset(pipeline, transform, stamp=stamp)
+        self._pass_handed = 0  # items handed out since the current (or last) pass started
         # (index of an item handed out, each view's state after it, where its pass started)
         self._history: deque[tuple[int, dict[int, dict[str, Any]], _Start]] = deque(maxlen=history)
         self._dataloader_kwargs = dataloader_kwargs
@@ -274,6 +278,7 @@ class PipelineDataLoader:
         self._restored = None
         self._exhausted = False
         self._latest = {}
+        self._pass_handed = 0
         loader = DataLoader(
             self._dataset,
             batch_size=None,
@@ -290,6 +295,7 @@ class PipelineDataLoader:
             if self._history.maxlen:
                 self._history.append((self.items_yielded, dict(self._latest), self._start))
             self.items_yielded += 1
+            self._pass_handed += 1
             yield payload if self.device is None else _to_device(payload, self.device)
         self._exhausted = True
 
@@ -373,8 +379,18 @@ class PipelineDataLoader:
         elif self.num_workers == 0 and not self._dataset.stamp:
             states = [self.pipeline.checkpoint()]
         else:
+            self._refuse_inside_a_group()
             states = self._view_states(self._latest, self._start)
         return {"format": LOADER_STATE_FORMAT, "version": 1, "checkpoints": states}
+
+    def _refuse_inside_a_group(self) -> None:
+        every = self._dataset.stamp
+        if self.num_workers == 0 and every > 1 and self._pass_handed % every:
+            raise CheckpointError(
+                f"state_dict() after item {self._pass_handed % every} of a group of "
+                f"accumulation_steps={every}: the loader takes the state at whole groups; "
+                "ask for it between groups (at optimizer steps)"
+            )
 
     def _view_states(
         self, latest: Mapping[int, dict[str, Any]], start: _Start
