@@ -69,9 +69,7 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
     ) -> None:
         self.pipeline = pipeline
         self.transform = transform
-        # without workers, stamp every ``stamp``-th item (0: none): each item for a consumer
-        # that reads ahead, the last of each accumulation group for one that reads groups
-        self.stamp = stamp
+        self.stamp = stamp  # without workers, stamp every item (1) or none (0)
         self.pending: _Start = None
 
     def __iter__(self) -> Iterator[_Stamped]:
@@ -83,10 +81,9 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
             pending = pending[worker]
         if pending is not None:
             pipe.restore(pending)
-        transform, every = self.transform, self.stamp
-        for count, item in enumerate(pipe, 1):
-            stamped = workers or (every and count % every == 0)
-            state = pipe.checkpoint() if stamped else None
+        transform, stamp = self.transform, workers or self.stamp
+        for item in pipe:
+            state = pipe.checkpoint() if stamp else None
             yield worker, item.lane_id, state, item if transform is None else transform(item)
         if workers:
             yield worker, -1, None, _WORKER_DONE
@@ -143,7 +140,8 @@ class PipelineDataLoader:
     in length never see a pass end at different steps. ``accumulation_steps=n`` hands out each
     pass in whole groups of ``n`` items (one optimizer step of gradient accumulation): the
     fewer than ``n`` items a pass has left after its last whole group are left out of that
-    pass (counted in :attr:`left_out`), so no group spans two passes.
+    pass (counted in :attr:`left_out`), so no group spans two passes. Take states between
+    groups: without workers or ``history`` one inside a group is refused.
     """
 
     def __init__(
@@ -174,10 +172,9 @@ class PipelineDataLoader:
         self.left_out = 0  # items left out at pass ends (fewer than one accumulation group)
         self.num_workers = num_workers
         self.device = device
-        # a consumer that reads ahead: each item carries its position; groups read before they
-        # are handed out: the last item of each (the state is asked for between groups)
-        stamp = 1 if history > 0 else accumulation_steps if accumulation_steps > 1 else 0
-        self._dataset = _StampedDataset(pipeline, transform, stamp=stamp)
+        # a consumer that reads ahead: each item carries its position. Accumulation groups
+        # need none: between groups the pipeline is where the last item handed out left it
+        self._dataset = _StampedDataset(pipeline, transform, stamp=1 if history > 0 else 0)
         self._pass_handed = 0  # items handed out since the current (or last) pass started
         # (index of an item handed out, each view's state after it, where its pass started)
         self._history: deque[tuple[int, dict[int, dict[str, Any]], _Start]] = deque(maxlen=history)
@@ -377,19 +374,21 @@ class PipelineDataLoader:
         if self._restored is not None:  # loaded and not iterated since
             states = [self._start_state(w, self._restored) for w in range(self._views)]
         elif self.num_workers == 0 and not self._dataset.stamp:
+            self._refuse_inside_a_group()
             states = [self.pipeline.checkpoint()]
         else:
-            self._refuse_inside_a_group()
             states = self._view_states(self._latest, self._start)
         return {"format": LOADER_STATE_FORMAT, "version": 1, "checkpoints": states}
 
     def _refuse_inside_a_group(self) -> None:
-        every = self._dataset.stamp
-        if self.num_workers == 0 and every > 1 and self._pass_handed % every:
+        """Without workers a group is read before it is handed out, so inside one the
+        pipeline is ahead of the consumer: the state exists between groups only."""
+        every = self.accumulation_steps
+        if self._pass_handed % every:
             raise CheckpointError(
                 f"state_dict() after item {self._pass_handed % every} of a group of "
-                f"accumulation_steps={every}: the loader takes the state at whole groups; "
-                "ask for it between groups (at optimizer steps)"
+                f"accumulation_steps={every}: without workers or history the loader has the "
+                "state between groups only; ask for it at optimizer steps"
             )
 
     def _view_states(
