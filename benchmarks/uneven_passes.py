@@ -5,8 +5,9 @@ Rows (one process, the reference pipeline narrowed to rank 0 of 2, no training):
 1. ``pipeline``: iterating the rank's pipeline directly: the floor.
 2. ``loader accumulation 1``: ``PipelineDataLoader(endless=True)`` without groups: nothing is
    checkpointed per item.
-3. ``loader accumulation 4``: whole groups of 4: every item carries its pipeline checkpoint,
-   so that the state is the last item handed out while the group is read ahead.
+3. ``loader accumulation 4``: whole groups of 4, each read before it is handed out (without
+   workers nothing is checkpointed per item: between groups the pipeline is where the last
+   item handed out left it).
 4. ``pass_length()``: one pass of the rank's pipeline without a consumer, first call and
    again (kept).
 
