@@ -95,3 +95,21 @@ def test_state_before_training_is_refused() -> None:
 
     with pytest.raises(ConfigError, match="before training started"):
         ZephonDataModule(build_pipeline()).state_dict()
+
+
+# Lightning's own use of a torch pytree API torch deprecates (raised in the test's process)
+@pytest.mark.filterwarnings("ignore:`isinstance.treespec, LeafSpec.` is deprecated:FutureWarning")
+def test_a_trainer_without_max_steps_is_refused_naming_it(tmp_path: Path) -> None:
+    import lightning.pytorch as pl
+
+    from tests.integrations._corpus import build_pipeline
+    from tests.integrations._lightning_job import TinyLlama
+
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    model = TinyLlama(tmp_path / "steps.jsonl", park=False)
+    with pytest.raises(ConfigError, match=r"set lightning\.Trainer\(max_steps=N\)"):
+        trainer.fit(model, datamodule=ZephonDataModule(build_pipeline()))
+    assert not (tmp_path / "steps.jsonl").exists()  # nothing trained
