@@ -30,7 +30,7 @@ def launch(out: Path, world: int, steps: int, mode: str) -> list[subprocess.Pope
     """``world`` rank processes with torchrun's environment, on loopback."""
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),  # this checkout first
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
         "WORLD_SIZE": str(world),

@@ -92,8 +92,16 @@ def test_the_epoch_is_part_of_the_fingerprint_and_of_merges():
     assert zero["fingerprint"] != two["fingerprint"]
     one_rank = build().options(dp_world_size=2)
     other_rank = build(epoch=2).options(dp_world_size=2, dp_rank=1)
-    with pytest.raises(CheckpointError, match="epoch"):
-        merge_checkpoints([one_rank.checkpoint(), other_rank.checkpoint()])
+    merged = merge_checkpoints([one_rank.checkpoint(), other_rank.checkpoint()])
+    # ranks in different passes merge: the earliest is the checkpoint's, the later one tagged
+    assert "epoch" not in merged["config"] and merged["version"] == 6
+    assert {k: (v.get("epoch"), v.get("fingerprint")) for k, v in merged["lanes"].items()} == {
+        "0": (None, None),
+        "1": (2, other_rank.checkpoint()["fingerprint"]),
+    }
+    other_data = build(epoch=2).options(dp_world_size=2, dp_rank=1, flush_every_k_chunks=2)
+    with pytest.raises(CheckpointError, match="flush_every_k_chunks"):
+        merge_checkpoints([one_rank.checkpoint(), other_data.checkpoint()])
     pipe = build()
     for _ in pipe:
         pass

@@ -103,12 +103,13 @@ EXPECTED: dict[str, list[str]] = {
         "latest_checkpoint load_checkpoint save_checkpoint write_json_atomic"
     ),
     "zephon.checkpoints.format": _names(
-        "CHECKSUM_KEY FORMAT HELD_PAYLOADS_VERSION LaneCheckpoint OperatorInfo PLAIN_VERSION "
-        "ParsedCheckpoint SourceInfo VERSION "
-        "build checksum cursor_from_json cursor_to_json fingerprint first_difference migrate "
-        "parse seal to_jsonable verify_checksum"
+        "CHECKSUM_KEY FORMAT HELD_PAYLOADS_VERSION LANE_EPOCHS_VERSION LaneCheckpoint "
+        "OperatorInfo PLAIN_VERSION ParsedCheckpoint SourceInfo VERSION "
+        "build checksum cursor_from_json cursor_to_json fingerprint first_difference "
+        "lanes_version migrate parse seal to_jsonable verify_checksum"
     ),
     "zephon.checkpoints.gather": _names("delivered_counts merge_checkpoints refetch_counts"),
+    "zephon.checkpoints.passes": _names("any_pass split_later start_of_pass with_lanes"),
     "zephon.cli": _names("build_parser main"),
     "zephon.config": _names(
         "ConfigFileError OPERATORS OperatorDefinition OperatorParameter PipelineConfig "

@@ -212,3 +212,114 @@ def test_set_epoch_refuses_a_loaded_state_in_the_middle_of_another_epoch() -> No
     assert after_the_end.epoch_finished
     after_the_end.set_epoch(1)  # that epoch was complete: the new one starts at its beginning
     assert list(after_the_end) == pipeline_pass(1)
+
+
+# -- ranks of uneven lengths: one endless stream per rank, whole accumulation groups ---------
+
+
+def build_uneven(rank: int = 0) -> Pipeline:
+    """Rank ``rank`` of 2: rank 0's passes hold 17, 18 and 17 batches, rank 1's 18, 17, 18."""
+    rows = [{"text": f"doc {i}: " + "lorem " * (1 + i % 5)} for i in range(70)]
+    source = StaticMixtureWorkSource(
+        datasets=[Dataset.from_records("docs", rows)], chunk_size=6, seed=3
+    )
+    return (
+        Pipeline(source).decode_text().tokenize("bytes").shuffle(8, seed=5).batch(2)
+        .options(canonical_replicas=4, runner="inline", dp_rank=rank, dp_world_size=2)
+    )  # fmt: skip
+
+
+def whole_groups(rank: int, group: int, passes: int = 3) -> list[Any]:
+    """Each pass of the rank cut to whole groups of ``group`` batches, one after the other."""
+    out = []
+    for epoch in range(passes):
+        batches = [ids(b) for b in build_uneven(rank).set_epoch(epoch)]
+        out += batches[: len(batches) // group * group]
+    return out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("workers", "group"), [(0, 1), (0, 4), (2, 3)])
+def test_endless_goes_from_pass_to_pass_in_whole_groups_and_resumes_exactly(
+    workers: int, group: int
+) -> None:
+    assert [build_uneven(0).pass_length(e) for e in range(3)] == [17, 18, 17]
+    expected = whole_groups(0, group)
+    loader = PipelineDataLoader(
+        build_uneven(0), ids, num_workers=workers, endless=True, accumulation_steps=group
+    )
+    got, it = take(loader, len(expected))
+    assert got == expected and loader.epoch == 2
+    it.close()
+    assert loader.left_out == sum(length % group for length in (17, 18))
+    # a state at the end of a pass's last whole group, and one a group into the next pass
+    # (a consumer saves at optimizer steps: between groups)
+    for stop in (17 // group * group, 17 // group * group + group):
+        head = PipelineDataLoader(
+            build_uneven(0), ids, num_workers=workers, endless=True, accumulation_steps=group
+        )
+        seen, it = take(head, stop)
+        state = json.loads(json.dumps(head.state_dict()))
+        it.close()
+        resumed = PipelineDataLoader(build_uneven(0), ids, endless=True, accumulation_steps=group)
+        resumed.load_state_dict(state)
+        rest, it = take(resumed, len(expected) - stop)
+        it.close()
+        assert seen + rest == expected, stop
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_ranks_in_different_passes_merge_and_resume_on_one_rank(workers: int) -> None:
+    loaders = [
+        PipelineDataLoader(build_uneven(rank), ids, endless=True, accumulation_steps=2)
+        for rank in (0, 1)
+    ]
+    heads = [take(loader, 18)[0] for loader in loaders]  # rank 0 is in pass 1, rank 1 in pass 0
+    assert [loader.epoch for loader in loaders] == [1, 0] and loaders[0].left_out == 1
+    merged = merge_loader_states([loader.state_dict() for loader in loaders])
+    one_rank = build_uneven(0).options(dp_world_size=1, dp_rank=0)
+    one = PipelineDataLoader(one_rank, ids, num_workers=workers, endless=True)
+    one.load_state_dict(merged)
+    # every batch of passes 0 and 1 once, but the one rank 0 left out of its pass 0
+    every = [ids(b) for e in (0, 1) for r in (0, 1) for b in build_uneven(r).set_epoch(e)]
+    left_out = [ids(b) for b in build_uneven(0)][16:]
+    rest, it = take(one, len(every) - len(left_out) - 36)
+    assert one.epoch == 1  # the lanes restored in pass 1 went on there, not from its start
+    it.close()
+    assert sorted(heads[0] + heads[1] + rest + left_out) == sorted(every)
+
+
+def test_without_workers_the_state_is_taken_between_groups_only() -> None:
+    loader = PipelineDataLoader(build_uneven(0), ids, endless=True, accumulation_steps=4)
+    _, it = take(loader, 6)
+    with pytest.raises(CheckpointError, match="after item 2 of a group of accumulation_steps=4"):
+        loader.state_dict()
+    next(it), next(it)
+    state = loader.state_dict()  # after 8: between groups
+    it.close()
+    resumed = PipelineDataLoader(build_uneven(0), ids, endless=True, accumulation_steps=4)
+    resumed.load_state_dict(state)
+    assert take(resumed, 4)[0] == whole_groups(0, 4)[8:12]
+
+
+def test_endless_refuses_a_pass_that_holds_no_whole_group() -> None:
+    loader = PipelineDataLoader(build_uneven(0), ids, endless=True, accumulation_steps=20)
+    with pytest.raises(ConfigError, match="pass 0 of this rank's lanes handed out no item"):
+        next(iter(loader))
+    with pytest.raises(ConfigError, match="accumulation_steps must be an integer >= 1"):
+        PipelineDataLoader(build_uneven(0), ids, accumulation_steps=0)
+
+
+def test_the_torch_dataset_goes_on_from_pass_to_pass_when_endless() -> None:
+    passes = [[ids(b) for b in build_uneven(1).set_epoch(e)] for e in range(3)]
+    dataset = build_uneven(1).to_torch_dataset(ids, endless=True)
+    it = iter(dataset)
+    head = [next(it) for _ in range(20)]
+    state = json.loads(json.dumps(dataset.state_dict()))
+    it.close()
+    resumed = build_uneven(1).to_torch_dataset(ids, endless=True)
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    rest = [next(it) for _ in range(len(passes[1]) + len(passes[2]) - 2)]
+    assert head + rest == passes[0] + passes[1] + passes[2]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
 from zephon._engine.compile import compile as compile_run
+from zephon._engine.compile import view_lanes
 from zephon._engine.engine import Engine
 from zephon._engine.engine_process import EngineProcess
 from zephon._engine.fetch import FetchOp
@@ -30,6 +32,7 @@ from zephon._ops.stateful_transform import StatefulTransformOp
 from zephon._ops.tokenize import SpecialTokens, TokenizeOp
 from zephon._ops.tokenize_chat import TokenizeChatOp
 from zephon.checkpoints import format as ckpt
+from zephon.checkpoints.passes import split_later, start_of_pass, with_lanes
 from zephon.errors import CheckpointError, ConfigError
 from zephon.ops import BaseOp
 from zephon.options import RuntimeOptions
@@ -95,6 +98,9 @@ class Pipeline:
         self._engine: Engine | EngineProcess | None = None
         self._engine_done = True
         self._resume: ckpt.ParsedCheckpoint | None = None
+        # this view's lanes restored in a later pass than the current one, until their pass
+        self._later: dict[int, ckpt.LaneCheckpoint] = {}
+        self._pass_lengths: dict[tuple[int, tuple[int, ...]], int] = {}
         self._epoch = 0
         self._epoch_chosen = True  # False once an iteration started without a new set_epoch
         self._origin: Any = None
@@ -617,7 +623,9 @@ class Pipeline:
         the same in every run. The epoch is part of checkpoints and of their fingerprint.
 
         After ``restore()`` the pipeline is at the checkpoint's epoch; setting another one
-        drops a checkpoint whose epoch was complete and refuses one that was not.
+        drops a checkpoint whose epoch was complete and refuses one that was not. Lanes the
+        checkpoint saved in a later pass (ranks of uneven lengths) continue when their pass
+        is set.
         """
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"set_epoch: epoch must be an integer >= 0, got {epoch!r}")
@@ -628,17 +636,49 @@ class Pipeline:
         self.work_source.with_epoch(epoch)  # a source without epochs refuses here
         resume = self._resume
         if resume is not None and resume.epoch != epoch:
-            if not resume.finished:
+            if not resume.finished_for(view_lanes(self._options)):
                 raise CheckpointError(
                     f"set_epoch({epoch}): the restored checkpoint is in the middle of epoch "
                     f"{resume.epoch}; call set_epoch({resume.epoch}) (or leave it) to finish "
                     f"that epoch first, or build a new pipeline to start epoch {epoch} afresh"
                 )
             self._resume = None  # that epoch was complete: the new one starts at its beginning
+        if self._later and self._resume is None:
+            state = start_of_pass(self.pass_start(epoch), epoch, self._later)
+            assert state is not None
+            self._resume, self._later = split_later(ckpt.parse(state), view_lanes(self._options))
         self._engine = None  # checkpoint() now describes the start of that pass
         self._epoch = epoch
         self._epoch_chosen = True
         return self
+
+    def pass_start(self, epoch: int) -> dict[str, Any]:
+        """This view's checkpoint at the start of pass ``epoch`` (nothing delivered yet),
+        whatever this pipeline restored or iterated."""
+        source = self.work_source.with_epoch(epoch)
+        engine = Engine(compile_run(source, self._all_specs(), self._options, None))
+        engine.prepare()
+        return engine.checkpoint()
+
+    def pass_length(self, epoch: int | None = None) -> int:
+        """How many items (batches, after ``batch()``) this view delivers in pass ``epoch``
+        (default: :attr:`epoch`), from the start of that pass.
+
+        Ranks hold different lanes, so their passes differ in length; a training loop that
+        stops at ``max_steps`` sizes it with this. The count is exact because it runs the
+        pass: it costs one pass of this rank's pipeline without the training (reading,
+        tokenizing, packing), on this pipeline's runner. The result is kept, so asking again
+        for the same pass and lanes is free.
+        """
+        epoch = self._epoch if epoch is None else epoch
+        key = (epoch, tuple(view_lanes(self._options)))
+        if key not in self._pass_lengths:
+            counter = copy.copy(self)  # the same operators and options, none of its state
+            counter._engine, counter._engine_done, counter._resume = None, True, None
+            counter._later, counter._pass_lengths = {}, {}
+            counter.set_epoch(epoch)
+            self._pass_lengths[key] = sum(1 for _ in counter)
+        return self._pass_lengths[key]
 
     def provenance_origin(self) -> Any:
         """Names, files and lines of this pipeline's datasets (``zephon.provenance.Origin``),
@@ -664,34 +704,53 @@ class Pipeline:
         (``zephon run`` writes them so); the default stays small for per-step checkpoints.
         """
         engine = self._engine
-        if engine is not None and self._resume is None and engine.prepared:
-            return engine.checkpoint(held_records=held_records)
-        engine = Engine(compile_run(self._source(), self._all_specs(), self._options, self._resume))
-        engine.prepare()
-        return engine.checkpoint(held_records=held_records)
+        if engine is None or self._resume is not None or not engine.prepared:
+            run = compile_run(self._source(), self._all_specs(), self._options, self._resume)
+            engine = Engine(run)
+            engine.prepare()
+        state = engine.checkpoint(held_records=held_records)
+        return with_lanes(state, self._later) if self._later else state
 
     def restore(self, state: Mapping[str, Any]) -> Pipeline:
         """Resume from ``state`` at the next iteration; validated now, applied at ``iter()``.
 
         The state may come from another number of data-parallel ranks (merged with
         :func:`zephon.merge_checkpoints`) as long as ``canonical_replicas`` is the same. The
-        pipeline takes the checkpoint's epoch (:attr:`epoch`).
+        pipeline takes the checkpoint's epoch (:attr:`epoch`); lanes it saved in a later pass
+        count as finished in that one and continue at ``set_epoch`` of theirs.
         """
         if not self._engine_done:
             raise RuntimeError(
                 "restore() must be called before iterating; this pipeline is being iterated"
             )
-        parsed = ckpt.parse(state)
+        parsed, later = split_later(ckpt.parse(state), view_lanes(self._options))
         source = self.work_source.with_epoch(parsed.epoch)
         compile_run(source, self._all_specs(), self._options, parsed)  # validates
+        fingerprints: dict[int, str] = {}  # each later pass's configuration, as this pipeline's
+        for lane, lc in sorted(later.items()):
+            assert lc.epoch is not None
+            if lc.epoch not in fingerprints:
+                source = self.work_source.with_epoch(lc.epoch)
+                run = compile_run(source, self._all_specs(), self._options)
+                fingerprints[lc.epoch] = run.config_fingerprint
+            if lc.fingerprint != fingerprints[lc.epoch]:
+                raise CheckpointError(
+                    f"checkpoint lane {lane} was saved in epoch {lc.epoch} with another "
+                    "configuration than this pipeline's; restore with the pipeline that took it"
+                )
         self._resume = parsed
+        self._later = later
         self._epoch = parsed.epoch
         self._epoch_chosen = True
         self._engine = None
         return self
 
     def to_torch_dataset(
-        self, transform: Callable[[Any], Any] | None = None, *, rows: bool = False
+        self,
+        transform: Callable[[Any], Any] | None = None,
+        *,
+        rows: bool = False,
+        endless: bool = False,
     ) -> Any:
         """A torch ``IterableDataset`` with ``state_dict``/``load_state_dict`` (needs torch).
 
@@ -699,10 +758,12 @@ class Pipeline:
         collate_fn=...)``; ``transform`` converts each item (e.g. ``SampleBatch.to_training``).
         ``rows=True`` yields single rows of each transformed batch (by default Hugging Face
         tensors, ``to_training(convention="hf")``) for a DataLoader that batches itself.
+        ``endless=True``: one iteration goes on from pass to pass (each the next epoch), for
+        data-parallel ranks whose passes differ in length; the loop's step limit ends it.
         """
         from zephon.torch_data import PipelineDataset
 
-        return PipelineDataset(self, transform, rows=rows)
+        return PipelineDataset(self, transform, rows=rows, endless=endless)
 
     def stats(self) -> RunStats | None:
         """Live statistics of the current (or last) iteration: totals, per-operator

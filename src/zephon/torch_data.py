@@ -9,6 +9,10 @@ lanes per rank must divide by the number of workers); torch is imported lazily a
 ``rows=True`` yields single rows instead of the pipeline's batches, for frameworks that batch
 themselves (a DataLoader with ``batch_size``, Hugging Face ``Trainer``): the state is still taken
 per pipeline batch, plus how many of its rows were already yielded.
+
+``endless=True`` makes one iteration go on from pass to pass (each the pipeline's next epoch),
+so data-parallel ranks, whose passes differ in length, never end an iteration at different
+steps; the training loop's step limit ends it.
 """
 
 from __future__ import annotations
@@ -112,11 +116,13 @@ class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
         transform: Callable[[Any], Any] | None = None,
         *,
         rows: bool = False,
+        endless: bool = False,
     ) -> None:
         if get_worker_info is None:
             require("torch", "to_torch_dataset")
         self.pipeline = pipeline
         self.rows = rows
+        self.endless = endless
         self.transform = hf_tensors if rows and transform is None else transform
         self._worker_pipeline: Pipeline | None = None
         self._pending: Mapping[str, Any] | None = None
@@ -144,9 +150,26 @@ class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
             pipe.restore(pending)
             if self._epoch is not None:  # set after the load: continue, start or refuse
                 pipe.set_epoch(self._epoch)
-        if self.rows:
-            return self._iter_rows(pipe, skip)
-        return self._iter_items(pipe)
+        if not self.endless:
+            return self._iter_rows(pipe, skip) if self.rows else self._iter_items(pipe)
+        return self._passes(pipe, skip, fresh=pending is None)
+
+    def _passes(self, pipe: Pipeline, skip: int, *, fresh: bool) -> Iterator[Any]:
+        """Pass after pass of ``pipe`` (``endless``): each the next epoch. ``fresh``: the
+        first pass starts at its beginning (a pass that does and holds nothing is refused)."""
+        while True:
+            yielded = 0
+            for yielded, item in enumerate(  # noqa: B007 - the count is read after the loop
+                self._iter_rows(pipe, skip) if self.rows else self._iter_items(pipe), 1
+            ):
+                yield item
+            if fresh and not yielded:
+                raise ConfigError(
+                    f"endless=True: pass {pipe.epoch} of this view's lanes holds no item, so "
+                    "the stream would never deliver; check the data"
+                )
+            skip, fresh = 0, True
+            pipe.set_epoch(pipe.epoch + 1)
 
     def _iter_items(self, pipe: Pipeline) -> Iterator[Any]:
         transform = self.transform

@@ -12,13 +12,20 @@ state is taken only when asked for.
 from __future__ import annotations
 
 import copy
+import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zephon._optional import require
-from zephon.checkpoints import ParsedCheckpoint, delivered_counts, parse_checkpoint
-from zephon.errors import CheckpointError
+from zephon.checkpoints import (
+    LaneCheckpoint,
+    ParsedCheckpoint,
+    delivered_counts,
+    parse_checkpoint,
+)
+from zephon.checkpoints.passes import split_later, start_of_pass
+from zephon.errors import CheckpointError, ConfigError
 from zephon.torch_data import worker_pipeline
 from zephon.work import lanes_for_rank
 
@@ -35,6 +42,7 @@ except ImportError:  # pragma: no cover - exercised when torch is absent
 __all__ = ["LOADER_STATE_FORMAT", "PipelineDataLoader", "merge_loader_states"]
 
 LOADER_STATE_FORMAT = "zephon-loader-state"
+log = logging.getLogger("zephon")
 # A start position: from the beginning, one checkpoint for every view, or one per view.
 _Start = Mapping[str, Any] | Sequence[Mapping[str, Any]] | None
 
@@ -57,11 +65,11 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
     share of the rank's lanes."""
 
     def __init__(
-        self, pipeline: Pipeline, transform: Callable[[Any], Any] | None, *, stamp: bool
+        self, pipeline: Pipeline, transform: Callable[[Any], Any] | None, *, stamp: int
     ) -> None:
         self.pipeline = pipeline
         self.transform = transform
-        self.stamp = stamp  # stamp items without workers too (a consumer that reads ahead)
+        self.stamp = stamp  # without workers, stamp every item (1) or none (0)
         self.pending: _Start = None
 
     def __iter__(self) -> Iterator[_Stamped]:
@@ -73,9 +81,9 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
             pending = pending[worker]
         if pending is not None:
             pipe.restore(pending)
-        transform = self.transform
+        transform, stamp = self.transform, workers or self.stamp
         for item in pipe:
-            state = pipe.checkpoint() if workers or self.stamp else None
+            state = pipe.checkpoint() if stamp else None
             yield worker, item.lane_id, state, item if transform is None else transform(item)
         if workers:
             yield worker, -1, None, _WORKER_DONE
@@ -126,6 +134,14 @@ class PipelineDataLoader:
     an iteration that starts after its epoch finished then passes the next epoch, so
     ``for epoch in range(n): for batch in loader: ...`` gives n different passes and, after
     ``load_state_dict``, continues the loaded epoch first.
+
+    ``endless=True`` makes one iteration the rank's whole stream, pass after pass (epochs as
+    with ``auto_epoch``), so only the consumer's step limit ends it: ranks whose passes differ
+    in length never see a pass end at different steps. ``accumulation_steps=n`` hands out each
+    pass in whole groups of ``n`` items (one optimizer step of gradient accumulation): the
+    fewer than ``n`` items a pass has left after its last whole group are left out of that
+    pass (counted in :attr:`left_out`), so no group spans two passes. Take states between
+    groups: without workers or ``history`` one inside a group is refused.
     """
 
     def __init__(
@@ -137,20 +153,36 @@ class PipelineDataLoader:
         device: Any = None,
         history: int = 0,
         auto_epoch: bool = False,
+        endless: bool = False,
+        accumulation_steps: int = 1,
         **dataloader_kwargs: Any,
     ) -> None:
         require("torch", "PipelineDataLoader")
+        if isinstance(accumulation_steps, bool) or not (
+            isinstance(accumulation_steps, int) and accumulation_steps >= 1
+        ):
+            raise ConfigError(
+                f"PipelineDataLoader: accumulation_steps must be an integer >= 1, got "
+                f"{accumulation_steps!r}"
+            )
         self.pipeline = pipeline
-        self.auto_epoch = auto_epoch
+        self.auto_epoch = auto_epoch or endless
+        self.endless = endless
+        self.accumulation_steps = accumulation_steps
+        self.left_out = 0  # items left out at pass ends (fewer than one accumulation group)
         self.num_workers = num_workers
         self.device = device
-        self._dataset = _StampedDataset(pipeline, transform, stamp=history > 0)
-        # (index of an item handed out, each view's state after it)
-        self._history: deque[tuple[int, dict[int, dict[str, Any]]]] = deque(maxlen=history)
+        # a consumer that reads ahead: each item carries its position. Accumulation groups
+        # need none: between groups the pipeline is where the last item handed out left it
+        self._dataset = _StampedDataset(pipeline, transform, stamp=1 if history > 0 else 0)
+        self._pass_handed = 0  # items handed out since the current (or last) pass started
+        # (index of an item handed out, each view's state after it, where its pass started)
+        self._history: deque[tuple[int, dict[int, dict[str, Any]], _Start]] = deque(maxlen=history)
         self._dataloader_kwargs = dataloader_kwargs
         if num_workers:
             worker_pipeline(pipeline, 0, num_workers)  # refuse a worker count that cannot split
         self._restored: _Start = None  # loaded, for the next iteration
+        self._later: dict[int, LaneCheckpoint] = {}  # rank lanes the last start saved later
         self._start: _Start = None  # where the current (or last) iteration started
         self._latest: dict[int, dict[str, Any]] = {}
         self.items_yielded = 0  # items handed out by this loader, over all its iterations
@@ -169,15 +201,22 @@ class PipelineDataLoader:
         """Whether :attr:`epoch` has nothing left to deliver: the last iteration ran to its
         end, or the loaded state was saved at the end of its epoch."""
         if self._restored is not None:
-            return all(view.finished for view in _parsed_views(self._restored))
+            lanes = self._rank_lanes()
+            return all(view.finished_for(lanes) for view in _parsed_views(self._restored))
         return self._exhausted
+
+    def _rank_lanes(self) -> list[int]:
+        opts = self.pipeline.runtime_options
+        return lanes_for_rank(
+            opts.dp_rank, opts.dp_world_size, opts.canonical_replicas, opts.mapping
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration pass ``epoch`` over the data (between iterations).
 
         A loaded state in that epoch is continued; one at the end of another epoch is
-        dropped (the new epoch starts at its beginning); one in the middle of another epoch
-        is refused, naming the epoch to set.
+        dropped (the new epoch starts at its beginning, where lanes it saved in that epoch
+        continue); one in the middle of another epoch is refused, naming the epoch to set.
         """
         if self._restored is not None and self.epoch != epoch:
             if not self.epoch_finished:
@@ -186,20 +225,57 @@ class PipelineDataLoader:
                     f"{self.epoch}; call set_epoch({self.epoch}) (or leave it) to finish that "
                     f"epoch first"
                 )
-            self._restored = None
+            self._restored = self._advanced(self._restored, epoch)
+        elif self._restored is None and self._later:  # lanes a restore saved in a later pass
+            self._restored = self._start_with(self._later, epoch)
         self.pipeline.set_epoch(epoch)
         self._exhausted = False
 
+    def _advanced(self, restored: _Start, epoch: int) -> _Start:
+        """A finished loaded state moved to the start of pass ``epoch``: None, unless some of
+        the rank's lanes were saved in a later pass (they continue there)."""
+        return self._start_with(self._later_of(restored), epoch)
+
+    def _later_of(self, start: _Start) -> dict[int, LaneCheckpoint]:
+        """The rank's lanes that ``start`` saved in a pass after its own."""
+        if start is None:
+            return {}
+        lanes = self._rank_lanes()
+        return {n: lc for v in _parsed_views(start) for n, lc in split_later(v, lanes)[1].items()}
+
+    def _start_with(self, later: Mapping[int, LaneCheckpoint], epoch: int) -> _Start:
+        """The rank's start of pass ``epoch`` where ``later`` lanes continue (None: none)."""
+        if not later:
+            return None
+        return start_of_pass(self.pipeline.pass_start(epoch), epoch, later)
+
     def __iter__(self) -> Iterator[Any]:
+        self._history.clear()
+        while True:
+            fresh = self._restored is None and not self._later  # a pass from its beginning
+            handed = self.items_yielded
+            yield from self._one_pass()
+            if not self.endless:
+                return
+            if fresh and self.items_yielded == handed:
+                raise ConfigError(
+                    f"endless=True: pass {self.pipeline.epoch} of this rank's lanes handed out "
+                    f"no item ({self.left_out} left out in all, accumulation_steps="
+                    f"{self.accumulation_steps}), so the stream would never deliver; check the "
+                    "data, or use fewer accumulation steps"
+                )
+
+    def _one_pass(self) -> Iterator[Any]:
         if self.auto_epoch and self.epoch_finished:
             self.set_epoch(self.epoch + 1)
         elif self._restored is not None:
             self.pipeline.set_epoch(self.epoch)  # the workers' copies restore; keep it here too
         self._dataset.pending = self._start = self._restored
+        self._later = self._later_of(self._start)  # the workers restore them: kept for later
         self._restored = None
         self._exhausted = False
         self._latest = {}
-        self._history.clear()
+        self._pass_handed = 0
         loader = DataLoader(
             self._dataset,
             batch_size=None,
@@ -207,29 +283,48 @@ class PipelineDataLoader:
             num_workers=self.num_workers,
             **self._dataloader_kwargs,
         )
-        items = loader if self.num_workers == 0 else self._in_turn(loader)
+        items: Iterator[_Stamped] = iter(loader) if self.num_workers == 0 else self._in_turn(loader)
+        if self.accumulation_steps > 1:
+            items = self._whole_groups(items)
         for worker, _, state, payload in items:
             if state is not None:
                 self._latest[worker] = state
             if self._history.maxlen:
-                self._history.append((self.items_yielded, dict(self._latest)))
+                self._history.append((self.items_yielded, dict(self._latest), self._start))
             self.items_yielded += 1
+            self._pass_handed += 1
             yield payload if self.device is None else _to_device(payload, self.device)
         self._exhausted = True
 
+    def _whole_groups(self, items: Iterator[_Stamped]) -> Iterator[_Stamped]:
+        """``items`` in whole groups of ``accumulation_steps``; a partial last group of the
+        pass is left out."""
+        group: list[_Stamped] = []
+        for stamped in items:
+            group.append(stamped)
+            if len(group) == self.accumulation_steps:
+                yield from group
+                group = []
+        if group:
+            self.left_out += len(group)
+            log.info(
+                "zephon: pass %d of rank %d ends with %d item(s), fewer than "
+                "accumulation_steps=%d: left out of that pass",
+                self.pipeline.epoch,
+                self.pipeline.runtime_options.dp_rank,
+                len(group),
+                self.accumulation_steps,
+            )
+
     def _rotation(self) -> _RankRotation:
         """The rank's round-robin where this iteration starts."""
-        opts = self.pipeline.runtime_options
-        lanes = lanes_for_rank(
-            opts.dp_rank, opts.dp_world_size, opts.canonical_replicas, opts.mapping
-        )
+        lanes = self._rank_lanes()
         start = self._start
         if start is None:
             counts = dict.fromkeys(lanes, 0)
-        elif isinstance(start, Sequence):
-            counts = {lane: n for state in start for lane, n in delivered_counts(state).items()}
-        else:
-            counts = delivered_counts(start)
+        else:  # lanes saved in a later pass are finished in this one, as the engine runs them
+            views = [split_later(view, lanes)[0] for view in _parsed_views(start)]
+            counts = {lane: n for view in views for lane, n in delivered_counts(view).items()}
         return _RankRotation(lanes, counts, self.num_workers)
 
     def _in_turn(self, loader: Any) -> Iterator[_Stamped]:
@@ -278,24 +373,37 @@ class PipelineDataLoader:
             return self._state_after(upto)
         if self._restored is not None:  # loaded and not iterated since
             states = [self._start_state(w, self._restored) for w in range(self._views)]
-        elif self.num_workers == 0:
+        elif self.num_workers == 0 and not self._dataset.stamp:
+            self._refuse_inside_a_group()
             states = [self.pipeline.checkpoint()]
         else:
-            states = self._view_states(self._latest)
+            states = self._view_states(self._latest, self._start)
         return {"format": LOADER_STATE_FORMAT, "version": 1, "checkpoints": states}
 
-    def _view_states(self, latest: Mapping[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    def _refuse_inside_a_group(self) -> None:
+        """Without workers a group is read before it is handed out, so inside one the
+        pipeline is ahead of the consumer: the state exists between groups only."""
+        every = self.accumulation_steps
+        if self._pass_handed % every:
+            raise CheckpointError(
+                f"state_dict() after item {self._pass_handed % every} of a group of "
+                f"accumulation_steps={every}: without workers or history the loader has the "
+                "state between groups only; ask for it at optimizer steps"
+            )
+
+    def _view_states(
+        self, latest: Mapping[int, dict[str, Any]], start: _Start
+    ) -> list[dict[str, Any]]:
         return [
-            latest[w] if w in latest else self._start_state(w, self._start)
-            for w in range(self._views)
+            latest[w] if w in latest else self._start_state(w, start) for w in range(self._views)
         ]
 
     def _state_after(self, index: int) -> dict[str, Any]:
-        for seen, latest in self._history:
+        for seen, latest, start in self._history:
             if seen == index:
-                states = self._view_states(latest)
+                states = self._view_states(latest, start)
                 return {"format": LOADER_STATE_FORMAT, "version": 1, "checkpoints": states}
-        kept = [seen for seen, _ in self._history]
+        kept = [seen for seen, _, _ in self._history]
         raise CheckpointError(
             f"state_dict(upto={index}): the loader keeps the positions after items "
             f"{kept[:1] + kept[-1:] if kept else 'none'} (history={self._history.maxlen}); "
@@ -314,8 +422,10 @@ class PipelineDataLoader:
             self._restored = state
         elif len(state["checkpoints"]) == self._views:
             self._restored = list(state["checkpoints"])
-        else:
-            self._restored = merge_loader_states([state])
+        else:  # saved with another worker count: this rank's lanes in one checkpoint
+            from zephon import merge_checkpoints
+
+            self._restored = merge_checkpoints(state["checkpoints"], partial=True)
         self._latest = {}
 
 

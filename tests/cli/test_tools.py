@@ -125,3 +125,17 @@ def test_a_reader_that_goes_away_is_no_traceback(workdir: Path) -> None:
     os.close(write)
     assert proc.returncode == 141, proc.stderr
     assert proc.stderr == ""
+
+
+def test_checkpoint_inspect_names_each_lanes_pass(tmp_path: Path, capsys) -> None:
+    """A merged checkpoint of ranks in different passes (format version 6)."""
+    from tests.checkpoints.test_passes import uneven_state
+
+    merged, _ = uneven_state()
+    path = tmp_path / "merged.json"
+    path.write_text(json.dumps(merged))
+    assert main(["checkpoint", "inspect", str(path), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["epoch"] == 0 and [lane["epoch"] for lane in info["lanes"]] == [0, 1, 0, 1]
+    assert main(["checkpoint", "inspect", str(path)]) == 0
+    assert capsys.readouterr().out.count("in epoch 1") == 2

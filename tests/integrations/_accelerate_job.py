@@ -7,12 +7,21 @@ Trains 20 steps, with ``accelerator.save_state`` after step 10; then ``load_stat
 optimizer and data position) and trains again from there. Each process writes one JSON line
 per step to ``OUT/steps-r<RANK>.jsonl``: the pass (1, or 2 after load_state), the step, the
 row digests and the loss as float hex.
+
+``... _accelerate_job.py OUT WORKERS uneven GA MODE`` trains instead on ranks whose passes differ
+in length (the documents of the ``uneven`` trainer job) with ``gradient_accumulation_steps=GA``
+and ``save_state`` after every step into ``OUT/state-<STEP>``; MODE ``fresh`` trains the steps
+of ``uneven_plan(GA)``, ``park`` waits after its park step to be killed, ``resume`` loads the
+state of the step before and trains to the end. One JSON line per micro-batch (step, rows,
+loss) goes to ``OUT/<MODE>-r<RANK>.jsonl``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +30,7 @@ from accelerate import Accelerator
 
 from tests.integrations._corpus import build_pipeline, row_digest, tiny_llama
 from tests.integrations._launch import record_pid
+from tests.integrations._trainer_job import UNEVEN_DOCS, uneven_plan
 from zephon.integrations.accelerate import prepare_pipeline
 
 STEPS, SAVE_AT = 20, 10
@@ -42,9 +52,46 @@ def train(accelerator: Accelerator, model: Any, opt: Any, loader: Any, steps: in
     return lines
 
 
+def train_uneven(accumulation: int, mode: str) -> None:
+    """One process of the ``uneven`` job (see the module's docstring)."""
+    steps, park_at = uneven_plan(accumulation)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulation)
+    model = tiny_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = prepare_pipeline(accelerator, build_pipeline(docs=UNEVEN_DOCS))
+    model, opt = accelerator.prepare(model, opt)
+    step = 0
+    if mode == "resume":
+        step = park_at - 1
+        accelerator.load_state(str(OUT / f"state-{step}"))
+    log = OUT / f"{mode}-r{accelerator.process_index}.jsonl"
+    for inputs in loader:
+        with accelerator.accumulate(model):
+            loss = model(**inputs).loss
+            accelerator.backward(loss)
+            opt.step()
+            opt.zero_grad()
+        line = {"step": step + 1, "rows": [row_digest(r) for r in inputs["input_ids"].cpu()]}
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({**line, "loss": float(loss.detach()).hex()}) + "\n")
+        if not accelerator.sync_gradients:
+            continue
+        step += 1
+        accelerator.save_state(str(OUT / f"state-{step}"))
+        if mode == "park" and step == park_at:
+            print(f"parked {accelerator.process_index} {os.getpid()}", flush=True)
+            threading.Event().wait()  # until the test kills this process
+        if step == steps:
+            break
+    accelerator.end_training()
+
+
 def main() -> None:
     workers = int(sys.argv[2])
     record_pid(OUT)
+    if sys.argv[3:4] == ["uneven"]:
+        train_uneven(int(sys.argv[4]), sys.argv[5])
+        return
     accelerator = Accelerator(cpu=True)
     model = tiny_llama()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

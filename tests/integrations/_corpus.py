@@ -64,3 +64,18 @@ def tiny_llama() -> Any:
         max_position_embeddings=2 * ROW_LENGTH,
     )
     return LlamaForCausalLM(config)
+
+
+def rank_stream(docs: int, rank: int, group: int, count: int) -> list[tuple[int, list[str]]]:
+    """The first ``count`` batches rank ``rank`` of 2 trains with ``group`` accumulation steps,
+    as (pass, row digests): pass after pass, each cut to whole groups (the rest left out)."""
+    out: list[tuple[int, list[str]]] = []
+    epoch = 0
+    while len(out) < count:
+        pipeline = build_pipeline(docs=docs, dp_rank=rank, dp_world_size=2).set_epoch(epoch)
+        batches = [
+            [row_digest(r) for r in b.to_training(convention="hf")["input_ids"]] for b in pipeline
+        ]
+        out += [(epoch, rows) for rows in batches[: len(batches) // group * group]]
+        epoch += 1
+    return out[:count]

@@ -4,11 +4,18 @@ Usage: ``python tests/integrations/_lightning_job.py OUT MODE WORKERS``. MODE is
 (train 20 steps, checkpoint every 5), ``park`` (the same, but wait at step 12 to be killed) or
 ``resume`` (``ckpt_path`` = the step-10 checkpoint). One JSON line per step goes to
 ``OUT/<MODE>.jsonl``: the step, the row digests and the loss as float hex.
+
+``torchrun --nproc-per-node 2 tests/integrations/_lightning_job.py OUT MODE WORKERS uneven GA``
+runs DDP over 2 ranks whose passes differ in length (the documents of the ``uneven`` trainer
+job), with ``accumulate_grad_batches=GA``, a checkpoint every step, parking after the steps
+of ``uneven_plan(GA)`` and resuming from the checkpoint before; each rank writes
+``OUT/<MODE>-r<RANK>.jsonl``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -19,16 +26,17 @@ import torch
 
 from tests.integrations._corpus import build_pipeline, row_digest, tiny_llama
 from tests.integrations._launch import record_pid
+from tests.integrations._trainer_job import UNEVEN_DOCS, uneven_plan
 from zephon.integrations.lightning import ZephonDataModule
 
 STEPS, EVERY, PARK_AT = 20, 5, 12
 
 
 class TinyLlama(pl.LightningModule):  # type: ignore[misc]
-    def __init__(self, log: Path, park: bool) -> None:
+    def __init__(self, log: Path, park: bool, park_at: int = PARK_AT) -> None:
         super().__init__()
         self.model = tiny_llama()
-        self.log_path, self.park = log, park
+        self.log_path, self.park, self.park_at = log, park, park_at
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Any:
         loss = self.model(**batch).loss
@@ -38,8 +46,8 @@ class TinyLlama(pl.LightningModule):  # type: ignore[misc]
         return loss
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self.park and self.global_step == PARK_AT:
-            print("parked 0 0", flush=True)
+        if self.park and self.global_step == self.park_at:
+            print(f"parked {self.global_rank} {os.getpid()}", flush=True)
             threading.Event().wait()  # until the test kills this process
 
     def configure_optimizers(self) -> Any:
@@ -70,9 +78,31 @@ def fit(
     trainer.fit(model, datamodule=data, ckpt_path=ckpt)
 
 
+def fit_uneven(out: Path, mode: str, workers: int, accumulation: int) -> None:
+    """One rank of a DDP job over ranks of uneven passes (see the module's docstring)."""
+    torch.manual_seed(0)
+    steps, park_at = uneven_plan(accumulation)
+    checkpoints = pl.callbacks.ModelCheckpoint(
+        dirpath=out / "ckpt", every_n_train_steps=1, save_top_k=-1, filename="{step}"
+    )
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy="ddp", max_steps=steps,
+        accumulate_grad_batches=accumulation, callbacks=[checkpoints], logger=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    data = ZephonDataModule(build_pipeline(docs=UNEVEN_DOCS), num_workers=workers)
+    log = out / f"{mode}-r{os.environ['RANK']}.jsonl"
+    model = TinyLlama(log, park=mode == "park", park_at=park_at)
+    ckpt = str(out / "ckpt" / f"step={park_at - 1}.ckpt") if mode == "resume" else None
+    trainer.fit(model, datamodule=data, ckpt_path=ckpt)
+
+
 def main() -> None:
     out, mode, workers = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     record_pid(out)
+    if sys.argv[4:5] == ["uneven"]:
+        fit_uneven(out, mode, workers, int(sys.argv[5]))
+        return
     ckpt = str(out / "ckpt" / "step=10.ckpt") if mode == "resume" else None
     fit(out, mode, workers, ckpt=ckpt)
 

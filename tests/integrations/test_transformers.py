@@ -16,6 +16,7 @@ from tests.integrations._corpus import (
     build_pipeline,
     build_pipeline_unbatched,
     epoch_rows,
+    rank_stream,
     row_digest,
     tiny_llama,
 )
@@ -26,7 +27,8 @@ from tests.integrations._launch import (
     run_until_parked_then_kill,
     torchrun_argv,
 )
-from tests.integrations._trainer_job import RecordingTrainer
+from tests.integrations._trainer_job import UNEVEN_DOCS, RecordingTrainer, uneven_plan
+from zephon.checkpoints import load_checkpoint
 from zephon.errors import CheckpointError, ConfigError
 from zephon.integrations.transformers import (
     DATA_STATE_NAME,
@@ -102,6 +104,53 @@ def test_torchrun_trainer_trains_every_lane_once_and_resumes_bitwise(
         read_again = delivered(killed, "resume", rank)
         assert len(read_again) >= len(resumed)
         assert not trained_before & {d for batch in read_again for d in batch}
+
+
+def assert_uneven_passes(ranks: list[list[dict]], accumulation: int, steps: int) -> None:
+    """Each rank trained its own stream, pass after pass in whole accumulation groups; every
+    optimizer step within one pass; every row of a pass at most once (all but the left-out
+    groups of the passes both ranks finished)."""
+    streams = [
+        rank_stream(UNEVEN_DOCS, rank, accumulation, steps * accumulation) for rank in (0, 1)
+    ]
+    for lines, stream in zip(ranks, streams, strict=True):
+        assert [line["rows"] for line in lines] == [rows for _, rows in stream]
+        passes = defaultdict(set)
+        for line, (epoch, _) in zip(lines, stream, strict=True):
+            passes[line["step"]].add(epoch)
+        assert len(passes) == steps and all(len(p) == 1 for p in passes.values())
+    assert [s[-1][0] for s in streams] != [s[0][0] for s in streams]  # more than one pass
+    for epoch in range(min(s[-1][0] for s in streams)):  # passes both ranks finished
+        rows = [d for s in streams for e, batch in s if e == epoch for d in batch]
+        assert len(rows) == len(set(rows))
+        every = {d for batch in epoch_rows(UNEVEN_DOCS, epoch) for d in batch}
+        left_out = len(every) - len(rows)
+        assert set(rows) <= every and 0 <= left_out < 2 * accumulation * BATCH
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("accumulation", [1, 4])
+def test_uneven_ranks_checkpoint_every_step_across_passes_and_resume_bitwise(
+    tmp_path: Path, accumulation: int
+) -> None:
+    steps, park_at = uneven_plan(accumulation)
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    argv = ["fresh", accumulation, 0, "uneven"]
+    run_job(torchrun_argv("_trainer_job.py", reference, *argv), reference)
+    ref = [json_lines(reference / f"fresh-r{r}.jsonl") for r in (0, 1)]
+    assert_uneven_passes(ref, accumulation, steps)
+    saved = sorted(int(p.name.split("-")[1]) for p in (reference / "run").iterdir())
+    assert saved == list(range(1, steps + 1))  # every step, the final one included
+    mixed = load_checkpoint(reference / "run" / f"checkpoint-{park_at - 1}" / DATA_STATE_NAME)
+    assert {lane.get("epoch", 0) for lane in mixed["lanes"].values()} == {0, 1}
+
+    argv[0] = "park"
+    run_until_parked_then_kill(torchrun_argv("_trainer_job.py", killed, *argv), killed)
+    argv[0] = "resume"
+    run_job(torchrun_argv("_trainer_job.py", killed, *argv), killed)
+    for rank in (0, 1):
+        resumed = json_lines(killed / f"resume-r{rank}.jsonl")
+        assert resumed == [line for line in ref[rank] if line["step"] >= park_at]
 
 
 # -- in one process ------------------------------------------------------------------------

@@ -27,6 +27,11 @@ Since version 5 the records an operator state names may carry their payloads
 (``checkpoint(held_records=True)``), so a restore reads them back instead of rebuilding them
 from the source. Only such a checkpoint is written as version 5; every other one is still
 version 4, byte for byte as before, and older readers refuse a version 5 file naming it.
+
+Since version 6 a lane may carry its own ``epoch``: data-parallel ranks whose passes differ in
+length are in different passes at the same step, and their merged checkpoint keeps each lane's
+pass. The configuration then holds the earliest pass; a lane in a later one counts as finished
+for it and continues when its own pass comes. Only such a checkpoint is written as version 6.
 """
 
 from __future__ import annotations
@@ -46,17 +51,20 @@ from zephon.types import SampleCursor
 
 FORMAT = "zephon.pipeline-checkpoint"
 #: The newest format version this zephon reads and writes.
-VERSION = 5
+VERSION = 6
 #: The version a checkpoint is written with when it uses nothing newer (older readers read it).
 PLAIN_VERSION = 4
 #: The first version whose operator states may hold records with their payloads.
 HELD_PAYLOADS_VERSION = 5
+#: The first version whose lanes may be in a later pass than the configuration's epoch.
+LANE_EPOCHS_VERSION = 6
 CHECKSUM_KEY = "checksum"
 
 __all__ = [
     "CHECKSUM_KEY",
     "FORMAT",
     "HELD_PAYLOADS_VERSION",
+    "LANE_EPOCHS_VERSION",
     "PLAIN_VERSION",
     "VERSION",
     "LaneCheckpoint",
@@ -69,6 +77,7 @@ __all__ = [
     "cursor_to_json",
     "fingerprint",
     "first_difference",
+    "lanes_version",
     "migrate",
     "parse",
     "seal",
@@ -213,9 +222,13 @@ class LaneCheckpoint:
     #: not written itself: :func:`build` picks the version by it, :func:`parse` sets it for
     #: the operator states of a version 5 checkpoint).
     held_payloads: bool = False
+    #: The lane's own pass when it is later than the checkpoint's epoch (version 6), else None.
+    epoch: int | None = None
+    #: With ``epoch``: the fingerprint of the configuration of that pass (a restore checks it).
+    fingerprint: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "start_chunk_id": self.start_chunk_id,
             "source_state": self.source_state,
             "replay_cursor": cursor_to_json(self.replay_cursor),
@@ -226,6 +239,9 @@ class LaneCheckpoint:
             out["operator_state"] = dict(self.operator_state)
         if self.start_offset:
             out["start_offset"] = self.start_offset
+        if self.epoch is not None:
+            out["epoch"] = self.epoch
+            out["fingerprint"] = self.fingerprint
         return out
 
 
@@ -279,6 +295,20 @@ class ParsedCheckpoint:
     def finished(self) -> bool:
         """Whether every lane it describes had delivered its whole stream."""
         return all(lc.done for lc in self.lanes.values())
+
+    def lane_epoch(self, lane: int) -> int:
+        """The pass lane ``lane`` is in: its own (version 6) or the checkpoint's."""
+        own = self.lanes[lane].epoch
+        return self.epoch if own is None else own
+
+    def finished_for(self, lanes: Sequence[int]) -> bool:
+        """Whether ``lanes`` (those it describes) have nothing left in :attr:`epoch`: each
+        delivered its whole stream or is already in a later pass."""
+        return all(
+            self.lanes[lane].done or self.lane_epoch(lane) > self.epoch
+            for lane in lanes
+            if lane in self.lanes
+        )
 
     @property
     def delivered(self) -> int:
@@ -349,7 +379,9 @@ def migrate(state: Mapping[str, Any]) -> Mapping[str, Any]:
     return state
 
 
-def _parse_lane(key: str, raw: Any, replicas: int, version: int) -> LaneCheckpoint:
+def _parse_lane(
+    key: str, raw: Any, replicas: int, version: int, config_epoch: int
+) -> LaneCheckpoint:
     where = f"lanes[{key}]."
     try:
         lane = int(key)
@@ -363,6 +395,13 @@ def _parse_lane(key: str, raw: Any, replicas: int, version: int) -> LaneCheckpoi
     operator_state = raw.get("operator_state") if isinstance(raw, Mapping) else None
     if operator_state is not None and not isinstance(operator_state, Mapping):
         raise CheckpointError(f"checkpoint {where}operator_state is not a dict")
+    epoch = _need(raw, "epoch", int, where) if "epoch" in raw else None
+    if epoch is not None and not epoch > config_epoch:
+        raise CheckpointError(
+            f"checkpoint {where}epoch is {epoch}, not later than the checkpoint's epoch "
+            f"{config_epoch}: it was edited or is damaged"
+        )
+    pass_fingerprint = _need(raw, "fingerprint", str, where) if epoch is not None else None
     return LaneCheckpoint(
         lane=lane,
         start_chunk_id=_need(raw, "start_chunk_id", int, where),
@@ -373,6 +412,8 @@ def _parse_lane(key: str, raw: Any, replicas: int, version: int) -> LaneCheckpoi
         operator_state=operator_state,
         start_offset=_need(raw, "start_offset", int, where) if "start_offset" in raw else 0,
         held_payloads=version >= HELD_PAYLOADS_VERSION and bool(operator_state),
+        epoch=epoch,
+        fingerprint=pass_fingerprint,
     )
 
 
@@ -392,8 +433,10 @@ def parse(state: Any) -> ParsedCheckpoint:
     replicas = _need(world, "canonical_replicas", int, "world.")
     lanes_raw = _need(state, "lanes", Mapping, "")
     version = state["version"]
+    epoch = _int_or(config.get("epoch"), 0) or 0
     lanes = {
-        lc.lane: lc for lc in (_parse_lane(k, v, replicas, version) for k, v in lanes_raw.items())
+        lc.lane: lc
+        for lc in (_parse_lane(k, v, replicas, version, epoch) for k, v in lanes_raw.items())
     }
     tail = _need(state, "tail", Mapping, "")
     saved_checksum = state.get(CHECKSUM_KEY)
@@ -408,11 +451,18 @@ def parse(state: Any) -> ParsedCheckpoint:
         version=state["version"],
         fingerprint=config_fingerprint,
         checksum=saved_checksum if isinstance(saved_checksum, str) else None,
-        epoch=_int_or(config.get("epoch"), 0) or 0,
+        epoch=epoch,
         source=_source_info(config),
         operators=_operator_infos(config),
         flush_every_k_chunks=_int_or(config.get("flush_every_k_chunks"), None),
     )
+
+
+def lanes_version(lanes: Sequence[LaneCheckpoint]) -> int:
+    """The oldest format version that can hold ``lanes``."""
+    if any(lc.epoch is not None for lc in lanes):
+        return LANE_EPOCHS_VERSION
+    return HELD_PAYLOADS_VERSION if any(lc.held_payloads for lc in lanes) else PLAIN_VERSION
 
 
 def build(
@@ -426,11 +476,10 @@ def build(
 ) -> dict[str, Any]:
     """A sealed checkpoint; ``config_fingerprint`` is ``fingerprint(config)`` when the caller
     keeps it (the configuration of one iteration never changes)."""
-    held = any(lc.held_payloads for lc in lanes)
     return seal(
         {
             "format": FORMAT,
-            "version": HELD_PAYLOADS_VERSION if held else PLAIN_VERSION,
+            "version": lanes_version(lanes),
             "fingerprint": config_fingerprint or fingerprint(config),
             "config": config,
             "world": dict(world),

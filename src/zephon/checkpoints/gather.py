@@ -13,6 +13,7 @@ from typing import Any
 
 from zephon.checkpoints.format import (
     FORMAT,
+    LANE_EPOCHS_VERSION,
     PLAIN_VERSION,
     ParsedCheckpoint,
     fingerprint,
@@ -20,27 +21,38 @@ from zephon.checkpoints.format import (
     parse,
     seal,
 )
+from zephon.checkpoints.passes import any_pass
 from zephon.errors import CheckpointError
 
 __all__ = ["delivered_counts", "merge_checkpoints", "refetch_counts"]
 
 
-def merge_checkpoints(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def merge_checkpoints(
+    states: Sequence[Mapping[str, Any]], *, partial: bool = False
+) -> dict[str, Any]:
     """Merge per-rank checkpoints into one that any world size can restore from.
 
     Every rank's checkpoint describes its own lanes; the merged one holds them all. The
-    configurations must agree, and every lane must be described exactly once.
+    configurations must agree but for the pass (ranks of uneven lengths are in different
+    passes at the same step): the merged checkpoint is in the earliest one, and each lane of a
+    later pass carries its own (format version 6). Every lane must be described exactly once;
+    ``partial=True`` merges views that hold only some of them (one rank's DataLoader
+    workers), which only a view over those lanes restores.
     """
     if not states:
         raise CheckpointError("merge_checkpoints needs at least one checkpoint")
     parsed = [parse(s) for s in states]
-    first = parsed[0]
+    first = min(parsed, key=lambda p: p.epoch)
     lanes: dict[str, Any] = {}
     for index, (raw, p) in enumerate(zip(states, parsed, strict=True)):
-        diff = first_difference(first.config, p.config)
+        if p.epoch == first.epoch:
+            diff = first_difference(first.config, p.config)
+        else:
+            diff = first_difference(any_pass(first.config), any_pass(p.config))
         if diff:
             raise CheckpointError(f"checkpoint #{index} has another configuration: {diff}")
         for key, value in raw["lanes"].items():
+            value = _tagged(value, p, int(key), first.epoch)
             if key in lanes and lanes[key] != value:
                 raise CheckpointError(
                     f"lane {key} appears in several checkpoints with different states; did "
@@ -48,7 +60,7 @@ def merge_checkpoints(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 )
             lanes[key] = value
     missing = sorted(set(range(first.canonical_replicas)) - {int(k) for k in lanes})
-    if missing:
+    if missing and not partial:
         raise CheckpointError(f"merged checkpoints do not cover lanes {missing}")
     world: dict[str, Any] = {
         "canonical_replicas": first.canonical_replicas,
@@ -58,9 +70,12 @@ def merge_checkpoints(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         values = {repr(p.world.get(key)) for p in parsed}
         if len(values) == 1 and first.world.get(key) is not None:
             world[key] = first.world[key]
+    versions = [p.version for p in parsed]
+    if any("epoch" in value for value in lanes.values()):
+        versions.append(LANE_EPOCHS_VERSION)
     out = {
         "format": FORMAT,
-        "version": max(PLAIN_VERSION, *(p.version for p in parsed)),
+        "version": max(PLAIN_VERSION, *versions),
         "fingerprint": fingerprint(first.config),
         "config": first.config,
         "world": world,
@@ -68,6 +83,15 @@ def merge_checkpoints(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "tail": {"lanes": [], "order": [], "turn": 0},
     }
     return seal(out)
+
+
+def _tagged(value: Mapping[str, Any], part: ParsedCheckpoint, lane: int, base: int) -> Any:
+    """A lane's entry of ``part`` as the merged checkpoint (in pass ``base``) writes it: a lane
+    of a later pass names that pass and the fingerprint of its configuration."""
+    epoch = part.lane_epoch(lane)
+    if epoch == base or "epoch" in value:
+        return value  # unchanged, byte for byte
+    return {**value, "epoch": epoch, "fingerprint": part.fingerprint}
 
 
 def _parsed(state: Mapping[str, Any] | ParsedCheckpoint) -> ParsedCheckpoint:

@@ -77,6 +77,11 @@ def _cursor(value: Any) -> str:
     return f"{chunk}:{offset}" + ("/" + ".".join(map(str, lineage)) if lineage else "")
 
 
+def _later_pass(lane: dict[str, Any], epoch: int) -> str:
+    """A running lane's ``done`` cell: ``no``, or the later pass it is in (format version 6)."""
+    return "no" if lane["epoch"] == epoch else f"in epoch {lane['epoch']}"
+
+
 def summary(path: Path, parsed: ParsedCheckpoint) -> dict[str, Any]:
     """What ``inspect`` shows (and prints with ``--json``) of a checked checkpoint."""
     from zephon.checkpoints import refetch_counts
@@ -92,6 +97,7 @@ def summary(path: Path, parsed: ParsedCheckpoint) -> dict[str, Any]:
             "refetch": refetch[lane],
             "replay_cursor": cursor_to_json(lc.replay_cursor),
             "done": lc.done,
+            "epoch": parsed.lane_epoch(lane),
         }
         for lane, lc in sorted(parsed.lanes.items())
     ]
@@ -178,7 +184,7 @@ def _inspect(args: argparse.Namespace) -> int:
             f"{lane['restart_chunk']}:{lane['restart_offset']}",
             f"{lane['refetch']:,}",
             _cursor(lane["replay_cursor"]),
-            "yes" if lane["done"] else "no",
+            "yes" if lane["done"] else _later_pass(lane, info["epoch"]),
         )
     console.print(table)
     for line in LANE_LEGEND:

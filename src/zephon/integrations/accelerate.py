@@ -59,6 +59,7 @@ def prepare_pipeline(
     *,
     num_workers: int = 0,
     register: bool = True,
+    endless: bool = True,
     **dataloader_kwargs: Any,
 ) -> PipelineDataLoader:
     """This process's loader: its rank's lanes, items moved to ``accelerator.device``.
@@ -66,6 +67,12 @@ def prepare_pipeline(
     Use it instead of ``accelerator.prepare(dataloader)``. ``transform`` turns a batch into
     model inputs (default: ``to_training(convention="hf")`` tensors). With ``register`` the data
     position is part of ``accelerator.save_state()`` and ``load_state()``.
+
+    Ranks' passes differ in length, so by default (``endless``) one iteration is the rank's
+    whole stream, pass after pass, and the loop ends at a step count of its own: no rank
+    leaves the loop while the others wait in a collective. Each pass is handed out in whole
+    groups of ``accelerator.gradient_accumulation_steps`` batches (the fewer left at its end
+    are left out of it), so no accumulated step spans two passes.
     """
     view = rank_view(pipeline, accelerator.process_index, accelerator.num_processes)
     loader = PipelineDataLoader(
@@ -73,6 +80,9 @@ def prepare_pipeline(
         transform or hf_tensors,
         num_workers=num_workers,
         device=accelerator.device,
+        auto_epoch=True,
+        endless=endless,
+        accumulation_steps=accelerator.gradient_accumulation_steps,
         **dataloader_kwargs,
     )
     if register:

@@ -78,8 +78,11 @@ class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
     ``transform`` turns a zephon batch into what ``training_step`` receives (default:
     ``to_training(convention="hf")`` tensors). ``num_workers`` runs shares of the rank's lanes in
     DataLoader workers; ``read_ahead`` bounds how many batches Lightning may fetch beyond the
-    one it trains (1 by default in Lightning). Each training epoch is the pipeline's next pass
-    over the data (``Pipeline.set_epoch``); a resume continues the saved one.
+    one it trains (1 by default in Lightning). The rank's stream goes on from pass to pass by
+    itself (each the pipeline's next epoch, ``Pipeline.set_epoch``), in whole groups of
+    ``accumulate_grad_batches`` per pass, so ranks whose passes differ in length never end a
+    Lightning epoch at different steps: ``max_steps`` ends training (it is required), and a
+    resume continues each lane in its saved pass.
 
     ``eval_pipeline`` (ending in ``.batch(n, drop_last=False)``), or a list of them (one
     ``dataloader_idx`` each), is what ``val_dataloader`` reads, each validation from its start,
@@ -113,12 +116,20 @@ class ZephonDataModule(pl.LightningDataModule):  # type: ignore[misc]
         if self.loader is None:
             trainer = self.trainer
             rank, world = (0, 1) if trainer is None else (trainer.global_rank, trainer.world_size)
+            if trainer is not None and trainer.max_steps in (None, -1):
+                raise ConfigError(
+                    "ZephonDataModule: the data is one endless stream per rank (their passes "
+                    "differ in length), so set lightning.Trainer(max_steps=N); "
+                    "pipeline.pass_length() tells a rank how many batches a pass holds"
+                )
+            group = 1 if trainer is None else int(trainer.accumulate_grad_batches)
             self.loader = PipelineDataLoader(
                 rank_view(self.pipeline, rank, world),
                 self.transform,
                 num_workers=self.num_workers,
                 history=self.read_ahead + 1,
-                auto_epoch=True,
+                endless=True,
+                accumulation_steps=group,
             )
         if self._pending is not None:
             self.loader.load_state_dict(self._pending)

@@ -10,8 +10,13 @@ What a plain ``Trainer`` gets wrong with an iterable dataset, and what this clas
   last batch the optimizer consumed, whatever the DataLoader or gradient accumulation read
   ahead, and ``resume_from_checkpoint`` continues from it without replaying anything.
 - a second pass over an iterable dataset repeats the first (the Trainer numbers epochs from 0
-  again after a resume, so it cannot key them); here each pass after a finished one is the
-  pipeline's next epoch (``Pipeline.set_epoch``), and a resume continues the saved epoch.
+  again after a resume, so it cannot key them); here each rank's stream goes on from pass to
+  pass by itself (each the pipeline's next epoch, ``Pipeline.set_epoch``), so ranks whose
+  passes differ in length never end a Trainer epoch at different steps, and only ``max_steps``
+  ends training; a resume continues each lane in its saved pass.
+- a partial gradient-accumulation group at the end of a pass is carried into the next one (an
+  optimizer step over two passes); here a rank's pass is handed out in whole groups of
+  ``gradient_accumulation_steps`` batches, the fewer left at its end are left out of it.
 - SIGTERM kills the job without a checkpoint; here SIGTERM checkpoints at the next step end and
   exits 143, and SIGUSR1 checkpoints and goes on, as ``zephon run`` does.
 - evaluation over an iterable dataset gathers every batch's loss across ranks (a hang when
@@ -164,7 +169,8 @@ class ZephonTrainer(Trainer):  # type: ignore[misc]
                 self.train_pipeline,
                 self.transform,
                 num_workers=args.dataloader_num_workers,
-                auto_epoch=True,
+                endless=True,
+                accumulation_steps=args.gradient_accumulation_steps,
                 **extra,
             )
         if self._data_resume is not None:
@@ -302,7 +308,8 @@ def _dataloader_extra(args: Any) -> dict[str, Any]:
 
 class _Passes:
     """The loader as the Trainer sees it: without ``set_epoch``, whose epoch index restarts at
-    0 after a resume of an iterable dataset; the loader counts its passes itself."""
+    0 after a resume of an iterable dataset; the loader counts its passes itself, and one
+    iteration is the rank's whole stream."""
 
     def __init__(self, loader: PipelineDataLoader) -> None:
         self.loader = loader
