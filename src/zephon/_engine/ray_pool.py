@@ -5,10 +5,12 @@ Each operator gets a group of ``parallelism`` actors, each holding its own copy 
 thread and process pools (``submit(elems) -> Future``), so the engine's driver thread keeps
 the accumulator, bounds what is in flight and releases results by sequence number: the output
 is identical to the inline runner whatever the cluster does. A micro-batch goes to the least
-loaded actor. When an actor dies (its process killed, its node lost), or a result is lost with
-the node that held it, the actor is replaced and the micro-batch is sent again from its inputs
-(which the driver keeps until the result arrives; Ray's object reconstruction is never relied
-on), up to ``max_retries`` times each.
+loaded actor on a node that is still alive (each actor reports its node first). When an actor
+dies (its process killed, its node lost), or a result is lost with the node that held it, the
+actor is replaced and the micro-batch is sent again from its inputs (which the driver keeps
+until the result arrives; Ray's object reconstruction is never relied on). Only crashes on
+nodes that stayed alive count against ``max_retries``; a node loss costs nothing, however
+many nodes go while the cluster heals (see ``ray_nodes`` for how a failure is judged).
 
 Nothing about checkpoints lives in the actors: they are stateless workers, and the checkpoint
 is taken from the driver process that iterates the pipeline. That is also why they can be kept:
