@@ -1,13 +1,15 @@
 """A simulated multi-node Ray cluster (head + 3 labelled nodes, in their own driver process so
 the session-wide local Ray is untouched): stages placed by resource label, byte-identical to
-inline, actors reused between iterations, a node removed mid-run recovered exactly; and a
-result lost with its node (forced, not left to timing) computed again from its inputs."""
+inline, actors reused between iterations, a node removed mid-run recovered exactly; a result
+lost with its node (forced, not left to timing) computed again from its inputs; and busy nodes
+removed again and again in one run (head + two nodes), costing no micro-batch a retry."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+CAMPAIGN_TIMEOUT_S = 600  # per run of the node-loss campaign (one takes 1-2 min when loaded)
 # This checkout's source first (an installed zephon may be another checkout's), every node on
 # 127.0.0.1.
 ENV = {
@@ -81,16 +84,24 @@ def test_a_result_lost_with_its_node_is_computed_again_from_its_inputs():
 
 
 def node_loss_campaign(tok: Path, runs: int, removals: int, docs: int, retries: int):
-    """Runs tests/runners/_ray_node_loss.py; its JSON line, and its stderr (the pool's log)."""
+    """Runs tests/runners/_ray_node_loss.py; its JSON line, and its stderr (the pool's log).
+    Past ``CAMPAIGN_TIMEOUT_S`` a run, its whole process group goes (driver, GCS, raylets;
+    workers follow their raylet), so no cluster outlives the test."""
     args = [str(tok), str(runs), str(removals), str(docs), str(retries)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.runners._ray_node_loss", *args], cwd=ROOT,
-        env=ENV, capture_output=True, text=True,
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.runners._ray_node_loss", *args], cwd=ROOT, env=ENV,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.splitlines()[-1])
+    try:
+        stdout, stderr = proc.communicate(timeout=CAMPAIGN_TIMEOUT_S * runs)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"the campaign ran past {CAMPAIGN_TIMEOUT_S * runs} s: {stderr[-4000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
+    out = json.loads(stdout.splitlines()[-1])
     assert [pid for pid in out["pids"] if alive(pid)] == []  # the cluster is gone entirely
-    return out, proc.stderr
+    return out, stderr
 
 
 def check_campaign(out: dict, runs: int, removals: int) -> None:
@@ -101,7 +112,7 @@ def check_campaign(out: dict, runs: int, removals: int) -> None:
         assert run["batches"] == out["batches"] and run["identical"], run
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(CAMPAIGN_TIMEOUT_S + 120)
 def test_busy_nodes_removed_again_and_again_cost_no_retry_and_change_nothing(hf_tokenizer_dir):
     """max_worker_retries=0: a node loss charged to a micro-batch would end the run."""
     out, log = node_loss_campaign(hf_tokenizer_dir, runs=1, removals=4, docs=2000, retries=0)
@@ -112,7 +123,7 @@ def test_busy_nodes_removed_again_and_again_cost_no_retry_and_change_nothing(hf_
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(7200)
+@pytest.mark.timeout(CAMPAIGN_TIMEOUT_S * 10 + 120)
 def test_ten_runs_each_losing_six_busy_nodes_all_equal_inline(hf_tokenizer_dir):
     out, _ = node_loss_campaign(hf_tokenizer_dir, runs=10, removals=6, docs=3000, retries=3)
     check_campaign(out, runs=10, removals=6)
