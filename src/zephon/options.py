@@ -42,8 +42,9 @@ class RuntimeOptions:
     ``runner="ray"`` runs every worker operator on Ray actors (``ray.init()`` is called when
     Ray is not initialised; it honours ``RAY_ADDRESS``). ``max_worker_retries``: re-runs of a
     micro-batch after the worker process or actor running it died (then a
-    ``WorkerCrashedError`` names the operator). ``shm_min_bytes``: numpy arrays at least this
-    large cross process boundaries through /dev/shm (None: always pickled). ``process_pool``:
+    ``WorkerCrashedError`` names the operator); a Ray actor lost with its node costs none.
+    ``shm_min_bytes``: numpy arrays at least this large cross process boundaries through
+    /dev/shm (None: always pickled). ``process_pool``:
     ``"shared"`` (one set of worker processes for every process stage, as many as the widest)
     or ``"per_op"``. ``reuse_workers``: keep the worker processes after an iteration and reuse
     them in the next one of this process. ``worker_deadline_s``: a process worker that has not

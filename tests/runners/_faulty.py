@@ -12,7 +12,8 @@ from zephon.types import SampleRecord, StreamItem
 
 
 class KillWorkerOp(BaseOp):
-    """SIGKILLs its own process on record ``victim``: once (a marker file remembers) or always.
+    """SIGKILLs its own process on record ``victim``: once (a marker file remembers) or always
+    (the marker gets the pid of every process killed, one a line).
 
     Never run it inline: it would kill the test process.
     """
@@ -34,7 +35,8 @@ class KillWorkerOp(BaseOp):
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
         ids = {int(e.payload["id"]) for e in elems if isinstance(e, SampleRecord)}
         if self.victim in ids and (self.always or not os.path.exists(self.marker)):
-            Path(self.marker).touch()
+            with open(self.marker, "a") as f:  # one line per kill: the pid killed
+                f.write(f"{os.getpid()}\n")
             os.kill(os.getpid(), signal.SIGKILL)
         return [SampleRecord(e.meta, {**e.payload, "checked": True}) for e in elems]
 

@@ -103,11 +103,23 @@ def test_killed_actor_is_replaced_and_output_identical(ray_session, docs, tmp_pa
 
 
 @pytest.mark.timeout(120)
-def test_actor_that_always_dies_fails_naming_the_operator(ray_session, docs, tmp_path):
-    op = KillWorkerOp(tmp_path / "m", victim=3, always=True)
-    pipe = faulty(docs[:40], op, "ray", max_worker_retries=1)
-    with pytest.raises(WorkerCrashedError, match=r"operator 'kill_worker'.*actor.*died 2 time"):
+@pytest.mark.parametrize("retries", [0, 2])
+def test_a_micro_batch_that_always_kills_its_actor_fails_after_its_budget(
+    ray_session, docs, tmp_path, retries
+):
+    """Deaths on a node that stays alive are crashes: max_worker_retries of them, then one
+    clear error, never a retry forever as a node loss would get."""
+    marker = tmp_path / "killed"
+    pipe = faulty(docs[:40], KillWorkerOp(marker, victim=3, always=True), "ray",
+                  max_worker_retries=retries)  # fmt: skip
+    with pytest.raises(WorkerCrashedError) as caught:
         list(pipe)
+    message = str(caught.value)
+    assert "operator 'kill_worker'" in message
+    assert f"died {retries + 1} time(s) on nodes that stayed alive" in message
+    assert f"max_worker_retries={retries}" in message and "raise max_worker_retries" in message
+    killed = marker.read_text().split()
+    assert len(killed) == retries + 1 and len(set(killed)) == retries + 1  # a new actor each
 
 
 DRIVER = """
