@@ -93,13 +93,15 @@ EXPECTED: dict[str, list[str]] = {
         "run_conformance run_conformance_sync run_flood run_mutation sample_commit"
     ),
     "zephon.checkpoints": _names(
-        "CHECKPOINT_RE LaneCheckpoint LatestCheckpoint OperatorInfo ParsedCheckpoint "
+        "CHECKPOINT_RE CheckpointWriteError LaneCheckpoint LatestCheckpoint OperatorInfo "
+        "ParsedCheckpoint "
         "REJECTED_SUFFIX SourceInfo checkpoint_files checkpoint_path delivered_counts "
         "latest_checkpoint load_checkpoint merge_checkpoints parse_checkpoint refetch_counts "
         "save_checkpoint seal write_json_atomic"
     ),
     "zephon.checkpoints.files": _names(
-        "CHECKPOINT_RE LatestCheckpoint REJECTED_SUFFIX checkpoint_files checkpoint_path "
+        "CHECKPOINT_RE CheckpointWriteError LatestCheckpoint REJECTED_SUFFIX checkpoint_files "
+        "checkpoint_path "
         "latest_checkpoint load_checkpoint save_checkpoint write_json_atomic"
     ),
     "zephon.checkpoints.format": _names(
@@ -119,7 +121,8 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.distributed": _names("gather_checkpoints"),
     "zephon.errors": _names(
         "CacheThrashingWarning ChatFormatError CheckpointError ConfigError ContractError "
-        "DataError DataFormatError MissingDependencyError MissingFieldError OperatorError "
+        "DataError DataFormatError MissingDependencyError MissingFieldError OUT_OF_MEMORY_FIX "
+        "OperatorError "
         "ReorderError WaitInterrupted ZephonError did_you_mean json_type"
     ),
     "zephon.io": _names(

@@ -116,7 +116,10 @@ class Watchdog:
             return {slot: (stage, now - t) for slot, (stage, t) in self._busy.items()}
 
     def stop(self) -> None:
+        """End the watch and wait for its thread (a closed run leaves no engine thread)."""
         self._done.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
 
     def _watch(self) -> None:
         closing_since: float | None = None

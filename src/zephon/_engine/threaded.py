@@ -19,7 +19,7 @@ from typing import assert_never
 
 from zephon._engine.driver_chain import DriverChain, run_tasks
 from zephon._engine.messages import Data, Done, End, Failed, Stop, ThreadMessage
-from zephon._engine.pools import WorkerPool
+from zephon._engine.pools import WorkerCrashedError, WorkerPool
 from zephon._engine.reorder import ReorderBuffer
 from zephon._engine.shm import resolve_items
 from zephon._engine.stage import StageCore, Task, safe_annotate, task_result
@@ -220,7 +220,9 @@ class OpDriver(EngineThread):
         except BaseException as exc:
             with contextlib.suppress(Stopped):
                 self._flush_outbox()  # what left before the error is delivered first
-            self.downstream.put(Failed(safe_annotate(exc, self.role)))
+            # a pool's own errors (a worker that died or cannot start) name the operator already
+            named = exc if isinstance(exc, WorkerCrashedError) else safe_annotate(exc, self.role)
+            self.downstream.put(Failed(named))
 
     def _on_done(self, seq: int) -> Callable[[Future[list[StreamItem]]], None]:
         def callback(future: Future[list[StreamItem]]) -> None:
