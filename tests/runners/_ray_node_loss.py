@@ -5,7 +5,9 @@ Usage: ``python -m tests.runners._ray_node_loss TOKENIZER_DIR RUNS REMOVALS DOCS
 (``RETRIES``: the pipeline's ``max_worker_retries``; 0 proves node losses cost none). In each
 run a consumer thread iterates the pipeline while the main thread (Ray starts nodes only from
 there), ``REMOVALS`` times, removes the ``cpu`` node with the most micro-batches in flight
-(SIGKILL of its raylet and workers, as a machine that vanishes) and adds a replacement. Removal
+on the ``held`` stage (SIGKILL of its raylet and workers, as a machine that vanishes) and adds
+a replacement; that stage waits while a removal is under way, so the victim's micro-batches are
+in flight for certain. Removal
 n starts as the consumer passes checkpoint n (batch numbers spread over the first half of the
 run, while the Ray stages still have work), and the consumer passes checkpoint n + 1 only once
 it is done, so every removal lands mid-run. Every batch of every
@@ -20,9 +22,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 # Every node on 127.0.0.1 (Ray otherwise advertises the address it would use to go out).
@@ -41,6 +45,16 @@ from zephon._engine.ray_pool import RayWorkerPool
 WORKER = {"num_cpus": 1, "resources": {"cpu": 8.0}}
 FAST_FAILURE_DETECTION = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
 BUSY_WAIT_S = 30.0  # how long to look for a node with work in flight (actors may be starting)
+HOLD_ENV = "ZEPHON_TEST_RAY_HOLD"  # a file: while it exists, ``held`` micro-batches wait
+
+
+def held(payload: Any) -> Any:
+    """Passes ``payload`` on, once the chaos side lets go: a node removed while it holds is
+    certain to have work in flight (without the hold, that work may finish during removal)."""
+    hold = os.environ.get(HOLD_ENV)
+    while hold and os.path.exists(hold):
+        time.sleep(0.002)
+    return payload
 
 
 def build(docs: list[dict[str, Any]], tok: str, remote: bool, retries: int = 3) -> Pipeline:
@@ -51,6 +65,7 @@ def build(docs: list[dict[str, Any]], tok: str, remote: bool, retries: int = 3) 
     return (
         Pipeline(source)
         .decode_text(parallelism=2, **cpu)
+        .map_transform(held, name="held", parallelism=2, **cpu)
         .tokenize(tok, max_length=48, parallelism=2, **cpu)
         .pack_flat(64, pad_token_id=0)
         .batch(4)
@@ -64,10 +79,12 @@ def ray_pools(pipe: Pipeline) -> list[RayWorkerPool]:
     return [p for p in live if isinstance(p, RayWorkerPool)]
 
 
-def busy_nodes(pipe: Pipeline) -> dict[str, int]:
-    """Micro-batches in flight per node, over every Ray stage of the running pipeline."""
+def held_nodes(pipe: Pipeline) -> dict[str, int]:
+    """Micro-batches in flight per node on the ``held`` stage (none finishes while held)."""
     counts: dict[str, int] = {}
     for pool in ray_pools(pipe):
+        if pool._name != "held":
+            continue
         for node, n in pool.busy_nodes().items():
             counts[node] = counts.get(node, 0) + n
     return counts
@@ -90,7 +107,7 @@ class Chaos:
         by_id = {node.node_id: node for node in self.workers}
         deadline = time.monotonic() + BUSY_WAIT_S
         while not self.finished.is_set() and time.monotonic() < deadline:
-            busy = {n: c for n, c in busy_nodes(self.pipe).items() if n in by_id}
+            busy = {n: c for n, c in held_nodes(self.pipe).items() if n in by_id}
             if busy:
                 node_id = max(busy, key=busy.__getitem__)
                 return by_id[node_id], busy[node_id]
@@ -103,9 +120,14 @@ class Chaos:
 
     def remove_one(self) -> None:
         """Remove the busiest worker node, then add one in its place (it joins in seconds)."""
-        victim, pending = self.victim()
-        start = time.monotonic()
-        self.cluster.remove_node(victim, allow_graceful=False)
+        hold = Path(os.environ[HOLD_ENV])
+        hold.touch()
+        try:
+            victim, pending = self.victim()
+            start = time.monotonic()
+            self.cluster.remove_node(victim, allow_graceful=False)
+        finally:
+            hold.unlink()
         self.workers.remove(victim)
         self.workers.append(self.cluster.add_node(**WORKER))
         self.removals.append({"pending": pending, "join_s": round(time.monotonic() - start, 2)})
@@ -177,6 +199,8 @@ def node_pids(node: Any) -> list[int]:
 
 def main() -> None:
     tok, runs, removals, n_docs, retries = sys.argv[1], *map(int, sys.argv[2:6])
+    # Set before any node starts, so every Ray worker inherits it.
+    os.environ[HOLD_ENV] = str(Path(tempfile.mkdtemp(prefix="zephon-ray-hold-")) / "hold")
     cluster = Cluster(
         initialize_head=True,
         head_node_args={

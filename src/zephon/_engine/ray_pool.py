@@ -406,11 +406,13 @@ class RayWorkerPool(WorkerPool):
         for i, m in stale:
             self._node_lost(m.node, m, i)
         for job in list(self._suspects):
-            still = []
+            still, lost = [], []
             for failure in job.unsettled:
                 verdict = failure.verdict(dead, now)
-                if verdict == "lost" and failure.node is not None:
-                    self.node_losses.add(failure.node)
+                if verdict == "lost":
+                    lost.append(failure)
+                    if failure.node is not None:
+                        self.node_losses.add(failure.node)
                 if verdict == "crashed":
                     job.crashes += 1
                 elif verdict is None:
@@ -423,6 +425,13 @@ class RayWorkerPool(WorkerPool):
                 self._give_up(job, job.unsettled[-1].error if job.unsettled else None)
             elif job.parked and job.crashes + len(job.unsettled) <= self._max_retries:
                 job.parked = False
+                for failure in lost:
+                    log.warning(
+                        "zephon: operator %r: a held-back micro-batch's node %s was lost (%s); "
+                        "running the micro-batch again from its inputs (a node loss costs no "
+                        "retry)", self._name, failure.node or "(unknown)",
+                        type(failure.error).__name__,
+                    )  # fmt: skip
                 self._send(job)
 
     def _give_up(self, job: _Job, exc: BaseException | None) -> None:
