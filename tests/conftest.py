@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from tests._corpus import make_docs
+from zephon._engine import shm
 
 # torch's OpenMP threads spin while they wait for work: with every core busy (two xdist workers,
 # or a second copy of the suite beside this one) a tiny model's training step took 8x longer with
@@ -44,6 +46,24 @@ def hf_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         json.dumps({"bos_token": "<s>", "eos_token": "</s>"})
     )
     return out
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture(autouse=True)
+def stop_signal_handlers_restored() -> Iterator[None]:
+    """A test that leaves SIGINT or SIGTERM handled (or ignored) in this pytest process changes
+    every later test: the subprocesses it starts inherit an ignored signal, and a Ctrl-C test
+    then sees its child exit 0. Restore them and fail the test that left them changed."""
+    shm._install_handlers()  # its SIGTERM handler stays for the process's life, by design
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    yield
+    after = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+    changed = [signal.Signals(s).name for s in STOP_SIGNALS if after[s] != before[s]]
+    assert not changed, f"the test left {changed} handled by {[after[s] for s in STOP_SIGNALS]}"
 
 
 @pytest.fixture(autouse=True)

@@ -4,17 +4,14 @@ two ``cpu`` nodes, loopback) as its own driver process.
 Usage: ``python -m tests.runners._ray_node_loss TOKENIZER_DIR RUNS REMOVALS DOCS RETRIES``
 (``RETRIES``: the pipeline's ``max_worker_retries``; 0 proves node losses cost none). In each
 run a consumer thread iterates the pipeline while the main thread (Ray starts nodes only from
-there), ``REMOVALS`` times, removes the ``cpu`` node with the most micro-batches in flight
-on the ``held`` stage (SIGKILL of its raylet and workers, as a machine that vanishes) and adds
-a replacement; that stage waits while a removal is under way, so the victim's micro-batches are
-in flight for certain. Removal
-n starts as the consumer passes checkpoint n (batch numbers spread over the first half of the
-run, while the Ray stages still have work), and the consumer passes checkpoint n + 1 only once
-it is done, so every removal lands mid-run. Every batch of every
-run is compared with the inline run's. Prints one JSON line: per run whether its output was
-identical, the batch where they first differ, the error that ended it (if any), what each
-removal hit (micro-batches in flight on the victim; when none, what the pools held), and the
-pids of every process the cluster ever started.
+there) removes ``cpu`` nodes ``REMOVALS`` times (SIGKILL of its raylet and workers, as a
+machine that vanishes) and adds a replacement each time. Removal k is certain to hit work in
+flight, and to land mid-run: the ``held`` stage keeps stop record k (one document a removal,
+spread over the first half of the corpus) waiting on its actor until the node it waits on is
+gone; run again on a live actor, it passes. Every batch of every run is compared with the
+inline run's. Prints one JSON line: per run whether its output was identical, the batch where
+they first differ, the error that ended it (if any), what each removal hit (micro-batches in
+flight on the victim's ``held`` stage), and the pids of every process the cluster ever started.
 """
 
 from __future__ import annotations
@@ -44,17 +41,46 @@ from zephon._engine.ray_pool import RayWorkerPool
 
 WORKER = {"num_cpus": 1, "resources": {"cpu": 8.0}}
 FAST_FAILURE_DETECTION = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
-BUSY_WAIT_S = 30.0  # how long to look for a node with work in flight (actors may be starting)
-HOLD_ENV = "ZEPHON_TEST_RAY_HOLD"  # a file: while it exists, ``held`` micro-batches wait
+HOLD_ENV = "ZEPHON_TEST_RAY_HOLD"  # a folder: stop texts, hold files, arrival notes
 
 
 def held(payload: Any) -> Any:
-    """Passes ``payload`` on, once the chaos side lets go: a node removed while it holds is
-    certain to have work in flight (without the hold, that work may finish during removal)."""
-    hold = os.environ.get(HOLD_ENV)
-    while hold and os.path.exists(hold):
-        time.sleep(0.002)
+    """Passes ``payload`` on, except the stop record of removal k while ``hold-k`` exists: that
+    one notes where it waits (``arrived-k-NODE``) and waits there, so the node the chaos side
+    removes has a micro-batch in flight for certain. Run again elsewhere after the removal, it
+    passes (the hold is gone): output is unchanged."""
+    folder = os.environ.get(HOLD_ENV)
+    stops = _stops(folder) if folder else {}
+    k = stops.get(str(payload.get("text") if isinstance(payload, dict) else payload).strip())
+    if k is None or not os.path.exists(os.path.join(folder or "", f"hold-{k}")):
+        return payload
+    node = ray.get_runtime_context().get_node_id()
+    Path(folder or "", f"arrived-{k}-{node}").touch()
+    while os.path.exists(os.path.join(folder or "", f"hold-{k}")):
+        time.sleep(0.005)
     return payload
+
+
+_STOPS: dict[str, dict[str, int]] = {}
+
+
+def _stops(folder: str) -> dict[str, int]:
+    """The stop texts (text -> removal number), read once per process."""
+    if folder not in _STOPS:
+        path = Path(folder, "stops.json")
+        _STOPS[folder] = json.loads(path.read_text()) if path.exists() else {}
+    return _STOPS[folder]
+
+
+def stop_texts(docs: list[dict[str, Any]], removals: int) -> dict[str, int]:
+    """One document a removal, spread over the first half of the corpus, each text unique."""
+    texts = [str(doc["text"]).strip() for doc in docs]  # as decoded
+    counts: dict[str, int] = {}
+    for text in texts:
+        counts[text] = counts.get(text, 0) + 1
+    unique = [i for i, text in enumerate(texts) if counts[text] == 1]
+    picks = [unique[len(unique) * (k + 1) // (2 * removals + 2)] for k in range(removals)]
+    return {texts[i]: k for k, i in enumerate(picks)}
 
 
 def build(docs: list[dict[str, Any]], tok: str, remote: bool, retries: int = 3) -> Pipeline:
@@ -80,7 +106,7 @@ def ray_pools(pipe: Pipeline) -> list[RayWorkerPool]:
 
 
 def held_nodes(pipe: Pipeline) -> dict[str, int]:
-    """Micro-batches in flight per node on the ``held`` stage (none finishes while held)."""
+    """Micro-batches in flight per node on the ``held`` stage."""
     counts: dict[str, int] = {}
     for pool in ray_pools(pipe):
         if pool._name != "held":
@@ -91,90 +117,71 @@ def held_nodes(pipe: Pipeline) -> dict[str, int]:
 
 
 class Chaos:
-    """Removes busy ``cpu`` nodes from the main thread (Ray starts nodes only from there)
-    while a consumer thread iterates the pipeline."""
+    """Removes ``cpu`` nodes from the main thread (Ray starts nodes only from there) while a
+    consumer thread iterates the pipeline: removal k takes the node where stop record k waits."""
 
-    def __init__(self, cluster: Cluster, workers: list[Any], pipe: Pipeline) -> None:
-        self.cluster, self.workers, self.pipe = cluster, workers, pipe
-        self.ready = threading.Semaphore(0)  # the consumer may pass its next checkpoint
-        self.passed = threading.Semaphore(0)  # the consumer passed a checkpoint
+    def __init__(self, cluster: Cluster, workers: list[Any], pipe: Pipeline, folder: Path) -> None:
+        self.cluster, self.workers, self.pipe, self.folder = cluster, workers, pipe, folder
         self.finished = threading.Event()
         self.removals: list[dict[str, Any]] = []
-        self.idle: list[Any] = []  # when no node was busy: (in flight, probes, unknown nodes)
 
-    def victim(self) -> tuple[Any, int]:
-        """The worker node with the most micro-batches in flight (any worker after a while)."""
+    def arrived(self, k: int) -> Any | None:
+        """The live worker node where stop record k waits (None once the run ended)."""
         by_id = {node.node_id: node for node in self.workers}
-        deadline = time.monotonic() + BUSY_WAIT_S
-        while not self.finished.is_set() and time.monotonic() < deadline:
-            busy = {n: c for n, c in held_nodes(self.pipe).items() if n in by_id}
-            if busy:
-                node_id = max(busy, key=busy.__getitem__)
-                return by_id[node_id], busy[node_id]
+        while not self.finished.is_set():
+            for note in self.folder.glob(f"arrived-{k}-*"):
+                node = by_id.get(note.name.split("-", 2)[2])
+                if node is not None:
+                    return node
             time.sleep(0.005)
-        self.idle.append(
-            [(len(p._pending), len(p._probes), [m.node is None for m in p._slots])
-             for p in ray_pools(self.pipe)]
-        )  # fmt: skip
-        return self.workers[0], 0
-
-    def remove_one(self) -> None:
-        """Remove the busiest worker node, then add one in its place (it joins in seconds)."""
-        hold = Path(os.environ[HOLD_ENV])
-        hold.touch()
-        try:
-            victim, pending = self.victim()
-            start = time.monotonic()
-            self.cluster.remove_node(victim, allow_graceful=False)
-        finally:
-            hold.unlink()
-        self.workers.remove(victim)
-        self.workers.append(self.cluster.add_node(**WORKER))
-        self.removals.append({"pending": pending, "join_s": round(time.monotonic() - start, 2)})
+        return None
 
     def drive(self, removals: int) -> None:
-        """Removal n starts as the consumer passes checkpoint n, so it lands while the
-        pipeline runs; the consumer passes checkpoint n + 1 only once it is done."""
+        """Each removal: wait for its stop record to wait on a node, remove that node, add one
+        in its place (it joins in seconds), then let the record go."""
         try:
-            for _ in range(removals):
-                self.ready.release()
-                self.passed.acquire()
-                if self.finished.is_set():
+            for k in range(removals):
+                victim = self.arrived(k)
+                if victim is None:
                     return
-                self.remove_one()
+                pending = held_nodes(self.pipe).get(victim.node_id, 0)
+                start = time.monotonic()
+                self.cluster.remove_node(victim, allow_graceful=False)
+                self.workers.remove(victim)
+                self.workers.append(self.cluster.add_node(**WORKER))
+                join_s = round(time.monotonic() - start, 2)
+                self.removals.append({"pending": pending, "join_s": join_s})
+                (self.folder / f"hold-{k}").unlink()
         finally:
-            self.ready.release()  # the last checkpoint (or all of them once this failed)
-            for _ in range(removals):
-                self.ready.release()
+            for hold in self.folder.glob("hold-*"):
+                hold.unlink()  # a run that ended early leaves nothing waiting
 
 
-def consume(pipe: Pipeline, chaos: Chaos, marks: list[int], out: dict[str, Any]) -> None:
-    """The consumer thread: waits at each checkpoint until the chaos side lets it pass."""
+def consume(pipe: Pipeline, chaos: Chaos, out: dict[str, Any]) -> None:
+    """The consumer thread: every batch, in order."""
     got: list[Any] = out["got"]
     try:
-        for i, batch in enumerate(pipe):
+        for batch in pipe:
             got.append(key(batch))
-            if i in marks:
-                chaos.ready.acquire()
-                chaos.passed.release()
     except Exception as exc:
         out["error"] = "".join(traceback.format_exception_only(exc)).strip()[:2000]
     finally:
         chaos.finished.set()
-        chaos.passed.release()  # wakes the main thread if it waits for a checkpoint
 
 
 def run_once(
     cluster: Cluster, workers: list[Any], pipe: Pipeline, expected: list[Any], removals: int
 ) -> dict[str, Any]:
     """One run with ``removals`` node losses, compared batch by batch with ``expected``."""
-    # Checkpoints over the first half of the run: the Ray stages run ahead of the consumer and
-    # are done well before it has every batch (their output waits in the driver's stages).
-    marks = [len(expected) * (i + 1) // (2 * removals + 2) for i in range(removals + 1)]
-    chaos = Chaos(cluster, workers, pipe)
+    folder = Path(os.environ[HOLD_ENV])
+    for note in folder.glob("arrived-*"):
+        note.unlink()
+    for k in range(removals):
+        (folder / f"hold-{k}").touch()
+    chaos = Chaos(cluster, workers, pipe, folder)
     out: dict[str, Any] = {"error": None, "got": []}
     start = time.perf_counter()
-    consumer = threading.Thread(target=consume, args=(pipe, chaos, marks, out))
+    consumer = threading.Thread(target=consume, args=(pipe, chaos, out))
     consumer.start()
     try:
         chaos.drive(removals)
@@ -189,7 +196,6 @@ def run_once(
         None if len(got) == len(expected) else min(len(got), len(expected)),
     )
     out["removals"] = chaos.removals
-    out["idle"] = chaos.idle
     return out
 
 
@@ -200,7 +206,7 @@ def node_pids(node: Any) -> list[int]:
 def main() -> None:
     tok, runs, removals, n_docs, retries = sys.argv[1], *map(int, sys.argv[2:6])
     # Set before any node starts, so every Ray worker inherits it.
-    os.environ[HOLD_ENV] = str(Path(tempfile.mkdtemp(prefix="zephon-ray-hold-")) / "hold")
+    os.environ[HOLD_ENV] = tempfile.mkdtemp(prefix="zephon-ray-hold-")
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
@@ -215,6 +221,8 @@ def main() -> None:
         ray.init(address=cluster.address, log_to_driver=False)
         out["detection_window_s"] = detection_window_s(ray)
         docs = make_docs(n_docs)
+        stops = Path(os.environ[HOLD_ENV], "stops.json")
+        stops.write_text(json.dumps(stop_texts(docs, removals)))
         expected = [key(b) for b in build(docs, tok, remote=False).options(runner="inline")]
         out["batches"] = len(expected)
         for _ in range(runs):
