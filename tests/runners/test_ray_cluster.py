@@ -117,10 +117,10 @@ def test_busy_nodes_removed_again_and_again_cost_no_retry_and_change_nothing(hf_
     """max_worker_retries=0: a node loss charged to a micro-batch would end the run."""
     out, log = node_loss_campaign(hf_tokenizer_dir, runs=1, removals=4, docs=2000, retries=0)
     check_campaign(out, runs=1, removals=4)
-    removals = out["runs"][0]["removals"]
-    # Every victim held micro-batches in flight (the held stage waits while a node goes).
-    assert all(r["pending"] > 0 for r in removals), removals
-    assert re.search(r"node \S+ was lost \(\w+\); running the micro-batch again", log)
+    # Each removal took the node where its stop record waited: that micro-batch was lost with
+    # it and run again on a live actor, free of the (zero) retry budget.
+    again = re.findall(r"node \S+ was lost \(\w+\); running the micro-batch again", log)
+    assert len(again) >= 4, log[-4000:]
 
 
 @pytest.mark.slow
