@@ -109,7 +109,6 @@ def test_a_token_mixture_with_repeats_and_a_shuffle_shows_the_true_total_and_eta
     seen = _drive(pipe, count)
     truth = count.done()  # every sample the run read, each counted once it was done
     assert truth > ROWS  # the faster dataset repeated (the old total, the rows, was short)
-    assert pipe.stats().samples_read > truth  # snapshot cuts and read-ahead are not work
     _check(seen, truth, 0)
 
 
@@ -117,7 +116,7 @@ def test_after_a_resume_the_bar_starts_at_the_work_done_and_the_eta_is_for_the_r
     folder: Path, tmp_path: Path
 ):
     full = load_config(folder / "mixed.yaml").build()
-    truth = sum(1 for _ in full)
+    items = sum(1 for _ in full)
     config = tmp_path / "mixed.yaml"
     config.write_text(MIXED_YAML.replace("path: ", f"path: {folder}/"))
     stop = [ZEPHON, "run", str(config), "--checkpoint-dir", str(tmp_path / "ck")]
@@ -133,11 +132,12 @@ def test_after_a_resume_the_bar_starts_at_the_work_done_and_the_eta_is_for_the_r
     resumed = load_config(config).build()
     resumed.restore(latest.state)
     count = WorkCount(resumed, before)
-    assert before is not None and 0.3 * count.total < before < 0.5 * count.total  # type: ignore[operator]
+    assert before is not None and count.total is not None
+    assert 0.3 * count.total < before < 0.5 * count.total  # 140 of 349 items
     seen = _drive(resumed, count)
-    assert len(seen) + 140 == truth
+    assert len(seen) + 140 == items
     assert count.done() == count.total  # the samples before the checkpoint, then the rest: all
-    _check(seen, int(count.total or 0), before)
+    _check(seen, count.total, before)
 
     proc = subprocess.run([*stop, "--resume"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
