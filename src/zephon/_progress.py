@@ -57,3 +57,31 @@ def progress_bar(console: Console, unit: str, *extra: ProgressColumn, **kwargs: 
 def of_total(total: int | None) -> str:
     """The ``of`` field of :func:`progress_bar` tasks: ``/20,000``, or nothing when unknown."""
     return "" if total is None else f"/{total:,}"
+
+
+class WorkCount:
+    """A run's progress in source samples: those whose every output was delivered or dropped
+    (``RunStats.samples_done``, so samples read ahead or held in a shuffle buffer are not
+    done yet) against those the work source plans for this rank's lanes, repeats of the
+    faster datasets included. ``before``: samples done before the checkpoint the run resumed
+    from; None when unknown, and then there is no total (never a false one)."""
+
+    def __init__(self, pipe: Any, before: int | None = 0) -> None:
+        self.pipe = pipe
+        self.before = before
+        self.total = planned_total(pipe) if before is not None else None
+
+    def done(self) -> int:
+        stats = self.pipe.stats()
+        return (self.before or 0) + (stats.samples_done if stats is not None else 0)
+
+
+def planned_total(pipe: Any) -> int | None:
+    """The samples ``pipe`` reads in its current pass on its lanes; None when the work source
+    cannot know (an endless stream, a source that decides as it goes)."""
+    from zephon._engine.compile import view_lanes
+
+    options = pipe.runtime_options
+    source = pipe.work_source.with_epoch(pipe.epoch)
+    planned: int | None = source.planned_samples(view_lanes(options), options.canonical_replicas)
+    return planned

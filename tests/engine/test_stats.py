@@ -56,6 +56,29 @@ def test_stats_are_live_during_iteration():
     it.close()  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("runner", ["inline", "threads", "process"])
+def test_samples_done_counts_each_source_sample_once_where_items_are_delivered(runner):
+    ds = Dataset.from_records("rows", ROWS, shard_size=40)
+    pipe = (
+        Pipeline(RangeSource([ds], chunk_size=16))
+        .decode_text()
+        .filter(lambda p: "7" not in p["text"])  # dropped: done too
+        .tokenize("bytes", max_length=6, split_long_samples=True)  # one sample, many rows
+        .shuffle(buffer_size=64, seed=1)  # holds records it has read, not done yet
+        .pack_flat(max_length=16, pad_token_id=0)  # many samples, one row
+        .batch(2)
+        .options(canonical_replicas=2, runner=runner)
+    )
+    it = iter(pipe)
+    next(it)
+    early = pipe.stats()
+    assert early is not None and early.samples_done < 64 <= early.samples_read
+    rest = sum(1 for _ in it)
+    stats = pipe.stats()
+    assert rest > 0 and stats is not None and stats.samples_done == len(ROWS)
+    assert stats.to_dict()["samples_done"] == len(ROWS)
+
+
 def test_stats_can_be_turned_off():
     pipe = build(runner="threads", track_stats=False)
     n = sum(1 for _ in pipe)

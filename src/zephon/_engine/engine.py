@@ -173,6 +173,7 @@ class Engine:
             stats.chunks = feeder.chunks_admitted
         if mux is not None:
             stats.tombstones = mux.tombstones
+            stats.samples_done = mux.samples_done
             stats.dropped = mux.drops.copy()
             stats.skipped = self.quarantine.count
             stats.skipped_examples = list(self.quarantine.examples)

@@ -10,7 +10,7 @@ from zephon.types import Tombstone
 
 # The reason of the replay filter's tombstones: records a restore streams again and were
 # delivered before it, so not drops.
-_REPLAYED = "replayed"
+REPLAYED = "replayed"
 
 
 @dataclass
@@ -76,7 +76,7 @@ class DropCounts:
     def count(self, tomb: Tombstone) -> None:
         """Count one tombstone (or cut note); returns nothing, replays are not drops."""
         reason = tomb.reason or "dropped"
-        if reason == _REPLAYED:
+        if reason == REPLAYED:
             return
         key = reason.split(":", 1)[0]
         cut = tomb.cut_tokens
@@ -121,6 +121,9 @@ class RunStats:
     samples_read: int = 0
     # source records read again after a restore, to rebuild the records its state names
     samples_refetched: int = 0
+    # source samples all of whose outputs were delivered or dropped: the work done, counted
+    # where items leave the engine (what is read ahead or held in a buffer is not in it)
+    samples_done: int = 0
     chunks: int = 0
     elapsed_s: float = 0.0
     # dataset I/O of the run: this process's and every worker process's, summed

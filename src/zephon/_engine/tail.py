@@ -14,10 +14,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from zephon._engine.stats import DropCounts
+from zephon._engine.stats import REPLAYED, DropCounts
 from zephon.types import (
     EndOfData,
     FlushSentinel,
+    SampleBatch,
     SampleCursor,
     SnapshotMarker,
     StreamItem,
@@ -25,6 +26,19 @@ from zephon.types import (
 )
 
 EpochCallback = Callable[[int, int], None]
+
+
+def samples_in(item: StreamItem) -> int:
+    """The source samples ``item`` completes: a packed row its segments' last pieces, a
+    split sample's pieces one between them (the last), a batch its records'."""
+    records = item.records if isinstance(item, SampleBatch) else (item,)
+    done = 0
+    for record in records:
+        counts = record.meta.component_counts
+        done += 1 if counts is None else sum(counts.values())
+    return done
+
+
 SnapshotCallback = Callable[[int, tuple[int, int]], None]
 SkipCallback = Callable[[tuple[int, int, int], Mapping[str, Any]], None]
 
@@ -56,6 +70,9 @@ class LaneMux:
         self.ended = False
         self.tombstones = 0
         self.drops = DropCounts()
+        # source samples whose outputs were all delivered or dropped here (a progress that
+        # read-ahead, shuffle buffers and repeats cannot inflate); replays are not counted
+        self.samples_done = 0
         self.finished_lanes: set[int] = done
         self.replay_cursor: dict[int, SampleCursor | None] = {lane: None for lane in lanes}
         self.replay_cursor.update(replay_cursors or {})
@@ -81,6 +98,8 @@ class LaneMux:
                 continue
             if tomb.cut_tokens is None:  # a cut note closes and drops nothing
                 self.tombstones += 1
+                if tomb.reason != REPLAYED:
+                    self.samples_done += samples_in(item)
             self.drops.count(tomb)
             reason = tomb.reason or ""
             if self._on_skip is not None and (
@@ -172,6 +191,7 @@ class LaneMux:
                 self._turn = (self._turn + 1) % len(self.order)
                 self.replay_cursor[lane] = item.meta.cursor
                 self.delivered[lane] += 1
+                self.samples_done += samples_in(item)
                 return item
             if not self.ended:
                 return None

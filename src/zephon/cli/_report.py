@@ -2,12 +2,14 @@
 
 Outside a terminal nothing is hard-wrapped (a line is as long as it is; tables get 200
 columns), so the summary is one line and the progress bar's last frame is whole. Progress counts
-samples against the pass's total, also after a resume (the samples before the checkpoint count
-as done, so the ETA is for what is left), and never passes 100 %.
+source samples done against the samples the pass reads (see ``zephon._progress.WorkCount``),
+also after a resume (the samples done before the checkpoint count as done, so the ETA is for
+what is left), and never passes 100 %; with ``--max-batches`` it counts items against it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,51 +26,42 @@ def console(*, stderr: bool = False) -> Any:
     return Console(stderr=stderr, width=LOG_WIDTH, soft_wrap=True)
 
 
-def total_reads(config: Any, pipe: Any) -> int | None:
-    """Samples this rank will read, when the source makes exactly one pass."""
-    src = config.source
-    if any(src.get(k) is not None for k in ("exhausted_policy", "max_repeats")):
-        return None
-    passes = src.get("stop_after_passes", 1)
-    if passes is None:
-        return None
-    total = sum(d.total() for d in pipe.work_source.datasets) * passes
-    return int(total // max(1, pipe.runtime_options.dp_world_size))
+class ConsoleHandler(logging.Handler):
+    """Log records printed by a rich console: while its progress bar is live, each record is a
+    line of its own above the bar (a plain stream handler would write into the bar's line)."""
+
+    def __init__(self, out: Any) -> None:
+        super().__init__()
+        self.out = out
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.out.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
+        except Exception:
+            self.handleError(record)
 
 
-def read_before(state: Mapping[str, Any], pipe: Any) -> int | None:
-    """Samples this rank read before the restart points of a one-pass checkpoint, or None when
-    the source does not say: the earliest unfinished lane's source position plus its offset
-    in its restart chunk (a lower bound: other lanes may be further on)."""
-    positions = []
-    for lane in state.get("lanes", {}).values():
-        source = lane.get("source_state")
-        if lane.get("done"):
-            continue
-        if not isinstance(source, Mapping) or not isinstance(source.get("positions"), list):
-            return None
-        positions.append(
-            sum(int(p) for p in source["positions"]) + int(lane.get("start_offset", 0))
-        )
-    if not positions:
-        return None
-    return int(min(positions) // max(1, pipe.runtime_options.dp_world_size))
+def done_before(state: Mapping[str, Any] | None) -> int | None:
+    """Samples done before the checkpoint ``state`` (0 for a fresh start), as the run that
+    wrote it counted them; None when it does not say (another writer)."""
+    if state is None:
+        return 0
+    run = state.get("run")
+    done = run.get("samples_done") if isinstance(run, Mapping) else None
+    return done if isinstance(done, int) and not isinstance(done, bool) and done >= 0 else None
 
 
-def update(
-    progress: Any, task: Any, pipe: Any, counts: tuple[int, int], elapsed: float, before: int
-) -> None:
-    """Move the bar: samples read (``before`` the resume included), items and token rate."""
+def show(progress: Any, task: Any, done: int, counts: tuple[int, int], elapsed: float) -> None:
+    """Move the bar to ``done`` with the items and token rate. Work past the total means the
+    total was wrong: the bar drops it (a count without a total) instead of stopping at 100 %."""
     items, tokens = counts
-    stats = pipe.stats()
-    read = before + (stats.samples_read - stats.samples_refetched if stats is not None else 0)
-    total = progress.tasks[0].total if progress.tasks else None
+    shown = next(t for t in progress.tasks if t.id == task)
+    if shown.total is not None and done > shown.total:
+        shown.total = shown.finished_time = None  # rich's update() cannot unset a total
+        progress.update(task, of="")
     rate = elapsed if elapsed > 0 else 1e-9
-    progress.update(
-        task,
-        completed=read if total is None else min(read, total),
-        rates=f"· {items:,} items · {tokens / rate:,.0f} tokens/s",
-    )
+    rates = f"· {items:,} items · {tokens / rate:,.0f} tokens/s"
+    progress.update(task, completed=done, rates=rates)
 
 
 def drop_line(dropped: Mapping[str, Any] | None) -> str | None:

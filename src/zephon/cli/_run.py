@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from zephon.checkpoints import CheckpointWriteError, latest_checkpoint, save_checkpoint
 from zephon.cli._common import (
@@ -36,7 +36,7 @@ from zephon.cli._common import (
 )
 from zephon.cli._lock import RunLock, RunLockedError
 from zephon.cli._record import cut_record, record_position
-from zephon.cli._report import console, print_summary, read_before, total_reads, update
+from zephon.cli._report import ConsoleHandler, console, done_before, print_summary, show
 from zephon.cli._signals import RunSignals, Startup
 from zephon.errors import (
     OUT_OF_MEMORY_FIX,
@@ -46,6 +46,9 @@ from zephon.errors import (
     ZephonError,
 )
 from zephon.options import RUNNERS
+
+if TYPE_CHECKING:
+    from zephon._progress import WorkCount
 
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 
@@ -156,6 +159,17 @@ def item_stats(item: Any) -> tuple[int, int, list[list[int]], int]:
     ids = [[int(x) for x in rec.meta.sample_id] for rec in records]
     lane = int(records[0].meta.lane_id) if records else -1
     return len(records), tokens, ids, lane
+
+
+def _log_lines(err: Any) -> logging.Handler:
+    """``--log-every``: the ``zephon`` logger's INFO lines on stderr, printed through the
+    bar's console so each is a line of its own above the bar, never glued to it."""
+    handler = ConsoleHandler(err)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    log = logging.getLogger("zephon")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    return handler
 
 
 def _prune(directory: Path, keep: int) -> None:
@@ -313,12 +327,6 @@ def run(args: argparse.Namespace) -> int:
             Startup.opened_io = (io_totals() - before).to_dict()
         except UsageError as exc:
             return fail("run", exc, EXIT_USAGE)
-        if args.log_every is not None:
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-            log = logging.getLogger("zephon")
-            log.addHandler(handler)
-            log.setLevel(logging.INFO)
         if args.checkpoint_dir is None:
             return RunLoop(args, config, pipe, signals).execute()
         lock = RunLock(args.checkpoint_dir)
@@ -343,7 +351,7 @@ def _run_locked(args: argparse.Namespace, config: Any, pipe: Any, signals: RunSi
             return fail("run", exc, EXIT_USAGE)
         Startup.checkpoint = str(loop.resumed_from) if loop.resumed_from is not None else None
         if state is not None:
-            loop.before = read_before(state, pipe)
+            loop.before = done_before(state)
             loop.start_step = _delivered(state)
         if args.record is not None:
             run_meta = state.get("run", {}) if state is not None else None
@@ -363,8 +371,9 @@ class RunLoop:
     ) -> None:
         self.args, self.config, self.pipe = args, config, pipe
         self.resumed_from: Path | None = None
-        # samples read before the checkpoint resumed from (None: unknown, so no total)
+        # samples done before the checkpoint resumed from (None: unknown, so no total)
         self.before: int | None = 0
+        self.count: WorkCount | None = None  # the bar's measure of the work, once it runs
         self.signals = signals
         self.items = self.samples = self.tokens = 0
         self.status = "completed"
@@ -382,6 +391,9 @@ class RunLoop:
         if args.checkpoint_dir is None:
             return None
         state = self.pipe.checkpoint(held_records=args.held_records)
+        if self.count is not None and self.count.before is not None:
+            # what the bar of a resume starts at (the work before the checkpoint)
+            state.setdefault("run", {})["samples_done"] = self.count.done()
         if self.provenance is not None:
             try:
                 self.provenance.flush()  # the log covers every step the checkpoint does
@@ -394,7 +406,7 @@ class RunLoop:
             except OSError as exc:
                 raise RecordWriteError(args.record, exc) from None
             where = record_position(args.record, args.checkpoint_dir, self.record.tell())
-            state["run"] = {"record": where}
+            state.setdefault("run", {})["record"] = where
         target = checkpoint_path(args.checkpoint_dir, _delivered(state), self.pipe.epoch)
         path = save_checkpoint(target, state)
         _prune(args.checkpoint_dir, args.keep)
@@ -462,13 +474,28 @@ class RunLoop:
         self.save()
 
     def _update(self, progress: Any, task: Any, elapsed: float) -> None:
-        update(progress, task, self.pipe, (self.items, self.tokens), elapsed, self.before or 0)
+        assert self.count is not None
+        done = self.items if self.args.max_batches is not None else self.count.done()
+        show(progress, task, done, (self.items, self.tokens), elapsed)
 
-    def execute(self) -> int:
+    def _bar(self, err: Any) -> tuple[Any, Any]:
+        """The progress bar and its task: items against ``--max-batches`` when it is given
+        (the run's end is known in items), else the samples done against the pass's plan."""
         from rich.progress import TextColumn
 
-        from zephon._progress import of_total, progress_bar
+        from zephon._progress import WorkCount, of_total, progress_bar
 
+        count = self.count = WorkCount(self.pipe, self.before)
+        if self.args.max_batches is not None:
+            unit, total, done = "items", self.args.max_batches, 0
+        else:
+            unit, total, done = "samples", count.total, count.before or 0
+        bar = progress_bar(err, unit, TextColumn("{task.fields[rates]}"), disable=self.args.quiet)
+        name = Path(self.args.config).name
+        task = bar.add_task(name, total=total, completed=done, rates="", of=of_total(total))
+        return bar, task
+
+    def execute(self) -> int:
         args = self.args
         err = console(stderr=True)
         metrics = None
@@ -480,20 +507,15 @@ class RunLoop:
         except UsageError as exc:
             return fail("run", exc, EXIT_USAGE)
         reporter = _metrics_reporter(self.pipe, self.config.metrics, args.statsd)
-        total = total_reads(self.config, self.pipe) if self.before is not None else None
+        progress, task = self._bar(err)
+        log = _log_lines(err) if args.log_every is not None else None
         start = time.perf_counter()
-        progress = progress_bar(
-            err, "records", TextColumn("{task.fields[rates]}"), disable=args.quiet
-        )
         try:
             with progress:
-                name = Path(args.config).name
-                task = progress.add_task(
-                    name, total=total, completed=self.before or 0, rates="", of=of_total(total)
-                )
                 self._iterate(progress, task)
                 self._update(progress, task, time.perf_counter() - start)
-                if self.status == "completed" and total is not None:
+                total = progress.tasks[0].total
+                if self.status == "completed" and total is not None and args.max_batches is None:
                     progress.update(task, completed=total)  # the pass is read, all of it
         except (KeyboardInterrupt, WaitInterrupted):  # a stop signal while the run waited,
             # a second stop signal, or Ctrl-C inside the engine
@@ -514,6 +536,8 @@ class RunLoop:
                 metrics.close()
             if reporter is not None:
                 reporter.close()
+            if log is not None:
+                logging.getLogger("zephon").removeHandler(log)
         return self._finish(time.perf_counter() - start)
 
     def _open_outputs(self) -> None:

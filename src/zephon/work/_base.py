@@ -109,3 +109,9 @@ class WorkSource(abc.ABC):
     def chunk_size_hint(self) -> int | None:
         """Typical chunk length, used to size buffers; ``None`` when unknown."""
         return None
+
+    def planned_samples(self, lanes: Sequence[int], canonical_replicas: int) -> int | None:
+        """How many sample pointers ``lanes`` (of ``canonical_replicas``) emit over the whole
+        stream, from a fresh start: the total a progress bar counts against. ``None`` when the
+        source cannot know it (an endless stream, one decided as it goes), the default."""
+        return None

@@ -695,16 +695,27 @@ class StaticMixtureWorkSource(WorkSource):
                 self._step(generate=False)
                 n -= 1
 
-    def _lane_target(self, k: int) -> int:
-        assert self._lanes is not None and self._lane_id is not None
-        lanes = self._lanes
+    def deal(self, block: int, lanes: int) -> np.ndarray:
+        """The lanes of global chunks ``block*lanes ... block*lanes + lanes - 1``, in order:
+        each block of ``lanes`` consecutive chunks gives every lane one."""
         if self._lane_assignment == "modulo" or lanes == 1:
-            return k * lanes + self._lane_id
-        key = mix64(self._seed, TAG_LANES, k)
+            return np.arange(lanes)
+        key = mix64(self._seed, TAG_LANES, block)
         if self._epoch:
             key = mix64(key, TAG_EPOCH, self._epoch)
-        perm = permutation(lanes, key)
-        return k * lanes + int(np.flatnonzero(perm == self._lane_id)[0])
+        return permutation(lanes, key)
+
+    def _lane_target(self, k: int) -> int:
+        assert self._lanes is not None and self._lane_id is not None
+        perm = self.deal(k, self._lanes)
+        return k * self._lanes + int(np.flatnonzero(perm == self._lane_id)[0])
+
+    def planned_samples(self, lanes: Sequence[int], canonical_replicas: int) -> int | None:
+        """Samples ``lanes`` emit over the whole run, from the chunk sequence computed without
+        building pointers (see :mod:`zephon.work._plan`); ``None`` for an endless source."""
+        from zephon.work._plan import planned_samples
+
+        return planned_samples(self, lanes, canonical_replicas)
 
     def next_chunk(self) -> WorkChunk | None:
         self._require_estimates()
