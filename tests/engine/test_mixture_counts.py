@@ -155,3 +155,17 @@ def test_damaged_counts_are_refused_naming_the_lane(datasets):
     state["lanes"]["1"]["mixture"]["tokens"] = [1, -5]
     with pytest.raises(CheckpointError, match=r"lanes\[1\]\.mixture is not \{samples"):
         parse_checkpoint(seal(state))
+
+
+def test_unbatched_records_are_counted_one_by_one(datasets):
+    source = StaticMixtureWorkSource(datasets, {"web": 0.7, "code": 0.3}, chunk_size=50)
+    pipe = Pipeline(source).decode_text().tokenize("bytes").options(runner="inline")
+    samples: Counter[str] = Counter()
+    tokens: Counter[str] = Counter()
+    for record in zip(range(500), pipe, strict=False):
+        name = NAMES[record[1].meta.sample_id[0]]
+        samples[name] += 1
+        tokens[name] += len(record[1].payload["input_ids"])
+    mixture = pipe.stats().mixture
+    assert mixture is not None
+    assert dict(mixture.samples) == samples and dict(mixture.tokens) == tokens

@@ -9,8 +9,16 @@ nothing: delivered items are the same with or without it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from zephon.types import TAG_PACKING, SampleBatch, StreamItem, record_tokens
+from zephon.types import (
+    TAG_PACKING,
+    TOKEN_FIELDS,
+    SampleBatch,
+    SampleRecord,
+    StreamItem,
+    record_tokens,
+)
 
 __all__ = ["MixtureCounts"]
 
@@ -30,6 +38,7 @@ class MixtureCounts:
         start: Mapping[int, tuple[Sequence[int], Sequence[int]]] | None = None,
     ) -> None:
         self.components = components
+        self._field: str | None = None  # the payload field the token ids were found in
         self._lanes: dict[int, tuple[list[int], list[int]]] = {
             lane: ([0] * components, [0] * components) for lane in lanes
         }
@@ -39,24 +48,43 @@ class MixtureCounts:
 
     def add(self, item: StreamItem) -> None:
         """Count one delivered item (a record or a batch of one lane)."""
-        records = item.records if isinstance(item, SampleBatch) else (item,)
+        records: Sequence[SampleRecord] = item.records if isinstance(item, SampleBatch) else (item,)
         if not records:
             return
         samples, tokens = self._lanes[records[0].meta.lane_id]
+        field = self._field
         for record in records:
             meta = record.meta
-            packing = meta.tags.get(TAG_PACKING) if meta.tags else None
-            if packing is not None and "component_tokens" in packing:
-                for comp, n in packing["component_tokens"].items():
-                    tokens[comp] += n
+            comp = meta.component_id
+            if meta.tags and TAG_PACKING in meta.tags:
+                self._add_packed(meta.tags[TAG_PACKING], tokens)
             else:
-                tokens[meta.component_id] += record_tokens(record)
+                try:  # the token field found before: one dict lookup
+                    tokens[comp] += len(record.payload[field])  # type: ignore[arg-type]
+                except (KeyError, TypeError, IndexError):
+                    tokens[comp] += self._tokens(record)
             counts = meta.component_counts
             if counts is None:
-                samples[meta.component_id] += 1
+                samples[comp] += 1
             else:
-                for comp, n in counts.items():
-                    samples[comp] += n
+                for c, n in counts.items():
+                    samples[c] += n
+
+    @staticmethod
+    def _add_packed(packing: Mapping[str, Any], tokens: list[int]) -> None:
+        for comp, n in packing.get("component_tokens", {}).items():
+            tokens[comp] += n
+
+    def _tokens(self, record: SampleRecord) -> int:
+        """The record's tokens, remembering which field held them (0 before tokenization)."""
+        payload = record.payload
+        if isinstance(payload, Mapping):
+            for name in TOKEN_FIELDS:
+                value = payload.get(name)
+                if value is not None:
+                    self._field = name
+                    return record_tokens(record)
+        return 0
 
     def lane(self, lane: int) -> tuple[list[int], list[int]]:
         """``(samples, tokens)`` by component id that ``lane`` delivered (copies)."""
