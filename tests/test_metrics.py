@@ -85,3 +85,21 @@ def test_bad_settings_are_one_line_errors() -> None:
     assert parse_address("example.org") == ("example.org", 8125)
     with pytest.raises(ConfigError, match=r"max_packet_bytes must be >= 64"):
         StatsdSink(max_packet_bytes=10)
+
+
+def test_a_mixture_is_sent_per_dataset_with_safe_names(receiver: socket.socket) -> None:
+    from zephon.work import MixtureStats
+
+    target = MixtureStats.target(["web text", "code"], {"web text": 0.7, "code": 0.3}, "samples")
+    stats = RunStats(delivered=10, mixture=target.counted([7, 3], [140, 300]))
+    sink = StatsdSink(*receiver.getsockname(), prefix="t")
+    expected = dict(metric_values(stats))
+    sink.emit(stats)
+    got, _ = receive(receiver, len(expected))
+    sink.close()
+    assert got["t.mixture.web_text.weight"] == "0.7|g"
+    assert got["t.mixture.code.samples"] == "3|g" and got["t.mixture.code.tokens"] == "300|g"
+    assert got["t.mixture.web_text.sample_share"] == "0.7|g"
+    assert got["t.mixture.web_text.token_share"] == f"{round(140 / 440, 6)}|g"
+    nothing = RunStats(mixture=target)  # no share before anything is delivered
+    assert not [k for k, _ in metric_values(nothing) if k.endswith("_share")]

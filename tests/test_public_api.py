@@ -181,9 +181,9 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.work": _names(
         "ExhaustedPolicy FingerprintedSource LaneAssignment LaneMapping MixtureSchedule "
-        "MixtureSource MixtureSpec SeededSource StaticMixtureWorkSource TokenCalibration "
-        "TokenMeasuredSource WorkChunk WorkSource lanes_for_rank source_fingerprint "
-        "source_mixture source_seed"
+        "MixtureSource MixtureSpec MixtureStats SeededSource StaticMixtureWorkSource "
+        "TokenCalibration TokenMeasuredSource WorkChunk WorkSource lanes_for_rank "
+        "source_fingerprint source_mixture source_seed"
     ),
 }
 

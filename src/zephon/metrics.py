@@ -18,6 +18,7 @@ from zephon.errors import ConfigError
 
 if TYPE_CHECKING:
     from zephon._engine.stats import RunStats
+    from zephon.work import MixtureStats
 
 __all__ = ["MetricsReporter", "MetricsSink", "StatsdSink", "metric_values", "parse_address"]
 
@@ -43,8 +44,9 @@ class MetricsSink(Protocol):
 
 
 def metric_values(stats: RunStats) -> Iterator[tuple[str, float]]:
-    """``(name, value)`` of every metric of a snapshot: run totals, I/O, and per operator its
-    counters, bytes read and times (milliseconds)."""
+    """``(name, value)`` of every metric of a snapshot: run totals, I/O, per operator its
+    counters, bytes read and times (milliseconds), and per dataset of a mixture its target
+    weight and the samples, tokens and shares of each delivered."""
     yield "delivered", stats.delivered
     yield "tombstones", stats.tombstones
     yield "samples_read", stats.samples_read
@@ -58,6 +60,24 @@ def metric_values(stats: RunStats) -> Iterator[tuple[str, float]]:
             yield f"{base}.{field}", getattr(op, field)
         for field in _OP_TIMES:
             yield f"{base}.{field[:-3]}_ms", round(getattr(op, field) / 1e6, 3)
+    if stats.mixture is not None:
+        yield from _mixture_values(stats.mixture)
+
+
+def _mixture_values(mixture: MixtureStats) -> Iterator[tuple[str, float]]:
+    """``mixture.<dataset>.weight|samples|tokens|sample_share|token_share`` (a share only once
+    something was delivered)."""
+    sample_shares, token_shares = mixture.sample_shares or {}, mixture.token_shares or {}
+    for name, samples in mixture.samples.items():
+        base = f"mixture.{_UNSAFE.sub('_', name)}"
+        if name in mixture.weights:
+            yield f"{base}.weight", mixture.weights[name]
+        yield f"{base}.samples", samples
+        yield f"{base}.tokens", mixture.tokens.get(name, 0)
+        if name in sample_shares:
+            yield f"{base}.sample_share", round(sample_shares[name], 6)
+        if name in token_shares:
+            yield f"{base}.token_share", round(token_shares[name], 6)
 
 
 class StatsdSink:

@@ -6,6 +6,7 @@ import pytest
 
 from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline
+from zephon._engine.stats import RunStats
 
 ROWS = [{"id": i, "text": f"row {i} " * (1 + i % 3)} for i in range(300)]
 
@@ -141,3 +142,14 @@ def build_and_count(**options) -> tuple[list[list[tuple[int, int, int]]], dict, 
     stats = pipe.stats()
     assert stats is not None
     return batches, stats.to_dict()["dropped"], stats.tombstones
+
+
+def test_prometheus_text_has_the_mixture_with_escaped_dataset_names():
+    from zephon.work import MixtureStats
+
+    target = MixtureStats.target(['a "b"', "c"], {'a "b"': 0.5, "c": 0.5}, "tokens")
+    text = RunStats(mixture=target.counted([1, 3], [30, 10])).to_prometheus()
+    assert 'zephon_pipeline_mixture_weight{dataset="a \\"b\\"",unit="tokens"} 0.5\n' in text
+    assert 'zephon_pipeline_mixture_samples_total{dataset="c"} 3\n' in text
+    assert 'zephon_pipeline_mixture_token_share{dataset="c"} 0.25\n' in text
+    assert "_share{" not in RunStats(mixture=target).to_prometheus()  # nothing delivered yet

@@ -16,6 +16,7 @@ from zephon._engine import waiting
 from zephon._engine.compile import CompiledRun
 from zephon._engine.global_order import regrouping
 from zephon._engine.lane_state import has_lane_state
+from zephon._engine.mixture_counts import MixtureCounts
 from zephon._engine.operator_states import OperatorStates
 from zephon._engine.plan import stalls_sentinels
 from zephon._engine.pools import check_not_bootstrapping
@@ -29,6 +30,7 @@ from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError, WaitInterrupted
 from zephon.io import SourceStats, io_totals
 from zephon.types import SampleCursor, StreamItem
+from zephon.work import MixtureStats, WorkSource, source_mixture
 
 log = logging.getLogger("zephon")
 
@@ -75,6 +77,8 @@ class Engine:
         self._closed = False
         self.feeder: SourceFeeder | None = None
         self.mux: LaneMux | None = None
+        self.mixture_target = mixture_target(self.source)
+        self.mixture: MixtureCounts | None = None
         self.quarantine = Quarantine(self.options.quarantine)
         self._restart: dict[int, tuple[int, int]] = {}  # lane -> newest delivered restart point
         self.states = OperatorStates(
@@ -179,6 +183,8 @@ class Engine:
             stats.skipped_examples = list(self.quarantine.examples)
         if self._started_at:
             stats.elapsed_s = time.monotonic() - self._started_at
+        if self.mixture is not None and self.mixture_target is not None:
+            stats.mixture = self.mixture_target.counted(*self.mixture.totals())
         self._count_io(stats)
         if self.op_stats is not None:
             if self.resources.inboxes:
@@ -266,8 +272,21 @@ class Engine:
             self._restart = self._lane_starts()
             self.feeder = self._feeder()
             self.mux = self._mux(self.feeder)
+            self.mixture = self._mixture_counts()
             if self.mux.order:
                 self.feeder.lead_with(self.mux.order[self.mux.turn])
+
+    def _mixture_counts(self) -> MixtureCounts | None:
+        """The delivered-mixture counters, from the restored lanes' counts on a resume."""
+        target = self.mixture_target
+        if target is None:
+            return None
+        start = {}
+        if self.resume is not None:
+            for lane, lc in self.resume.lanes.items():
+                if lc.mixture is not None:
+                    start[lane] = lc.mixture
+        return MixtureCounts(len(target.samples), self.lanes, start)
 
     def _lane_start(self, lane: int) -> tuple[int, Any]:
         feeder = self.feeder
@@ -315,9 +334,16 @@ class Engine:
                     operator_state=operator_state,
                     start_offset=offset,
                     held_payloads=payloads,
+                    mixture=self._lane_mixture(lane),
                 )
             )
         return Position(lanes, list(mux.order), mux.turn)
+
+    def _lane_mixture(self, lane: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        if self.mixture is None:
+            return None
+        samples, tokens = self.mixture.lane(lane)
+        return tuple(samples), tuple(tokens)
 
     def _replay_cursor(
         self, mux: LaneMux, lane: int, start: tuple[int, int], since: int | None
@@ -346,6 +372,7 @@ class Engine:
             position.order,
             position.turn,
             self.config_fingerprint,
+            self.mixture_target.target_json() if self.mixture_target is not None else None,
         )
 
     def checkpoint(self, *, held_records: bool = False) -> dict[str, Any]:
@@ -424,11 +451,14 @@ class Engine:
         if self.monotone and self.feeder is not None:
             evict = self._evicted if self.states.logs else self.feeder.evict_below
         log_every = self.options.log_every_s
+        mixture = self.mixture
         while True:
             item = mux.pop()
             if item is None:
                 return
             self.stats.delivered += 1
+            if mixture is not None:
+                mixture.add(item)
             if evict is not None:
                 evict(item.meta.lane_id, item.meta.chunk_id)
             if log_every is not None and time.monotonic() - self._last_log >= log_every:
@@ -462,6 +492,18 @@ class Engine:
         self.quarantine.close()
         self.states.close()
         self.resources.teardown()
+
+
+def mixture_target(source: WorkSource) -> MixtureStats | None:
+    """What the source mixes, nothing delivered yet (None for fewer than two components):
+    its target weights and unit, or no weights for a source without a target."""
+    names = source.component_names()
+    if len(names) < 2:
+        return None
+    spec = source_mixture(source)
+    if spec is None:
+        return MixtureStats.target(names, {}, "samples")
+    return MixtureStats.target(names, spec.weights, spec.unit)
 
 
 _LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()

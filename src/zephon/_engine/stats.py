@@ -7,6 +7,7 @@ from typing import Any
 
 from zephon.io import SourceStats
 from zephon.types import Tombstone
+from zephon.work import MixtureStats
 
 # The reason of the replay filter's tombstones: records a restore streams again and were
 # delivered before it, so not drops.
@@ -109,6 +110,33 @@ class DropCounts:
         return ", ".join(parts)
 
 
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _mixture_lines(mixture: MixtureStats, prefix: str) -> list[str]:
+    """Prometheus lines of the target weights, the samples and tokens delivered per dataset
+    and their shares (a share is absent while nothing was delivered)."""
+    unit = _label(mixture.unit)
+    lines = [f"# TYPE {prefix}_mixture_weight gauge"]
+    lines += [
+        f'{prefix}_mixture_weight{{dataset="{_label(name)}",unit="{unit}"}} {weight}'
+        for name, weight in mixture.weights.items()
+    ]
+    for metric, values, kind in (
+        ("samples_total", mixture.samples, "counter"),
+        ("tokens_total", mixture.tokens, "counter"),
+        ("sample_share", mixture.sample_shares or {}, "gauge"),
+        ("token_share", mixture.token_shares or {}, "gauge"),
+    ):
+        lines.append(f"# TYPE {prefix}_mixture_{metric} {kind}")
+        lines += [
+            f'{prefix}_mixture_{metric}{{dataset="{_label(name)}"}} {value}'
+            for name, value in values.items()
+        ]
+    return lines
+
+
 @dataclass
 class RunStats:
     """A snapshot of one iteration: totals, per-operator counters and per-lane progress."""
@@ -130,6 +158,9 @@ class RunStats:
     io: SourceStats = field(default_factory=SourceStats)
     operators: list[OpStats] = field(default_factory=list)
     lanes: dict[int, LaneProgress] = field(default_factory=dict)
+    # the target mixture and what this pass delivered of it, over this view's lanes and
+    # across restores (None: the source mixes fewer than two datasets)
+    mixture: MixtureStats | None = None
 
     @property
     def items_per_s(self) -> float:
@@ -138,6 +169,7 @@ class RunStats:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["items_per_s"] = self.items_per_s
+        data["mixture"] = self.mixture.to_dict() if self.mixture is not None else None
         return data
 
     def to_prometheus(self, prefix: str = "zephon_pipeline") -> str:
@@ -187,6 +219,8 @@ class RunStats:
         lines.append(f"# TYPE {prefix}_lane_delivered_total counter")
         for lane, progress in sorted(self.lanes.items()):
             lines.append(f'{prefix}_lane_delivered_total{{lane="{lane}"}} {progress.delivered}')
+        if self.mixture is not None:
+            lines += _mixture_lines(self.mixture, prefix)
         return "\n".join(lines) + "\n"
 
     def summary(self) -> str:

@@ -32,6 +32,11 @@ Since version 6 a lane may carry its own ``epoch``: data-parallel ranks whose pa
 length are in different passes at the same step, and their merged checkpoint keeps each lane's
 pass. The configuration then holds the earliest pass; a lane in a later one counts as finished
 for it and continues when its own pass comes. Only such a checkpoint is written as version 6.
+
+A checkpoint of a source that mixes datasets also says what the mixture delivered: its target
+(``mixture``: component names, weights and unit) and per lane the samples and tokens delivered
+per component (``lanes[L].mixture``). Both are optional keys in any version: a reader that does
+not know them ignores them, and a checkpoint without them restores and inspects as before.
 """
 
 from __future__ import annotations
@@ -226,6 +231,9 @@ class LaneCheckpoint:
     epoch: int | None = None
     #: With ``epoch``: the fingerprint of the configuration of that pass (a restore checks it).
     fingerprint: str | None = None
+    #: Samples and tokens the lane delivered per mixture component (by component id) in this
+    #: pass, or None (no mixture, or a checkpoint written before they were counted).
+    mixture: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -242,6 +250,8 @@ class LaneCheckpoint:
         if self.epoch is not None:
             out["epoch"] = self.epoch
             out["fingerprint"] = self.fingerprint
+        if self.mixture is not None:
+            out["mixture"] = {"samples": list(self.mixture[0]), "tokens": list(self.mixture[1])}
         return out
 
 
@@ -290,6 +300,22 @@ class ParsedCheckpoint:
     operators: tuple[OperatorInfo, ...] = ()
     #: Chunks per lane between flush sentinels, None when the configuration does not say.
     flush_every_k_chunks: int | None = None
+    #: The mixture's target as recorded (``{"components", "weights", "unit"}``), or None.
+    mixture: Mapping[str, Any] | None = None
+
+    def delivered_mixture(self) -> tuple[list[int], list[int]] | None:
+        """Samples and tokens delivered per component over the lanes it describes (None when
+        it recorded no mixture, or a lane has no counts)."""
+        counts = [lc.mixture for lc in self.lanes.values()]
+        if self.mixture is None or not counts or any(c is None for c in counts):
+            return None
+        size = len(self.mixture.get("components", ()))
+        samples, tokens = [0] * size, [0] * size
+        for lane_samples, lane_tokens in (c for c in counts if c is not None):
+            for i in range(min(size, len(lane_samples))):
+                samples[i] += lane_samples[i]
+                tokens[i] += lane_tokens[i]
+        return samples, tokens
 
     @property
     def finished(self) -> bool:
@@ -403,6 +429,7 @@ def _parse_lane(
         )
     pass_fingerprint = _need(raw, "fingerprint", str, where) if epoch is not None else None
     return LaneCheckpoint(
+        mixture=_lane_mixture(raw.get("mixture"), where),
         lane=lane,
         start_chunk_id=_need(raw, "start_chunk_id", int, where),
         source_state=source_state,
@@ -415,6 +442,29 @@ def _parse_lane(
         epoch=epoch,
         fingerprint=pass_fingerprint,
     )
+
+
+def _lane_mixture(raw: Any, where: str) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """A lane's ``mixture`` counts (absent in checkpoints written before they were counted)."""
+    if raw is None:
+        return None
+    samples = raw.get("samples") if isinstance(raw, Mapping) else None
+    tokens = raw.get("tokens") if isinstance(raw, Mapping) else None
+    if isinstance(samples, list) and isinstance(tokens, list) and len(samples) == len(tokens):
+        counts = [_int_or(n, -1) for n in [*samples, *tokens]]
+        if all(n is not None and n >= 0 for n in counts):
+            return tuple(samples), tuple(tokens)
+    raise CheckpointError(
+        f"checkpoint {where}mixture is not {{samples: [...], tokens: [...]}} of counts "
+        "(edited or damaged); use an older checkpoint"
+    )
+
+
+def _mixture_target(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    raw = state.get("mixture")
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("components"), list):
+        return None
+    return raw
 
 
 def parse(state: Any) -> ParsedCheckpoint:
@@ -455,6 +505,7 @@ def parse(state: Any) -> ParsedCheckpoint:
         source=_source_info(config),
         operators=_operator_infos(config),
         flush_every_k_chunks=_int_or(config.get("flush_every_k_chunks"), None),
+        mixture=_mixture_target(state),
     )
 
 
@@ -473,17 +524,20 @@ def build(
     tail_order: Sequence[int],
     tail_turn: int,
     config_fingerprint: str | None = None,
+    mixture: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A sealed checkpoint; ``config_fingerprint`` is ``fingerprint(config)`` when the caller
-    keeps it (the configuration of one iteration never changes)."""
-    return seal(
-        {
-            "format": FORMAT,
-            "version": lanes_version(lanes),
-            "fingerprint": config_fingerprint or fingerprint(config),
-            "config": config,
-            "world": dict(world),
-            "lanes": {str(lc.lane): lc.to_json() for lc in lanes},
-            "tail": {"lanes": list(tail_lanes), "order": list(tail_order), "turn": tail_turn},
-        }
-    )
+    keeps it (the configuration of one iteration never changes); ``mixture``: the target the
+    lanes' mixture counts are shares of."""
+    state: dict[str, Any] = {
+        "format": FORMAT,
+        "version": lanes_version(lanes),
+        "fingerprint": config_fingerprint or fingerprint(config),
+        "config": config,
+        "world": dict(world),
+        "lanes": {str(lc.lane): lc.to_json() for lc in lanes},
+        "tail": {"lanes": list(tail_lanes), "order": list(tail_order), "turn": tail_turn},
+    }
+    if mixture is not None:
+        state["mixture"] = dict(mixture)
+    return seal(state)

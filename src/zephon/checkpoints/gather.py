@@ -82,7 +82,15 @@ def merge_checkpoints(
         "lanes": {k: lanes[k] for k in sorted(lanes, key=int)},
         "tail": {"lanes": [], "order": [], "turn": 0},
     }
-    return seal(out)
+    return seal({**out, **_mixture_target(states)})
+
+
+def _mixture_target(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``{"mixture": target}`` the lanes' mixture counts are shares of, or ``{}``."""
+    for state in states:
+        if state.get("mixture") is not None:
+            return {"mixture": state["mixture"]}
+    return {}
 
 
 def _tagged(value: Mapping[str, Any], part: ParsedCheckpoint, lane: int, base: int) -> Any:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zephon.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, fail
+from zephon.cli._report import mixture_line
 
 if TYPE_CHECKING:
     from zephon.checkpoints import ParsedCheckpoint
@@ -123,7 +124,20 @@ def summary(path: Path, parsed: ParsedCheckpoint) -> dict[str, Any]:
         "delivered": parsed.delivered,
         "lanes": lanes,
         "tail": {"lanes": parsed.tail_lanes, "order": parsed.tail_order, "turn": parsed.tail_turn},
+        "mixture": _mixture(parsed),
     }
+
+
+def _mixture(parsed: ParsedCheckpoint) -> dict[str, Any] | None:
+    """The mixture's target and the samples and tokens its lanes delivered in this pass (None
+    for a checkpoint that recorded no mixture: one dataset, or written by an older zephon)."""
+    from zephon.work import MixtureStats
+
+    if parsed.mixture is None:
+        return None
+    target = MixtureStats.from_target_json(parsed.mixture)
+    counts = parsed.delivered_mixture()
+    return (target if counts is None else target.counted(*counts)).to_dict()
 
 
 def _state_sizes(parsed: ParsedCheckpoint) -> list[dict[str, Any]]:
@@ -169,6 +183,9 @@ def _inspect(args: argparse.Namespace) -> int:
     console.print("operators: " + " -> ".join(str(o) for o in info["operators"]))
     console.print(f"flush_every_k_chunks: {info['flush_every_k_chunks']}")
     console.print(f"epoch: {info['epoch']}")
+    mixture = mixture_line(info["mixture"])
+    if mixture is not None:
+        console.print(mixture, markup=False, soft_wrap=True)
     for saved in info["operator_state"]:
         console.print(
             f"operator state: {saved['operator']} (operator {saved['index']}): "

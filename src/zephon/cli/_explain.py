@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from zephon.cli._common import EXIT_OK, EXIT_USAGE, fail
+from zephon.cli._report import mixture_target_line
 from zephon.errors import ConfigError, ZephonError
 
 
@@ -46,6 +47,57 @@ def describe_datasets(config: Any) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def describe_mixture(config: Any, datasets: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The mixture as configured (None for one dataset): ``unit``, normalised ``weights``
+    (None when they are the datasets' row counts and some are not known before the run),
+    ``by`` (``weights``, ``rows`` or ``schedule``), the pinned ``tokens_per_sample`` and a
+    schedule's ``phases``."""
+    from zephon.work import MixtureSchedule, MixtureSpec
+
+    if len(datasets) < 2:
+        return None
+    mixture = config.mixture
+    out: dict[str, Any] = {"unit": "samples", "by": "weights", "tokens_per_sample": None}
+    if mixture is None:
+        rows = {d["name"]: d["rows"] for d in datasets}
+        known = None not in rows.values() and sum(rows.values()) > 0
+        out.update(by="rows", weights=_normalised(rows) if known else None)
+    elif isinstance(mixture, MixtureSchedule):
+        phases = [{"at": at, "weights": _normalised(w)} for at, w in mixture.phases]
+        out.update(by="schedule", unit=mixture.unit, weights=phases[0]["weights"], phases=phases)
+        out.update(schedule_by=mixture.by, tokens_per_sample=mixture.tokens_per_sample)
+    elif isinstance(mixture, MixtureSpec):
+        out.update(unit=mixture.unit, weights=dict(mixture.weights))
+        out.update(tokens_per_sample=mixture.tokens_per_sample)
+    else:
+        out["weights"] = _normalised(mixture)
+    return out
+
+
+def _normalised(weights: dict[str, Any]) -> dict[str, float]:
+    total = sum(float(w) for w in weights.values())
+    return {k: float(w) / total for k, w in weights.items() if float(w) > 0}
+
+
+def _mixture_label(mixture: dict[str, Any]) -> str:
+    """``mixture by samples: web 70.0%, code 30.0% (delivered shares by samples and tokens:
+    zephon run's summary, --json, metrics, checkpoint inspect)``."""
+    if mixture["weights"] is None:
+        head = f"mixture by {mixture['unit']}: in proportion to the datasets' rows"
+    else:
+        head = mixture_target_line(mixture) or ""
+    if mixture["by"] == "schedule":
+        head += (
+            f" from 0, then {len(mixture['phases']) - 1} more phase(s) by {mixture['schedule_by']}"
+        )
+    if mixture["unit"] == "tokens" and mixture["tokens_per_sample"] is None:
+        head += " (tokens per sample measured when the run starts)"
+    return (
+        f"{head}; delivered shares by samples and by tokens: zephon run's summary and --json, "
+        "its metrics, zephon checkpoint inspect"
+    )
 
 
 def _source_label(datasets: list[dict[str, Any]]) -> str:
@@ -98,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         config = load_config(args.config)
         datasets = describe_datasets(config)
         plan = config.build_unread().explain()
+        mixture = describe_mixture(config, datasets)
     except ConfigError as exc:
         return fail("explain", exc, EXIT_USAGE)
     except ZephonError as exc:
@@ -106,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     if args.fmt == "json":
         data = plan.to_dict()
         data["datasets"] = datasets
+        data["mixture"] = mixture
         print(json.dumps(data, indent=1))
     elif args.fmt == "mermaid":
         print(to_mermaid(plan, label))
@@ -113,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
         print(to_dot(plan, label))
     else:
         print(label)
+        if mixture is not None:
+            print(_mixture_label(mixture))
         print(str(plan))
     return EXIT_OK
 

@@ -82,6 +82,40 @@ def drop_line(dropped: Mapping[str, Any] | None) -> str | None:
     return "; ".join(parts) or None
 
 
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share:.1%}"
+
+
+def mixture_target_line(mixture: Mapping[str, Any] | None) -> str | None:
+    """``mixture by tokens: web 70.0%, code 30.0%`` (None: no mixture; weights as
+    configured, normalised, in the unit the source mixes by)."""
+    if not mixture:
+        return None
+    weights = mixture.get("weights")
+    if not weights:
+        return f"mixture: no target weights (the work source has none); by {mixture['unit']}"
+    parts = ", ".join(f"{name} {_percent(w)}" for name, w in weights.items())
+    return f"mixture by {mixture['unit']}: {parts}"
+
+
+def mixture_line(mixture: Mapping[str, Any] | None) -> str | None:
+    """``mixture by samples: web target 70.0%, delivered 70.0% of samples / 35.1% of
+    tokens; code ...``: the target and the shares delivered, by samples and by tokens."""
+    if not mixture:
+        return None
+    weights = mixture.get("weights") or {}
+    by_samples = mixture.get("sample_shares") or {}
+    by_tokens = mixture.get("token_shares") or {}
+    parts = []
+    for name in mixture["samples"]:
+        target = f"target {_percent(weights.get(name))}, " if weights else ""
+        parts.append(
+            f"{name} {target}delivered {_percent(by_samples.get(name))} of samples / "
+            f"{_percent(by_tokens.get(name))} of tokens"
+        )
+    return f"mixture by {mixture['unit']}: " + "; ".join(parts)
+
+
 def print_summary(summary: dict[str, Any], stats: Any) -> None:
     from rich.markup import escape
     from rich.table import Table
@@ -96,6 +130,10 @@ def print_summary(summary: dict[str, Any], stats: Any) -> None:
     drops = drop_line(summary.get("dropped"))
     if drops is not None:
         out.print(escape(drops), highlight=False)
+    mixture = mixture_line(summary.get("mixture"))
+    if mixture is not None:
+        since = " (the pass so far, before the resume included)" if summary["resumed_from"] else ""
+        out.print(escape(mixture + since), highlight=False)
     io = summary.get("io")
     if io and any(io.values()):
         out.print(

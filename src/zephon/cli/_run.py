@@ -611,6 +611,8 @@ class RunLoop:
             "resumed_from": str(self.resumed_from) if self.resumed_from else None,
             "error": f"{type(error).__name__}: {error}" if error else None,
             "dropped": stats.to_dict()["dropped"] if stats is not None else None,
+            # the whole pass's so far: a resumed run's counts go on from its checkpoint's
+            "mixture": stats.mixture.to_dict() if stats and stats.mixture else None,
             "io": stats.io.to_dict() if stats is not None else None,
             "opened_io": Startup.opened_io,
             "stats": stats.to_dict() if stats is not None else None,

@@ -2,6 +2,7 @@
 
 from zephon.work._base import WorkChunk, WorkSource
 from zephon.work._calibration import TokenCalibration
+from zephon.work._delivered import MixtureStats
 from zephon.work._lanes import LaneMapping, lanes_for_rank
 from zephon.work._mixture import MixtureSpec
 from zephon.work._schedule import MixtureSchedule
@@ -24,6 +25,7 @@ __all__ = [
     "MixtureSchedule",
     "MixtureSource",
     "MixtureSpec",
+    "MixtureStats",
     "SeededSource",
     "StaticMixtureWorkSource",
     "TokenCalibration",
