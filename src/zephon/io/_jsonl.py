@@ -27,8 +27,8 @@ import numpy as np
 from zephon.errors import DataFormatError
 from zephon.io._blob import Blob, OneBlob
 from zephon.io._cache import CacheOptions
-from zephon.io._identity import stale_count_error
 from zephon.io._dataset import Row, Shard
+from zephon.io._identity import stale_count_error
 from zephon.io._paths import atomic_write, cache_file, derived_dir
 from zephon.io._spans import read_spans
 
@@ -180,9 +180,7 @@ class JsonlShard(OneBlob, Shard):
                 expected = getattr(self, "_rows", None)
                 if expected is not None and expected != len(bounds):
                     self._blob.check_unchanged()
-                    raise stale_count_error(
-                        self._url, len(bounds), expected, indexed=self._indexed
-                    )
+                    raise stale_count_error(self._url, len(bounds), expected, indexed=self._indexed)
                 self._bounds = bounds
             return self._bounds
 
