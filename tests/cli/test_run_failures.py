@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import PIPELINE_YAML, ZEPHON
+from tests.cli.conftest import PIPELINE_YAML, ZEPHON, without_cut_warning
 from tests.engine._gate import WAIT_S, wait_for
 from zephon.demo import make_corpus
 
@@ -248,6 +248,7 @@ def test_a_shard_renamed_over_during_a_run_stops_it_naming_the_file(workdir: Pat
         finally:
             (workdir / "open").touch()
         _, stderr = proc.communicate(timeout=WAIT_S)
+    stderr = without_cut_warning(stderr)
     assert proc.returncode == 1, stderr
     assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
     assert "was replaced by another file while the run was reading it" in stderr
