@@ -576,7 +576,11 @@ class Pipeline:
                 self._epoch,
             )
         self._epoch_chosen = False
-        run = compile_run(self._source(), self._all_specs(), self._options, self._resume)
+        specs = self._all_specs()
+        fetch = specs[0].op
+        assert isinstance(fetch, FetchOp)
+        fetch.pin_files()
+        run = compile_run(self._source(), specs, self._options, self._resume)
         engine = EngineProcess(run) if self._options.engine_process else Engine(run)
         if isinstance(engine, Engine):
             engine.interrupt = self._interrupt

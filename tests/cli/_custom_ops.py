@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from zephon.ops import BaseOp, PassthroughAccumulator
@@ -76,3 +77,11 @@ def hoard(payload: dict[str, Any]) -> dict[str, Any]:
 
     _HOARD.append(np.zeros(2 << 20, dtype=np.uint8))
     return payload
+
+
+def gate(payload: dict[str, Any]) -> dict[str, Any]:
+    """Holds the run's records until ``$ZEPHON_TEST_GATE/open`` exists, after creating
+    ``$ZEPHON_TEST_GATE/reached`` (see ``tests.engine._gate``)."""
+    from tests.engine._gate import Gate
+
+    return Gate(Path(os.environ["ZEPHON_TEST_GATE"]))(payload)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import PIPELINE_YAML, ZEPHON
+from tests.cli.conftest import PIPELINE_YAML, ZEPHON, without_cut_warning
+from tests.engine._gate import WAIT_S, wait_for
 from zephon.demo import make_corpus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -218,3 +219,37 @@ def test_a_memory_error_in_an_operator_names_it_and_what_to_lower(workdir: Path,
     assert error.startswith("zephon run: error: operator '") and "map_transform" in error
     assert "MemoryError: out of memory: lower the operator's parallelism" in error
     assert "queue_size and max_inflight" in error and "raise the memory limit" in error
+
+
+GATE_OP = "  - op: map_transform\n    fn: 'tests.cli._custom_ops:gate'\n"
+GATE_YAML = PIPELINE_YAML.replace("  - decode_text\n", f"{GATE_OP}  - decode_text\n")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("runner", ["threads", "process"])
+def test_a_shard_renamed_over_during_a_run_stops_it_naming_the_file(workdir: Path, runner: str):
+    (workdir / "gate.yaml").write_text(GATE_YAML)
+    shards = sorted((workdir / "my-data").glob("*.jsonl"))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]),
+        "ZEPHON_TEST_GATE": str(workdir),
+    }
+    command = [ZEPHON, "run", "gate.yaml", "--quiet", "--runner", runner]
+    with subprocess.Popen(
+        command, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            assert wait_for(workdir / "reached")  # the run holds its first records
+            for shard in shards:  # same rows, other words, renamed over the shard
+                fresh = shard.with_suffix(".new")
+                fresh.write_text(shard.read_text().replace("a", "b"))
+                os.replace(fresh, shard)
+        finally:
+            (workdir / "open").touch()
+        _, stderr = proc.communicate(timeout=WAIT_S)
+    stderr = without_cut_warning(stderr)
+    assert proc.returncode == 1, stderr
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    assert "was replaced by another file while the run was reading it" in stderr
+    assert any(str(shard) in stderr for shard in shards), stderr

@@ -41,6 +41,13 @@ class FetchOp(BaseOp):
         self.max_batch = max_batch
         self.on_error = on_error
 
+    def pin_files(self) -> None:
+        """Record every shard's file as it is now, before any worker reads it: each fetch
+        compares against this, so a file changed during the run stops it."""
+        for dataset in self.datasets:
+            for shard in dataset.shards:
+                shard.pin()
+
     def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
         return CountingAccumulator(self.max_batch, None if deterministic else FETCH_LATENCY_MS)
 
@@ -82,18 +89,23 @@ class FetchOp(BaseOp):
         """Records of rows ``indices`` of one shard (``key`` = dataset, shard), in order."""
         ds, shard = key
         dataset = self.datasets[ds]
+        source = dataset.shards[shard]
         try:
             rows: list[Any] = dataset.read(shard, indices)
-        except DataError:
-            if self.on_error == "raise":
+        except Exception as exc:
+            source.check_unchanged()  # a file changed under the run explains any failure
+            if self.on_error == "raise" or not isinstance(exc, DataError):
                 raise
             rows = self._read_one_by_one(dataset, shard, indices)
+            source.check_unchanged()
             return [
                 self._skipped(dataset, shard, meta, row)
                 if isinstance(row, _Skipped)
                 else SampleRecord(meta, row)
                 for meta, row in zip(metas, rows, strict=True)
             ]
+        # After the read, not before: rows read from a file that changed meanwhile never leave.
+        source.check_unchanged()
         if len(rows) != len(metas):
             raise ValueError(
                 f"dataset {dataset.name!r} shard {shard} returned {len(rows)} rows for "

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from zephon._ops._cut_watch import CutWatch
 from zephon._tokenizers import BatchEncoder, load_tokenizer
 from zephon.errors import ConfigError, MissingFieldError, did_you_mean, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
@@ -86,6 +87,7 @@ class TokenizeOp(BaseOp):
         self.max_length = max_length
         self.truncation = truncation
         self.split_long_samples = split_long_samples
+        self._cut_watch = CutWatch(max_length) if truncation else None
         self.max_batch = max_batch
         self._encoder: BatchEncoder | None = None
         # Resolved now, in the driver: a missing BOS/EOS is a config error before any data.
@@ -213,6 +215,8 @@ class TokenizeOp(BaseOp):
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
         encoder = self._encoder or self._load()
         flat, spans, cut = self._token_array(encoder.encode_many(self._texts(elems)))
+        if self._cut_watch is not None:
+            self._cut_watch.add(self.name, len(flat), sum(cut))
         out: list[StreamItem] = []
         out_field = self.output_field
         piece = self.max_length if self.split_long_samples else None

@@ -40,6 +40,16 @@ class Shard(abc.ABC):
     def read(self, indices: Sequence[int]) -> list[Row]:
         """Rows at ``indices``, in the order asked. Errors name the file and line or row."""
 
+    def pin(self) -> None:
+        """Record what the shard's files are now; a run calls it before its first read, so
+        every process compares against the same files. Nothing to record by default."""
+        return
+
+    def check_unchanged(self) -> None:
+        """Raise ``DataError`` naming the file when it is no longer what :meth:`pin` saw
+        (called after every read of a micro-batch). Checks nothing by default."""
+        return
+
 
 def checked_indices(indices: Sequence[int], n: int, location: str) -> np.ndarray:
     """``indices`` as an int64 array; one outside ``[0, n)`` raises ``IndexError`` naming it."""

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from zephon.io._blob import Blob
+from zephon.io._blob import Blob, OneBlob
 from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Shard
+from zephon.io._identity import stale_count_error
 
 
 class LazyShard(Shard):
@@ -30,7 +31,7 @@ class LazyShard(Shard):
         self._init_transient()
 
 
-class FileShard(LazyShard):
+class FileShard(OneBlob, LazyShard):
     """One file (local, remote or node-cached); ``columns`` projects its rows."""
 
     def __init__(
@@ -46,6 +47,7 @@ class FileShard(LazyShard):
         self._blob = Blob(url, storage_options, cache)
         self._columns = None if columns is None else list(columns)
         self._rows = rows
+        self._indexed = rows is not None  # the count came from index.json
         self._init_transient()
         self._rows = rows if rows is not None else self._count()
 
@@ -66,15 +68,9 @@ class FileShard(LazyShard):
         return self._rows
 
     def _check_rows(self, found: int) -> None:
-        """A count from ``index.json`` that the file no longer matches is an error."""
+        """A count (from ``index.json`` or counted earlier) the file no longer matches is an
+        error: a change during the run says what changed, else the index is stale."""
         if self._rows is not None and self._rows != found:
-            raise_stale(self._url, found, self._rows)
-
-
-def raise_stale(url: str, found: int, expected: int) -> None:
-    from zephon.errors import DataFormatError
-
-    raise DataFormatError(
-        f"{url} has {found} rows but the dataset index says {expected}; "
-        "the shard changed after `zephon index` ran, rebuild it"
-    )
+            self._blob.check_unchanged()
+            indexed = getattr(self, "_indexed", True)
+            raise stale_count_error(self._url, found, self._rows, indexed=indexed)

@@ -25,9 +25,10 @@ import msgspec
 import numpy as np
 
 from zephon.errors import DataFormatError
-from zephon.io._blob import Blob
+from zephon.io._blob import Blob, OneBlob
 from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Row, Shard
+from zephon.io._identity import stale_count_error
 from zephon.io._paths import atomic_write, cache_file, derived_dir
 from zephon.io._spans import read_spans
 
@@ -110,7 +111,7 @@ def scan_lines(blocks: Iterator[bytes]) -> tuple[np.ndarray, list[int]]:
     return np.stack([s_all, e_all], axis=1), suspects
 
 
-class JsonlShard(Shard):
+class JsonlShard(OneBlob, Shard):
     """One JSONL file; rows are the non-blank lines, each a JSON object.
 
     ``rows`` may be given (from ``index.json``) so construction does not touch the file; the
@@ -130,6 +131,7 @@ class JsonlShard(Shard):
         self._blob = Blob(url, storage_options, cache)
         self._columns = None if columns is None else list(columns)
         self._cache_dir = derived_dir(cache_dir, cache)
+        self._indexed = rows is not None  # the count came from index.json
         self._init_transient()
         self._rows = rows if rows is not None else len(self._bounds_array())
 
@@ -148,12 +150,14 @@ class JsonlShard(Shard):
             "rows": self._rows,
             "cache_dir": self._cache_dir,
             "columns": self._columns,
+            "indexed": self._indexed,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self._blob = state["blob"]
         self._columns = state["columns"]
         self._cache_dir = state["cache_dir"]
+        self._indexed = state.get("indexed", True)
         self._init_transient()
         self._rows = state["rows"]
 
@@ -175,10 +179,8 @@ class JsonlShard(Shard):
                 bounds = self._load_or_build()
                 expected = getattr(self, "_rows", None)
                 if expected is not None and expected != len(bounds):
-                    raise DataFormatError(
-                        f"{self._url} has {len(bounds)} rows but the dataset index says "
-                        f"{expected}; the shard changed after `zephon index` ran, rebuild it"
-                    )
+                    self._blob.check_unchanged()
+                    raise stale_count_error(self._url, len(bounds), expected, indexed=self._indexed)
                 self._bounds = bounds
             return self._bounds
 

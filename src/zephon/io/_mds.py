@@ -26,7 +26,7 @@ import numpy as np
 import xxhash
 
 from zephon.errors import DataFormatError
-from zephon.io._blob import Blob
+from zephon.io._blob import Blob, OneBlob
 from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Row, Shard, checked_indices, missing_columns
 from zephon.io._file_shard import LazyShard
@@ -97,7 +97,7 @@ def check_hashes(data: bytes, expected: dict[str, str], location: str) -> None:
             )
 
 
-class MdsShard(LazyShard):
+class MdsShard(OneBlob, LazyShard):
     """One shard of an MDS folder; ``columns`` decodes just those columns."""
 
     _TRANSIENT = ("_lock", "_data", "_bounds")

@@ -185,11 +185,6 @@ def fetch_range(fs: Any, path: str, url: str, start: int, end: int) -> bytes:
     return data
 
 
-def remote_size(fs: Any, path: str, url: str) -> int:
-    info = with_retries(url, "stat", lambda: request(fs, "info", url, "stat", path))
-    return int(info.get("size") or 0)
-
-
 class RangeFile(io.RawIOBase):
     """A read-only, seekable file over ranged requests: every ``read`` is one request for
     exactly the bytes asked, so pyarrow fetches a Parquet footer and the column chunks it needs

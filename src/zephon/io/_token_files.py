@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from zephon.errors import DataFormatError
-from zephon.io._blob import Blob
+from zephon.io._blob import Blob, OneBlob
 from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Row, checked_indices
 from zephon.io._file_shard import LazyShard
@@ -29,7 +29,7 @@ INPUT_IDS = "input_ids"
 LOSS_MASK = "loss_mask"
 
 
-class TokenFile(abc.ABC):
+class TokenFile(OneBlob, abc.ABC):
     """A flat array of ``n_tokens`` tokens of ``dtype`` starting at byte ``data_offset`` of
     ``url``; subclasses say where the document spans come from. Pickles without its memmap
     and loaded spans (``_TRANSIENT``), which the receiving process loads again."""
@@ -146,6 +146,12 @@ class TokenDocumentShard(LazyShard):
     @property
     def location(self) -> str:
         return self.file.location
+
+    def pin(self) -> None:
+        self.file.pin()
+
+    def check_unchanged(self) -> None:
+        self.file.check_unchanged()
 
     def __len__(self) -> int:
         if self._rows is None:

@@ -94,6 +94,12 @@ class _ViewShard(LazyShard):
     def location(self) -> str:
         return self.file.location
 
+    def pin(self) -> None:
+        self.file.pin()
+
+    def check_unchanged(self) -> None:
+        self.file.check_unchanged()
+
     def __len__(self) -> int:
         return -(-self.samples // self.rows_per_item)
 
