@@ -143,6 +143,37 @@ def test_find_by_sample_id_and_a_miss(
     assert main(["trace", str(runs["a"] / "prov.parquet"), "--find", "nowhere.jsonl:1"]) == 1
 
 
+def test_find_by_dataset_name_and_by_a_row_typed_as_file_colon_row(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = read_log(runs["a"] / "prov.parquet").to_pylist()
+    parquet = next(r for r in table if r["line"] is None and r["step"] > 10)
+    log = str(runs["a"] / "prov.parquet")
+    expected = {(r["step"], r["rank"]) for r in table if r["source"] == parquet["source"]
+                and r["source_row"] == parquet["source_row"]}  # fmt: skip
+    for query in (
+        f"{parquet['dataset']}:{parquet['shard']}:{parquet['source_row']}",
+        f"{parquet['source']}:{parquet['source_row']}",
+    ):
+        capsys.readouterr()
+        assert main(["trace", log, "--find", query, "--json"]) == 0, query
+        hits = json.loads(capsys.readouterr().out)["hits"]
+        assert {(h["step"], h["rank"]) for h in hits} == expected, query
+    assert main(["trace", log, "--find", f"{parquet['source']}:{parquet['source_row']}"]) == 0
+    assert f"{parquet['source']}#{parquet['source_row']} " in capsys.readouterr().out
+
+
+def test_a_miss_answers_with_the_accepted_forms(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    assert main(["trace", str(runs["a"] / "prov.parquet"), "--find", "nosuch:0:12"]) == 1
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("nosuch:0:12: not in the logged steps") and len(out.splitlines()) == 1
+    names = sorted({r["dataset"] for r in read_log(runs["a"] / "prov.parquet").to_pylist()})
+    assert "FILE#ROW" in out and "DATASET:SHARD:ROW" in out and ", ".join(names) in out
+
+
 def test_diff_identical_runs_on_other_runners_and_another_seed(
     runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
