@@ -99,6 +99,27 @@ def test_resume_refuses_a_checkpoint_of_another_config(workdir: Path) -> None:
     assert proc.returncode == 2
     assert "cannot resume from ck/ckpt-0000000002.json" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+    assert "source.seed: checkpoint has 7, pipeline has 8" in proc.stderr
+    assert "start a new --checkpoint-dir" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "needle"),
+    [
+        ("datasets: []", (), "bad.yaml: datasets: expected a non-empty list"),
+        ("datasets: [{name: web, path: my-data}]", ("--resume",), "--resume needs"),
+    ],
+)
+def test_json_run_refused_at_start_prints_a_json_object(
+    workdir: Path, text: str, extra: tuple[str, ...], needle: str
+) -> None:
+    (workdir / "bad.yaml").write_text(text)
+    proc = _zephon("run", "bad.yaml", "--json", *extra, cwd=workdir)
+    assert proc.returncode == 2
+    summary = json.loads(proc.stdout)
+    assert summary["status"] == "failed" and summary["items"] == 0
+    assert needle in summary["error"] and summary["config"] == "bad.yaml"
+    assert proc.stderr.strip() == f"zephon run: error: {summary['error']}"
 
 
 def test_stats_table_and_resume_usage_error(workdir: Path, capsys) -> None:
