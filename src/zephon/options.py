@@ -118,6 +118,11 @@ class RuntimeOptions:
 
     def validate(self) -> None:
         self._validate_runner()
+        for name in ("canonical_replicas", "dp_world_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.dp_rank < 0:
+            raise ConfigError(f"dp_rank must be >= 0, got {self.dp_rank}")
         if self.queue_size < 1:
             raise ConfigError(f"queue_size must be >= 1, got {self.queue_size}")
         if self.max_inflight is not None and self.max_inflight < 1:

@@ -27,6 +27,10 @@ def _zephon(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
          "operators[1]: unknown operator 'tokenizer'"),
         ("datasets: [{name: web, path: my-data}]\noperators: [{op: batch, microbatch_size: x}]",
          "operators[0].microbatch_size: expected int, got 'x'"),
+        ("datasets: [{name: web, path: my-data}]\noptions: {canonical_replicas: -2}",
+         "options.canonical_replicas: canonical_replicas must be >= 1, got -2"),
+        ("datasets: [{name: web, path: my-data}]\noptions: {dp_world_size: 0}",
+         "options.dp_world_size: dp_world_size must be >= 1, got 0"),
     ],
 )  # fmt: skip
 def test_bad_configs_exit_2_with_one_line(workdir: Path, text: str, needle: str) -> None:
