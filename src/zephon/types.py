@@ -58,8 +58,8 @@ __all__ = [
     "source_length",
     "spawn_child",
     "tombstone_meta",
-    "truncated",
     "tombstones_for_record",
+    "truncated",
 ]
 
 SampleId: TypeAlias = tuple[int, int, int]
