@@ -61,9 +61,9 @@ POISON: dict[str, Callable[[TokenEntry], TokenEntry]] = {
     "surrogate_call_id": _with(model_call_id="c\udc80"),
     "nul_parent_call_id": _with(parent_call_id="p\x00"),
     "deep_output_items": lambda e: _with(output_items=[{"x": _deep(2_000)}])(e),
-    "positive_log_prob": lambda e: _with(
-        generation_log_probs=[5.0, *e.generation_log_probs[1:]]
-    )(e),
+    "positive_log_prob": lambda e: _with(generation_log_probs=[5.0, *e.generation_log_probs[1:]])(
+        e
+    ),
     "routed_experts_not_a_list": _with(routed_experts={"layer0": [1, 2]}),
     "routed_experts_a_string": _with(routed_experts="1,2"),
 }

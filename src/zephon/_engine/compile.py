@@ -196,16 +196,10 @@ def _hint_for(diff: str) -> str:
 def _source_setting_diff(resume: ckpt.ParsedCheckpoint, source: WorkSource) -> str | None:
     """The source setting that changed (``source.seed: ...``) when only its fingerprint says
     so: a lane's saved source state carries the settings it hashed, the source has its own."""
-    saved = next(
-        (
-            lc.source_state["config"]
-            for lc in resume.lanes.values()
-            if lc.source_state is not None and isinstance(lc.source_state.get("config"), Mapping)
-        ),
-        None,
-    )
+    states = [lc.source_state for lc in resume.lanes.values() if lc.source_state is not None]
+    saved = next((s["config"] for s in states if isinstance(s.get("config"), Mapping)), None)
     current = source.state_dict().get("config") if saved is not None else None
-    if not isinstance(current, Mapping):
+    if saved is None or not isinstance(current, Mapping):
         return None
     return ckpt.first_difference(dict(saved), ckpt.to_jsonable(current), "source")
 
