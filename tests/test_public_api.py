@@ -174,10 +174,10 @@ EXPECTED: dict[str, list[str]] = {
         "StreamItem TAG_BOUNDARY_CID "
         "TAG_CONTRIBUTORS TAG_CUT_TOKENS TAG_DROPPED_TOKENS TAG_END_OF_DATA TAG_ERROR "
         "TAG_FLUSH_SENTINEL TAG_PACKING TAG_SKIPPED "
-        "TAG_SNAPSHOT TAG_SNAPSHOT_REPLAY TAG_TARGET_MIXTURE TAG_TOMBSTONE TAG_TRUNCATED "
-        "TOKEN_FIELDS Tombstone cut_note "
+        "TAG_SNAPSHOT TAG_SNAPSHOT_REPLAY TAG_TARGET_MIXTURE TAG_TOMBSTONE TOKEN_FIELDS Tombstone "
+        "cut_note "
         "end_of_data flush_sentinel is_control record_tokens records_of snapshot_marker "
-        "source_length spawn_child tombstone_meta tombstones_for_record truncated"
+        "spawn_child tombstone_meta tombstones_for_record"
     ),
     "zephon.work": _names(
         "ExhaustedPolicy FingerprintedSource LaneAssignment LaneMapping MixtureSchedule "

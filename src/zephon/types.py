@@ -30,7 +30,6 @@ __all__ = [
     "TAG_SNAPSHOT_REPLAY",
     "TAG_TARGET_MIXTURE",
     "TAG_TOMBSTONE",
-    "TAG_TRUNCATED",
     "TOKEN_FIELDS",
     "ChunkId",
     "ChunkOffset",
@@ -55,11 +54,9 @@ __all__ = [
     "record_tokens",
     "records_of",
     "snapshot_marker",
-    "source_length",
     "spawn_child",
     "tombstone_meta",
     "tombstones_for_record",
-    "truncated",
 ]
 
 SampleId: TypeAlias = tuple[int, int, int]
@@ -84,8 +81,6 @@ TAG_CUT_TOKENS = "_cut_tokens"  # Tombstone.cut_tokens (a cut note)
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 TAG_PACKING = "_packing_metadata"
 TAG_TARGET_MIXTURE = "_target_mixture"
-#: Tokens truncation cut from the end of a delivered record (its document was longer).
-TAG_TRUNCATED = "_truncated"
 TAG_SKIPPED = "_skipped"  # Tombstone.skipped
 TAG_SNAPSHOT = "_snapshot"  # SnapshotMarker.position
 TAG_SNAPSHOT_REPLAY = "_snapshot_replay"  # SnapshotMarker.replay_cursor
@@ -103,9 +98,7 @@ _CONTROL_TAGS = frozenset(
         TAG_SNAPSHOT_REPLAY,
     }
 )
-RESERVED_TAGS = (
-    frozenset({TAG_CONTRIBUTORS, TAG_PACKING, TAG_TARGET_MIXTURE, TAG_TRUNCATED}) | _CONTROL_TAGS
-)
+RESERVED_TAGS = frozenset({TAG_CONTRIBUTORS, TAG_PACKING, TAG_TARGET_MIXTURE}) | _CONTROL_TAGS
 
 
 class SampleCursor(NamedTuple):
@@ -406,20 +399,6 @@ def cut_note(record: StreamItem, *, reason: str, tokens: int) -> SampleRecord:
     control = Tombstone(reason, cut_tokens=int(tokens))
     meta = msgspec.structs.replace(record.meta, tags={TAG_CONTRIBUTORS: ()}, control=control)
     return SampleRecord(meta, None)
-
-
-def truncated(record: SampleRecord, tokens: int) -> SampleRecord:
-    """``record`` marked as ``tokens`` shorter than its document (truncation cut them), so
-    provenance shows the document's whole length. Unchanged when nothing was cut."""
-    if not tokens:
-        return record
-    return SampleRecord(record.meta.with_tags(**{TAG_TRUNCATED: int(tokens)}), record.payload)
-
-
-def source_length(meta: SampleMeta, length: int) -> int:
-    """The whole length of the document a record of ``length`` tokens was cut from."""
-    cut = meta.tags.get(TAG_TRUNCATED) if meta.tags else None
-    return length + int(cut) if cut else length
 
 
 def record_tokens(record: StreamItem) -> int:

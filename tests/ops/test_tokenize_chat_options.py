@@ -170,22 +170,6 @@ def test_chat_options_in_a_pipeline(chat_tokenizer_dir):
     assert stats.dropped.cut_by_reason == {"tokenize_chat": stats.dropped.cut_records}
 
 
-def test_a_truncated_conversation_shows_its_whole_length_in_provenance(chat_tokenizer_dir):
-    from zephon.provenance import raw_segments
-
-    rows = [{"text": "<|im_start|>user\nhi<|im_end|>\n" * 6}]
-
-    def first(max_length: int | None) -> SampleRecord:
-        pipe = Pipeline(Source([Dataset.from_records("r", rows)], chunk_size=8)).tokenize_chat(
-            chat_tokenizer_dir, field="text", apply_chat_template=False, max_length=max_length
-        )
-        return next(iter(pipe))
-
-    whole = len(first(None).payload["input_ids"])
-    ((_, _, _, start, end, length),) = raw_segments(first(12))
-    assert (start, end, length) == (0, 12, whole) and whole > 12
-
-
 def test_token_mixture_is_measured_through_expand_chat_and_tokenize_chat():
     from zephon import MixtureSpec
 

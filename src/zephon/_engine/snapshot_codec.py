@@ -40,7 +40,6 @@ from zephon._engine.shm import ShmArrayRef
 from zephon.errors import CheckpointError, ContractError
 from zephon.types import (
     TAG_PACKING,
-    TAG_TRUNCATED,
     ContributorRef,
     SampleCursor,
     SampleMeta,
@@ -163,13 +162,9 @@ def _cursor(cursor: SampleCursor) -> list[Any]:
 
 def encode_meta(meta: SampleMeta) -> list[Any]:
     """A meta as JSON; a control record's ``control`` is written in its tag form (see
-    ``control_as_tags``), so the format is the one it always was. ``TAG_TRUNCATED`` is left
-    out: a record held at a checkpoint shows its truncated length in provenance after a
-    restore, and checkpoints stay byte for byte what older releases write and read."""
+    ``control_as_tags``), so the format is the one it always was."""
     counts = meta.component_counts
     tags = meta.tags
-    if TAG_TRUNCATED in tags:  # provenance only: checkpoints keep the bytes they always had
-        tags = {k: v for k, v in tags.items() if k != TAG_TRUNCATED}
     if meta.control is not None:
         tags = {**tags, **control_as_tags(meta.control)}
     return [

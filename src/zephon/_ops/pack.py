@@ -50,7 +50,6 @@ from zephon.types import (
     SampleMeta,
     SampleRecord,
     StreamItem,
-    source_length,
     tombstone_meta,
 )
 
@@ -295,7 +294,7 @@ class PackAccumulator(Accumulator):
             seg_info.append((meta.cursor, start, stop))
             fields, full = extract(record)
             parts.append((fields, start, stop, full))
-            lengths.append(source_length(meta, full))
+            lengths.append(full)
         used = b.used
         padding = op.max_length - used if op.pads else 0
         packing = {

@@ -12,7 +12,7 @@ import numpy as np
 from zephon._tokenizers import BatchEncoder, load_tokenizer
 from zephon.errors import ConfigError, MissingFieldError, did_you_mean, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
-from zephon.types import SampleRecord, StreamItem, cut_note, spawn_child, truncated
+from zephon.types import SampleRecord, StreamItem, cut_note, spawn_child
 
 TOKENIZE_MICRO_BATCH = 64
 TOKENIZE_LATENCY_MS = 3.0
@@ -224,7 +224,7 @@ class TokenizeOp(BaseOp):
                 continue
             payload = dict(elem.payload)
             payload[out_field] = ids
-            out.append(truncated(SampleRecord(elem.meta, payload), cut[i]))
+            out.append(SampleRecord(elem.meta, payload))
             if cut[i]:
                 reason = f"{self.name}: truncated to max_length"
                 out.append(cut_note(elem, reason=reason, tokens=cut[i]))

@@ -38,7 +38,7 @@ from zephon._ops._chat_template import Span, compile_template, has_generation_ta
 from zephon._tokenizers import load_tokenizer
 from zephon.errors import ChatFormatError, ConfigError, MissingFieldError, did_you_mean, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
-from zephon.types import SampleRecord, StreamItem, cut_note, tombstone_meta, truncated
+from zephon.types import SampleRecord, StreamItem, cut_note, tombstone_meta
 
 CHAT_MICRO_BATCH = 64
 CHAT_LATENCY_MS = 3.0
@@ -295,7 +295,7 @@ class TokenizeChatOp(BaseOp):
             payload = {k: v for k, v in elem.payload.items() if k not in drop}
             payload[self.output_field] = ids
             payload[self.mask_field] = mask
-            out.append(truncated(SampleRecord(elem.meta, payload), cut))
+            out.append(SampleRecord(elem.meta, payload))
             if cut:
                 reason = f"{self.name}: truncated to max_length"
                 out.append(cut_note(elem, reason=reason, tokens=cut))

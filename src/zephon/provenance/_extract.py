@@ -16,7 +16,7 @@ import xxhash
 
 from zephon.provenance._model import BatchProvenance, Segment
 from zephon.provenance._origin import Origin
-from zephon.types import TAG_PACKING, SampleBatch, SampleRecord, StreamItem, source_length
+from zephon.types import TAG_PACKING, SampleBatch, SampleRecord, StreamItem
 
 __all__ = ["RawSegment", "batch_provenance", "fingerprint", "raw_segments", "records_of_item"]
 
@@ -48,7 +48,7 @@ def raw_segments(record: SampleRecord) -> list[RawSegment]:
     packing = tags.get(TAG_PACKING) if tags else None
     if packing is None or "segments" not in packing:
         n = _token_count(record.payload)
-        return [(meta.cursor, 0, n, 0, n, source_length(meta, n))]
+        return [(meta.cursor, 0, n, 0, n, n)]
     lengths = packing.get("source_lengths")
     out: list[RawSegment] = []
     pos = 0
