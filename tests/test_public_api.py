@@ -148,7 +148,7 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.options": _names("RUNNERS RunnerName RuntimeOptions default_workers"),
     "zephon.pipeline": _names("OPERATOR_METHODS Pipeline Placement"),
     "zephon.provenance": _names(
-        "BatchProvenance Divergence Hit Origin ProvenanceLog Segment TraceResult "
+        "BatchProvenance Divergence FIND_FORMS Hit Origin ProvenanceLog Segment TraceResult "
         "batch_provenance diff find fingerprint parse_query raw_segments read_log "
         "restore_before trace"
     ),

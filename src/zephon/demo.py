@@ -12,10 +12,10 @@ import random
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon._console import PipeConsole
 from zephon._engine.runners import REGISTRY
 from zephon._progress import of_total, progress_bar
 from zephon.types import SampleBatch
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Generate the corpus if needed, run the pipeline, print throughput and the first batch."""
-    console = Console()
+    console = PipeConsole()
 
     folder = make_corpus(args.data, docs=args.docs, shards=args.shards)
     dataset = Dataset.from_path("demo", folder)

@@ -118,6 +118,7 @@ class RuntimeOptions:
 
     def validate(self) -> None:
         self._validate_runner()
+        self._validate_topology()
         if self.queue_size < 1:
             raise ConfigError(f"queue_size must be >= 1, got {self.queue_size}")
         if self.max_inflight is not None and self.max_inflight < 1:
@@ -159,6 +160,15 @@ class RuntimeOptions:
                 f"on_error must be 'raise' or 'skip', got {self.on_error!r}"
                 + did_you_mean(self.on_error, ("raise", "skip"))
             )
+
+    def _validate_topology(self) -> None:
+        """Lane and rank counts in range (``dp_rank < dp_world_size`` is checked when the
+        lanes are dealt: the two may be set in separate ``options()`` calls)."""
+        for name in ("canonical_replicas", "dp_world_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.dp_rank < 0:
+            raise ConfigError(f"dp_rank must be >= 0, got {self.dp_rank}")
 
     def _validate_runner(self) -> None:
         """``runner`` is a registered runner that can run where ``engine_process`` puts it."""

@@ -61,6 +61,11 @@ POISON: dict[str, Callable[[TokenEntry], TokenEntry]] = {
     "surrogate_call_id": _with(model_call_id="c\udc80"),
     "nul_parent_call_id": _with(parent_call_id="p\x00"),
     "deep_output_items": lambda e: _with(output_items=[{"x": _deep(2_000)}])(e),
+    "positive_log_prob": lambda e: _with(generation_log_probs=[5.0, *e.generation_log_probs[1:]])(
+        e
+    ),
+    "routed_experts_not_a_list": _with(routed_experts={"layer0": [1, 2]}),
+    "routed_experts_a_string": _with(routed_experts="1,2"),
 }
 
 
@@ -118,6 +123,9 @@ def test_refusals_name_the_field() -> None:
         ("long_call_id", "at most 256"),
         ("nul_parent_call_id", "parent_call_id"),
         ("deep_output_items", "nested too deeply"),
+        ("positive_log_prob", "generation_log_probs[0] is 5.0"),
+        ("routed_experts_not_a_list", "routed_experts is a dict"),
+        ("routed_experts_a_string", "routed_experts is a str"),
     ]:
         assert field in _expected(case), (case, _expected(case))
 

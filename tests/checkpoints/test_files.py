@@ -183,3 +183,22 @@ def test_a_read_only_file_system_names_the_file_and_the_fix(tmp_path: Path):
         "mounted read-only: remount it read-write, or write checkpoints elsewhere, then resume "
         "(the newest checkpoint already written is intact)"
     )
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda _: {"step": 7}, "not a zephon pipeline checkpoint (format=None)"),
+        (lambda s: {**s, "lanes": "none"}, "'lanes' has type str"),
+    ],
+)
+def test_save_refuses_what_a_restart_would_refuse_naming_the_file(
+    tmp_path: Path, edit: Any, words: str
+):
+    path = tmp_path / "ckpt" / "ckpt-0000000001.json"
+    with pytest.raises(CheckpointError) as info:
+        save_checkpoint(path, edit(state_after(1)))
+    message = str(info.value)
+    assert message.startswith(f"cannot save {path}: ") and words in message
+    assert "pipeline.checkpoint()" in message
+    assert not path.exists() and latest_checkpoint(tmp_path / "ckpt") is None

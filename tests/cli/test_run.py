@@ -27,6 +27,10 @@ def _zephon(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
          "operators[1]: unknown operator 'tokenizer'"),
         ("datasets: [{name: web, path: my-data}]\noperators: [{op: batch, microbatch_size: x}]",
          "operators[0].microbatch_size: expected int, got 'x'"),
+        ("datasets: [{name: web, path: my-data}]\noptions: {canonical_replicas: -2}",
+         "options.canonical_replicas: canonical_replicas must be >= 1, got -2"),
+        ("datasets: [{name: web, path: my-data}]\noptions: {dp_world_size: 0}",
+         "options.dp_world_size: dp_world_size must be >= 1, got 0"),
     ],
 )  # fmt: skip
 def test_bad_configs_exit_2_with_one_line(workdir: Path, text: str, needle: str) -> None:
@@ -99,6 +103,27 @@ def test_resume_refuses_a_checkpoint_of_another_config(workdir: Path) -> None:
     assert proc.returncode == 2
     assert "cannot resume from ck/ckpt-0000000002.json" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+    assert "source.seed: checkpoint has 7, pipeline has 8" in proc.stderr
+    assert "start a new --checkpoint-dir" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "needle"),
+    [
+        ("datasets: []", (), "bad.yaml: datasets: expected a non-empty list"),
+        ("datasets: [{name: web, path: my-data}]", ("--resume",), "--resume needs"),
+    ],
+)
+def test_json_run_refused_at_start_prints_a_json_object(
+    workdir: Path, text: str, extra: tuple[str, ...], needle: str
+) -> None:
+    (workdir / "bad.yaml").write_text(text)
+    proc = _zephon("run", "bad.yaml", "--json", *extra, cwd=workdir)
+    assert proc.returncode == 2
+    summary = json.loads(proc.stdout)
+    assert summary["status"] == "failed" and summary["items"] == 0
+    assert needle in summary["error"] and summary["config"] == "bad.yaml"
+    assert proc.stderr.strip() == f"zephon run: error: {summary['error']}"
 
 
 def test_stats_table_and_resume_usage_error(workdir: Path, capsys) -> None:

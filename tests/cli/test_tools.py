@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.cli.conftest import ZEPHON
 from zephon.cli import build_parser, main
 
@@ -114,13 +116,27 @@ def test_bench_collects_json_lines_and_draws_plots(tmp_path: Path, capsys) -> No
     assert "unknown benchmark(s) ['nope']" in capsys.readouterr().err
 
 
-def test_a_reader_that_goes_away_is_no_traceback(workdir: Path) -> None:
-    """``zephon explain p.yaml | head -1``: the pipe is closed before the output is written."""
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["explain", "pipeline.yaml"],
+        ["checkpoint", "inspect", "ck"],
+        ["demo", "--docs", "64", "--shards", "1", "--data", "demo-data", "--runner", "inline"],
+        ["run", "pipeline.yaml", "--quiet", "--max-batches", "2", "--stats"],
+    ],
+    ids=lambda command: command[0] if command[0] != "checkpoint" else "checkpoint-inspect",
+)
+def test_a_reader_that_goes_away_is_no_traceback(workdir: Path, command: list[str]) -> None:
+    """``zephon explain p.yaml | head -1``: the pipe is closed before the output is written;
+    every command stops quietly with the status of a tool killed by SIGPIPE."""
+    if command[0] == "checkpoint":
+        assert main(["run", str(workdir / "pipeline.yaml"), "--quiet", "--max-batches", "2",
+                     "--checkpoint-dir", str(workdir / "ck")]) == 0  # fmt: skip
     read, write = os.pipe()
     os.close(read)  # every write now fails with EPIPE, whatever the timing
     proc = subprocess.run(
-        [ZEPHON, "explain", "pipeline.yaml"], cwd=workdir, stdout=write,
-        stderr=subprocess.PIPE, text=True, timeout=120,
+        [ZEPHON, *command], cwd=workdir, stdout=write,
+        stderr=subprocess.PIPE, text=True, timeout=240,
     )  # fmt: skip
     os.close(write)
     assert proc.returncode == 141, proc.stderr

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.engine import _resume as resume
 from tests.engine._sources import RangeSource
-from zephon import Dataset, Pipeline, merge_checkpoints
+from zephon import Dataset, Pipeline, StaticMixtureWorkSource, merge_checkpoints
 from zephon.checkpoints import seal
 from zephon.errors import CheckpointError
 from zephon.io import InMemoryShard
@@ -264,6 +264,34 @@ def test_restore_refuses_another_configuration():
         )
     with pytest.raises(CheckpointError, match="canonical_replicas: checkpoint has 2"):
         build({**cfg, "replicas": 1}).restore(state)
+
+
+def seeded_pipeline(seed: int) -> Pipeline:
+    ds = Dataset.from_records("docs", ROWS[:60], shard_size=20)
+    source = StaticMixtureWorkSource([ds], chunk_size=5, seed=seed)
+    return Pipeline(source).decode_text().tokenize("bytes").batch(2).options(runner="inline")
+
+
+def test_restore_after_a_changed_source_setting_names_it_and_what_to_do():
+    pipe = seeded_pipeline(7)
+    it = iter(pipe)
+    for _ in range(3):
+        next(it)
+    state = pipe.checkpoint()
+    with pytest.raises(CheckpointError) as info:
+        seeded_pipeline(8).restore(state)
+    message = str(info.value)
+    assert "source.seed: checkpoint has 7, pipeline has 8" in message
+    assert "fingerprint" not in message and "start a new --checkpoint-dir" in message
+    assert "\n" not in message
+
+
+def test_a_changed_operator_setting_gets_the_same_advice():
+    state = seeded_pipeline(7).checkpoint()
+    ds = Dataset.from_records("docs", ROWS[:60], shard_size=20)
+    other = Pipeline(StaticMixtureWorkSource([ds], chunk_size=5, seed=7)).decode_text()
+    with pytest.raises(CheckpointError, match=r"pipeline has 99; .*start a new --checkpoint-dir"):
+        other.tokenize("bytes", max_length=99).batch(2).options(runner="inline").restore(state)
 
 
 SMALL_CFG: dict[str, Any] = {

@@ -139,6 +139,21 @@ def test_a_binary_file_given_as_jsonl_is_named_as_such(tmp_path: Path) -> None:
     assert "the file is binary, not JSON Lines text" in _first_error(p)
 
 
+@pytest.mark.parametrize("bad", [b"\x00\x01\x02garbage", b'{"text": "\xff\xfe"}'])
+@pytest.mark.parametrize("where", [0, 2])
+def test_one_binary_line_in_text_is_a_bad_line_not_a_binary_file(
+    tmp_path: Path, bad: bytes, where: int
+) -> None:
+    lines = [json.dumps({"text": f"doc {i}"}).encode() for i in range(4)]
+    lines[where] = bad
+    p = tmp_path / "data.jsonl"
+    p.write_bytes(b"\n".join(lines) + b"\n")
+    message = _first_error(p)
+    assert message.startswith(f"{p}, line {where + 1}: ")
+    assert "on_error: skip" in message
+    assert "binary, not JSON Lines" not in message and "format:" not in message
+
+
 def test_pretty_printed_objects_are_named_as_such(tmp_path: Path) -> None:
     p = tmp_path / "pretty.jsonl"
     p.write_text(json.dumps({"text": "a"}, indent=2) + "\n")

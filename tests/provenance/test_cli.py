@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,6 +144,37 @@ def test_find_by_sample_id_and_a_miss(
     assert main(["trace", str(runs["a"] / "prov.parquet"), "--find", "nowhere.jsonl:1"]) == 1
 
 
+def test_find_by_dataset_name_and_by_a_row_typed_as_file_colon_row(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = read_log(runs["a"] / "prov.parquet").to_pylist()
+    parquet = next(r for r in table if r["line"] is None and r["step"] > 10)
+    log = str(runs["a"] / "prov.parquet")
+    expected = {(r["step"], r["rank"]) for r in table if r["source"] == parquet["source"]
+                and r["source_row"] == parquet["source_row"]}  # fmt: skip
+    for query in (
+        f"{parquet['dataset']}:{parquet['shard']}:{parquet['source_row']}",
+        f"{parquet['source']}:{parquet['source_row']}",
+    ):
+        capsys.readouterr()
+        assert main(["trace", log, "--find", query, "--json"]) == 0, query
+        hits = json.loads(capsys.readouterr().out)["hits"]
+        assert {(h["step"], h["rank"]) for h in hits} == expected, query
+    assert main(["trace", log, "--find", f"{parquet['source']}:{parquet['source_row']}"]) == 0
+    assert f"{parquet['source']}#{parquet['source_row']} " in capsys.readouterr().out
+
+
+def test_a_miss_answers_with_the_accepted_forms(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    capsys.readouterr()
+    assert main(["trace", str(runs["a"] / "prov.parquet"), "--find", "nosuch:0:12"]) == 1
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("nosuch:0:12: not in the logged steps") and len(out.splitlines()) == 1
+    names = sorted({r["dataset"] for r in read_log(runs["a"] / "prov.parquet").to_pylist()})
+    assert "FILE#ROW" in out and "DATASET:SHARD:ROW" in out and ", ".join(names) in out
+
+
 def test_diff_identical_runs_on_other_runners_and_another_seed(
     runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -156,6 +188,63 @@ def test_diff_identical_runs_on_other_runners_and_another_seed(
     found = diff(runs["a"] / "prov.parquet", runs["c"] / "prov.parquet")
     assert found is not None and f"first difference at step {found.step} " in out
     assert main(["diff", str(runs["a"] / "prov.parquet"), str(runs["b"] / "prov.parquet")]) == 0
+
+
+def _rewritten(log: Path, out: Path, change: Any) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = read_log(log)
+    pq.write_table(pa.Table.from_pylist(change(table.to_pylist()), schema=table.schema), out)
+    return out
+
+
+def test_diff_reports_rows_moved_within_a_step_as_moves(
+    tmp_path: Path, runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = runs["a"] / "prov.parquet"
+    step = 17
+
+    def swap_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        swap = {0: 1, 1: 0}
+        for r in rows:
+            if r["step"] == step and r["rank"] == 0 and r["row"] in swap:
+                r["row"] = swap[r["row"]]
+        return rows
+
+    moved = _rewritten(log, tmp_path / "moved.parquet", swap_rows)
+    found = diff(log, moved)
+    assert found is not None and (found.step, found.only_a, found.only_b) == (step, [], [])
+    logged = [r for r in read_log(log).to_pylist() if r["step"] == step and r["rank"] == 0]
+    assert sorted((m["row_a"], m["row_b"]) for m in found.moved) == sorted(
+        (r["row"], 1 - r["row"]) for r in logged if r["row"] in (0, 1)
+    )
+    assert found.stops is None
+    capsys.readouterr()
+    assert main(["diff", str(log), str(moved)]) == 1
+    out = capsys.readouterr().out
+    assert "only in" not in out and out.count("  moved: ") == len(found.moved)
+
+
+@pytest.mark.parametrize("kind", ["prov.parquet", "record.jsonl"])
+def test_diff_of_a_run_and_its_prefix_says_where_the_prefix_stops(
+    tmp_path: Path, runs: dict[str, Path], capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    full = runs["a"] / kind
+    if kind == "record.jsonl":
+        prefix = tmp_path / "prefix.jsonl"
+        prefix.write_text("".join(full.read_text().splitlines(keepends=True)[:30]))
+    else:
+        keep = _rewritten(full, tmp_path / "p.parquet", lambda rows: [r for r in rows
+                          if r["step"] < 30])  # fmt: skip
+        prefix = keep
+    for a, b, stopper in ((full, prefix, "B"), (prefix, full, "A")):
+        found = diff(a, b)
+        assert found is not None and (found.step, found.stops) == (30, stopper)
+        capsys.readouterr()
+        assert main(["diff", str(a), str(b)]) == 1
+        out = capsys.readouterr().out
+        assert f"{stopper} stops at step 30" in out and "None" not in out
 
 
 def test_diff_names_a_later_first_step(tmp_path: Path, runs: dict[str, Path]) -> None:

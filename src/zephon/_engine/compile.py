@@ -9,6 +9,7 @@ same inputs give an equal :class:`CompiledRun`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -87,7 +88,7 @@ def compile(
     config = pipeline_config(source, specs, options, k)
     targets: dict[int, SampleCursor] = {}
     if resume is not None:
-        check_resume(resume, config, lanes, options)
+        check_resume(resume, source, config, lanes, options)
         for lane in lanes:
             lc = resume.lanes[lane]
             if lc.replay_cursor is not None and not lc.done:
@@ -179,21 +180,41 @@ _DATA_CHANGED_HINT = (
 )
 
 
+_SETTINGS_CHANGED_HINT = (
+    "; resume with the settings the checkpoint was taken with, or start a new "
+    "--checkpoint-dir (in Python: do not restore this checkpoint) to run the new ones"
+)
+
+
 def _hint_for(diff: str) -> str:
     """What to do about a configuration difference a user is likely to make by accident."""
     if diff.startswith("source.datasets[") and (".rows:" in diff or ".shards:" in diff):
         return _DATA_CHANGED_HINT
-    return ""
+    return _SETTINGS_CHANGED_HINT
+
+
+def _source_setting_diff(resume: ckpt.ParsedCheckpoint, source: WorkSource) -> str | None:
+    """The source setting that changed (``source.seed: ...``) when only its fingerprint says
+    so: a lane's saved source state carries the settings it hashed, the source has its own."""
+    states = [lc.source_state for lc in resume.lanes.values() if lc.source_state is not None]
+    saved = next((s["config"] for s in states if isinstance(s.get("config"), Mapping)), None)
+    current = source.state_dict().get("config") if saved is not None else None
+    if saved is None or not isinstance(current, Mapping):
+        return None
+    return ckpt.first_difference(dict(saved), ckpt.to_jsonable(current), "source")
 
 
 def check_resume(
     resume: ckpt.ParsedCheckpoint,
+    source: WorkSource,
     config: dict[str, Any],
     lanes: list[int],
     options: RuntimeOptions,
 ) -> None:
     """Refuse a checkpoint of another configuration, or one without this view's lanes."""
     diff = ckpt.first_difference(resume.config, config)
+    if diff and diff.startswith("source.fingerprint:"):
+        diff = _source_setting_diff(resume, source) or diff
     if diff:
         raise CheckpointError(
             f"checkpoint was taken with another configuration: {diff}{_hint_for(diff)}"

@@ -45,6 +45,10 @@ POISONS: dict[str, dict[str, Poison]] = {
         "cum_len not prompt + generation": _set(cum_len=3),
         "token_item_index beyond output_items": _set(token_item_index=9),
     },
+    "values_in_domain": {
+        "positive log-prob": _set(generation_log_probs=[5.0, -0.1]),
+        "routed_experts not a list": _set(routed_experts={"layer0": [1, 2]}),
+    },
     "call_ids_holdable": {
         "NUL in model_call_id": _set(model_call_id="c\x00"),
         "model_call_id too long": _set(model_call_id="c" * (MAX_CALL_ID_CHARS + 1)),

@@ -93,13 +93,24 @@ class CheckpointWriteError(ZephonError, OSError):
 def save_checkpoint(path: str | os.PathLike[str], state: Mapping[str, Any]) -> Path:
     """Write ``state`` (sealed again, so entries you added are covered) atomically to ``path``.
 
-    The folder is created when missing. A full disk, a missing permission or a read-only file
-    system is a :class:`CheckpointWriteError` naming the file and the fix.
+    The folder is created when missing. A state a restart would refuse (any dict other than
+    what ``pipeline.checkpoint()`` returned, plus entries of your own) is refused here, as a
+    :class:`CheckpointError`, so the mistake shows when it is made and not at the restart. A
+    full disk, a missing permission or a read-only file system is a
+    :class:`CheckpointWriteError` naming the file and the fix.
     """
     target = Path(path)
+    sealed = seal(state)
+    try:
+        parse(sealed)
+    except CheckpointError as exc:
+        raise CheckpointError(
+            f"cannot save {target}: {exc}; save the dict pipeline.checkpoint() returned "
+            "(entries of your own may be added to it)"
+        ) from None
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(target, seal(state))
+        write_json_atomic(target, sealed)
     except OSError as exc:
         raise CheckpointWriteError(target, exc) from exc
     return target

@@ -39,14 +39,14 @@ def register(subparsers: Any) -> None:
 
 
 def _conformance(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
+    from zephon._console import PipeConsole
     from zephon.capture.conformance import CHECKS, ConformanceWarning, run_conformance
     from zephon.capture.stores import open_store, store_class
 
-    console = Console()
+    console = PipeConsole()
     if args.list:
         for name in CHECKS:
             console.print(name)

@@ -221,7 +221,7 @@ def render(
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from zephon._console import PipeConsole
 
     try:
         store = _open(args.store)
@@ -242,7 +242,7 @@ def _inspect(args: argparse.Namespace) -> int:
         decode = None if args.ids else _decoder(args.tokenizer)
     except Exception as exc:
         return fail("capture inspect", f"--tokenizer {args.tokenizer}: {exc}", EXIT_USAGE)
-    Console(highlight=False).print(render(built, row, decode, args.max_tokens))
+    PipeConsole(highlight=False).print(render(built, row, decode, args.max_tokens))
     return EXIT_OK
 
 
@@ -291,9 +291,9 @@ def write_rows(rows: Sequence[dict[str, Any]], out: Path, fmt: str) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from zephon._console import PipeConsole
     from zephon.capture.protocols import RolloutRetiredError
 
     out = Path(args.out)
@@ -311,7 +311,7 @@ def _export(args: argparse.Namespace) -> int:
     if not ids:
         return fail("capture export", "no rollouts: pass --rollout ID, --rollouts-file or --all", 2)
     rows, masked, retired, failed = [], [], [], []
-    console = Console(stderr=True)
+    console = PipeConsole(stderr=True)
     progress = Progress(
         TextColumn("export"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[r]}"),
         console=console, disable=args.quiet,

@@ -154,8 +154,9 @@ def _state_sizes(parsed: ParsedCheckpoint) -> list[dict[str, Any]]:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
+
+    from zephon._console import PipeConsole
 
     try:
         path, _raw, parsed, rejected = load(args.file)
@@ -166,7 +167,7 @@ def _inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=1))
         return EXIT_OK
-    console = Console(highlight=False)
+    console = PipeConsole(highlight=False)
     for bad in info["rejected"]:
         console.print(f"invalid, skipped: {bad['reason']}", markup=False)
     console.print(f"[bold]{info['file']}[/] ({info['bytes']:,} bytes)")
@@ -315,8 +316,9 @@ def _short(value: Any) -> str:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
+
+    from zephon._console import PipeConsole
 
     try:
         path_a, raw_a, _, _ = load(args.a)
@@ -328,7 +330,7 @@ def _diff(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
         return EXIT_OK if result["identical"] else EXIT_FAILURE
-    console = Console(highlight=False)
+    console = PipeConsole(highlight=False)
     console.print(f"A: {path_a}\nB: {path_b}")
     first = result["first_difference"]
     if first is None:

@@ -36,10 +36,14 @@ EXIT_INTERRUPTED = 130  # stopped with Ctrl-C (a checkpoint was written when pos
 EXIT_TERMINATED = 143  # stopped by SIGTERM, e.g. a preemption (a checkpoint was written)
 
 
+def one_line(message: object) -> str:
+    """The first line of ``message``, its whitespace collapsed: what an error line shows."""
+    return " ".join(str(message).split("\n", 1)[0].split())
+
+
 def fail(command: str, message: object, code: int = EXIT_FAILURE) -> int:
     """Print ONE line ``zephon COMMAND: error: MESSAGE`` on stderr and return ``code``."""
-    text = " ".join(str(message).split("\n", 1)[0].split())
-    print(f"zephon {command}: error: {text}", file=sys.stderr)
+    print(f"zephon {command}: error: {one_line(message)}", file=sys.stderr)
     return code
 
 

@@ -44,11 +44,20 @@ def run(args: argparse.Namespace) -> int:
     if found is None:
         print(f"no difference: {args.a} and {args.b} delivered the same data at every step")
         return EXIT_OK
+    if found.stops is not None:
+        other = "B" if found.stops == "A" else "A"
+        print(
+            f"{found.stops} stops at step {found.step} (rank {found.rank}), {other} goes on: "
+            f"steps {found.steps_a} vs {found.steps_b}; every step before is the same"
+        )
+        return EXIT_DIFFERENT
     print(
         f"first difference at step {found.step} (rank {found.rank}): fingerprint "
         f"{found.fingerprint_a} vs {found.fingerprint_b}; steps {found.steps_a} vs {found.steps_b}"
     )
-    for label, segs in (("only in A", found.only_a), ("only in B", found.only_b)):
+    for label, segs in (
+        ("only in A", found.only_a), ("only in B", found.only_b), ("moved", found.moved)
+    ):  # fmt: skip
         for seg in segs[:20]:
             print(f"  {label}: " + " ".join(f"{k}={v}" for k, v in seg.items()))
         if len(segs) > 20:

@@ -18,12 +18,12 @@ LOG_WIDTH = 200  # columns for tables and the progress line when the output is n
 
 def console(*, stderr: bool = False) -> Any:
     """A rich console: a terminal's own width, else soft wrap and :data:`LOG_WIDTH`."""
-    from rich.console import Console
+    from zephon._console import PipeConsole
 
-    terminal = Console(stderr=stderr)
+    terminal = PipeConsole(stderr=stderr)
     if terminal.is_terminal:
         return terminal
-    return Console(stderr=stderr, width=LOG_WIDTH, soft_wrap=True)
+    return PipeConsole(stderr=stderr, width=LOG_WIDTH, soft_wrap=True)
 
 
 class ConsoleHandler(logging.Handler):

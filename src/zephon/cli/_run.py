@@ -33,6 +33,7 @@ from zephon.cli._common import (
     checkpoint_files,
     checkpoint_path,
     fail,
+    one_line,
 )
 from zephon.cli._lock import RunLock, RunLockedError
 from zephon.cli._record import cut_record, record_position
@@ -213,6 +214,16 @@ class UsageError(Exception):
     """A command-line or configuration problem found while starting the run (exit 2)."""
 
 
+def _refused(args: argparse.Namespace, exc: BaseException) -> int:
+    """Exit 2 before the run starts; with ``--json`` stdout still gets one JSON object."""
+    if args.json:
+        print(json.dumps({
+            "status": "failed", "config": str(args.config), "items": 0, "samples": 0,
+            "tokens": 0, "checkpoint": None, "resumed_from": None, "error": one_line(exc),
+        }))  # fmt: skip
+    return fail("run", exc, EXIT_USAGE)
+
+
 class RecordWriteError(Exception):
     """The ``--record`` file cannot be written (a full disk): the run stops without a new
     checkpoint, since one now would be ahead of the record; the last one still matches it."""
@@ -326,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
             config, pipe = _build(args)
             Startup.opened_io = (io_totals() - before).to_dict()
         except UsageError as exc:
-            return fail("run", exc, EXIT_USAGE)
+            return _refused(args, exc)
         if args.checkpoint_dir is None:
             return RunLoop(args, config, pipe, signals).execute()
         lock = RunLock(args.checkpoint_dir)
@@ -334,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
             args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
             lock.acquire()
         except (OSError, RunLockedError) as exc:
-            return fail("run", exc, EXIT_USAGE)
+            return _refused(args, exc)
         try:
             return _run_locked(args, config, pipe, signals)
         finally:
@@ -348,7 +359,7 @@ def _run_locked(args: argparse.Namespace, config: Any, pipe: Any, signals: RunSi
         try:
             loop.resumed_from, state = _resume(args, config, pipe)
         except UsageError as exc:
-            return fail("run", exc, EXIT_USAGE)
+            return _refused(args, exc)
         Startup.checkpoint = str(loop.resumed_from) if loop.resumed_from is not None else None
         if state is not None:
             loop.before = done_before(state)
@@ -505,7 +516,7 @@ class RunLoop:
         try:
             self._open_outputs()
         except UsageError as exc:
-            return fail("run", exc, EXIT_USAGE)
+            return _refused(args, exc)
         reporter = _metrics_reporter(self.pipe, self.config.metrics, args.statsd)
         progress, task = self._bar(err)
         log = _log_lines(err) if args.log_every is not None else None

@@ -39,7 +39,8 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--find", default=None, metavar="FILE:LINE",
-        help="the steps that trained on FILE:LINE, FILE#ROW or sample id DATASET:SHARD:ROW",
+        help="the steps that trained on FILE:LINE, FILE#ROW (FILE:ROW in a file without "
+        "lines) or sample id DATASET:SHARD:ROW (DATASET a name or a number)",
     )  # fmt: skip
     parser.add_argument("--runner", default=None, help="override the pipeline's runner")
     parser.add_argument("--json", action="store_true", help="print JSON for tools")
@@ -103,7 +104,7 @@ def _print_trace(result: Any) -> None:
 
 
 def _find(args: argparse.Namespace) -> int:
-    from zephon.provenance import find
+    from zephon.provenance import FIND_FORMS, find
 
     if args.step is not None or args.checkpoint_dir is not None:
         return fail("trace", "--find reads provenance logs; drop --step/--checkpoint-dir")
@@ -114,7 +115,8 @@ def _find(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"query": args.find, "hits": [h.__dict__ for h in hits]}))
     elif not hits:
-        print(f"{args.find}: not in the logged steps")
+        print(f"{args.find}: not in the logged steps ({_logged_datasets(args.target)}give "
+              f"{FIND_FORMS})")  # fmt: skip
     else:
         for h in hits:
             where = f"{h.source}:{h.line}" if h.line is not None else f"{h.source}#{h.source_row}"
@@ -123,3 +125,13 @@ def _find(args: argparse.Namespace) -> int:
                 f"tokens {h.source_start}-{h.source_end} at {h.start}-{h.end}"
             )
     return EXIT_OK if hits else EXIT_FAILURE
+
+
+def _logged_datasets(logs: list[str]) -> str:
+    """The dataset names a miss may have meant, as the start of its advice."""
+    import pyarrow.compute as pc
+
+    from zephon.provenance import read_log
+
+    names = sorted(str(n) for n in pc.unique(read_log(logs)["dataset"]).to_pylist() if n)
+    return f"the logs hold datasets {', '.join(names)}; " if names else ""

@@ -269,7 +269,7 @@ class JsonlShard(OneBlob, Shard):
                 line = self._line_number(int(bounds[idx][0]))
                 why = sniff_not_jsonl(self._read_range(0, min(_SNIFF, int(bounds[-1][1]))), raw)
                 raise DataFormatError(
-                    f"{self._url}, line {line}: " + (why or f"malformed JSON ({e})"),
+                    f"{self._url}, line {line}: " + (why or _bad_line(raw, e)),
                     location=self._url,
                     line=line,
                     hint=None if why else _SKIP_HINT,
@@ -352,7 +352,7 @@ def sniff_not_jsonl(head: bytes, line: bytes) -> str | None:
             "the file starts with a UTF-8 byte order mark (BOM), which JSON Lines does not "
             "allow; save it as UTF-8 without BOM"
         )
-    if b"\0" in head or _not_utf8(head):
+    if (b"\0" in head or _not_utf8(head)) and not _holds_json_lines(head, line):
         return (
             "the file is binary, not JSON Lines text; give the dataset's real format "
             "(format: parquet | arrow | vortex | hf | lance | mds | litdata) or a file with one "
@@ -370,6 +370,29 @@ def sniff_not_jsonl(head: bytes, line: bytes) -> str | None:
             "needs each object on one line (jq -c . FILE > FILE.jsonl)"
         )
     return None
+
+
+def _holds_json_lines(head: bytes, line: bytes) -> bool:
+    """Whether a line of ``head`` other than the bad ``line`` is a JSON object: then the file
+    is JSON Lines with a bad line in it, not a binary file given the wrong format."""
+    bad = line.strip()
+    for piece in head.split(b"\n"):
+        piece = piece.strip()
+        if piece[:1] != b"{" or piece == bad:
+            continue
+        try:
+            if isinstance(msgspec.json.decode(piece), dict):
+                return True
+        except msgspec.DecodeError:
+            continue
+    return False
+
+
+def _bad_line(raw: bytes, error: Exception) -> str:
+    """What is wrong with one line of an otherwise good JSON Lines file."""
+    if b"\0" in raw or _not_utf8(raw + b"    "):  # the padding: a cut at the end counts too
+        return f"binary data, not a JSON object ({error})"
+    return f"malformed JSON ({error})"
 
 
 def _not_utf8(head: bytes) -> bool:

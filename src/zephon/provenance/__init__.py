@@ -11,13 +11,14 @@
 
 from zephon.provenance._diff import Divergence, diff
 from zephon.provenance._extract import batch_provenance, fingerprint, raw_segments
-from zephon.provenance._find import Hit, find, parse_query
+from zephon.provenance._find import FIND_FORMS, Hit, find, parse_query
 from zephon.provenance._log import ProvenanceLog, read_log
 from zephon.provenance._model import BatchProvenance, Segment
 from zephon.provenance._origin import Origin
 from zephon.provenance._trace import TraceResult, restore_before, trace
 
 __all__ = [
+    "FIND_FORMS",
     "BatchProvenance",
     "Divergence",
     "Hit",

@@ -3,7 +3,8 @@
 Logs are compared segment by segment (sample id, lineage, spans) and by each step's content
 fingerprint, vectorised; ``zephon run --record`` files line by line (sample ids, and the
 fingerprint when both have one). The answer names the first differing step and, for it, the
-segments (or rows) found in one run only.
+segments (or rows) found in one run only, those both delivered in other places (moves), and
+which run stops there when one is a prefix of the other.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ _KEY = (
 )  # fmt: skip
 _SEGMENT = ("row", "segment", "dataset", "source", "source_row", "line", "lineage", "start",
             "end", "source_start", "source_end")  # fmt: skip
+#: Where a segment sits in a step's batch; the rest of ``_SEGMENT`` names the document piece.
+_PLACE = ("row", "segment", "start", "end")
 
 
 @dataclass
@@ -40,6 +43,12 @@ class Divergence:
     fingerprint_b: str | None = None
     steps_a: int = 0
     steps_b: int = 0
+    #: Pieces both runs delivered at this step in other places: the piece, then each
+    #: run's ``row``, ``segment``, ``start``, ``end`` suffixed ``_a`` / ``_b``.
+    moved: list[dict[str, Any]] = field(default_factory=list)
+    #: ``"A"`` or ``"B"`` when that run delivered nothing at this step and every step before
+    #: was the same: it is a prefix of the other (a shorter or stopped run).
+    stops: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -92,16 +101,55 @@ def _diff_logs(a: Path, b: Path) -> Divergence | None:
     seg_b, fp_b = _step_segments(tb, rank, step)
     keys_b = {json.dumps(s, sort_keys=True) for s in seg_b}
     keys_a = {json.dumps(s, sort_keys=True) for s in seg_a}
+    only_a, only_b, moved = _moves(
+        [s for s in seg_a if json.dumps(s, sort_keys=True) not in keys_b],
+        [s for s in seg_b if json.dumps(s, sort_keys=True) not in keys_a],
+    )
     return Divergence(
         step=step,
         rank=rank,
-        only_a=[s for s in seg_a if json.dumps(s, sort_keys=True) not in keys_b],
-        only_b=[s for s in seg_b if json.dumps(s, sort_keys=True) not in keys_a],
+        only_a=only_a,
+        only_b=only_b,
         fingerprint_a=fp_a,
         fingerprint_b=fp_b,
         steps_a=_steps(ta),
         steps_b=_steps(tb),
+        moved=moved,
+        stops=_stopper(bool(seg_a), bool(seg_b), differed=bool(len(hits))),
     )
+
+
+def _stopper(has_a: bool, has_b: bool, *, differed: bool) -> str | None:
+    """The run that is a prefix of the other: it has nothing at the first differing step."""
+    if differed or has_a == has_b:
+        return None
+    return "B" if has_a else "A"
+
+
+def _moves(
+    only_a: list[dict[str, Any]], only_b: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Pair the pieces both runs delivered at the step, in other places, as moves; what is
+    left is delivered by one run only."""
+    waiting: dict[str, list[int]] = {}
+    for index, seg in enumerate(only_b):
+        waiting.setdefault(_piece(seg), []).append(index)
+    paired: set[int] = set()
+    left_a, moved = [], []
+    for seg in only_a:
+        candidates = waiting.get(_piece(seg))
+        if not candidates:
+            left_a.append(seg)
+            continue
+        other = only_b[candidates.pop(0)]
+        paired.add(id(other))
+        place = {f"{k}_{side}": s[k] for k in _PLACE for side, s in (("a", seg), ("b", other))}
+        moved.append({**{k: v for k, v in seg.items() if k not in _PLACE}, **place})
+    return left_a, [s for s in only_b if id(s) not in paired], moved
+
+
+def _piece(seg: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in seg.items() if k not in _PLACE}, sort_keys=True)
 
 
 def _steps(table: Any) -> int:
@@ -138,6 +186,12 @@ def _diff_records(a: Path, b: Path) -> Divergence | None:
             fingerprint_b=rb.get("fingerprint") if rb else None,
             steps_a=len(lines_a),
             steps_b=len(lines_b),
+            moved=[
+                {"sample_id": x, "row_a": r, "row_b": ids_b.index(x)}
+                for r, x in enumerate(ids_a)
+                if x in ids_b and ids_b.index(x) != r
+            ],
+            stops=_stopper(ra is not None, rb is not None, differed=False),
         )
     return None
 

@@ -10,9 +10,16 @@ from typing import Any
 
 from zephon.provenance._log import read_log
 
-__all__ = ["Hit", "find", "parse_query"]
+__all__ = ["FIND_FORMS", "Hit", "find", "parse_query"]
 
 _SAMPLE_ID = re.compile(r"^(\d+)[:/](\d+)[:/](\d+)$")
+#: A sample id by dataset name (``web:0:12``); names have no path separators or dots.
+_NAMED_SAMPLE_ID = re.compile(r"^([A-Za-z_][\w-]*):(\d+):(\d+)$")
+#: The forms a query may take, for answers that found nothing.
+FIND_FORMS = (
+    "FILE:LINE (JSON Lines), FILE#ROW or FILE:ROW (0-based row, formats without lines) or a "
+    "sample id DATASET:SHARD:ROW (DATASET a name or a number)"
+)
 
 
 @dataclass(frozen=True)
@@ -34,19 +41,20 @@ class Hit:
 
 
 def parse_query(query: str) -> tuple[str, Any]:
-    """``("sample", (d, s, i))`` for ``D:S:I``, ``("line", (file, n))`` for ``FILE:LINE``,
+    """``("sample", (d, s, i))`` for ``D:S:I`` (``d`` a dataset id or name),
+    ``("line", (file, n))`` for ``FILE:LINE`` (``n`` is a 0-based row in a file without lines),
     ``("row", (file, n))`` for ``FILE#ROW`` (0-based, formats without lines)."""
     m = _SAMPLE_ID.match(query)
     if m:
         return "sample", tuple(int(g) for g in m.groups())
+    m = _NAMED_SAMPLE_ID.match(query)
+    if m:
+        return "sample", (m.group(1), int(m.group(2)), int(m.group(3)))
     for sep, kind in (("#", "row"), (":", "line")):
         head, found, tail = query.rpartition(sep)
         if found and head and tail.isdigit():
             return kind, (head, int(tail))
-    raise ValueError(
-        f"cannot read {query!r}: give FILE:LINE (JSON Lines), FILE#ROW (0-based row, other "
-        "formats) or a sample id DATASET:SHARD:ROW"
-    )
+    raise ValueError(f"cannot read {query!r}: give {FIND_FORMS}")
 
 
 def _same_file(logged: str, wanted: str) -> bool:
@@ -68,18 +76,21 @@ def find(logs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], query:
         return []
     if kind == "sample":
         d, s, i = key
+        dataset = table["dataset"] if isinstance(d, str) else table["dataset_id"]
         mask = pc.and_(
-            pc.and_(pc.equal(table["dataset_id"], d), pc.equal(table["shard"], s)),
+            pc.and_(pc.equal(dataset, d), pc.equal(table["shard"], s)),
             pc.equal(table["source_row"], i),
         )
     else:
         wanted, number = key
         sources = [v for v in pc.unique(table["source"]).to_pylist() if v is not None]
-        files = [v for v in sources if _same_file(v, wanted)]
-        column = table["line"] if kind == "line" else table["source_row"]
-        mask = pc.and_(
-            pc.is_in(table["source"], value_set=_strings(files)), pc.equal(column, number)
-        )
+        in_files = pc.is_in(table["source"], value_set=_strings(
+            [v for v in sources if _same_file(v, wanted)]
+        ))  # fmt: skip
+        # FILE:N of a file without lines (Parquet, Arrow, ...) is its row N, as FILE#N
+        by_row = kind == "row" or pc.all(pc.is_null(table.filter(in_files)["line"])).as_py()
+        column = table["source_row"] if by_row else table["line"]
+        mask = pc.and_(in_files, pc.equal(column, number))
     picked = table.filter(mask).to_pylist()
     return [Hit(**{f: row[f] for f in Hit.__dataclass_fields__}) for row in picked]
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -171,8 +172,28 @@ def test_frozen_rollout_refuses_before_generation(
     before = _engine_calls(http, engine)
     resp = http.post(_url(proxy, rid), json={"model": "tiny", "messages": MSGS})
     assert resp.status_code == 409 and resp.json()["error"]["code"] == "capture_refused"
+    assert resp.headers["x-zephon-capture"] == "not_sent"
     assert _engine_calls(http, engine) == before
     assert freeze(store_url, rid).version == snap.version
+
+
+def test_a_store_that_cannot_take_the_intent_answers_503_not_sent(
+    proxy: Proc, engine: Proc, store_url: str, rid: str, http: httpx.Client
+) -> None:
+    """The rollout's log cannot be written (a directory is in its place): the call is not
+    dispatched, and the answer says so in the same header as every other capture answer."""
+    blocker = Path(urlsplit(store_url).path) / f"{rid}.log"
+    blocker.mkdir()
+    before = _engine_calls(http, engine)
+    resp = http.post(_url(proxy, rid), json={"model": "tiny", "messages": MSGS})
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["error"]["code"] == "capture_store_unavailable"
+    assert resp.headers["x-zephon-capture"] == "not_sent"
+    assert resp.headers["x-should-retry"] == "true" and resp.headers["retry-after"] == "1"
+    assert resp.headers["x-zephon-model-call-id"]
+    assert _engine_calls(http, engine) == before
+    blocker.rmdir()  # the store is back: the retry the headers ask for is captured
+    _good_turn(http, proxy, rid)
 
 
 def test_client_disconnect_does_not_lose_the_capture(

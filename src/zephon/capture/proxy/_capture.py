@@ -193,8 +193,11 @@ class CaptureService:
         admitted = await self._begin_all(rollout_id, ids)
         res = await resolving
         hdrs = _call_headers(call_id, ids, res)
-        if admitted is not None:
+        if admitted is not None:  # nothing was dispatched
             status, code, msg = admitted
+            hdrs["x-zephon-capture"] = "not_sent"
+            if status == 503:
+                hdrs["retry-after"] = "1"
             return CallResult(status, error_body(msg, code, status), hdrs)
         engine_started = time.perf_counter()
         try:

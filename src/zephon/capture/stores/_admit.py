@@ -15,7 +15,9 @@ The rules (the same for the memory, file, sqlite and postgres stores):
 * token ids lie in ``[0, MAX_TOKEN_ID]``;
 * lengths agree: one log-prob per generated token, ``token_item_index`` inside
   ``output_items``, and ``cum_len`` (when set) is the prompt plus the generation (at least
-  that for a delta prompt).
+  that for a delta prompt);
+* values are in their domain: a log-prob is at most 0 (a probability is at most 1; a
+  positive one is a logit or a sign error), and ``routed_experts`` is a list or null.
 """
 
 from __future__ import annotations
@@ -74,6 +76,29 @@ def _check_lengths(entry: TokenEntry) -> None:
         )
 
 
+#: A log-prob above this is no log-probability (floating-point noise of a certain token
+#: stays far below it).
+MAX_LOG_PROB = 1e-3
+
+
+def _check_domains(entry: TokenEntry) -> None:
+    lps = entry.generation_log_probs
+    if lps and max(lps) > MAX_LOG_PROB:
+        bad = next(i for i, x in enumerate(lps) if x > MAX_LOG_PROB)
+        raise _refuse(
+            entry,
+            f"generation_log_probs[{bad}] is {lps[bad]!r}; a log-prob is at most 0 (send the "
+            "engine's logprobs, not logits or probabilities)",
+        )
+    experts = entry.routed_experts
+    if experts is not None and not isinstance(experts, list):
+        raise _refuse(
+            entry,
+            f"routed_experts is a {type(experts).__name__}; it must be a list (the experts "
+            "each token was routed to, per layer) or null",
+        )
+
+
 def admit_entry(entry: TokenEntry) -> bytes:
     """Check ``entry`` against the put rules; its canonical bytes, or ``ValueError``."""
     validate_rollout_id(entry.rollout_id)
@@ -86,4 +111,5 @@ def admit_entry(entry: TokenEntry) -> bytes:
     _check_token_ids(entry, back.prompt_token_ids, "prompt_token_ids")
     _check_token_ids(entry, back.generation_token_ids, "generation_token_ids")
     _check_lengths(back)
+    _check_domains(back)
     return canonical

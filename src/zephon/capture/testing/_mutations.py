@@ -215,6 +215,15 @@ class InconsistentLengthsAccepted(_PoisonAcknowledged):
         )
 
 
+class OutOfDomainValuesAccepted(_PoisonAcknowledged):
+    @staticmethod
+    def breaks_rule(entry: TokenEntry) -> bool:
+        experts = entry.routed_experts
+        return any(x > 0 for x in entry.generation_log_probs) or not (
+            experts is None or isinstance(experts, list)
+        )
+
+
 class UnholdableCallIdsAccepted(_PoisonAcknowledged):
     @staticmethod
     def breaks_rule(entry: TokenEntry) -> bool:
@@ -364,6 +373,12 @@ MUTATIONS: dict[str, Mutation] = {
             "log-probs, cum_len and token_item_index agree with the token lists",
             "lengths_consistent_at_put",
             InconsistentLengthsAccepted,
+        ),
+        Mutation(
+            "out_of_domain_values_accepted",
+            "positive log-probs and a routed_experts that is not a list are refused at put",
+            "values_in_domain_at_put",
+            OutOfDomainValuesAccepted,
         ),
         Mutation(
             "unholdable_call_ids_accepted",
