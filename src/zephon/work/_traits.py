@@ -8,7 +8,7 @@ checks it against these protocols, and the engine reads it only through the help
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from zephon.work._mixture import MixtureSpec
@@ -62,5 +62,11 @@ def source_fingerprint(source: object) -> str | None:
 
 
 def source_mixture(source: object) -> MixtureSpec | None:
-    """The source's target mixture (``MixtureSource``), else ``None``."""
-    return source.mixture if isinstance(source, MixtureSource) else None
+    """The source's target mixture (``MixtureSource``), else ``None``; a user source may hold
+    plain weights (a mapping of name to weight), read as a mixture by samples."""
+    mixture = source.mixture if isinstance(source, MixtureSource) else None
+    if isinstance(mixture, MixtureSpec) or mixture is None:
+        return mixture
+    if isinstance(mixture, Mapping):
+        return MixtureSpec({str(k): float(v) for k, v in mixture.items()})
+    return None
