@@ -690,8 +690,17 @@ class Pipeline:
         if self._origin is None:
             from zephon.provenance import Origin
 
-            self._origin = Origin(self.work_source.datasets)
+            self._origin = Origin(self.work_source.datasets, cuts=self._cut_lengths)
         return self._origin
+
+    def _cut_lengths(self) -> Any:
+        """What finds the whole length of the documents truncation cut (provenance asks it
+        of the records it describes), or None when no tokenize truncates."""
+        from zephon._engine.stage_inputs import StageInputs
+        from zephon.provenance import CutLengths
+
+        run = compile_run(self._source(), self._all_specs(), self._options, None)
+        return CutLengths.of(StageInputs(run))
 
     # -- checkpoints -----------------------------------------------------------------------
 
