@@ -9,7 +9,6 @@
 * :func:`diff`: the first step at which two runs (logs or ``--record`` files) differ.
 """
 
-from zephon.provenance._cuts import CutLengths
 from zephon.provenance._diff import Divergence, diff
 from zephon.provenance._extract import batch_provenance, fingerprint, raw_segments
 from zephon.provenance._find import FIND_FORMS, Hit, find, parse_query
@@ -21,7 +20,6 @@ from zephon.provenance._trace import TraceResult, restore_before, trace
 __all__ = [
     "FIND_FORMS",
     "BatchProvenance",
-    "CutLengths",
     "Divergence",
     "Hit",
     "Origin",

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from zephon.types import SampleCursor, SampleRecord
 
-__all__ = ["CutLengths"]
+__all__ = ["CutLengths", "Inputs"]
 
 log = logging.getLogger("zephon")
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from zephon.io import Dataset
-from zephon.provenance._cuts import CutLengths
+from zephon.provenance._cuts import CutLengths, Inputs
 
 __all__ = ["Origin"]
 
@@ -22,19 +22,20 @@ __all__ = ["Origin"]
 class Origin:
     """Names, files, lines and extra fields (capture rollouts) of a list of datasets.
 
-    ``cuts`` (a pipeline's) builds, on first use, what finds the whole length of documents
-    its truncation cut; an origin of bare datasets knows of no cut."""
+    ``inputs`` (a pipeline's) builds, on first use, what re-runs its records up to a stage,
+    so provenance finds the whole length of documents its truncation cut; an origin of bare
+    datasets knows of no cut."""
 
     def __init__(
         self,
         datasets: Sequence[Dataset],
-        cuts: Callable[[], CutLengths | None] | None = None,
+        inputs: Callable[[], Inputs] | None = None,
     ) -> None:
         self.datasets = list(datasets)
         self.names = [d.name for d in self.datasets]
         self._lines: dict[tuple[int, int], np.ndarray | None] = {}
         self._lock = threading.Lock()
-        self._make_cuts = cuts
+        self._inputs = inputs
         self._cuts: CutLengths | None = None
 
     @classmethod
@@ -57,10 +58,10 @@ class Origin:
 
     def cut_lengths(self) -> CutLengths | None:
         """The pipeline's counter of what truncation cut, or None (no truncating tokenize)."""
-        if self._make_cuts is not None:
+        if self._inputs is not None:
             with self._lock:
-                if self._make_cuts is not None:
-                    self._cuts, self._make_cuts = self._make_cuts(), None
+                if self._inputs is not None:
+                    self._cuts, self._inputs = CutLengths.of(self._inputs()), None
         return self._cuts
 
     def name(self, dataset_id: int) -> str:
