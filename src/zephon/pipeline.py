@@ -690,8 +690,15 @@ class Pipeline:
         if self._origin is None:
             from zephon.provenance import Origin
 
-            self._origin = Origin(self.work_source.datasets)
+            self._origin = Origin(self.work_source.datasets, inputs=self._stage_inputs)
         return self._origin
+
+    def _stage_inputs(self) -> Any:
+        """Re-runs records up to a stage: provenance asks it for the whole length of the
+        documents truncation cut."""
+        from zephon._engine.stage_inputs import StageInputs
+
+        return StageInputs(compile_run(self._source(), self._all_specs(), self._options, None))
 
     # -- checkpoints -----------------------------------------------------------------------
 

@@ -135,7 +135,7 @@ def _pushes_unread(acc: Accumulator) -> bool:
     return not acc.reads_payload
 
 
-def _meta_of(lane: int, cursor: SampleCursor) -> SampleMeta:
+def stand_in_meta(lane: int, cursor: SampleCursor) -> SampleMeta:
     """A stand-in meta for a record known by cursor only (payload rebuilds read no meta)."""
     chunk, offset, lineage, sid = cursor
     return SampleMeta(sid, lane, chunk, offset, lineage, sid[0])
@@ -190,7 +190,7 @@ class Rebuilder:
         out: dict[Key, Any] = {}
         for start in range(0, len(keys), REBUILD_BATCH):
             batch = [
-                SampleRecord(metas.get(key) or _meta_of(key[0], key[1]), inputs[key])
+                SampleRecord(metas.get(key) or stand_in_meta(key[0], key[1]), inputs[key])
                 for key in keys[start : start + REBUILD_BATCH]
             ]
             for item in call_process_many(op, list(batch)):
@@ -215,7 +215,7 @@ class Rebuilder:
         out: dict[Key, Any] = {}
         for key, segs in segments.items():
             parts = [
-                (SampleRecord(_meta_of(key[0], cursor), inputs[(key[0], cursor)]), start, stop)
+                (SampleRecord(stand_in_meta(key[0], cursor), inputs[(key[0], cursor)]), start, stop)
                 for cursor, start, stop in segs
             ]
             meta = wanted[key]

@@ -18,6 +18,7 @@ from zephon.types import SampleRecord, StreamItem, cut_note, spawn_child
 TOKENIZE_MICRO_BATCH = 64
 TOKENIZE_LATENCY_MS = 3.0
 SpecialTokens = Literal["bos_eos", "bos", "eos", "none"]
+N_SPECIALS = {"bos_eos": 2, "bos": 1, "eos": 1, "none": 0}
 
 
 class TokenizeOp(BaseOp):
@@ -72,7 +73,7 @@ class TokenizeOp(BaseOp):
             truncation = max_length is not None
         if truncation and max_length is None:
             raise ConfigError("tokenize: truncation=True needs max_length")
-        n_specials = {"bos_eos": 2, "bos": 1, "eos": 1, "none": 0}[special_tokens]
+        n_specials = N_SPECIALS[special_tokens]
         if max_length is not None and max_length <= n_specials:
             raise ConfigError(
                 f"tokenize: max_length={max_length} leaves no room for content next to "
@@ -154,6 +155,13 @@ class TokenizeOp(BaseOp):
     def _load(self) -> BatchEncoder:
         self._encoder = load_tokenizer(self.tokenizer_spec)
         return self._encoder
+
+    def whole_lengths(self, elems: list[StreamItem]) -> list[int]:
+        """Each record's token count without truncation, special tokens included: how long a
+        document ``max_length`` cut was (provenance asks; records never carry it)."""
+        encoder = self._encoder or self._load()
+        extra = N_SPECIALS[self.special_tokens]
+        return [len(ids) + extra for ids in encoder.encode_many(self._texts(elems))]
 
     def _texts(self, elems: list[StreamItem]) -> list[str]:
         """The text of every element, or an error naming the record and the field."""

@@ -94,11 +94,10 @@ def _print_trace(result: Any) -> None:
     for (r, s, seg), preview in zip(
         result.provenance.segments(), [p for row in result.previews for p in row], strict=True
     ):
-        length = "" if seg.source_length is None else f"/{seg.source_length}"
         table.add_row(
             str(r), str(s), seg.dataset, seg.where, ":".join(map(str, seg.sample_id)),
             ".".join(map(str, seg.lineage)), f"{seg.start}-{seg.end}",
-            f"{seg.source_start}-{seg.source_end}{length}", preview,
+            seg.span, preview,
         )  # fmt: skip
     out.print(table)
 

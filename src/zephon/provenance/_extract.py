@@ -64,11 +64,15 @@ def batch_provenance(batch: SampleBatch, origin: Any = None) -> BatchProvenance:
     resolved = Origin.of(origin) if origin is not None else batch._origin
     if resolved is None:
         resolved = Origin([])
+    lane = batch.records[0].meta.lane_id if batch.records else -1
+    raw = [raw_segments(record) for record in batch.records]
+    whole = _whole_lengths(resolved, int(lane), raw)
     rows: list[tuple[Segment, ...]] = []
-    for record in batch.records:
+    for record_segments in raw:
         segs = []
-        for cursor, start, end, src_start, src_end, full in raw_segments(record):
+        for cursor, start, end, src_start, src_end, full in record_segments:
             ds, shard, index = (int(x) for x in cursor[3])
+            length = whole.get(cursor, full) if full is not None else None
             segs.append(
                 Segment(
                     dataset=resolved.name(ds),
@@ -81,13 +85,23 @@ def batch_provenance(batch: SampleBatch, origin: Any = None) -> BatchProvenance:
                     end=end,
                     source_start=int(src_start),
                     source_end=int(src_end),
-                    source_length=full,
+                    source_length=length,
                     extra=resolved.extra(ds, shard, index),
+                    cut_tokens=0 if length is None or full is None else length - full,
                 )
             )
         rows.append(tuple(segs))
-    lane = batch.records[0].meta.lane_id if batch.records else -1
     return BatchProvenance(tuple(rows), int(lane))
+
+
+def _whole_lengths(origin: Origin, lane: int, raw: list[list[RawSegment]]) -> dict[Any, int | None]:
+    """``cursor -> whole token count`` of the segments truncation may have cut: those of
+    records exactly ``max_length`` long (empty when the pipeline does not truncate)."""
+    cuts = origin.cut_lengths()
+    if cuts is None:
+        return {}
+    wanted = [seg[0] for segs in raw for seg in segs if seg[5] == cuts.limit]
+    return cuts.whole(lane, wanted) if wanted else {}
 
 
 def _feed(h: Any, value: Any) -> None:

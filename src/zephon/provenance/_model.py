@@ -16,9 +16,12 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
 
     ``start``/``end``: the token span in the row; ``source_start``/``source_end``: the same
     tokens in the source document as the pipeline tokenized it (``source_length`` tokens in
-    all, ``None`` when unknown). ``source_row`` is the 0-based row of the source file, ``line`` its
-    1-based line for JSON Lines. ``lineage`` holds child indices of fan-outs (``expand_chat``).
-    ``extra`` is what a source adds (a capture rollout's ``rollout_id`` and ``call_ids``).
+    all, ``None`` when unknown). ``cut_tokens``: how many of those truncation
+    (``tokenize(max_length=...)``) cut from the document's end, so only the first
+    ``source_length - cut_tokens`` reached any row. ``source_row`` is the 0-based row of the
+    source file, ``line`` its 1-based line for JSON Lines. ``lineage`` holds child indices of
+    fan-outs (``expand_chat``). ``extra`` is what a source adds (a capture rollout's
+    ``rollout_id`` and ``call_ids``).
     """
 
     dataset: str
@@ -33,6 +36,7 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
     source_end: int
     source_length: int | None
     extra: Mapping[str, Any] | None = None
+    cut_tokens: int = 0
 
     @property
     def length(self) -> int:
@@ -40,10 +44,19 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def is_piece(self) -> bool:
-        """True for a piece of a document split across rows (packing with wrap)."""
+        """True for a piece of a document split across rows (packing with wrap); a document
+        truncation cut is whole when its kept tokens are."""
         if self.source_length is None:
             return self.source_start > 0
-        return self.source_start > 0 or self.source_end < self.source_length
+        return self.source_start > 0 or self.source_end < self.source_length - self.cut_tokens
+
+    @property
+    def span(self) -> str:
+        """``START-END/LENGTH`` in the source, with what truncation cut:
+        ``0-2048/5000 (cut 2952)``."""
+        length = "" if self.source_length is None else f"/{self.source_length}"
+        cut = f" (cut {self.cut_tokens})" if self.cut_tokens else ""
+        return f"{self.source_start}-{self.source_end}{length}{cut}"
 
     @property
     def where(self) -> str:

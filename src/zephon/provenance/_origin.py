@@ -8,24 +8,35 @@ and shared by every batch of the run, so resolving a segment costs a few lookups
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from zephon.io import Dataset
+from zephon.provenance._cuts import CutLengths, Inputs
 
 __all__ = ["Origin"]
 
 
 class Origin:
-    """Names, files, lines and extra fields (capture rollouts) of a list of datasets."""
+    """Names, files, lines and extra fields (capture rollouts) of a list of datasets.
 
-    def __init__(self, datasets: Sequence[Dataset]) -> None:
+    ``inputs`` (a pipeline's) builds, on first use, what re-runs its records up to a stage,
+    so provenance finds the whole length of documents its truncation cut; an origin of bare
+    datasets knows of no cut."""
+
+    def __init__(
+        self,
+        datasets: Sequence[Dataset],
+        inputs: Callable[[], Inputs] | None = None,
+    ) -> None:
         self.datasets = list(datasets)
         self.names = [d.name for d in self.datasets]
         self._lines: dict[tuple[int, int], np.ndarray | None] = {}
         self._lock = threading.Lock()
+        self._inputs = inputs
+        self._cuts: CutLengths | None = None
 
     @classmethod
     def of(cls, thing: Any) -> Origin:
@@ -44,6 +55,14 @@ class Origin:
             f"cannot find datasets in {type(thing).__name__}; pass the Pipeline, its work "
             "source or its list of datasets"
         )
+
+    def cut_lengths(self) -> CutLengths | None:
+        """The pipeline's counter of what truncation cut, or None (no truncating tokenize)."""
+        if self._inputs is not None:
+            with self._lock:
+                if self._inputs is not None:
+                    self._cuts, self._inputs = CutLengths.of(self._inputs()), None
+        return self._cuts
 
     def name(self, dataset_id: int) -> str:
         if 0 <= dataset_id < len(self.names):
