@@ -99,18 +99,24 @@ def _identity(plan: Plan, documents_per_shard: int) -> dict[str, Any]:
     }
 
 
-def _open_out(out: Path, head: dict[str, Any]) -> dict[str, Any]:
-    """The manifest to continue: a new one for a new or empty folder, else the folder's own
-    when it was written by this same pipeline (raises naming what differs)."""
+def _check_foreign(out: Path) -> None:
+    """OUT must be new, empty or a conversion: nothing else is written into (or locked)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out} is a file; zephon convert writes a folder, pick another OUT")
-    found = read_manifest(str(out)) if out.is_dir() else None
-    if found is None:
-        if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()):
+    if out.is_dir() and read_manifest(str(out)) is None:
+        if any(p.name != LOCK_NAME for p in out.iterdir()):
             raise ConfigError(
                 f"{out} exists and is not a zephon convert output (no {MANIFEST_NAME}); pick a "
                 "new or empty OUT folder"
             )
+
+
+def _open_out(out: Path, head: dict[str, Any]) -> dict[str, Any]:
+    """The manifest to continue: a new one for a new or empty folder, else the folder's own
+    when it was written by this same pipeline (raises naming what differs)."""
+    _check_foreign(out)
+    found = read_manifest(str(out)) if out.is_dir() else None
+    if found is None:
         return {**head, "complete": False, "shards": []}
     if found.get("pipeline") != head["pipeline"]:
         raise ConfigError(
@@ -231,6 +237,7 @@ def convert(
     head = _identity(plan, documents_per_shard)
     root = Path(out)
     stop = stop or (lambda: False)
+    _check_foreign(root)
     with _locked(root):
         manifest = _open_out(root, head)
         _clean_partials(root)
