@@ -121,7 +121,7 @@ def test_a_stopped_conversion_resumes_without_redoing_finished_shards(tmp_path: 
         convert(pipeline, tmp_path / "out", workers=1, documents_per_shard=30,
                 stop=lambda: len(finished) >= 3,
                 on_shard=lambda entry, done, total: finished.append(entry["name"]))  # fmt: skip
-    with pytest.raises(DataFormatError, match="has not finished .3 of 8 shards"):
+    with pytest.raises(DataFormatError, match=r"has not finished .3 of 8 shards"):
         Dataset.from_path("partial", tmp_path / "out")
     stamps = {n: (tmp_path / "out" / f"{n}.bin").stat().st_mtime_ns for n in finished}
     result = convert(pipeline, tmp_path / "out", workers=1, documents_per_shard=30)
@@ -179,7 +179,7 @@ def test_token_ids_that_do_not_fit_the_dtype_are_refused(tmp_path: Path) -> None
         "datasets:\n  - {name: web, path: data}\n"
         "operators:\n  - {op: tokenize, tokenizer: bytes, bos_token_id: 70000}\n"
     )
-    with pytest.raises(DataFormatError, match="token id 70000 does not fit dtype uint16.*--dtype"):
+    with pytest.raises(DataFormatError, match=r"token id 70000 does not fit dtype uint16.*--dtype"):
         convert(pipeline, tmp_path / "out", workers=1, dtype="uint16")
     assert not any("web-" in p.name for p in (tmp_path / "out").iterdir())
     with pytest.raises(ConfigError, match="dtype must be one of auto, uint16, int32, int64"):

@@ -103,12 +103,12 @@ def _check_foreign(out: Path) -> None:
     """OUT must be new, empty or a conversion: nothing else is written into (or locked)."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out} is a file; zephon convert writes a folder, pick another OUT")
-    if out.is_dir() and read_manifest(str(out)) is None:
-        if any(p.name != LOCK_NAME for p in out.iterdir()):
-            raise ConfigError(
-                f"{out} exists and is not a zephon convert output (no {MANIFEST_NAME}); pick a "
-                "new or empty OUT folder"
-            )
+    foreign = out.is_dir() and read_manifest(str(out)) is None
+    if foreign and any(p.name != LOCK_NAME for p in out.iterdir()):
+        raise ConfigError(
+            f"{out} exists and is not a zephon convert output (no {MANIFEST_NAME}); pick a "
+            "new or empty OUT folder"
+        )
 
 
 def _open_out(out: Path, head: dict[str, Any]) -> dict[str, Any]:
@@ -124,7 +124,7 @@ def _open_out(out: Path, head: dict[str, Any]) -> dict[str, Any]:
             f"fingerprint {found.get('pipeline')}, this one {head['pipeline']}); pick a new OUT "
             "or delete it to convert again"
         )
-    return found
+    return dict(found)
 
 
 @contextlib.contextmanager
