@@ -35,7 +35,7 @@ def register(subparsers: Any) -> None:
         "after a crash or SIGTERM to finish. Exit codes: 0 done, 1 failed, 2 bad usage, "
         "130/143 stopped (run again to resume).",
     )
-    parser.add_argument("pipeline", type=Path, metavar="PIPELINE.yaml")
+    parser.add_argument("pipeline", type=Path, metavar="PIPELINE.yaml", help="the pipeline")
     parser.add_argument("out", type=Path, metavar="OUT", help="the output folder")
     parser.add_argument("--workers", type=int, default=None, help="processes (default: cores)")
     parser.add_argument(
