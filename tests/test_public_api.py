@@ -117,6 +117,7 @@ EXPECTED: dict[str, list[str]] = {
         "ConfigFileError OPERATORS OperatorDefinition OperatorParameter PipelineConfig "
         "load_config operator_definition operator_definitions operators_markdown parse_config"
     ),
+    "zephon.convert": _names("ConvertResult ConvertStopped convert"),
     "zephon.demo": _names("add_arguments closing_lines main make_corpus run"),
     "zephon.distributed": _names("gather_checkpoints"),
     "zephon.errors": _names(

@@ -441,6 +441,13 @@ class PipelineConfig:
         """Open the datasets, build the work source and the pipeline (errors name the key)."""
         return self._assemble(self.open_datasets(), self.mixture)
 
+    def build_on(self, datasets: list[Any], source: dict[str, Any] | None = None) -> Any:
+        """The pipeline over ``datasets`` instead of the files, with ``source`` replacing the
+        file's source settings (``zephon convert`` runs the operators over parts of shards)."""
+        if source is not None:
+            return dataclasses.replace(self, source=source)._assemble(datasets, None)
+        return self._assemble(datasets, self.mixture)
+
     def list_datasets(self) -> list[list[tuple[str, str, int | None]]]:
         """Each dataset's shards as ``(url, format, rows or None)``, from metadata alone."""
         from zephon.io import list_shards

@@ -91,7 +91,7 @@ def test_builtin_formats_are_registered_in_order() -> None:
     assert format_names()[:8] == (
         "jsonl", "parquet", "arrow", "vortex", "hf", "lance", "mds", "litdata",
     )  # fmt: skip
-    assert [s.name for s in formats() if s.folder] == ["hf", "lance", "mds", "litdata"]
+    assert [s.name for s in formats() if s.folder] == ["hf", "lance", "mds", "litdata", "converted"]
 
 
 def test_a_registered_format_reads_through_a_pipeline(tmp_path: Path, tsv: FormatSpec) -> None:

@@ -25,6 +25,7 @@ _COMMANDS = (
     "zephon.cli._capture",
     "zephon.cli._trace",
     "zephon.cli._diff",
+    "zephon.cli._convert",
 )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from zephon.io._arrow import ARROW_SUFFIXES, ArrowShard
+from zephon.io._converted import is_converted
 from zephon.io._dataset import Shard
 from zephon.io._folders import (
     hf_folder_shards,
@@ -72,6 +73,12 @@ def _npy(url: str, rows: int | None, o: ReadOptions) -> Shard:
     return TokenDocumentShard(file, rows)
 
 
+def _converted_folder(entry: str, o: ReadOptions) -> list[Shard]:
+    from zephon.io._converted import converted_shards
+
+    return converted_shards(entry, o)
+
+
 def _stars(suffixes: tuple[str, ...]) -> str:
     return ", ".join(f"*{s}" for s in suffixes)
 
@@ -114,6 +121,12 @@ BUILTIN_FORMATS = (
         detect=is_litdata,
         open_folder=litdata_folder_shards,
         extra="litdata",
+    ),
+    FormatSpec(
+        "converted",
+        "a zephon convert folder (zephon-convert.json)",
+        detect=is_converted,
+        open_folder=_converted_folder,
     ),
     FormatSpec("megatron", "*.idx (with its .bin)", suffixes=(".idx",), open_file=_megatron),
     FormatSpec("datatrove", "*.ds (with its .ds.index)", suffixes=(".ds",), open_file=_datatrove),

@@ -59,6 +59,15 @@ def raw_segments(record: SampleRecord) -> list[RawSegment]:
     return out
 
 
+def _place(origin: Origin, ds: int, shard: int, row: int) -> tuple[str, str, int, int | None]:
+    """Dataset, file, row and line of a sample: the original document's for a converted
+    corpus, else the shard's own."""
+    original = origin.source_of(ds, shard, row)
+    if original is not None:
+        return original
+    return origin.name(ds), origin.location(ds, shard), row, origin.line(ds, shard, row)
+
+
 def batch_provenance(batch: SampleBatch, origin: Any = None) -> BatchProvenance:
     """:meth:`SampleBatch.provenance`: resolve every segment against the batch's origin."""
     resolved = Origin.of(origin) if origin is not None else batch._origin
@@ -73,12 +82,13 @@ def batch_provenance(batch: SampleBatch, origin: Any = None) -> BatchProvenance:
         for cursor, start, end, src_start, src_end, full in record_segments:
             ds, shard, index = (int(x) for x in cursor[3])
             length = whole.get(cursor, full) if full is not None else None
+            name, source, row, line = _place(resolved, ds, shard, index)
             segs.append(
                 Segment(
-                    dataset=resolved.name(ds),
-                    source=resolved.location(ds, shard),
-                    source_row=index,
-                    line=resolved.line(ds, shard, index),
+                    dataset=name,
+                    source=source,
+                    source_row=row,
+                    line=line,
                     sample_id=(ds, shard, index),
                     lineage=tuple(int(x) for x in cursor[2]),
                     start=start,

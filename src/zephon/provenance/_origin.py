@@ -111,6 +111,19 @@ class Origin:
         describe = getattr(shards[shard_id], "provenance_of", None)
         return describe(row) if callable(describe) else None
 
+    def source_of(
+        self, dataset_id: int, shard_id: int, row: int
+    ) -> tuple[str, str, int, int | None] | None:
+        """``(dataset, file, row, line)`` of the document a converted corpus's row was tokenized
+        from (``zephon convert`` keeps it in a sidecar); ``None`` for every other shard."""
+        if not 0 <= dataset_id < len(self.datasets):
+            return None
+        shards = self.datasets[dataset_id].shards
+        if not 0 <= shard_id < len(shards):
+            return None
+        lookup = getattr(shards[shard_id], "source_of", None)
+        return lookup(row) if callable(lookup) else None  # type: ignore[no-any-return]
+
     def read(self, dataset_id: int, shard_id: int, row: int) -> Mapping[str, Any]:
         """The source row itself (for previews and checks)."""
         return self.datasets[dataset_id].read(shard_id, [row])[0]

@@ -1,0 +1,129 @@
+"""``zephon convert`` against the raw tokenizer ceiling, on the same cores in the same run.
+
+A JSON Lines corpus (``--docs`` documents of 20-400 words over ``--files`` files) and a byte-level
+BPE tokenizer trained on it (``--vocab`` ids) are written to a temporary folder. Then:
+
+- ``tokenizer ceiling``: ``Tokenizer.encode_batch`` over every text already in memory, in one
+  process on every core (the Rust thread pool): no reading, decoding or writing.
+- ``zephon convert``: ``convert`` of a pipeline ``decode_text -> tokenize`` into Megatron shards
+  with ``--workers`` processes (default: the cores), from the files, start-up included.
+- ``zephon convert, 1 worker``: the same in the calling process (one core).
+
+Tokens/s count the tokens written (equal to the ceiling's). Each runs ``--repeats`` times in
+interleaved rounds; the table shows medians and the ratio to the ceiling.
+
+Usage: ``python benchmarks/convert.py [--docs 40000] [--files 16] [--repeats 3]``. Prints a
+table and one final JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from zephon.convert import convert
+
+WORDS = [
+    "".join(random.Random(i).choice("abcdefghijklmnopqrstuvwxyz") for _ in range(2 + i % 9))
+    for i in range(3000)
+]
+
+
+def write_corpus(folder: Path, docs: int, files: int) -> list[str]:
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 400))) for _ in range(docs)]
+    (folder / "data").mkdir()
+    per = -(-docs // files)
+    for f in range(files):
+        with open(folder / "data" / f"part-{f:04d}.jsonl", "w") as fh:
+            fh.writelines(json.dumps({"text": t}) + "\n" for t in texts[f * per : (f + 1) * per])
+    return texts
+
+
+def train_tokenizer(folder: Path, texts: list[str], vocab: int) -> Path:
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=["<s>", "</s>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts[:5000], trainer)
+    out = folder / "tok"
+    out.mkdir()
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text('{"bos_token": "<s>", "eos_token": "</s>"}')
+    return out
+
+
+def ceiling(tok_dir: Path, texts: list[str]) -> tuple[float, int]:
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    t0 = time.perf_counter()
+    encoded = tok.encode_batch(texts, add_special_tokens=False)
+    elapsed = time.perf_counter() - t0
+    return elapsed, sum(len(e.ids) for e in encoded) + 2 * len(texts)  # BOS/EOS as convert
+
+
+def run_convert(folder: Path, workers: int, name: str) -> tuple[float, int]:
+    out = folder / name
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    result = convert(folder / "p.yaml", out, workers=workers, documents_per_shard=2000)
+    return time.perf_counter() - t0, result.tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--docs", type=int, default=40_000)
+    parser.add_argument("--files", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        texts = write_corpus(folder, args.docs, args.files)
+        tok_dir = train_tokenizer(folder, texts, args.vocab)
+        (folder / "p.yaml").write_text(
+            "datasets:\n  - {name: web, path: data}\noperators:\n  - decode_text\n"
+            f"  - {{op: tokenize, tokenizer: {json.dumps(str(tok_dir))}}}\n"
+        )
+        runs: dict[str, list[tuple[float, int]]] = {"ceiling": [], "convert": [], "one": []}
+        for _ in range(args.repeats):
+            runs["ceiling"].append(ceiling(tok_dir, texts))
+            runs["convert"].append(run_convert(folder, args.workers, "out"))
+            runs["one"].append(run_convert(folder, 1, "out1"))
+    rates = {k: statistics.median(n / s for s, n in v) for k, v in runs.items()}
+    tokens = runs["ceiling"][0][1]
+    assert all(n == tokens for v in runs.values() for _, n in v), "token counts differ"
+    labels = {
+        "ceiling": f"tokenizer ceiling (encode_batch, {os.cpu_count()} cores)",
+        "convert": f"zephon convert ({args.workers} workers)",
+        "one": "zephon convert (1 worker)",
+    }
+    print(f"{args.docs} documents, {tokens} tokens, {args.files} files, vocab {args.vocab}")
+    print(f"{'configuration':<46} {'tokens/s':>14} {'vs ceiling':>11}")
+    for key, label in labels.items():
+        print(f"{label:<46} {rates[key]:>14,.0f} {rates[key] / rates['ceiling']:>10.2f}x")
+    print(json.dumps({
+        "benchmark": "convert", "docs": args.docs, "tokens": tokens, "cores": os.cpu_count(),
+        "workers": args.workers, "tokens_per_s": {k: round(v) for k, v in rates.items()},
+        "ceiling_over_convert": round(rates["ceiling"] / rates["convert"], 3),
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

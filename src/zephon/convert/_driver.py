@@ -1,0 +1,267 @@
+"""``convert``: run the tasks on every core, record finished shards, resume where it stopped.
+
+The manifest (``OUT/zephon-convert.json``, rewritten atomically after every shard) lists the
+finished shards in plan order, so a conversion killed at any moment (SIGKILL, SIGTERM, a
+crash) restarts with the same command, skips what the manifest lists and redoes only the
+shards that were under way. Nothing in the output depends on timing or worker count: a
+resumed conversion writes the same bytes as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zephon.checkpoints import write_json_atomic
+from zephon.checkpoints.format import fingerprint, to_jsonable
+from zephon.convert._plan import (
+    DEFAULT_DOCUMENTS_PER_SHARD,
+    Plan,
+    Task,
+    make_plan,
+    template_fingerprint,
+    tokenizer_fingerprint,
+)
+from zephon.convert._shard import TMP_MARK, run_task
+from zephon.errors import ConfigError
+from zephon.io import Dataset
+from zephon.io._converted import (
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    read_manifest,
+)
+
+LOCK_NAME = ".zephon-convert.lock"
+POLL_S = 0.2
+_PR_SET_PDEATHSIG = 1
+
+
+class ConvertStopped(Exception):
+    """``stop()`` asked the conversion to end; the finished shards are recorded."""
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What a call did: ``converted`` shards now, ``skipped`` finished by an earlier call."""
+
+    out: str
+    shards: int
+    converted: int
+    skipped: int
+    documents: int
+    tokens: int
+    dtype: str
+    elapsed_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _identity(plan: Plan, documents_per_shard: int) -> dict[str, Any]:
+    """What must match for an existing OUT to be resumed: operators, inputs, layout."""
+    ops = [{"op": op.name, **to_jsonable(op.params)} for op in plan.config.operators]
+    body = {
+        "operators": ops,
+        "sources": [list(s) for s in plan.sources],
+        "tasks": [[t.name, t.start, t.stop] for t in plan.tasks],
+        "dtype": plan.dtype,
+        "documents_per_shard": documents_per_shard,
+    }
+    tokenizer_op = plan.config.build_on(
+        [Dataset.from_records(d.name, [{}]) for d in plan.config.datasets],
+        source={"shuffle_shards": False},
+    ).operators()[-1]
+    return {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "pipeline": fingerprint(body),
+        "pipeline_file": os.path.basename(plan.file),
+        "tokenizer": {
+            "spec": str(to_jsonable(plan.tokenizer.params.get("tokenizer", "bytes"))),
+            "fingerprint": tokenizer_fingerprint(plan.tokenizer.params.get("tokenizer", "bytes")),
+        },
+        "chat_template_fingerprint": template_fingerprint(tokenizer_op),
+        "operator": plan.tokenizer.name,
+        "dtype": plan.dtype,
+        "documents_per_shard": documents_per_shard,
+        "loss_mask": plan.mask_field is not None,
+        "planned": len(plan.tasks),
+    }
+
+
+def _check_foreign(out: Path) -> None:
+    """OUT must be new, empty or a conversion: nothing else is written into (or locked)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file; zephon convert writes a folder, pick another OUT")
+    foreign = out.is_dir() and read_manifest(str(out)) is None
+    if foreign and any(p.name != LOCK_NAME for p in out.iterdir()):
+        raise ConfigError(
+            f"{out} exists and is not a zephon convert output (no {MANIFEST_NAME}); pick a "
+            "new or empty OUT folder"
+        )
+
+
+def _open_out(out: Path, head: dict[str, Any]) -> dict[str, Any]:
+    """The manifest to continue: a new one for a new or empty folder, else the folder's own
+    when it was written by this same pipeline (raises naming what differs)."""
+    _check_foreign(out)
+    found = read_manifest(str(out)) if out.is_dir() else None
+    if found is None:
+        return {**head, "complete": False, "shards": []}
+    if found.get("pipeline") != head["pipeline"]:
+        raise ConfigError(
+            f"{out} holds a conversion of another pipeline or other settings (pipeline "
+            f"fingerprint {found.get('pipeline')}, this one {head['pipeline']}); pick a new OUT "
+            "or delete it to convert again"
+        )
+    return dict(found)
+
+
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"another zephon convert is writing {out}; wait for it or pick another OUT"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _clean_partials(out: Path) -> None:
+    """Temporary files of tasks killed mid-write (their shard is redone)."""
+    for path in out.iterdir():
+        if TMP_MARK in path.name:
+            path.unlink(missing_ok=True)
+
+
+def _finished(out: Path, manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Shards the manifest records whose ``.idx`` is still there."""
+    return {s["name"]: s for s in manifest["shards"] if (out / f"{s['name']}.idx").is_file()}
+
+
+_WORKER_PLAN: list[Plan] = []
+
+
+def _init_worker(plan: Plan) -> None:
+    """Pool workers die with the driver (a SIGKILLed convert leaves no writer behind),
+    leave Ctrl-C to it and tokenize on one thread each (the pool is the parallelism)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")
+    _WORKER_PLAN[:] = [plan]
+
+
+def _pool_task(task_out: tuple[Task, str]) -> dict[str, Any]:
+    return run_task(_WORKER_PLAN[0], *task_out)
+
+
+def _results(
+    plan: Plan, todo: list[Task], out: Path, workers: int, stop: Callable[[], bool]
+) -> Iterator[dict[str, Any]]:
+    """Manifest entries of ``todo`` as tasks finish (any order); raises ConvertStopped."""
+    if workers <= 1 or len(todo) <= 1:
+        for task in todo:
+            if stop():
+                raise ConvertStopped
+            yield run_task(plan, task, str(out))
+        return
+    ctx = multiprocessing.get_context("spawn")
+    pool = ctx.Pool(min(workers, len(todo)), _init_worker, (plan,))
+    try:
+        it = pool.imap_unordered(_pool_task, [(t, str(out)) for t in todo])
+        for _ in todo:
+            while True:
+                if stop():
+                    raise ConvertStopped
+                try:
+                    entry = it.next(timeout=POLL_S)
+                    break
+                except multiprocessing.TimeoutError:
+                    continue
+            yield entry
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _manifest(
+    head: dict[str, Any], done: dict[str, dict[str, Any]], order: dict[str, int]
+) -> dict[str, Any]:
+    """The manifest for the finished shards ``done``, in plan order (never in finishing
+    order: the file must not depend on timing); totals once every shard is there."""
+    shards = sorted(done.values(), key=lambda s: order[s["name"]])
+    manifest = {**head, "complete": len(shards) == len(order), "shards": shards}
+    if manifest["complete"]:
+        manifest["documents"] = sum(s["documents"] for s in shards)
+        manifest["tokens"] = sum(s["tokens"] for s in shards)
+    return manifest
+
+
+def convert(
+    pipeline: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    workers: int | None = None,
+    documents_per_shard: int = DEFAULT_DOCUMENTS_PER_SHARD,
+    dtype: str = "auto",
+    stop: Callable[[], bool] | None = None,
+    on_shard: Callable[[dict[str, Any], int, int], None] | None = None,
+) -> ConvertResult:
+    """Tokenize ``pipeline``'s datasets into Megatron shards under ``out`` (see the module).
+
+    ``workers``: processes (default: every core). ``stop()`` is polled; when it returns True
+    the call ends with :class:`ConvertStopped` and the next call resumes. ``on_shard(entry,
+    done, total)`` is called after each shard is recorded.
+    """
+    started = time.perf_counter()
+    plan = make_plan(pipeline, documents_per_shard, dtype)
+    head = _identity(plan, documents_per_shard)
+    root = Path(out)
+    stop = stop or (lambda: False)
+    _check_foreign(root)
+    with _locked(root):
+        manifest = _open_out(root, head)
+        _clean_partials(root)
+        done = _finished(root, manifest)
+        skipped = len(done)
+        order = {t.name: i for i, t in enumerate(plan.tasks)}
+        todo = [t for t in plan.tasks if t.name not in done]
+        converted = 0
+        manifest = _manifest(head, done, order)
+        write_json_atomic(root / MANIFEST_NAME, manifest)
+        for entry in _results(plan, todo, root, workers or os.cpu_count() or 1, stop):
+            done[entry["name"]] = entry
+            converted += 1
+            manifest = _manifest(head, done, order)
+            write_json_atomic(root / MANIFEST_NAME, manifest)
+            if on_shard is not None:
+                on_shard(entry, len(done), len(plan.tasks))
+    return ConvertResult(
+        str(root),
+        len(plan.tasks),
+        converted,
+        skipped,
+        int(manifest.get("documents", 0)),
+        int(manifest.get("tokens", 0)),
+        plan.dtype,
+        time.perf_counter() - started,
+    )

@@ -1,0 +1,137 @@
+"""One task: run the document operators over a part of an input shard and write one shard.
+
+The rows go through the pipeline's own operators (the inline runner over a view of the part),
+so a converted document has exactly the tokens a training run of the same pipeline would have
+made. The files are written under temporary names and renamed into place, ``.idx`` last:
+a shard whose ``.idx`` exists is whole; a killed task leaves only temporary files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zephon.convert._plan import Plan, Task
+from zephon.errors import DataFormatError
+from zephon.io import Dataset, Row, Shard
+from zephon.io._converted import MASK_SUFFIX, ORIGIN_SUFFIX
+from zephon.io._megatron import index_bytes
+
+#: Per process: the plan's datasets, opened once (a worker serves many tasks).
+_OPENED: dict[int, tuple[Plan, list[Dataset]]] = {}
+TMP_MARK = ".tmp-"
+
+
+class PartView(Shard):
+    """Rows ``[start, stop)`` of a shard, as a shard of their own (read lazily)."""
+
+    def __init__(self, base: Shard, start: int, stop: int) -> None:
+        self.base, self.start, self.stop = base, start, stop
+
+    @property
+    def location(self) -> str:
+        return self.base.location
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def read(self, indices: Sequence[int]) -> list[Row]:
+        return self.base.read([self.start + int(i) for i in indices])
+
+
+def _datasets(plan: Plan) -> list[Dataset]:
+    key = id(plan)
+    if key not in _OPENED:
+        _OPENED.clear()
+        _OPENED[key] = (plan, plan.config.open_datasets())
+    return _OPENED[key][1]
+
+
+def _records(plan: Plan, task: Task) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
+    """Tokens, masks and part-relative rows of every document the task produces, in order."""
+    dataset = _datasets(plan)[task.dataset]
+    part = Dataset(dataset.name, [PartView(dataset.shards[task.shard], task.start, task.stop)])
+    pipe = plan.config.build_on([part], source={"shuffle_shards": False, "stop_after_passes": 1})
+    pipe.options(runner="inline")
+    tokens: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+    rows: list[int] = []
+    field, mask_field = plan.output_field, plan.mask_field
+    for record in pipe:
+        payload = record.payload
+        tokens.append(np.asarray(payload[field]))
+        if mask_field is not None:
+            masks.append(np.asarray(payload[mask_field], dtype=np.uint8))
+        rows.append(int(record.meta.cursor.sample_id[2]))
+    return tokens, masks, rows
+
+
+def _lines(shard: Shard, rows: list[int]) -> list[int] | None:
+    lines = getattr(shard, "lines", None)
+    if not callable(lines):
+        return None
+    table = lines()
+    return None if table is None else [int(table[r]) for r in rows]
+
+
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _checked(tokens: np.ndarray, dtype: np.dtype[Any], task: Task, where: str) -> np.ndarray:
+    if len(tokens) and np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < info.min or high > info.max:
+            raise DataFormatError(
+                f"{where}: token id {high if high > info.max else low} does not fit dtype "
+                f"{dtype} (shard {task.name}); convert with --dtype int32",
+                location=where,
+            )
+    return tokens.astype(dtype, copy=False)
+
+
+def run_task(plan: Plan, task: Task, out: str) -> dict[str, Any]:
+    """Convert one part and rename its files into ``out``; returns its manifest entry."""
+    tokens, masks, rel_rows = _records(plan, task)
+    shard = _datasets(plan)[task.dataset].shards[task.shard]
+    dtype = np.dtype(plan.dtype)
+    flat = np.concatenate(tokens) if tokens else np.zeros(0, np.int64)
+    flat = _checked(flat, dtype, task, shard.location)
+    rows = [task.start + r for r in rel_rows]
+    origin = {
+        "dataset": _datasets(plan)[task.dataset].name,
+        "source": shard.location,
+        "rows": rows,
+        "lines": _lines(shard, rows),
+    }
+    final = Path(out) / task.name
+    tmp = Path(out) / f"{task.name}{TMP_MARK}{os.getpid()}"
+    lengths = np.array([len(t) for t in tokens], dtype=np.int32)
+    parts = [(".bin", flat.tobytes()), (ORIGIN_SUFFIX, json.dumps(origin).encode())]
+    if plan.mask_field is not None:
+        mask = np.concatenate(masks) if masks else np.zeros(0, np.uint8)
+        parts.append((MASK_SUFFIX, mask.astype(np.uint8).tobytes()))
+    parts.append((".idx", index_bytes(lengths, dtype)))
+    for suffix, data in parts:
+        _write(tmp.with_name(tmp.name + suffix), data)
+    for suffix, _ in parts:  # .idx last: its presence means the shard is whole
+        os.replace(tmp.with_name(tmp.name + suffix), final.with_name(final.name + suffix))
+    return {
+        "name": task.name,
+        "dataset": origin["dataset"],
+        "source": shard.location,
+        "rows": [task.start, task.stop],
+        "documents": len(lengths),
+        "tokens": int(lengths.sum()),
+        "dtype": str(dtype),
+        "mask": plan.mask_field is not None,
+    }
