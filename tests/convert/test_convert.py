@@ -172,6 +172,25 @@ def test_out_of_another_pipeline_or_a_foreign_folder_is_refused(tmp_path: Path) 
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["part-0.jsonl", "part-1.jsonl"]
 
 
+def test_a_folder_left_by_a_kill_before_the_first_manifest_is_resumed(tmp_path: Path) -> None:
+    """Killed while writing its first manifest: only the lock and a temp file are there."""
+    write_text_corpus(tmp_path)
+    pipeline = write_pipeline(tmp_path)
+    convert(pipeline, tmp_path / "whole", workers=1, documents_per_shard=60)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".zephon-convert.json.tmp-4242").write_text('{"format": "zeph')  # cut mid-write
+    for lock in (tmp_path / "whole").glob("*lock*"):
+        (out / lock.name).touch()
+    convert(pipeline, out, workers=1, documents_per_shard=60)
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        p.name for p in (tmp_path / "whole").iterdir()
+    )
+    for path in (tmp_path / "whole").iterdir():
+        if path.suffix in (".bin", ".idx"):
+            assert (out / path.name).read_bytes() == path.read_bytes()
+
+
 def test_token_ids_that_do_not_fit_the_dtype_are_refused(tmp_path: Path) -> None:
     write_text_corpus(tmp_path, files=1)
     pipeline = tmp_path / "p.yaml"

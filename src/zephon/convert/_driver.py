@@ -104,7 +104,8 @@ def _check_foreign(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out} is a file; zephon convert writes a folder, pick another OUT")
     foreign = out.is_dir() and read_manifest(str(out)) is None
-    if foreign and any(p.name != LOCK_NAME for p in out.iterdir()):
+    # A convert killed before its first manifest landed leaves its lock and temp files only.
+    if foreign and any(p.name != LOCK_NAME and TMP_MARK not in p.name for p in out.iterdir()):
         raise ConfigError(
             f"{out} exists and is not a zephon convert output (no {MANIFEST_NAME}); pick a "
             "new or empty OUT folder"
