@@ -18,6 +18,7 @@ CLI = ROOT / "src" / "zephon" / "cli"
 MODULES = {
     "demo": [CLI / "_demo.py", ROOT / "src" / "zephon" / "demo.py"],
     "run": [CLI / "_run.py"],
+    "convert": [CLI / "_convert.py"],
     "explain": [CLI / "_explain.py"],
     "index": [CLI / "_index.py"],
     "cache": [CLI / "_cache.py"],

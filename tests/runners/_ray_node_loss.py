@@ -5,19 +5,22 @@ Usage: ``python -m tests.runners._ray_node_loss TOKENIZER_DIR RUNS REMOVALS DOCS
 (``RETRIES``: the pipeline's ``max_worker_retries``; 0 proves node losses cost none). In each
 run a consumer thread iterates the pipeline while the main thread (Ray starts nodes only from
 there) removes ``cpu`` nodes ``REMOVALS`` times (SIGKILL of its raylet and workers, as a
-machine that vanishes) and adds a replacement each time. Removal k is certain to hit work in
-flight, and to land mid-run: the ``held`` stage keeps stop record k (one document a removal,
-spread over the first half of the corpus) waiting on its actor until the node it waits on is
-gone; run again on a live actor, it passes. Every batch of every run is compared with the
-inline run's. Prints one JSON line: per run whether its output was identical, the batch where
-they first differ, the error that ended it (if any), what each removal hit (micro-batches in
-flight on the victim's ``held`` stage), and the pids of every process the cluster ever started.
+machine that vanishes) and adds a replacement each time. Every removal is certain to hit work
+in flight, and to land mid-run: the ``held`` stage keeps each stop record (one document a
+removal, spread over the first half of the corpus) waiting on its actor until the node it
+waits on is gone; run again on a live actor, it passes. Every batch of every run is compared
+with the inline run's. Prints one JSON line: per run whether its output was identical, the
+batch where they first differ, the error that ended it (if any), what each removal hit (the
+stop record, micro-batches in flight on the victim's ``held`` stage), and the pids of every
+process the cluster ever started.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -118,39 +121,43 @@ def held_nodes(pipe: Pipeline) -> dict[str, int]:
 
 class Chaos:
     """Removes ``cpu`` nodes from the main thread (Ray starts nodes only from there) while a
-    consumer thread iterates the pipeline: removal k takes the node where stop record k waits."""
+    consumer thread iterates the pipeline: each removal takes the node where a stop record
+    waits."""
 
     def __init__(self, cluster: Cluster, workers: list[Any], pipe: Pipeline, folder: Path) -> None:
         self.cluster, self.workers, self.pipe, self.folder = cluster, workers, pipe, folder
         self.finished = threading.Event()
         self.removals: list[dict[str, Any]] = []
 
-    def arrived(self, k: int) -> Any | None:
-        """The live worker node where stop record k waits (None once the run ended)."""
-        by_id = {node.node_id: node for node in self.workers}
+    def arrived(self) -> tuple[int, Any] | None:
+        """A stop record still held and the live worker node it waits on (None once the run
+        ended). Any of them, whichever came first: a held record blocks its actor's queue,
+        so waiting for them in a fixed order could wait forever."""
         while not self.finished.is_set():
-            for note in self.folder.glob(f"arrived-{k}-*"):
-                node = by_id.get(note.name.split("-", 2)[2])
-                if node is not None:
-                    return node
+            by_id = {node.node_id: node for node in self.workers}
+            for note in sorted(self.folder.glob("arrived-*")):
+                _, k, node_id = note.name.split("-", 2)
+                if node_id in by_id and (self.folder / f"hold-{k}").exists():
+                    return int(k), by_id[node_id]
             time.sleep(0.005)
         return None
 
     def drive(self, removals: int) -> None:
-        """Each removal: wait for its stop record to wait on a node, remove that node, add one
+        """Each removal: wait for a stop record to wait on a node, remove that node, add one
         in its place (it joins in seconds), then let the record go."""
         try:
-            for k in range(removals):
-                victim = self.arrived(k)
-                if victim is None:
+            for _ in range(removals):
+                found = self.arrived()
+                if found is None:
                     return
+                k, victim = found
                 pending = held_nodes(self.pipe).get(victim.node_id, 0)
                 start = time.monotonic()
                 self.cluster.remove_node(victim, allow_graceful=False)
                 self.workers.remove(victim)
                 self.workers.append(self.cluster.add_node(**WORKER))
                 join_s = round(time.monotonic() - start, 2)
-                self.removals.append({"pending": pending, "join_s": join_s})
+                self.removals.append({"stop": k, "pending": pending, "join_s": join_s})
                 (self.folder / f"hold-{k}").unlink()
         finally:
             for hold in self.folder.glob("hold-*"):
@@ -207,6 +214,7 @@ def main() -> None:
     tok, runs, removals, n_docs, retries = sys.argv[1], *map(int, sys.argv[2:6])
     # Set before any node starts, so every Ray worker inherits it.
     os.environ[HOLD_ENV] = tempfile.mkdtemp(prefix="zephon-ray-hold-")
+    atexit.register(shutil.rmtree, os.environ[HOLD_ENV], ignore_errors=True)
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
