@@ -57,23 +57,45 @@ def _rays_own(handler: object) -> bool:
     return str(getattr(handler, "__module__", "")).startswith("ray.")
 
 
+def _ignored_by_the_kernel() -> set[int]:
+    """The stop signals this process ignores as the kernel sees it (``SigIgn``): a native
+    library may have set that without Python's handler table knowing."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return set()
+    ignored = next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn"))
+    return {signum for signum in STOP_SIGNALS if int(ignored, 16) >> (signum - 1) & 1}
+
+
+def _stop_signal_state() -> tuple[dict[int, object], set[int], set[int]]:
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    return (
+        {signum: signal.getsignal(signum) for signum in STOP_SIGNALS},
+        _ignored_by_the_kernel(),
+        {signum for signum in STOP_SIGNALS if signum in blocked},
+    )
+
+
 @pytest.fixture(autouse=True)
 def stop_signal_handlers_restored() -> Iterator[None]:
-    """A test that leaves SIGINT or SIGTERM handled (or ignored) in this pytest process changes
-    every later test: the subprocesses it starts inherit an ignored signal, and a Ctrl-C test
-    then sees its child exit 0. Restore them and fail the test that left them changed."""
+    """A test that leaves SIGINT or SIGTERM handled, ignored or blocked in this pytest process
+    changes every later test: the subprocesses it starts inherit an ignored signal (a blocked
+    one too), and a Ctrl-C test then sees its child exit 0. Restore them and fail the test
+    that left them changed."""
     shm._install_handlers()  # its SIGTERM handler stays for the process's life, by design
-    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    before = _stop_signal_state()
     yield
-    after = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    for signum, handler in before.items():
+    after = _stop_signal_state()
+    for signum, handler in before[0].items():
         signal.signal(signum, handler)
-    changed = [
-        signal.Signals(s).name
-        for s in STOP_SIGNALS
-        if after[s] != before[s] and not _rays_own(after[s])
-    ]
-    assert not changed, f"the test left {changed} handled by {[after[s] for s in STOP_SIGNALS]}"
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    handlers = {s: before[0][s] if _rays_own(h) else h for s, h in after[0].items()}
+    assert (handlers, *after[1:]) == before, (
+        "the test left SIGINT/SIGTERM changed in the pytest process: (handlers, ignored, "
+        f"blocked) were {before}, are {after}"
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -56,7 +56,21 @@ def stop_while_starting(signum: int, frame: FrameType | None = None) -> None:
     """End the process now with the summary line (``os.write``: the handler may run inside a
     ``print`` of the main thread, and the stdio buffers are not reentrant)."""
     os.write(1, (_summary_line(signum) + "\n").encode())
+    _remove_shared_memory()
     os._exit(EXIT_CODES.get(signum, 1))
+
+
+def _remove_shared_memory() -> None:
+    """Unlink the engine's files in /dev/shm (its lock file, the first micro-batches): the
+    exit hooks that would are skipped by ``os._exit``, and they would stay there, in RAM,
+    until another engine's sweep. Its workers end by themselves when their pipes close."""
+    shm = sys.modules.get("zephon._engine.shm")
+    if shm is None:
+        return  # no engine yet
+    import contextlib  # here: every import at the top runs before the handlers exist
+
+    with contextlib.suppress(Exception):  # the exit and its code come first
+        shm.close_all()
 
 
 def install_startup_handlers() -> None:

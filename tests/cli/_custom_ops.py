@@ -37,6 +37,12 @@ def slow_identity(payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
+def slow_record(payload: dict[str, Any]) -> dict[str, Any]:
+    """About 10 ms per record: a process-runner run lasts seconds after its workers start."""
+    time.sleep(0.01)
+    return payload
+
+
 def slow_step(batch: Any) -> Any:
     """Stands for a training step (about 3 ms a batch) right before the consumer: a run stays
     busy until its last batch, however far ahead of it the earlier operators have got."""

@@ -14,8 +14,9 @@ import time
 
 import pytest
 
-from tests.cli._preempt import catches_sigterm, env, start, wait_for
+from tests.cli._preempt import PREEMPT_YAML, catches_sigterm, env, start, wait_for
 from tests.cli.conftest import ZEPHON
+from tests.runners._interrupt import interrupt_each
 from tests.runners._leaks import descendants_of
 
 STALL_YAML = """\
@@ -114,3 +115,47 @@ def test_stop_signals_spread_over_the_first_half_second_all_exit_130_or_143(pree
 def test_fifty_random_stop_signals_in_the_first_half_second_all_exit_130_or_143(preempt_dir):
     rng = random.Random(2026)
     _check_stops(preempt_dir, [rng.uniform(0.0, 0.5) for _ in range(50)])
+
+
+# the preemption pipeline with about 10 ms of work per record in the process workers: the run
+# lasts seconds after its first item, so every moment under test falls in a running pipeline
+PROCESS_YAML = PREEMPT_YAML.replace("_custom_ops:slow_identity", "_custom_ops:slow_record")
+
+
+def _check_ctrl_c_during_process_start_up(preempt_dir, delays: list[float]) -> None:
+    (preempt_dir / "process.yaml").write_text(PROCESS_YAML)
+    runs = [
+        ([ZEPHON, "run", "process.yaml", "--quiet", "--runner", "process", "--checkpoint-dir",
+          f"ckpt-ctrl-c-{i}"], delay)
+        for i, delay in enumerate(delays)
+    ]  # fmt: skip
+    results = interrupt_each(runs, cwd=preempt_dir, env=env())
+    bad = [
+        r.describe()
+        for r in results
+        if r.code != 130
+        or not r.out.startswith("interrupted: ")
+        or "Traceback" in r.err
+        or r.left
+        or r.segments
+    ]
+    assert bad == []
+    starting = sum("0 items while starting" in r.out for r in results)
+    print(f"{starting} of {len(results)} moments came before the first item")
+    assert starting >= 3  # the moments cover the start-up, not only the run after it
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_at_twelve_moments_of_process_worker_start_up_all_exit_130(preempt_dir):
+    """12 moments over the first 3.3 s after the first child process appeared (the resource
+    tracker, the forkserver, the workers, the first items), SIGINT to the whole process group
+    (Ctrl-C) or to the command alone in turn: each exits 130 with its summary line, and leaves
+    no process and no file in /dev/shm."""
+    _check_ctrl_c_during_process_start_up(preempt_dir, [i * 0.3 for i in range(12)])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_ctrl_c_at_fifty_random_moments_of_process_worker_start_up_all_exit_130(preempt_dir):
+    rng = random.Random(2027)
+    _check_ctrl_c_during_process_start_up(preempt_dir, [rng.uniform(0.0, 4.5) for _ in range(50)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from zephon._engine.shm import NAME_PREFIX, segment_files
@@ -38,13 +39,9 @@ def process_gone(pid: int) -> bool:
     return "\nState:\tZ" in status
 
 
-def children_of(pid: int) -> list[int]:
-    """Direct children of ``pid``, from the parent named in each process's ``/proc/N/stat``.
-
-    Not from ``/proc/pid/task/*/children``: a child started by a thread moves to another
-    thread's list when its thread exits, and a read during that move misses it.
-    """
-    found: list[int] = []
+def _processes() -> Iterator[tuple[int, list[str]]]:
+    """Each process's id and the fields of its ``/proc/N/stat`` after the name: state, parent,
+    process group, ... (those that exit while being read are left out)."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -52,9 +49,16 @@ def children_of(pid: int) -> list[int]:
             stat = Path(f"/proc/{entry.name}/stat").read_text()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:  # "pid (comm) state ppid ..."
-            found.append(int(entry.name))
-    return found
+        yield int(entry.name), stat.rsplit(")", 1)[1].split()  # "pid (comm) state ppid pgrp"
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid``, from the parent named in each process's ``/proc/N/stat``.
+
+    Not from ``/proc/pid/task/*/children``: a child started by a thread moves to another
+    thread's list when its thread exits, and a read during that move misses it.
+    """
+    return [child for child, fields in _processes() if int(fields[1]) == pid]
 
 
 def descendants_of(pid: int) -> list[int]:
@@ -106,3 +110,8 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
         if not ready and not process_gone(pid):
             alive.append(pid)
     return alive
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes (zombies aside) whose process group is ``pgid``."""
+    return [pid for pid, fields in _processes() if int(fields[2]) == pgid and fields[0] != "Z"]

@@ -68,8 +68,12 @@ def test_stale_segments_of_a_dead_owner_are_removed_at_start_live_ones_kept():
         stale.unlink(missing_ok=True)
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _start_child(
-    tmp_path: Path, *, own_group: bool = False
+    tmp_path: Path, *, own_group: bool = False, sigint_ignored: bool = False
 ) -> tuple[subprocess.Popen[str], list[int]]:
     script = tmp_path / "child.py"
     script.write_text(CHILD)
@@ -83,6 +87,7 @@ def _start_child(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=own_group,  # its own process group, as a job under a scheduler
+        preexec_fn=_ignore_sigint if sigint_ignored else None,  # as nohup, or a parent's state
     )
     assert proc.stdout is not None
     line = proc.stdout.readline().split()
@@ -107,6 +112,18 @@ def test_sigterm_and_sigint_remove_every_segment(tmp_path, signum):
     assert proc.returncode != 0
     if signum == signal.SIGTERM:
         assert proc.returncode == -signal.SIGTERM  # killed by the signal, after cleaning up
+    _wait_gone(workers)
+    assert our_segments(proc.pid) == []
+
+
+@pytest.mark.timeout(60)
+def test_sigint_ends_the_script_even_when_it_started_with_sigint_ignored(tmp_path):
+    """The script sets its own SIGINT handler: what it inherits cannot turn the test of its
+    segments into a run to the end (exit 0)."""
+    proc, workers = _start_child(tmp_path, sigint_ignored=True)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGINT and err.rstrip().endswith("KeyboardInterrupt")
     _wait_gone(workers)
     assert our_segments(proc.pid) == []
 

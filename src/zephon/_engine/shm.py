@@ -424,7 +424,9 @@ _SESSIONS: set[ShmSession] = set()
 _HANDLERS_INSTALLED = False
 
 
-def _close_all() -> None:
+def close_all() -> None:
+    """Unlink the segments and lock files of every session of this process (at exit, on
+    SIGTERM, and before a stop signal ends the ``zephon`` command with ``os._exit``)."""
     for session in list(_SESSIONS):
         session.close()
 
@@ -433,7 +435,7 @@ def _on_sigterm(signum: int, frame: FrameType | None, previous: Any) -> None:
     if callable(previous):  # a graceful stop: the engine closes its sessions when it ends
         previous(signum, frame)
         return
-    _close_all()
+    close_all()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
@@ -457,7 +459,7 @@ def _install_handlers() -> None:
     if _HANDLERS_INSTALLED or threading.current_thread() is not threading.main_thread():
         return
     _HANDLERS_INSTALLED = True
-    atexit.register(_close_all)
+    atexit.register(close_all)
     previous = signal.getsignal(signal.SIGTERM)
     if previous is not signal.SIG_IGN:
         signal.signal(signal.SIGTERM, lambda s, f: _on_sigterm(s, f, previous))
