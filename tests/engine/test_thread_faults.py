@@ -22,6 +22,7 @@ from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline
 from zephon._engine.pools import WorkerCrashedError
 from zephon.types import StreamItem
+from zephon.work import WorkChunk
 
 DEADLINE_S = 60.0
 
@@ -46,6 +47,33 @@ def threads_named(prefix: str) -> list[threading.Thread]:
 def source(n: int = 20000) -> RangeSource:
     rows = [{"id": i, "text": f"document number {i}"} for i in range(n)]
     return RangeSource([Dataset.from_records("docs", rows, shard_size=500)], 50)
+
+
+class GatedSource(RangeSource):
+    """Holds the source thread at chunk ``hold_at`` until ``gate`` opens: the run cannot end
+    (nor its engine threads finish their work) before the test lets it."""
+
+    def __init__(self, gate: threading.Event, hold_at: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = gate
+        self.hold_at = hold_at
+
+    def next_chunk(self) -> WorkChunk | None:
+        if self.next_global == self.hold_at:
+            assert self.gate.wait(DEADLINE_S), "the test never opened the gate"
+        return super().next_chunk()
+
+    def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> GatedSource:
+        base = super().clone_for_lane(lane_id, canonical_replicas)
+        return GatedSource(
+            self.gate, self.hold_at, base.datasets, base.chunk_size, lane_id, canonical_replicas
+        )
+
+
+def gated_source(gate: threading.Event) -> GatedSource:
+    """The rows of :func:`source` (400 chunks), held at chunk 40: far past the first item."""
+    plain = source()
+    return GatedSource(gate, 40, plain.datasets, plain.chunk_size)
 
 
 def add_one(payload: dict[str, Any]) -> dict[str, Any]:
@@ -74,14 +102,19 @@ def drain(items: Iterator[StreamItem]) -> int:
 )
 @pytest.mark.parametrize("error", [Injected, MemoryError])
 def test_an_exception_raised_into_an_engine_thread_ends_the_run_with_it(runner, prefix, error):
-    pipe = Pipeline(source()).map_transform(add_one, parallelism=2).shuffle(64, seed=1)
-    pipe = pipe.batch(8).options(runner=runner, queue_size=2)
+    """The source is held past the first item until the exception is raised: every targeted
+    thread is then alive with work left (the run's results can run ahead of the first item
+    by the whole dataset, so without the gate the threads may have finished already)."""
+    gate = threading.Event()
+    pipe = Pipeline(gated_source(gate)).map_transform(add_one, parallelism=2)
+    pipe = pipe.shuffle(64, seed=1).batch(8).options(runner=runner, queue_size=2)
     items = iter(pipe)
-    next(items)  # running: every thread is started
+    next(items)  # running: every thread is started, and none can have ended
     targets = threads_named(prefix)
     assert targets
     for thread in targets:
         raise_in(thread, error)
+    gate.set()
     with pytest.raises(error) as info:
         drain(items)
     notes = "\n".join(getattr(info.value, "__notes__", []))

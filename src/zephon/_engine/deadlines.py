@@ -14,6 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from zephon._engine.joins import CLOSE_WAIT_S, join_all
+
 SLOW_FACTOR = 10.0
 """The deadline is at least this many times the slowest recent micro-batch of the stage."""
 DECAY = 0.98
@@ -115,11 +117,11 @@ class Watchdog:
         with self._lock:
             return {slot: (stage, now - t) for slot, (stage, t) in self._busy.items()}
 
-    def stop(self) -> None:
-        """End the watch and wait for its thread (a closed run leaves no engine thread)."""
+    def stop(self) -> list[threading.Thread]:
+        """End the watch and wait for its thread (a closed run leaves no engine thread);
+        the thread when it did not stop in time."""
         self._done.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join()
+        return join_all([self._thread], CLOSE_WAIT_S)
 
     def _watch(self) -> None:
         closing_since: float | None = None

@@ -47,6 +47,7 @@ import cloudpickle
 from zephon._engine import oom, shm
 from zephon._engine.deadlines import STARTUP, StageDeadlines, Watchdog
 from zephon._engine.fusion import FusedOp
+from zephon._engine.joins import CLOSE_WAIT_S, join_all, stuck_error
 from zephon._engine.messages import (
     REPLIES,
     REQUESTS,
@@ -719,8 +720,9 @@ class ProcessFleet:
                 self._run(slot, job, encoder)
             except BaseException as exc:  # e.g. a respawn failed: fail the job, never hang
                 self._abandon(slot)
-                if not job.future.done():
-                    job.future.set_exception(safe_annotate(exc, self._names[job.stage]))
+                if job.future.done():  # not the job's error: this thread dies of it, and
+                    raise  # check_alive ends the run with it (its callback may never have run)
+                job.future.set_exception(safe_annotate(exc, self._names[job.stage]))
         self._stop_worker(slot, self._ready[slot])
 
     def _abandon(self, slot: int) -> None:
@@ -918,17 +920,23 @@ class ProcessFleet:
                 job.future.cancel()
         for _ in self._threads:
             self._jobs.put(None)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + CLOSE_WAIT_S
         for thread in self._threads:
             while thread.is_alive() and time.monotonic() < deadline:
                 if any(fault is not None for fault in self._faults):
                     self.kill_all()  # a dead serving thread's worker may never answer
                 thread.join(timeout=0.2)
-        self._watchdog.stop()
+        stuck = [t for t in self._threads if t.is_alive()]
+        if stuck:  # waiting on a worker that never answers: killing it ends the wait
+            self.kill_all()
+            stuck = join_all(stuck, CLOSE_WAIT_S)
+        stuck += self._watchdog.stop()
         self.kill_all()
         for slot in range(len(self._procs)):
             self._reap(slot)
         _FLEETS.discard(self)
+        if stuck:
+            raise ZephonError(stuck_error(stuck, CLOSE_WAIT_S))
 
     def kill_all(self) -> None:
         """SIGKILL every worker and close the pipes, without waiting (also at interpreter

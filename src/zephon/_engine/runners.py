@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, ClassVar, assert_never
 
 from zephon._engine.driver_chain import run_tasks
 from zephon._engine.fusion import Unit, build_units
+from zephon._engine.joins import CLOSE_WAIT_S, join_all, stuck_error
 from zephon._engine.messages import Data, Done, End, Failed, MessageError, Stop
 from zephon._engine.pools import (
     ProcessFleet,
@@ -77,18 +78,17 @@ class RunResources:
         self.stop.set()
         for channel in self.channels:
             channel.put(Stop())
-        for thread in self.threads:
-            if thread.ident is None:
-                continue  # never started (starting it failed: that error is the run's)
-            thread.join(timeout=30)
-            if thread.is_alive():
-                raise ZephonError(f"engine thread {thread.name} did not stop within 30 s")
+        # a thread never started (starting it failed: that error is the run's) is skipped;
+        # one that will not stop is reported once the pools and shared memory are released
+        stuck = join_all(self.threads, CLOSE_WAIT_S)
         try:
             for pool in self.pools:
                 pool.shutdown()
         finally:
             if self.shm is not None:
                 self.shm.close()
+        if stuck:
+            raise ZephonError(stuck_error(stuck, CLOSE_WAIT_S))
 
     def check_alive(self) -> None:
         """Raise the error of an engine thread or worker pool that died without reporting it
@@ -248,7 +248,7 @@ class DriverThreadsRunner(Runner):
         res.start_threads()
         out, mux, deliver = channels[-1], job.mux, job.deliver
         get, idle = out.queue.get, job.idle
-        since = time.monotonic()
+        since = checked = time.monotonic()
         while True:
             try:
                 message = get(timeout=WAIT_SLICE_S)
@@ -257,6 +257,9 @@ class DriverThreadsRunner(Runner):
                 idle(time.monotonic() - since)
                 continue
             since = time.monotonic()
+            if since - checked >= WAIT_SLICE_S:  # a thread may die while others carry on
+                checked = since
+                res.check_alive()
             match message:
                 case Data():
                     out.release(message.parts)
@@ -265,6 +268,7 @@ class DriverThreadsRunner(Runner):
                     mux.add(message.items)
                     yield from deliver(mux)
                 case End():
+                    res.check_alive()  # nor does a run end well with a thread that died
                     mux.ended = True
                     yield from deliver(mux)
                     return

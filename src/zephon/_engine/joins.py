@@ -1,0 +1,30 @@
+"""Bounded joins for closing a run: a thread that will not stop is reported by name, never
+waited for forever, and never keeps the rest of the run's resources from being released."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+CLOSE_WAIT_S = 30.0
+"""How long closing a run waits for each group of its threads (a loaded machine is slow)."""
+
+
+def join_all(threads: Sequence[threading.Thread], timeout: float) -> list[threading.Thread]:
+    """Join ``threads`` within ``timeout`` seconds in all; return those still running."""
+    deadline = time.monotonic() + timeout
+    me = threading.current_thread()
+    for thread in threads:
+        if thread.ident is not None and thread is not me:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in threads if t.ident is not None and t is not me and t.is_alive()]
+
+
+def stuck_error(threads: Sequence[threading.Thread], timeout: float) -> str:
+    """The line that reports threads :func:`join_all` left running."""
+    names = ", ".join(t.name for t in threads)
+    return (
+        f"engine thread(s) {names} did not stop within {timeout:.0f} s of the run closing; "
+        "an operator or store call they run does not return (py-spy dump shows where)"
+    )
