@@ -70,8 +70,8 @@ def assert_every_lane_once(lines: list[dict], accumulation: int, steps: int = ST
 @pytest.mark.parametrize(
     ("accumulation", "workers"),
     [
-        (1, 0),
-        (2, 2),
+        (2, 2),  # accumulation and process workers in one run; the others are the slow tier
+        pytest.param(1, 0, marks=pytest.mark.slow),
         pytest.param(2, 0, marks=pytest.mark.slow),
         pytest.param(1, 2, marks=pytest.mark.slow),
     ],
@@ -129,7 +129,7 @@ def assert_uneven_passes(ranks: list[list[dict]], accumulation: int, steps: int)
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("accumulation", [1, 4])
+@pytest.mark.parametrize("accumulation", [4, pytest.param(1, marks=pytest.mark.slow)])
 def test_uneven_ranks_checkpoint_every_step_across_passes_and_resume_bitwise(
     tmp_path: Path, accumulation: int
 ) -> None:
