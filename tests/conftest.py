@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -46,6 +47,20 @@ def hf_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         json.dumps({"bos_token": "<s>", "eos_token": "</s>"})
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[Any]:
+    """One local Ray cluster for the whole test session: starting one takes ~10 s quiet and
+    can take minutes on a loaded machine, so the first test of a pytest process that asks
+    for it allows for that in its timeout."""
+    import ray
+
+    if not ray.is_initialized():
+        # "local": a cluster of our own, never one another process started on this machine
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

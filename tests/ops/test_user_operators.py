@@ -38,8 +38,9 @@ def item_key(item: Any) -> Any:
     return (item.meta.cursor, np.asarray(item.payload["input_ids"]).tobytes())
 
 
+@pytest.mark.timeout(360)  # may start the session's Ray (every runner is tried)
 @pytest.mark.parametrize("build", [sorted_windows, sorted_packed], ids=["sort", "sort+pack"])
-def test_a_user_operator_passes_check_operator(build: Any) -> None:
+def test_a_user_operator_passes_check_operator(build: Any, ray_session: Any) -> None:
     report = check_operator(build, key=item_key)
     assert report.passed
 

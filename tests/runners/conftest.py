@@ -1,4 +1,5 @@
-"""One Ray session for the runner tests, and a leak check after each test."""
+"""Ray actors released and a leak check after each runner test (the Ray session itself is
+the suite's, in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,23 +7,10 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from tests.runners._leaks import our_segments, semaphores_mapped_by
-
-
-@pytest.fixture(scope="session")
-def ray_session() -> Iterator[Any]:
-    """One local Ray cluster for the whole test session (starting one takes ~10 s)."""
-    import ray
-
-    if not ray.is_initialized():
-        # "local": a cluster of our own, never one another process started on this machine
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(autouse=True)
