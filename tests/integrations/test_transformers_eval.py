@@ -43,7 +43,10 @@ def test_eval_loss_is_the_same_on_1_and_2_processes_and_every_row_is_evaluated_o
     one, two = (
         [json.loads((runs[n] / f"metrics-r{r}.json").read_text()) for r in range(n)] for n in (1, 2)
     )
-    assert two[0] == two[1] | {k: v for k, v in two[0].items() if "runtime" in k or "per_sec" in k}
+    # Both ranks report the same metrics; the wall-clock ones (runtime, rates per second) are
+    # left out of the comparison, never asserted on.
+    wall_clock = {k: v for k, v in two[0].items() if "runtime" in k or "per_sec" in k}
+    assert two[0] == two[1] | wall_clock
     for name in EVAL_DOCS:
         loss = one[0][f"eval_{name}_loss"]
         assert math.isfinite(loss)
