@@ -117,3 +117,38 @@ def test_killed_ranks_resume_on_two_and_on_four_ranks(tmp_path: Path) -> None:
     assert [[(x["loss"], x["params"]) for x in lines] for lines in four] == [
         [(x["loss"], x["params"]) for x in lines[CHECKPOINT_AT:]] for lines in before
     ]
+
+
+EXIT_RANK_SCRIPT = """
+import atexit, pathlib, sys
+from zephon.distributed import exit_rank
+
+out = pathlib.Path(sys.argv[1])
+
+class Finalised:
+    def __del__(self):
+        (out / "finalised").touch()
+
+keep = Finalised()  # a module global: only interpreter finalisation would delete it
+atexit.register(lambda: (out / "hooks-ran").touch())
+print("written before the exit", end="")  # no newline: still in the buffer of a pipe
+exit_rank(7)
+print("never")
+"""
+
+
+def test_exit_rank_runs_exit_hooks_flushes_and_leaves_without_finalising(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_RANK_SCRIPT, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 7, done.stderr
+    assert done.stdout == "written before the exit"
+    assert (tmp_path / "hooks-ran").exists()
+    assert not (
+        tmp_path / "finalised"
+    ).exists()  # finalisation, where gloo's threads abort, never ran

@@ -8,17 +8,19 @@ ranks can see: a network file system, or a local folder for ranks on one machine
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from zephon.checkpoints import merge_checkpoints
 from zephon.errors import CheckpointError
 
-__all__ = ["gather_checkpoints"]
+__all__ = ["exit_rank", "gather_checkpoints"]
 
 
 def _torch_group_ready() -> bool:
@@ -85,3 +87,22 @@ def gather_checkpoints(
         delay = min(delay * 2, 0.2)
     states = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
     return merge_checkpoints(states)
+
+
+def exit_rank(code: int = 0) -> NoReturn:
+    """End a rank's process once its work is written, without interpreter finalisation.
+
+    PyTorch's gloo threads release each finished collective on their own thread, which takes
+    the GIL; if the interpreter is finalising by then, that thread is torn down inside a C++
+    destructor and the process aborts with "terminate called without an active exception"
+    (SIGABRT), so the launcher reports a failed job that did all its work.
+    ``destroy_process_group`` joins those threads, but a ``DistributedDataParallel`` model keeps
+    its process group alive, and freeing the model joins them while holding the GIL that one of
+    them may be waiting for (a hang). So call this last, while the model is still referenced:
+    it runs the exit hooks (zephon's worker pools and shared memory among them) while the
+    interpreter is whole, flushes stdout and stderr, and leaves.
+    """
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -20,48 +20,51 @@ from accelerate import Accelerator
 
 from tests.integrations._corpus import build_pipeline, row_digest, tiny_llama
 from tests.integrations._eval_corpus import EVAL_DOCS, RecordEval, eval_pipeline
-from tests.integrations._launch import record_pid
+from tests.integrations._launch import rank_exit, record_pid
 from zephon.integrations.accelerate import evaluate_loss, prepare_eval_pipeline, prepare_pipeline
 
 STEPS = 6
 
 
 def main() -> None:
-    out, workers = Path(sys.argv[1]), int(sys.argv[2])
-    record_pid(out)
-    accelerator = Accelerator(cpu=True)
-    model = tiny_llama()
-    opt = torch.optim.AdamW(model.parameters(), lr=0.0)
-    loader = prepare_pipeline(accelerator, build_pipeline(), num_workers=workers)
-    record = RecordEval(out)
-    evals = {
-        name: prepare_eval_pipeline(accelerator, eval_pipeline(name), record, num_workers=workers)
-        for name in EVAL_DOCS
-    }
-    model, opt = accelerator.prepare(model, opt)
-    losses: dict[str, str] = {}
+    with rank_exit():
+        out, workers = Path(sys.argv[1]), int(sys.argv[2])
+        record_pid(out)
+        accelerator = Accelerator(cpu=True)
+        model = tiny_llama()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.0)
+        loader = prepare_pipeline(accelerator, build_pipeline(), num_workers=workers)
+        record = RecordEval(out)
+        evals = {
+            name: prepare_eval_pipeline(
+                accelerator, eval_pipeline(name), record, num_workers=workers
+            )
+            for name in EVAL_DOCS
+        }
+        model, opt = accelerator.prepare(model, opt)
+        losses: dict[str, str] = {}
 
-    def evaluate(step: int) -> None:
-        for name, eval_loader in evals.items():
-            record.label = f"{step}-{name}"
-            losses[record.label] = evaluate_loss(accelerator, model, eval_loader).hex()
+        def evaluate(step: int) -> None:
+            for name, eval_loader in evals.items():
+                record.label = f"{step}-{name}"
+                losses[record.label] = evaluate_loss(accelerator, model, eval_loader).hex()
 
-    evaluate(0)
-    lines = []
-    for step, inputs in enumerate(loader, 1):
-        accelerator.backward(model(**inputs).loss)
-        opt.step()
-        opt.zero_grad()
-        lines.append({"step": step, "rows": [row_digest(r) for r in inputs["input_ids"].cpu()]})
-        if step <= STEPS // 2:
-            evaluate(step)
-        if step == STEPS:
-            break
-    rank = accelerator.process_index
-    (out / f"losses-r{rank}.json").write_text(json.dumps(losses))
-    with open(out / f"steps-r{rank}.jsonl", "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(line) + "\n" for line in lines)
-    accelerator.end_training()
+        evaluate(0)
+        lines = []
+        for step, inputs in enumerate(loader, 1):
+            accelerator.backward(model(**inputs).loss)
+            opt.step()
+            opt.zero_grad()
+            lines.append({"step": step, "rows": [row_digest(r) for r in inputs["input_ids"].cpu()]})
+            if step <= STEPS // 2:
+                evaluate(step)
+            if step == STEPS:
+                break
+        rank = accelerator.process_index
+        (out / f"losses-r{rank}.json").write_text(json.dumps(losses))
+        with open(out / f"steps-r{rank}.jsonl", "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(line) + "\n" for line in lines)
+        accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -10,8 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from zephon.distributed import exit_rank
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 240  # a quiet job takes about 10 s here
@@ -103,6 +108,33 @@ def record_pid(out: Path) -> None:
     """Called by each rank first thing, so that :func:`kill_ranks` can find it."""
     (out / "pids").mkdir(parents=True, exist_ok=True)
     (out / "pids" / str(os.getpid())).touch()
+
+
+@contextmanager
+def rank_exit() -> Iterator[None]:
+    """Wrap the body of the function that holds a rank's model: the process ends through
+    :func:`zephon.distributed.exit_rank` when the body ends (its exit code when it raises
+    ``SystemExit``, 1 with the traceback for any other error).
+
+    It ends inside the body's frame, while the model is still referenced: freeing a DDP model
+    joins PyTorch's gloo threads while holding the GIL, and one of those threads may still be
+    waiting for the GIL to release the last collective (a deadlock seen in 5 of 8 loaded runs).
+    A bare gloo DDP job that simply returned aborted at exit in 13 of 40 loaded runs.
+    Outside a launched rank (no ``RANK`` in the environment: a test calling the job's function
+    in its own process) it does nothing.
+    """
+    if "RANK" not in os.environ:
+        yield
+        return
+    code = 0
+    try:
+        yield
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    exit_rank(code)
 
 
 def json_lines(path: Path) -> list[Any]:

@@ -22,7 +22,7 @@ import torch
 
 from tests.integrations._corpus import build_pipeline, row_digest, tiny_llama
 from tests.integrations._eval_corpus import eval_pipeline
-from tests.integrations._launch import record_pid
+from tests.integrations._launch import rank_exit, record_pid
 from zephon.integrations.lightning import TokenLoss, ZephonDataModule, loss_tokens
 
 NAMES = sys.argv[3].split(",")
@@ -59,15 +59,16 @@ class EvaluatedLlama(pl.LightningModule):  # type: ignore[misc]
 
 
 def main() -> None:
-    out, devices = Path(sys.argv[1]), int(sys.argv[2])
-    record_pid(out)
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-        max_steps=4, val_check_interval=2, num_sanity_val_steps=0, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
-    data = ZephonDataModule(build_pipeline(), eval_pipeline=[eval_pipeline(n) for n in NAMES])
-    trainer.fit(EvaluatedLlama(out), datamodule=data)
+    with rank_exit():
+        out, devices = Path(sys.argv[1]), int(sys.argv[2])
+        record_pid(out)
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+            max_steps=4, val_check_interval=2, num_sanity_val_steps=0, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        data = ZephonDataModule(build_pipeline(), eval_pipeline=[eval_pipeline(n) for n in NAMES])
+        trainer.fit(EvaluatedLlama(out), datamodule=data)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import lightning.pytorch as pl
 import torch
 
 from tests.integrations._corpus import build_pipeline, row_digest, tiny_llama
-from tests.integrations._launch import record_pid
+from tests.integrations._launch import rank_exit, record_pid
 from tests.integrations._trainer_job import UNEVEN_DOCS, uneven_plan
 from zephon.integrations.lightning import ZephonDataModule
 
@@ -64,37 +64,39 @@ def fit(
     ckpt: str | None = None,
 ) -> None:
     """Train ``steps`` steps (checkpoints every 5 in ``OUT/ckpt``), from ``ckpt`` if given."""
-    torch.manual_seed(0)
-    checkpoints = pl.callbacks.ModelCheckpoint(
-        dirpath=out / "ckpt", every_n_train_steps=EVERY, save_top_k=-1, filename="{step}"
-    )
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_steps=steps, callbacks=[checkpoints],
-        logger=False, enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
-    pipeline = build_pipeline() if docs is None else build_pipeline(docs=docs)
-    data = ZephonDataModule(pipeline, num_workers=workers)
-    model = TinyLlama(out / f"{mode}.jsonl", park=mode == "park")
-    trainer.fit(model, datamodule=data, ckpt_path=ckpt)
+    with rank_exit():
+        torch.manual_seed(0)
+        checkpoints = pl.callbacks.ModelCheckpoint(
+            dirpath=out / "ckpt", every_n_train_steps=EVERY, save_top_k=-1, filename="{step}"
+        )
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=1, max_steps=steps, callbacks=[checkpoints],
+            logger=False, enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        pipeline = build_pipeline() if docs is None else build_pipeline(docs=docs)
+        data = ZephonDataModule(pipeline, num_workers=workers)
+        model = TinyLlama(out / f"{mode}.jsonl", park=mode == "park")
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt)
 
 
 def fit_uneven(out: Path, mode: str, workers: int, accumulation: int) -> None:
     """One rank of a DDP job over ranks of uneven passes (see the module's docstring)."""
-    torch.manual_seed(0)
-    steps, park_at = uneven_plan(accumulation)
-    checkpoints = pl.callbacks.ModelCheckpoint(
-        dirpath=out / "ckpt", every_n_train_steps=1, save_top_k=-1, filename="{step}"
-    )
-    trainer = pl.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_steps=steps,
-        accumulate_grad_batches=accumulation, callbacks=[checkpoints], logger=False,
-        enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
-    data = ZephonDataModule(build_pipeline(docs=UNEVEN_DOCS), num_workers=workers)
-    log = out / f"{mode}-r{os.environ['RANK']}.jsonl"
-    model = TinyLlama(log, park=mode == "park", park_at=park_at)
-    ckpt = str(out / "ckpt" / f"step={park_at - 1}.ckpt") if mode == "resume" else None
-    trainer.fit(model, datamodule=data, ckpt_path=ckpt)
+    with rank_exit():
+        torch.manual_seed(0)
+        steps, park_at = uneven_plan(accumulation)
+        checkpoints = pl.callbacks.ModelCheckpoint(
+            dirpath=out / "ckpt", every_n_train_steps=1, save_top_k=-1, filename="{step}"
+        )
+        trainer = pl.Trainer(
+            accelerator="cpu", devices=2, strategy="ddp", max_steps=steps,
+            accumulate_grad_batches=accumulation, callbacks=[checkpoints], logger=False,
+            enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        data = ZephonDataModule(build_pipeline(docs=UNEVEN_DOCS), num_workers=workers)
+        log = out / f"{mode}-r{os.environ['RANK']}.jsonl"
+        model = TinyLlama(log, park=mode == "park", park_at=park_at)
+        ckpt = str(out / "ckpt" / f"step={park_at - 1}.ckpt") if mode == "resume" else None
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt)
 
 
 def main() -> None:

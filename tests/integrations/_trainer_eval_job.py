@@ -19,7 +19,7 @@ from transformers import TrainingArguments
 
 from tests.integrations._corpus import BATCH, build_pipeline, tiny_llama
 from tests.integrations._eval_corpus import RecordEval, eval_sets
-from tests.integrations._launch import record_pid
+from tests.integrations._launch import rank_exit, record_pid
 from tests.integrations._trainer_job import RecordingTrainer
 
 STEPS, EVAL_EVERY = 4, 2
@@ -34,34 +34,35 @@ class EvalRecordingTrainer(RecordingTrainer):
 
 
 def main() -> None:
-    out, workers = Path(sys.argv[1]), int(sys.argv[2])
-    record_pid(out)
-    args = TrainingArguments(
-        output_dir=str(out / "run"),
-        max_steps=STEPS,
-        per_device_train_batch_size=BATCH,
-        per_device_eval_batch_size=BATCH,
-        dataloader_num_workers=workers,
-        eval_strategy="steps",
-        eval_steps=EVAL_EVERY,
-        save_steps=STEPS,
-        learning_rate=1e-3,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        seed=0,
-    )
-    trainer = EvalRecordingTrainer(
-        model=tiny_llama(),
-        args=args,
-        train_pipeline=build_pipeline(),
-        eval_dataset=eval_sets(),
-        eval_transform=RecordEval(out),
-    )
-    trainer.log_path = out / f"train-r{args.process_index}.jsonl"
-    metrics = trainer.evaluate()
-    (out / f"metrics-r{args.process_index}.json").write_text(json.dumps(metrics))
-    trainer.train()
+    with rank_exit():
+        out, workers = Path(sys.argv[1]), int(sys.argv[2])
+        record_pid(out)
+        args = TrainingArguments(
+            output_dir=str(out / "run"),
+            max_steps=STEPS,
+            per_device_train_batch_size=BATCH,
+            per_device_eval_batch_size=BATCH,
+            dataloader_num_workers=workers,
+            eval_strategy="steps",
+            eval_steps=EVAL_EVERY,
+            save_steps=STEPS,
+            learning_rate=1e-3,
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+            seed=0,
+        )
+        trainer = EvalRecordingTrainer(
+            model=tiny_llama(),
+            args=args,
+            train_pipeline=build_pipeline(),
+            eval_dataset=eval_sets(),
+            eval_transform=RecordEval(out),
+        )
+        trainer.log_path = out / f"train-r{args.process_index}.jsonl"
+        metrics = trainer.evaluate()
+        (out / f"metrics-r{args.process_index}.json").write_text(json.dumps(metrics))
+        trainer.train()
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from typing import Any
 from transformers import TrainerCallback, TrainingArguments
 
 from tests.integrations._corpus import BATCH, build_pipeline, row_digest, tiny_llama
-from tests.integrations._launch import record_pid
+from tests.integrations._launch import rank_exit, record_pid
 from zephon.integrations.transformers import ZephonTrainer
 from zephon.torch_data import hf_tensors
 
@@ -84,37 +84,38 @@ class Choreography(TrainerCallback):  # type: ignore[misc]
 
 
 def main() -> None:
-    out, mode, accumulation, workers = Path(sys.argv[1]), sys.argv[2], *map(int, sys.argv[3:5])
-    uneven = sys.argv[5:] == ["uneven"]
-    record_pid(out)
-    steps, save_every, choreography = STEPS, SAVE_EVERY, Choreography()
-    if uneven:
-        steps, park_at = uneven_plan(accumulation)
-        save_every, choreography = 1, Choreography(park_at, usr1_at=None)
-    args = TrainingArguments(
-        output_dir=str(out / "run"),
-        max_steps=steps,
-        per_device_train_batch_size=BATCH,
-        gradient_accumulation_steps=accumulation,
-        dataloader_num_workers=workers,
-        save_steps=save_every,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        seed=0,
-    )
-    trainer = RecordingTrainer(
-        model=tiny_llama(),
-        args=args,
-        train_pipeline=build_pipeline(docs=UNEVEN_DOCS) if uneven else build_pipeline(),
-        transform=RecordDeliveries(out, mode),
-    )
-    trainer.log_path = out / f"{mode}-r{args.process_index}.jsonl"
-    if mode == "park":
-        trainer.add_callback(choreography)
-    trainer.train(resume_from_checkpoint=True if mode == "resume" else None)
+    with rank_exit():
+        out, mode, accumulation, workers = Path(sys.argv[1]), sys.argv[2], *map(int, sys.argv[3:5])
+        uneven = sys.argv[5:] == ["uneven"]
+        record_pid(out)
+        steps, save_every, choreography = STEPS, SAVE_EVERY, Choreography()
+        if uneven:
+            steps, park_at = uneven_plan(accumulation)
+            save_every, choreography = 1, Choreography(park_at, usr1_at=None)
+        args = TrainingArguments(
+            output_dir=str(out / "run"),
+            max_steps=steps,
+            per_device_train_batch_size=BATCH,
+            gradient_accumulation_steps=accumulation,
+            dataloader_num_workers=workers,
+            save_steps=save_every,
+            learning_rate=1e-3,
+            logging_steps=1,
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+            seed=0,
+        )
+        trainer = RecordingTrainer(
+            model=tiny_llama(),
+            args=args,
+            train_pipeline=build_pipeline(docs=UNEVEN_DOCS) if uneven else build_pipeline(),
+            transform=RecordDeliveries(out, mode),
+        )
+        trainer.log_path = out / f"{mode}-r{args.process_index}.jsonl"
+        if mode == "park":
+            trainer.add_callback(choreography)
+        trainer.train(resume_from_checkpoint=True if mode == "resume" else None)
 
 
 if __name__ == "__main__":
