@@ -38,6 +38,10 @@ COALESCE_PARTS = 4
 """A driver sends what it released as one message once this many items or micro-batches are
 waiting, or before it blocks: one consumer wake-up then carries several micro-batches. The
 message takes a channel slot per micro-batch, so what is in flight stays bounded as before."""
+HELD_WINDOW = 4
+"""A driver starts no micro-batch while this many times ``max_inflight`` are out of order: running
+or finished but held behind an earlier one. One slow micro-batch then holds back a bounded number
+of results in memory, not the rest of the run."""
 
 
 class Stopped(Exception):
@@ -193,6 +197,7 @@ class OpDriver(EngineThread):
         self.downstream = downstream
         self.deterministic = deterministic
         self.max_inflight = max(1, max_inflight)
+        self.window = HELD_WINDOW * self.max_inflight
         self.stop = stop
         self.reorder: ReorderBuffer[list[StreamItem]] = ReorderBuffer(deterministic=deterministic)
         self._passthrough: dict[int, Task] = {}  # dispatched tasks with controls to place
@@ -290,15 +295,19 @@ class OpDriver(EngineThread):
         """Start ready tasks while worker slots are free; feed inputs to make more ready."""
         core, ready, pending = self.core, self._ready, self._pending_inputs
         while True:
-            while ready and self._inflight < self.max_inflight:
+            while ready and self._has_room():
                 self._inflight += self._start(ready.popleft())
-            if ready or not pending or self._inflight >= self.max_inflight:
+            if ready or not pending or not self._has_room():
                 return
             items, parts = pending.popleft()
             self.inbox.release(parts)
             if core.reads_payload and self.resolve_shm:
                 resolve_items(items)
             ready.extend(core.feed(items))
+
+    def _has_room(self) -> bool:
+        """A worker slot is free and the results held out of order are within the window."""
+        return self._inflight < self.max_inflight and self.reorder.outstanding < self.window
 
     def in_flight_for(self) -> float | None:
         """Seconds the oldest micro-batch on the pool has been out; None when none is (read
