@@ -240,3 +240,5 @@ def test_identical_text_samples_without_a_chain_name_are_never_merged(
     assert {run.turns[1].parent_call_id for run in runs} == {min(r.turns[0].call_id for r in runs)}
     build = build_rollout(freeze(store_url, rid))
     assert build.masked and "identical_samples_continued_as_one" in build.mask_reasons
+    note = next(d for d in build.notes.decisions if "x-zephon-parent-call-id" in d)
+    assert "chat, responses" in note
