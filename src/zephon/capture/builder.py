@@ -543,8 +543,9 @@ def _continued_as_one(entries: Sequence[TokenEntry]) -> str | None:
             return (
                 f"samples {idle} have the same ids as {busy}, which took all their "
                 "continuations: a continuation that names no chain resolves to the smallest id "
-                "among identical calls; a token-in harness names each sample's chain in the "
-                "x-zephon-parent-call-id request header"
+                "among identical calls; name each sample's chain in the "
+                "x-zephon-parent-call-id request header of its continuations (chat, responses "
+                "or token-in completions)"
             )
     return None
 

@@ -11,11 +11,11 @@ Two hashes, bit-compatible with NeMo Gym's fingerprint version 2 (byte layout in
 :func:`stamp_continuation` writes both onto an entry before ``put``. :class:`RolloutLineage` is
 the per-rollout matcher: a candidate must carry the request's fingerprint AND the digest of
 the request's first ``context_len`` items; it never chooses between candidates (candidates
-with identical token sequences are one: the smallest call id, unless a token-in request names
-the chain it extends, see :func:`token_prompt_item`). :class:`IncrementalResolver`
-keeps one matcher per rollout over any store and, on each look, reads only the entries
-committed since its previous look, so every entry whose ``put`` returned is seen, from any
-client, at the cost of the new entries alone.
+with identical token sequences are one: the smallest call id, unless the request names the
+chain it extends, see :func:`token_prompt_item` and :func:`chain_hint_item`).
+:class:`IncrementalResolver` keeps one matcher per rollout over any store and, on each look,
+reads only the entries committed since its previous look, so every entry whose ``put``
+returned is seen, from any client, at the cost of the new entries alone.
 """
 
 from __future__ import annotations
@@ -56,10 +56,12 @@ __all__ = [
     "RolloutLineage",
     "assistant_fingerprint",
     "canonicalize_tool_arguments",
+    "chain_hint_item",
     "conversation_digest",
     "has_model_authored_item",
     "resolve_among",
     "resolve_from_ledger",
+    "split_chain_hint",
     "stamp_continuation",
     "token_prompt_chain_of",
     "token_prompt_item",
@@ -71,6 +73,7 @@ CONTEXT_DOMAIN = b"nemo-gym-lineage-context"
 
 TOKEN_PREFIX_DOMAIN = b"zephon-lineage-token-prefix"
 TOKEN_PROMPT_TYPE = "token_prompt"
+CHAIN_HINT_TYPE = "zephon_chain_of"
 CHAIN_OF_KEY = "chain_of"
 
 # Reason codes of UNRESOLVED answers (the first two are the reference's).
@@ -187,9 +190,28 @@ def token_prompt_chain_of(items: Sequence[Any]) -> str | None:
     return hint
 
 
+def chain_hint_item(chain_of: str) -> dict[str, Any]:
+    """The item a text request (Chat, Responses) appends, for resolution only, to name the
+    chain it extends: ``chain_of`` is its parent or any ancestor. Among calls whose echoed
+    history and ids are identical (the samples of a group from a peaked policy) only the one on
+    that chain is the parent. Never stamped or hashed: strip it with :func:`split_chain_hint`.
+    """
+    return {"type": CHAIN_HINT_TYPE, CHAIN_OF_KEY: chain_of}
+
+
+def split_chain_hint(items: Sequence[Any]) -> tuple[Sequence[Any], str | None]:
+    """The request items without a trailing :func:`chain_hint_item`, and the chain it names."""
+    if not items or not isinstance(items[-1], dict) or items[-1].get("type") != CHAIN_HINT_TYPE:
+        return items, None
+    hint = items[-1].get(CHAIN_OF_KEY)
+    if not isinstance(hint, str) or not hint:
+        raise CaptureHistoryUnrepresentable("a chain hint's chain_of must be a call id string")
+    return items[:-1], hint
+
+
 def has_model_authored_item(items: Iterable[Any]) -> bool:
     """Whether a request may continue a recorded call (a token-in prompt always may)."""
-    items = list(items)
+    items = list(split_chain_hint(list(items))[0])
     if token_prompt_of(items) is not None:
         return True
     return any(isinstance(item, dict) and is_model_authored(item) for item in items)
@@ -341,15 +363,41 @@ class RolloutLineage:
     def resolve_node(
         self, request_items: Sequence[dict[str, Any]], fingerprint: str | None = None
     ) -> tuple[ParentResolutionStatus, LineageNode | None, str]:
-        """The decision without tokens: (status, winning node, reason)."""
+        """The decision without tokens: (status, winning node, reason).
+
+        A text request that names a chain (:func:`chain_hint_item`) only matches calls on it
+        (that call or its descendants by recorded parent); matches elsewhere alone are
+        UNRESOLVED ``not_on_named_chain``, never a silent switch to another chain.
+        """
+        request_items, chain_of = split_chain_hint(request_items)
         prompt = token_prompt_of(request_items)
         if prompt is not None:
-            return self.resolve_prefix(prompt, token_prompt_chain_of(request_items))
+            return self.resolve_prefix(prompt, chain_of or token_prompt_chain_of(request_items))
         fp = assistant_fingerprint(request_items) if fingerprint is None else fingerprint
         if not fp:
             return ParentResolutionStatus.ROOT, None, ""
+        matched = self._context_matches(request_items, fp)
+        candidates = [c for c in matched if chain_of is None or self._on_chain(c.call_id, chain_of)]
+        # Identical token sequences are interchangeable for training: one candidate.
+        if (
+            len(candidates) > 1
+            and candidates[0].digest
+            and len({(c.digest, c.cum_len) for c in candidates}) == 1
+        ):
+            candidates = [min(candidates, key=lambda c: c.call_id)]
+        if len(candidates) != 1:
+            reason = AMBIGUOUS if candidates else NOT_ON_CHAIN if matched else NO_MATCH
+            if _last_turn_textless(request_items):
+                reason = TEXTLESS_TURN
+            return ParentResolutionStatus.UNRESOLVED, None, reason
+        return ParentResolutionStatus.RESOLVED, candidates[0], ""
+
+    def _context_matches(
+        self, request_items: Sequence[dict[str, Any]], fp: str
+    ) -> list[LineageNode]:
+        """The calls with fingerprint ``fp`` whose recorded request the request extends."""
         digests: dict[int, str] = {}
-        candidates: list[LineageNode] = []
+        matched: list[LineageNode] = []
         for call_id in self.by_fingerprint.get(fp, ()):
             node = self.nodes[call_id]
             if call_id in self.conflicted or not node.context_digest:
@@ -360,20 +408,8 @@ class RolloutLineage:
             if n not in digests:
                 digests[n] = conversation_digest(request_items[:n])
             if digests[n] == node.context_digest:
-                candidates.append(node)
-        # Identical token sequences are interchangeable for training: one candidate.
-        if (
-            len(candidates) > 1
-            and candidates[0].digest
-            and len({(c.digest, c.cum_len) for c in candidates}) == 1
-        ):
-            candidates = [min(candidates, key=lambda c: c.call_id)]
-        if len(candidates) != 1:
-            reason = AMBIGUOUS if candidates else NO_MATCH
-            if _last_turn_textless(request_items):
-                reason = TEXTLESS_TURN
-            return ParentResolutionStatus.UNRESOLVED, None, reason
-        return ParentResolutionStatus.RESOLVED, candidates[0], ""
+                matched.append(node)
+        return matched
 
     def resolve(
         self,
@@ -483,6 +519,7 @@ def resolve_from_ledger(
     names the staging chain, ``prev_len`` and ``chain_hash`` instead. None when no single row
     proves itself (failure rows carry no fingerprint, so they never count).
     """
+    request_items = split_chain_hint(request_items)[0]
     fp = assistant_fingerprint(request_items)
     if not fp:
         return None
@@ -601,11 +638,8 @@ class IncrementalResolver:
         self, rollout_id: str, request_items: Sequence[dict[str, Any]]
     ) -> LineageResolution:
         """Blocking resolve (see :class:`IncrementalResolver`)."""
-        fp = (
-            None
-            if token_prompt_of(request_items) is not None
-            else assistant_fingerprint(request_items)
-        )
+        bare, _ = split_chain_hint(request_items)
+        fp = None if token_prompt_of(bare) is not None else assistant_fingerprint(bare)
         if fp == "":
             return _ROOT
         lock = self._locks[hash(rollout_id) % len(self._locks)]

@@ -13,6 +13,7 @@ from tokenizers import Tokenizer
 
 from tests.capture.proxy._harness import CAP, RolloutRun
 from tests.capture.proxy._procs import Proc
+from tests.capture.proxy._text_groups import Via, text_group_rollout
 from tests.capture.proxy._token_in import complete, group_rollout
 from tests.capture.proxy.conftest import freeze
 from zephon.capture.builder import build_rollout
@@ -178,3 +179,66 @@ def test_a_continuation_off_the_named_chain_masks_its_group(
     assert text.status_code == 400 and "token-in" in text.json()["error"]["message"]
     build = build_rollout(freeze(store_url, rid))
     assert build.masked and "unresolved_parent_calls" in build.mask_reasons
+
+
+def _check_sample_chains(build: object, runs: list[RolloutRun]) -> None:
+    """One trajectory per sample, each the sample's own chain of calls, turn after turn."""
+    trajectories = build.trajectories  # type: ignore[attr-defined]
+    assert len(trajectories) == 4
+    rows = [t.input_ids.tolist() for t in trajectories]
+    assert all(r == rows[0] for r in rows)  # really identical samples
+    for k, (traj, run) in enumerate(zip(trajectories, runs, strict=True)):
+        assert traj.group_index == k and not run.failures
+        assert list(traj.call_ids) == [t.call_id for t in run.turns]
+        assert traj.input_ids.tolist() == [*run.turns[-1].prompt, *run.turns[-1].generation]
+        for before, turn in zip(run.turns, run.turns[1:], strict=False):
+            assert (turn.resolution, turn.parent_call_id) == ("resolved", before.call_id)
+    assert len({c for t in trajectories for c in t.call_ids}) == 4 * len(runs[0].turns)
+
+
+@pytest.mark.parametrize("via", ["chat", "responses"])
+def test_identical_text_samples_named_by_chain_keep_their_identities(
+    proxy: Proc, store_url: str, rid: str, via: Via
+) -> None:
+    """A GRPO loop on a peaked policy whose samples are continued over text: every echoed
+    history is identical, the header tells the samples apart, and no group is masked."""
+    masked = 0
+    with httpx.Client(timeout=60) as http:
+        for g in range(4):
+            runs = text_group_rollout(http, proxy.url, f"{rid}-{g}", 3, via=via, top_k=1)
+            build = build_rollout(freeze(store_url, f"{rid}-{g}"))
+            masked += build.masked
+            assert not build.masked, (build.mask_reasons, build.notes.decisions)
+            _check_sample_chains(build, runs)
+    assert masked == 0
+
+
+@pytest.mark.parametrize("via", ["chat", "responses"])
+def test_a_really_lost_text_sample_still_masks_its_group(
+    proxy: Proc, store_url: str, rid: str, via: Via
+) -> None:
+    """Naming chains never hides a loss: an engine error on sample 2's continuation (the
+    engine may have generated) masks the group, while its siblings kept their chains."""
+    with httpx.Client(timeout=60) as http:
+        runs = text_group_rollout(http, proxy.url, rid, 3, via=via, lose=2, top_k=1)
+    assert [len(r.turns) for r in runs] == [3, 3, 1, 3]
+    assert runs[2].failures and runs[2].failures[0][0] == 500
+    for run in (runs[0], runs[1], runs[3]):
+        assert [t.parent_call_id for t in run.turns[1:]] == [t.call_id for t in run.turns[:-1]]
+    build = build_rollout(freeze(store_url, rid))
+    assert build.masked and "capture_incomplete" in build.mask_reasons
+    assert build.trajectories == []
+
+
+def test_identical_text_samples_without_a_chain_name_are_never_merged(
+    proxy: Proc, store_url: str, rid: str
+) -> None:
+    """Without the header an echoed history cannot tell identical samples apart: every
+    continuation resolves to the smallest id and the group is masked, saying why."""
+    with httpx.Client(timeout=60) as http:
+        runs = text_group_rollout(http, proxy.url, rid, 2, via="chat", name_chain=False, top_k=1)
+    assert {run.turns[1].parent_call_id for run in runs} == {min(r.turns[0].call_id for r in runs)}
+    build = build_rollout(freeze(store_url, rid))
+    assert build.masked and "identical_samples_continued_as_one" in build.mask_reasons
+    note = next(d for d in build.notes.decisions if "x-zephon-parent-call-id" in d)
+    assert "chat, responses" in note

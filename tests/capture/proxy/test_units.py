@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from zephon.capture.lineage import assistant_fingerprint, token_prompt_chain_of, token_prompt_item
+from zephon.capture.lineage import (
+    assistant_fingerprint,
+    chain_hint_item,
+    split_chain_hint,
+    token_prompt_chain_of,
+    token_prompt_item,
+)
 from zephon.capture.proxy import ProxyConfig
 from zephon.capture.proxy._capture import refusal_code
 from zephon.capture.proxy._inference import InferenceAnswer
@@ -110,20 +117,31 @@ def test_bad_requests(dialect: Any, body: Any, code: str) -> None:
     assert info.value.code == code and info.value.status == 400
 
 
-def test_a_named_chain_rides_on_the_token_prompt_item_only() -> None:
+def test_a_named_chain_rides_on_the_token_prompt_item_or_a_resolution_hint() -> None:
     call = prepare_call("completions", {"model": "m", "prompt": [[5, 6]]}, "abc-1")
     assert call.request_items == [token_prompt_item([5, 6], chain_of="abc-1")]
+    assert call.resolve_items == call.request_items
     assert token_prompt_chain_of(call.request_items) == "abc-1"
     assert "chain_of" not in call.engine_body and call.token_in
     plain = prepare_call("completions", {"model": "m", "prompt": [5, 6]})
     assert plain.request_items == [token_prompt_item([5, 6])]
+    # a text request keeps its items (they are stamped and hashed); only resolution is told
+    for dialect, body in (
+        ("chat", {"messages": [{"role": "user", "content": "x"}]}),
+        ("responses", {"input": "x"}),
+    ):
+        text = prepare_call(dialect, body, "abc-2")  # type: ignore[arg-type]
+        assert text.chain_of == "abc-2" and "zephon" not in json.dumps(text.engine_body)
+        assert text.resolve_items == [*text.request_items, chain_hint_item("abc-2")]
+        assert split_chain_hint(text.resolve_items) == (text.request_items, "abc-2")
+        assert prepare_call(dialect, body).resolve_items == text.request_items  # type: ignore[arg-type]
     refused = [
-        ("chat", {"messages": [{"role": "user", "content": "x"}]}, "abc", "token-in"),
         ("completions", {"prompt": "text"}, "abc", "token-in"),
-        ("responses", {"input": "x"}, "abc", "token-in"),
         ("completions", {"prompt": [1]}, "", "model call id"),
         ("completions", {"prompt": [1]}, "x" * 257, "model call id"),
         ("completions", {"prompt": [1]}, "a\tb", "model call id"),
+        ("chat", {"messages": [{"role": "user", "content": "x"}]}, "a b", "model call id"),
+        ("responses", {"input": "x"}, "", "model call id"),
     ]
     for dialect, body, value, says in refused:
         with pytest.raises(BadRequest, match=says) as info:

@@ -4,7 +4,9 @@ request; by default fresh answers go to the run's folder and are compared with t
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ from tests.capture.vllm._fixtures import (
     fixture_text,
     update_requested,
 )
-from tests.capture.vllm.real_engine_suite import FIXTURES, parse_args
+from tests.capture.vllm.real_engine_suite import FIXTURES, REPO, parse_args
 
 
 def _doc(body: Any, version: str = "0.32.0") -> dict[str, Any]:
@@ -70,3 +72,29 @@ def test_update_is_asked_for_by_flag_or_environment() -> None:
     assert update_requested(False, {UPDATE_ENV: " Yes "})
     assert not update_requested(False, {UPDATE_ENV: "0"})
     assert not update_requested(False, {UPDATE_ENV: ""})
+
+
+def _make_decides(*assignments: str) -> bool:
+    """Whether ``make test-vllm`` with these variables would rewrite the tracked fixtures:
+    its suite command line (``make -n``, nothing runs), read as the suite reads it."""
+    dry = subprocess.run(
+        ["make", "-n", "test-vllm", *assignments],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    line = next(x for x in dry.stdout.splitlines() if "real_engine_suite" in x)
+    words = shlex.split(line)
+    env = dict(w.split("=", 1) for w in words[: words.index("-m") - 1])
+    argv = words[words.index("-m") + 2 :]
+    return update_requested(parse_args(argv).update_fixtures, env)
+
+
+def test_make_test_vllm_rewrites_fixtures_only_when_asked() -> None:
+    assert not _make_decides()
+    for value in ("0", "false", "no"):
+        assert not _make_decides(f"UPDATE_FIXTURES={value}"), value
+    for value in ("1", "true", "yes"):
+        assert _make_decides(f"UPDATE_FIXTURES={value}"), value

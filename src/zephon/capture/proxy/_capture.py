@@ -158,7 +158,7 @@ class CaptureService:
     async def _resolve(self, rollout_id: str, call: PreparedCall) -> LineageResolution:
         try:
             store = self.stores.of(rollout_id)
-            res: LineageResolution = await store.resolve(rollout_id, call.request_items)
+            res: LineageResolution = await store.resolve(rollout_id, call.resolve_items)
         except Exception as exc:  # a lookup failure is a safe UNRESOLVED, never a guess
             log.warning("lineage lookup failed for rollout %s: %r", rollout_id, exc)
             res = LineageResolution(ParentResolutionStatus.UNRESOLVED, reason="lookup_error")

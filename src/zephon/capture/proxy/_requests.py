@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from zephon.capture.lineage import token_prompt_item
+from zephon.capture.lineage import chain_hint_item, token_prompt_item
 from zephon.errors import ZephonError
 
 __all__ = [
@@ -33,7 +33,7 @@ __all__ = [
 
 Dialect = Literal["chat", "completions", "responses"]
 MAX_N = 64  # samples of one request (a GRPO group); each becomes its own captured call
-# Request header: the call whose chain a token-in request extends (its parent or an ancestor).
+# Request header: the call whose chain a request extends (its parent or an ancestor).
 CHAIN_HEADER = "x-zephon-parent-call-id"
 _MAX_CHAIN_ID = 256
 
@@ -94,6 +94,15 @@ class PreparedCall:
     want_logprobs: bool
     n: int = 1
     token_in: bool = False
+    chain_of: str | None = None
+
+    @property
+    def resolve_items(self) -> list[dict[str, Any]]:
+        """What parent resolution gets: the request items, and the chain a text request names
+        (a token-in request carries it in its token prompt item)."""
+        if self.chain_of is None or self.token_in:
+            return self.request_items
+        return [*self.request_items, chain_hint_item(self.chain_of)]
 
     @property
     def engine_dialect(self) -> Literal["chat", "completions"]:
@@ -303,14 +312,15 @@ def _printable_id(value: str) -> bool:
     return value.isascii() and value.isprintable() and " " not in value
 
 
-def _chain_of(value: str | None, token_in: bool) -> str | None:
-    """The validated :data:`CHAIN_HEADER` value (token-in requests only)."""
+def _chain_of(value: str | None, dialect: Dialect, token_in: bool) -> str | None:
+    """The validated :data:`CHAIN_HEADER` value (chat, Responses and token-in requests)."""
     if value is None:
         return None
-    if not token_in:
+    if dialect == "completions" and not token_in:
         raise BadRequest(
-            f"{CHAIN_HEADER} applies to token-in requests (completions with 'prompt' as token "
-            "ids); a text request is resolved by the history it echoes: drop the header",
+            f"{CHAIN_HEADER} applies to requests that continue a call (chat, responses, or "
+            "token-in completions with 'prompt' as token ids); a text prompt always starts a "
+            "new chain: drop the header",
             code="unsupported_parent_hint",
         )
     if not 0 < len(value) <= _MAX_CHAIN_ID or not _printable_id(value):
@@ -344,7 +354,7 @@ def prepare_call(dialect: Dialect, body: Any, chain_of: str | None = None) -> Pr
         if isinstance(prompt, str):
             items = [{"role": "user", "content": prompt}]
         else:
-            items = [token_prompt_item(prompt, _chain_of(chain_of, token_in=True))]
+            items = [token_prompt_item(prompt, _chain_of(chain_of, dialect, token_in=True))]
         engine_body = dict(body, prompt=prompt)
         want_lp = body.get("logprobs") is not None
         path = "/v1/completions"
@@ -354,8 +364,7 @@ def prepare_call(dialect: Dialect, body: Any, chain_of: str | None = None) -> Pr
         want_lp = bool(body.get("top_logprobs"))
         path = "/v1/chat/completions"
     token_in = dialect == "completions" and isinstance(engine_body.get("prompt"), list)
-    if not token_in:
-        _chain_of(chain_of, token_in=False)
+    named = _chain_of(chain_of, dialect, token_in)
     _ask_for_tokens(engine_body, "completions" if dialect == "completions" else "chat")
     return PreparedCall(
         dialect=dialect,
@@ -368,4 +377,5 @@ def prepare_call(dialect: Dialect, body: Any, chain_of: str | None = None) -> Pr
         want_logprobs=want_lp,
         n=n,
         token_in=token_in,
+        chain_of=named,
     )

@@ -252,6 +252,15 @@ class StaleDropDestroysEvidence(Wrapper):
         return ok
 
 
+class ChainHintIgnored(Wrapper):
+    """Resolution drops the chain a text request names (identical calls collapse to one)."""
+
+    async def resolve(self, rollout_id: str, request_items: list[dict[str, Any]]) -> Any:
+        if request_items and request_items[-1].get("type") == "zephon_chain_of":
+            request_items = request_items[:-1]
+        return await self._inner.resolve(rollout_id, request_items)
+
+
 @dataclass(frozen=True)
 class Mutation:
     name: str
@@ -403,6 +412,12 @@ MUTATIONS: dict[str, Mutation] = {
             "a failed drop keeps the evidence",
             "conditional_retirement",
             StaleDropDestroysEvidence,
+        ),
+        Mutation(
+            "chain_hint_ignored",
+            "a request naming a chain resolves only on that chain",
+            "lineage_named_chain_text",
+            ChainHintIgnored,
         ),
     ]
 }
