@@ -47,7 +47,6 @@ __all__ = [
     "GROUP_STATE_FORMAT",
     "ROWS_STATE_FORMAT",
     "PipelineDataset",
-    "check_accumulation_steps",
     "hf_tensors",
     "worker_pipeline",
 ]
