@@ -119,7 +119,7 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.convert": _names("ConvertResult ConvertStopped convert"),
     "zephon.demo": _names("add_arguments closing_lines main make_corpus run"),
-    "zephon.distributed": _names("gather_checkpoints"),
+    "zephon.distributed": _names("exit_rank gather_checkpoints"),
     "zephon.errors": _names(
         "CacheThrashingWarning ChatFormatError CheckpointError ConfigError ContractError "
         "DataError DataFormatError MissingDependencyError MissingFieldError OUT_OF_MEMORY_FIX "
@@ -156,7 +156,9 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.testing": _names(
         "CheckReport OperatorCheckError check_operator item_key run_with_stops"
     ),
-    "zephon.torch_data": _names("PipelineDataset ROWS_STATE_FORMAT hf_tensors worker_pipeline"),
+    "zephon.torch_data": _names(
+        "GROUP_STATE_FORMAT PipelineDataset ROWS_STATE_FORMAT hf_tensors worker_pipeline"
+    ),
     "zephon.torch_loader": _names("LOADER_STATE_FORMAT PipelineDataLoader merge_loader_states"),
     "zephon.training": _names(
         "CONVENTIONS TOKEN_FIELDS TrainingOptions to_training training_arrays"

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 import pytest
+from torch.utils.data import DataLoader
 
 from tests.engine._sources import RangeSource
-from tests.engine.test_torch import build, ids
+from tests.engine.test_torch import build, identity, ids
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 from zephon.errors import CheckpointError, ConfigError
 from zephon.torch_loader import PipelineDataLoader, merge_loader_states
@@ -323,3 +325,66 @@ def test_the_torch_dataset_goes_on_from_pass_to_pass_when_endless() -> None:
     it = iter(resumed)
     rest = [next(it) for _ in range(len(passes[1]) + len(passes[2]) - 2)]
     assert head + rest == passes[0] + passes[1] + passes[2]
+
+
+def sample_rows(batch: Any) -> dict[str, Any]:
+    """A batch as one array of row names (lane and sample id), for ``rows=True``."""
+    return {"row": np.array([f"{batch.lane_id}:{sid}" for sid in batch.ids])}
+
+
+@pytest.mark.parametrize("rows", [False, True])
+def test_the_torch_dataset_hands_out_whole_groups_and_resumes_inside_one(rows: bool) -> None:
+    transform = sample_rows if rows else ids
+
+    def dataset() -> Any:
+        return build_uneven(0).to_torch_dataset(
+            transform, rows=rows, endless=True, accumulation_steps=4
+        )
+
+    per_batch = 2 if rows else 1  # the rows of a batch, or the batch
+    expected = whole_groups(0, 4)  # the same cut as PipelineDataLoader's
+    if rows:
+        expected = [f"{lane}:{sid}" for lane, sids in expected for sid in sids]
+    full = dataset()
+    it = iter(full)
+    got = [next(it) for _ in range(len(expected))]
+    it.close()
+    assert _names(got) == expected
+    assert len(got) == 48 * per_batch and full.left_out == 17 % 4 + 18 % 4
+    # a state after the pass's last whole group, and two items (or rows) into the next group
+    for stop in (16 * per_batch, 18 * per_batch + 1):
+        head = dataset()
+        it = iter(head)
+        seen = [next(it) for _ in range(stop)]
+        state = json.loads(json.dumps(head.state_dict()))
+        it.close()
+        resumed = dataset()
+        resumed.load_state_dict(state)
+        it = iter(resumed)
+        rest = [next(it) for _ in range(len(got) - stop)]
+        it.close()
+        assert _names(seen + rest) == _names(got), stop
+
+
+def _names(units: list[Any]) -> list[Any]:
+    return [str(u["row"]) if isinstance(u, dict) else u for u in units]
+
+
+def test_the_torch_dataset_refuses_what_would_break_its_groups() -> None:
+    with pytest.raises(ConfigError, match="to_torch_dataset: accumulation_steps must be"):
+        build_uneven(0).to_torch_dataset(ids, accumulation_steps=0)
+    grouped = build_uneven(0).to_torch_dataset(ids, accumulation_steps=4)
+    loader = DataLoader(grouped, batch_size=None, collate_fn=identity, num_workers=2)
+    with pytest.raises(ConfigError, match=r"2 DataLoader workers: .* use num_workers=0 or 1"):
+        next(iter(loader))
+    it = iter(grouped)
+    next(it)
+    state = grouped.state_dict()
+    it.close()
+    other = build_uneven(0).to_torch_dataset(ids, accumulation_steps=2)
+    other.load_state_dict(state)
+    with pytest.raises(CheckpointError, match=r"to_torch_dataset\(accumulation_steps=4, rows=F"):
+        next(iter(other))
+    single = build_uneven(0).to_torch_dataset(ids, endless=True, accumulation_steps=20)
+    with pytest.raises(ConfigError, match="pass 0 of this view's lanes handed out no item"):
+        next(iter(single))

@@ -762,6 +762,7 @@ class Pipeline:
         *,
         rows: bool = False,
         endless: bool = False,
+        accumulation_steps: int = 1,
     ) -> Any:
         """A torch ``IterableDataset`` with ``state_dict``/``load_state_dict`` (needs torch).
 
@@ -771,10 +772,14 @@ class Pipeline:
         tensors, ``to_training(convention="hf")``) for a DataLoader that batches itself.
         ``endless=True``: one iteration goes on from pass to pass (each the next epoch), for
         data-parallel ranks whose passes differ in length; the loop's step limit ends it.
+        ``accumulation_steps=n``: each pass in whole groups of ``n`` batches (one optimizer
+        step), the fewer left at a pass end left out of it, so no step spans two passes.
         """
         from zephon.torch_data import PipelineDataset
 
-        return PipelineDataset(self, transform, rows=rows, endless=endless)
+        return PipelineDataset(
+            self, transform, rows=rows, endless=endless, accumulation_steps=accumulation_steps
+        )
 
     def stats(self) -> RunStats | None:
         """Live statistics of the current (or last) iteration: totals, per-operator

@@ -13,11 +13,18 @@ per pipeline batch, plus how many of its rows were already yielded.
 ``endless=True`` makes one iteration go on from pass to pass (each the pipeline's next epoch),
 so data-parallel ranks, whose passes differ in length, never end an iteration at different
 steps; the training loop's step limit ends it.
+
+``accumulation_steps=n`` hands out each pass in whole groups of ``n`` pipeline batches (one
+optimizer step of gradient accumulation), as ``PipelineDataLoader`` does: the fewer than ``n``
+left at a pass end are left out of it, so no group spans two passes. The group is read before
+its first item is handed out; the state is the checkpoint before the group plus how many of its
+items (or rows) were handed out, so a state taken inside a group resumes the same group.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -25,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from zephon._engine.runners import REFERENCE, REGISTRY
 from zephon._optional import require
-from zephon.errors import ConfigError
+from zephon.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from zephon.pipeline import Pipeline
@@ -36,9 +43,17 @@ except ImportError:  # pragma: no cover - exercised when torch is absent
     IterableDataset = object  # type: ignore[misc,assignment]
     get_worker_info = None  # type: ignore[assignment]
 
-__all__ = ["ROWS_STATE_FORMAT", "PipelineDataset", "hf_tensors", "worker_pipeline"]
+__all__ = [
+    "GROUP_STATE_FORMAT",
+    "ROWS_STATE_FORMAT",
+    "PipelineDataset",
+    "hf_tensors",
+    "worker_pipeline",
+]
 
 ROWS_STATE_FORMAT = "zephon-rows-state"
+GROUP_STATE_FORMAT = "zephon-group-state"
+log = logging.getLogger("zephon")
 # Keys of to_training's output that describe the whole batch, not one row.
 _BATCH_LEVEL_KEYS = frozenset({"cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k"})
 
@@ -65,6 +80,13 @@ def worker_pipeline(pipeline: Pipeline, worker_id: int, num_workers: int) -> Pip
         runner=runner,
         _worker_share=(worker_id, num_workers),
     )
+
+
+def check_accumulation_steps(value: object, owner: str) -> int:
+    """``value`` as a group size, or a ConfigError naming ``owner``."""
+    if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
+        raise ConfigError(f"{owner}: accumulation_steps must be an integer >= 1, got {value!r}")
+    return value
 
 
 def hf_tensors(item: Any) -> dict[str, Any]:
@@ -117,12 +139,15 @@ class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
         *,
         rows: bool = False,
         endless: bool = False,
+        accumulation_steps: int = 1,
     ) -> None:
         if get_worker_info is None:
             require("torch", "to_torch_dataset")
         self.pipeline = pipeline
         self.rows = rows
         self.endless = endless
+        self.accumulation_steps = check_accumulation_steps(accumulation_steps, "to_torch_dataset")
+        self.left_out = 0  # batches left out at pass ends in this process (partial groups)
         self.transform = hf_tensors if rows and transform is None else transform
         self._worker_pipeline: Pipeline | None = None
         self._pending: Mapping[str, Any] | None = None
@@ -134,6 +159,13 @@ class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
         info = get_worker_info() if get_worker_info is not None else None
         if info is None or info.num_workers == 1:
             return self.pipeline
+        if self.accumulation_steps > 1:
+            raise ConfigError(
+                f"to_torch_dataset(accumulation_steps={self.accumulation_steps}) with "
+                f"{info.num_workers} DataLoader workers: the DataLoader interleaves the workers' "
+                "items, so a group could mix two passes; use num_workers=0 or 1, or "
+                "zephon.torch_loader.PipelineDataLoader(num_workers=..., accumulation_steps=...)"
+            )
         if self._worker_pipeline is None:
             self._worker_pipeline = worker_pipeline(self.pipeline, info.id, info.num_workers)
         return self._worker_pipeline
@@ -146,13 +178,22 @@ class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
         if pending is not None and pending.get("format") == ROWS_STATE_FORMAT:
             skip = int(pending["rows_taken"])
             pending = pending["checkpoint"]
+        elif pending is not None and pending.get("format") == GROUP_STATE_FORMAT:
+            self._check_group_state(pending)
+            skip = int(pending["taken"])
+            pending = pending["checkpoint"]
         if pending is not None:
             pipe.restore(pending)
             if self._epoch is not None:  # set after the load: continue, start or refuse
                 pipe.set_epoch(self._epoch)
         if not self.endless:
-            return self._iter_rows(pipe, skip) if self.rows else self._iter_items(pipe)
+            return self._one_pass(pipe, skip)
         return self._passes(pipe, skip, fresh=pending is None)
+
+    def _one_pass(self, pipe: Pipeline, skip: int) -> Iterator[Any]:
+        if self.accumulation_steps > 1:
+            return self._iter_groups(pipe, skip)
+        return self._iter_rows(pipe, skip) if self.rows else self._iter_items(pipe)
 
     def _passes(self, pipe: Pipeline, skip: int, *, fresh: bool) -> Iterator[Any]:
         """Pass after pass of ``pipe`` (``endless``): each the next epoch. ``fresh``: the
@@ -160,13 +201,14 @@ class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
         while True:
             yielded = 0
             for yielded, item in enumerate(  # noqa: B007 - the count is read after the loop
-                self._iter_rows(pipe, skip) if self.rows else self._iter_items(pipe), 1
+                self._one_pass(pipe, skip), 1
             ):
                 yield item
             if fresh and not yielded:
                 raise ConfigError(
-                    f"endless=True: pass {pipe.epoch} of this view's lanes holds no item, so "
-                    "the stream would never deliver; check the data"
+                    f"endless=True: pass {pipe.epoch} of this view's lanes handed out no item "
+                    f"(accumulation_steps={self.accumulation_steps}), so the stream would never "
+                    "deliver; check the data, or use fewer accumulation steps"
                 )
             skip, fresh = 0, True
             pipe.set_epoch(pipe.epoch + 1)
@@ -191,9 +233,67 @@ class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
             skip = 0
             self._batch_start, self._rows_taken = after, 0
 
+    def _iter_groups(self, pipe: Pipeline, skip: int) -> Iterator[Any]:
+        """Whole groups of ``accumulation_steps`` batches (their rows with ``rows``), the
+        first ``skip`` items or rows of the first group left out (handed out before a
+        restore); a partial last group of the pass is left out of it."""
+        self._batch_start, self._rows_taken = pipe.checkpoint(), skip
+        group: list[Any] = []
+        for item in pipe:
+            group.append(item)
+            if len(group) < self.accumulation_steps:
+                continue
+            units = [unit for batch in group for unit in self._units(batch)]
+            after = pipe.checkpoint()
+            for index in range(skip, len(units)):
+                if index == len(units) - 1:  # the group is used up: nothing to re-read
+                    self._batch_start, self._rows_taken = after, 0
+                else:
+                    self._rows_taken = index + 1
+                yield units[index]
+            skip, group = 0, []
+            self._batch_start, self._rows_taken = after, 0
+        if group:
+            self.left_out += len(group)
+            log.info(
+                "zephon: pass %d of rank %d ends with %d batch(es), fewer than "
+                "accumulation_steps=%d: left out of that pass",
+                pipe.epoch,
+                pipe.runtime_options.dp_rank,
+                len(group),
+                self.accumulation_steps,
+            )
+
+    def _units(self, item: Any) -> list[Any]:
+        """What one pipeline batch hands out: itself (transformed) or its rows."""
+        if self.rows:
+            assert self.transform is not None
+            return _split_rows(self.transform(item))
+        return [item if self.transform is None else self.transform(item)]
+
+    def _check_group_state(self, state: Mapping[str, Any]) -> None:
+        saved = (int(state["accumulation_steps"]), bool(state["rows"]))
+        if saved != (self.accumulation_steps, self.rows):
+            raise CheckpointError(
+                f"the dataset state was saved with accumulation_steps={saved[0]}, "
+                f"rows={saved[1]}; load it into to_torch_dataset(accumulation_steps={saved[0]}, "
+                f"rows={saved[1]})"
+            )
+
     def state_dict(self) -> dict[str, Any]:
         if self._pending is not None:  # loaded and not iterated since: that is the position
             return dict(self._pending)
+        if self.accumulation_steps > 1:
+            start = self._batch_start
+            if start is None:  # not iterated yet
+                start = self._pipeline_for_worker().checkpoint()
+            return {
+                "format": GROUP_STATE_FORMAT,
+                "checkpoint": start,
+                "taken": self._rows_taken,
+                "accumulation_steps": self.accumulation_steps,
+                "rows": self.rows,
+            }
         if not self.rows:
             return self._pipeline_for_worker().checkpoint()
         start = self._batch_start

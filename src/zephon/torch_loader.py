@@ -26,7 +26,7 @@ from zephon.checkpoints import (
 )
 from zephon.checkpoints.passes import split_later, start_of_pass
 from zephon.errors import CheckpointError, ConfigError
-from zephon.torch_data import worker_pipeline
+from zephon.torch_data import check_accumulation_steps, worker_pipeline
 from zephon.work import lanes_for_rank
 
 if TYPE_CHECKING:
@@ -158,17 +158,10 @@ class PipelineDataLoader:
         **dataloader_kwargs: Any,
     ) -> None:
         require("torch", "PipelineDataLoader")
-        if isinstance(accumulation_steps, bool) or not (
-            isinstance(accumulation_steps, int) and accumulation_steps >= 1
-        ):
-            raise ConfigError(
-                f"PipelineDataLoader: accumulation_steps must be an integer >= 1, got "
-                f"{accumulation_steps!r}"
-            )
         self.pipeline = pipeline
         self.auto_epoch = auto_epoch or endless
         self.endless = endless
-        self.accumulation_steps = accumulation_steps
+        self.accumulation_steps = check_accumulation_steps(accumulation_steps, "PipelineDataLoader")
         self.left_out = 0  # items left out at pass ends (fewer than one accumulation group)
         self.num_workers = num_workers
         self.device = device

@@ -79,3 +79,37 @@ def rank_stream(docs: int, rank: int, group: int, count: int) -> list[tuple[int,
         out += [(epoch, rows) for rows in batches[: len(batches) // group * group]]
         epoch += 1
     return out[:count]
+
+
+Batch = tuple[str, ...]
+
+
+def lane_streams(docs: int, passes: int) -> dict[int, list[tuple[int, Batch]]]:
+    """Each lane's batches, pass after pass, as (pass, row digests)."""
+    lanes: dict[int, list[tuple[int, Batch]]] = {}
+    for epoch in range(passes):
+        for batch in build_pipeline(docs=docs).set_epoch(epoch):
+            rows = tuple(row_digest(r) for r in batch.to_training(convention="hf")["input_ids"])
+            lanes.setdefault(batch.lane_id, []).append((epoch, rows))
+    return lanes
+
+
+def follow_lanes(
+    streams: dict[int, list[tuple[int, Batch]]],
+    at: dict[int, int],
+    lanes: list[int],
+    trained: list[Batch],
+) -> dict[int, int] | None:
+    """Where each lane is after ``trained`` if every batch of it, in order, is the next batch of
+    one of ``lanes`` (from positions ``at``): nothing skipped, nothing twice; None if not.
+    Rows are not unique (a row of a long document's middle holds no index), so a batch that is
+    the next of two lanes tries both."""
+    if not trained:
+        return at
+    for lane in lanes:
+        stream, index = streams[lane], at[lane]
+        if index < len(stream) and stream[index][1] == trained[0]:
+            found = follow_lanes(streams, {**at, lane: index + 1}, lanes, trained[1:])
+            if found is not None:
+                return found
+    return None

@@ -1,13 +1,15 @@
 """One rank of a ``ZephonTrainer`` job, started by ``torchrun`` in the tests.
 
 Usage: ``torchrun --nproc-per-node 2 tests/integrations/_trainer_job.py OUT MODE GA WORKERS
-[uneven]``
+[uneven | elastic STEPS]``
 
 MODE is ``fresh`` (train 40 steps), ``park`` (the same, but rank 1 sends itself SIGUSR1 at step
 15 and both ranks stop at step 22 and wait to be killed) or ``resume`` (from the newest complete
 checkpoint). ``uneven`` trains on the first :data:`UNEVEN_DOCS` documents instead, whose passes
 hold 14 batches on rank 0 and 10 on rank 1: :func:`uneven_plan` gives the steps (through several
-passes), a checkpoint every step, and the step to park at (no SIGUSR1).
+passes), a checkpoint every step, and the step to park at (no SIGUSR1). ``elastic STEPS`` is
+``uneven`` with ``max_steps=STEPS`` and the park at :data:`ELASTIC_PARK`, for a resume on another
+number of ranks.
 
 Each rank appends one JSON line per micro-batch to ``OUT/<MODE>-r<RANK>.jsonl``
 (step, row digests, loss as float hex) and the rows every pipeline batch it *delivered* to
@@ -33,6 +35,7 @@ from zephon.torch_data import hf_tensors
 
 STEPS, SAVE_EVERY, PARK_AT, USR1_AT = 40, 10, 22, 15
 UNEVEN_DOCS = 56
+ELASTIC_PARK = 12  # on 2 ranks: checkpoint-11 is taken after rank 1 started its second pass
 
 
 def uneven_plan(accumulation: int) -> tuple[int, int]:
@@ -86,11 +89,14 @@ class Choreography(TrainerCallback):  # type: ignore[misc]
 def main() -> None:
     with rank_exit():
         out, mode, accumulation, workers = Path(sys.argv[1]), sys.argv[2], *map(int, sys.argv[3:5])
-        uneven = sys.argv[5:] == ["uneven"]
+        variant = sys.argv[5:6]
+        uneven = variant in (["uneven"], ["elastic"])
         record_pid(out)
         steps, save_every, choreography = STEPS, SAVE_EVERY, Choreography()
         if uneven:
             steps, park_at = uneven_plan(accumulation)
+            if variant == ["elastic"]:
+                steps, park_at = int(sys.argv[6]), ELASTIC_PARK
             save_every, choreography = 1, Choreography(park_at, usr1_at=None)
         args = TrainingArguments(
             output_dir=str(out / "run"),

@@ -16,6 +16,8 @@ from tests.integrations._corpus import (
     build_pipeline,
     build_pipeline_unbatched,
     epoch_rows,
+    follow_lanes,
+    lane_streams,
     rank_stream,
     row_digest,
     tiny_llama,
@@ -27,7 +29,12 @@ from tests.integrations._launch import (
     run_until_parked_then_kill,
     torchrun_argv,
 )
-from tests.integrations._trainer_job import UNEVEN_DOCS, RecordingTrainer, uneven_plan
+from tests.integrations._trainer_job import (
+    ELASTIC_PARK,
+    UNEVEN_DOCS,
+    RecordingTrainer,
+    uneven_plan,
+)
 from zephon.checkpoints import load_checkpoint
 from zephon.errors import CheckpointError, ConfigError
 from zephon.integrations.transformers import (
@@ -151,6 +158,38 @@ def test_uneven_ranks_checkpoint_every_step_across_passes_and_resume_bitwise(
     for rank in (0, 1):
         resumed = json_lines(killed / f"resume-r{rank}.jsonl")
         assert resumed == [line for line in ref[rank] if line["step"] >= park_at]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("world", [4, pytest.param(1, marks=pytest.mark.slow)])
+def test_a_killed_two_rank_job_resumes_on_another_world_size_training_each_row_once(
+    tmp_path: Path, world: int
+) -> None:
+    """2 ranks (passes of 14 and 10 batches) checkpoint every step and are SIGKILLed after
+    step 12, with rank 1 in its second pass; the newest checkpoint resumes on ``world`` ranks."""
+    checkpoint = ELASTIC_PARK - 1
+    argv = [1, 0, "elastic"]
+    run_until_parked_then_kill(
+        torchrun_argv("_trainer_job.py", tmp_path, "park", *argv, ELASTIC_PARK + 8), tmp_path
+    )
+    mixed = load_checkpoint(tmp_path / "run" / f"checkpoint-{checkpoint}" / DATA_STATE_NAME)
+    assert {lane.get("epoch", 0) for lane in mixed["lanes"].values()} == {0, 1}
+    steps = checkpoint + 4
+    resume = torchrun_argv("_trainer_job.py", tmp_path, "resume", *argv, steps, nproc=world)
+    run_job(resume, tmp_path)
+    streams = lane_streams(UNEVEN_DOCS, passes=3)
+    at: dict[int, int] | None = dict.fromkeys(streams, 0)
+    for mode, ranks, last in (("park", 2, checkpoint), ("resume", world, steps)):
+        for rank in range(ranks):
+            lines = json_lines(tmp_path / f"{mode}-r{rank}.jsonl")
+            assert [line["step"] for line in lines if line["step"] <= last][-1] == last
+            trained = [tuple(line["rows"]) for line in lines if line["step"] <= last]
+            assert at is not None
+            at = follow_lanes(streams, at, list(range(rank, 4, ranks)), trained)
+            assert at is not None, f"{mode} rank {rank} of {ranks} skipped or repeated a batch"
+    assert at is not None
+    for lane, stream in streams.items():  # every batch of the first pass, on 2 ranks then world
+        assert at[lane] >= sum(1 for epoch, _ in stream if epoch == 0), f"lane {lane}"
 
 
 # -- in one process ------------------------------------------------------------------------
