@@ -54,9 +54,9 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.capture.dataset": _names("CaptureSource RetirementReport TrajectoryShard"),
     "zephon.capture.lineage": _names(
         "EntryFetch FINGERPRINT_VERSION IncrementalResolver LineageNode RolloutLineage "
-        "assistant_fingerprint canonicalize_tool_arguments conversation_digest "
-        "has_model_authored_item resolve_among resolve_from_ledger stamp_continuation "
-        "token_prompt_chain_of token_prompt_item token_prompt_of"
+        "assistant_fingerprint canonicalize_tool_arguments chain_hint_item conversation_digest "
+        "has_model_authored_item resolve_among resolve_from_ledger split_chain_hint "
+        "stamp_continuation token_prompt_chain_of token_prompt_item token_prompt_of"
     ),
     "zephon.capture.protocols": _names(
         "CaptureAdmissionRefused CaptureHistoryUnrepresentable CaptureLedger CaptureStore "
