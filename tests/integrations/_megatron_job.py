@@ -50,7 +50,9 @@ def main() -> None:
         with open(out / f"{mode}-r{rank}.jsonl", "w", encoding="utf-8") as log:
             for iteration in range(start + 1, steps + 1):
                 for _ in range(train_ds.accumulation_steps):
-                    log.write(json.dumps({"iteration": iteration, **batch_line(next(iterator))}) + "\n")
+                    log.write(
+                        json.dumps({"iteration": iteration, **batch_line(next(iterator))}) + "\n"
+                    )
                 log.flush()
                 save_dataloader_state(iterator, iteration, out / "ckpt")
                 if mode == "park" and iteration == PARK_AT:

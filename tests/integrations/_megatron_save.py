@@ -43,7 +43,10 @@ def training_iterator(train_ds: Any) -> RerunDataIterator:
 
 def rank_file(save_dir: Path, iteration: int, dp_rank: int) -> Path:
     return (
-        save_dir / f"iter_{iteration:07d}" / "mp_rank_00" / f"train_dataloader_dprank{dp_rank:03d}.pt"
+        save_dir
+        / f"iter_{iteration:07d}"
+        / "mp_rank_00"
+        / f"train_dataloader_dprank{dp_rank:03d}.pt"
     )
 
 

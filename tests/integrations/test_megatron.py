@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
 from tests.integrations._corpus import build_pipeline, row_digest
 from tests.integrations._launch import (
     JOB_TIMEOUT_S,
@@ -121,7 +122,9 @@ def test_thd_batch_packs_each_document_padded_to_the_multiple() -> None:
 def test_thd_pad_multiple_serves_context_and_sequence_parallelism(
     tp: int, cp: int, sp: bool, multiple: int
 ) -> None:
-    assert thd_pad_multiple(tensor_parallel=tp, context_parallel=cp, sequence_parallel=sp) == multiple
+    assert (
+        thd_pad_multiple(tensor_parallel=tp, context_parallel=cp, sequence_parallel=sp) == multiple
+    )
 
 
 def test_global_batch_size_is_micro_times_dp_times_accumulation_or_refused() -> None:

@@ -6,6 +6,7 @@ id: vocabulary-parallel cross-entropy never indexes outside the vocabulary).
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,7 +22,10 @@ def thd_pad_multiple(
 ) -> int:
     """The multiple every packed sequence's padded length must be: context parallelism splits
     each sequence into ``2 x CP`` chunks, sequence parallelism each chunk over the TP ranks."""
-    for name, size in (("tensor_parallel", tensor_parallel), ("context_parallel", context_parallel)):
+    for name, size in (
+        ("tensor_parallel", tensor_parallel),
+        ("context_parallel", context_parallel),
+    ):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ConfigError(f"thd_pad_multiple: {name} must be an integer >= 1, got {size!r}")
     multiple = 2 * context_parallel if context_parallel > 1 else 1
@@ -60,13 +64,13 @@ def _segments(document_ids: np.ndarray) -> list[tuple[int, int, int]]:
     for row, docs in enumerate(document_ids):
         edges = np.flatnonzero(np.diff(docs)) + 1
         bounds = np.concatenate(([0], edges, [docs.size]))
-        found += [
-            (row, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if docs[a] >= 0
-        ]
+        found += [(row, int(a), int(b)) for a, b in pairwise(bounds) if docs[a] >= 0]
     return found
 
 
-def thd_batch(batch: SampleBatch, *, pad_multiple: int = 1, pad_token_id: int = 0) -> dict[str, Any]:
+def thd_batch(
+    batch: SampleBatch, *, pad_multiple: int = 1, pad_token_id: int = 0
+) -> dict[str, Any]:
     """All documents of the batch's rows as one packed ``[1, T]`` sequence: each document padded
     to a multiple of ``pad_multiple`` (:func:`thd_pad_multiple`), ``cu_seqlens`` over the real
     lengths and ``cu_seqlens_padded`` over the padded ones (``[1, N + 1]`` int32, as Megatron's

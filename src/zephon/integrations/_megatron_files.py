@@ -44,7 +44,7 @@ def _read(path: Path) -> dict[str, Any]:
 
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unreadable file is refused the same way
+    except Exception as err:
         raise CheckpointError(f"{path}: cannot read the data-loader rank file ({err})") from err
     state = saved.get("dataloader_state_dict") if isinstance(saved, dict) else None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
@@ -101,7 +101,9 @@ def _choose(save_dir: Path, iteration: int | None) -> Generation:
     for found in generations:
         if found.problem is None:
             return found
-        log.warning("data-loader state of iteration %d not used: %s", found.iteration, found.problem)
+        log.warning(
+            "data-loader state of iteration %d not used: %s", found.iteration, found.problem
+        )
     detail = f": {generations[0].problem}" if generations else ""
     raise CheckpointError(
         f"{save_dir}: no complete generation of data-loader rank files{detail}; point "
@@ -109,7 +111,9 @@ def _choose(save_dir: Path, iteration: int | None) -> Generation:
     )
 
 
-def load_generation(save_dir: str | Path, iteration: int | None = None) -> tuple[int, dict[str, Any]]:
+def load_generation(
+    save_dir: str | Path, iteration: int | None = None
+) -> tuple[int, dict[str, Any]]:
     """``(iteration, merged pipeline checkpoint)`` of the newest complete generation under
     ``save_dir`` (or exactly ``iteration``'s), refused with the file at fault when incomplete,
     damaged, or when its rank files disagree."""
