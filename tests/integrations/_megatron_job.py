@@ -8,6 +8,10 @@ data-loader rank files after every iteration into ``OUT/ckpt``. One JSON line pe
 goes to ``OUT/<MODE>-r<RANK>.jsonl``: the iteration, the row digests and a digest of the whole
 batch. MODE ``park`` waits to be killed after iteration ``PARK_AT``; ``resume`` continues from
 the rank files of ``RESUME_ITERATION``.
+
+``... _megatron_job.py OUT layout TP PP`` sets up TP x PP model parallelism instead and writes
+``OUT/layout-r<RANK>.json``: the rank's TP and PP rank, whether the provider gave it data and
+the first micro-batch it reads.
 """
 
 from __future__ import annotations
@@ -29,11 +33,29 @@ from zephon.integrations.megatron import datasets_provider
 PARK_AT = 5
 
 
+def layout(out: Path, tensor: int, pipeline: int) -> None:
+    """Which ranks of a TP x PP job the provider gives data, and their first micro-batch."""
+    mpu.initialize_model_parallel(tensor, pipeline)
+    provide = datasets_provider(build_pipeline(), micro_batch_size=MICRO, global_batch_size=GLOBAL)
+    train_ds, _, _ = provide([0, 0, 0])
+    seen = {
+        "tp": mpu.get_tensor_model_parallel_rank(),
+        "pp": mpu.get_pipeline_model_parallel_rank(),
+        "first": None if train_ds is None else batch_line(next(training_iterator(train_ds))),
+    }
+    (out / f"layout-r{dist.get_rank()}.json").write_text(json.dumps(seen))
+    dist.barrier()
+    mpu.destroy_model_parallel()
+
+
 def main() -> None:
     out, mode, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     record_pid(out)
     with rank_exit():
         dist.init_process_group("gloo")
+        if mode == "layout":
+            layout(out, steps, int(sys.argv[4]))
+            return
         mpu.initialize_model_parallel(1, 1)
         start = int(sys.argv[4]) if mode == "resume" else 0
         provide = datasets_provider(

@@ -5,6 +5,7 @@ every sample trained once (the 2-rank resume bit for bit), and damaged generatio
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,18 @@ def test_next_is_called_on_tensor_rank_zero_of_the_first_and_last_stage_only() -
     assert reads_data(tensor_rank=0, pipeline_rank=0, pipeline_size=1)
 
 
+@pytest.mark.timeout(2 * JOB_TIMEOUT_S)
+def test_only_tensor_rank_zero_of_the_first_and_last_stage_gets_the_same_data(
+    tmp_path: Path,
+) -> None:
+    run_job(torchrun_argv(SCRIPT, tmp_path, "layout", 2, 2, nproc=4), tmp_path)
+    seen = [json.loads((tmp_path / f"layout-r{rank}.json").read_text()) for rank in range(4)]
+    reading = {(x["tp"], x["pp"]) for x in seen if x["first"] is not None}
+    assert reading == {(0, 0), (0, 1)}
+    firsts = [x["first"] for x in seen if x["first"] is not None]
+    assert firsts[0] == firsts[1] == reference_rank(0, 1, 1)[0]  # DP 1: one batch of each lane
+
+
 def test_rerun_replay_returns_the_same_batches_without_moving_the_position() -> None:
     machine = get_rerun_state_machine()
     mode = machine.get_mode()
@@ -253,3 +266,42 @@ def check_refusals(saved: Path, tmp_path: Path) -> None:
         load_generation(mixed, PARK_AT)
     with pytest.raises(CheckpointError, match="no complete generation"):
         load_generation(tmp_path / "nowhere")
+
+
+def one_rank_save(save_dir: Path, iteration: int, *ranks: int) -> MegatronDataProvider:
+    """A 1-rank provider after one iteration, its state written as the files of ``ranks``."""
+    provider = MegatronDataProvider(build_pipeline(), micro_batch_size=MICRO,
+                                    global_batch_size=GLOBAL)  # fmt: skip
+    for _ in range(provider.accumulation_steps):
+        next(provider)
+    state = provider.save_state()
+    for rank in ranks:
+        rank_file(save_dir, iteration, rank).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"dataloader_state_dict": state}, rank_file(save_dir, iteration, rank))
+    return provider
+
+
+def test_rank_files_of_more_ranks_than_the_job_or_of_another_provider_are_refused(
+    tmp_path: Path,
+) -> None:
+    one_rank_save(tmp_path / "extra", 3, 0, 1)
+    extra = rank_file(tmp_path / "extra", 3, 1)
+    with pytest.raises(CheckpointError, match=f"{extra} is one rank file too many"):
+        load_generation(tmp_path / "extra", 3)
+    foreign = rank_file(tmp_path / "foreign", 3, 0)
+    foreign.parent.mkdir(parents=True)
+    torch.save({"dataloader_state_dict": {"consumed": 5}}, foreign)
+    with pytest.raises(CheckpointError, match=f"{foreign}: not a zephon Megatron data-loader"):
+        load_generation(tmp_path / "foreign")
+
+
+def test_load_state_continues_after_the_saved_iteration_and_only_before_training(
+    tmp_path: Path,
+) -> None:
+    saved = one_rank_save(tmp_path, 1, 0)
+    resumed = MegatronDataProvider(build_pipeline(), micro_batch_size=MICRO,
+                                   global_batch_size=GLOBAL)  # fmt: skip
+    assert resumed.load_state(tmp_path) == 1
+    assert batch_line(next(resumed)) == batch_line(next(saved))
+    with pytest.raises(CheckpointError, match="load before training starts"):
+        resumed.load_state(tmp_path)
