@@ -4,6 +4,8 @@
 - :mod:`zephon.integrations.transformers`: ``ZephonTrainer``, a Hugging Face ``Trainer`` that
   trains every lane exactly once across ranks and checkpoints the data position with the model.
 - :mod:`zephon.integrations.accelerate`: ``prepare_pipeline`` for ``Accelerator`` loops.
+- :mod:`zephon.integrations.megatron`: a data provider for Megatron-LM's
+  ``--dataloader-type external`` whose rank files resume on any data-parallel size.
 
 Import the submodule you need; each imports its framework.
 """

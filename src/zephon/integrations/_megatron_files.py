@@ -1,0 +1,134 @@
+"""Megatron-LM's data-loader rank files: find the generation to resume from and check it whole.
+
+``save_dataloader_state`` writes ``iterable.save_state()`` of every data-parallel rank to
+``<dir>/iter_<NNNNNNN>/mp_rank_00[_000]/train_dataloader_dprank<NNN>.pt`` as
+``{"dataloader_state_dict": state}``. zephon's state in each file is the whole job's merged
+position with the job's DP size, so a generation is complete when the files of ranks
+``0 .. size-1`` are all there and carry the same, valid checksum.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zephon.checkpoints.format import CHECKSUM_KEY, verify_checksum
+from zephon.errors import CheckpointError
+
+log = logging.getLogger("zephon")
+
+STATE_FORMAT = "zephon-megatron-dataloader"
+_RANK_FILE = re.compile(r"train_dataloader_dprank(\d{3,})\.pt")
+_GENERATION = re.compile(r"iter_(\d{7,})")
+
+
+def rank_file_name(dp_rank: int) -> str:
+    return f"train_dataloader_dprank{dp_rank:03d}.pt"
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One iteration's rank files: ``files[rank]``, and why it cannot be resumed (or None)."""
+
+    iteration: int
+    directory: Path
+    files: dict[int, Path]
+    problem: str | None
+
+
+def _read(path: Path) -> dict[str, Any]:
+    import torch
+
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(f"{path}: cannot read the data-loader rank file ({err})") from err
+    state = saved.get("dataloader_state_dict") if isinstance(saved, dict) else None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise CheckpointError(
+            f"{path}: not a zephon Megatron data-loader state; resume with the data provider "
+            "that wrote it"
+        )
+    return state
+
+
+def _problem(directory: Path, files: dict[int, Path]) -> str | None:
+    """Why the generation's rank files do not form one whole job's state, or None."""
+    if 0 not in files:
+        return f"{directory / 'mp_rank_00' / rank_file_name(0)} is missing"
+    size = int(_read(files[0])["dp_world_size"])
+    missing = [rank for rank in range(size) if rank not in files]
+    if missing:
+        return (
+            f"{files[0].parent / rank_file_name(missing[0])} is missing ({len(files)} of "
+            f"{size} rank files)"
+        )
+    extra = sorted(set(files) - set(range(size)))
+    if extra:
+        return f"{files[extra[0]]} is one rank file too many: the job had {size} DP ranks"
+    return None
+
+
+def generation(directory: Path) -> Generation:
+    """The rank files under one ``iter_*`` directory and whether they are complete."""
+    files: dict[int, Path] = {}
+    for path in sorted(directory.glob("mp_rank_*/train_dataloader_dprank*.pt")):
+        found = _RANK_FILE.fullmatch(path.name)
+        if found:
+            files[int(found.group(1))] = path
+    match = _GENERATION.fullmatch(directory.name)
+    iteration = int(match.group(1)) if match else -1
+    return Generation(iteration, directory, files, _problem(directory, files))
+
+
+def _choose(save_dir: Path, iteration: int | None) -> Generation:
+    if iteration is not None:
+        found = generation(save_dir / f"iter_{iteration:07d}")
+        if found.problem:
+            raise CheckpointError(
+                f"cannot resume the data at iteration {iteration}: {found.problem}; restore the "
+                "file, or resume the model from an iteration whose rank files are all there"
+            )
+        return found
+    generations = sorted(
+        (generation(d) for d in save_dir.glob("iter_*") if _GENERATION.fullmatch(d.name)),
+        key=lambda g: g.iteration,
+        reverse=True,
+    )
+    for found in generations:
+        if found.problem is None:
+            return found
+        log.warning(
+            "data-loader state of iteration %d not used: %s", found.iteration, found.problem
+        )
+    detail = f": {generations[0].problem}" if generations else ""
+    raise CheckpointError(
+        f"{save_dir}: no complete generation of data-loader rank files{detail}; point "
+        "dataloader_save at the directory the job saved into"
+    )
+
+
+def load_generation(
+    save_dir: str | Path, iteration: int | None = None
+) -> tuple[int, dict[str, Any]]:
+    """``(iteration, merged pipeline checkpoint)`` of the newest complete generation under
+    ``save_dir`` (or exactly ``iteration``'s), refused with the file at fault when incomplete,
+    damaged, or when its rank files disagree."""
+    chosen = _choose(Path(save_dir), iteration)
+    states = {rank: _read(path) for rank, path in sorted(chosen.files.items())}
+    sums = set()
+    for rank, state in states.items():
+        try:
+            verify_checksum(state["state"])
+        except CheckpointError as err:
+            raise CheckpointError(f"{chosen.files[rank]}: {err}") from err
+        sums.add(state["state"][CHECKSUM_KEY])
+    if len(sums) != 1:
+        raise CheckpointError(
+            f"{chosen.directory}: the rank files hold different positions (checksums "
+            f"{sorted(sums)}); they were not written by one save, resume from another iteration"
+        )
+    return chosen.iteration, states[0]["state"]
