@@ -168,6 +168,10 @@ EXPECTED: dict[str, list[str]] = {
         "DataState TokenLoss evaluate_loss loss_tokens prepare_eval_pipeline prepare_pipeline"
     ),
     "zephon.integrations.lightning": _names("TokenLoss ZephonDataModule loss_tokens"),
+    "zephon.integrations.megatron": _names(
+        "MegatronDataProvider accumulation_steps bshd_batch datasets_provider load_generation "
+        "rank_file_name reads_data thd_batch thd_pad_multiple"
+    ),
     "zephon.integrations.transformers": _names(
         "DATA_STATE_NAME PreemptionCallback ZephonTrainer latest_complete_checkpoint"
     ),
