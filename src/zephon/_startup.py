@@ -1,18 +1,18 @@
-"""Stop signals while the ``zephon`` command starts, from the first line it runs.
+"""Stop signals while the ``zephon`` command starts, from zephon's first line.
 
 ``zephon run`` turns SIGINT and SIGTERM into exit 130 and 143 with a one-line summary; until
 its first item is delivered there is nothing to checkpoint, so a stop ends it at once (see
 ``zephon.cli._signals``). The command's entry points (the ``zephon`` console script and
-``python -m zephon``) import :mod:`zephon` first, whose first statement calls
-:func:`install_if_command`: the handlers are in place before any other import of zephon's, so
-a signal during the imports is that exit too, never a ``KeyboardInterrupt`` traceback or a
-death by the signal. Importing zephon from any other program installs nothing.
+``python -m zephon``) import :mod:`zephon` before anything else of zephon's, and its first
+statement calls :func:`install_if_command`: a signal during the imports is that exit too,
+never a ``KeyboardInterrupt`` traceback or a death by the signal. Importing zephon from any
+other program installs nothing.
 
-Every line before :func:`install_if_command` runs with Python's own handlers, where Ctrl-C is a
-``KeyboardInterrupt`` traceback, so this module is as cheap to import as it can be: no
-``from __future__`` (itself an import), and the C half of :mod:`signal` (the module builds
-enums, 1 to 2 ms); ``os``, ``sys``, ``time`` and ``types`` are loaded before any entry point's
-first line.
+Before that statement Python's own start-up runs (site, the console script's ``import re``,
+runpy) with Python's handlers, where Ctrl-C is a ``KeyboardInterrupt`` traceback (docs/cli.md
+says how long). This module adds as little as it can to that: no ``from __future__`` (itself
+an import), and the C half of :mod:`signal` (the module builds enums, 1 to 2 ms); ``os``,
+``sys``, ``time`` and ``types`` are loaded before any entry point imports zephon.
 """
 
 import _signal  # type: ignore[import-not-found]  # typeshed has no stub for the C module
