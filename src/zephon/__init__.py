@@ -1,7 +1,7 @@
 """zephon: exactly reproducible data pipelines and durable RL token capture for LLM training."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` (an import too): before the next line, Ctrl-C is
+# Python's KeyboardInterrupt traceback.
 from zephon._startup import install_if_command
 
 install_if_command()  # the ``zephon`` command handles stop signals from here on

@@ -1,25 +1,30 @@
-"""Stop signals while the ``zephon`` command starts, from the first line it runs.
+"""Stop signals while the ``zephon`` command starts, from zephon's first line.
 
 ``zephon run`` turns SIGINT and SIGTERM into exit 130 and 143 with a one-line summary; until
 its first item is delivered there is nothing to checkpoint, so a stop ends it at once (see
 ``zephon.cli._signals``). The command's entry points (the ``zephon`` console script and
-``python -m zephon``) import :mod:`zephon` first, whose first statement calls
-:func:`install_if_command`: the handlers are in place before any other import, so a signal
-during the imports is that exit too, never a ``KeyboardInterrupt`` traceback or a death by
-the signal. Importing zephon from any other program installs nothing. Standard library only,
-and as little of it as possible: every import here runs before the handlers exist.
+``python -m zephon``) import :mod:`zephon` before anything else of zephon's, and its first
+statement calls :func:`install_if_command`: a signal during the imports is that exit too,
+never a ``KeyboardInterrupt`` traceback or a death by the signal. Importing zephon from any
+other program installs nothing.
+
+Before that statement Python's own start-up runs (site, the console script's ``import re``,
+runpy) with Python's handlers, where Ctrl-C is a ``KeyboardInterrupt`` traceback (docs/cli.md
+says how long). This module adds as little as it can to that: no ``from __future__`` (itself
+an import), and the C half of :mod:`signal` (the module builds enums, 1 to 2 ms); ``os``,
+``sys``, ``time`` and ``types`` are loaded before any entry point imports zephon.
 """
 
-from __future__ import annotations
-
+import _signal  # type: ignore[import-not-found]  # typeshed has no stub for the C module
 import os
-import signal
 import sys
 import time
 from types import FrameType
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-EXIT_CODES: dict[int, int] = {signal.SIGINT: 130, signal.SIGTERM: 143}
+SIGINT: int = _signal.SIGINT
+SIGTERM: int = _signal.SIGTERM
+STOP_SIGNALS = (SIGINT, SIGTERM)
+EXIT_CODES: dict[int, int] = {SIGINT: 130, SIGTERM: 143}
 COMMANDS = frozenset({"run"})
 """The subcommands whose start a stop signal ends with a summary (the others have none)."""
 ENTRY_MODULES = frozenset({"zephon.__main__", "zephon.cli.__main__"})
@@ -37,7 +42,7 @@ class Startup:
 
 
 def _summary_line(signum: int) -> str:
-    status = "terminated" if signum == signal.SIGTERM else "interrupted"
+    status = "terminated" if signum == SIGTERM else "interrupted"
     elapsed = round(time.monotonic() - Startup.began, 3)
     if Startup.json:
         import json
@@ -78,7 +83,7 @@ def install_startup_handlers() -> None:
     thread cannot set handlers, and the command's own thread is the main one)."""
     try:
         for signum in STOP_SIGNALS:
-            signal.signal(signum, stop_while_starting)
+            _signal.signal(signum, stop_while_starting)
     except ValueError:
         return
     Startup.installed = True
