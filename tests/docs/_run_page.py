@@ -3,7 +3,10 @@
 Usage: python _run_page.py PLAN.json. Python blocks share one namespace (like a notebook) and
 may use top-level ``await``; shell blocks run with ``bash -euo pipefail``; yaml/json blocks
 marked ``<!-- file: NAME -->`` are written to NAME, others are parsed; ``$ zephon ...`` lines
-in text blocks are parsed by the real argument parser (not run).
+in text blocks are parsed by the real argument parser (not run). Before each block, and once
+after the last, it writes PROGRESS (``.docs-progress.json``): a block that ends the process
+itself (``os._exit``, ``zephon.distributed.exit_rank``) exits 0 with the later blocks never run,
+and only that file shows it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ import subprocess
 import sys
 import traceback
 from pathlib import Path
+
+PROGRESS = ".docs-progress.json"
+
+
+def _progress(ran: int, of: int, where: str | None) -> None:
+    Path(PROGRESS).write_text(json.dumps({"ran": ran, "of": of, "where": where}))
 
 
 def _fail(block: dict, message: str) -> None:
@@ -30,7 +39,8 @@ def main() -> None:
     sys.path.insert(0, str(Path.cwd()))
     namespace: dict = {"__name__": "__main__"}
     loop = asyncio.new_event_loop()
-    for block in plan:
+    for index, block in enumerate(plan):
+        _progress(index, len(plan), block["where"])
         kind, code = block["kind"], block["code"]
         if block.get("file"):
             Path(block["file"]).write_text(code)
@@ -77,6 +87,7 @@ def main() -> None:
                     if exc.code != 0:
                         _fail(block, f"`{cmd}` does not parse (exit {exc.code})")
     loop.close()
+    _progress(len(plan), len(plan), None)
 
 
 if __name__ == "__main__":
