@@ -193,3 +193,23 @@ def test_refusals(tmp_path: Path) -> None:
         token_chunks(one, 16, order="megatron", seed=1, part="test")
     with pytest.raises(ConfigError, match="one positive weight per dataset"):
         megatron_blend([one, Dataset.from_path(f"{b}.idx")], [1.0], 16, seed=1, samples=10)
+
+
+def test_yaml_megatron_order(tmp_path: Path) -> None:
+    from zephon.config import parse_config
+
+    prefix = _corpus(tmp_path, "web", 300, seed=5)
+    samples = {"view": "chunks", "order": "megatron", "seq_length": 128, "seed": 7, "samples": 40}
+    config = {
+        "datasets": [{"name": "web", "path": "data/web.idx", "samples": samples}],
+        "source": {"chunk_size": 16, "seed": 1},
+        "operators": [{"op": "batch", "microbatch_size": 4}],
+    }
+    pipe = parse_config(config, base_dir=tmp_path).build()
+    got = []
+    for batch in pipe:
+        got.extend(r.payload["input_ids"].astype(np.int64) for r in batch.records)
+        if len(got) >= 40:
+            break
+    theirs = _megatron(tmp_path, [prefix], None, seed=7, seq_length=128, samples=40)
+    assert np.array_equal(np.stack(got[:40]), _theirs(theirs, 40))
