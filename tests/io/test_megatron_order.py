@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.io._s3 import S3
 from tests.io._token_writers import documents, write_megatron
 from zephon import Pipeline, StaticMixtureWorkSource
 from zephon.errors import ConfigError
@@ -166,6 +167,18 @@ def test_pipeline_reads_megatron_order(tmp_path: Path) -> None:
             break
     theirs = _megatron(tmp_path, [prefix], None, seed=7, seq_length=128, samples=300)
     assert np.array_equal(np.stack(got[:300]), _theirs(theirs, 300))
+
+
+def test_remote_file_reads_the_same_samples(s3: S3, tmp_path: Path) -> None:
+    """Over S3 the windows come from ranged reads instead of the memory map."""
+    prefix = _corpus(tmp_path, "web", 300, seed=5)
+    url = s3.upload(tmp_path / "data", "megatron-order")
+    local, remote = (
+        token_chunks(Dataset.from_path(p), 64, order="megatron", seed=2, samples=300)
+        for p in (f"{prefix}.idx", url)
+    )
+    assert remote.shards[0].file.tokens() is None  # type: ignore[attr-defined]
+    assert np.array_equal(_ours(remote, 300), _ours(local, 300))
 
 
 def test_pickled_shard_reads_the_same(tmp_path: Path) -> None:
