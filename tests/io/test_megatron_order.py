@@ -46,6 +46,7 @@ def _megatron(
     seq_length: int,
     samples: int,
     split: str = "1,0,0",
+    plus_one: bool = True,
 ) -> Any:
     blend = ([str(p) for p in prefixes], weights)
     config = GPTDatasetConfig(
@@ -61,6 +62,7 @@ def _megatron(
         reset_attention_mask=False,
         eod_mask_loss=False,
         create_attention_mask=False,
+        add_extra_token_to_sequence=plus_one,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -114,6 +116,25 @@ def test_final_epoch_shuffled_apart_or_not(tmp_path: Path, samples: int | None) 
         assert ours.shards[0].epochs == 1  # type: ignore[attr-defined]
     assert len(ours) == len(theirs)
     assert np.array_equal(_ours(ours, len(ours)), _theirs(theirs, len(theirs)))
+
+
+def test_without_the_extra_token(tmp_path: Path) -> None:
+    """``plus_one=False`` is ``add_extra_token_to_sequence=False``: windows of ``L`` tokens."""
+    prefix = _corpus(tmp_path, "web", 300, seed=5)
+    ours = token_chunks(
+        Dataset.from_path(f"{prefix}.idx"),
+        100,
+        order="megatron",
+        seed=4,
+        samples=500,
+        plus_one=False,
+    )
+    theirs = _megatron(
+        tmp_path, [prefix], None, seed=4, seq_length=100, samples=500, plus_one=False
+    )
+    assert len(ours) == len(theirs)
+    expected = np.stack([theirs[i]["tokens"].numpy() for i in range(500)])
+    assert np.array_equal(_ours(ours, 500), expected)
 
 
 def test_split_part(tmp_path: Path) -> None:
