@@ -129,8 +129,8 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.io": _names(
         "CacheOptions Dataset FormatSpec InMemoryShard JsonlShard NodeCache ReadOptions Row "
         "Shard SourceStats abandon_reads build_index cache_root format_names format_spec formats "
-        "formats_markdown io_totals list_shards open_requests register_format token_chunks "
-        "token_packs unregister_format"
+        "formats_markdown io_totals list_shards megatron_blend open_requests register_format "
+        "token_chunks token_packs unregister_format"
     ),
     "zephon.metrics": _names("MetricsReporter MetricsSink StatsdSink metric_values parse_address"),
     "zephon.ops": _names(

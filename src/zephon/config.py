@@ -60,7 +60,19 @@ DATASET_KEYS = (
     "decode_images", "allow_pickle", "format_options", "samples",
 )  # fmt: skip
 #: ``samples:`` of a pre-tokenized dataset: the view and its parameters.
-SAMPLES_KEYS = ("view", "seq_length", "plus_one", "rows_per_item", "seed", "positions", "pad_id")
+SAMPLES_KEYS = (
+    "view",
+    "seq_length",
+    "plus_one",
+    "rows_per_item",
+    "seed",
+    "positions",
+    "pad_id",
+    "order",
+    "samples",
+    "split",
+    "part",
+)
 
 #: Operator name in YAML -> Pipeline builder method of the same name (one registry).
 OPERATORS = tuple(d.name for d in operator_definitions())

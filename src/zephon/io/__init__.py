@@ -20,6 +20,7 @@ from zephon.io._formats import (
     unregister_format,
 )
 from zephon.io._jsonl import JsonlShard
+from zephon.io._megatron_order import megatron_blend
 from zephon.io._paths import cache_root
 from zephon.io._remote import abandon_reads, open_requests
 from zephon.io._stats import SourceStats, io_totals
@@ -45,6 +46,7 @@ __all__ = [
     "formats_markdown",
     "io_totals",
     "list_shards",
+    "megatron_blend",
     "open_requests",
     "register_format",
     "token_chunks",

@@ -31,6 +31,7 @@ import numpy as np
 from zephon.errors import ConfigError
 from zephon.io._dataset import Dataset, Row, checked_indices
 from zephon.io._file_shard import LazyShard
+from zephon.io._megatron_order import megatron_chunks
 from zephon.io._token_files import INPUT_IDS, TokenDocumentShard, TokenFile
 
 POSITION_IDS = "position_ids"
@@ -286,14 +287,43 @@ def token_chunks(
     rows_per_item: int = 1,
     seed: int | None = None,
     positions: bool = False,
+    order: str = "file",
+    samples: int | None = None,
+    split: str = "1,0,0",
+    part: str = "train",
 ) -> Dataset:
     """``dataset``'s token files as fixed windows: each file's documents concatenated and cut
     every ``seq_length`` tokens, a window ``seq_length + 1`` long with ``plus_one`` (inputs and
     shifted labels from one row, as ``GPTDataset``). A row is ``{"input_ids": (W,)}``, or with
     ``rows_per_item=B`` an item of ``B`` windows, ``{"input_ids": (B, W)}`` (the file's last item
     may hold fewer). ``seed`` permutes windows inside each file; ``positions`` adds
-    ``position_ids`` restarting at document starts and ``cu_seqlens``."""
+    ``position_ids`` restarting at document starts and ``cu_seqlens``.
+
+    ``order="megatron"`` reproduces megatron-core's ``GPTDataset`` over the dataset's one file
+    for random seed ``seed``, ``samples`` requested (``None``: one epoch), ``split`` and
+    ``part``: row ``i`` is its sample ``i``, documents shuffled over as many epochs as
+    ``samples`` need and windows crossing documents (read it in one lane, no shuffle)."""
     _check(seq_length, rows_per_item, "token_chunks")
+    if order == "megatron":
+        if seed is None or rows_per_item != 1 or positions:
+            raise ConfigError(
+                "token_chunks(order='megatron'): give seed= (Megatron's random_seed); "
+                "rows_per_item and positions are not available in Megatron order"
+            )
+        return megatron_chunks(
+            dataset,
+            seq_length,
+            seed=seed,
+            samples=samples,
+            plus_one=plus_one,
+            split=split,
+            part=part,
+        )
+    if order != "file" or samples is not None:
+        raise ConfigError(
+            f"token_chunks: order must be 'file' or 'megatron', got {order!r} "
+            "(samples, split and part are for order='megatron')"
+        )
     shards = [
         TokenChunkShard(
             _token_file(dataset, i, "token_chunks"),
