@@ -91,3 +91,19 @@ def gate(payload: dict[str, Any]) -> dict[str, Any]:
     from tests.engine._gate import Gate
 
     return Gate(Path(os.environ["ZEPHON_TEST_GATE"]))(payload)
+
+
+_SEEN = [0]
+
+
+def hang_after(payload: dict[str, Any]) -> dict[str, Any]:
+    """A call that never returns, as a hung NFS read does: after ``$ZEPHON_TEST_HANG_AFTER``
+    records (in this process) it opens the FIFO ``$ZEPHON_TEST_HANG`` for reading, which
+    nobody ever writes. Without the variables it passes records through."""
+    after = os.environ.get("ZEPHON_TEST_HANG_AFTER")
+    if after is not None:
+        _SEEN[0] += 1
+        if _SEEN[0] > int(after):
+            with open(os.environ["ZEPHON_TEST_HANG"], "rb") as fifo:  # blocks: no writer
+                fifo.read()
+    return payload

@@ -15,6 +15,7 @@ from typing import Any
 from zephon._engine import waiting
 from zephon._engine.compile import CompiledRun
 from zephon._engine.global_order import regrouping
+from zephon._engine.joins import CLOSE_WAIT_S, STOPPED_WAIT_S
 from zephon._engine.lane_state import has_lane_state
 from zephon._engine.mixture_counts import MixtureCounts
 from zephon._engine.operator_states import OperatorStates
@@ -74,6 +75,9 @@ class Engine:
         self.resources = RunResources()
         self.interrupt: Callable[[], bool] | None = None
         """Asked while the consumer waits for an item; True stops the wait (see _idle)."""
+        self.interrupted = False
+        """The check stopped a wait: the caller is leaving, so closing waits less for threads
+        (one still running then is stuck in a call that never returns, and is left behind)."""
         self._closed = False
         self.feeder: SourceFeeder | None = None
         self.mux: LaneMux | None = None
@@ -477,6 +481,7 @@ class Engine:
             log.info("zephon: %s", waiting.describe(self.resources, waited, retries))
         check = self.interrupt
         if check is not None and check():
+            self.interrupted = True
             raise WaitInterrupted(
                 f"the iteration stopped after waiting {waited:.1f} s for its next item, as "
                 "the check given to interrupt_when() asked"
@@ -488,7 +493,7 @@ class Engine:
             return
         self._closed = True
         _LIVE.discard(self)
-        self.resources.close()
+        self.resources.close(STOPPED_WAIT_S if self.interrupted else CLOSE_WAIT_S)
         self.quarantine.close()
         self.states.close()
         self.resources.teardown()

@@ -10,6 +10,10 @@ from collections.abc import Sequence
 CLOSE_WAIT_S = 30.0
 """How long closing a run waits for each group of its threads (a loaded machine is slow)."""
 
+STOPPED_WAIT_S = 10.0
+"""How long closing a run that a stop interrupted waits for all its threads: its caller is
+leaving (a stop signal asked), so a thread that still runs then is stuck and is left behind."""
+
 
 def join_all(threads: Sequence[threading.Thread], timeout: float) -> list[threading.Thread]:
     """Join ``threads`` within ``timeout`` seconds in all; return those still running."""
@@ -27,4 +31,14 @@ def stuck_error(threads: Sequence[threading.Thread], timeout: float) -> str:
     return (
         f"engine thread(s) {names} did not stop within {timeout:.0f} s of the run closing; "
         "an operator or store call they run does not return (py-spy dump shows where)"
+    )
+
+
+def stuck_operator_error(op_name: str, threads: Sequence[threading.Thread], timeout: float) -> str:
+    """The line that reports an operator whose ``process_many`` never returned."""
+    names = ", ".join(t.name for t in threads)
+    return (
+        f"operator {op_name!r} did not return within {timeout:.0f} s of the run closing "
+        f"(thread {names}): a call it makes never returns (py-spy dump shows where); the "
+        "thread is left behind"
     )

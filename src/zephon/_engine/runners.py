@@ -73,22 +73,30 @@ class RunResources:
                 out[pool.stage] = out.get(pool.stage, SourceStats()) + pool.fleet.io(pool.stage)
         return out
 
-    def close(self) -> None:
-        """Stop the threads, shut the pools down, release shared memory, tear operators down."""
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Stop the threads, shut the pools down, release shared memory, tear operators down;
+        a thread still running after ``wait_s`` is left behind and reported."""
         self.stop.set()
         for channel in self.channels:
             channel.put(Stop())
         # a thread never started (starting it failed: that error is the run's) is skipped;
         # one that will not stop is reported once the pools and shared memory are released
-        stuck = join_all(self.threads, CLOSE_WAIT_S)
+        deadline = time.monotonic() + wait_s
+        stuck = join_all(self.threads, wait_s)
+        errors: list[str] = []
         try:
             for pool in self.pools:
-                pool.shutdown()
+                try:
+                    pool.shutdown(max(1.0, deadline - time.monotonic()))
+                except ZephonError as exc:
+                    errors.append(str(exc))
         finally:
             if self.shm is not None:
                 self.shm.close()
         if stuck:
-            raise ZephonError(stuck_error(stuck, CLOSE_WAIT_S))
+            errors.insert(0, stuck_error(stuck, wait_s))
+        if errors:
+            raise ZephonError("; ".join(errors))
 
     def check_alive(self) -> None:
         """Raise the error of an engine thread or worker pool that died without reporting it

@@ -35,6 +35,7 @@ from zephon.cli._common import (
     fail,
     one_line,
 )
+from zephon.cli._leave import leave_if_stuck
 from zephon.cli._lock import RunLock, RunLockedError
 from zephon.cli._record import cut_record, record_position
 from zephon.cli._report import ConsoleHandler, console, done_before, print_summary, show
@@ -325,6 +326,11 @@ def _resume(
 
 
 def run(args: argparse.Namespace) -> int:
+    # an operator stuck for good keeps a thread the interpreter would join at exit forever
+    return leave_if_stuck(_run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
     # Signals are handled from the command's start (zephon.cli.main): until the first item a
     # stop ends the run at once with its summary, afterwards after the item being delivered.
     Startup.config, Startup.json = str(args.config), bool(args.json)
@@ -528,9 +534,11 @@ class RunLoop:
                 total = progress.tasks[0].total
                 if self.status == "completed" and total is not None and args.max_batches is None:
                     progress.update(task, completed=total)  # the pass is read, all of it
-        except (KeyboardInterrupt, WaitInterrupted):  # a stop signal while the run waited,
-            # a second stop signal, or Ctrl-C inside the engine
+        except (KeyboardInterrupt, WaitInterrupted) as exc:  # a stop signal while the run
+            # waited, a second stop signal, or Ctrl-C inside the engine
             self.status = self._stop_status()
+            for note in getattr(exc, "__notes__", ()):  # an operator that never returned
+                print(f"zephon run: warning: {note}", file=sys.stderr)
             self._save_after_stop()
         except OUTPUT_ERRORS as exc:
             self.status, self.error = "failed", exc
