@@ -148,3 +148,40 @@ def test_sigterm_while_the_store_stalls_exits_143_then_resumes_exactly(store, tm
     proxy.heal()
     finish(tmp_path, *common, "--resume", environ=environ)
     assert record.read_bytes() == expected
+
+
+def hanging(folder: Path, corpus: Path) -> dict[str, str]:
+    """``folder/p.yaml``: the preemption pipeline with an operator that, given the returned
+    environment, blocks for good on a FIFO nobody writes (as on a hung NFS read)."""
+    (folder / "p.yaml").write_text(PREEMPT_YAML.replace("slow_identity", "hang_after"))
+    (folder / "my-data").symlink_to(corpus)
+    os.mkfifo(folder / "fifo")
+    return {**env(), "ZEPHON_TEST_HANG": str(folder / "fifo")}
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(("runner", "after"), [("threads", 800), ("process", 600)])
+def test_sigterm_while_an_operator_never_returns_exits_143_then_resumes_exactly(
+    preempt_dir, tmp_path, runner, after
+):
+    environ = hanging(tmp_path, preempt_dir / "my-data")
+    args = ("--runner", runner)
+    finish(tmp_path, *args, "--record", "full.jsonl", environ=environ)
+    expected = (tmp_path / "full.jsonl").read_bytes()
+    record, err = tmp_path / "hung.jsonl", tmp_path / "hung.err"
+    common = (*args, "--record", record.name, "--checkpoint-dir", "ckpt")
+    # after `after` records (in each worker process) the operator never returns
+    stalled = {**environ, "ZEPHON_TEST_HANG_AFTER": str(after)}
+    proc = start(tmp_path, err, *common, "--log-every", "0.5", environ=stalled)
+    wait_for(lambda: lines(record) >= 5 or proc.poll() is not None, 120)
+    logged = len(err.read_text())
+    # the timer line names the operator (its stage, or the process worker running it)
+    line = re.compile(r"waiting [1-9]\d* s for the next item: .*map_transform'")
+    wait_for(lambda: line.search(err.read_text()[logged:]) or proc.poll() is not None, 120)
+    assert proc.poll() is None, err.read_text()
+    out, took = terminate(proc)
+    assert proc.returncode == 143, err.read_text()
+    assert took < 30, took
+    assert out.startswith("terminated: ") and "checkpoint: " in out
+    finish(tmp_path, *common, "--resume", environ=environ)
+    assert record.read_bytes() == expected
