@@ -479,13 +479,11 @@ class Engine:
             retries = (io_totals() - self._io_start).retries
             retries += sum(s.retries for s in self.resources.process_io().values())
             log.info("zephon: %s", waiting.describe(self.resources, waited, retries))
-        check = self.interrupt
-        if check is not None and check():
+        try:
+            waiting.stop_waiting(self.interrupt, waited)
+        except WaitInterrupted:
             self.interrupted = True
-            raise WaitInterrupted(
-                f"the iteration stopped after waiting {waited:.1f} s for its next item, as "
-                "the check given to interrupt_when() asked"
-            )
+            raise
 
     def close(self) -> None:
         """Stop threads and workers; safe to call more than once and after early exit."""

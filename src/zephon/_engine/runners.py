@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, ClassVar, assert_never
+from typing import TYPE_CHECKING, Any, ClassVar, assert_never
 
 from zephon._engine.driver_chain import run_tasks
 from zephon._engine.fusion import Unit, build_units
@@ -213,11 +213,12 @@ class InlineRunner(Runner):
         return self.name, 1
 
     def run(self, job: RunJob) -> Iterator[StreamItem]:
-        cores, feeder, mux, deliver = job.cores, job.feeder, job.mux, job.deliver
+        cores, feeder, mux = job.cores, job.feeder, job.mux
         for core, ctx in zip(cores, job.contexts, strict=True):
             core.op.setup(ctx)
         job.resources.set_up = cores
-        run = run_tasks
+        clock = _IdleClock(job.idle)
+        run = clock.timed(run_tasks)
         for items in feeder:
             outs = items
             for core in cores:
@@ -225,15 +226,44 @@ class InlineRunner(Runner):
                 if not outs:
                     break
             mux.add(outs)
-            yield from deliver(mux)
+            yield from clock.deliver(job.deliver(mux))
         for i, core in enumerate(cores):
             outs = run(core, core.finish())
             for later in cores[i + 1 :]:
                 outs = run(later, later.feed(outs))
             mux.add(outs)
-            yield from deliver(mux)
+            yield from clock.deliver(job.deliver(mux))
         mux.ended = True
-        yield from deliver(mux)
+        yield from clock.deliver(job.deliver(mux))
+
+
+class _IdleClock:
+    """The inline runner's wait: its consumer waits while the operators run on its thread, so
+    ``idle`` is called between their calls, every ``WAIT_SLICE_S`` with no item delivered."""
+
+    def __init__(self, idle: Callable[[float], None]) -> None:
+        self._idle = idle
+        self._since = self._checked = time.monotonic()
+
+    def timed(self, call: Callable[[StageCore, Any], list[Any]]) -> Callable[..., list[Any]]:
+        def timed_call(core: StageCore, tasks: Any) -> list[Any]:
+            self._tick()
+            outs = call(core, tasks)
+            self._tick()
+            return outs
+
+        return timed_call
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._checked >= WAIT_SLICE_S:
+            self._checked = now
+            self._idle(now - self._since)
+
+    def deliver(self, items: Iterator[StreamItem]) -> Iterator[StreamItem]:
+        for item in items:
+            yield item
+            self._since = self._checked = time.monotonic()  # the consumer asks for the next
 
 
 class DriverThreadsRunner(Runner):
