@@ -15,7 +15,6 @@ from typing import Any
 from zephon._engine import waiting
 from zephon._engine.compile import CompiledRun
 from zephon._engine.global_order import regrouping
-from zephon._engine.joins import CLOSE_WAIT_S, STOPPED_WAIT_S
 from zephon._engine.lane_state import has_lane_state
 from zephon._engine.mixture_counts import MixtureCounts
 from zephon._engine.operator_states import OperatorStates
@@ -491,7 +490,7 @@ class Engine:
             return
         self._closed = True
         _LIVE.discard(self)
-        self.resources.close(STOPPED_WAIT_S if self.interrupted else CLOSE_WAIT_S)
+        self.resources.close(waiting.close_wait(self.interrupt, self.interrupted))
         self.quarantine.close()
         self.states.close()
         self.resources.teardown()

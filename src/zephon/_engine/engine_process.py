@@ -32,7 +32,6 @@ from zephon._engine import oom, shm, waiting
 from zephon._engine.compile import CompiledRun
 from zephon._engine.engine import Engine, Position
 from zephon._engine.handoff import Receiver, Sender
-from zephon._engine.joins import CLOSE_WAIT_S, STOPPED_WAIT_S
 from zephon._engine.messages import HandoffEnd, HandoffError, HandoffItem, HandoffMessage
 from zephon._engine.pools import (
     MAIN_GUARD_EXIT,
@@ -320,7 +319,7 @@ class EngineProcess:
         if proc is None:
             return
         # after a stop the consumer is leaving: an engine stuck on an operator is not waited for
-        proc.join(timeout=STOPPED_WAIT_S if self._interrupted else CLOSE_WAIT_S)
+        proc.join(timeout=waiting.close_wait(self.interrupt, self._interrupted))
         if proc.is_alive():
             proc.kill()
             proc.join(timeout=30)

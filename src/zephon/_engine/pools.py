@@ -938,6 +938,15 @@ class ProcessFleet:
                 thread.join(timeout=0.2)
         stuck = [t for t in self._threads if t.is_alive()]
         if stuck:  # waiting on a worker that never answers: killing it ends the wait
+            for name, pid, seconds in self.busy():
+                log.warning(
+                    "zephon: operator %r did not return within %.0f s of the run closing "
+                    "(worker pid %s, busy for %.0f s): killing its worker",
+                    name,
+                    wait_s,
+                    pid,
+                    seconds,
+                )
             self.kill_all()
             stuck = join_all(stuck, CLOSE_WAIT_S)
         stuck += self._watchdog.stop()

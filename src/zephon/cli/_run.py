@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -401,6 +402,30 @@ class RunLoop:
         self.provenance: Any = None
         # a stop signal also ends a wait for the next item (a stalled store, a stuck worker)
         pipe.interrupt_when(lambda: signals.stop_requested)
+        # held while an item is recorded or a checkpoint written: the stop watch's take-over
+        # (the main thread stuck in an operator) never cuts one in half
+        self.lock = threading.Lock()
+        self._started = time.perf_counter()
+        if signals.watch is not None:
+            signals.watch.take_over = self._take_over
+
+    def _take_over(self, operator: str, signum: int) -> int:
+        """End the run from the stop watch's thread: the main thread has been inside
+        ``operator`` since before the stop signal (see ``StopWatch``), whose handler may never
+        have run (a call blocked in C)."""
+        if self.signals.stop_signal is None:
+            self.signals.stop_signal = signum
+        print(
+            f"zephon run: warning: operator {operator!r} has not returned since the stop signal "
+            "(a call it makes never returns; py-spy dump shows where); checkpointing the last "
+            "delivered item and leaving without it",
+            file=sys.stderr,
+        )
+        self.status = self._stop_status()
+        if not self.lock.acquire(timeout=5.0):
+            return EXIT_TERMINATED if self.status == "terminated" else EXIT_INTERRUPTED
+        self._save_after_stop()
+        return self._finish(time.perf_counter() - self._started)
 
     def save(self) -> Path | None:
         """Write the checkpoint of what was delivered (with the record file's position)."""
@@ -472,22 +497,23 @@ class RunLoop:
             self.save()
             return
         for item in self.pipe:
-            self._deliver(item)
-            now = time.perf_counter()
-            if now - last > 0.2:
-                last = now
-                self._update(progress, task, now - start)
-            if signals.stop_requested:
-                self.status = self._stop_status()
-                self.save()
-                return
-            due = args.checkpoint_every and self.items % args.checkpoint_every == 0
-            if due or signals.take_checkpoint_request():
-                self.save()
-            if args.max_batches is not None and self.items >= args.max_batches:
-                self.status = "stopped"
-                self.save()
-                return
+            with self.lock:
+                self._deliver(item)
+                now = time.perf_counter()
+                if now - last > 0.2:
+                    last = now
+                    self._update(progress, task, now - start)
+                if signals.stop_requested:
+                    self.status = self._stop_status()
+                    self.save()
+                    return
+                due = args.checkpoint_every and self.items % args.checkpoint_every == 0
+                if due or signals.take_checkpoint_request():
+                    self.save()
+                if args.max_batches is not None and self.items >= args.max_batches:
+                    self.status = "stopped"
+                    self.save()
+                    return
         self.save()
 
     def _update(self, progress: Any, task: Any, elapsed: float) -> None:
