@@ -192,7 +192,8 @@ def test_sigterm_while_an_operator_never_returns_exits_143_then_resumes_exactly(
     assert proc.returncode == 143, err.read_text()
     assert took < 30, took
     assert out.startswith("terminated: ") and "checkpoint: " in out
-    # one line names the operator that never returned
-    assert re.search(r"operator '[^']*map_transform' (did not|has not) return", err.read_text())
+    if runner != "process":  # a thread cannot be killed: one line names its operator
+        line = r"operator '[^']*map_transform' (did not|has not) return"
+        assert re.search(line, err.read_text()), err.read_text()
     finish(tmp_path, *common, "--resume", environ=environ)
     assert record.read_bytes() == expected
