@@ -150,10 +150,11 @@ def test_sigterm_while_the_store_stalls_exits_143_then_resumes_exactly(store, tm
     assert record.read_bytes() == expected
 
 
-def hanging(folder: Path, corpus: Path) -> dict[str, str]:
-    """``folder/p.yaml``: the preemption pipeline with an operator that, given the returned
-    environment, blocks for good on a FIFO nobody writes (as on a hung NFS read)."""
-    (folder / "p.yaml").write_text(PREEMPT_YAML.replace("slow_identity", "hang_after"))
+def hanging(folder: Path, corpus: Path, option: str) -> dict[str, str]:
+    """``folder/p.yaml``: the preemption pipeline (with one more ``option`` line) with an
+    operator that, given the returned environment, blocks for good (``hang_after``)."""
+    config = PREEMPT_YAML.replace("slow_identity", "hang_after") + option
+    (folder / "p.yaml").write_text(config)
     (folder / "my-data").symlink_to(corpus)
     os.mkfifo(folder / "fifo")
     return {**env(), "ZEPHON_TEST_HANG": str(folder / "fifo")}
@@ -161,19 +162,20 @@ def hanging(folder: Path, corpus: Path) -> dict[str, str]:
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(
-    ("runner", "after", "how"),
+    ("runner", "after", "how", "option"),
     [
-        ("threads", 800, "fifo"),
-        ("process", 600, "fifo"),
-        ("inline", 800, "fifo"),  # on the main thread: only the stop watch can end it
-        ("inline", 800, "mutex"),  # blocked in C: the Python signal handler never runs
-        ("threads", 800, "mutex"),
+        ("threads", 800, "fifo", ""),
+        ("process", 600, "fifo", ""),
+        ("inline", 800, "fifo", ""),  # on the main thread: only the stop watch can end it
+        ("inline", 800, "mutex", ""),  # blocked in C: the Python signal handler never runs
+        ("threads", 800, "mutex", ""),
+        ("threads", 800, "fifo", "  engine_process: true\n"),  # its process is killed
     ],
 )
 def test_sigterm_while_an_operator_never_returns_exits_143_then_resumes_exactly(
-    preempt_dir, tmp_path, runner, after, how
+    preempt_dir, tmp_path, runner, after, how, option
 ):
-    environ = hanging(tmp_path, preempt_dir / "my-data")
+    environ = hanging(tmp_path, preempt_dir / "my-data", option)
     args = ("--runner", runner)
     finish(tmp_path, *args, "--record", "full.jsonl", environ=environ)
     expected = (tmp_path / "full.jsonl").read_bytes()
@@ -192,7 +194,7 @@ def test_sigterm_while_an_operator_never_returns_exits_143_then_resumes_exactly(
     assert proc.returncode == 143, err.read_text()
     assert took < 30, took
     assert out.startswith("terminated: ") and "checkpoint: " in out
-    if runner != "process":  # a thread cannot be killed: one line names its operator
+    if runner != "process" and not option:  # a thread cannot be killed: a line names it
         line = r"operator '[^']*map_transform' (did not|has not) return"
         assert re.search(line, err.read_text()), err.read_text()
     finish(tmp_path, *common, "--resume", environ=environ)

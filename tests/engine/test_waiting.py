@@ -5,7 +5,9 @@ the iteration raises ``WaitInterrupted`` and its checkpoint resumes exactly."""
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +30,14 @@ def crawl(payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
-def build(runner: str, **options: Any) -> Pipeline:
+def build(runner: str, fn: Callable[[Any], Any] = crawl, **options: Any) -> Pipeline:
     docs = [{"id": i, "text": f"doc {i} " * (1 + i % 7)} for i in range(400)]
     ds = Dataset.from_records("docs", docs, shard_size=50)
     return (
         Pipeline(RangeSource([ds], chunk_size=20))
         .fetch()
         .decode_text()
-        .map_transform(crawl)
+        .map_transform(fn)
         .batch(4)
         .options(runner=runner, canonical_replicas=2, queue_size=1, **options)
     )
@@ -90,3 +92,44 @@ def test_without_a_check_a_slow_operator_is_waited_for(
         if len(got) == len(expected) - 5:
             marker.touch()  # the last 20 records take a second: more than a wait's slice
     assert got == expected
+
+
+_RELEASE = threading.Event()
+_SEEN = [0]
+_SEEN_LOCK = threading.Lock()
+
+
+def block_after_200(payload: dict[str, Any]) -> dict[str, Any]:
+    """Never returns after 200 records, until the test sets ``_RELEASE`` (a thread cannot be
+    killed: the test lets it go once the run has left it behind)."""
+    with _SEEN_LOCK:
+        _SEEN[0] += 1
+        blocked = _SEEN[0] > 200
+    if blocked:
+        _RELEASE.wait()
+    return payload
+
+
+@pytest.mark.timeout(300)
+def test_a_stop_leaves_a_thread_that_never_returns_behind_and_names_its_operator() -> None:
+    expected = [key(b) for b in build("threads")]
+    _SEEN[0] = 0
+    _RELEASE.clear()
+    stop = threading.Event()
+    pipe = build("threads", fn=block_after_200).interrupt_when(stop.is_set)
+    got = []
+    try:
+        with pytest.raises(WaitInterrupted) as info:
+            for batch in pipe:
+                got.append(key(batch))
+                if len(got) == 3:
+                    stop.set()
+        notes = "\n".join(getattr(info.value, "__notes__", []))
+        # the thread running it (its driver: one copy runs there) is named, and left behind
+        assert "within 10 s" in notes and "operator 'map_transform'" in notes, notes
+        assert 3 <= len(got) < len(expected)
+        state = pipe.checkpoint()
+    finally:
+        _RELEASE.set()  # from now on it passes records through
+    resumed = build("threads", fn=block_after_200).restore(state)
+    assert got + [key(b) for b in resumed] == expected

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import NoReturn
 
+from zephon._engine.joins import running_operator
 from zephon._startup import EXIT_CODES, STOP_SIGNALS, Startup
 
 ENGINE_THREADS = "zephon-engine-"
@@ -60,20 +61,6 @@ a fraction of a second, closing leaves a stuck thread after ``STOPPED_WAIT_S``).
 STOP_LIMIT_S = 25.0
 """When the command leaves after a stop signal, whatever its main thread is doing: within
 the 30 s a supervisor (Kubernetes, Slurm) gives before SIGKILL."""
-
-
-def running_operator(thread: threading.Thread) -> str | None:
-    """The operator whose ``process_many`` ``thread`` is inside, if any (its stack's
-    innermost call of the engine's ``call_process_many``)."""
-    frame = sys._current_frames().get(thread.ident or -1)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "call_process_many" and frame.f_globals.get("__name__", "").startswith(
-            "zephon._engine."
-        ):
-            return str(getattr(frame.f_locals.get("op"), "name", "?"))
-        frame = frame.f_back
-    return None
 
 
 class StopWatch:
