@@ -582,8 +582,7 @@ class Pipeline:
         fetch.pin_files()
         run = compile_run(self._source(), specs, self._options, self._resume)
         engine = EngineProcess(run) if self._options.engine_process else Engine(run)
-        if isinstance(engine, Engine):
-            engine.interrupt = self._interrupt
+        engine.interrupt = self._interrupt
         self._resume = None
         self._engine = engine
         self._engine_done = False
@@ -600,13 +599,14 @@ class Pipeline:
     def interrupt_when(self, check: Callable[[], bool] | None) -> Pipeline:
         """Let ``check()`` stop an iteration that waits for its next item.
 
-        While the threads or process runner waits for an item (a stalled store, a stuck
-        operator), the iteration calls ``check()`` four times a second; once it returns True
-        the iteration raises :class:`~zephon.errors.WaitInterrupted`. Nothing is in transit
-        then: :meth:`checkpoint` is the state after the last item delivered, so a process
-        asked to stop (SIGTERM) can save it and exit without waiting for the stall to end.
-        ``zephon run`` sets it to "a stop signal arrived". None removes it. Not with
-        ``engine_process=True`` or the inline runner (their waits are not sliced).
+        While the iteration waits for an item (a stalled store, a stuck operator), it calls
+        ``check()`` four times a second; once it returns True the iteration raises
+        :class:`~zephon.errors.WaitInterrupted`. Nothing is in transit then:
+        :meth:`checkpoint` is the state after the last item delivered, so a process asked to
+        stop (SIGTERM) can save it and exit without waiting for the stall to end. Every
+        runner and ``engine_process=True`` ask it; the inline runner runs the operators on
+        the calling thread, so it asks between their calls (not during one that never
+        returns). ``zephon run`` sets it to "a stop signal arrived". None removes it.
         """
         self._interrupt = check
         return self

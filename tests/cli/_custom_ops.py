@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from pathlib import Path
@@ -91,3 +92,23 @@ def gate(payload: dict[str, Any]) -> dict[str, Any]:
     from tests.engine._gate import Gate
 
     return Gate(Path(os.environ["ZEPHON_TEST_GATE"]))(payload)
+
+
+def hang_when_armed(payload: dict[str, Any]) -> dict[str, Any]:
+    """A call that never returns once the file ``$ZEPHON_TEST_HANG_WHEN`` exists: it opens
+    the FIFO ``$ZEPHON_TEST_HANG`` for reading, which nobody ever writes (a hung NFS read),
+    or, when that variable is ``mutex``, locks a mutex it holds already, in C (a deadlocked C
+    extension: no Python signal handler runs meanwhile), after creating the file
+    ``$ZEPHON_TEST_HUNG``. Without the variables it passes records through."""
+    when = os.environ.get("ZEPHON_TEST_HANG_WHEN")
+    if when is not None and os.path.exists(when):
+        how = os.environ["ZEPHON_TEST_HANG"]
+        Path(os.environ["ZEPHON_TEST_HUNG"]).touch()  # says that it blocks now
+        if how == "mutex":
+            libc = ctypes.CDLL(None)
+            mutex = ctypes.create_string_buffer(64)  # PTHREAD_MUTEX_INITIALIZER: zeros
+            libc.pthread_mutex_lock(mutex)
+            libc.pthread_mutex_lock(mutex)  # a normal mutex locked again: deadlock
+        with open(how, "rb") as fifo:  # blocks: no writer
+            fifo.read()
+    return payload

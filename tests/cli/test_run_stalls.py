@@ -148,3 +148,54 @@ def test_sigterm_while_the_store_stalls_exits_143_then_resumes_exactly(store, tm
     proxy.heal()
     finish(tmp_path, *common, "--resume", environ=environ)
     assert record.read_bytes() == expected
+
+
+def hanging(folder: Path, corpus: Path, option: str) -> dict[str, str]:
+    """``folder/p.yaml``: the preemption pipeline (with one more ``option`` line) with an
+    operator that, given the returned environment, blocks for good (``hang_when_armed``)."""
+    config = PREEMPT_YAML.replace("slow_identity", "hang_when_armed") + option
+    (folder / "p.yaml").write_text(config)
+    (folder / "my-data").symlink_to(corpus)
+    os.mkfifo(folder / "fifo")
+    return {**env(), "ZEPHON_TEST_HANG": str(folder / "fifo")}
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(
+    ("runner", "how", "option"),
+    [
+        ("threads", "fifo", ""),
+        ("process", "fifo", ""),
+        ("inline", "fifo", ""),  # on the main thread: only the stop watch can end it
+        ("inline", "mutex", ""),  # blocked in C: the Python signal handler never runs
+        ("threads", "mutex", ""),
+        ("threads", "fifo", "  engine_process: true\n"),  # its process is killed
+    ],
+)
+def test_sigterm_while_an_operator_never_returns_exits_143_then_resumes_exactly(
+    preempt_dir, tmp_path, runner, how, option
+):
+    environ = hanging(tmp_path, preempt_dir / "my-data", option)
+    args = ("--runner", runner)
+    finish(tmp_path, *args, "--record", "full.jsonl", environ=environ)
+    expected = (tmp_path / "full.jsonl").read_bytes()
+    record, err = tmp_path / "hung.jsonl", tmp_path / "hung.err"
+    common = (*args, "--record", record.name, "--checkpoint-dir", "ckpt")
+    armed, hung = tmp_path / "armed", tmp_path / "hung"
+    stalled = {**environ, "ZEPHON_TEST_HANG_WHEN": str(armed), "ZEPHON_TEST_HUNG": str(hung)}
+    if how == "mutex":
+        stalled["ZEPHON_TEST_HANG"] = "mutex"
+    proc = start(tmp_path, err, *common, environ=stalled)
+    wait_for(lambda: lines(record) >= 5 or proc.poll() is not None, 120)
+    armed.touch()  # from now on the operator never returns
+    wait_for(lambda: hung.exists() or proc.poll() is not None, 120)
+    assert proc.poll() is None, err.read_text()
+    out, took = terminate(proc)
+    assert proc.returncode == 143, err.read_text()
+    assert took < 30, took
+    assert out.startswith("terminated: ") and "checkpoint: " in out
+    if runner != "process" and not option:  # a thread cannot be killed: a line names it
+        line = r"operator '[^']*map_transform' (did not|has not) return"
+        assert re.search(line, err.read_text()), err.read_text()
+    finish(tmp_path, *common, "--resume", environ=environ)
+    assert record.read_bytes() == expected

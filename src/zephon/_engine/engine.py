@@ -74,6 +74,9 @@ class Engine:
         self.resources = RunResources()
         self.interrupt: Callable[[], bool] | None = None
         """Asked while the consumer waits for an item; True stops the wait (see _idle)."""
+        self.interrupted = False
+        """The check stopped a wait: the caller is leaving, so closing waits less for threads
+        (one still running then is stuck in a call that never returns, and is left behind)."""
         self._closed = False
         self.feeder: SourceFeeder | None = None
         self.mux: LaneMux | None = None
@@ -475,12 +478,11 @@ class Engine:
             retries = (io_totals() - self._io_start).retries
             retries += sum(s.retries for s in self.resources.process_io().values())
             log.info("zephon: %s", waiting.describe(self.resources, waited, retries))
-        check = self.interrupt
-        if check is not None and check():
-            raise WaitInterrupted(
-                f"the iteration stopped after waiting {waited:.1f} s for its next item, as "
-                "the check given to interrupt_when() asked"
-            )
+        try:
+            waiting.stop_waiting(self.interrupt, waited)
+        except WaitInterrupted:
+            self.interrupted = True
+            raise
 
     def close(self) -> None:
         """Stop threads and workers; safe to call more than once and after early exit."""
@@ -488,7 +490,7 @@ class Engine:
             return
         self._closed = True
         _LIVE.discard(self)
-        self.resources.close()
+        self.resources.close(waiting.close_wait(self.interrupt, self.interrupted))
         self.quarantine.close()
         self.states.close()
         self.resources.teardown()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import pickle
 import signal
@@ -20,14 +21,14 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any, assert_never
 
 import cloudpickle
 
-from zephon._engine import oom, shm
+from zephon._engine import oom, shm, waiting
 from zephon._engine.compile import CompiledRun
 from zephon._engine.engine import Engine, Position
 from zephon._engine.handoff import Receiver, Sender
@@ -43,12 +44,14 @@ from zephon._engine.pools import (
 )
 from zephon._engine.runners import lookup
 from zephon._engine.stats import RunStats
-from zephon.errors import ConfigError, EngineProcessError
+from zephon.errors import ConfigError, EngineProcessError, WaitInterrupted
 from zephon.types import StreamItem
 
 PROCESS_NAME = f"{WORKER_NAME_PREFIX}engine"
 STATS_EVERY_S = 0.5
 _NO_SHM = 1 << 62
+
+log = logging.getLogger("zephon")
 
 
 def _transferable(exc: BaseException) -> BaseException:
@@ -185,6 +188,10 @@ class EngineProcess:
         self._pid: int | None = None
         self._conn: Connection | None = None
         self._closed = False
+        self.interrupt: Callable[[], bool] | None = None
+        """Asked while the consumer waits for an item; True stops the wait (see _idle)."""
+        self._interrupted = False
+        self._last_log = time.monotonic()
 
     @property
     def prepared(self) -> bool:
@@ -233,7 +240,7 @@ class EngineProcess:
         try:
             while True:
                 try:
-                    message = receiver.recv(shm.loads_resolved)
+                    message = receiver.recv(shm.loads_resolved, self._idle)
                 except EOFError:
                     raise self._died(receiver.received) from None
                 except FileNotFoundError:
@@ -262,6 +269,23 @@ class EngineProcess:
                         assert_never(message)
         finally:
             self.close()
+
+    def _idle(self, waited: float) -> None:
+        """No item for ``waited`` seconds: say so every ``log_every_s``, and stop waiting when
+        the caller's check asks to (the engine process is then stopped without delay)."""
+        log_every = self.options.log_every_s
+        if log_every is not None and time.monotonic() - self._last_log >= log_every:
+            self._last_log = time.monotonic()
+            log.info(
+                "zephon: waiting %.0f s for the next item from the engine process (pid %s)",
+                waited,
+                self._pid,
+            )
+        try:
+            waiting.stop_waiting(self.interrupt, waited)
+        except WaitInterrupted:
+            self._interrupted = True
+            raise
 
     def _died(self, received: int) -> EngineProcessError:
         """The error for a child that went away without an end message."""
@@ -294,7 +318,8 @@ class EngineProcess:
         proc = self._proc
         if proc is None:
             return
-        proc.join(timeout=30)
+        # after a stop the consumer is leaving: an engine stuck on an operator is not waited for
+        proc.join(timeout=waiting.close_wait(self.interrupt, self._interrupted))
         if proc.is_alive():
             proc.kill()
             proc.join(timeout=30)

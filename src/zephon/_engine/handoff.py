@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -19,6 +20,7 @@ from typing import Any
 
 from zephon._engine import shm
 from zephon._engine.messages import HANDOFF, HandoffMessage
+from zephon._engine.waiting import WAIT_SLICE_S
 
 _ACK_BYTES = 8
 
@@ -89,9 +91,18 @@ class Receiver:
         self._received = 0
         self._acked = 0
 
-    def recv(self, decode: Callable[[bytes], Any] = shm.loads) -> HandoffMessage:
-        """The next message (its arrays mapped); EOFError when the engine process is gone."""
+    def recv(
+        self,
+        decode: Callable[[bytes], Any] = shm.loads,
+        idle: Callable[[float], None] | None = None,
+    ) -> HandoffMessage:
+        """The next message (its arrays mapped); EOFError when the engine process is gone.
+        ``idle(waited)`` is called every ``WAIT_SLICE_S`` while none comes (it may raise)."""
         try:
+            if idle is not None:
+                since = time.monotonic()
+                while not self._conn.poll(WAIT_SLICE_S):
+                    idle(time.monotonic() - since)
             data = self._conn.recv_bytes()
         except OSError as exc:
             raise EOFError(str(exc)) from exc

@@ -3,12 +3,17 @@ waited for forever, and never keeps the rest of the run's resources from being r
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Sequence
 
 CLOSE_WAIT_S = 30.0
 """How long closing a run waits for each group of its threads (a loaded machine is slow)."""
+
+STOPPED_WAIT_S = 10.0
+"""How long closing a run that a stop interrupted waits for all its threads: its caller is
+leaving (a stop signal asked), so a thread that still runs then is stuck and is left behind."""
 
 
 def join_all(threads: Sequence[threading.Thread], timeout: float) -> list[threading.Thread]:
@@ -21,10 +26,38 @@ def join_all(threads: Sequence[threading.Thread], timeout: float) -> list[thread
     return [t for t in threads if t.ident is not None and t is not me and t.is_alive()]
 
 
+def running_operator(thread: threading.Thread) -> str | None:
+    """The operator whose ``process_many`` ``thread`` is inside now, if any (the innermost
+    call of the engine's ``call_process_many`` on its stack)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == "call_process_many" and frame.f_globals.get(
+            "__name__", ""
+        ).startswith("zephon._engine."):
+            return str(getattr(frame.f_locals.get("op"), "name", "?"))
+        frame = frame.f_back
+    return None
+
+
+def _describe(thread: threading.Thread) -> str:
+    operator = running_operator(thread)
+    return thread.name if operator is None else f"{thread.name} (in operator {operator!r})"
+
+
 def stuck_error(threads: Sequence[threading.Thread], timeout: float) -> str:
     """The line that reports threads :func:`join_all` left running."""
-    names = ", ".join(t.name for t in threads)
+    names = ", ".join(_describe(t) for t in threads)
     return (
         f"engine thread(s) {names} did not stop within {timeout:.0f} s of the run closing; "
         "an operator or store call they run does not return (py-spy dump shows where)"
+    )
+
+
+def stuck_operator_error(op_name: str, threads: Sequence[threading.Thread], timeout: float) -> str:
+    """The line that reports an operator whose ``process_many`` never returned."""
+    names = ", ".join(t.name for t in threads)
+    return (
+        f"operator {op_name!r} did not return within {timeout:.0f} s of the run closing "
+        f"(thread {names}): a call it makes never returns (py-spy dump shows where); the "
+        "thread is left behind"
     )

@@ -47,7 +47,7 @@ import cloudpickle
 from zephon._engine import oom, shm
 from zephon._engine.deadlines import STARTUP, StageDeadlines, Watchdog
 from zephon._engine.fusion import FusedOp
-from zephon._engine.joins import CLOSE_WAIT_S, join_all, stuck_error
+from zephon._engine.joins import CLOSE_WAIT_S, join_all, stuck_error, stuck_operator_error
 from zephon._engine.messages import (
     REPLIES,
     REQUESTS,
@@ -98,7 +98,8 @@ class WorkerPool:
     def submit(self, elems: list[StreamItem]) -> Future[list[StreamItem]]:
         raise NotImplementedError
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Stop the workers; ``wait_s`` bounds the wait where the pool can bound it."""
         self.executor.shutdown(wait=True, cancel_futures=True)
 
     def check_alive(self) -> None:
@@ -155,12 +156,20 @@ class ThreadWorkerPool(WorkerPool):
     def submit(self, elems: list[StreamItem]) -> Future[list[StreamItem]]:
         return self.executor.submit(self._run, elems)
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Stop the threads within ``wait_s``: a thread cannot be killed, so one still in
+        ``process_many`` then (a call that never returns) is left running and reported."""
         # a read still waiting on a store (the run stopped while it stalled) gives up now
         abandon_reads(self._threads)
-        super().shutdown()
-        for worker in self._copies:
-            worker.teardown()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            threads = list(zip(self._threads, self._copies, strict=True))
+        stuck = join_all([t for t, _ in threads], wait_s)
+        for thread, worker in threads:
+            if thread not in stuck:
+                worker.teardown()
+        if stuck:
+            raise ZephonError(stuck_operator_error(self._op.name, stuck, wait_s))
 
 
 # -- process fleet -------------------------------------------------------------------------
@@ -907,9 +916,10 @@ class ProcessFleet:
                 pass
         self._reap(slot)
 
-    def shutdown(self) -> None:
-        """Cancel queued micro-batches, let running ones finish, stop every worker (at once
-        when a serving thread died: its worker may be half-way through a request)."""
+    def shutdown(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Cancel queued micro-batches, let running ones finish within ``wait_s``, stop every
+        worker (at once when a serving thread died: its worker may be half-way through a
+        request)."""
         self._stopping.set()
         while True:
             try:
@@ -920,7 +930,7 @@ class ProcessFleet:
                 job.future.cancel()
         for _ in self._threads:
             self._jobs.put(None)
-        deadline = time.monotonic() + CLOSE_WAIT_S
+        deadline = time.monotonic() + wait_s
         for thread in self._threads:
             while thread.is_alive() and time.monotonic() < deadline:
                 if any(fault is not None for fault in self._faults):
@@ -928,6 +938,15 @@ class ProcessFleet:
                 thread.join(timeout=0.2)
         stuck = [t for t in self._threads if t.is_alive()]
         if stuck:  # waiting on a worker that never answers: killing it ends the wait
+            for name, pid, seconds in self.busy():
+                log.warning(
+                    "zephon: operator %r did not return within %.0f s of the run closing "
+                    "(worker pid %s, busy for %.0f s): killing its worker",
+                    name,
+                    wait_s,
+                    pid,
+                    seconds,
+                )
             self.kill_all()
             stuck = join_all(stuck, CLOSE_WAIT_S)
         stuck += self._watchdog.stop()
@@ -961,9 +980,9 @@ class ProcessWorkerPool(WorkerPool):
     def submit(self, elems: list[StreamItem]) -> Future[list[StreamItem]]:
         return self.fleet.submit(self.stage, elems)
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait_s: float = CLOSE_WAIT_S) -> None:
         if self.owns_fleet:
-            self.fleet.shutdown()
+            self.fleet.shutdown(wait_s)
 
     def check_alive(self) -> None:
         self.fleet.check_alive()

@@ -39,6 +39,7 @@ from typing import Any, assert_never
 
 import cloudpickle
 
+from zephon._engine.joins import CLOSE_WAIT_S
 from zephon._engine.messages import Failed, Ok, RunReply
 from zephon._engine.pools import WorkerCrashedError, WorkerPool
 from zephon._engine.ray_nodes import NodeWatch, Unsettled, Verdict
@@ -458,7 +459,7 @@ class RayWorkerPool(WorkerPool):
                     WorkerCrashedError(f"operator {self._name!r}: the pool was shut down")
                 )
 
-    def shutdown(self) -> None:
+    def shutdown(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Stop collecting; keep the actors for the next iteration (see the module docstring)."""
         self._closed = True
         self._wake.set()

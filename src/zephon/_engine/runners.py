@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, ClassVar, assert_never
+from typing import TYPE_CHECKING, Any, ClassVar, assert_never
 
 from zephon._engine.driver_chain import run_tasks
 from zephon._engine.fusion import Unit, build_units
@@ -73,22 +73,30 @@ class RunResources:
                 out[pool.stage] = out.get(pool.stage, SourceStats()) + pool.fleet.io(pool.stage)
         return out
 
-    def close(self) -> None:
-        """Stop the threads, shut the pools down, release shared memory, tear operators down."""
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Stop the threads, shut the pools down, release shared memory, tear operators down;
+        a thread still running after ``wait_s`` is left behind and reported."""
         self.stop.set()
         for channel in self.channels:
             channel.put(Stop())
         # a thread never started (starting it failed: that error is the run's) is skipped;
         # one that will not stop is reported once the pools and shared memory are released
-        stuck = join_all(self.threads, CLOSE_WAIT_S)
+        deadline = time.monotonic() + wait_s
+        stuck = join_all(self.threads, wait_s)
+        errors: list[str] = []
         try:
             for pool in self.pools:
-                pool.shutdown()
+                try:
+                    pool.shutdown(max(1.0, deadline - time.monotonic()))
+                except ZephonError as exc:
+                    errors.append(str(exc))
         finally:
             if self.shm is not None:
                 self.shm.close()
         if stuck:
-            raise ZephonError(stuck_error(stuck, CLOSE_WAIT_S))
+            errors.insert(0, stuck_error(stuck, wait_s))
+        if errors:
+            raise ZephonError("; ".join(errors))
 
     def check_alive(self) -> None:
         """Raise the error of an engine thread or worker pool that died without reporting it
@@ -205,11 +213,12 @@ class InlineRunner(Runner):
         return self.name, 1
 
     def run(self, job: RunJob) -> Iterator[StreamItem]:
-        cores, feeder, mux, deliver = job.cores, job.feeder, job.mux, job.deliver
+        cores, feeder, mux = job.cores, job.feeder, job.mux
         for core, ctx in zip(cores, job.contexts, strict=True):
             core.op.setup(ctx)
         job.resources.set_up = cores
-        run = run_tasks
+        clock = _IdleClock(job.idle)
+        run = clock.timed(run_tasks)
         for items in feeder:
             outs = items
             for core in cores:
@@ -217,15 +226,44 @@ class InlineRunner(Runner):
                 if not outs:
                     break
             mux.add(outs)
-            yield from deliver(mux)
+            yield from clock.deliver(job.deliver(mux))
         for i, core in enumerate(cores):
             outs = run(core, core.finish())
             for later in cores[i + 1 :]:
                 outs = run(later, later.feed(outs))
             mux.add(outs)
-            yield from deliver(mux)
+            yield from clock.deliver(job.deliver(mux))
         mux.ended = True
-        yield from deliver(mux)
+        yield from clock.deliver(job.deliver(mux))
+
+
+class _IdleClock:
+    """The inline runner's wait: its consumer waits while the operators run on its thread, so
+    ``idle`` is called between their calls, every ``WAIT_SLICE_S`` with no item delivered."""
+
+    def __init__(self, idle: Callable[[float], None]) -> None:
+        self._idle = idle
+        self._since = self._checked = time.monotonic()
+
+    def timed(self, call: Callable[[StageCore, Any], list[Any]]) -> Callable[..., list[Any]]:
+        def timed_call(core: StageCore, tasks: Any) -> list[Any]:
+            self._tick()
+            outs = call(core, tasks)
+            self._tick()
+            return outs
+
+        return timed_call
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._checked >= WAIT_SLICE_S:
+            self._checked = now
+            self._idle(now - self._since)
+
+    def deliver(self, items: Iterator[StreamItem]) -> Iterator[StreamItem]:
+        for item in items:
+            yield item
+            self._since = self._checked = time.monotonic()  # the consumer asks for the next
 
 
 class DriverThreadsRunner(Runner):

@@ -9,10 +9,13 @@ the process worker busy the longest, and the oldest request to a store in flight
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from zephon._engine.joins import CLOSE_WAIT_S, STOPPED_WAIT_S
 from zephon._engine.pools import ProcessWorkerPool
 from zephon._engine.threaded import OpDriver
+from zephon.errors import WaitInterrupted
 from zephon.io import open_requests
 
 if TYPE_CHECKING:
@@ -20,6 +23,27 @@ if TYPE_CHECKING:
 
 WAIT_SLICE_S = 0.25
 """How long the consumer blocks before it looks at the clock and at the caller's check."""
+
+
+def stop_waiting(check: Callable[[], bool] | None, waited: float) -> None:
+    """Raise :class:`WaitInterrupted` when the caller's check (``interrupt_when``) says so."""
+    if check is not None and check():
+        raise WaitInterrupted(
+            f"the iteration stopped after waiting {waited:.1f} s for its next item, as the "
+            "check given to interrupt_when() asked"
+        )
+
+
+def close_wait(check: Callable[[], bool] | None, interrupted: bool) -> float:
+    """How long closing a run waits for its threads: less once the caller's check asked to
+    stop (it stopped a wait, or the caller left after it delivered an item), as the caller
+    is leaving and a thread still running then is stuck."""
+    if not interrupted and check is not None:
+        try:
+            interrupted = check()
+        except Exception:  # the run's own error, if any, is the one to see
+            interrupted = False
+    return STOPPED_WAIT_S if interrupted else CLOSE_WAIT_S
 
 
 def _busiest(resources: RunResources) -> tuple[str, float] | None:

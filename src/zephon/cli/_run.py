@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +36,7 @@ from zephon.cli._common import (
     fail,
     one_line,
 )
+from zephon.cli._leave import leave_if_stuck
 from zephon.cli._lock import RunLock, RunLockedError
 from zephon.cli._record import cut_record, record_position
 from zephon.cli._report import ConsoleHandler, console, done_before, print_summary, show
@@ -325,6 +327,11 @@ def _resume(
 
 
 def run(args: argparse.Namespace) -> int:
+    # an operator stuck for good keeps a thread the interpreter would join at exit forever
+    return leave_if_stuck(_run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
     # Signals are handled from the command's start (zephon.cli.main): until the first item a
     # stop ends the run at once with its summary, afterwards after the item being delivered.
     Startup.config, Startup.json = str(args.config), bool(args.json)
@@ -395,6 +402,30 @@ class RunLoop:
         self.provenance: Any = None
         # a stop signal also ends a wait for the next item (a stalled store, a stuck worker)
         pipe.interrupt_when(lambda: signals.stop_requested)
+        # held while an item is recorded or a checkpoint written: the stop watch's take-over
+        # (the main thread stuck in an operator) never cuts one in half
+        self.lock = threading.Lock()
+        self._started = time.perf_counter()
+        if signals.watch is not None:
+            signals.watch.take_over = self._take_over
+
+    def _take_over(self, operator: str, signum: int) -> int:
+        """End the run from the stop watch's thread: the main thread has been inside
+        ``operator`` since before the stop signal (see ``StopWatch``), whose handler may never
+        have run (a call blocked in C)."""
+        if self.signals.stop_signal is None:
+            self.signals.stop_signal = signum
+        print(
+            f"zephon run: warning: operator {operator!r} has not returned since the stop signal "
+            "(a call it makes never returns; py-spy dump shows where); checkpointing the last "
+            "delivered item and leaving without it",
+            file=sys.stderr,
+        )
+        self.status = self._stop_status()
+        if not self.lock.acquire(timeout=5.0):
+            return EXIT_TERMINATED if self.status == "terminated" else EXIT_INTERRUPTED
+        self._save_after_stop()
+        return self._finish(time.perf_counter() - self._started)
 
     def save(self) -> Path | None:
         """Write the checkpoint of what was delivered (with the record file's position)."""
@@ -466,22 +497,23 @@ class RunLoop:
             self.save()
             return
         for item in self.pipe:
-            self._deliver(item)
-            now = time.perf_counter()
-            if now - last > 0.2:
-                last = now
-                self._update(progress, task, now - start)
-            if signals.stop_requested:
-                self.status = self._stop_status()
-                self.save()
-                return
-            due = args.checkpoint_every and self.items % args.checkpoint_every == 0
-            if due or signals.take_checkpoint_request():
-                self.save()
-            if args.max_batches is not None and self.items >= args.max_batches:
-                self.status = "stopped"
-                self.save()
-                return
+            with self.lock:
+                self._deliver(item)
+                now = time.perf_counter()
+                if now - last > 0.2:
+                    last = now
+                    self._update(progress, task, now - start)
+                if signals.stop_requested:
+                    self.status = self._stop_status()
+                    self.save()
+                    return
+                due = args.checkpoint_every and self.items % args.checkpoint_every == 0
+                if due or signals.take_checkpoint_request():
+                    self.save()
+                if args.max_batches is not None and self.items >= args.max_batches:
+                    self.status = "stopped"
+                    self.save()
+                    return
         self.save()
 
     def _update(self, progress: Any, task: Any, elapsed: float) -> None:
@@ -528,9 +560,11 @@ class RunLoop:
                 total = progress.tasks[0].total
                 if self.status == "completed" and total is not None and args.max_batches is None:
                     progress.update(task, completed=total)  # the pass is read, all of it
-        except (KeyboardInterrupt, WaitInterrupted):  # a stop signal while the run waited,
-            # a second stop signal, or Ctrl-C inside the engine
+        except (KeyboardInterrupt, WaitInterrupted) as exc:  # a stop signal while the run
+            # waited, a second stop signal, or Ctrl-C inside the engine
             self.status = self._stop_status()
+            for note in getattr(exc, "__notes__", ()):  # an operator that never returned
+                print(f"zephon run: warning: {note}", file=sys.stderr)
             self._save_after_stop()
         except OUTPUT_ERRORS as exc:
             self.status, self.error = "failed", exc

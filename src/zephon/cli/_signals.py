@@ -28,6 +28,7 @@ from zephon._startup import (
     install_startup_handlers,
     stop_while_starting,
 )
+from zephon.cli._leave import StopWatch
 
 CHECKPOINT_SIGNAL = getattr(signal, "SIGUSR1", None)
 
@@ -51,6 +52,8 @@ class RunSignals:
         # an in-process caller (tests, a script calling main) is never ended by os._exit
         self.starting = Startup.installed
         self._previous: dict[int, Any] = {}
+        # the command's own process: a main thread stuck in an operator is ended after a stop
+        self.watch = StopWatch() if Startup.installed else None
 
     @property
     def stop_requested(self) -> bool:
@@ -84,9 +87,13 @@ class RunSignals:
             self._previous[CHECKPOINT_SIGNAL] = signal.signal(
                 CHECKPOINT_SIGNAL, self._on_checkpoint
             )
+        if self.watch is not None:
+            self.watch.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.watch is not None and self._previous:
+            self.watch.__exit__()
         for signum, handler in self._previous.items():
             if handler is stop_while_starting:
                 # The ``zephon`` command has printed its summary and is exiting with the run's
