@@ -8,6 +8,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from zephon.ops import BaseOp
+
 CLOSE_WAIT_S = 30.0
 """How long closing a run waits for each group of its threads (a loaded machine is slow)."""
 
@@ -34,7 +36,8 @@ def running_operator(thread: threading.Thread) -> str | None:
         if frame.f_code.co_name == "call_process_many" and frame.f_globals.get(
             "__name__", ""
         ).startswith("zephon._engine."):
-            return str(getattr(frame.f_locals.get("op"), "name", "?"))
+            op = frame.f_locals.get("op")
+            return op.name if isinstance(op, BaseOp) else "?"
         frame = frame.f_back
     return None
 
