@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from tokenizers import Tokenizer, models, pre_tokenizers
+
 from tests._corpus import make_docs
 from tests.ops._chat import CHATML_TAGGED, conversations
 
@@ -40,6 +42,18 @@ def write_pipeline(
         "  - {op: batch, microbatch_size: 4}\n"
     )
     return path
+
+
+def write_wide_special_tokenizer(folder: Path) -> Path:
+    """A WordLevel tokenizer of five tokens whose special ``<s>``/``</s>`` have ids 70000 and
+    70001: its vocabulary counts 5, yet two ids do not fit ``uint16``."""
+    vocab = {"[UNK]": 0, "the": 1, "a": 2, "<s>": 70_000, "</s>": 70_001}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<s>", "</s>"])
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
 
 
 def write_chat_pipeline(folder: Path, n: int = 40) -> Path:
