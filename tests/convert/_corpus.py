@@ -44,19 +44,22 @@ def write_pipeline(
     return path
 
 
+WIDE_SPECIALS = {"<s>": 70_000, "</s>": 70_001, "<|im_start|>": 70_002, "<|im_end|>": 70_003}
+
+
 def write_wide_special_tokenizer(folder: Path) -> Path:
-    """A WordLevel tokenizer of five tokens whose special ``<s>``/``</s>`` have ids 70000 and
-    70001: its vocabulary counts 5, yet two ids do not fit ``uint16``."""
-    vocab = {"[UNK]": 0, "the": 1, "a": 2, "<s>": 70_000, "</s>": 70_001}
+    """A WordLevel tokenizer of a few tokens whose special ones (BOS, EOS, ChatML's) have ids
+    from 70000: its vocabulary counts 7, yet those ids do not fit ``uint16``."""
+    vocab = {"[UNK]": 0, "the": 1, "a": 2, **WIDE_SPECIALS}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(["<s>", "</s>"])
+    tok.add_special_tokens(list(WIDE_SPECIALS))
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     return folder
 
 
-def write_chat_pipeline(folder: Path, n: int = 40) -> Path:
+def write_chat_pipeline(folder: Path, n: int = 40, tokenizer: str = "bytes") -> Path:
     """Conversations tokenized with loss masks on the assistant turns (chat SFT)."""
     data = folder / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -68,7 +71,8 @@ def write_chat_pipeline(folder: Path, n: int = 40) -> Path:
     path.write_text(
         "datasets:\n  - {name: chat, path: data}\n"
         "operators:\n"
-        "  - {op: tokenize_chat, tokenizer: bytes, chat_template: chatml.jinja}\n"
+        f"  - {{op: tokenize_chat, tokenizer: {json.dumps(tokenizer)}, "
+        "chat_template: chatml.jinja}\n"
     )
     return path
 

@@ -11,6 +11,7 @@ import pytest
 
 from tests.convert._corpus import (
     ROWS_PER_FILE,
+    WIDE_SPECIALS,
     tree_bytes,
     write_chat_pipeline,
     write_pipeline,
@@ -252,3 +253,16 @@ def test_auto_dtype_stays_uint16_when_every_id_fits(tmp_path: Path) -> None:
     result = convert(write_pipeline(tmp_path), tmp_path / "out", workers=1)
     assert result.dtype == "uint16"
     assert {(d[0], d[-1]) for d in _read_back(tmp_path / "out")} == {(256, 257)}
+
+
+def test_auto_dtype_counts_a_chat_templates_special_tokens(tmp_path: Path) -> None:
+    """``tokenize_chat`` writes ``<|im_start|>``/``<|im_end|>`` (70002/70003) from the template."""
+    tokenizer = write_wide_special_tokenizer(tmp_path / "tok")
+    pipeline = write_chat_pipeline(tmp_path, n=8, tokenizer=str(tokenizer))
+    assert convert(pipeline, tmp_path / "out", workers=1).dtype == "int32"
+    docs = _read_back(tmp_path / "out")
+    config = load_config(pipeline)
+    config.source = {"shuffle_shards": False, "stop_after_passes": 1}
+    expected = [np.asarray(r.payload["input_ids"]).tolist() for r in config.build()]
+    assert docs == expected and len(docs) == 8
+    assert all(d.count(WIDE_SPECIALS["<|im_start|>"]) >= 2 for d in docs)
