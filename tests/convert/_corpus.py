@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from tokenizers import Tokenizer, models, pre_tokenizers
+
 from tests._corpus import make_docs
 from tests.ops._chat import CHATML_TAGGED, conversations
 
@@ -42,7 +44,22 @@ def write_pipeline(
     return path
 
 
-def write_chat_pipeline(folder: Path, n: int = 40) -> Path:
+WIDE_SPECIALS = {"<s>": 70_000, "</s>": 70_001, "<|im_start|>": 70_002, "<|im_end|>": 70_003}
+
+
+def write_wide_special_tokenizer(folder: Path) -> Path:
+    """A WordLevel tokenizer of a few tokens whose special ones (BOS, EOS, ChatML's) have ids
+    from 70000: its vocabulary counts 7, yet those ids do not fit ``uint16``."""
+    vocab = {"[UNK]": 0, "the": 1, "a": 2, **WIDE_SPECIALS}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(list(WIDE_SPECIALS))
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def write_chat_pipeline(folder: Path, n: int = 40, tokenizer: str = "bytes") -> Path:
     """Conversations tokenized with loss masks on the assistant turns (chat SFT)."""
     data = folder / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -54,7 +71,8 @@ def write_chat_pipeline(folder: Path, n: int = 40) -> Path:
     path.write_text(
         "datasets:\n  - {name: chat, path: data}\n"
         "operators:\n"
-        "  - {op: tokenize_chat, tokenizer: bytes, chat_template: chatml.jinja}\n"
+        f"  - {{op: tokenize_chat, tokenizer: {json.dumps(tokenizer)}, "
+        "chat_template: chatml.jinja}\n"
     )
     return path
 

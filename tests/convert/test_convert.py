@@ -11,10 +11,12 @@ import pytest
 
 from tests.convert._corpus import (
     ROWS_PER_FILE,
+    WIDE_SPECIALS,
     tree_bytes,
     write_chat_pipeline,
     write_pipeline,
     write_text_corpus,
+    write_wide_special_tokenizer,
 )
 from zephon import Pipeline, StaticMixtureWorkSource
 from zephon.config import ConfigFileError, load_config
@@ -198,8 +200,69 @@ def test_token_ids_that_do_not_fit_the_dtype_are_refused(tmp_path: Path) -> None
         "datasets:\n  - {name: web, path: data}\n"
         "operators:\n  - {op: tokenize, tokenizer: bytes, bos_token_id: 70000}\n"
     )
-    with pytest.raises(DataFormatError, match=r"token id 70000 does not fit dtype uint16.*--dtype"):
+    with pytest.raises(
+        DataFormatError,
+        match=r"^shard web-00000-00000 \(from .*part-0.jsonl\): token id 70000 does not fit "
+        r"dtype uint16; set the dtype option to int32 \(zephon convert --dtype int32",
+    ):
         convert(pipeline, tmp_path / "out", workers=1, dtype="uint16")
     assert not any("web-" in p.name for p in (tmp_path / "out").iterdir())
     with pytest.raises(ConfigError, match="dtype must be one of auto, uint16, int32, int64"):
         convert(pipeline, tmp_path / "out2", workers=1, dtype="uint8")
+
+
+def _read_back(out: Path) -> list[list[int]]:
+    """Every document of ``out``, read by zephon and checked against megatron-core."""
+    ours = Dataset.from_path("converted", out)
+    docs = []
+    for s, shard in enumerate(ours.shards):
+        theirs = IndexedDataset(str(out / Path(shard.location).stem))
+        mine = [r["input_ids"].tolist() for r in ours.read(s, range(len(shard)))]
+        assert [theirs[i].tolist() for i in range(len(theirs))] == mine
+        docs += mine
+    return docs
+
+
+def test_auto_dtype_counts_special_token_ids_above_the_vocabulary_size(tmp_path: Path) -> None:
+    """Five tokens, but BOS/EOS are 70000/70001: a dtype chosen from the vocabulary's size
+    (uint16) would wrap them; auto picks int32 and they come back whole."""
+    write_text_corpus(tmp_path, files=1, rows=20)
+    tokenizer = write_wide_special_tokenizer(tmp_path / "tok")
+    pipeline = write_pipeline(tmp_path, tokenizer)
+    result = convert(pipeline, tmp_path / "out", workers=1, documents_per_shard=8)
+    assert result.dtype == "int32"
+    docs = _read_back(tmp_path / "out")
+    assert docs == _reference_tokens(pipeline) and len(docs) == 20
+    assert {(d[0], d[-1]) for d in docs} == {(70_000, 70_001)}
+
+
+def test_auto_dtype_counts_the_operators_own_bos_id(tmp_path: Path) -> None:
+    write_text_corpus(tmp_path, files=1, rows=10)
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text(
+        "datasets:\n  - {name: web, path: data}\n"
+        "operators:\n  - {op: tokenize, tokenizer: bytes, bos_token_id: 70000}\n"
+    )
+    assert convert(pipeline, tmp_path / "out", workers=1).dtype == "int32"
+    docs = _read_back(tmp_path / "out")
+    assert {(d[0], d[-1]) for d in docs} == {(70_000, 257)} and len(docs) == 10
+
+
+def test_auto_dtype_stays_uint16_when_every_id_fits(tmp_path: Path) -> None:
+    write_text_corpus(tmp_path, files=1, rows=10)
+    result = convert(write_pipeline(tmp_path), tmp_path / "out", workers=1)
+    assert result.dtype == "uint16"
+    assert {(d[0], d[-1]) for d in _read_back(tmp_path / "out")} == {(256, 257)}
+
+
+def test_auto_dtype_counts_a_chat_templates_special_tokens(tmp_path: Path) -> None:
+    """``tokenize_chat`` writes ``<|im_start|>``/``<|im_end|>`` (70002/70003) from the template."""
+    tokenizer = write_wide_special_tokenizer(tmp_path / "tok")
+    pipeline = write_chat_pipeline(tmp_path, n=8, tokenizer=str(tokenizer))
+    assert convert(pipeline, tmp_path / "out", workers=1).dtype == "int32"
+    docs = _read_back(tmp_path / "out")
+    config = load_config(pipeline)
+    config.source = {"shuffle_shards": False, "stop_after_passes": 1}
+    expected = [np.asarray(r.payload["input_ids"]).tolist() for r in config.build()]
+    assert docs == expected and len(docs) == 8
+    assert all(d.count(WIDE_SPECIALS["<|im_start|>"]) >= 2 for d in docs)

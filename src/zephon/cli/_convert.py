@@ -44,7 +44,8 @@ def register(subparsers: Any) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--dtype", default="auto", choices=("auto", "uint16", "int32", "int64"),
-        help="token dtype (auto: uint16 when the vocabulary fits, else int32)",
+        help="token dtype (auto: uint16 when every id the tokenizer can emit fits, "
+        "special tokens included, else int32)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--quiet", action="store_true", help="no per-shard lines")

@@ -107,7 +107,7 @@ def make_plan(
     sources = tuple(tuple(sh.location for sh in ds.shards) for ds in datasets)
     restricted = dataclasses.replace(config, operators=list(ops), source={}, fetch={}, options={})
     encoder = load_tokenizer(ops[-1].params.get("tokenizer", "bytes"))
-    resolved = str(output_dtype(dtype, encoder))
+    resolved = str(output_dtype(dtype, encoder, ops[-1].params))
     return Plan(file, restricted, ops[-1], tuple(tasks), sources, resolved)
 
 
@@ -139,13 +139,27 @@ def template_fingerprint(op: Any) -> str | None:
     return None if template is None else xxhash.xxh64(str(template).encode()).hexdigest()
 
 
-def output_dtype(choice: str, encoder: Any) -> np.dtype[Any]:
-    """``auto``: ``uint16`` when every id of the vocabulary fits (what Megatron's
-    ``preprocess_data.py`` picks), else ``int32``."""
+def largest_id(encoder: Any, params: dict[str, Any]) -> int | None:
+    """The largest id the tokenizer can emit: its vocabulary including added and special
+    tokens, and the BOS/EOS ids the operator adds (``bos_token_id``/``eos_token_id`` may lie
+    outside the vocabulary). None when the vocabulary cannot be read (a duck-typed encoder)."""
+    specials = [params.get("bos_token_id"), params.get("eos_token_id")]
+    specials += [getattr(encoder, "bos_token_id", None), getattr(encoder, "eos_token_id", None)]
+    inner = getattr(encoder, "tokenizer", None)
+    if inner is not None and hasattr(inner, "get_vocab"):
+        vocab = max(inner.get_vocab(with_added_tokens=True).values(), default=-1)
+    elif getattr(encoder, "vocab_size", None) is not None:
+        vocab = int(encoder.vocab_size) - 1
+    else:
+        return None
+    return max([int(vocab), *(int(i) for i in specials if i is not None)])
+
+
+def output_dtype(choice: str, encoder: Any, params: dict[str, Any] | None = None) -> np.dtype[Any]:
+    """``auto``: ``uint16`` when the largest id the tokenizer can emit fits (see
+    :func:`largest_id`), else ``int32``; a vocabulary that cannot be read gets ``int32``.
+    A count of the vocabulary is not enough: an added token may have any id."""
     if choice != "auto":
         return np.dtype(choice)
-    size = getattr(encoder, "vocab_size", None)
-    inner = getattr(encoder, "tokenizer", None)
-    if size is None and inner is not None and hasattr(inner, "get_vocab_size"):
-        size = inner.get_vocab_size(with_added_tokens=True)
-    return np.dtype(np.uint16) if size is not None and int(size) <= 65_535 else np.dtype(np.int32)
+    top = largest_id(encoder, params or {})
+    return np.dtype(np.uint16) if top is not None and top <= 65_535 else np.dtype(np.int32)

@@ -91,9 +91,11 @@ def _checked(tokens: np.ndarray, dtype: np.dtype[Any], task: Task, where: str) -
         info = np.iinfo(dtype)
         low, high = int(tokens.min()), int(tokens.max())
         if low < info.min or high > info.max:
+            wide = "int64" if dtype == np.dtype(np.int32) else "int32"
             raise DataFormatError(
-                f"{where}: token id {high if high > info.max else low} does not fit dtype "
-                f"{dtype} (shard {task.name}); convert with --dtype int32",
+                f"shard {task.name} (from {where}): token id {high if high > info.max else low} "
+                f"does not fit dtype {dtype}; set the dtype option to {wide} (zephon convert "
+                f"--dtype {wide}, or convert(..., dtype={wide!r}))",
                 location=where,
             )
     return tokens.astype(dtype, copy=False)

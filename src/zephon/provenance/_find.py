@@ -77,9 +77,11 @@ def find(logs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], query:
     if kind == "sample":
         d, s, i = key
         dataset = table["dataset"] if isinstance(d, str) else table["dataset_id"]
+        rows = table["source_row"]
+        if "sample_row" in table.column_names:  # a converted corpus's rows (older logs lack it)
+            rows = pc.coalesce(table["sample_row"], rows)
         mask = pc.and_(
-            pc.and_(pc.equal(dataset, d), pc.equal(table["shard"], s)),
-            pc.equal(table["source_row"], i),
+            pc.and_(pc.equal(dataset, d), pc.equal(table["shard"], s)), pc.equal(rows, i)
         )
     else:
         wanted, number = key

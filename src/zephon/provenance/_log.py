@@ -2,14 +2,12 @@
 
 One table row per segment: ``step``, ``rank``, ``row`` (in the batch), ``segment`` (in the
 row), ``dataset``, ``source`` (file or URL), ``dataset_id``, ``shard``, ``source_row``,
-``line`` (JSON Lines), ``lineage`` (child indices joined by "."), ``start``/``end`` (span in
-the row), ``source_start``/``source_end``/``source_length`` (span in the source document),
-``fingerprint`` (the batch's, on its first segment only) and ``extra`` (JSON, capture sources).
-
-Parts (``part-<first step>-<last step>.parquet``) are written atomically at every
-:meth:`ProvenanceLog.flush` (``zephon run`` flushes with every checkpoint), so a crash loses only
-steps no checkpoint covers, and a resumed log is cut back to its checkpoint's step: the folder
-then holds every delivered step exactly once. ``pandas.read_parquet(folder)`` reads it.
+``line`` (JSON Lines), ``sample_row`` (set only when ``source_row`` is not the sample id's
+row: a converted corpus's, whose other columns name the original document, as
+:meth:`SampleBatch.provenance` does), ``lineage`` (child indices joined by "."),
+``start``/``end`` (span in the row), ``source_start``/``source_end``/``source_length`` (span
+in the source document), ``fingerprint`` (the batch's, on its first segment only) and
+``extra`` (JSON, capture sources).
 """
 
 from __future__ import annotations
@@ -184,12 +182,18 @@ class ProvenanceLog:
         names = [origin.name(int(k >> 32)) for k in keys]
         locations = [origin.location(int(k >> 32), int(k & 0xFFFFFFFF)) for k in keys]
         lines = np.full(len(pairs), -1, dtype=np.int64)
+        sample_rows = np.full(len(pairs), -1, dtype=np.int64)
         extra: list[str | None] = [None] * len(pairs)
         for i, key in enumerate(keys.tolist()):
             ds, shard = key >> 32, key & 0xFFFFFFFF
             where = np.flatnonzero(inverse == i)
             table = origin.line_table(ds, shard)
-            if table is not None:
+            original = _originals(origin, ds, shard, arrays["source_row"][where])
+            if original is not None:  # a converted corpus: name the document it was made from
+                names[i], locations[i] = original[0], original[1]
+                sample_rows[where] = arrays["source_row"][where]
+                arrays["source_row"][where], lines[where] = original[2], original[3]
+            elif table is not None:
                 lines[where] = table[arrays["source_row"][where]]
             if origin.extra(ds, shard, 0) is not None:
                 for j in where.tolist():
@@ -202,6 +206,7 @@ class ProvenanceLog:
         for name, _ in _INT_COLUMNS[4:7]:
             out[name] = pa.array(arrays[name])
         out["line"] = pa.array(lines, mask=lines < 0)
+        out["sample_row"] = pa.array(sample_rows, mask=sample_rows < 0)
         out["lineage"] = pa.array(cols["lineage"], pa.string()).dictionary_encode()
         for name, _ in _INT_COLUMNS[7:]:
             out[name] = pa.array(arrays[name])
@@ -234,6 +239,20 @@ class ProvenanceLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _originals(
+    origin: Origin, ds: int, shard: int, rows: np.ndarray
+) -> tuple[str, str, np.ndarray, np.ndarray] | None:
+    """Dataset, file, rows and lines (-1: none) of the documents ``rows`` of a converted
+    corpus's shard were tokenized from; None for any other shard."""
+    if not len(rows) or origin.source_of(ds, shard, int(rows[0])) is None:
+        return None
+    found = [origin.source_of(ds, shard, r) for r in rows.tolist()]
+    places = [f for f in found if f is not None]
+    original = np.array([f[2] for f in places], dtype=np.int64)
+    lines = np.array([-1 if f[3] is None else f[3] for f in places], dtype=np.int64)
+    return places[0][0], places[0][1], original, lines
 
 
 def read_log(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Any:
