@@ -24,7 +24,7 @@ import numpy as np
 from zephon.errors import ConfigError
 from zephon.io._dataset import Dataset, Row, checked_indices
 from zephon.io._file_shard import LazyShard
-from zephon.io._token_files import INPUT_IDS, TokenFile
+from zephon.io._token_files import INPUT_IDS, TokenFile, TokenFileShard
 
 SEPARATE_FINAL_EPOCH_BELOW = 0.80  # of an epoch's samples (megatron-core's threshold)
 BLEND_SURPLUS = 0.005  # megatron-core's default ``mid_level_dataset_surplus``
@@ -77,7 +77,7 @@ def _shuffle_index(first: int, total: int, rng: np.random.RandomState) -> np.nda
     return np.concatenate((head, tail))
 
 
-class MegatronOrderShard(LazyShard):
+class MegatronOrderShard(TokenFileShard):
     """``GPTDataset``'s windows of one token file, in its order (see :func:`megatron_chunks`)."""
 
     _TRANSIENT: ClassVar[tuple[str, ...]] = ("_plan",)
@@ -111,16 +111,6 @@ class MegatronOrderShard(LazyShard):
 
     def _init_transient(self) -> None:
         self._plan: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-
-    @property
-    def location(self) -> str:
-        return self.file.location
-
-    def pin(self) -> None:
-        self.file.pin()
-
-    def check_unchanged(self) -> None:
-        self.file.check_unchanged()
 
     def __len__(self) -> int:
         return self.samples

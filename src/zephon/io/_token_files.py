@@ -135,13 +135,11 @@ class TokenFile(OneBlob, abc.ABC):
             )
 
 
-class TokenDocumentShard(LazyShard):
-    """A token file as rows, one per document: ``{"input_ids": tokens}`` (plus ``loss_mask``
-    where the format stores one). Token arrays are views of the memmap: read-only."""
+class TokenFileShard(LazyShard):
+    """A shard whose rows come from one token file: it is where the file is, and pins and
+    checks the file itself."""
 
-    def __init__(self, file: TokenFile, rows: int | None = None) -> None:
-        self.file = file
-        self._rows = rows
+    file: TokenFile
 
     @property
     def location(self) -> str:
@@ -152,6 +150,15 @@ class TokenDocumentShard(LazyShard):
 
     def check_unchanged(self) -> None:
         self.file.check_unchanged()
+
+
+class TokenDocumentShard(TokenFileShard):
+    """A token file as rows, one per document: ``{"input_ids": tokens}`` (plus ``loss_mask``
+    where the format stores one). Token arrays are views of the memmap: read-only."""
+
+    def __init__(self, file: TokenFile, rows: int | None = None) -> None:
+        self.file = file
+        self._rows = rows
 
     def __len__(self) -> int:
         if self._rows is None:

@@ -30,9 +30,8 @@ import numpy as np
 
 from zephon.errors import ConfigError
 from zephon.io._dataset import Dataset, Row, checked_indices
-from zephon.io._file_shard import LazyShard
 from zephon.io._megatron_order import megatron_chunks
-from zephon.io._token_files import INPUT_IDS, TokenDocumentShard, TokenFile
+from zephon.io._token_files import INPUT_IDS, TokenDocumentShard, TokenFile, TokenFileShard
 
 POSITION_IDS = "position_ids"
 CU_SEQLENS = "cu_seqlens"
@@ -76,7 +75,7 @@ def _stack(rows: list[dict[str, Any]], width: int) -> dict[str, Any]:
     return out
 
 
-class _ViewShard(LazyShard):
+class _ViewShard(TokenFileShard):
     """Items of ``rows_per_item`` samples of one token file, in a seeded order."""
 
     _TRANSIENT: ClassVar[tuple[str, ...]] = ("_order",)
@@ -90,16 +89,6 @@ class _ViewShard(LazyShard):
 
     def _init_transient(self) -> None:
         self._order: np.ndarray | None = None
-
-    @property
-    def location(self) -> str:
-        return self.file.location
-
-    def pin(self) -> None:
-        self.file.pin()
-
-    def check_unchanged(self) -> None:
-        self.file.check_unchanged()
 
     def __len__(self) -> int:
         return -(-self.samples // self.rows_per_item)
