@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -39,6 +40,18 @@ def _check_interrupted(delays: list[float]) -> None:
     starting = sum(FIRST_ITEM not in r.out for r in results)
     print(f"{starting} of {len(results)} moments came before the first item")
     assert starting >= 3  # the moments cover the start-up, not only the run after it
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_between_a_workers_fork_and_its_set_up_waits_until_the_worker_has_started():
+    """Another thread takes the signal, so blocking it in the starting thread is not enough:
+    without holding it, KeyboardInterrupt cut the hand-off and the worker died of EOFError
+    with a traceback on the terminal."""
+    script = [sys.executable, "-m", "tests.runners._ctrl_c_mid_start"]
+    done = subprocess.run(script, cwd=REPO, env=env(), capture_output=True, text=True, timeout=60)
+    # the held signal is delivered as the start returns, after the worker has its set-up
+    assert done.stdout.splitlines() == ["interrupted", "worker exit 0"]
+    assert done.stderr == ""
 
 
 @pytest.mark.timeout(300)

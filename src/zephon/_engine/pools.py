@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from multiprocessing import resource_tracker
@@ -294,11 +294,37 @@ def _start_deaf_to_ctrl_c(proc: Any) -> None:
     resource tracker starts first: starting it unblocks SIGINT in the calling thread.
     """
     resource_tracker.ensure_running()
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    with _ctrl_c_held():
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+@contextlib.contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Hold a Ctrl-C that arrives in the block until it ends, then deliver it.
+
+    Blocking SIGINT in this thread does not keep it out: another thread of the process (the
+    tokenizers' pool) takes it, and Python raises KeyboardInterrupt in the main thread in
+    the middle of a worker's start, after the fork and before its set-up was sent; the
+    forked worker then dies of ``EOFError`` with a traceback on the terminal. Only the main
+    thread runs Python's signal handlers, so only there is anything to hold.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is None  # set outside Python: not ours to swap
+    ):
+        yield
+        return
+    arrived: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: arrived.append(signum))
     try:
-        proc.start()
+        yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        signal.signal(signal.SIGINT, previous)
+        if arrived:
+            signal.raise_signal(signal.SIGINT)  # to the handler the program had set
 
 
 def _name_process(name: str) -> None:
