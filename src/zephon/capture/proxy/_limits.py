@@ -42,25 +42,41 @@ class ClientRefused(ZephonError):
         return self.message
 
 
+SMALL_BODY_BYTES = 2**20
+"""A body up to this size is an ordinary call; larger ones share what the reserve leaves."""
+
+RESERVE_FRACTION = 8
+"""One eighth of the budget is kept for small bodies (up to what the largest body leaves)."""
+
+
 class BodyBudget:
     """Bytes of request bodies one worker holds at once (one event loop: no lock needed).
 
     A request's bytes stay counted until its response is done (the decoded body and the
     engine request built from it live that long), so the budget bounds the worker's memory.
+    Bodies over :data:`SMALL_BODY_BYTES` together hold at most ``large_limit``: a few
+    clients streaming maximum-size bodies cannot fill the budget and turn every ordinary
+    call away with 503s.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, max_body: int | None = None) -> None:
         self.limit = limit
+        reserve = limit // RESERVE_FRACTION
+        self.large_limit = max(limit - reserve, min(limit, max_body or 0))
         self.held = 0
+        self.large_held = 0
 
-    def take(self, n: int) -> bool:
-        if self.held + n > self.limit:
+    def take(self, n: int, large: int = 0) -> bool:
+        """Take ``n`` more bytes, ``large`` of them newly counted as a large body's."""
+        if self.held + n > self.limit or self.large_held + large > self.large_limit:
             return False
         self.held += n
+        self.large_held += large
         return True
 
-    def give(self, n: int) -> None:
+    def give(self, n: int, large: int = 0) -> None:
         self.held -= n
+        self.large_held -= large
 
 
 class _Hold:
@@ -69,16 +85,22 @@ class _Hold:
     def __init__(self, budget: BodyBudget) -> None:
         self.budget = budget
         self.bytes = 0
+        self.large = False
 
     def grow_to(self, n: int) -> None:
-        if n > self.bytes:
-            if not self.budget.take(n - self.bytes):
-                raise _busy("request bodies")
-            self.bytes = n
+        if n <= self.bytes:
+            return
+        large = n > SMALL_BODY_BYTES
+        newly_large = (n if not self.large else n - self.bytes) if large else 0
+        if not self.budget.take(n - self.bytes, newly_large):
+            raise _busy("request bodies")
+        self.bytes = n
+        self.large = large
 
     def release(self) -> None:
-        self.budget.give(self.bytes)
+        self.budget.give(self.bytes, self.bytes if self.large else 0)
         self.bytes = 0
+        self.large = False
 
 
 _HOLD = "zephon.body_hold"
@@ -177,10 +199,12 @@ class Admission:
     answered. Paths under ``exempt`` (the control routes: trainer and probes, behind their
     token) are not counted against the cap, so a flood cannot lock the operator out."""
 
-    def __init__(self, app: ASGIApp, cap: int, budget: int, exempt: str) -> None:
+    def __init__(
+        self, app: ASGIApp, cap: int, budget: int, exempt: str, max_body: int | None = None
+    ) -> None:
         self.app = app
         self.cap = cap
-        self.budget = BodyBudget(budget)
+        self.budget = BodyBudget(budget, max_body)
         self.exempt = exempt
         self.in_flight = 0
 

@@ -447,6 +447,7 @@ def create_app(config: ProxyConfig) -> Starlette:
         Admission,
         cap=config.max_concurrent_requests,
         budget=config.max_buffered_bytes,
+        max_body=config.max_body_bytes,
         exempt=CONTROL_PREFIX + "/",
     )
     app = Starlette(routes=_routes(), lifespan=_lifespan, middleware=[admission])

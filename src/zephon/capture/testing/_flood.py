@@ -48,6 +48,7 @@ class FloodReport:
     latencies_s: list[float] = field(default_factory=list)
     acknowledged: dict[str, list[str]] = field(default_factory=dict)
     good_statuses: Counter[int] = field(default_factory=Counter)
+    good_refusals: Counter[str] = field(default_factory=Counter)  # error code of each non-200
     big_outcomes: Counter[str] = field(default_factory=Counter)
     slow_closed: int = 0
     idle_closed: int = 0
@@ -179,7 +180,17 @@ def _good_client(url: str, plan: FloodPlan, end: float, out: FloodReport) -> Non
             if resp.status_code == 200:
                 call_id = resp.headers["x-zephon-model-call-id"]
                 out.acknowledged.setdefault(rid, []).append(call_id)
+            else:
+                out.good_refusals[_error_code(resp)] += 1
             n += 1
+
+
+def _error_code(resp: Any) -> str:
+    """The ``error.code`` of an answer, or its status when it has none."""
+    try:
+        return str(resp.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return str(resp.status_code)
 
 
 def run_flood(url: str, proxy_pid: int, plan: FloodPlan) -> FloodReport:
