@@ -11,7 +11,6 @@ is regenerated on restore.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
@@ -45,6 +44,7 @@ from zephon._engine.pools import (
 )
 from zephon._engine.runners import lookup
 from zephon._engine.stats import RunStats
+from zephon._exit import at_exit
 from zephon._running import running_operators
 from zephon.errors import ConfigError, EngineProcessError, WaitInterrupted, ZephonError
 from zephon.types import StreamItem
@@ -169,7 +169,7 @@ def child_main(conn: Connection, report: Connection, blob: bytes, environ: dict[
 _LIVE: weakref.WeakSet[EngineProcess] = weakref.WeakSet()
 
 
-@atexit.register
+@at_exit
 def _close_live() -> None:
     """Stop engine processes still running at exit (multiprocessing would wait for them)."""
     for engine in list(_LIVE):
