@@ -1,10 +1,15 @@
 """Fail when the engine reaches past the operator and source contracts.
 
-Four rules over ``src/zephon``:
+Five rules over ``src/zephon``:
 
 - layering: ``_engine`` imports nothing from ``_ops`` (built-in operators are operators like
-  any other), ``capture`` nothing from ``_engine``, ``work`` nothing from ``_ops``; every import
+  any other), ``capture`` nothing from ``_engine``, ``work`` nothing from ``_ops``, ``cli``
+  nothing from ``_engine`` (the command drives the engine through ``Pipeline``); every import
   counts, also those inside functions;
+- private modules: a module whose name starts with ``_`` (and whatever is inside it) is
+  imported only from inside the package that holds it: ``zephon.io._converted`` from
+  ``zephon.io``, ``zephon._ops._chat_spans`` from ``zephon._ops``; others use what that
+  package exports (``PRIVATE_ALLOWED`` lists the exceptions, with why);
 - no probing: a ``getattr``/``hasattr`` in ``_engine`` must be listed in ``ALLOWED`` with why,
   and no entry there may name an operator or source hook (``HOOKS``): the engine reads hooks
   through the typed protocols of ``zephon.ops.state`` and ``zephon.work``;
@@ -26,7 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "zephon"
 
-FORBIDDEN = {"_engine": ("_ops",), "capture": ("_engine",), "work": ("_ops",)}
+FORBIDDEN = {
+    "_engine": ("_ops",),
+    "capture": ("_engine",),
+    "work": ("_ops",),
+    "cli": ("_engine",),
+}
 """``package: packages it must not import`` (top-level units of ``zephon``)."""
 
 HOOKS = frozenset(
@@ -78,6 +88,19 @@ ALLOWED = {
 }
 
 
+PRIVATE_ALLOWED = {
+    ("pipeline.py", "zephon._ops._chat_spans"): "Pipeline's signatures name the Literal types",
+    ("pipeline.py", "zephon._ops._pack_groups"): "Pipeline's signatures name the Literal types",
+    ("pipeline.py", "zephon._ops._packing_algos"): "Pipeline's signatures name the Literal types",
+    ("pipeline.py", "zephon._ops._token_measure"): "token calibration measures through the ops",
+    ("cli/_convert.py", "zephon.convert._plan"): "the default of --documents-per-shard",
+    ("convert/_driver.py", "zephon.io._converted"): "convert writes the format io reads",
+    ("convert/_shard.py", "zephon.io._converted"): "convert writes the format io reads",
+    ("convert/_shard.py", "zephon.io._megatron"): "convert writes the format io reads",
+}
+"""``(module, private module it imports from outside that one's package): why``."""
+
+
 def _unit(module: str) -> str | None:
     parts = module.split(".")
     return parts[1] if parts[0] == "zephon" and len(parts) > 1 else None
@@ -92,6 +115,46 @@ def _imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
             yield node.lineno, node.module
             if node.module == "zephon":  # ``from zephon import _ops``
                 yield from ((node.lineno, f"zephon.{alias.name}") for alias in node.names)
+
+
+def _private_module(module: str) -> str | None:
+    """``module`` up to its innermost ``_``-named part (None: no part is), the part that
+    makes it private to the package above it."""
+    parts = module.split(".")
+    private = [i for i, p in enumerate(parts) if i and p.startswith("_") and p[:2] != "__"]
+    return ".".join(parts[: private[-1] + 1]) if private else None
+
+
+def _module_imports(tree: ast.AST, package: Path) -> Iterator[tuple[int, str]]:
+    """``(line, module)`` of every absolute import of a zephon module, with the modules of
+    ``from zephon.x import _y`` (a name that is a file or folder under ``package``)."""
+    for line, module in _imports(tree):
+        if module.startswith("zephon."):
+            yield line, module
+    for node in ast.walk(tree):
+        # ``from zephon import _ops`` is one of ``_imports`` already
+        if isinstance(node, ast.ImportFrom) and node.module not in (None, "zephon"):
+            if node.level:
+                continue
+            base = package.parent.joinpath(*node.module.split("."))
+            for alias in node.names:
+                if (base / alias.name).is_dir() or base.joinpath(f"{alias.name}.py").exists():
+                    yield node.lineno, f"{node.module}.{alias.name}"
+
+
+def _private_imports(rel: str, tree: ast.AST, package: Path) -> Iterator[str]:
+    parts = ["zephon", *rel.removesuffix(".py").split("/")]
+    importer = ".".join(parts[:-1])  # the package the module is in (its own, for __init__)
+    for line, module in sorted(set(_module_imports(tree, package))):
+        private = _private_module(module)
+        if private is None or (rel, private) in PRIVATE_ALLOWED:
+            continue
+        holder = private.rpartition(".")[0]
+        if importer != holder and not importer.startswith(f"{holder}."):
+            yield (
+                f"{rel}:{line}: imports {module}, private to {holder}; import what {holder} "
+                "exports instead"
+            )
 
 
 def _probes(tree: ast.AST) -> Iterator[tuple[int, str]]:
@@ -143,6 +206,7 @@ def check_file(path: Path, package: Path) -> list[str]:
         target = _unit(module)
         if target in FORBIDDEN.get(unit, ()):
             errors.append(f"{rel}:{line}: {unit} must not import {target} ({module})")
+    errors.extend(_private_imports(rel, tree, package))
     if unit == "_engine":
         for line, name in _probes(tree):
             if name in HOOKS:

@@ -150,3 +150,44 @@ def test_a_control_tag_named_outside_types_is_reported(tmp_path: Path) -> None:
         "_engine/tail.py:2: names TAG_TOMBSTONE; read the typed SampleMeta.control",
         "_ops/pack.py:2: names TAG_SNAPSHOT_REPLAY; read the typed SampleMeta.control",
     ]
+
+
+def test_a_private_module_imported_from_outside_its_package_is_reported(tmp_path: Path) -> None:
+    package = _tree(
+        tmp_path,
+        {
+            "io/__init__.py": "from zephon.io._converted import X\n",  # its own package
+            "io/_converted.py": "X = 1\n",
+            "io/sub/a.py": "import zephon.io._converted\n",  # inside io: allowed
+            "convert/b.py": "from zephon.io._converted import X\n",
+            "convert/c.py": "def f():\n    from zephon.io import _converted\n",
+            "training.py": "from zephon._ops._chat_spans import LossScope\n",
+            "_ops/_chat_spans.py": "LossScope = str\n",
+            "_ops/d.py": "from zephon._ops._chat_spans import LossScope\n",
+            "capture/e.py": "from zephon.capture._kit import _Ctx\n",  # a name, not a module
+            "capture/_kit.py": "_Ctx = 1\n",
+            "cli/f.py": "from zephon._running import running_operator\n",  # held by zephon
+        },
+    )
+    assert layering.violations(package) == [
+        "convert/b.py:1: imports zephon.io._converted, private to zephon.io; import what "
+        "zephon.io exports instead",
+        "convert/c.py:2: imports zephon.io._converted, private to zephon.io; import what "
+        "zephon.io exports instead",
+        "training.py:1: imports zephon._ops._chat_spans, private to zephon._ops; import what "
+        "zephon._ops exports instead",
+    ]
+
+
+def test_the_command_line_does_not_import_the_engine(tmp_path: Path) -> None:
+    package = _tree(tmp_path, {"cli/_leave.py": "from zephon._engine.joins import f\n"})
+    assert layering.violations(package) == [
+        "cli/_leave.py:1: cli must not import _engine (zephon._engine.joins)"
+    ]
+
+
+def test_every_private_import_allowed_is_still_made() -> None:
+    package = ROOT / "src" / "zephon"
+    for rel, module in layering.PRIVATE_ALLOWED:
+        text = (package / rel).read_text()
+        assert module.rpartition(".")[2] in text, (rel, module)

@@ -53,8 +53,8 @@ class Blocker(importlib.abc.MetaPathFinder):
 def _help_all() -> int:
     from zephon.cli import _COMMANDS, build_parser
 
-    for name in _COMMANDS:
-        importlib.import_module(name)
+    for module, _ in _COMMANDS.values():
+        importlib.import_module(module)
     root = build_parser()
     todo: list[tuple[list[str], argparse.ArgumentParser]] = [([], root)]
     shown = 0

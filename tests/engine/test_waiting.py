@@ -133,3 +133,44 @@ def test_a_stop_leaves_a_thread_that_never_returns_behind_and_names_its_operator
         _RELEASE.set()  # from now on it passes records through
     resumed = build("threads", fn=block_after_200).restore(state)
     assert got + [key(b) for b in resumed] == expected
+
+
+HANG = "ZEPHON_TEST_HANG_WHEN"
+
+
+def hang_when_marked(payload: dict[str, Any]) -> dict[str, Any]:
+    """Never returns once the file ``$ZEPHON_TEST_HANG_WHEN`` exists (in the engine process,
+    which the consumer kills when it closes)."""
+    marker = os.environ.get(HANG)
+    if marker is not None and os.path.exists(marker):
+        threading.Event().wait()
+    return payload
+
+
+@pytest.mark.timeout(300)
+def test_a_stop_kills_an_engine_process_stuck_in_an_operator_and_names_the_operator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "hang"
+    monkeypatch.setenv(HANG, str(marker))
+    expected = [key(b) for b in build("threads")]
+    stop = threading.Event()
+    pipe = build("threads", fn=hang_when_marked, engine_process=True).interrupt_when(stop.is_set)
+    got = []
+    with pytest.raises(WaitInterrupted) as info:
+        for batch in pipe:
+            got.append(key(batch))
+            if len(got) == 3:
+                pid = pipe._engine.pid  # type: ignore[union-attr]
+                marker.touch()  # from now on the operator never returns
+                stop.set()
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "operator 'map_transform' did not return within 10 s" in notes, notes
+    assert f"engine process pid {pid}, thread zephon-engine-" in notes, notes
+    with pytest.raises(ProcessLookupError):  # killed and reaped
+        os.kill(pid, 0)
+    assert 3 <= len(got) < len(expected)
+    state = pipe.checkpoint()
+    marker.unlink()
+    resumed = build("threads", fn=hang_when_marked, engine_process=True).restore(state)
+    assert got + [key(b) for b in resumed] == expected

@@ -3,7 +3,6 @@ round-robin tail. How the stages run is the runner's business (``runners.py``)."
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import time
@@ -26,6 +25,7 @@ from zephon._engine.source import LaneStart, SnapshotPolicy, SourceFeeder
 from zephon._engine.stage import StageCore
 from zephon._engine.stats import LaneProgress, OpStats, RunStats
 from zephon._engine.tail import LaneMux
+from zephon._exit import at_exit
 from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError, WaitInterrupted
 from zephon.io import SourceStats, io_totals
@@ -512,7 +512,7 @@ _LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
 """Engines being iterated (started, not closed)."""
 
 
-@atexit.register  # after the worker pools' exit hooks (imported first), so it runs before them
+@at_exit  # after the worker pools' exit hooks (imported first), so it runs before them
 def _close_live_engines() -> None:
     """Close the engines of iterators still open at interpreter exit while their threads run.
 

@@ -11,8 +11,8 @@ is regenerated on restore.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import json
 import logging
 import os
 import pickle
@@ -44,11 +44,15 @@ from zephon._engine.pools import (
 )
 from zephon._engine.runners import lookup
 from zephon._engine.stats import RunStats
-from zephon.errors import ConfigError, EngineProcessError, WaitInterrupted
+from zephon._exit import at_exit
+from zephon._running import running_operators
+from zephon.errors import ConfigError, EngineProcessError, WaitInterrupted, ZephonError
 from zephon.types import StreamItem
 
 PROCESS_NAME = f"{WORKER_NAME_PREFIX}engine"
 STATS_EVERY_S = 0.5
+ASK_WAIT_S = 5.0
+"""How long the consumer waits for the engine process to say which operators it runs."""
 _NO_SHM = 1 << 62
 
 log = logging.getLogger("zephon")
@@ -121,9 +125,23 @@ def _pump(engine: Engine, sender: Sender) -> None:
         sender.wait_closed()
 
 
-def child_main(conn: Connection, blob: bytes, environ: dict[str, str]) -> None:
+def _answer_running(report: Connection) -> None:
+    """Say which operators run now (``thread: operator``) each time the consumer asks: it
+    asks before it kills an engine process that did not stop, to name what that is stuck in."""
+    while True:
+        try:
+            report.recv_bytes()
+            report.send_bytes(json.dumps(running_operators()).encode())
+        except (EOFError, OSError):
+            return
+
+
+def child_main(conn: Connection, report: Connection, blob: bytes, environ: dict[str, str]) -> None:
     """The engine process: build the engine from the pickled pipeline and run it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the consumer decides when to stop
+    threading.Thread(
+        target=_answer_running, args=(report,), name="zephon-engine-report", daemon=True
+    ).start()
     adopt_environment(environ)  # forked from the forkserver: its environment is older
     run: CompiledRun = cloudpickle.loads(blob)
     options = run.options
@@ -151,11 +169,14 @@ def child_main(conn: Connection, blob: bytes, environ: dict[str, str]) -> None:
 _LIVE: weakref.WeakSet[EngineProcess] = weakref.WeakSet()
 
 
-@atexit.register
+@at_exit
 def _close_live() -> None:
     """Stop engine processes still running at exit (multiprocessing would wait for them)."""
     for engine in list(_LIVE):
-        engine.close()
+        try:
+            engine.close()
+        except Exception as exc:
+            log.warning("zephon: closing a pipeline left open at exit failed: %s", exc)
 
 
 class EngineProcess:
@@ -187,6 +208,7 @@ class EngineProcess:
         self._proc: Any = None
         self._pid: int | None = None
         self._conn: Connection | None = None
+        self._report: Connection | None = None
         self._closed = False
         self.interrupt: Callable[[], bool] | None = None
         """Asked while the consumer waits for an item; True stops the wait (see _idle)."""
@@ -221,15 +243,17 @@ class EngineProcess:
         mp = worker_context()
         oom.watch()
         parent, child = mp.Pipe(duplex=True)
+        self._report, report = mp.Pipe(duplex=True)
         self._proc = mp.Process(
             target=child_main,
-            args=(child, self._blob, dict(os.environ)),
+            args=(child, report, self._blob, dict(os.environ)),
             name=PROCESS_NAME,
             daemon=False,
         )
         self._proc.start()
         self._pid = self._proc.pid
         child.close()
+        report.close()
         self._conn = parent
         _LIVE.add(self)
         return Receiver(parent, self._window)
@@ -267,8 +291,19 @@ class EngineProcess:
                         raise message.error
                     case _:
                         assert_never(message)
+        except Exception as exc:  # the run's error is the one the consumer sees
+            self._close_after(exc)
+            raise
         finally:
             self.close()
+
+    def _close_after(self, error: BaseException) -> None:
+        """Close after ``error``; a failure to close is noted on it rather than replacing it."""
+        try:
+            self.close()
+        except Exception as exc:
+            with contextlib.suppress(BaseException):
+                error.add_note(f"closing the engine then failed too: {type(exc).__name__}: {exc}")
 
     def _idle(self, waited: float) -> None:
         """No item for ``waited`` seconds: say so every ``log_every_s``, and stop waiting when
@@ -319,12 +354,39 @@ class EngineProcess:
         if proc is None:
             return
         # after a stop the consumer is leaving: an engine stuck on an operator is not waited for
-        proc.join(timeout=waiting.close_wait(self.interrupt, self._interrupted))
+        wait_s = waiting.close_wait(self.interrupt, self._interrupted)
+        proc.join(timeout=wait_s)
+        running = self._ask_running() if proc.is_alive() else {}
         if proc.is_alive():
             proc.kill()
             proc.join(timeout=30)
         for name in shm.segment_files(f"{shm.NAME_PREFIX}{proc.pid}-"):
             with contextlib.suppress(FileNotFoundError):
                 (shm.shm_dir() / name).unlink()
+        if self._report is not None:
+            self._report.close()
         if proc.exitcode is not None:
             proc.close()
+        if running:
+            raise ZephonError(_stuck_line(running, self._pid, wait_s))
+
+    def _ask_running(self) -> dict[str, str]:
+        """``thread: operator`` of what the engine process runs now ({} when it cannot say)."""
+        report = self._report
+        with contextlib.suppress(EOFError, OSError, ValueError):
+            if report is not None:
+                report.send_bytes(b"?")
+                if report.poll(ASK_WAIT_S):
+                    return dict(json.loads(report.recv_bytes()))
+        return {}
+
+
+def _stuck_line(running: dict[str, str], pid: int | None, wait_s: float) -> str:
+    """The line that names the operators an engine process killed at close was inside."""
+    operators = ", ".join(repr(op) for op in sorted(set(running.values())))
+    threads = ", ".join(sorted(running))
+    return (
+        f"operator {operators} did not return within {wait_s:.0f} s of the run closing "
+        f"(engine process pid {pid}, thread {threads}): a call it makes never returns "
+        "(py-spy dump shows where while it hangs); the engine process was killed"
+    )

@@ -3,12 +3,11 @@ waited for forever, and never keeps the rest of the run's resources from being r
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Sequence
 
-from zephon.ops import BaseOp
+from zephon._running import running_operator
 
 CLOSE_WAIT_S = 30.0
 """How long closing a run waits for each group of its threads (a loaded machine is slow)."""
@@ -26,20 +25,6 @@ def join_all(threads: Sequence[threading.Thread], timeout: float) -> list[thread
         if thread.ident is not None and thread is not me:
             thread.join(max(0.0, deadline - time.monotonic()))
     return [t for t in threads if t.ident is not None and t is not me and t.is_alive()]
-
-
-def running_operator(thread: threading.Thread) -> str | None:
-    """The operator whose ``process_many`` ``thread`` is inside now, if any (the innermost
-    call of the engine's ``call_process_many`` on its stack)."""
-    frame = sys._current_frames().get(thread.ident or -1)
-    while frame is not None:
-        if frame.f_code.co_name == "call_process_many" and frame.f_globals.get(
-            "__name__", ""
-        ).startswith("zephon._engine."):
-            op = frame.f_locals.get("op")
-            return op.name if isinstance(op, BaseOp) else "?"
-        frame = frame.f_back
-    return None
 
 
 def _describe(thread: threading.Thread) -> str:

@@ -18,7 +18,6 @@ naming the operator. Numpy payloads travel through shared memory (see ``shm.py``
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import copy
 import itertools
@@ -62,6 +61,7 @@ from zephon._engine.messages import (
     WorkerRequest,
 )
 from zephon._engine.stage import annotate, call_process_many, safe_annotate
+from zephon._exit import at_exit
 from zephon.errors import ConfigError, ZephonError
 from zephon.io import SourceStats, abandon_reads, io_totals
 from zephon.ops import BaseOp, OpContext
@@ -469,7 +469,7 @@ def _kill_live_fleets() -> None:
         fleet.kill_all()
 
 
-atexit.register(_kill_live_fleets)
+at_exit(_kill_live_fleets)
 
 # Workers kept for reuse (``reuse_workers=True``): idle, operators torn down.
 _IDLE: list[tuple[Any, Connection]] = []
@@ -493,7 +493,7 @@ def shutdown_idle_workers() -> None:
         proc.close()
 
 
-atexit.register(shutdown_idle_workers)
+at_exit(shutdown_idle_workers)
 
 
 def _forget_inherited_workers() -> None:

@@ -25,7 +25,6 @@ stage to the nodes that carry it.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import logging
@@ -45,6 +44,7 @@ from zephon._engine.pools import WorkerCrashedError, WorkerPool
 from zephon._engine.ray_nodes import NodeWatch, Unsettled, Verdict
 from zephon._engine.shm import resolve_items
 from zephon._engine.stage import annotate, call_process_many
+from zephon._exit import at_exit
 from zephon.ops import BaseOp, OpContext
 from zephon.types import StreamItem
 
@@ -150,7 +150,7 @@ def release_actors() -> None:
         _retire([a for g in groups for a in g], ray)
 
 
-atexit.register(release_actors)
+at_exit(release_actors)
 
 
 @dataclass(eq=False)

@@ -24,7 +24,6 @@ the next engine starts, and the live segments of a run in another PID namespace 
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import functools
@@ -45,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon._exit import at_exit
 from zephon.types import SampleBatch, SampleRecord, StreamItem
 
 NAME_PREFIX = "zephon-shm-"
@@ -109,7 +109,8 @@ def _map(name: str) -> mmap.mmap:
         if _OWNER and name.startswith(f"{NAME_PREFIX}{os.getpid()}-"):
             # Only the process named in the segment owns it: a consumer of an engine process
             # maps segments the engine may still send again, so it must not unlink them.
-            weakref.finalize(mm, _unlink, path)
+            # not at exit: close_all removes it then, with Ctrl-C held
+            weakref.finalize(mm, _unlink, path).atexit = False
         return mm
 
 
@@ -459,7 +460,7 @@ def _install_handlers() -> None:
     if _HANDLERS_INSTALLED or threading.current_thread() is not threading.main_thread():
         return
     _HANDLERS_INSTALLED = True
-    atexit.register(close_all)
+    at_exit(close_all)
     previous = signal.getsignal(signal.SIGTERM)
     if previous is not signal.SIG_IGN:
         signal.signal(signal.SIGTERM, lambda s, f: _on_sigterm(s, f, previous))

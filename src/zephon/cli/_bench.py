@@ -42,7 +42,6 @@ OPTIONAL = ("compare_zephon",)
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="run the benchmarks (small sizes), write a JSON report and PNG plots",
         description="Run benchmarks/*.py in fresh processes, collect each one's final JSON "
         "line into --out, and draw one PNG per benchmark into --plots when matplotlib is "
         "installed (pip install 'zephon[plots]'). Exit code 1 when a benchmark fails.",

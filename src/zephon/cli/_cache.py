@@ -15,7 +15,6 @@ from zephon.cli._common import EXIT_FAILURE, EXIT_OK, fail
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "cache",
-        help="list or clean the node-local shard cache",
         description=(
             "The node cache holds whole remote shards (CacheOptions) and derived files (JSONL "
             "offset indexes, decompressed copies). Default folder: $ZEPHON_CACHE_DIR, else "

@@ -13,7 +13,7 @@ from zephon.errors import MissingDependencyError
 
 
 def register(subparsers: Any) -> None:
-    capture = subparsers.add_parser("capture", help="token capture tools")
+    capture = subparsers.add_parser("capture")
     sub = capture.add_subparsers(dest="capture_command", metavar="COMMAND")
     conf = sub.add_parser(
         "conformance",

@@ -272,7 +272,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         for module in ("uvicorn", "starlette", "httpx"):  # the server stack, checked first
             require(module, "the capture proxy")
-        from zephon.capture.proxy._config import ProxyConfig
+        from zephon.capture.proxy import ProxyConfig
         from zephon.capture.proxy.server import serve
     except MissingDependencyError as exc:
         _error(str(exc))

@@ -17,9 +17,7 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "checkpoint", help="inspect a pipeline checkpoint or compare two"
-    )
+    parser = subparsers.add_parser("checkpoint")
     sub = parser.add_subparsers(dest="checkpoint_command", metavar="COMMAND")
     inspect = sub.add_parser(
         "inspect",

@@ -28,7 +28,6 @@ from zephon.errors import ConfigError, ZephonError
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "convert",
-        help="tokenize a pipeline's datasets into Megatron .bin/.idx shards (resumable)",
         description="Run the pipeline's operators up to its tokenize/tokenize_chat over every "
         "dataset on every core and write OUT/: Megatron .bin/.idx shards, a manifest "
         "(zephon-convert.json) and per-shard provenance and loss-mask sidecars. Run it again "

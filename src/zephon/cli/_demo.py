@@ -9,9 +9,7 @@ from typing import Any
 def register(subparsers: Any) -> None:
     from zephon.demo import add_arguments
 
-    parser = subparsers.add_parser(
-        "demo", help="generate a small corpus and run decode -> tokenize -> batch on it"
-    )
+    parser = subparsers.add_parser("demo")
     add_arguments(parser)
     parser.set_defaults(func=_run)
 

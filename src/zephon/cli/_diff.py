@@ -17,7 +17,6 @@ from zephon.cli._common import EXIT_DIFFERENT, EXIT_OK, EXIT_USAGE, fail
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "diff",
-        help="first step at which two runs (provenance logs or records) differ",
         description="Compare two provenance logs (zephon run --provenance) or two --record "
         "files step by step; print the first differing step and the segments found in one run "
         "only. Exit codes: 0 identical, 1 they differ, 2 bad usage.",

@@ -15,7 +15,6 @@ from zephon.errors import ConfigError, ZephonError
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "explain",
-        help="show the compiled plan of a YAML pipeline (text, json, mermaid, dot)",
         description="Validate CONFIG, list its datasets' shards and print the plan the engine "
         "would run: per operator its runner, workers, micro-batch, queue and in-flight sizes and "
         "whether it keeps cursor order; lanes, ranks and flush_every_k_chunks. Only metadata is "

@@ -14,7 +14,6 @@ from zephon.errors import ConfigError, ZephonError
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "index",
-        help="scan a dataset folder once and write index.json (row counts per shard)",
         description=(
             "Scan every shard of a dataset folder (local path or fsspec URL) once, cache the JSONL "
             "byte-offset indexes, and write PATH/index.json so Dataset.from_path(PATH) needs no "

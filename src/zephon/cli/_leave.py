@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import NoReturn
 
-from zephon._engine.joins import running_operator
+from zephon._running import running_operator
 from zephon._startup import EXIT_CODES, STOP_SIGNALS, Startup
 
 ENGINE_THREADS = "zephon-engine-"

@@ -59,7 +59,6 @@ TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "run",
-        help="run a pipeline described in YAML (progress, checkpoints, resume)",
         description="Run the pipeline of CONFIG (see docs/yaml.md). Exit codes: 0 done or "
         "stopped at --max-batches, 1 the run failed (its checkpoint is written), 2 bad command "
         "line or config, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM); both write a "

@@ -21,7 +21,6 @@ from zephon.errors import ConfigError, ZephonError
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "trace",
-        help="the documents of training step N, or the steps that trained on a document",
         description="With --step: rebuild the batch a rank received at step N (0-based; from "
         "the newest checkpoint of --checkpoint-dir at or before N, else from the start) and "
         "print its segments. With --find: look a document up in provenance logs written by "
