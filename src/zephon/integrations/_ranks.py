@@ -63,17 +63,39 @@ def global_state(
     return merge_loader_states(gathered)
 
 
-def max_over_ranks(value: int) -> int:
-    """The largest ``value`` of all ranks (a collective when a process group is running)."""
-    if _group_size() == 1:
+def max_over_ranks(value: int, *, group: Any = None) -> int:
+    """The largest ``value`` of all ranks of ``group`` (by default the whole job; a collective
+    when a process group is running)."""
+    if _group_size(group) == 1:
         return value
     import torch
     import torch.distributed as dist
 
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # nccl reduces GPU tensors only
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"  # nccl: GPU tensors only
     tensor = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
     return int(tensor.item())
+
+
+def accumulation_steps(
+    *,
+    global_batch_size: int,
+    micro_batch_size: int,
+    data_parallel_size: int,
+    option: str = "--global-batch-size",
+) -> int:
+    """The micro-batches per rank and step: ``global = micro x DP x accumulation``, refused
+    unless it divides exactly (the framework would otherwise train another batch than
+    configured); ``option`` names the framework's setting in the error."""
+    per_step = micro_batch_size * data_parallel_size
+    if micro_batch_size < 1 or global_batch_size < per_step or global_batch_size % per_step:
+        raise ConfigError(
+            f"global_batch_size={global_batch_size} is not micro_batch_size={micro_batch_size} "
+            f"x data-parallel size {data_parallel_size} x a whole number of accumulation steps; "
+            f"use a multiple of {max(per_step, 1)} (e.g. {option} "
+            f"{max(per_step, 1) * max(1, global_batch_size // max(per_step, 1))})"
+        )
+    return global_batch_size // per_step
 
 
 def settle_collectives() -> None:
