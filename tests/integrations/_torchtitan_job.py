@@ -7,14 +7,17 @@ batch 2 rows of 64 tokens, global batch 8: the accumulation follows the DP size)
 torchtitan's: every micro-batch of the step fetched first, then forward and backward on each,
 gradients averaged over the DP ranks, one optimizer step, a checkpoint into ``OUT/checkpoint``.
 One JSON line per micro-batch goes to ``OUT/<MODE>-r<RANK>.jsonl``: the step, the row digests
-and the loss (``float.hex``). MODE ``full`` trains STEPS steps, ``park`` waits to be killed
-after the checkpoint of step ``PARK_AT``, ``resume`` continues from the newest checkpoint.
+and the loss (``float.hex``); one per step to ``OUT/<MODE>-states-r<RANK>.jsonl``: a digest of
+the loader's ``state_dict()`` after the checkpoint. MODE ``full`` trains STEPS steps, ``park``
+waits to be killed after the checkpoint of step ``PARK_AT``, ``resume`` continues from the
+newest checkpoint.
 MODE ``finite`` trains one pass of a small corpus whose ranks hold different numbers of batches
 (``endless=False``) until the loader ends, long before STEPS.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -112,7 +115,10 @@ def train(out: Path, mode: str, steps: int) -> None:
     checkpointer.load()
     rank = dist.get_rank()
     batches = iter(loader)
-    with open(out / f"{mode}-r{rank}.jsonl", "w", encoding="utf-8") as log:
+    with (
+        open(out / f"{mode}-r{rank}.jsonl", "w", encoding="utf-8") as log,
+        open(out / f"{mode}-states-r{rank}.jsonl", "w", encoding="utf-8") as states,
+    ):
         while state.step < steps:
             group = [next(batches, None) for _ in range(loader.accumulation_steps)]
             if None in group:  # the data ended (on every rank at the same batch)
@@ -129,6 +135,9 @@ def train(out: Path, mode: str, steps: int) -> None:
             optimizers.step()
             schedulers.step()
             checkpointer.save(state.step, last_step=state.step == steps)
+            saved = hashlib.sha256(loader.state_dict()["state"].encode()).hexdigest()[:16]
+            states.write(json.dumps({"iteration": state.step, "state": saved}) + "\n")
+            states.flush()
             if mode == "park" and state.step == PARK_AT:
                 print(f"parked {rank} {os.getpid()}", flush=True)
                 threading.Event().wait()  # until the test kills this process

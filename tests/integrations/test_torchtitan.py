@@ -174,6 +174,8 @@ def test_sigkill_then_resume_on_two_one_and_four_ranks_trains_every_row_once(
     per_rank = re.findall(r"rank (\d) trained (\d+) rows", done.stdout)
     assert sorted(per_rank) == [("0", str(STEPS * GLOBAL // 2)), ("1", str(STEPS * GLOBAL // 2))]
     print("rows trained per rank (2 ranks):", dict(per_rank))
+    states = [step_lines(full, "full-states", rank) for rank in range(2)]
+    assert len(states[0]) == STEPS and states[0] == states[1]  # one state, the same on each rank
     killed = tmp_path / "killed"
     run_until_parked_then_kill(torchrun_argv(SCRIPT, killed, "park", STEPS), killed)
     reference = reference_steps(STEPS)
