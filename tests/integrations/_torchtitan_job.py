@@ -11,8 +11,9 @@ and the loss (``float.hex``); one per step to ``OUT/<MODE>-states-r<RANK>.jsonl`
 the loader's ``state_dict()`` after the checkpoint. MODE ``full`` trains STEPS steps, ``park``
 waits to be killed after the checkpoint of step ``PARK_AT``, ``resume`` continues from the
 newest checkpoint.
-MODE ``finite`` trains one pass of a small corpus whose ranks hold different numbers of batches
-(``endless=False``) until the loader ends, long before STEPS.
+MODE ``peers`` makes both ranks one DP rank and saves the loader state after STEPS batches
+(:func:`peers`). MODE ``finite`` trains one pass of a small corpus whose ranks hold different
+numbers of batches (``endless=False``) until the loader ends, long before STEPS.
 """
 
 from __future__ import annotations
@@ -146,13 +147,30 @@ def train(out: Path, mode: str, steps: int) -> None:
     checkpointer.close()
 
 
+def peers(out: Path, batches: int) -> None:
+    """Both ranks are one DP rank (as tensor-parallel peers are): each reads ``batches`` batches
+    and writes the loader's ``state_dict()`` to ``OUT/peers-r<RANK>.json``."""
+    loader = ZephonDataLoader.Config(pipeline="tests.integrations._corpus:build_pipeline").build(
+        dp_world_size=1, dp_rank=0, seq_len=ROW_LENGTH, local_batch_size=BATCH
+    )
+    items = iter(loader)
+    for _ in range(batches):
+        next(items)
+    state = loader.state_dict()
+    (out / f"peers-r{dist.get_rank()}.json").write_text(json.dumps(state))
+    dist.barrier()
+
+
 def main() -> None:
     out, mode, steps = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     record_pid(out)
     with rank_exit():
         dist.init_process_group("gloo")
         torch.use_deterministic_algorithms(True)
-        train(out, mode, steps)
+        if mode == "peers":
+            peers(out, steps)
+        else:
+            train(out, mode, steps)
 
 
 if __name__ == "__main__":

@@ -209,3 +209,14 @@ def test_finite_data_ends_at_the_same_step_on_every_rank(tmp_path: Path) -> None
         ("0", str(held[1] * BATCH)),
         ("1", str(held[1] * BATCH)),
     ]
+
+
+@pytest.mark.timeout(2 * JOB_TIMEOUT_S)
+def test_ranks_sharing_a_dp_rank_save_that_ranks_position_once(tmp_path: Path) -> None:
+    run_job(torchrun_argv(SCRIPT, tmp_path, "peers", 3), tmp_path)
+    saved = [json.loads((tmp_path / f"peers-r{rank}.json").read_text()) for rank in range(2)]
+    alone = loader()
+    batches = iter(alone)
+    for _ in range(3):
+        next(batches)
+    assert saved[0] == saved[1] == alone.state_dict()

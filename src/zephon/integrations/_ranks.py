@@ -47,11 +47,18 @@ def _group_size(group: Any = None) -> int:
 
 
 def global_state(
-    loader: PipelineDataLoader, upto: int | None = None, *, group: Any = None
+    loader: PipelineDataLoader,
+    upto: int | None = None,
+    *,
+    group: Any = None,
+    dp_rank: int | None = None,
 ) -> dict[str, Any]:
     """Every rank's loader state (after item ``upto``, by default the last handed out) merged
     into one pipeline checkpoint (a collective: every rank of ``group``, by default the whole
-    job, calls it at the same step). Any world size restores the result."""
+    job, calls it at the same step). Any world size restores the result.
+
+    With ``dp_rank``, ranks that share a data-parallel rank (tensor, pipeline or context
+    parallel peers, which read the same lanes) count once: the state of the first of them."""
     state = loader.state_dict(upto=upto)
     world = _group_size(group)
     if world == 1:
@@ -59,8 +66,13 @@ def global_state(
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, state, group=group)
-    return merge_loader_states(gathered)
+    dist.all_gather_object(gathered, (dp_rank, state), group=group)
+    if dp_rank is None:
+        return merge_loader_states([each for _, each in gathered])
+    by_rank: dict[int, Any] = {}
+    for rank, each in gathered:
+        by_rank.setdefault(rank, each)
+    return merge_loader_states([by_rank[rank] for rank in sorted(by_rank)])
 
 
 def max_over_ranks(value: int, *, group: Any = None) -> int:

@@ -104,9 +104,9 @@ class ZephonDataLoader(BaseDataLoader):  # type: ignore[misc]
     ) -> None:
         pipeline = built_pipeline if built_pipeline is not None else load_pipeline(config.pipeline)
         rows = local_batch_size or 1
-        global_batch = rows * dp_world_size if config.global_batch_size < 0 else None
+        wanted = config.global_batch_size
         self.accumulation_steps = accumulation_steps(
-            global_batch_size=global_batch or config.global_batch_size,
+            global_batch_size=wanted if wanted > 0 else rows * dp_world_size,
             micro_batch_size=rows,
             data_parallel_size=dp_world_size,
             option="--training.global_batch_size",
@@ -147,10 +147,11 @@ class ZephonDataLoader(BaseDataLoader):  # type: ignore[misc]
         return max_over_ranks(0 if has else 1, group=self.dp_group) == 0
 
     def state_dict(self) -> dict[str, Any]:
-        """The whole job's position, the same on every rank (a collective over the DP group:
-        torchtitan's checkpointer calls it on every rank at the same step). The merged
+        """The whole job's position, the same on every rank (a collective over ``dp_group``, by
+        default the whole job: torchtitan's checkpointer calls it on every rank at the same
+        step; tensor, pipeline and context parallel peers of a DP rank count once). The merged
         checkpoint travels as one JSON string, which DCP stores whole."""
-        state = global_state(self.loader, group=self.dp_group)
+        state = global_state(self.loader, group=self.dp_group, dp_rank=self.dp_rank)
         return {
             "format": STATE_FORMAT,
             "dp_world_size": self.dp_world_size,
