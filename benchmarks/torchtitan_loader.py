@@ -6,18 +6,20 @@ A step is what torchtitan's trainer does with one batch on the CPU here: forward
 over the labels (ignore index -100), backward and an optimizer step of a small model (2 blocks,
 width 256) on the reference pipeline's batches of 4 x 256 packed byte tokens.
 
-Rows (one process; medians over interleaved rounds):
+Side by side: each step of the loader's run is paired with a step over the same batch built
+beforehand (two copies of the model; the pair's order alternates), so both see the same load on
+a busy machine; steps are timed in this process's CPU time (``time.process_time``), which other
+processes' load does not enter. Per-step medians, per row:
 
-1. ``prebuilt``: steps over the loader's own batches, built beforehand: the floor.
-2. ``loader, 1 worker``: steps over ``ZephonDataLoader`` with ``num_workers=1`` (the pipeline
-   runs in a DataLoader worker process, beside the steps).
-3. ``loader, inline``: ``num_workers=0`` (the pipeline runs between the steps).
+1. ``loader, inline``: ``ZephonDataLoader`` with ``num_workers=0`` (the default: the pipeline
+   runs between the steps) against ``prebuilt``.
+2. ``loader, 1 worker``: ``num_workers=1`` (the pipeline in a DataLoader worker process, beside
+   the steps; on a machine with spare cores it is hidden behind them).
 
-Besides: ``next()`` alone (no step) for the inline loader and prebuilt, and ``state_dict()`` (1
-rank: the merge, seal and JSON). Prints a table and a final JSON line with each row's overhead
-over ``prebuilt`` in percent, and the inline loader's own ``next()`` time as a share of a step
-(the same overhead, without the noise of two step timings on a busy machine).
-Usage: ``python benchmarks/torchtitan_loader.py [--steps 100] [--rounds 3]``.
+Besides: ``next()`` of the inline loader alone (no step) and ``state_dict()`` (1 rank: the
+merge, seal and JSON). Prints a table and a final JSON line; ``overhead %`` is a row's median
+step over its prebuilt twin's, minus 1.
+Usage: ``python benchmarks/torchtitan_loader.py [--steps 100]``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,6 +37,9 @@ from _reference import reference_pipeline
 from zephon.integrations.torchtitan import IGNORE_INDEX, ZephonDataLoader
 
 VOCAB, WIDTH = 260, 256
+# CPU seconds of this process: on a shared machine other processes' load does not enter (with
+# a worker, its own CPU time does not either: that runs beside the steps)
+CLOCK = time.process_time
 
 
 def loader(workers: int) -> ZephonDataLoader:
@@ -73,14 +78,30 @@ def stepper() -> Callable[[tuple[dict[str, Any], Any]], None]:
     return step
 
 
-def per_step(make: Callable[[], Iterator[Any]], count: int, train: bool) -> float:
-    step = stepper() if train else (lambda _: None)
-    items = make()
-    step(next(items))  # start-up (workers, first batch) is not a step
+def side_by_side(workers: int, count: int) -> tuple[float, float]:
+    """Median CPU seconds of a step over the loader and of one over the same batch prebuilt."""
+    batches = iter(loader(workers))
+    over_loader, over_prebuilt = stepper(), stepper()
+    over_loader(next(batches))  # start-up (workers, first batch) is not a step
+    prebuilt = [b for b, _ in zip(loader(0), range(count + 1), strict=False)][1:]
+    over_prebuilt(prebuilt[0])
+    times: tuple[list[float], list[float]] = ([], [])
+    for index in range(count):
+        pair = [(over_loader, batches, 0), (over_prebuilt, iter(prebuilt[index:]), 1)]
+        for step, source, slot in pair if index % 2 else pair[::-1]:
+            start = CLOCK()
+            step(next(source))
+            times[slot].append(CLOCK() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def next_ms(count: int) -> float:
+    batches = iter(loader(0))
+    next(batches)
     start = time.perf_counter()
     for _ in range(count):
-        step(next(items))
-    return (time.perf_counter() - start) / count
+        next(batches)
+    return (time.perf_counter() - start) / count * 1e3
 
 
 def state_ms(rounds: int) -> float:
@@ -98,38 +119,19 @@ def state_ms(rounds: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    n = args.steps
-    prebuilt = [b for b, _ in zip(loader(0), range(n + 1), strict=False)]
-    rows: dict[str, tuple[Callable[[], Iterator[Any]], bool]] = {
-        "prebuilt": (lambda: iter(prebuilt), True),
-        "loader, 1 worker": (lambda: iter(loader(1)), True),
-        "loader, inline": (lambda: iter(loader(0)), True),
-        "next() prebuilt": (lambda: iter(prebuilt), False),
-        "next() inline": (lambda: iter(loader(0)), False),
-    }
-    times: dict[str, list[float]] = {name: [] for name in rows}
-    for _ in range(args.rounds):
-        for name, (make, train) in rows.items():
-            times[name].append(per_step(make, n, train))
-    result = {name: statistics.median(t) * 1e3 for name, t in times.items()}
-    floor = result["prebuilt"]
-    overhead = {
-        f"{name} overhead %": (result[name] / floor - 1) * 100
-        for name in ("loader, 1 worker", "loader, inline")
-    }
-    # the loader's own time per step over a step's time: what the step rows show, less their noise
-    overhead["next() inline / step %"] = (
-        (result["next() inline"] - result["next() prebuilt"]) / floor * 100
-    )
-    result["state_dict"] = state_ms(args.rounds * 5)
+    result: dict[str, float] = {}
+    for name, workers in (("loader, inline", 0), ("loader, 1 worker", 1)):
+        with_loader, prebuilt = side_by_side(workers, args.steps)
+        result[f"{name} step ms"] = with_loader * 1e3
+        result[f"{name} prebuilt step ms"] = prebuilt * 1e3
+        result[f"{name} overhead %"] = (with_loader / prebuilt - 1) * 100
+    result["next() inline ms"] = next_ms(args.steps)
+    result["state_dict ms"] = state_ms(25)
     for name, value in result.items():
-        print(f"{name:>20}: {value:8.3f} ms")
-    for name, value in overhead.items():
-        print(f"{name:>28}: {value:+6.2f}")
-    print(json.dumps({"benchmark": "torchtitan", "steps": n, **result, **overhead}))
+        print(f"{name:>34}: {value:9.3f}")
+    print(json.dumps({"benchmark": "torchtitan", "steps": args.steps, **result}))
 
 
 if __name__ == "__main__":
