@@ -17,9 +17,12 @@ $(CORE): pyproject.toml
 # CPU torch the dev extra pins (and lightning imports torchvision when it is present); litdata
 # does not need it to read LitData folders, so the tests get litdata without its dependencies
 # (the others are in the dev extra). Users install zephon[litdata], which resolves both.
+# torchtitan 0.3.0 declares datasets<4.8, older than the dev extra's; its data loader and
+# checkpointer do not import datasets, so it comes without its dependencies as well.
 $(STAMP): $(CORE)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps 'litdata>=0.2.50'
+	$(BIN)/python -m pip install -q --no-deps 'torchtitan==0.3.0'
 	touch $(STAMP)
 
 demo: $(CORE)

@@ -172,6 +172,9 @@ EXPECTED: dict[str, list[str]] = {
         "MegatronDataProvider accumulation_steps bshd_batch datasets_provider load_generation "
         "rank_file_name reads_data thd_batch thd_pad_multiple"
     ),
+    "zephon.integrations.torchtitan": _names(
+        "IGNORE_INDEX STATE_FORMAT ZephonDataLoader load_pipeline titan_batch"
+    ),
     "zephon.integrations.transformers": _names(
         "DATA_STATE_NAME PreemptionCallback ZephonTrainer latest_complete_checkpoint"
     ),

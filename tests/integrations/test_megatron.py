@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.integrations._corpus import build_pipeline, row_digest
+from tests.integrations._corpus import build_pipeline
 from tests.integrations._launch import (
     JOB_TIMEOUT_S,
     json_lines,
@@ -30,6 +30,7 @@ from tests.integrations._megatron_save import (
     rank_file,
     training_iterator,
 )
+from tests.integrations._steps import assert_each_step, reference_steps, trained
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 from zephon.errors import CheckpointError, ConfigError
 from zephon.integrations.megatron import (
@@ -185,35 +186,12 @@ def test_rerun_replay_returns_the_same_batches_without_moving_the_position() -> 
         machine.set_mode(mode)
 
 
-def reference_steps(steps: int) -> list[frozenset[str]]:
-    """The rows of each iteration of an uninterrupted run (4 lanes, one batch each a step)."""
-    ranks = [iter(build_pipeline(dp_rank=r, dp_world_size=4)) for r in range(4)]
-    return [
-        frozenset(row_digest(row.payload["input_ids"]) for it in ranks for row in next(it).records)
-        for _ in range(steps)
-    ]
-
-
 def reference_rank(rank: int, world: int, batches: int) -> list[dict[str, Any]]:
     """The micro-batches an uninterrupted run's DP rank ``rank`` of ``world`` trains."""
     provider = MegatronDataProvider(build_pipeline(), micro_batch_size=MICRO,
                                     global_batch_size=GLOBAL, dp_rank=rank,
                                     dp_world_size=world)  # fmt: skip
     return [batch_line(next(provider)) for _ in range(batches)]
-
-
-def trained(out: Path, mode: str, world: int) -> dict[int, list[str]]:
-    steps: dict[int, list[str]] = {}
-    for rank in range(world):
-        for line in json_lines(out / f"{mode}-r{rank}.jsonl"):
-            steps.setdefault(line["iteration"], []).extend(line["rows"])
-    return steps
-
-
-def assert_each_step(steps: dict[int, list[str]], reference: list[frozenset[str]]) -> None:
-    for iteration, rows in steps.items():
-        assert len(rows) == len(set(rows)) == GLOBAL
-        assert frozenset(rows) == reference[iteration - 1], f"iteration {iteration}"
 
 
 @pytest.mark.timeout(6 * JOB_TIMEOUT_S)

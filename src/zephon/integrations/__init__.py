@@ -6,6 +6,8 @@
 - :mod:`zephon.integrations.accelerate`: ``prepare_pipeline`` for ``Accelerator`` loops.
 - :mod:`zephon.integrations.megatron`: a data provider for Megatron-LM's
   ``--dataloader-type external`` whose rank files resume on any data-parallel size.
+- :mod:`zephon.integrations.torchtitan`: ``ZephonDataLoader``, torchtitan's data-loader config
+  entry, checkpointed by its DCP checkpointer and resumable on any data-parallel size.
 
 Import the submodule you need; each imports its framework.
 """

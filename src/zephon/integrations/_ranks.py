@@ -47,11 +47,18 @@ def _group_size(group: Any = None) -> int:
 
 
 def global_state(
-    loader: PipelineDataLoader, upto: int | None = None, *, group: Any = None
+    loader: PipelineDataLoader,
+    upto: int | None = None,
+    *,
+    group: Any = None,
+    dp_rank: int | None = None,
 ) -> dict[str, Any]:
     """Every rank's loader state (after item ``upto``, by default the last handed out) merged
     into one pipeline checkpoint (a collective: every rank of ``group``, by default the whole
-    job, calls it at the same step). Any world size restores the result."""
+    job, calls it at the same step). Any world size restores the result.
+
+    With ``dp_rank``, ranks that share a data-parallel rank (tensor, pipeline or context
+    parallel peers, which read the same lanes) count once: the state of the first of them."""
     state = loader.state_dict(upto=upto)
     world = _group_size(group)
     if world == 1:
@@ -59,21 +66,48 @@ def global_state(
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, state, group=group)
-    return merge_loader_states(gathered)
+    dist.all_gather_object(gathered, (dp_rank, state), group=group)
+    if dp_rank is None:
+        return merge_loader_states([each for _, each in gathered])
+    by_rank: dict[int, Any] = {}
+    for rank, each in gathered:
+        by_rank.setdefault(rank, each)
+    return merge_loader_states([by_rank[rank] for rank in sorted(by_rank)])
 
 
-def max_over_ranks(value: int) -> int:
-    """The largest ``value`` of all ranks (a collective when a process group is running)."""
-    if _group_size() == 1:
+def max_over_ranks(value: int, *, group: Any = None) -> int:
+    """The largest ``value`` of all ranks of ``group`` (by default the whole job; a collective
+    when a process group is running)."""
+    if _group_size(group) == 1:
         return value
     import torch
     import torch.distributed as dist
 
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"  # nccl reduces GPU tensors only
+    device = "cuda" if dist.get_backend(group) == "nccl" else "cpu"  # nccl: GPU tensors only
     tensor = torch.tensor([value], dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
     return int(tensor.item())
+
+
+def accumulation_steps(
+    *,
+    global_batch_size: int,
+    micro_batch_size: int,
+    data_parallel_size: int,
+    option: str = "--global-batch-size",
+) -> int:
+    """The micro-batches per rank and step: ``global = micro x DP x accumulation``, refused
+    unless it divides exactly (the framework would otherwise train another batch than
+    configured); ``option`` names the framework's setting in the error."""
+    per_step = micro_batch_size * data_parallel_size
+    if micro_batch_size < 1 or global_batch_size < per_step or global_batch_size % per_step:
+        raise ConfigError(
+            f"global_batch_size={global_batch_size} is not micro_batch_size={micro_batch_size} "
+            f"x data-parallel size {data_parallel_size} x a whole number of accumulation steps; "
+            f"use a multiple of {max(per_step, 1)} (e.g. {option} "
+            f"{max(per_step, 1) * max(1, global_batch_size // max(per_step, 1))})"
+        )
+    return global_batch_size // per_step
 
 
 def settle_collectives() -> None:

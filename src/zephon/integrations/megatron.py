@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from zephon.errors import CheckpointError, ConfigError
 from zephon.integrations._megatron_batch import bshd_batch, thd_batch, thd_pad_multiple
 from zephon.integrations._megatron_files import STATE_FORMAT, load_generation, rank_file_name
-from zephon.integrations._ranks import global_state, rank_view
+from zephon.integrations._ranks import accumulation_steps, global_state, rank_view
 from zephon.torch_loader import PipelineDataLoader
 
 if TYPE_CHECKING:
@@ -40,22 +40,6 @@ __all__ = [
     "thd_batch",
     "thd_pad_multiple",
 ]
-
-
-def accumulation_steps(
-    *, global_batch_size: int, micro_batch_size: int, data_parallel_size: int
-) -> int:
-    """The micro-batches per rank and step: ``global = micro x DP x accumulation``, refused
-    unless it divides exactly (Megatron would otherwise train another batch than configured)."""
-    per_step = micro_batch_size * data_parallel_size
-    if micro_batch_size < 1 or global_batch_size < per_step or global_batch_size % per_step:
-        raise ConfigError(
-            f"global_batch_size={global_batch_size} is not micro_batch_size={micro_batch_size} "
-            f"x data-parallel size {data_parallel_size} x a whole number of accumulation steps; "
-            f"use a multiple of {max(per_step, 1)} (e.g. --global-batch-size "
-            f"{max(per_step, 1) * max(1, global_batch_size // max(per_step, 1))})"
-        )
-    return global_batch_size // per_step
 
 
 def reads_data(*, tensor_rank: int, pipeline_rank: int, pipeline_size: int) -> bool:

