@@ -1,15 +1,10 @@
-"""The S3-compatible server of the io tests (moto on loopback), for conversions into s3://;
-every test gets its own cache folder (where a URL's convert lock lives)."""
+"""Every convert test gets its own cache folder (where a URL's convert lock lives)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-from tests.io.conftest import s3
-
-__all__ = ["s3"]
 
 
 @pytest.fixture(autouse=True)
