@@ -36,7 +36,8 @@ def _lanes(weights: np.ndarray, starts: np.ndarray, block: int) -> tuple[np.ndar
     """The greedy's choices of every block at once, each from its guessed start counts."""
     start_counts = _guessed_counts(weights, starts)
     drawn = start_counts.astype(np.float64)  # exact: counts stay far below 2**53
-    which = np.empty((len(starts), block), dtype=np.int64)
+    kind = np.int16 if len(weights) <= np.iinfo(np.int16).max else np.int64  # as megatron-core
+    which = np.empty((len(starts), block), dtype=kind)
     rows = np.arange(len(starts))
     for t in range(block):
         x = np.maximum(starts + t, 1).astype(np.float64)
