@@ -6,9 +6,10 @@ million samples. Here the samples are cut into blocks that all run the greedy at
 numpy lane per block, from a guessed start (the counts the weights round to). Walking the
 blocks in order, a block whose guess was its true start is taken whole; otherwise the greedy
 runs exactly, in Python, from the true start until its counts meet the lane's at the same
-sample (the greedy is self-correcting: they meet within a few samples) and the lane's rest is
-taken. Every choice is made by the same double arithmetic and first-maximum rule as
-megatron-core's C++, so the result is equal, ties included.
+sample (the greedy corrects itself: they meet within tens of samples, at worst the walk runs
+to the block's end) and the lane's rest is taken. Every choice is made by the same double
+arithmetic and first-maximum rule as megatron-core's C++, so the result is equal, ties
+included.
 """
 
 from __future__ import annotations
