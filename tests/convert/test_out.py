@@ -107,7 +107,7 @@ def _start(folder: Path, url: str) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["kill", "term"])
 def test_a_killed_remote_convert_resumes_to_identical_bytes(
     s3: S3, corpus: Path, how: signal.Signals
 ) -> None:
