@@ -18,7 +18,12 @@ in interleaved rounds, inline runner, one lane; the table shows medians. Then th
 first batch on a corpus of ``--files`` small ``.bin/.idx`` files (discovery, opening every
 index header, the work source, the first batch).
 
-Usage: ``python benchmarks/pretokenized.py [--docs 8000] [--files 10000] [--repeats 3]``.
+Then the ``megatron_blend`` index (which dataset serves each blended sample) over
+``--blend-samples`` samples of 3 and of 30 datasets: zephon's numpy build against
+megatron-core's C++ ``build_blending_indices`` when it is installed (best of ``--repeats``).
+
+Usage: ``python benchmarks/pretokenized.py [--docs 8000] [--files 10000] [--repeats 3]
+[--blend-samples 1000000]``.
 Prints a table and one final JSON line.
 """
 
@@ -45,6 +50,7 @@ from tests.io._token_writers import write_megatron
 
 from zephon import Pipeline, StaticMixtureWorkSource
 from zephon.io import Dataset, token_chunks, token_packs
+from zephon.io._blend_index import blend_indices
 
 BATCH = 8
 
@@ -98,8 +104,15 @@ def zephon_parquet(folder: Path, seq: int) -> int:
     return sum(len(b) * seq for b in pipe)
 
 
+def _unshadow_megatron() -> None:
+    """Drop this folder from the import path: its megatron.py would shadow megatron-core."""
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+
+
 def megatron_gpt(prefix: Path, seq: int, cache: Path) -> Callable[[], int] | None:
     """megatron-core's GPTDataset over the same pair, or None when it is not installed."""
+    _unshadow_megatron()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -153,12 +166,41 @@ def first_batch_seconds(root: Path, files: int, seq: int) -> float:
     return time.perf_counter() - start
 
 
+def blend_index_seconds(samples: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Best-of-``repeats`` seconds to build the blend index of 3 and of 30 datasets."""
+    _unshadow_megatron()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from megatron.core.datasets import helpers
+    except ImportError:
+        helpers = None
+    out: dict[str, dict[str, float]] = {}
+    for k in (3, 30):
+        weights = np.random.default_rng(k).dirichlet(np.ones(k))
+        builds = {"zephon numpy": lambda w=weights: blend_indices(w.tolist(), samples)}
+        if helpers is not None:
+            which, number = np.zeros(samples, np.int16), np.zeros(samples, np.int64)
+            builds["megatron-core C++"] = lambda w=weights, a=which, b=number: (
+                helpers.build_blending_indices(a, b, w, len(w), samples, False)
+            )
+        for name, build in builds.items():
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                build()
+                best = min(best, time.perf_counter() - start)
+            out.setdefault(f"{k} datasets", {})[name] = round(best, 4)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=8000)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--files", type=int, default=10000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--blend-samples", type=int, default=1_000_000)
     args = parser.parse_args()
     seq = args.seq
     with tempfile.TemporaryDirectory() as tmp:
@@ -194,6 +236,9 @@ def main() -> None:
         print(f"{name:<36} {rate[name] / 1e6:>10.1f} {rate[name] / ceiling:>10.2f}")
     if first is not None:
         print(f"first batch, {args.files:,} .bin/.idx files: {first:.2f} s")
+    blend = blend_index_seconds(args.blend_samples, args.repeats) if args.blend_samples else {}
+    for what, secs in blend.items():
+        print(f"blend index, {args.blend_samples:,} samples of {what}: {secs} s")
     result = {
         "benchmark": "pretokenized",
         "documents": args.docs,
@@ -202,6 +247,8 @@ def main() -> None:
         "vs_memmap": {n: round(r / ceiling, 3) for n, r in rate.items()},
         "first_batch_s": first,
         "files": args.files,
+        "blend_index_s": blend,
+        "blend_samples": args.blend_samples,
     }
     print(json.dumps(result))
 

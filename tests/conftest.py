@@ -1,9 +1,11 @@
-"""Fixtures shared by the whole suite: generated documents, a locally trained tokenizer, and
-worker processes kept for reuse released after each test (tests share a pytest process)."""
+"""Fixtures shared by the whole suite: generated documents, a locally trained tokenizer, one
+S3-compatible server for the session, and worker processes kept for reuse released after
+each test (tests share a pytest process)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -15,6 +17,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from tests._corpus import make_docs
+from tests.io._s3 import S3
 from zephon._engine import shm
 
 # torch's OpenMP threads spin while they wait for work: with every core busy (two xdist workers,
@@ -122,3 +125,38 @@ def reused_workers_released() -> Iterator[None]:
     pools = sys.modules.get("zephon._engine.pools")
     if pools is not None:
         pools.shutdown_idle_workers()
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3]:
+    """One moto S3 server on loopback for the session, behind the fault-injecting proxy; the
+    standard AWS variables point every client (ours and the tests') at the proxy."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from tests.io._s3 import BUCKET, Proxy
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    proxy = Proxy(server.get_host_and_port())
+    env = {
+        "AWS_ACCESS_KEY_ID": "zephon-test",
+        "AWS_SECRET_ACCESS_KEY": "zephon-test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": proxy.endpoint,
+    }
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        client = boto3.client("s3", endpoint_url=proxy.endpoint)
+        client.create_bucket(Bucket=BUCKET)
+        yield S3(proxy, client)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proxy.close()
+        server.stop()

@@ -151,7 +151,7 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.provenance": _names(
         "BatchProvenance Divergence FIND_FORMS Hit Origin ProvenanceLog Segment TraceResult "
         "batch_provenance diff find fingerprint parse_query raw_segments read_log "
-        "restore_before trace"
+        "restore_before run_dataset_names trace"
     ),
     "zephon.testing": _names(
         "CheckReport OperatorCheckError check_operator item_key run_with_stops"

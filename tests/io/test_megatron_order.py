@@ -17,6 +17,7 @@ from tests.io._token_writers import documents, write_megatron
 from zephon import Pipeline, StaticMixtureWorkSource
 from zephon.errors import ConfigError
 from zephon.io import Dataset, megatron_blend, token_chunks
+from zephon.io._blend_index import blend_indices
 
 with warnings.catch_warnings():  # it warns that Transformer Engine and Apex are not installed
     warnings.simplefilter("ignore")
@@ -72,13 +73,15 @@ def _megatron(
     return built[0]
 
 
+def _theirs_row(dataset: Any, i: int) -> np.ndarray:
+    """Megatron's sample ``i`` as its ``seq_length + 1`` token window."""
+    s = dataset[i]
+    return np.concatenate((s["tokens"].numpy(), s["labels"].numpy()[-1:]))
+
+
 def _theirs(dataset: Any, n: int) -> np.ndarray:
     """Megatron's first ``n`` samples as ``seq_length + 1`` token windows."""
-    rows = []
-    for i in range(n):
-        s = dataset[i]
-        rows.append(np.concatenate((s["tokens"].numpy(), s["labels"].numpy()[-1:])))
-    return np.stack(rows)
+    return np.stack([_theirs_row(dataset, i) for i in range(n)])
 
 
 def _ours(ds: Dataset, n: int) -> np.ndarray:
@@ -172,6 +175,30 @@ def test_blended_dataset_order(tmp_path: Path) -> None:
     )
     assert len(ours) == len(theirs)
     assert np.array_equal(_ours(ours, N), _theirs(theirs, N))
+
+
+def test_blend_index_of_a_million_samples_is_megatron_cores(tmp_path: Path) -> None:
+    """The index arrays themselves, at a million samples: which dataset and which of its
+    samples, element for element (ties included: two of the weights are equal)."""
+    prefixes = [
+        _corpus(tmp_path, "web", 900, seed=1),
+        _corpus(tmp_path, "code", 400, seed=2),
+        _corpus(tmp_path, "math", 200, seed=4),
+        _corpus(tmp_path, "books", 300, seed=6),
+    ]
+    weights, size = [0.4, 0.2, 0.2, 0.2], 1_000_000
+    theirs = _megatron(tmp_path, prefixes, weights, seed=5, seq_length=32, samples=size)
+    ours = megatron_blend(
+        [Dataset.from_path(f"{p}.idx") for p in prefixes], weights, 32, seed=5, samples=size
+    )
+    shard = ours.shards[0]
+    which, number = blend_indices(shard.weights, shard.size)  # type: ignore[attr-defined]
+    assert len(which) == len(theirs.dataset_index) == size
+    assert np.array_equal(which, theirs.dataset_index)
+    assert np.array_equal(number, theirs.dataset_sample_index)
+    picks = [0, 1, 2, 3, size // 2, size - 1]
+    got = np.stack([r["input_ids"].astype(np.int64) for r in ours.read(0, picks)])
+    assert np.array_equal(got, np.stack([_theirs_row(theirs, i) for i in picks]))
 
 
 def test_pipeline_reads_megatron_order(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from zephon.provenance import find, read_log
 
 RUN_YAML = """\
 datasets:
-  - {name: notes, path: converted}
+  - {name: 2024.notes, path: converted}
 source: {seed: 5, stop_after_passes: 1}
 operators:
   - {op: shuffle, buffer_size: 16, seed: 2}
@@ -74,7 +74,16 @@ def test_trace_find_agrees_with_trace_step_and_the_sample_id(
     assert (seg["source"], seg["line"], seg["source_row"]) == (str(part), 77, 76)
     sample = ":".join(map(str, seg["sample_id"]))
     assert seg["sample_id"] == [0, 4, 26]  # the converted row: shard 4 holds rows 50-99
+    expected = {(h["step"], h["row"], h["segment"]) for h in hits}
     by_id = find(run / "prov.parquet", sample)
-    assert {(h.step, h.row, h.segment) for h in by_id} == {
-        (h["step"], h["row"], h["segment"]) for h in hits
-    }
+    assert {(h.step, h.row, h.segment) for h in by_id} == expected
+    # By the run's name for the dataset (a digit first and a dot in it): the sample id is the
+    # run's, so is the name, though the log names the original dataset (``web``).
+    by_name = find(run / "prov.parquet", "2024.notes:4:26")
+    assert {(h.step, h.row, h.segment) for h in by_name} == expected
+    assert {h.dataset for h in by_name} == {"web"}
+    assert find(run / "prov.parquet", "web:4:26") == []  # not the run's name for it
+    capsys.readouterr()
+    assert main(["trace", str(run / "prov.parquet"), "--find", "2024.notes:4:26", "--json"]) == 0
+    found_cli = json.loads(capsys.readouterr().out)["hits"]
+    assert {(h["step"], h["row"], h["segment"]) for h in found_cli} == expected

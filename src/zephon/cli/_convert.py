@@ -35,7 +35,9 @@ def register(subparsers: Any) -> None:
         "130/143 stopped (run again to resume).",
     )
     parser.add_argument("pipeline", type=Path, metavar="PIPELINE.yaml", help="the pipeline")
-    parser.add_argument("out", type=Path, metavar="OUT", help="the output folder")
+    parser.add_argument(
+        "out", metavar="OUT", help="the output folder, or an fsspec URL (s3://bucket/corpus)"
+    )
     parser.add_argument("--workers", type=int, default=None, help="processes (default: cores)")
     parser.add_argument(
         "--documents-per-shard", type=int, default=None, metavar="N",

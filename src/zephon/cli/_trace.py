@@ -127,9 +127,7 @@ def _find(args: argparse.Namespace) -> int:
 
 def _logged_datasets(logs: list[str]) -> str:
     """The dataset names a miss may have meant, as the start of its advice."""
-    import pyarrow.compute as pc
+    from zephon.provenance import read_log, run_dataset_names
 
-    from zephon.provenance import read_log
-
-    names = sorted(str(n) for n in pc.unique(read_log(logs)["dataset"]).to_pylist() if n)
+    names = sorted(n for n in run_dataset_names(read_log(logs)) if n)
     return f"the logs hold datasets {', '.join(names)}; " if names else ""

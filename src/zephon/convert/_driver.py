@@ -1,6 +1,6 @@
 """``convert``: run the tasks on every core, record finished shards, resume where it stopped.
 
-The manifest (``OUT/zephon-convert.json``, rewritten atomically after every shard) lists the
+The manifest (``OUT/zephon-convert.json``, replaced whole after every shard) lists the
 finished shards in plan order, so a conversion killed at any moment (SIGKILL, SIGTERM, a
 crash) restarts with the same command, skips what the manifest lists and redoes only the
 shards that were under way. Nothing in the output depends on timing or worker count: a
@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import multiprocessing
 import os
 import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from zephon.checkpoints import write_json_atomic
 from zephon.checkpoints.format import fingerprint, to_jsonable
+from zephon.convert._out import LOCK_NAME, TMP_MARK, Out
 from zephon.convert._plan import (
     DEFAULT_DOCUMENTS_PER_SHARD,
     Plan,
@@ -31,17 +29,15 @@ from zephon.convert._plan import (
     template_fingerprint,
     tokenizer_fingerprint,
 )
-from zephon.convert._shard import TMP_MARK, run_task
+from zephon.convert._shard import run_task
 from zephon.errors import ConfigError
 from zephon.io import Dataset
 from zephon.io._converted import (
     MANIFEST_FORMAT,
     MANIFEST_NAME,
     MANIFEST_VERSION,
-    read_manifest,
 )
 
-LOCK_NAME = ".zephon-convert.lock"
 POLL_S = 0.2
 _PR_SET_PDEATHSIG = 1
 
@@ -99,61 +95,39 @@ def _identity(plan: Plan, documents_per_shard: int) -> dict[str, Any]:
     }
 
 
-def _check_foreign(out: Path) -> None:
+def _check_foreign(out: Out) -> None:
     """OUT must be new, empty or a conversion: nothing else is written into (or locked)."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out} is a file; zephon convert writes a folder, pick another OUT")
-    foreign = out.is_dir() and read_manifest(str(out)) is None
+    if out.is_file():
+        raise ConfigError(f"{out.url} is a file; zephon convert writes a folder, pick another OUT")
+    names = out.names()
     # A convert killed before its first manifest landed leaves its lock and temp files only.
-    if foreign and any(p.name != LOCK_NAME and TMP_MARK not in p.name for p in out.iterdir()):
+    if any(n != LOCK_NAME and TMP_MARK not in n for n in names) and out.manifest() is None:
         raise ConfigError(
-            f"{out} exists and is not a zephon convert output (no {MANIFEST_NAME}); pick a "
+            f"{out.url} exists and is not a zephon convert output (no {MANIFEST_NAME}); pick a "
             "new or empty OUT folder"
         )
 
 
-def _open_out(out: Path, head: dict[str, Any]) -> dict[str, Any]:
+def _open_out(out: Out, head: dict[str, Any]) -> dict[str, Any]:
     """The manifest to continue: a new one for a new or empty folder, else the folder's own
     when it was written by this same pipeline (raises naming what differs)."""
     _check_foreign(out)
-    found = read_manifest(str(out)) if out.is_dir() else None
+    found = out.manifest()
     if found is None:
         return {**head, "complete": False, "shards": []}
     if found.get("pipeline") != head["pipeline"]:
         raise ConfigError(
-            f"{out} holds a conversion of another pipeline or other settings (pipeline "
+            f"{out.url} holds a conversion of another pipeline or other settings (pipeline "
             f"fingerprint {found.get('pipeline')}, this one {head['pipeline']}); pick a new OUT "
             "or delete it to convert again"
         )
     return dict(found)
 
 
-@contextlib.contextmanager
-def _locked(out: Path) -> Iterator[None]:
-    out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                f"another zephon convert is writing {out}; wait for it or pick another OUT"
-            ) from None
-        yield
-    finally:
-        os.close(fd)
-
-
-def _clean_partials(out: Path) -> None:
-    """Temporary files of tasks killed mid-write (their shard is redone)."""
-    for path in out.iterdir():
-        if TMP_MARK in path.name:
-            path.unlink(missing_ok=True)
-
-
-def _finished(out: Path, manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _finished(out: Out, manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Shards the manifest records whose ``.idx`` is still there."""
-    return {s["name"]: s for s in manifest["shards"] if (out / f"{s['name']}.idx").is_file()}
+    names = out.names()
+    return {s["name"]: s for s in manifest["shards"] if f"{s['name']}.idx" in names}
 
 
 _WORKER_PLAN: list[Plan] = []
@@ -170,24 +144,24 @@ def _init_worker(plan: Plan) -> None:
     _WORKER_PLAN[:] = [plan]
 
 
-def _pool_task(task_out: tuple[Task, str]) -> dict[str, Any]:
+def _pool_task(task_out: tuple[Task, Out]) -> dict[str, Any]:
     return run_task(_WORKER_PLAN[0], *task_out)
 
 
 def _results(
-    plan: Plan, todo: list[Task], out: Path, workers: int, stop: Callable[[], bool]
+    plan: Plan, todo: list[Task], out: Out, workers: int, stop: Callable[[], bool]
 ) -> Iterator[dict[str, Any]]:
     """Manifest entries of ``todo`` as tasks finish (any order); raises ConvertStopped."""
     if workers <= 1 or len(todo) <= 1:
         for task in todo:
             if stop():
                 raise ConvertStopped
-            yield run_task(plan, task, str(out))
+            yield run_task(plan, task, out)
         return
     ctx = multiprocessing.get_context("spawn")
     pool = ctx.Pool(min(workers, len(todo)), _init_worker, (plan,))
     try:
-        it = pool.imap_unordered(_pool_task, [(t, str(out)) for t in todo])
+        it = pool.imap_unordered(_pool_task, [(t, out) for t in todo])
         for _ in todo:
             while True:
                 if stop():
@@ -226,8 +200,10 @@ def convert(
     dtype: str = "auto",
     stop: Callable[[], bool] | None = None,
     on_shard: Callable[[dict[str, Any], int, int], None] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> ConvertResult:
-    """Tokenize ``pipeline``'s datasets into Megatron shards under ``out`` (see the module).
+    """Tokenize ``pipeline``'s datasets into Megatron shards under ``out`` (see the module), a
+    folder or an fsspec URL (``s3://bucket/corpus``, with ``storage_options`` for its client).
 
     ``workers``: processes (default: every core). ``stop()`` is polled; when it returns True
     the call ends with :class:`ConvertStopped` and the next call resumes. ``on_shard(entry,
@@ -236,28 +212,28 @@ def convert(
     started = time.perf_counter()
     plan = make_plan(pipeline, documents_per_shard, dtype)
     head = _identity(plan, documents_per_shard)
-    root = Path(out)
+    root = Out(out, storage_options)
     stop = stop or (lambda: False)
     _check_foreign(root)
-    with _locked(root):
+    with root.locked():
         manifest = _open_out(root, head)
-        _clean_partials(root)
+        root.clean_partials()
         done = _finished(root, manifest)
         skipped = len(done)
         order = {t.name: i for i, t in enumerate(plan.tasks)}
         todo = [t for t in plan.tasks if t.name not in done]
         converted = 0
         manifest = _manifest(head, done, order)
-        write_json_atomic(root / MANIFEST_NAME, manifest)
+        root.write_manifest(manifest)
         for entry in _results(plan, todo, root, workers or os.cpu_count() or 1, stop):
             done[entry["name"]] = entry
             converted += 1
             manifest = _manifest(head, done, order)
-            write_json_atomic(root / MANIFEST_NAME, manifest)
+            root.write_manifest(manifest)
             if on_shard is not None:
                 on_shard(entry, len(done), len(plan.tasks))
     return ConvertResult(
-        str(root),
+        root.url,
         len(plan.tasks),
         converted,
         skipped,

@@ -2,20 +2,19 @@
 
 The rows go through the pipeline's own operators (the inline runner over a view of the part),
 so a converted document has exactly the tokens a training run of the same pipeline would have
-made. The files are written under temporary names and renamed into place, ``.idx`` last:
-a shard whose ``.idx`` exists is whole; a killed task leaves only temporary files.
+made. The files are written ``.idx`` last (see :class:`Out`): a shard whose ``.idx`` exists is
+whole; a killed task leaves only temporary files or none.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from zephon.convert._out import Out
 from zephon.convert._plan import Plan, Task
 from zephon.errors import DataFormatError
 from zephon.io import Dataset, Row, Shard
@@ -24,7 +23,6 @@ from zephon.io._megatron import index_bytes
 
 #: Per process: the plan's datasets, opened once (a worker serves many tasks).
 _OPENED: dict[int, tuple[Plan, list[Dataset]]] = {}
-TMP_MARK = ".tmp-"
 
 
 class PartView(Shard):
@@ -79,13 +77,6 @@ def _lines(shard: Shard, rows: list[int]) -> list[int] | None:
     return None if table is None else [int(table[r]) for r in rows]
 
 
-def _write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
 def _checked(tokens: np.ndarray, dtype: np.dtype[Any], task: Task, where: str) -> np.ndarray:
     if len(tokens) and np.issubdtype(dtype, np.integer):
         info = np.iinfo(dtype)
@@ -101,8 +92,8 @@ def _checked(tokens: np.ndarray, dtype: np.dtype[Any], task: Task, where: str) -
     return tokens.astype(dtype, copy=False)
 
 
-def run_task(plan: Plan, task: Task, out: str) -> dict[str, Any]:
-    """Convert one part and rename its files into ``out``; returns its manifest entry."""
+def run_task(plan: Plan, task: Task, out: Out) -> dict[str, Any]:
+    """Convert one part and write its files into ``out``; returns its manifest entry."""
     tokens, masks, rel_rows = _records(plan, task)
     shard = _datasets(plan)[task.dataset].shards[task.shard]
     dtype = np.dtype(plan.dtype)
@@ -115,18 +106,13 @@ def run_task(plan: Plan, task: Task, out: str) -> dict[str, Any]:
         "rows": rows,
         "lines": _lines(shard, rows),
     }
-    final = Path(out) / task.name
-    tmp = Path(out) / f"{task.name}{TMP_MARK}{os.getpid()}"
     lengths = np.array([len(t) for t in tokens], dtype=np.int32)
     parts = [(".bin", flat.tobytes()), (ORIGIN_SUFFIX, json.dumps(origin).encode())]
     if plan.mask_field is not None:
         mask = np.concatenate(masks) if masks else np.zeros(0, np.uint8)
         parts.append((MASK_SUFFIX, mask.astype(np.uint8).tobytes()))
-    parts.append((".idx", index_bytes(lengths, dtype)))
-    for suffix, data in parts:
-        _write(tmp.with_name(tmp.name + suffix), data)
-    for suffix, _ in parts:  # .idx last: its presence means the shard is whole
-        os.replace(tmp.with_name(tmp.name + suffix), final.with_name(final.name + suffix))
+    parts.append((".idx", index_bytes(lengths, dtype)))  # last: the shard is whole
+    out.write_shard(task.name, parts)
     return {
         "name": task.name,
         "dataset": origin["dataset"],

@@ -22,6 +22,7 @@ from typing import ClassVar
 import numpy as np
 
 from zephon.errors import ConfigError
+from zephon.io._blend_index import blend_indices
 from zephon.io._dataset import Dataset, Row, checked_indices
 from zephon.io._file_shard import LazyShard
 from zephon.io._token_files import INPUT_IDS, TokenFile, TokenFileShard
@@ -178,25 +179,6 @@ def megatron_shard(
     )
 
 
-def blend_indices(weights: Sequence[float], size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each blended sample's dataset and its sample number there: the dataset whose drawn count
-    lags ``weight * max(i, 1)`` most (the first on ties)."""
-    w = [float(x) for x in weights]
-    drawn = [0] * len(w)
-    which = np.empty(size, dtype=np.int64)
-    number = np.empty(size, dtype=np.int64)
-    for i in range(size):
-        x = float(max(i, 1))
-        best, err = 0, w[0] * x - drawn[0]
-        for k in range(1, len(w)):
-            e = w[k] * x - drawn[k]
-            if e > err:
-                best, err = k, e
-        which[i], number[i] = best, drawn[best]
-        drawn[best] += 1
-    return which, number
-
-
 class MegatronBlendShard(LazyShard):
     """``BlendedDataset``'s samples over several :class:`MegatronOrderShard` (see
     :func:`megatron_blend`)."""
@@ -296,8 +278,7 @@ def megatron_blend(
     each) with ``weights``, as ``BlendedMegatronDatasetBuilder`` builds it for ``samples``
     samples, ``seed``, ``seq_length`` and ``split``: row ``i`` is its sample ``i`` (its
     ``tokens`` and ``labels`` are ``input_ids[:-1]`` and ``input_ids[1:]``). Read it in order:
-    one lane, no shuffle. The blend's own index is built in Python, about a second per
-    million samples."""
+    one lane, no shuffle."""
     if len(datasets) != len(weights) or not datasets or min(weights) <= 0:
         raise ConfigError(
             f"megatron_blend: give one positive weight per dataset, got {len(datasets)} "

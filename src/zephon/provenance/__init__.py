@@ -11,7 +11,7 @@
 
 from zephon.provenance._diff import Divergence, diff
 from zephon.provenance._extract import batch_provenance, fingerprint, raw_segments
-from zephon.provenance._find import FIND_FORMS, Hit, find, parse_query
+from zephon.provenance._find import FIND_FORMS, Hit, find, parse_query, run_dataset_names
 from zephon.provenance._log import ProvenanceLog, read_log
 from zephon.provenance._model import BatchProvenance, Segment
 from zephon.provenance._origin import Origin
@@ -34,5 +34,6 @@ __all__ = [
     "raw_segments",
     "read_log",
     "restore_before",
+    "run_dataset_names",
     "trace",
 ]

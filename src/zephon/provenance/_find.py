@@ -13,8 +13,10 @@ from zephon.provenance._log import read_log
 __all__ = ["FIND_FORMS", "Hit", "find", "parse_query"]
 
 _SAMPLE_ID = re.compile(r"^(\d+)[:/](\d+)[:/](\d+)$")
-#: A sample id by dataset name (``web:0:12``); names have no path separators or dots.
-_NAMED_SAMPLE_ID = re.compile(r"^([A-Za-z_][\w-]*):(\d+):(\d+)$")
+#: A sample id by dataset name (``web:0:12``, ``c4.en:0:12``): a name's characters (see
+#: ``zephon.io._naming``); ``notes.jsonl:3:4`` could also be a file, and is looked up as one
+#: when the logs hold no dataset of that name.
+_NAMED_SAMPLE_ID = re.compile(r"^([A-Za-z0-9._-]*[A-Za-z._-][A-Za-z0-9._-]*):(\d+):(\d+)$")
 #: The forms a query may take, for answers that found nothing.
 FIND_FORMS = (
     "FILE:LINE (JSON Lines), FILE#ROW or FILE:ROW (0-based row, formats without lines) or a "
@@ -68,33 +70,62 @@ def _same_file(logged: str, wanted: str) -> bool:
 
 def find(logs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], query: str) -> list[Hit]:
     """Every logged segment cut from the document ``query`` names, by rank and step."""
-    import pyarrow.compute as pc
-
     kind, key = parse_query(query)
     table = read_log(logs)
     if table.num_rows == 0:
         return []
-    if kind == "sample":
-        d, s, i = key
-        dataset = table["dataset"] if isinstance(d, str) else table["dataset_id"]
-        rows = table["source_row"]
-        if "sample_row" in table.column_names:  # a converted corpus's rows (older logs lack it)
-            rows = pc.coalesce(table["sample_row"], rows)
-        mask = pc.and_(
-            pc.and_(pc.equal(dataset, d), pc.equal(table["shard"], s)), pc.equal(rows, i)
-        )
-    else:
-        wanted, number = key
-        sources = [v for v in pc.unique(table["source"]).to_pylist() if v is not None]
-        in_files = pc.is_in(table["source"], value_set=_strings(
-            [v for v in sources if _same_file(v, wanted)]
-        ))  # fmt: skip
-        # FILE:N of a file without lines (Parquet, Arrow, ...) is its row N, as FILE#N
-        by_row = kind == "row" or pc.all(pc.is_null(table.filter(in_files)["line"])).as_py()
-        column = table["source_row"] if by_row else table["line"]
-        mask = pc.and_(in_files, pc.equal(column, number))
+    if kind == "sample" and isinstance(key[0], str) and key[0] not in run_dataset_names(table):
+        kind, key = _as_file(query)  # ``notes.jsonl:3:4``: no such dataset, so a file's line
+    mask = _sample_mask(table, key) if kind == "sample" else _file_mask(table, kind, key)
     picked = table.filter(mask).to_pylist()
     return [Hit(**{f: row[f] for f in Hit.__dataclass_fields__}) for row in picked]
+
+
+def run_dataset_names(table: Any) -> set[str]:
+    """The dataset names of the runs that wrote ``table``: what a sample id's name means (a
+    converted corpus's segments name their original dataset; ``sample_dataset`` keeps the
+    run's)."""
+    import pyarrow.compute as pc
+
+    return {str(n) for n in pc.unique(_run_names(table)).to_pylist() if n is not None}
+
+
+def _run_names(table: Any) -> Any:
+    import pyarrow.compute as pc
+
+    if "sample_dataset" not in table.column_names:  # older logs
+        return table["dataset"]
+    return pc.coalesce(table["sample_dataset"], table["dataset"])
+
+
+def _as_file(query: str) -> tuple[str, Any]:
+    head, _, tail = query.rpartition(":")
+    return "line", (head, int(tail))
+
+
+def _sample_mask(table: Any, key: tuple[Any, int, int]) -> Any:
+    import pyarrow.compute as pc
+
+    d, s, i = key
+    dataset = _run_names(table) if isinstance(d, str) else table["dataset_id"]
+    rows = table["source_row"]
+    if "sample_row" in table.column_names:  # a converted corpus's rows (older logs lack it)
+        rows = pc.coalesce(table["sample_row"], rows)
+    return pc.and_(pc.and_(pc.equal(dataset, d), pc.equal(table["shard"], s)), pc.equal(rows, i))
+
+
+def _file_mask(table: Any, kind: str, key: tuple[str, int]) -> Any:
+    import pyarrow.compute as pc
+
+    wanted, number = key
+    sources = [v for v in pc.unique(table["source"]).to_pylist() if v is not None]
+    in_files = pc.is_in(table["source"], value_set=_strings(
+        [v for v in sources if _same_file(v, wanted)]
+    ))  # fmt: skip
+    # FILE:N of a file without lines (Parquet, Arrow, ...) is its row N, as FILE#N
+    by_row = kind == "row" or pc.all(pc.is_null(table.filter(in_files)["line"])).as_py()
+    column = table["source_row"] if by_row else table["line"]
+    return pc.and_(in_files, pc.equal(column, number))
 
 
 def _strings(values: list[str]) -> Any:

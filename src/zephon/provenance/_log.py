@@ -2,9 +2,10 @@
 
 One table row per segment: ``step``, ``rank``, ``row`` (in the batch), ``segment`` (in the
 row), ``dataset``, ``source`` (file or URL), ``dataset_id``, ``shard``, ``source_row``,
-``line`` (JSON Lines), ``sample_row`` (set only when ``source_row`` is not the sample id's
-row: a converted corpus's, whose other columns name the original document, as
-:meth:`SampleBatch.provenance` does), ``lineage`` (child indices joined by "."),
+``line`` (JSON Lines), ``sample_row`` and ``sample_dataset`` (set only when ``source_row``
+and ``dataset`` are not the sample id's row and the run's dataset name: a converted corpus's,
+whose other columns name the original document, as :meth:`SampleBatch.provenance` does),
+``lineage`` (child indices joined by "."),
 ``start``/``end`` (span in the row), ``source_start``/``source_end``/``source_length`` (span
 in the source document), ``fingerprint`` (the batch's, on its first segment only) and
 ``extra`` (JSON, capture sources).
@@ -180,6 +181,7 @@ class ProvenanceLog:
         pairs = arrays["dataset_id"].astype(np.int64) << 32 | arrays["shard"].astype(np.int64)
         keys, inverse = np.unique(pairs, return_inverse=True)
         names = [origin.name(int(k >> 32)) for k in keys]
+        run_names: list[str | None] = [None] * len(keys)  # where ``names`` gets the original's
         locations = [origin.location(int(k >> 32), int(k & 0xFFFFFFFF)) for k in keys]
         lines = np.full(len(pairs), -1, dtype=np.int64)
         sample_rows = np.full(len(pairs), -1, dtype=np.int64)
@@ -190,7 +192,7 @@ class ProvenanceLog:
             table = origin.line_table(ds, shard)
             original = _originals(origin, ds, shard, arrays["source_row"][where])
             if original is not None:  # a converted corpus: name the document it was made from
-                names[i], locations[i] = original[0], original[1]
+                run_names[i], names[i], locations[i] = names[i], original[0], original[1]
                 sample_rows[where] = arrays["source_row"][where]
                 arrays["source_row"][where], lines[where] = original[2], original[3]
             elif table is not None:
@@ -207,6 +209,7 @@ class ProvenanceLog:
             out[name] = pa.array(arrays[name])
         out["line"] = pa.array(lines, mask=lines < 0)
         out["sample_row"] = pa.array(sample_rows, mask=sample_rows < 0)
+        out["sample_dataset"] = pa.array(run_names, pa.string()).take(idx).dictionary_encode()
         out["lineage"] = pa.array(cols["lineage"], pa.string()).dictionary_encode()
         for name, _ in _INT_COLUMNS[7:]:
             out[name] = pa.array(arrays[name])
