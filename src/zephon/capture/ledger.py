@@ -249,9 +249,7 @@ class StreamLedger(msgspec.Struct, kw_only=True):
                 self.prompts[position] = msgspec.structs.replace(row, members=tuple(members))
         return any(new is not None for _, new in moves)
 
-    def _move(
-        self, ref: MemberRef, to: PromptState, step: int, reason: str
-    ) -> PromptMember | None:
+    def _move(self, ref: MemberRef, to: PromptState, step: int, reason: str) -> PromptMember | None:
         m = self.member(ref)
         where = f"stream {self.stream!r} position {ref[0]} member {ref[1]}"
         if m.passed(to):

@@ -49,7 +49,6 @@ from zephon.capture.stores._events import (
     decode_event,
     encode_event,
 )
-from zephon.capture.stores._filestream import stream_transact
 from zephon.capture.stores._filelog import (
     HEAD_READ,
     Head,
@@ -59,6 +58,7 @@ from zephon.capture.stores._filelog import (
     parse_head,
     slot_line,
 )
+from zephon.capture.stores._filestream import stream_transact
 from zephon.capture.stores._fsio import OS_FS, FileSystem
 from zephon.capture.stores._fsutil import (
     LogCorruptionError,
