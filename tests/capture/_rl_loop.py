@@ -1,0 +1,133 @@
+"""A GRPO-shaped trainer and rollout loop in one process, for the SIGKILL tests of the ledger.
+
+``python -m tests.capture._rl_loop URL WORKDIR KILL_AT`` runs the loop over the prompts of
+:func:`prompt_pipeline`: each group member's rollout is "generated" (one entry put under its
+rollout id), scored, and every two scored groups are one trainer step, marked ``trained`` in
+one transaction BEFORE the model file (``WORKDIR/model.json``: step and trained members) is
+replaced durably. Groups whose rewards are all equal are filtered. The process sends itself a
+real SIGKILL just before its ``KILL_AT``-th durable operation (0: never), so every gap between
+two operations is a crash point; it prints ``done`` after the last prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.capture._workload import make_entry
+from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon.capture.ledger import PromptState
+from zephon.capture.rl import PromptGroup, PromptSource
+from zephon.capture.scores import RolloutScore
+from zephon.capture.stores import open_store
+
+__all__ = ["GROUP", "PROMPTS", "STREAM", "equal_rewards", "prompt_pipeline"]
+
+PROMPTS = 24
+GROUP = 2
+STREAM = "grpo"
+_ops = {"count": 0, "kill_at": 0}
+
+
+def prompt_pipeline() -> Pipeline:
+    rows = [{"i": i, "prompt": f"what is {i} + {i}?"} for i in range(PROMPTS)]
+    source = StaticMixtureWorkSource(
+        datasets=[Dataset.from_records("prompts", rows)],
+        mixture=MixtureSpec({"prompts": 1.0}),
+        chunk_size=4,
+        seed=0,
+    )
+    return Pipeline(source).shuffle(8, seed=1)
+
+
+def equal_rewards(i: int) -> bool:
+    """Every fourth prompt's group is all-equal (filtered: no learning signal)."""
+    return i % 4 == 0
+
+
+def _tick() -> None:
+    _ops["count"] += 1
+    if _ops["count"] == _ops["kill_at"]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _save(path: Path, model: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        json.dump(model, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def _roll(store: Any, source: PromptSource, group: PromptGroup) -> None:
+    """Generate and score the members that need it."""
+    for m in group.members:
+        if m.state is PromptState.ISSUED:
+            _tick()
+            await store.put(make_entry(m.rollout_id, "call-0", prompt=8, gen=4))
+            _tick()
+            await source.advance([(group.position, m.index)], "captured")
+        if m.state in (PromptState.ISSUED, PromptState.CAPTURED):
+            i = group.payload["i"]
+            reward = 1.0 if equal_rewards(i) else float(m.index)
+            _tick()
+            await store.put_score(
+                RolloutScore(rollout_id=m.rollout_id, verifier="sum", reward=reward)
+            )
+            _tick()
+            await source.advance([(group.position, m.index)], "scored")
+
+
+async def _train(source: PromptSource, path: Path, model: dict[str, Any], batch: list[Any]) -> None:
+    step = model["step"] + 1
+    _tick()
+    await source.advance(batch, "trained", step=step)
+    model["step"] = step
+    model["trained"].extend([list(ref) for ref in batch])
+    _tick()
+    _save(path, model)
+
+
+async def run(url: str, workdir: Path) -> None:
+    path = workdir / "model.json"
+    model = json.loads(path.read_text()) if path.exists() else {"step": 0, "trained": []}
+    store = open_store(url)
+    try:
+        source = await PromptSource.open(store, STREAM, prompt_pipeline(), n=GROUP)
+        for step, refs in source.ledger.trained_after(model["step"]).items():
+            model["step"] = step  # the ledger says this step was taken: redo it exactly
+            model["trained"].extend([list(ref) for ref in refs])
+            _tick()
+            _save(path, model)
+        batch: list[Any] = []
+        while (group := await source.next_group()) is not None:
+            await _roll(store, source, group)
+            if equal_rewards(group.payload["i"]):
+                _tick()
+                await source.advance(group.refs(), "filtered", reason="all rewards equal")
+                continue
+            batch.extend(group.refs())
+            if len(batch) >= 2 * GROUP:
+                await _train(source, path, model, batch)
+                batch = []
+        if batch:
+            await _train(source, path, model, batch)
+    finally:
+        await store.close()
+    print("done", flush=True)
+
+
+if __name__ == "__main__":
+    _ops["kill_at"] = int(sys.argv[3])
+    asyncio.run(run(sys.argv[1], Path(sys.argv[2])))
