@@ -1,12 +1,13 @@
 """A GRPO-shaped trainer and rollout loop in one process, for the SIGKILL tests of the ledger.
 
-``python -m tests.capture._rl_loop URL WORKDIR KILL_AT`` runs the loop over the prompts of
+``python -m tests.capture._rl_loop URL WORKDIR KILL`` runs the loop over the prompts of
 :func:`prompt_pipeline`: each group member's rollout is "generated" (one entry put under its
 rollout id), scored, and every two scored groups are one trainer step, marked ``trained`` in
 one transaction BEFORE the model file (``WORKDIR/model.json``: step and trained members) is
 replaced durably. Groups whose rewards are all equal are filtered. The process sends itself a
-real SIGKILL just before its ``KILL_AT``-th durable operation (0: never), so every gap between
-two operations is a crash point; it prints ``done`` after the last prompt.
+real SIGKILL just before its ``KILL``-th durable operation (``N``), or before the ``N``-th
+operation of one kind (``save:N``: between marking a step trained and saving the model), so
+every gap between two operations is a crash point; it prints ``done`` after the last prompt.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import os
 import signal
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,8 @@ __all__ = ["GROUP", "PROMPTS", "STREAM", "equal_rewards", "prompt_pipeline"]
 PROMPTS = 24
 GROUP = 2
 STREAM = "grpo"
-_ops = {"count": 0, "kill_at": 0}
+_KILL: list[tuple[str, int]] = [("", 0)]  # (kind or "" for any, N)
+_COUNTS: Counter[str] = Counter()
 
 
 def prompt_pipeline() -> Pipeline:
@@ -50,9 +53,12 @@ def equal_rewards(i: int) -> bool:
     return i % 4 == 0
 
 
-def _tick() -> None:
-    _ops["count"] += 1
-    if _ops["count"] == _ops["kill_at"]:
+def _tick(kind: str) -> None:
+    """Count one operation of ``kind`` (and one of any kind); SIGKILL this process on the
+    planned one."""
+    label, at = _KILL[0]
+    _COUNTS.update(("", kind))
+    if _COUNTS[label] == at:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -74,28 +80,28 @@ async def _roll(store: Any, source: PromptSource, group: PromptGroup) -> None:
     """Generate and score the members that need it."""
     for m in group.members:
         if m.state is PromptState.ISSUED:
-            _tick()
+            _tick("put")
             await store.put(make_entry(m.rollout_id, "call-0", prompt=8, gen=4))
-            _tick()
+            _tick("captured")
             await source.advance([(group.position, m.index)], "captured")
         if m.state in (PromptState.ISSUED, PromptState.CAPTURED):
             i = group.payload["i"]
             reward = 1.0 if equal_rewards(i) else float(m.index)
-            _tick()
+            _tick("score")
             await store.put_score(
                 RolloutScore(rollout_id=m.rollout_id, verifier="sum", reward=reward)
             )
-            _tick()
+            _tick("scored")
             await source.advance([(group.position, m.index)], "scored")
 
 
 async def _train(source: PromptSource, path: Path, model: dict[str, Any], batch: list[Any]) -> None:
     step = model["step"] + 1
-    _tick()
+    _tick("trained")
     await source.advance(batch, "trained", step=step)
     model["step"] = step
     model["trained"].extend([list(ref) for ref in batch])
-    _tick()
+    _tick("save")
     _save(path, model)
 
 
@@ -108,13 +114,13 @@ async def run(url: str, workdir: Path) -> None:
         for step, refs in source.ledger.trained_after(model["step"]).items():
             model["step"] = step  # the ledger says this step was taken: redo it exactly
             model["trained"].extend([list(ref) for ref in refs])
-            _tick()
+            _tick("replay")
             _save(path, model)
         batch: list[Any] = []
         while (group := await source.next_group()) is not None:
             await _roll(store, source, group)
             if equal_rewards(group.payload["i"]):
-                _tick()
+                _tick("filter")
                 await source.advance(group.refs(), "filtered", reason="all rewards equal")
                 continue
             batch.extend(group.refs())
@@ -129,5 +135,6 @@ async def run(url: str, workdir: Path) -> None:
 
 
 if __name__ == "__main__":
-    _ops["kill_at"] = int(sys.argv[3])
+    label, _, at = sys.argv[3].rpartition(":")
+    _KILL[0] = (label, int(at))
     asyncio.run(run(sys.argv[1], Path(sys.argv[2])))
