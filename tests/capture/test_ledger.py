@@ -1,0 +1,185 @@
+"""The prompt ledger's rules (pure) and its storage in every store kind."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
+from tests.capture._procs import store_url
+from zephon.capture.ledger import (
+    LedgerTransitionError,
+    PromptState,
+    StreamLedger,
+    member_rollout_id,
+    validate_stream,
+)
+from zephon.capture.stores import LogCorruptionError, open_store
+from zephon.capture.testing import STORE_KINDS
+
+S = PromptState
+
+
+def _ledger(*ns: int) -> StreamLedger:
+    ledger = StreamLedger(stream="s")
+    for position, n in enumerate(ns):
+        assert ledger.issue(position, f"k{position}", {"p": position}, n, {"after": position})
+    return ledger
+
+
+def test_issue_numbers_positions_without_gaps_and_keeps_the_newest_cursor() -> None:
+    ledger = _ledger(2, 1)
+    assert ledger.next_position == 2 and ledger.cursor == {"after": 1}
+    assert [m.rollout_id for m in ledger.prompts[0].members] == ["s.p0.m0.a0", "s.p0.m1.a0"]
+    assert not ledger.issue(0, "k0", {"p": 0}, 2, {"other": "cursor"})  # a retry: no change
+    assert ledger.cursor == {"after": 1}
+    with pytest.raises(LedgerTransitionError, match=r"position 0 already holds prompt 'k0'"):
+        ledger.issue(0, "k0", {"p": 0}, 3)
+    with pytest.raises(LedgerTransitionError, match="the next position is 2; positions have no"):
+        ledger.issue(5, "k5", None, 1)
+    with pytest.raises(ValueError, match="n is 0"):
+        ledger.issue(2, "k2", None, 0)
+    with pytest.raises(ValueError, match=r"payload is not JSON-safe"):
+        ledger.issue(2, "k2", {"x": object()}, 1)
+    assert ledger.next_position == 2
+
+
+def test_members_move_one_state_at_a_time_and_repeats_are_no_ops() -> None:
+    ledger = _ledger(2)
+    with pytest.raises(
+        LedgerTransitionError, match=r"cannot go issued -> scored: mark it captured"
+    ):
+        ledger.advance([(0, 0)], "scored")
+    assert ledger.advance([(0, 0)], "captured")
+    assert not ledger.advance([(0, 0)], "captured")
+    assert ledger.advance([(0, 0)], S.SCORED)
+    assert not ledger.advance([(0, 0)], "captured")  # went through it: a late retry
+    assert ledger.advance([(0, 0)], "trained", step=3)
+    assert not ledger.advance([(0, 0)], "trained", step=3)
+    with pytest.raises(LedgerTransitionError, match="already trained at step 3; a member is"):
+        ledger.advance([(0, 0)], "trained", step=4)
+    with pytest.raises(LedgerTransitionError, match="already trained at step 3; it cannot"):
+        ledger.advance([(0, 0)], "filtered", reason="late")
+    with pytest.raises(ValueError, match="needs the trainer step"):
+        ledger.advance([(0, 1)], "trained")
+    with pytest.raises(ValueError, match="needs a reason"):
+        ledger.advance([(0, 1)], "filtered", reason=" ")
+    with pytest.raises(LedgerTransitionError, match="issued by issue"):
+        ledger.advance([(0, 1)], "issued")
+    with pytest.raises(LedgerTransitionError, match="has no member 2"):
+        ledger.advance([(0, 2)], "captured")
+    with pytest.raises(LedgerTransitionError, match="has no position 1"):
+        ledger.advance([(1, 0)], "captured")
+
+
+def test_a_batch_moves_all_members_or_none() -> None:
+    ledger = _ledger(1, 1)
+    ledger.advance([(0, 0)], "captured")
+    with pytest.raises(LedgerTransitionError):
+        ledger.advance([(0, 0), (1, 0)], "scored")  # (1, 0) would skip captured
+    assert ledger.member((0, 0)).state is S.CAPTURED
+
+
+def test_filtered_members_keep_their_reason_and_where_they_were() -> None:
+    ledger = _ledger(2)
+    ledger.advance([(0, 0), (0, 1)], "captured")
+    ledger.advance([(0, 1)], "filtered", reason="truncated")
+    member = ledger.member((0, 1))
+    assert (member.state, member.reason, member.filtered_from) == (
+        S.FILTERED,
+        "truncated",
+        S.CAPTURED,
+    )
+    assert not ledger.advance([(0, 1)], "captured")  # it was captured before the filter
+    with pytest.raises(LedgerTransitionError, match=r"already filtered \('truncated'\)"):
+        ledger.advance([(0, 1)], "filtered", reason="other")
+    with pytest.raises(LedgerTransitionError, match=r"is already filtered \(truncated\)"):
+        ledger.advance([(0, 1)], "scored")
+    assert [row.position for row in ledger.pending()] == [0]  # member 0 is still owed
+    ledger.advance([(0, 0)], "filtered", reason="truncated")
+    assert ledger.pending() == []
+    assert ledger.counts() == {"issued": 0, "captured": 0, "scored": 0, "trained": 0, "filtered": 2}
+
+
+def test_trained_after_groups_the_steps_a_restored_trainer_redoes() -> None:
+    ledger = _ledger(1, 1, 1)
+    for position, step in ((0, 1), (1, 2), (2, 2)):
+        for to in ("captured", "scored"):
+            ledger.advance([(position, 0)], to)
+        ledger.advance([(position, 0)], "trained", step=step)
+    assert ledger.trained_after(0) == {1: [(0, 0)], 2: [(1, 0), (2, 0)]}
+    assert ledger.trained_after(1) == {2: [(1, 0), (2, 0)]}
+    assert ledger.trained_after(2) == {}
+
+
+def test_reissue_gives_an_issued_member_a_new_attempt_and_rollout_id() -> None:
+    ledger = _ledger(1)
+    assert ledger.reissue((0, 0), 1)
+    assert not ledger.reissue((0, 0), 1)
+    assert ledger.member((0, 0)).rollout_id == member_rollout_id("s", 0, 0, 1) == "s.p0.m0.a1"
+    with pytest.raises(LedgerTransitionError, match="must ask for 2, not 5"):
+        ledger.reissue((0, 0), 5)
+    ledger.advance([(0, 0)], "captured")
+    with pytest.raises(LedgerTransitionError, match="only an issued member is re-issued"):
+        ledger.reissue((0, 0), 2)
+
+
+def test_stream_names_are_checked() -> None:
+    assert validate_stream("grpo-run.7") == "grpo-run.7"
+    with pytest.raises(ValueError, match="stream 'a/b' is invalid"):
+        validate_stream("a/b")
+    with pytest.raises(ValueError, match="at most 120"):
+        validate_stream("s" * 121)
+
+
+def test_the_ledger_round_trips_through_json() -> None:
+    ledger = _ledger(2, 1)
+    ledger.advance([(0, 1)], "filtered", reason="r")
+    assert StreamLedger.from_json(ledger.to_json()) == ledger
+
+
+@pytest.mark.parametrize("kind", sorted(STORE_KINDS))
+def test_the_ledger_survives_a_new_client_and_refusals_change_nothing(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+
+    async def go() -> None:
+        first = open_store(url)
+        await first.issue_prompt("s", 0, prompt_key="k", payload=[1, 2], n=2, cursor={"c": 0})
+        await first.advance("s", [(0, 0)], "captured")
+        with pytest.raises(LedgerTransitionError):
+            await first.advance("s", [(0, 0), (0, 1)], "scored")
+        await first.close()
+        second = open_store(url)
+        ledger = await second.stream_ledger("s")
+        assert [m.state for m in ledger.prompts[0].members] == [S.CAPTURED, S.ISSUED]
+        assert (ledger.prompts[0].payload, ledger.cursor) == ([1, 2], {"c": 0})
+        assert (await second.stream_ledger("unused")).prompts == []
+        with pytest.raises(ValueError, match=r"stream '\.\./x' is invalid"):
+            await second.stream_ledger("../x")
+        await second.close()
+
+    asyncio.run(go())
+
+
+def test_a_damaged_stream_file_is_refused_not_read_as_empty(tmp_path: Path) -> None:
+    url = f"file://{tmp_path / 'capture'}"
+
+    async def go() -> None:
+        store = open_store(url)
+        await store.issue_prompt("s", 0, prompt_key="k", payload=None)
+        path = tmp_path / "capture" / "s.stream"
+        data = bytearray(path.read_bytes())
+        data[-5] ^= 0x01  # one flipped bit inside the JSON
+        path.write_bytes(bytes(data))
+        with pytest.raises(LogCorruptionError, match=r"s\.stream is not an intact zephon stream"):
+            await store.stream_ledger("s")
+        with pytest.raises(LogCorruptionError):
+            await store.issue_prompt("s", 1, prompt_key="k1", payload=None)
+        assert path.read_bytes() == bytes(data)  # a refused write leaves the file alone
+        await store.close()
+
+    asyncio.run(go())
