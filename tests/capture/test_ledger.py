@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
-from tests.capture._procs import store_url
+from tests.capture._procs import REPO, store_url
 from zephon.capture.ledger import (
     LedgerTransitionError,
     PromptState,
@@ -183,3 +186,53 @@ def test_a_damaged_stream_file_is_refused_not_read_as_empty(tmp_path: Path) -> N
         await store.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])
+def test_processes_moving_members_of_one_stream_lose_no_move(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+    writers, prompts = 3, 20
+
+    async def issue() -> StreamLedger:
+        store = open_store(url)
+        for position in range(prompts):
+            await store.issue_prompt(
+                "s", position, prompt_key=f"k{position}", payload=None, n=writers
+            )
+        ledger = await store.stream_ledger("s")
+        await store.close()
+        return ledger
+
+    asyncio.run(issue())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]))
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.capture._ledger_writer", url, "s", str(m), str(prompts)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+        for m in range(writers)
+    ]
+    for child in children:  # every child is connected before any writes
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    for child in children:
+        out, _ = child.communicate(timeout=240)
+        assert (child.returncode, out.strip()) == (0, "done")
+
+    async def read() -> StreamLedger:
+        store = open_store(url)
+        ledger = await store.stream_ledger("s")
+        await store.close()
+        return ledger
+
+    ledger = asyncio.run(read())
+    assert ledger.counts()["scored"] == writers * prompts  # no read-modify-write lost a move
