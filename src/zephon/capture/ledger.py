@@ -96,7 +96,7 @@ def member_rollout_id(stream: str, position: int, member: int, attempt: int = 0)
     return f"{stream}.p{position}.m{member}.a{attempt}"
 
 
-class PromptMember(msgspec.Struct, frozen=True, kw_only=True):
+class PromptMember(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One group member: its rollout id (per attempt) and state; ``step`` once trained,
     ``reason`` and ``filtered_from`` once filtered."""
 
