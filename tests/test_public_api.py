@@ -53,8 +53,8 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.capture.dataset": _names("CaptureSource RetirementReport TrajectoryShard"),
     "zephon.capture.ledger": _names(
-        "LedgerTransitionError MAX_STREAM_CHARS MemberRef PromptMember PromptRow PromptState "
-        "StreamLedger member_rollout_id validate_stream"
+        "Admission LedgerTransitionError MAX_STREAM_CHARS MemberRef PromptMember PromptRow "
+        "PromptState StreamLedger member_rollout_id validate_stream"
     ),
     "zephon.capture.lineage": _names(
         "EntryFetch FINGERPRINT_VERSION IncrementalResolver LineageNode RolloutLineage "

@@ -236,3 +236,52 @@ def test_processes_moving_members_of_one_stream_lose_no_move(
 
     ledger = asyncio.run(read())
     assert ledger.counts()["scored"] == writers * prompts  # no read-modify-write lost a move
+
+
+def _versioned(*versions: int) -> StreamLedger:
+    ledger = StreamLedger(stream="s")
+    for position, version in enumerate(versions):
+        ledger.issue(position, f"k{position}", None, 2, weight_version=version)
+    return ledger
+
+
+def _score(ledger: StreamLedger, position: int, *, filter_second: bool = False) -> None:
+    for to in ("captured", "scored"):
+        ledger.advance([(position, 0)], to)
+    if filter_second:
+        ledger.advance([(position, 1)], "filtered", reason="timed out")
+    else:
+        for to in ("captured", "scored"):
+            ledger.advance([(position, 1)], to)
+
+
+def test_admit_takes_complete_groups_oldest_first_up_to_the_limit() -> None:
+    ledger = _versioned(5, 5, 5, 5)
+    for position in (3, 1, 2):
+        _score(ledger, position, filter_second=position == 2)
+    got = ledger.admit(5, max_staleness=2, limit=2)
+    assert [row.position for row in got.groups] == [1, 2]  # 0 is incomplete, 3 over the limit
+    assert (got.wait_for, got.stale) == (None, ())
+    assert got.refs() == [(1, 0), (1, 1), (2, 0)]  # the filtered member is not trained
+
+
+def test_admit_waits_for_an_incomplete_group_at_the_staleness_bound() -> None:
+    ledger = _versioned(3, 6)
+    _score(ledger, 1)
+    assert [r.position for r in ledger.admit(4, max_staleness=2, limit=8).groups] == [1]
+    at_bound = ledger.admit(5, max_staleness=2, limit=8)  # a step now would make it 3 behind
+    assert at_bound.groups == () and at_bound.wait_for is not None
+    assert at_bound.wait_for.position == 0
+    _score(ledger, 0)  # the slow group arrives: admitted first, none discarded
+    assert [r.position for r in ledger.admit(5, max_staleness=2, limit=8).groups] == [0, 1]
+
+
+def test_admit_reports_complete_groups_past_the_bound_as_stale_and_keeps_them() -> None:
+    ledger = _versioned(1, 7, -1)
+    for position in range(3):
+        _score(ledger, position)
+    got = ledger.admit(7, max_staleness=2, limit=8)
+    assert [r.position for r in got.groups] == [0, 1, 2]
+    assert got.stale == (0,)  # issued at 1, trained at 7: reported, never dropped
+    with pytest.raises(ValueError, match="max_staleness >= 0 and limit >= 1"):
+        ledger.admit(7, max_staleness=-1, limit=8)

@@ -42,13 +42,16 @@ def test_prompts_are_issued_in_pipeline_order_with_the_cursor() -> None:
     async def go() -> None:
         store = open_store("memory://rl-order")
         source = await PromptSource.open(store, "s", prompt_pipeline(), n=3)
-        got = await _drain(source, PROMPTS + 5)
+        first = await source.next_group(weight_version=7)
+        assert first is not None and first.position == 0
+        got = [(0, first.prompt_key, False), *await _drain(source, PROMPTS + 5)]
         assert [k for _, k, _ in got] == _uninterrupted_keys()
         assert [p for p, _, _ in got] == list(range(PROMPTS))
         ledger = await store.stream_ledger("s")
         assert ledger.counts()["issued"] == 3 * PROMPTS
         assert ledger.cursor is not None
         assert {len(row.members) for row in ledger.prompts} == {3}
+        assert [row.weight_version for row in ledger.prompts[:2]] == [7, -1]
 
     asyncio.run(go())
 

@@ -31,6 +31,7 @@ from zephon.errors import ZephonError
 
 __all__ = [
     "MAX_STREAM_CHARS",
+    "Admission",
     "LedgerTransitionError",
     "MemberRef",
     "PromptMember",
@@ -120,16 +121,41 @@ class PromptMember(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
 
 
 class PromptRow(msgspec.Struct, frozen=True, kw_only=True):
-    """One issued prompt: its position, the pipeline's key for it, its payload, its members."""
+    """One issued prompt: its position, the pipeline's key for it, its payload, its members,
+    and the trainer's weight version when it was issued (-1: not given)."""
 
     position: int
     prompt_key: str
     payload: Any
     members: tuple[PromptMember, ...]
+    weight_version: int = -1
 
     @property
     def done(self) -> bool:
         return all(m.state.terminal for m in self.members)
+
+
+def _complete(row: PromptRow) -> bool:
+    states = [m.state for m in row.members]
+    ok = (PromptState.SCORED, PromptState.FILTERED)
+    return all(s in ok for s in states) and PromptState.SCORED in states
+
+
+class Admission(msgspec.Struct, frozen=True, kw_only=True):
+    """What :meth:`StreamLedger.admit` lets a trainer train now."""
+
+    groups: tuple[PromptRow, ...] = ()
+    wait_for: PromptRow | None = None
+    stale: tuple[int, ...] = ()
+
+    def refs(self) -> list[MemberRef]:
+        """The scored members of the admitted groups (what to mark trained)."""
+        return [
+            (row.position, m.index)
+            for row in self.groups
+            for m in row.members
+            if m.state is PromptState.SCORED
+        ]
 
 
 class StreamLedger(msgspec.Struct, kw_only=True):
@@ -158,6 +184,32 @@ class StreamLedger(msgspec.Struct, kw_only=True):
                 if m.state is PromptState.TRAINED and m.step > step:
                     out.setdefault(m.step, []).append((row.position, m.index))
         return dict(sorted(out.items()))
+
+    def admit(self, weight_version: int, max_staleness: int, limit: int) -> Admission:
+        """Complete groups to train at trainer version ``weight_version``, oldest first.
+
+        A group is complete when each member is scored or filtered and one is scored. At most
+        ``limit`` groups are admitted. The staleness bound: a group issued at version ``v`` is
+        trained by version ``v + max_staleness``; so when an incomplete group has reached it,
+        ``wait_for`` names it and nothing is admitted: the trainer waits for the slow group
+        instead of stepping past it (none is discarded for being slow), which also paces
+        generation. A complete group already past the bound is admitted (oldest first) and
+        listed in ``stale``, never dropped.
+        """
+        if max_staleness < 0 or limit < 1:
+            raise ValueError(
+                f"admit needs max_staleness >= 0 and limit >= 1, got {max_staleness}, {limit}"
+            )
+        bound = weight_version - max_staleness
+        ready: list[PromptRow] = []
+        for row in self.pending():
+            if _complete(row):
+                ready.append(row)
+            elif 0 <= row.weight_version <= bound:
+                return Admission(wait_for=row)
+        groups = tuple(ready[:limit])
+        stale = tuple(r.position for r in groups if 0 <= r.weight_version < bound)
+        return Admission(groups=groups, stale=stale)
 
     def counts(self) -> dict[str, int]:
         """Members per state (every state named, zeros included)."""
@@ -192,9 +244,16 @@ class StreamLedger(msgspec.Struct, kw_only=True):
     # -- decisions (each returns whether the ledger changed) --------------------------------
 
     def issue(
-        self, position: int, prompt_key: str, payload: Any, n: int, cursor: Any = None
+        self,
+        position: int,
+        prompt_key: str,
+        payload: Any,
+        n: int,
+        cursor: Any = None,
+        weight_version: int = -1,
     ) -> bool:
-        """Record prompt ``position`` with ``n`` members and the pipeline ``cursor`` after it."""
+        """Record prompt ``position`` with ``n`` members and the pipeline ``cursor`` after it
+        (a retry of the same prompt is a no-op and keeps what the first issue stored)."""
         where = f"stream {self.stream!r} position {position}"
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"{where}: n is {n!r}; a prompt needs at least one group member")
@@ -218,7 +277,13 @@ class StreamLedger(msgspec.Struct, kw_only=True):
             for i in range(n)
         )
         self.prompts.append(
-            PromptRow(position=position, prompt_key=prompt_key, payload=payload, members=members)
+            PromptRow(
+                position=position,
+                prompt_key=prompt_key,
+                payload=payload,
+                members=members,
+                weight_version=int(weight_version),
+            )
         )
         self.cursor = cursor
         return True

@@ -286,6 +286,7 @@ class PromptLedger(Protocol):
         payload: Any,
         n: int = 1,
         cursor: Any = None,
+        weight_version: int = -1,
     ) -> PromptRow: ...
 
     async def advance(

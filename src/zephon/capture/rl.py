@@ -86,9 +86,10 @@ class PromptSource:
             pipeline.restore(ledger.cursor)
         return cls(store, stream, pipeline, ledger, n)
 
-    async def next_group(self) -> PromptGroup | None:
+    async def next_group(self, weight_version: int = -1) -> PromptGroup | None:
         """The next prompt owed by the ledger, else the next one of the pipeline (issued
-        durably before it is returned); None once both are exhausted."""
+        durably before it is returned, with the trainer's ``weight_version`` for the
+        staleness bound of :meth:`StreamLedger.admit`); None once both are exhausted."""
         if self._owed:
             return await self._resume(self._owed.pop(0))
         item = self._draw()
@@ -103,6 +104,7 @@ class PromptSource:
             payload=item.payload,
             n=self.n,
             cursor=self._pipeline.checkpoint(),
+            weight_version=weight_version,
         )
         self._next += 1
         return PromptGroup(row.position, row.prompt_key, row.payload, row.members)

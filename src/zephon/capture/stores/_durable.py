@@ -318,11 +318,12 @@ class DurableStore:
         payload: Any,
         n: int = 1,
         cursor: Any = None,
+        weight_version: int = -1,
     ) -> PromptRow:
         """Record prompt ``position`` of ``stream`` (and the pipeline cursor after it)."""
 
         def op(ledger: StreamLedger) -> PromptRow:
-            ledger.issue(position, prompt_key, payload, n, cursor)
+            ledger.issue(position, prompt_key, payload, n, cursor, weight_version)
             return ledger.prompts[position]
 
         row: PromptRow = await self._stream(stream, op)
