@@ -7,7 +7,9 @@ one transaction BEFORE the model file (``WORKDIR/model.json``: step and trained 
 replaced durably. Groups whose rewards are all equal are filtered. The process sends itself a
 real SIGKILL just before its ``KILL``-th durable operation (``N``), or before the ``N``-th
 operation of one kind (``save:N``: between marking a step trained and saving the model), so
-every gap between two operations is a crash point; it prints ``done`` after the last prompt.
+every gap between two operations is a crash point. It prints ``op KIND`` as each operation
+starts (a parent may kill it after any of them, landing inside a store write) and ``done``
+after the last prompt.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def _tick(kind: str) -> None:
     _COUNTS.update(("", kind))
     if _COUNTS[label] == at:
         os.kill(os.getpid(), signal.SIGKILL)
+    print("op", kind, flush=True)  # the parent may SIGKILL us after any of these lines
 
 
 def _save(path: Path, model: dict[str, Any]) -> None:

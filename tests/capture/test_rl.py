@@ -99,17 +99,28 @@ def test_a_batched_pipeline_and_a_store_without_ledger_are_refused() -> None:
     asyncio.run(go())
 
 
-def _run_loop(url: str, workdir: Path, kill: str) -> subprocess.CompletedProcess[str]:
+def _run_loop(url: str, workdir: Path, kill: str, outside_after: int = 0) -> tuple[int, str]:
+    """Run the loop once: it kills itself as ``kill`` plans, or (``outside_after`` > 0) this
+    process sends it SIGKILL once it has started that many operations, wherever it then is."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]))
-    return subprocess.run(
+    child = subprocess.Popen(
         [sys.executable, "-m", "tests.capture._rl_loop", url, str(workdir), kill],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
         env=env,
-        timeout=LOOP_TIMEOUT_S,
-        check=False,
     )
+    assert child.stdout is not None
+    last = ""
+    started = 0
+    for line in child.stdout:
+        last = line.strip()
+        started += last.startswith("op ")
+        if outside_after and started == outside_after:
+            child.kill()
+    _, err = child.communicate(timeout=LOOP_TIMEOUT_S)
+    return child.returncode, last if child.returncode == 0 else err
 
 
 @pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])
@@ -123,12 +134,16 @@ def test_every_prompt_is_trained_exactly_once_across_sigkills(
     planned = ["save:1", "replay:1", "captured:3", "scored:2", "filter:1", "put:4", "trained:2"]
     kills = 0
     for cycle in range(40):
-        plan = planned[cycle] if cycle < len(planned) else str(rng.randint(1, 30))
-        done = _run_loop(url, tmp_path, plan)
-        if done.returncode == 0:
-            assert done.stdout.strip() == "done"
+        if cycle < len(planned):
+            rc, out = _run_loop(url, tmp_path, planned[cycle])
+        elif cycle % 2:
+            rc, out = _run_loop(url, tmp_path, str(rng.randint(1, 30)))
+        else:
+            rc, out = _run_loop(url, tmp_path, "0", outside_after=rng.randint(1, 30))
+        if rc == 0:
+            assert out == "done"
             break
-        assert done.returncode == -9, done.stderr  # only our SIGKILL may stop it
+        assert rc == -9, out  # only a SIGKILL may stop it
         kills += 1
     else:
         pytest.fail("the loop never finished in 40 cycles")
