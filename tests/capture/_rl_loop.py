@@ -86,7 +86,7 @@ async def _roll(store: Any, source: PromptSource, group: PromptGroup) -> None:
             _tick("put")
             await store.put(make_entry(m.rollout_id, "call-0", prompt=8, gen=4))
             _tick("captured")
-            await source.advance([(group.position, m.index)], "captured")
+            await source.advance([(group.position, m.index, m.attempt)], "captured")
         if m.state in (PromptState.ISSUED, PromptState.CAPTURED):
             i = group.payload["i"]
             reward = 1.0 if equal_rewards(i) else float(m.index)
@@ -95,7 +95,7 @@ async def _roll(store: Any, source: PromptSource, group: PromptGroup) -> None:
                 RolloutScore(rollout_id=m.rollout_id, verifier="sum", reward=reward)
             )
             _tick("scored")
-            await source.advance([(group.position, m.index)], "scored")
+            await source.advance([(group.position, m.index, m.attempt)], "scored")
 
 
 async def _train(source: PromptSource, path: Path, model: dict[str, Any], batch: list[Any]) -> None:
@@ -103,7 +103,7 @@ async def _train(source: PromptSource, path: Path, model: dict[str, Any], batch:
     _tick("trained")
     await source.advance(batch, "trained", step=step)
     model["step"] = step
-    model["trained"].extend([list(ref) for ref in batch])
+    model["trained"].extend([list(ref[:2]) for ref in batch])
     _tick("save")
     _save(path, model)
 

@@ -124,7 +124,9 @@ def test_reissue_gives_an_issued_member_a_new_attempt_and_rollout_id() -> None:
     assert ledger.member((0, 0)).rollout_id == member_rollout_id("s", 0, 0, 1) == "s.p0.m0.a1"
     with pytest.raises(LedgerTransitionError, match="must ask for 2, not 5"):
         ledger.reissue((0, 0), 5)
-    ledger.advance([(0, 0)], "captured")
+    with pytest.raises(LedgerTransitionError, match=r"attempt 0 was re-issued as attempt 1"):
+        ledger.advance([(0, 0, 0)], "captured")  # the abandoned attempt's worker reports late
+    assert ledger.advance([(0, 0, 1)], "captured")
     with pytest.raises(LedgerTransitionError, match="only an issued member is re-issued"):
         ledger.reissue((0, 0), 2)
 
@@ -161,6 +163,10 @@ def test_the_ledger_survives_a_new_client_and_refusals_change_nothing(
         assert [m.state for m in ledger.prompts[0].members] == [S.CAPTURED, S.ISSUED]
         assert (ledger.prompts[0].payload, ledger.cursor) == ([1, 2], {"c": 0})
         assert (await second.stream_ledger("unused")).prompts == []
+        with pytest.raises(ValueError, match=r"member ref \(0,\) is invalid"):
+            await second.advance("s", [(0,)], "captured")  # type: ignore[list-item]
+        with pytest.raises(ValueError, match="its parts must be integers"):
+            await second.advance("s", [(0, "1")], "captured")  # type: ignore[list-item]
         with pytest.raises(ValueError, match=r"stream '\.\./x' is invalid"):
             await second.stream_ledger("../x")
         await second.close()
@@ -262,7 +268,7 @@ def test_admit_takes_complete_groups_oldest_first_up_to_the_limit() -> None:
     got = ledger.admit(5, max_staleness=2, limit=2)
     assert [row.position for row in got.groups] == [1, 2]  # 0 is incomplete, 3 over the limit
     assert (got.wait_for, got.stale) == (None, ())
-    assert got.refs() == [(1, 0), (1, 1), (2, 0)]  # the filtered member is not trained
+    assert got.refs() == [(1, 0, 0), (1, 1, 0), (2, 0, 0)]  # the filtered member is not trained
 
 
 def test_admit_waits_for_an_incomplete_group_at_the_staleness_bound() -> None:

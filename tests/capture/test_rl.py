@@ -95,6 +95,9 @@ def test_a_batched_pipeline_and_a_store_without_ledger_are_refused() -> None:
             await PromptSource.open(object(), "s", prompt_pipeline())  # type: ignore[arg-type]
         with pytest.raises(ConfigError, match="n is 0"):
             await PromptSource.open(store, "s", prompt_pipeline(), n=0)
+        await store.issue_prompt("by-hand", 0, prompt_key="k", payload=None)
+        with pytest.raises(ConfigError, match="'by-hand' holds 1 prompts but no pipeline cursor"):
+            await PromptSource.open(store, "by-hand", prompt_pipeline())
 
     asyncio.run(go())
 

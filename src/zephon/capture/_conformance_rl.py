@@ -152,7 +152,12 @@ async def _check_prompt_ledger_reissue(ctx: _Ctx) -> None:
         LedgerTransitionError,
         "a re-issue that skips an attempt",
     )
-    await (await _ledger(ctx)).advance(stream, [(0, 0)], "captured")
+    await ctx.raises(
+        (await _ledger(ctx)).advance(stream, [(0, 0, 0)], "captured"),
+        LedgerTransitionError,
+        "a move by the worker of the re-issued attempt 0",
+    )
+    await (await _ledger(ctx)).advance(stream, [(0, 0, 1)], "captured")
     await ctx.raises(
         (await _ledger(ctx)).reissue(stream, (0, 0), 2),
         LedgerTransitionError,

@@ -76,8 +76,9 @@ _BEFORE = {
     PromptState.TRAINED: PromptState.SCORED,
 }
 
-MemberRef = tuple[int, int]
-"""``(position, member index)`` of one group member."""
+MemberRef = tuple[int, int] | tuple[int, int, int]
+"""``(position, member index)`` of one group member, or ``(position, member index, attempt)``:
+with the attempt, a move by the worker of an attempt that was re-issued since is refused."""
 
 
 def validate_stream(stream: object) -> str:
@@ -149,9 +150,9 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     stale: tuple[int, ...] = ()
 
     def refs(self) -> list[MemberRef]:
-        """The scored members of the admitted groups (what to mark trained)."""
+        """The scored members of the admitted groups (what to mark trained), with attempts."""
         return [
-            (row.position, m.index)
+            (row.position, m.index, m.attempt)
             for row in self.groups
             for m in row.members
             if m.state is PromptState.SCORED
@@ -220,7 +221,7 @@ class StreamLedger(msgspec.Struct, kw_only=True):
         return out
 
     def member(self, ref: MemberRef) -> PromptMember:
-        position, index = ref
+        position, index = ref[0], ref[1]
         if not 0 <= position < len(self.prompts):
             raise LedgerTransitionError(
                 f"stream {self.stream!r} has no position {position} (issued: "
@@ -306,17 +307,22 @@ class StreamLedger(msgspec.Struct, kw_only=True):
         if target is PromptState.FILTERED and not (isinstance(reason, str) and reason.strip()):
             raise ValueError("advance to filtered needs a reason (e.g. 'all rewards equal')")
         moves = [(ref, self._move(ref, target, step, reason)) for ref in refs]
-        for (position, index), new in moves:
+        for ref, new in moves:
             if new is not None:
-                row = self.prompts[position]
+                row = self.prompts[ref[0]]
                 members = list(row.members)
-                members[index] = new
-                self.prompts[position] = msgspec.structs.replace(row, members=tuple(members))
+                members[ref[1]] = new
+                self.prompts[ref[0]] = msgspec.structs.replace(row, members=tuple(members))
         return any(new is not None for _, new in moves)
 
     def _move(self, ref: MemberRef, to: PromptState, step: int, reason: str) -> PromptMember | None:
         m = self.member(ref)
         where = f"stream {self.stream!r} position {ref[0]} member {ref[1]}"
+        if len(ref) == 3 and ref[2] != m.attempt:
+            raise LedgerTransitionError(
+                f"{where}: attempt {ref[2]} was re-issued as attempt {m.attempt} "
+                f"({m.rollout_id}); drop the result of the abandoned attempt"
+            )
         if m.passed(to):
             if to is PromptState.TRAINED and m.step != step:
                 raise LedgerTransitionError(
@@ -363,7 +369,7 @@ class StreamLedger(msgspec.Struct, kw_only=True):
         row = self.prompts[ref[0]]
         members = list(row.members)
         members[ref[1]] = msgspec.structs.replace(
-            m, attempt=attempt, rollout_id=member_rollout_id(self.stream, *ref, attempt)
+            m, attempt=attempt, rollout_id=member_rollout_id(self.stream, ref[0], ref[1], attempt)
         )
         self.prompts[ref[0]] = msgspec.structs.replace(row, members=tuple(members))
         return True

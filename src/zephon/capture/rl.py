@@ -48,8 +48,13 @@ class PromptGroup:
     resumed: bool = False
 
     def refs(self, *states: PromptState) -> list[MemberRef]:
-        """``(position, index)`` of the members in ``states`` (all members without states)."""
-        return [(self.position, m.index) for m in self.members if not states or m.state in states]
+        """``(position, index, attempt)`` of the members in ``states`` (all without states):
+        a move with the attempt is refused once the member was re-issued."""
+        return [
+            (self.position, m.index, m.attempt)
+            for m in self.members
+            if not states or m.state in states
+        ]
 
 
 class PromptSource:
@@ -84,6 +89,12 @@ class PromptSource:
         ledger = await store.stream_ledger(stream)
         if ledger.cursor is not None:
             pipeline.restore(ledger.cursor)
+        elif ledger.prompts:
+            raise ConfigError(
+                f"stream {stream!r} holds {len(ledger.prompts)} prompts but no pipeline cursor "
+                "(they were issued without one): its pipeline cannot resume after them; use a "
+                "new stream name"
+            )
         return cls(store, stream, pipeline, ledger, n)
 
     async def next_group(self, weight_version: int = -1) -> PromptGroup | None:

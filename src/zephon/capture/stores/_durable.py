@@ -99,6 +99,17 @@ def _keep(state: RolloutState, t: Transition[Any]) -> Any:
     return t.result
 
 
+def _member_ref(ref: Any) -> MemberRef:
+    """``ref`` as a tuple of 2 or 3 ints, or a ValueError saying what a ref is."""
+    if not isinstance(ref, tuple | list) or len(ref) not in (2, 3):
+        raise ValueError(
+            f"member ref {ref!r} is invalid: use (position, member) or (position, member, attempt)"
+        )
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in ref):
+        raise ValueError(f"member ref {ref!r} is invalid: its parts must be integers")
+    return tuple(ref)  # type: ignore[return-value]
+
+
 def decide_stream(stream: str, stored: bytes | None, op: StreamOp) -> tuple[bytes | None, Any]:
     """Run ``op`` on the stored ledger (or an empty one): ``(bytes to store or None when
     nothing changed, op's result)``. An error of ``op`` propagates before anything is stored."""
@@ -339,9 +350,9 @@ class DurableStore:
         reason: str = "",
     ) -> bool:
         """Move the members ``refs`` to ``to`` in one transaction; False if all were there."""
-        refs = [(int(p), int(m)) for p, m in refs]
+        checked = [_member_ref(ref) for ref in refs]
         changed: bool = await self._stream(
-            stream, lambda led: led.advance(refs, to, step=step, reason=reason)
+            stream, lambda led: led.advance(checked, to, step=step, reason=reason)
         )
         return changed
 

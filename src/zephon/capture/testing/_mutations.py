@@ -300,6 +300,14 @@ class BatchNotAtomic(Wrapper):
         return changed
 
 
+class AttemptIgnored(Wrapper):
+    """Moves drop the attempt of their refs, so an abandoned attempt's worker moves the new one."""
+
+    async def advance(self, stream: str, refs: Any, to: Any, **kw: Any) -> bool:
+        changed: bool = await self._inner.advance(stream, [r[:2] for r in refs], to, **kw)
+        return changed
+
+
 class CursorNotKept(Wrapper):
     """The pipeline cursor issued with a prompt is not stored (a restart re-draws prompts)."""
 
@@ -486,6 +494,12 @@ MUTATIONS: dict[str, Mutation] = {
             "a batch of ledger moves is all or none",
             "prompt_ledger_transitions",
             BatchNotAtomic,
+        ),
+        Mutation(
+            "attempt_ignored",
+            "a move of a re-issued attempt is refused",
+            "prompt_ledger_reissue",
+            AttemptIgnored,
         ),
         Mutation(
             "cursor_not_kept",
