@@ -4,7 +4,9 @@
 :func:`prompt_pipeline`: each group member's rollout is "generated" (one entry put under its
 rollout id), scored, and every two scored groups are one trainer step, marked ``trained`` in
 one transaction BEFORE the model file (``WORKDIR/model.json``: step and trained members) is
-replaced durably. Groups whose rewards are all equal are filtered. The process sends itself a
+replaced durably; the groups of a step are what the ledger admits (``StreamLedger.admit``,
+oldest first, staleness bound ``MAX_STALENESS``). Groups whose rewards are all equal are
+filtered. The process sends itself a
 real SIGKILL just before its ``KILL``-th durable operation (``N``), or before the ``N``-th
 operation of one kind (``save:N``: between marking a step trained and saving the model), so
 every gap between two operations is a crash point. It prints ``op KIND`` as each operation
@@ -30,11 +32,12 @@ from zephon.capture.rl import PromptGroup, PromptSource
 from zephon.capture.scores import RolloutScore
 from zephon.capture.stores import open_store
 
-__all__ = ["GROUP", "PROMPTS", "STREAM", "equal_rewards", "prompt_pipeline"]
+__all__ = ["GROUP", "MAX_STALENESS", "PROMPTS", "STREAM", "equal_rewards", "prompt_pipeline"]
 
 PROMPTS = 24
 GROUP = 2
 STREAM = "grpo"
+MAX_STALENESS = 2
 _KILL: list[tuple[str, int]] = [("", 0)]  # (kind or "" for any, N)
 _COUNTS: Counter[str] = Counter()
 
@@ -108,6 +111,21 @@ async def _train(source: PromptSource, path: Path, model: dict[str, Any], batch:
     _save(path, model)
 
 
+async def _train_admitted(
+    store: Any, source: PromptSource, path: Path, model: dict[str, Any], *, full_only: bool
+) -> None:
+    """Train what the durable ledger admits, oldest first, two groups a step (a batch is
+    derived from the ledger, never from memory, so a restart admits the same groups)."""
+    while True:
+        ledger = await store.stream_ledger(STREAM)
+        admitted = ledger.admit(model["step"], max_staleness=MAX_STALENESS, limit=2)
+        if admitted.wait_for is not None:
+            raise AssertionError(f"a sequential loop never waits: {admitted.wait_for}")
+        if not admitted.groups or (full_only and len(admitted.groups) < 2):
+            return
+        await _train(source, path, model, admitted.refs())
+
+
 async def run(url: str, workdir: Path) -> None:
     path = workdir / "model.json"
     model = json.loads(path.read_text()) if path.exists() else {"step": 0, "trained": []}
@@ -119,19 +137,14 @@ async def run(url: str, workdir: Path) -> None:
             model["trained"].extend([list(ref) for ref in refs])
             _tick("replay")
             _save(path, model)
-        batch: list[Any] = []
-        while (group := await source.next_group()) is not None:
+        while (group := await source.next_group(weight_version=model["step"])) is not None:
             await _roll(store, source, group)
             if equal_rewards(group.payload["i"]):
                 _tick("filter")
                 await source.advance(group.refs(), "filtered", reason="all rewards equal")
                 continue
-            batch.extend(group.refs())
-            if len(batch) >= 2 * GROUP:
-                await _train(source, path, model, batch)
-                batch = []
-        if batch:
-            await _train(source, path, model, batch)
+            await _train_admitted(store, source, path, model, full_only=True)
+        await _train_admitted(store, source, path, model, full_only=False)
     finally:
         await store.close()
     print("done", flush=True)

@@ -15,7 +15,14 @@ import pytest
 
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import REPO, store_url
-from tests.capture._rl_loop import GROUP, PROMPTS, STREAM, equal_rewards, prompt_pipeline
+from tests.capture._rl_loop import (
+    GROUP,
+    MAX_STALENESS,
+    PROMPTS,
+    STREAM,
+    equal_rewards,
+    prompt_pipeline,
+)
 from zephon.capture.ledger import PromptState
 from zephon.capture.rl import PromptSource
 from zephon.capture.stores import open_store
@@ -172,6 +179,9 @@ def test_every_prompt_is_trained_exactly_once_across_sigkills(
             else:
                 assert states == {PromptState.TRAINED}
                 assert refs <= set(trained)  # trained, and in the model
+                # Trained at step S with the weights of version S - 1: within the bound.
+                staleness = max(m.step - 1 for m in row.members) - row.weight_version
+                assert 0 <= staleness <= MAX_STALENESS
         steps = sorted({m.step for row in ledger.prompts for m in row.members if m.step >= 0})
         assert steps == list(range(1, model["step"] + 1))  # no step lost or repeated
 
