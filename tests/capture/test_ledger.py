@@ -291,3 +291,27 @@ def test_admit_reports_complete_groups_past_the_bound_as_stale_and_keeps_them() 
     assert got.stale == (0,)  # issued at 1, trained at 7: reported, never dropped
     with pytest.raises(ValueError, match="max_staleness >= 0 and limit >= 1"):
         ledger.admit(7, max_staleness=-1, limit=8)
+
+
+def test_overdue_members_are_filtered_so_a_stuck_rollout_cannot_stall_its_group() -> None:
+    ledger = StreamLedger(stream="s")
+    ledger.issue(0, "k0", None, 2, weight_version=3, started_at=100.0)
+    ledger.issue(1, "k1", None, 1, weight_version=4, started_at=150.0)
+    ledger.issue(2, "k2", None, 1)  # no start time: never overdue
+    _score_member(ledger, (0, 0))
+    assert ledger.overdue(now=160.0, cap_s=60.0) == [(0, 1, 0)]  # (0, 0) is scored already
+    assert ledger.admit(5, max_staleness=2, limit=8).wait_for is not None  # stalled at the bound
+    ledger.advance(ledger.overdue(now=160.0, cap_s=60.0), "filtered", reason="over the 60 s cap")
+    admitted = ledger.admit(5, max_staleness=2, limit=8)
+    assert [row.position for row in admitted.groups] == [0]
+    assert admitted.refs() == [(0, 0, 0)]
+    assert ledger.overdue(now=1e9, cap_s=60.0) == [(1, 0, 0)]
+    ledger.reissue((1, 0), 1, started_at=2e9)  # a new attempt starts its own clock
+    assert ledger.overdue(now=2e9 + 59, cap_s=60.0) == []
+    with pytest.raises(ValueError, match="cap above 0 seconds"):
+        ledger.overdue(now=0.0, cap_s=0)
+
+
+def _score_member(ledger: StreamLedger, ref: tuple[int, int]) -> None:
+    for to in ("captured", "scored"):
+        ledger.advance([ref], to)

@@ -85,6 +85,7 @@ def test_restart_hands_out_owed_prompts_first_then_continues_the_pipeline() -> N
         kept, fresh = r1.members
         assert kept.rollout_id == g1.members[0].rollout_id  # captured: resumed as it is
         assert (fresh.attempt, fresh.rollout_id) == (1, "s.p1.m1.a1")  # issued: new attempt
+        assert fresh.started_at >= g1.members[1].started_at > 0  # its cap clock restarts
         rest = await _drain(again, PROMPTS)
         assert [p for p, _, _ in rest] == list(range(5, PROMPTS))
         assert [k for _, k, _ in rest] == _uninterrupted_keys()[5:]

@@ -100,7 +100,8 @@ def member_rollout_id(stream: str, position: int, member: int, attempt: int = 0)
 
 class PromptMember(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One group member: its rollout id (per attempt) and state; ``step`` once trained,
-    ``reason`` and ``filtered_from`` once filtered."""
+    ``reason`` and ``filtered_from`` once filtered; ``started_at`` (Unix seconds, 0: not
+    given) when its current attempt was issued, for the wall-clock cap of :meth:`overdue`."""
 
     index: int
     rollout_id: str
@@ -109,6 +110,7 @@ class PromptMember(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     step: int = -1
     reason: str = ""
     filtered_from: PromptState | None = None
+    started_at: float = 0.0
 
     def passed(self, state: PromptState) -> bool:
         """Whether the member is in or went through ``state``."""
@@ -212,6 +214,21 @@ class StreamLedger(msgspec.Struct, kw_only=True):
         stale = tuple(r.position for r in groups if 0 <= r.weight_version < bound)
         return Admission(groups=groups, stale=stale)
 
+    def overdue(self, now: float, cap_s: float) -> list[MemberRef]:
+        """Members still generating (issued or captured) whose attempt started ``cap_s`` or
+        more seconds before ``now``, with their attempts: filter them (reason: the cap) so one
+        stuck rollout cannot stall its group; the decision is then in the ledger, so a replay
+        from it is exact although the clock is not. Members without ``started_at`` never are."""
+        if cap_s <= 0:
+            raise ValueError(f"overdue needs a cap above 0 seconds, got {cap_s}")
+        generating = (PromptState.ISSUED, PromptState.CAPTURED)
+        return [
+            (row.position, m.index, m.attempt)
+            for row in self.pending()
+            for m in row.members
+            if m.state in generating and 0 < m.started_at <= now - cap_s
+        ]
+
     def counts(self) -> dict[str, int]:
         """Members per state (every state named, zeros included)."""
         out = {s.value: 0 for s in PromptState}
@@ -252,6 +269,7 @@ class StreamLedger(msgspec.Struct, kw_only=True):
         n: int,
         cursor: Any = None,
         weight_version: int = -1,
+        started_at: float = 0.0,
     ) -> bool:
         """Record prompt ``position`` with ``n`` members and the pipeline ``cursor`` after it
         (a retry of the same prompt is a no-op and keeps what the first issue stored)."""
@@ -274,7 +292,11 @@ class StreamLedger(msgspec.Struct, kw_only=True):
                 f"{where}: the next position is {len(self.prompts)}; positions have no gaps"
             )
         members = tuple(
-            PromptMember(index=i, rollout_id=member_rollout_id(self.stream, position, i))
+            PromptMember(
+                index=i,
+                rollout_id=member_rollout_id(self.stream, position, i),
+                started_at=float(started_at),
+            )
             for i in range(n)
         )
         self.prompts.append(
@@ -349,7 +371,7 @@ class StreamLedger(msgspec.Struct, kw_only=True):
             )
         return msgspec.structs.replace(m, state=to, step=step if to is PromptState.TRAINED else -1)
 
-    def reissue(self, ref: MemberRef, attempt: int) -> bool:
+    def reissue(self, ref: MemberRef, attempt: int, started_at: float = 0.0) -> bool:
         """Give an issued (never captured) member attempt ``attempt`` (its current + 1) and the
         rollout id of that attempt; repeating the same re-issue is a no-op."""
         m = self.member(ref)
@@ -369,7 +391,10 @@ class StreamLedger(msgspec.Struct, kw_only=True):
         row = self.prompts[ref[0]]
         members = list(row.members)
         members[ref[1]] = msgspec.structs.replace(
-            m, attempt=attempt, rollout_id=member_rollout_id(self.stream, ref[0], ref[1], attempt)
+            m,
+            attempt=attempt,
+            rollout_id=member_rollout_id(self.stream, ref[0], ref[1], attempt),
+            started_at=float(started_at),
         )
         self.prompts[ref[0]] = msgspec.structs.replace(row, members=tuple(members))
         return True

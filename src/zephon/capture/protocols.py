@@ -287,6 +287,7 @@ class PromptLedger(Protocol):
         n: int = 1,
         cursor: Any = None,
         weight_version: int = -1,
+        started_at: float = 0.0,
     ) -> PromptRow: ...
 
     async def advance(
@@ -299,7 +300,9 @@ class PromptLedger(Protocol):
         reason: str = "",
     ) -> bool: ...
 
-    async def reissue(self, stream: str, ref: MemberRef, attempt: int) -> PromptMember: ...
+    async def reissue(
+        self, stream: str, ref: MemberRef, attempt: int, *, started_at: float = 0.0
+    ) -> PromptMember: ...
 
     async def stream_ledger(self, stream: str) -> StreamLedger: ...
 

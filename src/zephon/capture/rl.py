@@ -13,6 +13,7 @@ which steps to redo, none is trained twice.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -116,6 +117,7 @@ class PromptSource:
             n=self.n,
             cursor=self._pipeline.checkpoint(),
             weight_version=weight_version,
+            started_at=time.time(),
         )
         self._next += 1
         return PromptGroup(row.position, row.prompt_key, row.payload, row.members)
@@ -131,7 +133,9 @@ class PromptSource:
         for m in row.members:
             if m.state is PromptState.ISSUED:
                 # Never captured: the attempt may have died mid-generation; start a new one.
-                m = await self.store.reissue(self.stream, (row.position, m.index), m.attempt + 1)
+                m = await self.store.reissue(
+                    self.stream, (row.position, m.index), m.attempt + 1, started_at=time.time()
+                )
             members.append(m)
         return PromptGroup(row.position, row.prompt_key, row.payload, tuple(members), True)
 

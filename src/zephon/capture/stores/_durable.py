@@ -330,11 +330,12 @@ class DurableStore:
         n: int = 1,
         cursor: Any = None,
         weight_version: int = -1,
+        started_at: float = 0.0,
     ) -> PromptRow:
         """Record prompt ``position`` of ``stream`` (and the pipeline cursor after it)."""
 
         def op(ledger: StreamLedger) -> PromptRow:
-            ledger.issue(position, prompt_key, payload, n, cursor, weight_version)
+            ledger.issue(position, prompt_key, payload, n, cursor, weight_version, started_at)
             return ledger.prompts[position]
 
         row: PromptRow = await self._stream(stream, op)
@@ -356,11 +357,13 @@ class DurableStore:
         )
         return changed
 
-    async def reissue(self, stream: str, ref: MemberRef, attempt: int) -> PromptMember:
+    async def reissue(
+        self, stream: str, ref: MemberRef, attempt: int, *, started_at: float = 0.0
+    ) -> PromptMember:
         """Move an issued member to ``attempt`` (a fresh rollout id); returns the member."""
 
         def op(ledger: StreamLedger) -> PromptMember:
-            ledger.reissue(ref, attempt)
+            ledger.reissue(ref, attempt, started_at)
             return ledger.member(ref)
 
         member: PromptMember = await self._stream(stream, op)
