@@ -29,19 +29,19 @@ EXPECTED: dict[str, list[str]] = {
         "BuildNotes BuildOutput CallRecord CaptureAdmissionRefused "
         "CaptureHistoryUnrepresentable CaptureLedger CaptureLedgerCommit CaptureStore Chain "
         "ChainLink ConformanceError ConformanceReport ConformanceWarning EngineRefusalRecord "
-        "FINGERPRINT_VERSION FileStore IncrementalResolver LineageMatch LineageResolution "
-        "LineageResolver LogCorruptionError ManifestFailure MemoryStore ParentResolutionStatus "
-        "PostgresStore RolloutBuild RolloutLineage RolloutManifest RolloutRemoval "
-        "RolloutRetiredError STORE_SCHEMES SqliteStore SupportsBeginCall "
-        "SupportsCloseAdmissions SupportsEngineRefusal SupportsFailCall SupportsPeek "
-        "SupportsRefuseCall TerminalAttribution TokenCaptureFrozenError "
-        "TokenCaptureRequestRefused TokenCaptureRetiredError TokenCaptureSnapshot TokenEntry "
-        "TokenSink TokenSource Trajectory assistant_fingerprint attribute_terminal "
-        "build_rollout canonicalize_tool_arguments compute_digest conversation_digest "
-        "cumulative_tokens encode_token_ids install_lineage_store install_token_sink "
-        "install_token_source installed_lineage_store installed_token_sink "
-        "installed_token_source open_store prefix_merging run_conformance run_conformance_sync "
-        "stamp_continuation"
+        "FINGERPRINT_VERSION FileStore IncrementalResolver LedgerTransitionError LineageMatch "
+        "LineageResolution LineageResolver LogCorruptionError ManifestFailure MemoryStore "
+        "ParentResolutionStatus PostgresStore PromptLedger PromptState RolloutBuild "
+        "RolloutLineage RolloutManifest RolloutRemoval RolloutRetiredError RolloutScore "
+        "STORE_SCHEMES SqliteStore StreamLedger SupportsBeginCall SupportsCloseAdmissions "
+        "SupportsEngineRefusal SupportsFailCall SupportsPeek SupportsRefuseCall SupportsScores "
+        "TerminalAttribution TokenCaptureFrozenError TokenCaptureRequestRefused "
+        "TokenCaptureRetiredError TokenCaptureSnapshot TokenEntry TokenSink TokenSource "
+        "Trajectory assistant_fingerprint attribute_terminal build_rollout "
+        "canonicalize_tool_arguments compute_digest conversation_digest cumulative_tokens "
+        "encode_token_ids install_lineage_store install_token_sink install_token_source "
+        "installed_lineage_store installed_token_sink installed_token_source open_store "
+        "prefix_merging run_conformance run_conformance_sync stamp_continuation"
     ),
     "zephon.capture.builder": _names(
         "BuildNotes BuildOutput Chain ChainLink RolloutBuild TerminalAttribution Trajectory "
@@ -52,6 +52,10 @@ EXPECTED: dict[str, list[str]] = {
         "run_conformance run_conformance_sync"
     ),
     "zephon.capture.dataset": _names("CaptureSource RetirementReport TrajectoryShard"),
+    "zephon.capture.ledger": _names(
+        "Admission LedgerTransitionError MAX_STREAM_CHARS MemberRef PromptMember PromptRow "
+        "PromptState StreamLedger member_rollout_id validate_stream"
+    ),
     "zephon.capture.lineage": _names(
         "EntryFetch FINGERPRINT_VERSION IncrementalResolver LineageNode RolloutLineage "
         "assistant_fingerprint canonicalize_tool_arguments chain_hint_item conversation_digest "
@@ -60,18 +64,20 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.capture.protocols": _names(
         "CaptureAdmissionRefused CaptureHistoryUnrepresentable CaptureLedger CaptureStore "
-        "LineageMatch LineageResolution LineageResolver RolloutRetiredError SupportsBeginCall "
-        "SupportsCloseAdmissions SupportsEngineRefusal SupportsFailCall SupportsPeek "
-        "SupportsRefuseCall TokenCaptureFrozenError TokenCaptureRequestRefused "
-        "TokenCaptureRetiredError TokenSink TokenSource install_lineage_store "
-        "install_token_sink install_token_source installed_lineage_store installed_token_sink "
-        "installed_token_source"
+        "LineageMatch LineageResolution LineageResolver PromptLedger RolloutRetiredError "
+        "SupportsBeginCall SupportsCloseAdmissions SupportsEngineRefusal SupportsFailCall "
+        "SupportsPeek SupportsRefuseCall SupportsScores TokenCaptureFrozenError "
+        "TokenCaptureRequestRefused TokenCaptureRetiredError TokenSink TokenSource "
+        "install_lineage_store install_token_sink install_token_source installed_lineage_store "
+        "installed_token_sink installed_token_source"
     ),
     "zephon.capture.proxy": _names("CONFIG_ENV ProxyConfig create_app serve"),
     "zephon.capture.proxy.app": _names(
         "CAPTURE_SEGMENT CAPTURE_TOKEN_HEADER CONTROL_PREFIX create_app create_app_from_env"
     ),
     "zephon.capture.proxy.server": _names("bind_socket exposure_problem serve"),
+    "zephon.capture.rl": _names("PromptGroup PromptSource"),
+    "zephon.capture.scores": _names("RolloutScore"),
     "zephon.capture.records": _names(
         "CallRecord CaptureLedgerCommit DIGEST_VERSION EngineRefusalRecord FINGERPRINT_VERSION "
         "GROUP_FIELD MAX_CALL_ID_CHARS MAX_TOKEN_ID ManifestFailure ParentResolutionStatus "

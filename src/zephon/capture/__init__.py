@@ -30,6 +30,7 @@ from zephon.capture.conformance import (
     run_conformance,
     run_conformance_sync,
 )
+from zephon.capture.ledger import LedgerTransitionError, PromptState, StreamLedger
 from zephon.capture.lineage import (
     FINGERPRINT_VERSION,
     IncrementalResolver,
@@ -54,6 +55,7 @@ from zephon.capture.records import (
     cumulative_tokens,
     encode_token_ids,
 )
+from zephon.capture.scores import RolloutScore
 from zephon.capture.stores import STORE_CLASSES, STORE_SCHEMES, LogCorruptionError, open_store
 
 
@@ -78,13 +80,17 @@ __all__ = [
     "ConformanceWarning",
     "EngineRefusalRecord",
     "IncrementalResolver",
+    "LedgerTransitionError",
     "LogCorruptionError",
     "ManifestFailure",
     "ParentResolutionStatus",
+    "PromptState",
     "RolloutBuild",
     "RolloutLineage",
     "RolloutManifest",
     "RolloutRemoval",
+    "RolloutScore",
+    "StreamLedger",
     "TerminalAttribution",
     "TokenCaptureSnapshot",
     "TokenEntry",

@@ -630,6 +630,8 @@ async def _check_lineage_named_chain_text(ctx: _Ctx) -> None:
     )
 
 
+from zephon.capture import _conformance_rl  # noqa: E402, F401 - registers the RL checks last
+
 NEEDS: dict[str, tuple[str, ...]] = {
     name: ("lineage",) for name in CHECKS if "lineage" in name and not name.startswith("ledger")
 }

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from zephon.capture.ledger import MemberRef, PromptMember, PromptRow, PromptState, StreamLedger
 from zephon.capture.records import (
     CaptureLedgerCommit,
     ParentResolutionStatus,
@@ -21,6 +22,7 @@ from zephon.capture.records import (
     TokenCaptureSnapshot,
     TokenEntry,
 )
+from zephon.capture.scores import RolloutScore
 from zephon.errors import ZephonError
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "LineageMatch",
     "LineageResolution",
     "LineageResolver",
+    "PromptLedger",
     "RolloutRetiredError",
     "SupportsBeginCall",
     "SupportsCloseAdmissions",
@@ -38,6 +41,7 @@ __all__ = [
     "SupportsFailCall",
     "SupportsPeek",
     "SupportsRefuseCall",
+    "SupportsScores",
     "TokenCaptureFrozenError",
     "TokenCaptureRequestRefused",
     "TokenCaptureRetiredError",
@@ -251,6 +255,59 @@ class SupportsPeek(Protocol):
 
 
 @runtime_checkable
+class SupportsScores(Protocol):
+    """Rewards attached to a captured rollout: validated, durable, read back by verifier.
+
+    One score per (rollout, verifier): identical re-put no-op, different ``ValueError``; a
+    rollout without entries is refused (``ValueError``), a retired one raises the retired
+    errors (:class:`TokenCaptureRetiredError` on put, :class:`RolloutRetiredError` on read).
+    """
+
+    async def put_score(self, score: RolloutScore) -> None: ...
+
+    async def scores(self, rollout_id: str) -> list[RolloutScore]: ...
+
+
+@runtime_checkable
+class PromptLedger(Protocol):
+    """The in-flight ledger of RL streams (see :mod:`zephon.capture.ledger` for the rules).
+
+    Every call is one atomic, durable transaction on the stream; a move that already happened
+    is a no-op (False), a contradicting one raises
+    :class:`~zephon.capture.ledger.LedgerTransitionError` and changes nothing.
+    """
+
+    async def issue_prompt(
+        self,
+        stream: str,
+        position: int,
+        *,
+        prompt_key: str,
+        payload: Any,
+        n: int = 1,
+        cursor: Any = None,
+        weight_version: int = -1,
+        started_at: float = 0.0,
+    ) -> PromptRow: ...
+
+    async def advance(
+        self,
+        stream: str,
+        refs: Sequence[MemberRef],
+        to: PromptState | str,
+        *,
+        step: int = -1,
+        reason: str = "",
+    ) -> bool: ...
+
+    async def reissue(
+        self, stream: str, ref: MemberRef, attempt: int, *, started_at: float = 0.0
+    ) -> PromptMember: ...
+
+    async def stream_ledger(self, stream: str) -> StreamLedger: ...
+
+
+@runtime_checkable
 class CaptureStore(
     TokenSink,
     TokenSource,
@@ -261,6 +318,8 @@ class CaptureStore(
     SupportsCloseAdmissions,
     SupportsRefuseCall,
     SupportsPeek,
+    SupportsScores,
+    PromptLedger,
     Protocol,
 ):
     """Everything a zephon store implements over one backend (what ``open_store`` returns)."""

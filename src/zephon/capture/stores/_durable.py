@@ -9,7 +9,9 @@ file lock or inside one transaction):
   poisoning sticks even though the call fails);
 * :meth:`DurableStore._freeze` - the same for ``freeze`` plus reading the snapshot's payloads;
 * :meth:`DurableStore._lineage_fetch` - the ``{call_id: key}`` map and selected entries, for
-  the incremental parent resolver of :mod:`zephon.capture.lineage`.
+  the incremental parent resolver of :mod:`zephon.capture.lineage`;
+* :meth:`DurableStore._stream_transact` - the same as ``_transact`` for one RL stream's prompt
+  ledger (:mod:`zephon.capture.ledger`), kept as one JSON value per stream.
 
 Everything else (argument checks, batches of capture keys, the async wrapping) lives here
 once. Blocking work runs in a dedicated thread pool (``offload="thread"``, the default: the
@@ -28,6 +30,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
+from zephon.capture.ledger import (
+    MemberRef,
+    PromptMember,
+    PromptRow,
+    PromptState,
+    StreamLedger,
+    validate_stream,
+)
 from zephon.capture.lineage import (
     IncrementalResolver,
     has_model_authored_item,
@@ -45,10 +55,11 @@ from zephon.capture.records import (
     validate_capture_keys,
     validate_rollout_id,
 )
+from zephon.capture.scores import RolloutScore
 from zephon.capture.stores._admit import admit_entry
 from zephon.capture.stores._state import RolloutState, Transition
 
-__all__ = ["Decide", "DurableStore", "Offload", "parse_offload"]
+__all__ = ["Decide", "DurableStore", "Offload", "StreamOp", "decide_stream", "parse_offload"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -81,8 +92,32 @@ def parse_offload(value: str | None, url: str) -> Offload:
     raise ValueError(f"capture store URL {url!r}: offload must be 'thread' or 'inline'")
 
 
+StreamOp = Callable[[StreamLedger], Any]
+
+
 def _keep(state: RolloutState, t: Transition[Any]) -> Any:
     return t.result
+
+
+def _member_ref(ref: Any) -> MemberRef:
+    """``ref`` as a tuple of 2 or 3 ints, or a ValueError saying what a ref is."""
+    if not isinstance(ref, tuple | list) or len(ref) not in (2, 3):
+        raise ValueError(
+            f"member ref {ref!r} is invalid: use (position, member) or (position, member, attempt)"
+        )
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in ref):
+        raise ValueError(f"member ref {ref!r} is invalid: its parts must be integers")
+    return tuple(ref)  # type: ignore[return-value]
+
+
+def decide_stream(stream: str, stored: bytes | None, op: StreamOp) -> tuple[bytes | None, Any]:
+    """Run ``op`` on the stored ledger (or an empty one): ``(bytes to store or None when
+    nothing changed, op's result)``. An error of ``op`` propagates before anything is stored."""
+    ledger = StreamLedger.from_json(stored) if stored else StreamLedger(stream=stream)
+    before = stored or b""
+    result = op(ledger)
+    after = ledger.to_json()
+    return (None if after == before or (not stored and not ledger.prompts) else after), result
 
 
 class DurableStore:
@@ -120,6 +155,12 @@ class DurableStore:
     ) -> tuple[Mapping[str, str], Sequence[TokenEntry]]:
         """Under the rollout's read lock: the ``{call_id: entry key}`` map and the entries of
         the call ids ``select(map)`` picks (see :data:`zephon.capture.lineage.EntryFetch`)."""
+        raise NotImplementedError
+
+    def _stream_transact(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
+        """Under the stream's lock (exclusive for writes): load its ledger bytes, run
+        :func:`decide_stream`, store the new bytes durably when there are any, return the
+        result (a read must not change the ledger)."""
         raise NotImplementedError
 
     def _close(self) -> None:
@@ -257,6 +298,81 @@ class DurableStore:
 
     async def refuse_call(self, rollout_id: str, model_call_id: str) -> None:
         await self._decide(rollout_id, lambda s: s.refuse_call(model_call_id))
+
+    # -- scores ---------------------------------------------------------------------------
+
+    async def put_score(self, score: RolloutScore) -> None:
+        """Attach ``score`` to its rollout, durably; identical re-put no-op, different refused."""
+        if not isinstance(score, RolloutScore):
+            raise TypeError(f"put_score needs a RolloutScore, got {type(score).__name__}")
+        score.validate()
+        canonical = score.canonical_bytes()
+        await self._decide(score.rollout_id, lambda s: s.put_score(score.verifier, canonical))
+
+    async def scores(self, rollout_id: str) -> list[RolloutScore]:
+        """The rollout's scores, by verifier name (RolloutRetiredError once retired)."""
+        raw: list[bytes] = await self._decide(rollout_id, lambda s: s.read_scores(), write=False)
+        return [RolloutScore.from_json(b) for b in raw]
+
+    # -- prompt ledger ----------------------------------------------------------------------
+
+    async def _stream(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
+        validate_stream(stream)
+        return await self._run(functools.partial(self._stream_transact, stream, op, write=write))
+
+    async def issue_prompt(
+        self,
+        stream: str,
+        position: int,
+        *,
+        prompt_key: str,
+        payload: Any,
+        n: int = 1,
+        cursor: Any = None,
+        weight_version: int = -1,
+        started_at: float = 0.0,
+    ) -> PromptRow:
+        """Record prompt ``position`` of ``stream`` (and the pipeline cursor after it)."""
+
+        def op(ledger: StreamLedger) -> PromptRow:
+            ledger.issue(position, prompt_key, payload, n, cursor, weight_version, started_at)
+            return ledger.prompts[position]
+
+        row: PromptRow = await self._stream(stream, op)
+        return row
+
+    async def advance(
+        self,
+        stream: str,
+        refs: Sequence[MemberRef],
+        to: PromptState | str,
+        *,
+        step: int = -1,
+        reason: str = "",
+    ) -> bool:
+        """Move the members ``refs`` to ``to`` in one transaction; False if all were there."""
+        checked = [_member_ref(ref) for ref in refs]
+        changed: bool = await self._stream(
+            stream, lambda led: led.advance(checked, to, step=step, reason=reason)
+        )
+        return changed
+
+    async def reissue(
+        self, stream: str, ref: MemberRef, attempt: int, *, started_at: float = 0.0
+    ) -> PromptMember:
+        """Move an issued member to ``attempt`` (a fresh rollout id); returns the member."""
+
+        def op(ledger: StreamLedger) -> PromptMember:
+            ledger.reissue(ref, attempt, started_at)
+            return ledger.member(ref)
+
+        member: PromptMember = await self._stream(stream, op)
+        return member
+
+    async def stream_ledger(self, stream: str) -> StreamLedger:
+        """The stream's whole ledger (empty for a stream nobody issued to)."""
+        ledger: StreamLedger = await self._stream(stream, lambda led: led, write=False)
+        return ledger
 
     # -- lineage ----------------------------------------------------------------------------
 

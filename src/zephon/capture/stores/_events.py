@@ -33,6 +33,7 @@ __all__ = [
     "Refusal",
     "RefuseCall",
     "Retire",
+    "Score",
     "decode_event",
     "encode_event",
     "event_from_builtins",
@@ -132,6 +133,13 @@ class RefuseCall(_Event, tag="refuse_call", frozen=True):
     call_id: str
 
 
+class Score(_Event, tag="score", frozen=True):
+    """A verifier's score of the rollout: its canonical JSON (a :class:`RolloutScore`)."""
+
+    verifier: str
+    score: msgspec.Raw
+
+
 Event = (
     Put
     | Intent
@@ -144,6 +152,7 @@ Event = (
     | LedgerFailure
     | CloseAdmissions
     | RefuseCall
+    | Score
 )
 
 _EVENT_DECODER: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)  # type: ignore[arg-type]

@@ -32,7 +32,13 @@ from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from zephon.capture.records import TokenCaptureSnapshot, TokenEntry
-from zephon.capture.stores._durable import Decide, DurableStore, Offload, parse_offload
+from zephon.capture.stores._durable import (
+    Decide,
+    DurableStore,
+    Offload,
+    StreamOp,
+    parse_offload,
+)
 from zephon.capture.stores._events import (
     LOST_TAIL,
     Delete,
@@ -52,6 +58,7 @@ from zephon.capture.stores._filelog import (
     parse_head,
     slot_line,
 )
+from zephon.capture.stores._filestream import stream_transact
 from zephon.capture.stores._fsio import OS_FS, FileSystem
 from zephon.capture.stores._fsutil import (
     LogCorruptionError,
@@ -501,6 +508,9 @@ class FileStore(DurableStore):
         write: bool = True,
     ) -> Any:
         return self._op(rollout_id, decide, lambda h, t: then(h.state, t), write=write)
+
+    def _stream_transact(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
+        return stream_transact(self.fs, self.directory, stream, op, write=write)
 
     def _freeze(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
         read: list[list[TokenEntry]] = []

@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from zephon.capture.records import TokenCaptureSnapshot, TokenEntry
-from zephon.capture.stores._durable import Decide, DurableStore
+from zephon.capture.stores._durable import Decide, DurableStore, StreamOp, decide_stream
 from zephon.capture.stores._events import Delete, Event, Put, Retire
 from zephon.capture.stores._state import RolloutState, Transition
 
@@ -33,6 +33,7 @@ class _Backend:
         self.payloads: dict[str, dict[str, TokenEntry]] = {}
         self.events: dict[str, list[Event]] = {}
         self.snapshots: dict[str, TokenCaptureSnapshot] = {}
+        self.streams: dict[str, bytes] = {}
 
 
 _BACKENDS: dict[str, _Backend] = {}
@@ -147,6 +148,16 @@ class MemoryStore(DurableStore):
     def _snapshot(self, state: RolloutState) -> TokenCaptureSnapshot:
         payloads = self._backend.payloads.get(state.rollout_id, {})
         return state.snapshot(payloads[cid] for cid in state.entry_keys)
+
+    def _stream_transact(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
+        b = self._backend
+        with b.lock:
+            new, result = decide_stream(stream, b.streams.get(stream), op)
+            if new is not None:
+                if not write:
+                    raise AssertionError(f"a read of stream {stream!r} changed its ledger")
+                b.streams[stream] = new
+            return result
 
     def _lineage_fetch(
         self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]

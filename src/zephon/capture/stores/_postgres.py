@@ -40,6 +40,10 @@ CREATE TABLE IF NOT EXISTS capture_entries (
     payload BYTEA NOT NULL,
     PRIMARY KEY (rollout_id, call_id)
 );
+CREATE TABLE IF NOT EXISTS capture_streams (
+    stream TEXT PRIMARY KEY,
+    ledger BYTEA NOT NULL
+);
 ALTER TABLE capture_entries ALTER COLUMN payload SET STORAGE EXTERNAL
 """
 
@@ -87,8 +91,10 @@ class PostgresStore(SqlStore):
             options["options"] = f"-c search_path={schema}"
         self._connect = functools.partial(psycopg.connect, dsn, autocommit=True, **options)
         self._conn = self._connect()
-        row = self._conn.execute("SELECT to_regclass('capture_entries')").fetchone()
-        if row is not None and row[0] is not None:
+        row = self._conn.execute(
+            "SELECT to_regclass('capture_entries'), to_regclass('capture_streams')"
+        ).fetchone()
+        if row is not None and row[0] is not None and (row[1] is not None or not create):
             return  # tables exist (the common case): skip the DDL and its lock
         if not create:
             self._conn.close()
@@ -143,6 +149,13 @@ class PostgresStore(SqlStore):
             "INSERT INTO capture_rollouts (rollout_id, state) VALUES (%b, %b) "
             "ON CONFLICT (rollout_id) DO NOTHING",
             (rollout_id, RolloutState.empty(rollout_id).to_json()),
+        )
+
+    def _lock_stream(self, cur: Cursor, stream: str) -> None:
+        cur.execute(
+            "INSERT INTO capture_streams (stream, ledger) VALUES (%b, %b) "
+            "ON CONFLICT (stream) DO NOTHING",
+            (stream, b""),
         )
 
     def _close(self) -> None:

@@ -5,6 +5,7 @@ Schema (same columns in both databases)::
     capture_rollouts(rollout_id PRIMARY KEY, state)          -- RolloutState JSON (the truth)
     capture_entries(rollout_id, call_id, payload, PRIMARY KEY (rollout_id, call_id))
                                                               -- canonical entry bytes
+    capture_streams(stream PRIMARY KEY, ledger)               -- StreamLedger JSON
 
 Every operation is one transaction: lock the rollout (sqlite: ``BEGIN IMMEDIATE``; postgres:
 ``SELECT ... FOR UPDATE`` on its row), load its state, let the pure state machine decide,
@@ -24,7 +25,13 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from zephon.capture.records import TokenCaptureSnapshot, TokenEntry, entry_key
-from zephon.capture.stores._durable import Decide, DurableStore, Offload
+from zephon.capture.stores._durable import (
+    Decide,
+    DurableStore,
+    Offload,
+    StreamOp,
+    decide_stream,
+)
 from zephon.capture.stores._events import Delete, Event, Put, Retire
 from zephon.capture.stores._state import RolloutState, Transition
 
@@ -60,6 +67,11 @@ class SqlStore(DurableStore):
 
     def _lock_row(self, cur: Cursor, rollout_id: str) -> None:
         """Create the rollout's row if needed and lock it for this transaction."""
+        raise NotImplementedError
+
+    def _lock_stream(self, cur: Cursor, stream: str) -> None:
+        """Create the stream's row (empty ledger) if needed; it is locked by the next
+        ``SELECT ... FOR UPDATE`` (postgres) or by the write transaction (sqlite)."""
         raise NotImplementedError
 
     def _q(self, sql: str) -> str:
@@ -146,6 +158,29 @@ class SqlStore(DurableStore):
         if t.error is not None:
             raise t.error
         return then(state, t)
+
+    def _stream_transact(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
+        sql = "SELECT ledger FROM capture_streams WHERE stream = ?"
+        with self._lock:
+            if not write:
+                with self._txn(False) as cur:
+                    cur.execute(self._q(sql), (stream,))
+                    row = cur.fetchone()
+                new, result = decide_stream(stream, None if row is None else bytes(row[0]), op)
+                if new is not None:
+                    raise AssertionError(f"a read of stream {stream!r} changed its ledger")
+                return result
+            with self._txn(True) as cur:
+                self._lock_stream(cur, stream)
+                cur.execute(self._q(sql + (" FOR UPDATE" if self._row_locks else "")), (stream,))
+                row = cur.fetchone()
+                new, result = decide_stream(stream, bytes(row[0]) or None, op)
+                if new is not None:
+                    cur.execute(
+                        self._q("UPDATE capture_streams SET ledger = ? WHERE stream = ?"),
+                        (new, stream),
+                    )
+            return result
 
     def _freeze(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
         with self._lock:

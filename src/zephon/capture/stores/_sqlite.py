@@ -38,6 +38,10 @@ CREATE TABLE IF NOT EXISTS capture_entries (
     call_id TEXT NOT NULL,
     payload BLOB NOT NULL,
     PRIMARY KEY (rollout_id, call_id)
+);
+CREATE TABLE IF NOT EXISTS capture_streams (
+    stream TEXT PRIMARY KEY,
+    ledger BLOB NOT NULL
 )
 """
 
@@ -133,6 +137,11 @@ class SqliteStore(SqlStore):
         cur.execute(
             "INSERT OR IGNORE INTO capture_rollouts (rollout_id, state) VALUES (?, ?)",
             (rollout_id, RolloutState.empty(rollout_id).to_json()),
+        )
+
+    def _lock_stream(self, cur: Cursor, stream: str) -> None:
+        cur.execute(
+            "INSERT OR IGNORE INTO capture_streams (stream, ledger) VALUES (?, ?)", (stream, b"")
         )
 
     def _close(self) -> None:

@@ -66,6 +66,7 @@ from zephon.capture.stores._events import (
     Refusal,
     RefuseCall,
     Retire,
+    Score,
 )
 
 __all__ = ["PutOutcome", "RolloutState", "Transition"]
@@ -133,6 +134,7 @@ class RolloutState(msgspec.Struct, kw_only=True):
     ledger_commits: dict[str, CaptureLedgerCommit] = msgspec.field(default_factory=dict)
     ledger_failures: list[tuple[str, str]] = msgspec.field(default_factory=list)
     refused_calls: dict[str, None] = msgspec.field(default_factory=dict)
+    scores: dict[str, bytes] = msgspec.field(default_factory=dict)
 
     # -- construction --------------------------------------------------------------------
 
@@ -261,6 +263,8 @@ class RolloutState(msgspec.Struct, kw_only=True):
             self.admissions_closed = True
         elif isinstance(event, RefuseCall):
             self.refused_calls[event.call_id] = None
+        elif isinstance(event, Score):
+            self.scores[event.verifier] = bytes(event.score)
         else:  # pragma: no cover - exhaustive
             raise TypeError(f"unknown capture event {event!r}")
 
@@ -544,6 +548,44 @@ class RolloutState(msgspec.Struct, kw_only=True):
         """A read-only look at the snapshot: refused once retired (its records are gone)."""
         fence = self._read_fence("read its snapshot")
         return Transition() if fence is None else _fail(fence)
+
+    # -- score decisions ----------------------------------------------------------------
+
+    def put_score(self, verifier: str, canonical: bytes) -> Transition[PutOutcome]:
+        """Attach a verifier's score (allowed after freeze: scoring follows capture)."""
+        if self.retired:
+            return _fail(
+                TokenCaptureRetiredError(
+                    f"rollout {self.rollout_id!r} is retired: its score by {verifier!r} is "
+                    "refused; score a rollout before retiring it"
+                )
+            )
+        if not self.entry_keys:
+            return _fail(
+                ValueError(
+                    f"rollout {self.rollout_id!r} has no captured entries: put its entries "
+                    f"before the score by {verifier!r}"
+                )
+            )
+        known = self.scores.get(verifier)
+        if known == canonical:
+            return Transition(result="duplicate")
+        if known is not None:
+            return _fail(
+                ValueError(
+                    f"rollout {self.rollout_id!r} already has a different score by "
+                    f"{verifier!r}; a verifier scores a rollout once (re-put the identical "
+                    "score, or use another verifier name)"
+                )
+            )
+        return Transition(events=(Score(verifier=verifier, score=msgspec.Raw(canonical)),))
+
+    def read_scores(self) -> Transition[list[bytes]]:
+        """The scores' canonical bytes by verifier name; refused once retired."""
+        fence = self._read_fence("read its scores")
+        if fence is not None:
+            return _fail(fence)
+        return Transition(result=[self.scores[v] for v in sorted(self.scores)])
 
     def read_has_rows(self) -> Transition[bool]:
         fence = self._read_fence("check its ledger rows")

@@ -13,6 +13,7 @@ asserts the expected check failed. Parametrise a test over :data:`MUTATIONS`::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import math
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from typing import Any
 import msgspec
 
 from zephon.capture.conformance import ConformanceReport, run_conformance
+from zephon.capture.ledger import LedgerTransitionError
 from zephon.capture.protocols import (
     RolloutRetiredError,
     TokenCaptureFrozenError,
@@ -261,6 +263,68 @@ class ChainHintIgnored(Wrapper):
         return await self._inner.resolve(rollout_id, request_items)
 
 
+class TrainedTwiceAccepted(Wrapper):
+    """A member already trained at another step is reported trained again (a lost update)."""
+
+    async def advance(self, stream: str, refs: Any, to: Any, **kw: Any) -> bool:
+        try:
+            changed: bool = await self._inner.advance(stream, refs, to, **kw)
+        except LedgerTransitionError:
+            if str(to) != "trained":
+                raise
+            return True
+        return changed
+
+
+class SkippedStateAccepted(Wrapper):
+    """A move that skips states walks through them instead of being refused."""
+
+    async def advance(self, stream: str, refs: Any, to: Any, **kw: Any) -> bool:
+        order = ["captured", "scored", "trained"]
+        if str(to) in order:
+            for earlier in order[: order.index(str(to))]:
+                for ref in refs:
+                    with contextlib.suppress(LedgerTransitionError):
+                        await self._inner.advance(stream, [ref], earlier)
+        changed: bool = await self._inner.advance(stream, refs, to, **kw)
+        return changed
+
+
+class BatchNotAtomic(Wrapper):
+    """A batch is moved member by member, so a refused member leaves the others moved."""
+
+    async def advance(self, stream: str, refs: Any, to: Any, **kw: Any) -> bool:
+        changed = False
+        for ref in refs:
+            changed = await self._inner.advance(stream, [ref], to, **kw) or changed
+        return changed
+
+
+class AttemptIgnored(Wrapper):
+    """Moves drop the attempt of their refs, so an abandoned attempt's worker moves the new one."""
+
+    async def advance(self, stream: str, refs: Any, to: Any, **kw: Any) -> bool:
+        changed: bool = await self._inner.advance(stream, [r[:2] for r in refs], to, **kw)
+        return changed
+
+
+class CursorNotKept(Wrapper):
+    """The pipeline cursor issued with a prompt is not stored (a restart re-draws prompts)."""
+
+    async def issue_prompt(self, stream: str, position: int, **kw: Any) -> Any:
+        kw["cursor"] = None
+        return await self._inner.issue_prompt(stream, position, **kw)
+
+
+class NonFiniteScoreAccepted(Wrapper):
+    """A NaN or infinite reward is stored as 0.0 instead of being refused."""
+
+    async def put_score(self, score: Any) -> None:
+        if not math.isfinite(score.reward):
+            score = msgspec.structs.replace(score, reward=0.0)
+        await self._inner.put_score(score)
+
+
 @dataclass(frozen=True)
 class Mutation:
     name: str
@@ -412,6 +476,42 @@ MUTATIONS: dict[str, Mutation] = {
             "a failed drop keeps the evidence",
             "conditional_retirement",
             StaleDropDestroysEvidence,
+        ),
+        Mutation(
+            "trained_twice_accepted",
+            "a member is trained at one step only",
+            "prompt_ledger_transitions",
+            TrainedTwiceAccepted,
+        ),
+        Mutation(
+            "skipped_state_accepted",
+            "ledger states are not skipped",
+            "prompt_ledger_transitions",
+            SkippedStateAccepted,
+        ),
+        Mutation(
+            "batch_not_atomic",
+            "a batch of ledger moves is all or none",
+            "prompt_ledger_transitions",
+            BatchNotAtomic,
+        ),
+        Mutation(
+            "attempt_ignored",
+            "a move of a re-issued attempt is refused",
+            "prompt_ledger_reissue",
+            AttemptIgnored,
+        ),
+        Mutation(
+            "cursor_not_kept",
+            "the pipeline cursor is stored with its prompt",
+            "prompt_ledger_issue",
+            CursorNotKept,
+        ),
+        Mutation(
+            "non_finite_score_accepted",
+            "scores are finite numbers",
+            "rollout_scores",
+            NonFiniteScoreAccepted,
         ),
         Mutation(
             "chain_hint_ignored",
