@@ -96,6 +96,8 @@ PRIVATE_ALLOWED = {
     ("cli/_convert.py", "zephon.convert._plan"): "the default of --documents-per-shard",
     ("convert/_driver.py", "zephon.io._converted"): "convert writes the format io reads",
     ("convert/_shard.py", "zephon.io._converted"): "convert writes the format io reads",
+    ("convert/_out.py", "zephon.io._converted"): "convert writes the format io reads",
+    ("convert/_out.py", "zephon.io._paths"): "OUT is resolved as io resolves a dataset's URL",
     ("convert/_shard.py", "zephon.io._megatron"): "convert writes the format io reads",
 }
 """``(module, private module it imports from outside that one's package): why``."""
