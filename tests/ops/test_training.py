@@ -175,7 +175,6 @@ def test_hf_loss_of_a_real_llama_equals_the_per_document_loss():
     assert torch.allclose(packed, total / count, rtol=1e-6, atol=0)
 
 
-
 def _token_view(tmp_path, view: str, per_item: int):
     """``token_packs`` or ``token_chunks`` (with positions) of one Megatron file, seeded."""
     from tests.io._token_writers import documents, write_megatron
