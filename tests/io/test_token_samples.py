@@ -131,6 +131,26 @@ def test_packed_items_are_the_rows_of_the_same_order_stacked(tmp_path: Path, see
         assert item["cu_seqlens"].tolist() == [*cu, len(mine) * L]
 
 
+def test_big_endian_tokens_give_the_samples_little_endian_ones_give(tmp_path: Path) -> None:
+    docs = documents(80, seed=3, lo=1, hi=2 * L)
+    views = []
+    for order in "<>":
+        folder = tmp_path / ("le" if order == "<" else "be")
+        write_npy_raw(folder / "part-0.npy", docs, f"{order}u2", metadata=True)
+        ds = Dataset.from_path(folder, format_options={"token_dtype": f"{order}u2"})
+        views.append((token_chunks(ds, L, rows_per_item=2), token_packs(ds, L, rows_per_item=2)))
+    assert views[1][0].shards[0].file.dtype.byteorder == ">"
+    for little, big in zip(*views, strict=True):
+        items = list(range(little.counts()[0]))
+        assert [x["input_ids"].tolist() for x in big.read(0, items)] == [
+            x["input_ids"].tolist() for x in little.read(0, items)
+        ]
+    assert (
+        views[0][0].read(0, [0])[0]["input_ids"][0].tolist()
+        == np.concatenate(docs)[: L + 1].tolist()
+    )
+
+
 def test_views_refuse_other_datasets_and_bad_lengths(corpus: Any) -> None:
     ds, _ = corpus
     with pytest.raises(ConfigError, match="not a pre-tokenized file"):
