@@ -333,7 +333,7 @@ def _copy_spans(
             out[d : d + n] = file.read_tokens(s, s + n)
     elif tokens.dtype.isnative:
         # A memoryview slice costs about half an array slice, and an item is many slices.
-        src, dst = memoryview(tokens), memoryview(out)
+        src, dst = tokens.data, out.data
         for d, s, n in spans:
             dst[d : d + n] = src[s : s + n]
     else:  # memoryviews refuse byte-swapped formats
