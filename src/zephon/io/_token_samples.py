@@ -248,19 +248,18 @@ class TokenPackShard(_ViewShard):
 
     def read_item(self, item: int) -> Row:
         plan, L, file = self.plan(), self.seq_length, self.file
-        B = min(self.rows_per_item, self.samples - item * self.rows_per_item)
+        row = item * self.rows_per_item
+        used = plan.used[row : row + self.rows_per_item].copy()
+        B = len(used)
         a, z = plan.piece_at[item], plan.piece_at[item + 1]
         ids = np.full((B, L), self.pad_id, dtype=file.dtype)
         _copy_spans(file, ids.reshape(-1), plan.dest[a:z], plan.src[a:z], plan.length[a:z])
         cu = plan.cu[plan.cu_at[item] : plan.cu_at[item + 1]].copy()
-        # Position ids restart at every segment: one vectorised pass over the whole item.
-        pos = _ramp(B * L) - np.repeat(cu[:-1], np.diff(cu))
-        row = item * self.rows_per_item
         item_row: Row = {
             INPUT_IDS: ids,
-            POSITION_IDS: pos.reshape(B, L),
+            POSITION_IDS: _restarting(cu).reshape(B, L),
             CU_SEQLENS: cu,
-            NUM_TOKENS: plan.used[row : row + B].copy(),
+            NUM_TOKENS: used,
         }
         if self.rows_per_item == 1:
             item_row = {k: v[0] if k != CU_SEQLENS else v for k, v in item_row.items()}
@@ -314,6 +313,14 @@ def _ramp(n: int) -> np.ndarray:
     if found is None:
         found = _RAMPS[n] = np.arange(n, dtype=np.int32)
     return found
+
+
+def _restarting(cu: np.ndarray) -> np.ndarray:
+    """Position ids ``0, 1, ...`` restarting at every bound of ``cu``: one vectorised pass
+    (a loop over segments would cost a step per document)."""
+    starts = np.repeat(cu[:-1], np.diff(cu))
+    np.subtract(_ramp(int(cu[-1])), starts, out=starts)
+    return starts
 
 
 def _copy_spans(
