@@ -20,10 +20,11 @@ Samples never cross files; a file's last partial window is not a sample.
 
 from __future__ import annotations
 
+import itertools
 import posixpath
 import zlib
 from bisect import bisect_left, insort
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -144,7 +145,8 @@ class TokenChunkShard(_ViewShard):
         L, w = self.seq_length, self.width
         starts = (samples * L).tolist()
         out = np.empty((len(starts), w), dtype=self.file.dtype)
-        _copy_spans(self.file, out.reshape(-1), np.arange(len(starts)) * w, samples * L, w)
+        spans = zip(range(0, len(starts) * w, w), starts, itertools.repeat(w))
+        _copy_spans(self.file, out.reshape(-1), spans)
         if self.rows_per_item == 1 and not self.positions:
             return {INPUT_IDS: out[0]}
         row: Row = {INPUT_IDS: out}
@@ -190,14 +192,12 @@ def best_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
 @dataclass(frozen=True)
 class _PackPlan:
     """A file's packed rows laid out item by item, in item order: the pieces of item ``i``
-    are ``[piece_at[i], piece_at[i + 1])`` (token offset, length and place in the item's flat
-    block) and its ``cu_seqlens`` are ``[cu_at[i], cu_at[i + 1])`` of ``cu``. Reading an item
-    is then a slice copy per piece and no other per-row work."""
+    are rows ``[piece_at[i], piece_at[i + 1])`` of ``spans`` (place in the item's flat block,
+    token offset, length) and its ``cu_seqlens`` are ``[cu_at[i], cu_at[i + 1])`` of ``cu``.
+    Reading an item is then a slice copy per piece and no other per-row work."""
 
     piece_at: list[int]
-    src: np.ndarray
-    length: np.ndarray
-    dest: np.ndarray
+    spans: np.ndarray  # (pieces, 3): place in the item's block, token offset, length
     cu_at: list[int]
     cu: np.ndarray
     used: np.ndarray
@@ -253,7 +253,7 @@ class TokenPackShard(_ViewShard):
         B = len(used)
         a, z = plan.piece_at[item], plan.piece_at[item + 1]
         ids = np.full((B, L), self.pad_id, dtype=file.dtype)
-        _copy_spans(file, ids.reshape(-1), plan.dest[a:z], plan.src[a:z], plan.length[a:z])
+        _copy_spans(file, ids.reshape(-1), plan.spans[a:z].tolist())
         cu = plan.cu[plan.cu_at[item] : plan.cu_at[item + 1]].copy()
         item_row: Row = {
             INPUT_IDS: ids,
@@ -295,9 +295,7 @@ def _pack_plan(
     piece_at = np.searchsorted(row_of, np.arange(items + 1) * per_item)
     return _PackPlan(
         piece_at=piece_at.tolist(),
-        src=starts[pieces],
-        length=length,
-        dest=dest,
+        spans=np.stack((dest, starts[pieces], length), axis=1),
         cu_at=cu_at.tolist(),
         cu=seg_at[seg].astype(np.int32),
         used=used,
@@ -323,18 +321,10 @@ def _restarting(cu: np.ndarray) -> np.ndarray:
     return starts
 
 
-def _copy_spans(
-    file: TokenFile,
-    out: np.ndarray,
-    dest: np.ndarray,
-    starts: np.ndarray,
-    lengths: np.ndarray | int,
-) -> None:
-    """``out[d:d+n] = tokens[s:s+n]`` for every span (``lengths`` an array or one int),
-    straight from the memmap when the file is local."""
+def _copy_spans(file: TokenFile, out: np.ndarray, spans: Iterable[Sequence[int]]) -> None:
+    """``out[d:d+n] = tokens[s:s+n]`` for every span ``(d, s, n)``, straight from the memmap
+    when the file is local."""
     tokens = file.tokens()
-    ns = [lengths] * len(starts) if isinstance(lengths, int) else lengths.tolist()
-    spans = zip(dest.tolist(), starts.tolist(), ns, strict=True)
     if tokens is None:
         for d, s, n in spans:
             out[d : d + n] = file.read_tokens(s, s + n)
