@@ -1,8 +1,12 @@
 """Turn a :class:`~zephon.types.SampleBatch` into model inputs: ``batch.to_training(...)``.
 
 Works on flat packed records (``pack_flat``: equal-length rows with ``positions`` and
-``document_ids``) and on plain tokenized records (right-padded to the longest row with
-``pad_token_id``). Everything is built with vectorised numpy over the whole ``[B, S]`` batch.
+``document_ids``), on plain tokenized records (right-padded to the longest row with
+``pad_token_id``) and on the pre-tokenized sample views' records (``token_packs``,
+``token_chunks``): a record of ``(B, S)`` arrays (``rows_per_item=B``) is ``B`` rows,
+``position_ids`` restart at every document and ``num_tokens`` counts each row's real tokens.
+Everything is built with vectorised numpy over the whole ``[B, S]`` batch: a record costs one
+copy of its block, never a step per row.
 
 Returned keys (numpy arrays, or torch tensors with ``return_tensors="pt"``):
 
@@ -55,6 +59,10 @@ if TYPE_CHECKING:
 __all__ = ["CONVENTIONS", "TOKEN_FIELDS", "TrainingOptions", "to_training", "training_arrays"]
 
 CONVENTIONS = ("shifted", "hf")
+#: Per-token position fields a record may carry: ``pack_flat``'s, then the token views'.
+POSITION_FIELDS = ("positions", "position_ids")
+#: Real tokens per row (the rest is padding), as ``token_packs`` gives them.
+NUM_TOKENS = "num_tokens"
 
 
 def _tokens_field(payload: Any, tokens_field: str) -> str:
@@ -82,10 +90,26 @@ def _padding_length(record: Any) -> int:
     return int(packing.get("padding_length", 0))
 
 
-def _stack(rows: Sequence[np.ndarray], width: int, fill: Any, dtype: Any) -> np.ndarray:
-    out = np.full((len(rows), width), fill, dtype=dtype)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row
+def _blocks(records: Sequence[SampleRecord], field: str) -> list[np.ndarray]:
+    """``field`` of every record as a 2-D block: a ``(S,)`` row is a block of one row, a
+    ``(B, S)`` item (the token views' ``rows_per_item``) a block of ``B`` rows."""
+    out = []
+    for r in records:
+        a = np.asarray(r.payload[field])
+        out.append(a if a.ndim == 2 else a.reshape(1, -1))
+    return out
+
+
+def _stack(blocks: Sequence[np.ndarray], width: int, fill: Any, dtype: Any) -> np.ndarray:
+    """The blocks' rows one under the other, right-padded with ``fill`` to ``width``: one
+    concatenation when they are all ``width`` wide, else one copy per block."""
+    if all(b.shape[1] == width for b in blocks):
+        return np.concatenate(blocks, dtype=dtype, casting="unsafe")
+    out = np.full((sum(len(b) for b in blocks), width), fill, dtype=dtype)
+    at = 0
+    for b in blocks:
+        out[at : at + len(b), : b.shape[1]] = b
+        at += len(b)
     return out
 
 
@@ -132,39 +156,56 @@ class _Rows:
 
     def stacked(self, field: str, fill: Any, dtype: Any) -> np.ndarray:
         """``field`` of every payload, right-padded with ``fill``."""
-        return _stack([np.asarray(r.payload[field]) for r in self.records], self.width, fill, dtype)
+        return _stack(_blocks(self.records, field), self.width, fill, dtype)
+
+
+def _real_tokens(records: Sequence[SampleRecord], blocks: Sequence[np.ndarray]) -> np.ndarray:
+    """Real tokens per row: the token views' ``num_tokens``, else the row less the padding
+    its packing metadata names."""
+    if NUM_TOKENS in records[0].payload:
+        counts = [np.asarray(r.payload[NUM_TOKENS]).reshape(-1) for r in records]
+        return np.concatenate(counts).astype(np.int64)
+    per_block = [b.shape[1] - _padding_length(r) for r, b in zip(records, blocks, strict=True)]
+    return np.repeat(np.array(per_block, dtype=np.int64), [len(b) for b in blocks])
 
 
 def _rows(records: Sequence[SampleRecord], opts: TrainingOptions) -> _Rows:
     name = _tokens_field(records[0].payload, opts.tokens_field)
-    rows = [np.asarray(r.payload[name]) for r in records]
-    lengths = np.array([len(r) for r in rows], dtype=np.int64)
-    width = int(lengths.max())
-    pads = np.array([_padding_length(r) for r in records], dtype=np.int64)
-    real = lengths - pads
-    if (lengths != width).any() and opts.pad_token_id is None:
+    blocks = _blocks(records, name)
+    width = max(b.shape[1] for b in blocks)
+    if opts.pad_token_id is None and any(b.shape[1] != width for b in blocks):
         raise ConfigError(
             "to_training: rows have different lengths (not packed with pack_flat); pass "
             "pad_token_id=... to right-pad them"
         )
+    real = _real_tokens(records, blocks)
     fill = 0 if opts.pad_token_id is None else opts.pad_token_id
-    input_ids = _stack(rows, width, fill, opts.dtype)
+    input_ids = _stack(blocks, width, fill, opts.dtype)
     padding_mask = np.arange(width)[None, :] >= real[:, None]
     return _Rows(records, input_ids, padding_mask, real)
 
 
-def _document_ids(rows: _Rows) -> np.ndarray:
-    if "document_ids" in rows.records[0].payload:
+def _document_ids(rows: _Rows, positions: np.ndarray) -> np.ndarray:
+    """The records' ``document_ids``; else a new document at every position reset when the
+    records give positions (the token views' ``position_ids``); else one per row."""
+    payload = rows.records[0].payload
+    if "document_ids" in payload:
         doc_ids = rows.stacked("document_ids", -1, np.int32)
-        doc_ids[rows.padding_mask] = -1
-        return doc_ids
-    return np.where(rows.padding_mask, -1, 0).astype(np.int32)
+    elif any(name in payload for name in POSITION_FIELDS):
+        starts = positions == 0
+        starts[:, 0] = True
+        doc_ids = (np.cumsum(starts, axis=1, dtype=np.int32) - 1).astype(np.int32)
+    else:
+        return np.where(rows.padding_mask, -1, 0).astype(np.int32)
+    doc_ids[rows.padding_mask] = -1
+    return doc_ids
 
 
 def _positions(rows: _Rows) -> np.ndarray:
     """Positions as the records give them (padding restarts at 0 as its own segment)."""
-    if "positions" in rows.records[0].payload:
-        return rows.stacked("positions", 0, np.int64)
+    for name in POSITION_FIELDS:
+        if name in rows.records[0].payload:
+            return rows.stacked(name, 0, np.int64)
     cols = np.arange(rows.width)
     positions = np.broadcast_to(cols, rows.input_ids.shape).copy()
     return np.where(rows.padding_mask, cols[None, :] - rows.real[:, None], positions)
@@ -218,8 +259,8 @@ def training_arrays(batch: SampleBatch, opts: TrainingOptions) -> dict[str, Any]
     if not records:
         raise ConfigError("to_training: the batch is empty")
     rows = _rows(records, opts)
-    doc_ids = _document_ids(rows)
     positions = _positions(rows)
+    doc_ids = _document_ids(rows, positions)
     if opts.position_mode == "sequence":
         positions_out = np.broadcast_to(np.arange(rows.width), positions.shape).astype(np.int64)
     else:

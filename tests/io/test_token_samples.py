@@ -114,6 +114,43 @@ def test_packs_hold_every_document_once_within_the_length(tmp_path: Path) -> Non
     assert used == total and packs.total() * 2 * L < total * 1.2  # best fit wastes little
 
 
+@pytest.mark.parametrize("seed", [None, 5])
+def test_packed_items_are_the_rows_of_the_same_order_stacked(tmp_path: Path, seed: Any) -> None:
+    docs = documents(201, seed=9, lo=1, hi=2 * L + 3)
+    write_megatron(tmp_path / "p", docs)
+    ds = Dataset.from_path(tmp_path)
+    rows = token_packs(ds, L, seed=seed, pad_id=3)
+    items = token_packs(ds, L, rows_per_item=3, seed=seed, pad_id=3)
+    one = rows.read(0, list(range(rows.counts()[0])))
+    assert rows.counts()[0] % 3 and items.counts()[0] == -(-len(one) // 3)
+    for i, item in enumerate(items.read(0, list(range(items.counts()[0])))):
+        mine = one[3 * i : 3 * i + 3]
+        for key in ("input_ids", "position_ids", "num_tokens"):
+            assert item[key].tolist() == [r[key].tolist() for r in mine], key
+        cu = [int(c) + k * L for k, r in enumerate(mine) for c in r["cu_seqlens"][:-1]]
+        assert item["cu_seqlens"].tolist() == [*cu, len(mine) * L]
+
+
+def test_big_endian_tokens_give_the_samples_little_endian_ones_give(tmp_path: Path) -> None:
+    docs = documents(80, seed=3, lo=1, hi=2 * L)
+    views = []
+    for order in "<>":
+        folder = tmp_path / ("le" if order == "<" else "be")
+        write_npy_raw(folder / "part-0.npy", docs, f"{order}u2", metadata=True)
+        ds = Dataset.from_path(folder, format_options={"token_dtype": f"{order}u2"})
+        views.append((token_chunks(ds, L, rows_per_item=2), token_packs(ds, L, rows_per_item=2)))
+    assert views[1][0].shards[0].file.dtype.byteorder == ">"
+    for little, big in zip(*views, strict=True):
+        items = list(range(little.counts()[0]))
+        assert [x["input_ids"].tolist() for x in big.read(0, items)] == [
+            x["input_ids"].tolist() for x in little.read(0, items)
+        ]
+    assert (
+        views[0][0].read(0, [0])[0]["input_ids"][0].tolist()
+        == np.concatenate(docs)[: L + 1].tolist()
+    )
+
+
 def test_views_refuse_other_datasets_and_bad_lengths(corpus: Any) -> None:
     ds, _ = corpus
     with pytest.raises(ConfigError, match="not a pre-tokenized file"):
@@ -132,7 +169,7 @@ def _build(ds: Dataset, **options: Any) -> Pipeline:
 
 
 def _key(batch: SampleBatch) -> Any:
-    return (batch.lane_id, [r.payload["input_ids"].tobytes() for r in batch.records])
+    return (batch.lane_id, tuple(r.payload["input_ids"].tobytes() for r in batch.records))
 
 
 def test_pipeline_resumes_exactly_and_delivers_every_window_once(corpus: Any) -> None:
@@ -148,25 +185,74 @@ def test_pipeline_resumes_exactly_and_delivers_every_window_once(corpus: Any) ->
     assert stopped == full
 
 
-@pytest.mark.parametrize("new_world", [1, 4])
-def test_elastic_resume_from_two_ranks(corpus: Any, new_world: int) -> None:
+def _views(ds: Dataset) -> dict[str, Dataset]:
+    """The views as training reads them: items of several rows, seeded, positions on."""
+    return {
+        "packs": token_packs(ds, L, rows_per_item=2, seed=7),
+        "chunks": token_chunks(ds, L, rows_per_item=3, seed=7, positions=True),
+    }
+
+
+@pytest.mark.parametrize("view", ["packs", "chunks"])
+def test_twenty_stops_and_restores_deliver_the_uninterrupted_run(corpus: Any, view: str) -> None:
     ds, _ = corpus
-    packs = token_packs(ds, L)
-    reference = sorted(_key(b) for b in _build(packs))
-    before, states = [], []
-    for rank in range(2):
-        pipe = _build(packs, dp_rank=rank, dp_world_size=2)
+    items = _views(ds)[view]
+    full = [_key(b) for b in _build(items)]
+    direct = [
+        x["input_ids"].tobytes()
+        for shard, n in enumerate(items.counts())
+        for x in items.read(shard, list(range(n)))
+    ]
+    assert Counter(x for _, b in full for x in b) == Counter(direct)  # every item once
+    stops = np.linspace(1, len(full) - 1, 20).astype(int).tolist()
+    assert len(set(stops)) == 20
+    assert run_with_stops(lambda: _build(items), _key, stops) == full
+
+
+def _rank_batches(
+    view: Dataset, world: int, take: int | None, state: dict[str, Any] | None = None
+) -> tuple[list[list[Any]], list[dict[str, Any]]]:
+    """Each rank's batches (the first ``take``, or all), restored from ``state`` when given,
+    and each rank's checkpoint through JSON."""
+    streams, states = [], []
+    for rank in range(world):
+        pipe = _build(view, dp_rank=rank, dp_world_size=world)
+        if state is not None:
+            pipe.restore(state)
         it = iter(pipe)
-        before += [_key(next(it)) for _ in range(5)]
+        streams.append([_key(b) for b in itertools.islice(it, take)])
         states.append(json.loads(json.dumps(pipe.checkpoint())))
         it.close()  # type: ignore[attr-defined]
+    return streams, states
+
+
+def _steps(streams: list[list[Any]], accum: int, count: int) -> list[frozenset[Any]]:
+    """The batches of each optimizer step: ``accum`` from every rank."""
+    return [
+        frozenset(b for s in streams for b in s[i * accum : (i + 1) * accum]) for i in range(count)
+    ]
+
+
+@pytest.mark.parametrize("view", ["packs", "chunks"])
+def test_elastic_resume_and_another_global_batch_deliver_every_sample_once(
+    corpus: Any, view: str
+) -> None:
+    ds, _ = corpus
+    items = _views(ds)[view]
+    reference, _ = _rank_batches(items, 2, None)  # 2 ranks, a global batch of 2
+    assert min(len(s) for s in reference) >= 9
+    steps = _steps(reference, 1, 9)
+    before, states = _rank_batches(items, 2, 5)
     merged = merge_checkpoints(states)
-    after = []
-    for rank in range(new_world):
-        pipe = _build(packs, dp_rank=rank, dp_world_size=new_world)
-        pipe.restore(merged)
-        after += [_key(b) for b in pipe]
-    assert sorted(before + after) == reference
+    everything = sorted(b for s in reference for b in s)
+    # 1 rank x grad-accum 2: the same global batch, the same steps
+    one, _ = _rank_batches(items, 1, None, merged)
+    assert _steps(one, 2, 4) == steps[5:9]
+    # 4 ranks: a global batch of 4, each step the batches of two steps of the 2-rank run
+    four, _ = _rank_batches(items, 4, None, merged)
+    assert _steps(four, 1, 2) == [steps[5] | steps[6], steps[7] | steps[8]]
+    for after in (one, four):
+        assert sorted(b for s in before + after for b in s) == everything
 
 
 def test_yaml_reads_token_files_as_samples(tmp_path: Path) -> None:

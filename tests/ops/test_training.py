@@ -173,3 +173,62 @@ def test_hf_loss_of_a_real_llama_equals_the_per_document_loss():
             total += torch.nn.functional.cross_entropy(logits[:-1], ids[0, 1:], reduction="sum")
             count += len(doc) - 1
     assert torch.allclose(packed, total / count, rtol=1e-6, atol=0)
+
+
+def _token_view(tmp_path, view: str, per_item: int):
+    """``token_packs`` or ``token_chunks`` (with positions) of one Megatron file, seeded."""
+    from tests.io._token_writers import documents, write_megatron
+    from zephon.io import token_chunks, token_packs
+
+    prefix = tmp_path / "tokens" / "part"
+    if not prefix.with_suffix(".idx").exists():
+        write_megatron(prefix, documents(90, seed=4, lo=1, hi=40))
+    ds = Dataset.from_path("t", prefix.parent)
+    if view == "packs":
+        return token_packs(ds, 16, rows_per_item=per_item, seed=2, pad_id=0)
+    return token_chunks(ds, 16, rows_per_item=per_item, seed=2, positions=True)
+
+
+def _records(payloads) -> SampleBatch:
+    return SampleBatch(
+        [SampleRecord(SampleMeta((0, 0, i), 0, 0, i), p) for i, p in enumerate(payloads)]
+    )
+
+
+def _same(a, b) -> None:
+    assert set(a) == set(b)
+    for key in a:
+        if isinstance(a[key], np.ndarray):
+            assert a[key].dtype == b[key].dtype and a[key].tolist() == b[key].tolist(), key
+        else:
+            assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("view", ["packs", "chunks"])
+@pytest.mark.parametrize(
+    "options", [{}, {"shift_labels": False}, {"convention": "hf"}, {"position_mode": "sequence"}]
+)
+def test_blocks_of_rows_train_as_the_same_rows_one_record_each(tmp_path, view, options):
+    blocks, rows = _token_view(tmp_path, view, 4), _token_view(tmp_path, view, 1)
+    last = blocks.counts()[0] - 1
+    assert rows.counts()[0] % 4 != 0  # the last item holds fewer rows
+    # items 1, 2 and the last are rows 4..11 and the last rows of the same seeded order
+    items = _records(blocks.read(0, [1, 2, last]))
+    one_each = _records(rows.read(0, [*range(4, 12), *range(4 * last, rows.counts()[0])]))
+    _same(items.to_training(**options), one_each.to_training(**options))
+
+
+def test_packed_blocks_keep_documents_and_padding_apart(tmp_path):
+    (item,) = _token_view(tmp_path, "packs", 4).read(0, [0])
+    t = _records([item]).to_training()
+    ids, pos, real = item["input_ids"].astype(np.int64), item["position_ids"], item["num_tokens"]
+    cols = np.arange(ids.shape[1])
+    assert t["padding_mask"].tolist() == (cols[None, :] >= real[:, None]).tolist()
+    assert t["positions"].tolist() == pos.tolist()
+    assert t["cu_seqlens"].tolist() == item["cu_seqlens"].tolist()
+    # a token's target is the next one when that is in the same document, not padding
+    same_doc = (pos[:, 1:] != 0) & (cols[None, 1:] < real[:, None])
+    expected = np.full(ids.shape, -100)
+    expected[:, :-1] = np.where(same_doc, ids[:, 1:], -100)
+    assert t["labels"].tolist() == expected.tolist()
+    assert t["num_valid_tokens"] == int(same_doc.sum()) < int(real.sum())

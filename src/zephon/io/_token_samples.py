@@ -20,10 +20,12 @@ Samples never cross files; a file's last partial window is not a sample.
 
 from __future__ import annotations
 
+import itertools
 import posixpath
 import zlib
 from bisect import bisect_left, insort
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -112,9 +114,9 @@ class _ViewShard(TokenFileShard):
 
     def read(self, indices: Sequence[int]) -> list[Row]:
         idx = checked_indices(indices, len(self), self.location)
-        return [self.read_item(self.item_samples(i)) for i in idx.tolist()]
+        return [self.read_item(i) for i in idx.tolist()]
 
-    def read_item(self, samples: np.ndarray) -> Row:
+    def read_item(self, item: int) -> Row:
         raise NotImplementedError
 
 
@@ -138,19 +140,21 @@ class TokenChunkShard(_ViewShard):
         samples = max(0, (file.n_tokens - extra) // seq_length)
         super().__init__(file, samples, rows_per_item, seed)
 
-    def read_item(self, samples: np.ndarray) -> Row:
+    def read_item(self, item: int) -> Row:
+        samples = self.item_samples(item)
         L, w = self.seq_length, self.width
         starts = (samples * L).tolist()
         out = np.empty((len(starts), w), dtype=self.file.dtype)
-        _copy_spans(self.file, out.reshape(-1), np.arange(len(starts)) * w, samples * L, w)
+        spans = zip(range(0, len(starts) * w, w), starts, itertools.repeat(w))
+        _copy_spans(self.file, out.reshape(-1), spans)
         if self.rows_per_item == 1 and not self.positions:
             return {INPUT_IDS: out[0]}
-        item: Row = {INPUT_IDS: out}
+        row: Row = {INPUT_IDS: out}
         if self.positions:
-            item.update(self._positions(starts))
+            row.update(self._positions(starts))
         if self.rows_per_item == 1:
-            item = {k: v[0] if k != CU_SEQLENS else v for k, v in item.items()}
-        return item
+            row = {k: v[0] if k != CU_SEQLENS else v for k, v in row.items()}
+        return row
 
     def _positions(self, starts: list[int]) -> dict[str, Any]:
         """Position ids that restart at every document start inside each window."""
@@ -185,10 +189,24 @@ def best_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
     return bins
 
 
+@dataclass(frozen=True)
+class _PackPlan:
+    """A file's packed rows laid out item by item, in item order: the pieces of item ``i``
+    are rows ``[piece_at[i], piece_at[i + 1])`` of ``spans`` (place in the item's flat block,
+    token offset, length) and its ``cu_seqlens`` are ``[cu_at[i], cu_at[i + 1])`` of ``cu``.
+    Reading an item is then a slice copy per piece and no other per-row work."""
+
+    piece_at: list[int]
+    spans: np.ndarray  # (pieces, 3): place in the item's block, token offset, length
+    cu_at: list[int]
+    cu: np.ndarray
+    used: np.ndarray
+
+
 class TokenPackShard(_ViewShard):
     """Documents of one token file packed into rows (see :func:`token_packs`)."""
 
-    _TRANSIENT: ClassVar[tuple[str, ...]] = ("_order",)
+    _TRANSIENT: ClassVar[tuple[str, ...]] = ("_order", "_plan")
 
     def __init__(
         self, file: TokenFile, seq_length: int, *, rows_per_item: int, seed: int | None, pad_id: int
@@ -211,39 +229,77 @@ class TokenPackShard(_ViewShard):
         np.cumsum(np.bincount(bins, minlength=len(self.bounds) - 1), out=self.bounds[1:])
         super().__init__(file, len(self.bounds) - 1, rows_per_item, seed)
 
-    def read_item(self, samples: np.ndarray) -> Row:
-        L, B, file = self.seq_length, len(samples), self.file
-        tokens = file.tokens()
-        ids = np.empty((B, L), dtype=file.dtype)
-        used = np.empty(B, dtype=np.int64)
-        cu: list[int] = []  # where each document piece (and each row's padding) starts
-        bounds = self.bounds
-        for row, b in enumerate(samples.tolist()):
-            lo, hi = int(bounds[b]), int(bounds[b + 1])
-            out, at = ids[row], 0
-            for s, n in zip(self.starts[lo:hi].tolist(), self.lengths[lo:hi].tolist(), strict=True):
-                out[at : at + n] = (
-                    tokens[s : s + n] if tokens is not None else file.read_tokens(s, s + n)
-                )
-                cu.append(row * L + at)
-                at += n
-            if at < L:  # the padding is a segment of its own
-                out[at:] = self.pad_id
-                cu.append(row * L + at)
-            used[row] = at
-        cu.append(B * L)
-        bounds_arr = np.array(cu, dtype=np.int32)
-        # Position ids restart at every segment: one vectorised pass over the whole item.
-        pos = _ramp(B * L) - np.repeat(bounds_arr[:-1], np.diff(bounds_arr))
-        item: Row = {
+    def _init_transient(self) -> None:
+        super()._init_transient()
+        self._plan: _PackPlan | None = None
+
+    def plan(self) -> _PackPlan:
+        """The item layout, built once per process on the first read (after ``order``)."""
+        if self._plan is None:
+            self._plan = _pack_plan(
+                self.order(),
+                self.bounds,
+                self.starts,
+                self.lengths,
+                self.seq_length,
+                self.rows_per_item,
+            )
+        return self._plan
+
+    def read_item(self, item: int) -> Row:
+        plan, L, file = self.plan(), self.seq_length, self.file
+        row = item * self.rows_per_item
+        used = plan.used[row : row + self.rows_per_item].copy()
+        B = len(used)
+        a, z = plan.piece_at[item], plan.piece_at[item + 1]
+        ids = np.full((B, L), self.pad_id, dtype=file.dtype)
+        _copy_spans(file, ids.reshape(-1), plan.spans[a:z].tolist())
+        cu = plan.cu[plan.cu_at[item] : plan.cu_at[item + 1]].copy()
+        item_row: Row = {
             INPUT_IDS: ids,
-            POSITION_IDS: pos.reshape(B, L),
-            CU_SEQLENS: bounds_arr,
+            POSITION_IDS: _restarting(cu).reshape(B, L),
+            CU_SEQLENS: cu,
             NUM_TOKENS: used,
         }
         if self.rows_per_item == 1:
-            item = {k: v[0] if k != CU_SEQLENS else v for k, v in item.items()}
-        return item
+            item_row = {k: v[0] if k != CU_SEQLENS else v for k, v in item_row.items()}
+        return item_row
+
+
+def _pack_plan(
+    order: np.ndarray,
+    bounds: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    width: int,
+    per_item: int,
+) -> _PackPlan:
+    """Lay the rows (bins ``order``, pieces ``[bounds[b], bounds[b + 1])``) out item by item."""
+    counts = np.diff(bounds)[order]
+    first = np.cumsum(counts) - counts  # each row's first piece, in the laid-out arrays
+    pieces = np.repeat(bounds[order] - first, counts) + np.arange(int(counts.sum()))
+    length = lengths[pieces]
+    begin = np.cumsum(length) - length  # where each piece starts in the laid-out stream
+    row_of = np.repeat(np.arange(len(order)), counts)
+    dest = (row_of % per_item) * width + begin - begin[first][row_of]
+    used = np.bincount(row_of, weights=length, minlength=len(order)).astype(np.int64)
+    # Segments: every piece, each row's padding (when it has any), and each item's end.
+    rows = np.arange(len(order))
+    items = -(-len(order) // per_item)
+    in_item = np.minimum(per_item, len(order) - np.arange(items) * per_item)
+    pad = used < width
+    seg_item = np.concatenate((row_of // per_item, rows[pad] // per_item, np.arange(items)))
+    seg_at = np.concatenate((dest, (rows[pad] % per_item) * width + used[pad], in_item * width))
+    seg = np.lexsort((seg_at, seg_item))
+    cu_at = np.searchsorted(seg_item[seg], np.arange(items + 1))
+    piece_at = np.searchsorted(row_of, np.arange(items + 1) * per_item)
+    return _PackPlan(
+        piece_at=piece_at.tolist(),
+        spans=np.stack((dest, starts[pieces], length), axis=1),
+        cu_at=cu_at.tolist(),
+        cu=seg_at[seg].astype(np.int32),
+        used=used,
+    )
 
 
 _RAMPS: dict[int, np.ndarray] = {}
@@ -257,15 +313,29 @@ def _ramp(n: int) -> np.ndarray:
     return found
 
 
-def _copy_spans(
-    file: TokenFile, out: np.ndarray, dest: np.ndarray, starts: np.ndarray, lengths: Any
-) -> None:
-    """``out[d:d+n] = tokens[s:s+n]`` for every span (``lengths`` an array or one int),
-    straight from the memmap when the file is local."""
+def _restarting(cu: np.ndarray) -> np.ndarray:
+    """Position ids ``0, 1, ...`` restarting at every bound of ``cu``: one vectorised pass
+    (a loop over segments would cost a step per document)."""
+    starts = np.repeat(cu[:-1], np.diff(cu))
+    np.subtract(_ramp(int(cu[-1])), starts, out=starts)
+    return starts
+
+
+def _copy_spans(file: TokenFile, out: np.ndarray, spans: Iterable[Sequence[int]]) -> None:
+    """``out[d:d+n] = tokens[s:s+n]`` for every span ``(d, s, n)``, straight from the memmap
+    when the file is local."""
     tokens = file.tokens()
-    ns = np.broadcast_to(lengths, starts.shape).tolist()
-    for d, s, n in zip(dest.tolist(), starts.tolist(), ns, strict=True):
-        out[d : d + n] = tokens[s : s + n] if tokens is not None else file.read_tokens(s, s + n)
+    if tokens is None:
+        for d, s, n in spans:
+            out[d : d + n] = file.read_tokens(s, s + n)
+    elif tokens.dtype.isnative:
+        # A memoryview slice costs about half an array slice, and an item is many slices.
+        src, dst = tokens.data, out.data
+        for d, s, n in spans:
+            dst[d : d + n] = src[s : s + n]
+    else:  # memoryviews refuse byte-swapped formats
+        for d, s, n in spans:
+            out[d : d + n] = tokens[s : s + n]
 
 
 def token_chunks(
