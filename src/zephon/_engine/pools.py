@@ -61,6 +61,7 @@ from zephon._engine.messages import (
     Unloaded,
     WorkerRequest,
 )
+from zephon._engine.projection import ProjectedOp
 from zephon._engine.stage import annotate, call_process_many, safe_annotate
 from zephon.errors import ConfigError, ZephonError
 from zephon.io import SourceStats, abandon_reads, io_totals
@@ -396,7 +397,7 @@ class _Worker:
         try:
             before = io_totals()
             out = call_process_many(op, elems)
-            counts = op.take_counts() if isinstance(op, FusedOp) else None
+            counts = op.take_counts() if isinstance(op, (FusedOp, ProjectedOp)) else None
             io = (io_totals() - before).to_dict()  # what reading this micro-batch cost
             reply = Ok(out, counts, io if any(io.values()) else None)
             data, _ = self.encoder.dumps(REPLIES.wire(reply))

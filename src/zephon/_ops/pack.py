@@ -421,7 +421,16 @@ class PackOpBase(BaseOp):
         return PackAccumulator(self)
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=False, parallelism=1, rebuild=Rebuild.REASSEMBLE)
+        """Bins are assembled on the driver thread: shipping a bin's segments to a worker
+        process and its packed row back costs the engine about three times what assembling
+        the row does (docs/architecture.md), and threads gain nothing on numpy calls this
+        small."""
+        return OpTraits(
+            preserves_cursor_order=False,
+            parallelism=1,
+            runs_in_driver=True,
+            rebuild=Rebuild.REASSEMBLE,
+        )
 
     def config(self) -> Mapping[str, Any]:
         return {
@@ -573,6 +582,33 @@ class PackFlatOp(PackOpBase):
             "emit_positions": self.emit_positions,
             "emit_document_ids": self.emit_document_ids,
         }
+
+    def input_projection(self) -> Callable[[Any], Any]:
+        return self._fields_read
+
+    def _fields_read(self, payload: Any) -> Any:
+        """The fields of ``payload`` that ``extract`` and ``group_key`` read, in payload
+        order (so ``extract`` gives the same result); ``payload`` itself when one is missing
+        or nothing is left out."""
+        if type(payload) is not dict:
+            return payload
+        name: str | None = self.tokens_field
+        if name == "auto":
+            name = next((n for n in TOKEN_FIELD_CANDIDATES if n in payload), None)
+        tokens = payload.get(name) if name is not None else None
+        if not isinstance(tokens, (np.ndarray, list)):
+            return payload
+        keep = {name}
+        if isinstance(self.groups, str):
+            keep.add(self.groups)
+        if self.aligned_fields is not None:
+            keep.update(self.aligned_fields)
+        if not keep.issubset(payload):
+            return payload
+        length = len(tokens)
+        auto = self.aligned_fields is None
+        out = {k: v for k, v in payload.items() if k in keep or (auto and _aligned(v, length))}
+        return payload if len(out) == len(payload) else out
 
     def extract(self, record: SampleRecord) -> tuple[Any, int]:
         payload = record.payload
