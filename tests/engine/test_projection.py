@@ -141,3 +141,21 @@ def test_projected_op_keeps_the_inner_operators_name_traits_and_config(hf_tokeni
 
 def _meta(i: int) -> SampleMeta:
     return SampleMeta((0, 0, i), 0, 0, i)
+
+
+@pytest.mark.timeout(120)
+def test_a_projected_fused_chain_still_reports_every_operators_counts(docs, hf_tokenizer_dir):
+    """The fused counts of worker processes come back through the projection."""
+
+    def counts(runner: str) -> dict[str, tuple[int, int, bool]]:
+        pipe = packed(docs, hf_tokenizer_dir, runner, 2)
+        list(pipe)
+        stats = pipe.stats()
+        assert stats is not None
+        return {
+            op.name: (op.elements_in, op.elements_out, op.worker_ns > 0) for op in stats.operators
+        }
+
+    process = counts("process")
+    assert process == counts("threads")
+    assert process["tokenize"][2] and process["map_transform"][2]

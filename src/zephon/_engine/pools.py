@@ -61,7 +61,7 @@ from zephon._engine.messages import (
     Unloaded,
     WorkerRequest,
 )
-from zephon._engine.projection import ProjectedOp
+from zephon._engine.projection import ProjectedOp, unwrapped
 from zephon._engine.stage import annotate, call_process_many, safe_annotate
 from zephon.errors import ConfigError, ZephonError
 from zephon.io import SourceStats, abandon_reads, io_totals
@@ -549,9 +549,10 @@ class ProcessFleet:
     ) -> None:
         self._names = {stage: op.name for stage, (op, _) in specs.items()}
         # fused chains: the engine-side counters that the workers' counts are added to
+        inner = {stage: unwrapped(op) for stage, (op, _) in specs.items()}
         self._counters = {
             stage: op.counters
-            for stage, (op, _) in specs.items()
+            for stage, op in inner.items()
             if isinstance(op, FusedOp) and op.counters is not None
         }
         self._blobs = {stage: (op.name, _pickle_op(op, ctx)) for stage, (op, ctx) in specs.items()}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from zephon._engine.fusion import FusedOp
 from zephon.ops import Accumulator, BaseOp, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem
 
@@ -66,8 +67,12 @@ class ProjectedOp(BaseOp):
 
     def take_counts(self) -> list[tuple[int, int, int]] | None:
         """A fused chain's counts of its last micro-batch (``FusedOp.take_counts``)."""
-        take = getattr(self.inner, "take_counts", None)
-        return None if take is None else take()  # type: ignore[no-any-return]
+        return self.inner.take_counts() if isinstance(self.inner, FusedOp) else None
+
+
+def unwrapped(op: BaseOp) -> BaseOp:
+    """The operator or fused chain inside ``op`` (``op`` itself when it is not projected)."""
+    return op.inner if isinstance(op, ProjectedOp) else op
 
 
 def projected(op: BaseOp, successor: BaseOp | None) -> BaseOp:

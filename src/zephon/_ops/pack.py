@@ -63,7 +63,7 @@ def resolve_tokens_field(payload: Any, tokens_field: str, sample: Any) -> str:
     """The token field of ``payload``: ``tokens_field``, or the first known name for "auto"."""
     if tokens_field != "auto":
         return tokens_field
-    if isinstance(payload, Mapping):
+    if type(payload) is dict or isinstance(payload, Mapping):  # dict: skips the ABC check
         for name in TOKEN_FIELD_CANDIDATES:
             if name in payload:
                 return name
@@ -281,17 +281,25 @@ class PackAccumulator(Accumulator):
         target = None
         for record, start, stop, last in segments:
             meta = record.meta
-            if meta.tags and TAG_TARGET_MIXTURE in meta.tags:
-                target = meta.tags[TAG_TARGET_MIXTURE]
+            own = meta.tags
+            cursor = meta.cursor
+            if own and TAG_TARGET_MIXTURE in own:
+                target = own[TAG_TARGET_MIXTURE]
+            plain = not own or TAG_CONTRIBUTORS not in own  # a 1:1 record: its own cursor
             if last:
-                refs.extend(tracker.settle(meta))
-                for comp, n in meta.counts.items():
-                    counts[comp] = counts.get(comp, 0) + n
+                refs.extend(tracker.settle(meta) if not plain else (ContributorRef(cursor, True),))
+                if meta.component_counts is None:
+                    counts[meta.component_id] = counts.get(meta.component_id, 0) + 1
+                else:
+                    for comp, n in meta.component_counts.items():
+                        counts[comp] = counts.get(comp, 0) + n
+            elif plain:
+                refs.append(ContributorRef(cursor, False))
             else:
                 refs.extend(ContributorRef(r.cursor, False) for r in meta.contributors)
             comp = meta.component_id
             comp_tokens[comp] = comp_tokens.get(comp, 0) + (stop - start)
-            seg_info.append((meta.cursor, start, stop))
+            seg_info.append((cursor, start, stop))
             fields, full = extract(record)
             parts.append((fields, start, stop, full))
             lengths.append(full)
