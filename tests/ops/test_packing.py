@@ -331,3 +331,20 @@ def test_packing_assembles_bins_on_the_driver_thread(runner):
         ("pack_flat", "driver", 1),
         ("pack_sequences", "driver", 1),
     ]
+
+
+def test_every_row_owns_its_positions_and_document_ids():
+    """Rows are built from one cached ramp of positions: writing into one row's arrays changes
+    neither the next row nor the ramp."""
+    out, _ = flat([5, 32, 7, 12, 3], max_length=32)
+    first, second = out[0].payload, out[1].payload
+    assert first["positions"].dtype == np.int32 and first["document_ids"].dtype == np.int32
+    expected = second["positions"].copy()
+    first["positions"][:] = -7
+    first["document_ids"][:] = -7
+    assert (second["positions"] == expected).all()
+    again, _ = flat([5, 32, 7, 12, 3], max_length=32)
+    assert [r.payload["positions"].tolist() for r in again[1:]] == [
+        r.payload["positions"].tolist() for r in out[1:]
+    ]
+    assert again[0].payload["positions"].min() == 0

@@ -581,6 +581,7 @@ class PackFlatOp(PackOpBase):
         )
         self.emit_positions = emit_positions
         self.emit_document_ids = emit_document_ids
+        self._ramp_array: np.ndarray | None = None  # built by the first assemble
 
     def config(self) -> Mapping[str, Any]:
         return {
@@ -657,9 +658,8 @@ class PackFlatOp(PackOpBase):
                     f"({names[1:]} vs {list(fields)[1:]}, packed record {meta.sample_id}); "
                     "pass aligned_fields=[...] to choose the fields explicitly"
                 )
-        lengths = np.fromiter((stop - start for _, start, stop, _ in segments), np.int64)
-        used = int(lengths.sum())
-        pad = self.max_length - used
+        lengths = [stop - start for _, start, stop, _ in segments]
+        pad = self.max_length - sum(lengths)
         out: dict[str, Any] = {}
         for name in names:
             pieces = [np.asarray(f[name][start:stop]) for f, start, stop, _ in segments]
@@ -668,14 +668,21 @@ class PackFlatOp(PackOpBase):
             if pad:
                 pieces.append(np.full(pad, fill, dtype=dtype))
             out[name] = np.concatenate(pieces) if len(pieces) > 1 else pieces[0].copy()
-        all_lengths = np.append(lengths, pad) if pad else lengths
+        runs = [*lengths, pad] if pad else lengths  # the padding tail is a run of its own
         if self.emit_positions:
-            starts = np.cumsum(all_lengths) - all_lengths
-            positions = np.arange(self.max_length, dtype=np.int64) - np.repeat(starts, all_lengths)
-            out["positions"] = positions.astype(np.int32)
+            ramp = self._ramp()
+            out["positions"] = np.concatenate([ramp[:n] for n in runs])
         if self.emit_document_ids:
-            ids = np.arange(len(all_lengths), dtype=np.int32)
+            ids = np.arange(len(runs), dtype=np.int32)
             if pad:
                 ids[-1] = -1
-            out["document_ids"] = np.repeat(ids, all_lengths)
+            out["document_ids"] = np.repeat(ids, runs)
         return out
+
+    def _ramp(self) -> np.ndarray:
+        """``0, 1, ..., max_length - 1`` (int32, read-only): each run's positions are a prefix."""
+        ramp = self._ramp_array
+        if ramp is None:
+            ramp = self._ramp_array = np.arange(self.max_length, dtype=np.int32)
+            ramp.flags.writeable = False
+        return ramp
