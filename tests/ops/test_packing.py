@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from tests.ops._helpers import PAD, STRIDE, ListSource, packing, sequential_pointers, token_rows
 from zephon import Dataset, Pipeline
+from zephon._ops.pack import PackFlatOp, PackSequencesOp
 from zephon.errors import ConfigError, DataError
-from zephon.types import SampleRecord
+from zephon.types import SampleMeta, SampleRecord
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -274,3 +275,76 @@ def test_records_disagreeing_on_aligned_fields_fail_clearly():
 def test_packed_records_are_plain_sample_records():
     out, _ = flat([4, 5], replicas=1, k=None)
     assert all(type(r) is SampleRecord for r in out)
+
+
+# -- what pack_flat reads of a payload (the projection worker stages apply) -----------------
+
+
+def _record(payload):
+    return SampleRecord(SampleMeta((0, 0, 0), 0, 0, 0), payload)
+
+
+def _payload():
+    ids = np.arange(5, dtype=np.int32)
+    return {"text": "abcde", "input_ids": ids, "mask": [1, 0, 1, 1, 0], "n": 5, "short": [1]}
+
+
+def test_pack_flat_projection_keeps_tokens_and_aligned_fields_in_payload_order():
+    op = PackFlatOp(16, PAD)
+    payload = _payload()
+    projected = op.input_projection()(payload)
+    assert list(projected) == ["input_ids", "mask"]
+    assert op.extract(_record(projected)) == op.extract(_record(payload))
+
+
+def test_pack_flat_projection_keeps_named_aligned_and_group_fields():
+    op = PackFlatOp(16, PAD, aligned_fields=["mask"], homogeneity="group", groups="n")
+    projected = op.input_projection()(_payload())
+    assert list(projected) == ["input_ids", "mask", "n"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, payload",
+    [
+        ({"aligned_fields": ["absent"]}, _payload()),  # pack_flat's own error names all fields
+        ({"tokens_field": "tokens"}, _payload()),
+        ({}, {"text": "no tokens yet"}),
+        ({}, {"input_ids": np.arange(3), "mask": [0, 1, 1]}),  # nothing to leave out
+    ],
+)
+def test_pack_flat_projection_returns_what_it_cannot_shrink_as_it_is(kwargs, payload):
+    project = PackFlatOp(16, PAD, **kwargs).input_projection()
+    assert project(payload) is payload
+
+
+def test_pack_sequences_reads_whole_payloads():
+    assert PackSequencesOp(16).input_projection() is None
+
+
+@pytest.mark.parametrize("runner", ["threads", "process"])
+def test_packing_assembles_bins_on_the_driver_thread(runner):
+    """Shipping a bin to a worker and its row back costs the engine more than assembling it."""
+    pipe = Pipeline(source([3, 4, 5], 2))
+    pipe = pipe.pack_flat(16, PAD, parallelism=4).pack_sequences(32, parallelism=4)
+    stages = pipe.options(runner=runner).explain().stages
+    assert [(s.op_name, s.runner, s.parallelism) for s in stages[1:3]] == [
+        ("pack_flat", "driver", 1),
+        ("pack_sequences", "driver", 1),
+    ]
+
+
+def test_every_row_owns_its_positions_and_document_ids():
+    """Rows are built from one cached ramp of positions: writing into one row's arrays changes
+    neither the next row nor the ramp."""
+    out, _ = flat([5, 32, 7, 12, 3], max_length=32)
+    first, second = out[0].payload, out[1].payload
+    assert first["positions"].dtype == np.int32 and first["document_ids"].dtype == np.int32
+    expected = second["positions"].copy()
+    first["positions"][:] = -7
+    first["document_ids"][:] = -7
+    assert (second["positions"] == expected).all()
+    again, _ = flat([5, 32, 7, 12, 3], max_length=32)
+    assert [r.payload["positions"].tolist() for r in again[1:]] == [
+        r.payload["positions"].tolist() for r in out[1:]
+    ]
+    assert again[0].payload["positions"].min() == 0

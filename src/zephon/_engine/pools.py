@@ -60,6 +60,7 @@ from zephon._engine.messages import (
     Unloaded,
     WorkerRequest,
 )
+from zephon._engine.projection import ProjectedOp, unwrapped
 from zephon._engine.stage import annotate, call_process_many, safe_annotate
 from zephon._exit import at_exit
 from zephon.errors import ConfigError, ZephonError
@@ -396,7 +397,7 @@ class _Worker:
         try:
             before = io_totals()
             out = call_process_many(op, elems)
-            counts = op.take_counts() if isinstance(op, FusedOp) else None
+            counts = op.take_counts() if isinstance(op, (FusedOp, ProjectedOp)) else None
             io = (io_totals() - before).to_dict()  # what reading this micro-batch cost
             reply = Ok(out, counts, io if any(io.values()) else None)
             data, _ = self.encoder.dumps(REPLIES.wire(reply))
@@ -548,9 +549,10 @@ class ProcessFleet:
     ) -> None:
         self._names = {stage: op.name for stage, (op, _) in specs.items()}
         # fused chains: the engine-side counters that the workers' counts are added to
+        inner = {stage: unwrapped(op) for stage, (op, _) in specs.items()}
         self._counters = {
             stage: op.counters
-            for stage, (op, _) in specs.items()
+            for stage, op in inner.items()
             if isinstance(op, FusedOp) and op.counters is not None
         }
         self._blobs = {stage: (op.name, _pickle_op(op, ctx)) for stage, (op, ctx) in specs.items()}

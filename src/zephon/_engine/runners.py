@@ -31,6 +31,7 @@ from zephon._engine.pools import (
     ThreadWorkerPool,
     WorkerPool,
 )
+from zephon._engine.projection import projected
 from zephon._engine.shm import ShmSession, resolve_items
 from zephon._engine.stage import StageCore
 from zephon._engine.threaded import Channel, EngineThread, OpDriver, SourceThread
@@ -158,6 +159,9 @@ class Runner:
     """A unit of width one runs on its driver thread (one worker would only add hand-offs)."""
     shares_memory: ClassVar[bool] = False
     """Its stages need a shared-memory session (large arrays cross process boundaries)."""
+    ships_payloads: ClassVar[bool] = False
+    """Its workers send payloads back through a pipe or the network: they drop the fields
+    the next operator does not read first (``BaseOp.input_projection``)."""
     in_engine_process: ClassVar[bool] = True
     """It may run inside ``engine_process=True``."""
     starts_processes: ClassVar[bool] = False
@@ -326,7 +330,9 @@ def _start_drivers(job: RunJob, units: list[Unit], channels: list[Channel]) -> N
     ops = [c.op for c in cores]
     contexts = list(job.contexts)
     for unit in units:
-        ops[unit.first] = unit.core.op
+        successor = cores[unit.last + 1].op if unit.last + 1 < len(cores) else None
+        ships = lookup(unit.stage.runner).ships_payloads
+        ops[unit.first] = projected(unit.core.op, successor) if ships else unit.core.op
         contexts[unit.first] = replace(
             contexts[unit.first], op_name=unit.core.op.name, num_workers=unit.stage.parallelism
         )
@@ -384,6 +390,7 @@ class ProcessRunner(DriverThreadsRunner):
     summary = "worker processes (one shared set by default); large arrays through shared memory"
     fuses = True
     shares_memory = True
+    ships_payloads = True
     starts_processes = True
 
     def pools(
@@ -417,6 +424,7 @@ class RayRunner(DriverThreadsRunner):
     summary = "Ray actors (`placement='remote'` puts one operator there under any runner)"
     in_engine_process = False
     remote = True
+    ships_payloads = True
     requires = "ray"
 
     def pools(

@@ -177,11 +177,19 @@ class _Resolving(threading.local):
 _RESOLVING = _Resolving()
 
 
+_HANDLES_MADE = False
+"""Whether this process has made a :class:`ShmArrayRef`: until it has, no payload holds one and
+``resolve_items`` has nothing to look for (payloads whose arrays are all below ``min_bytes``
+are not walked)."""
+
+
 def _load_array(name: str, offset: int, dtype: Any, shape: tuple[int, ...]) -> Any:
     """Unpickle hook: an array view in workers, a lazy handle in the engine process."""
+    global _HANDLES_MADE
     args = (name, offset, dtype, shape)
     if _RESOLVE_ON_LOAD or _RESOLVING.on:
         return _view(args)
+    _HANDLES_MADE = True
     return ShmArrayRef(_map(name), args)
 
 
@@ -329,6 +337,8 @@ def _resolve_record(record: SampleRecord) -> None:
 
 def resolve_items(items: Iterable[StreamItem]) -> None:
     """Replace every :class:`ShmArrayRef` in the items' payloads by its array (in place)."""
+    if not _HANDLES_MADE:
+        return
     for item in items:
         if type(item) is SampleBatch:
             for record in item.records:

@@ -63,7 +63,7 @@ def resolve_tokens_field(payload: Any, tokens_field: str, sample: Any) -> str:
     """The token field of ``payload``: ``tokens_field``, or the first known name for "auto"."""
     if tokens_field != "auto":
         return tokens_field
-    if isinstance(payload, Mapping):
+    if type(payload) is dict or isinstance(payload, Mapping):  # dict: skips the ABC check
         for name in TOKEN_FIELD_CANDIDATES:
             if name in payload:
                 return name
@@ -281,17 +281,25 @@ class PackAccumulator(Accumulator):
         target = None
         for record, start, stop, last in segments:
             meta = record.meta
-            if meta.tags and TAG_TARGET_MIXTURE in meta.tags:
-                target = meta.tags[TAG_TARGET_MIXTURE]
+            own = meta.tags
+            cursor = meta.cursor
+            if own and TAG_TARGET_MIXTURE in own:
+                target = own[TAG_TARGET_MIXTURE]
+            plain = not own or TAG_CONTRIBUTORS not in own  # a 1:1 record: its own cursor
             if last:
-                refs.extend(tracker.settle(meta))
-                for comp, n in meta.counts.items():
-                    counts[comp] = counts.get(comp, 0) + n
+                refs.extend(tracker.settle(meta) if not plain else (ContributorRef(cursor, True),))
+                if meta.component_counts is None:
+                    counts[meta.component_id] = counts.get(meta.component_id, 0) + 1
+                else:
+                    for comp, n in meta.component_counts.items():
+                        counts[comp] = counts.get(comp, 0) + n
+            elif plain:
+                refs.append(ContributorRef(cursor, False))
             else:
                 refs.extend(ContributorRef(r.cursor, False) for r in meta.contributors)
             comp = meta.component_id
             comp_tokens[comp] = comp_tokens.get(comp, 0) + (stop - start)
-            seg_info.append((meta.cursor, start, stop))
+            seg_info.append((cursor, start, stop))
             fields, full = extract(record)
             parts.append((fields, start, stop, full))
             lengths.append(full)
@@ -421,7 +429,16 @@ class PackOpBase(BaseOp):
         return PackAccumulator(self)
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=False, parallelism=1, rebuild=Rebuild.REASSEMBLE)
+        """Bins are assembled on the driver thread: shipping a bin's segments to a worker
+        process and its packed row back costs the engine about three times what assembling
+        the row does (docs/architecture.md), and threads gain nothing on numpy calls this
+        small."""
+        return OpTraits(
+            preserves_cursor_order=False,
+            parallelism=1,
+            runs_in_driver=True,
+            rebuild=Rebuild.REASSEMBLE,
+        )
 
     def config(self) -> Mapping[str, Any]:
         return {
@@ -564,6 +581,7 @@ class PackFlatOp(PackOpBase):
         )
         self.emit_positions = emit_positions
         self.emit_document_ids = emit_document_ids
+        self._ramp_array: np.ndarray | None = None  # built by the first assemble
 
     def config(self) -> Mapping[str, Any]:
         return {
@@ -573,6 +591,33 @@ class PackFlatOp(PackOpBase):
             "emit_positions": self.emit_positions,
             "emit_document_ids": self.emit_document_ids,
         }
+
+    def input_projection(self) -> Callable[[Any], Any]:
+        return self._fields_read
+
+    def _fields_read(self, payload: Any) -> Any:
+        """The fields of ``payload`` that ``extract`` and ``group_key`` read, in payload
+        order (so ``extract`` gives the same result); ``payload`` itself when one is missing
+        or nothing is left out."""
+        if type(payload) is not dict:
+            return payload
+        name: str | None = self.tokens_field
+        if name == "auto":
+            name = next((n for n in TOKEN_FIELD_CANDIDATES if n in payload), None)
+        tokens = payload.get(name) if name is not None else None
+        if not isinstance(tokens, (np.ndarray, list)):
+            return payload
+        keep = {name}
+        if isinstance(self.groups, str):
+            keep.add(self.groups)
+        if self.aligned_fields is not None:
+            keep.update(self.aligned_fields)
+        if not keep.issubset(payload):
+            return payload
+        length = len(tokens)
+        auto = self.aligned_fields is None
+        out = {k: v for k, v in payload.items() if k in keep or (auto and _aligned(v, length))}
+        return payload if len(out) == len(payload) else out
 
     def extract(self, record: SampleRecord) -> tuple[Any, int]:
         payload = record.payload
@@ -613,9 +658,8 @@ class PackFlatOp(PackOpBase):
                     f"({names[1:]} vs {list(fields)[1:]}, packed record {meta.sample_id}); "
                     "pass aligned_fields=[...] to choose the fields explicitly"
                 )
-        lengths = np.fromiter((stop - start for _, start, stop, _ in segments), np.int64)
-        used = int(lengths.sum())
-        pad = self.max_length - used
+        lengths = [stop - start for _, start, stop, _ in segments]
+        pad = self.max_length - sum(lengths)
         out: dict[str, Any] = {}
         for name in names:
             pieces = [np.asarray(f[name][start:stop]) for f, start, stop, _ in segments]
@@ -624,14 +668,21 @@ class PackFlatOp(PackOpBase):
             if pad:
                 pieces.append(np.full(pad, fill, dtype=dtype))
             out[name] = np.concatenate(pieces) if len(pieces) > 1 else pieces[0].copy()
-        all_lengths = np.append(lengths, pad) if pad else lengths
+        runs = [*lengths, pad] if pad else lengths  # the padding tail is a run of its own
         if self.emit_positions:
-            starts = np.cumsum(all_lengths) - all_lengths
-            positions = np.arange(self.max_length, dtype=np.int64) - np.repeat(starts, all_lengths)
-            out["positions"] = positions.astype(np.int32)
+            ramp = self._ramp()
+            out["positions"] = np.concatenate([ramp[:n] for n in runs])
         if self.emit_document_ids:
-            ids = np.arange(len(all_lengths), dtype=np.int32)
+            ids = np.arange(len(runs), dtype=np.int32)
             if pad:
                 ids[-1] = -1
-            out["document_ids"] = np.repeat(ids, all_lengths)
+            out["document_ids"] = np.repeat(ids, runs)
         return out
+
+    def _ramp(self) -> np.ndarray:
+        """``0, 1, ..., max_length - 1`` (int32, read-only): each run's positions are a prefix."""
+        ramp = self._ramp_array
+        if ramp is None:
+            ramp = self._ramp_array = np.arange(self.max_length, dtype=np.int32)
+            ramp.flags.writeable = False
+        return ramp

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +146,14 @@ class BaseOp:
 
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=True)
+
+    def input_projection(self) -> Callable[[Any], Any] | None:
+        """A function giving the part of an input payload this operator reads (None: it may
+        read all of it). Where the stage before runs in worker processes, the workers apply
+        it to what they send back, so fields nothing downstream reads never cross the pipe.
+        It must not change what the operator emits, and should return a payload it cannot
+        handle as it is (the operator then raises its own error)."""
+        return None
 
     #: Constructor arguments that cannot change the output (left out of the default config()).
     config_exclude: tuple[str, ...] = ()
