@@ -3,6 +3,7 @@ access through a byte-offset index (built, cached or from an Energon sidecar), l
 
 from __future__ import annotations
 
+import pickle
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,15 @@ def test_shards_read_back_as_webdataset_iterates_them(tmp_path: Path) -> None:
     assert isinstance(ds.read(0, [0])[0]["jpg"], bytes)
 
 
+def test_shards_travel_to_worker_processes_without_their_index(tmp_path: Path) -> None:
+    write_shards(tmp_path / "wds", [5])
+    shard = Dataset.from_path("w", tmp_path / "wds").shards[0]
+    want = shard.read([3, 1])
+    copy = pickle.loads(pickle.dumps(shard))
+    assert shard._bounds is not None and "_bounds" not in shard.__getstate__()
+    assert copy.read([3, 1]) == want and len(copy) == 5
+
+
 def test_index_is_kept_in_the_cache_folder_not_next_to_the_data(tmp_path: Path) -> None:
     write_shards(tmp_path / "wds", [6, 6])
     before = sorted(p.name for p in (tmp_path / "wds").iterdir())
@@ -92,6 +102,8 @@ def test_a_sidecar_that_does_not_match_is_named(tmp_path: Path) -> None:
     Path(f"{shard}.idx").write_bytes(np.array([starts[0], starts[2]], dtype="<u8").tobytes())
     ds = Dataset.from_path("w", shard)
     with pytest.raises(DataFormatError, match=r"shard-00000\.tar, sample 0 .*another sample"):
+        ds.read(0, [0])
+    with pytest.raises(DataFormatError, match=r"delete .*shard-00000\.tar\.idx if it is older"):
         ds.read(0, [0])
 
 

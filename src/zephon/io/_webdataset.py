@@ -30,7 +30,8 @@ import numpy as np
 from zephon.errors import DataError, DataFormatError
 from zephon.io._blob import Blob, OneBlob
 from zephon.io._cache import CacheOptions
-from zephon.io._dataset import Row, Shard, checked_indices
+from zephon.io._dataset import Row, checked_indices
+from zephon.io._file_shard import LazyShard
 from zephon.io._identity import stale_count_error
 from zephon.io._paths import atomic_write, cache_file, derived_dir
 from zephon.io._spans import read_spans
@@ -58,8 +59,10 @@ def sample_key(name: str) -> tuple[str, str] | None:
     return found.group(1), found.group(2).lower()
 
 
-class TarShard(OneBlob, Shard):
+class TarShard(OneBlob, LazyShard):
     """One WebDataset tar shard (local or fsspec remote); rows are its samples."""
+
+    _TRANSIENT = ("_url", "_lock", "_bounds", "_sidecar_used")
 
     def __init__(
         self,
@@ -82,16 +85,7 @@ class TarShard(OneBlob, Shard):
         self._url = self._blob.url
         self._lock = threading.Lock()
         self._bounds: np.ndarray | None = None  # (n, 2) int64 [start, end) of every sample
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for name in ("_url", "_lock", "_bounds"):
-            del state[name]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._init_transient()
+        self._sidecar_used = False
 
     @property
     def location(self) -> str:
@@ -125,6 +119,7 @@ class TarShard(OneBlob, Shard):
             raise DataFormatError(f"shard {self._url} does not exist (was it moved?)") from e
         sidecar = self._sidecar(stamp[0])
         if sidecar is not None:
+            self._sidecar_used = True
             return sidecar
         index_path = cache_file(self._url, ".wdsidx", self._cache_dir)
         loaded = _load_offsets(index_path, stamp)
@@ -205,10 +200,13 @@ class TarShard(OneBlob, Shard):
                     raise ValueError(f"member {name!r} repeats field {field!r}")
                 row[field] = data
         except (tarfile.TarError, ValueError) as e:
+            hint = _DAMAGED_HINT
+            if self._sidecar_used:
+                hint += f", or delete {self._url}{SIDECAR_SUFFIX} if it is older than the shard"
             raise DataFormatError(
                 f"{self._url}, sample {i} (byte {start}): cannot be read ({e})",
                 location=self._url,
-                hint=_DAMAGED_HINT,
+                hint=hint,
             ) from None
         return row
 
