@@ -146,7 +146,8 @@ class DecodeImageOp(BaseOp):
         ops = require("PIL.ImageOps", "decode_image")
         with image.open(io.BytesIO(data)) as opened:
             opened.load()
-            picture = ops.exif_transpose(opened)
+            ops.exif_transpose(opened, in_place=True)  # in place: no copy when upright
+            picture = opened
             if picture.mode != "RGB":  # as the processor does: transparency over white
                 rgba = picture.convert("RGBA")
                 white = image.new("RGBA", rgba.size, (255, 255, 255))
