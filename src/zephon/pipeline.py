@@ -21,6 +21,7 @@ from zephon._ops._pack_groups import Homogeneity, ShuffleStrategy
 from zephon._ops._packing_algos import FlushStrategy, PackingAlgorithm
 from zephon._ops._token_measure import row_counter
 from zephon._ops.batch import BatchOp
+from zephon._ops.decode_image import DecodeImageOp
 from zephon._ops.decode_text import DecodeTextOp
 from zephon._ops.ensure_mixture import EnsureMixtureOp
 from zephon._ops.expand_chat import ExpandChatOp
@@ -172,6 +173,19 @@ class Pipeline:
     ) -> Pipeline:
         """Make text fields ``str``; kwargs: fields, encoding, errors, normalize_newlines..."""
         return self._append(DecodeTextOp(**kwargs), parallelism, placement, resources)
+
+    @_operator(forwards=DecodeImageOp)
+    def decode_image(
+        self,
+        parallelism: int | None = None,
+        *,
+        placement: Placement = "local",
+        resources: Resources | None = None,
+        **kwargs: Any,
+    ) -> Pipeline:
+        """Decode image bytes to uint8 RGB arrays, resized to patch multiples, with patch
+        grids and vision-token counts; kwargs: fields, resize, min_pixels, max_pixels..."""
+        return self._append(DecodeImageOp(**kwargs), parallelism, placement, resources)
 
     @_operator()
     def map_transform(
@@ -552,7 +566,8 @@ class Pipeline:
             self.work_source.datasets, max_batch=self._fetch_max_batch, on_error=on_error
         )
         width = self._fetch_parallelism or fetch.traits().parallelism
-        return [OpSpec(fetch, width, self._fetch_placement, self._fetch_resources), *self._specs]
+        specs = [_with_on_error(spec, on_error) for spec in self._specs]
+        return [OpSpec(fetch, width, self._fetch_placement, self._fetch_resources), *specs]
 
     def explain(self) -> Plan:
         """The compiled plan: stages, runners, parallelism, queue sizes (``str()`` for text)."""
@@ -788,3 +803,13 @@ class Pipeline:
         if self._engine is None:
             return self.last_stats
         return self._engine.snapshot()
+
+
+def _with_on_error(spec: OpSpec, on_error: Literal["raise", "skip"]) -> OpSpec:
+    """``spec`` with a ``decode_image`` that follows the run's ``on_error`` when it names none."""
+    op = spec.op
+    if not isinstance(op, DecodeImageOp) or op.on_error is not None:
+        return spec
+    resolved = copy.copy(op)
+    resolved.on_error = on_error
+    return replace(spec, op=resolved)

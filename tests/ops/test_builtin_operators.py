@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests._media import samples
 from tests.ops._chat import CHATML_TAGGED, conversations
 from zephon import Dataset, MixtureSpec, Pipeline, SampleBatch, SampleRecord
 from zephon import StaticMixtureWorkSource as Source
@@ -21,6 +22,7 @@ from zephon.testing import check_operator
 TEXTS = [{"id": i, "text": "alpha beta " * (1 + i % 7) + f"doc {i}"} for i in range(200)]
 OTHER = [{"id": 1000 + i, "text": "gamma " * (1 + i % 3)} for i in range(120)]
 CHATS = conversations(48, seed=3)
+IMAGES = samples(40)
 
 
 def text_source() -> Source:
@@ -61,6 +63,9 @@ def lengths(batch: SampleBatch) -> SampleBatch:
 Build = Callable[[Path], Pipeline]
 BUILTINS: dict[str, Build] = {
     "decode_text": lambda tok: Pipeline(text_source()).decode_text(),
+    "decode_image": lambda tok: Pipeline(
+        Source([Dataset.from_records("i", IMAGES, shard_size=16)], chunk_size=8)
+    ).decode_image(min_pixels=28 * 28),
     "map_transform": lambda tok: Pipeline(text_source()).decode_text().map_transform(shout),
     "filter": lambda tok: Pipeline(text_source()).decode_text().filter(keep_short),
     "tokenize": lambda tok: Pipeline(text_source()).decode_text().tokenize(tok, max_length=40),

@@ -19,6 +19,7 @@ from zephon.io._formats import FormatSpec, ReadOptions, register_format
 from zephon.io._jsonl import COMPRESSIONS, JSONL_SUFFIXES, JsonlShard
 from zephon.io._token_files import TokenDocumentShard
 from zephon.io._vortex import VORTEX_SUFFIXES, VortexShard
+from zephon.io._webdataset import TAR_SUFFIXES, TarShard
 
 __all__ = ["BUILTIN_FORMATS"]
 
@@ -71,6 +72,17 @@ def _npy(url: str, rows: int | None, o: ReadOptions) -> Shard:
 
     file = NpyTokenFile(url, o.storage_options, o.cache, o.format_options)
     return TokenDocumentShard(file, rows)
+
+
+def _webdataset(url: str, rows: int | None, o: ReadOptions) -> Shard:
+    return TarShard(
+        url,
+        rows,
+        storage_options=o.storage_options,
+        cache_dir=o.cache_dir,
+        cache=o.cache,
+        columns=o.columns,
+    )
 
 
 def _converted_folder(entry: str, o: ReadOptions) -> list[Shard]:
@@ -131,6 +143,12 @@ BUILTIN_FORMATS = (
     FormatSpec("megatron", "*.idx (with its .bin)", suffixes=(".idx",), open_file=_megatron),
     FormatSpec("datatrove", "*.ds (with its .ds.index)", suffixes=(".ds",), open_file=_datatrove),
     FormatSpec("npy", "*.npy (token arrays)", suffixes=(".npy",), open_file=_npy),
+    FormatSpec(
+        "webdataset",
+        "*.tar (WebDataset shards)",
+        suffixes=TAR_SUFFIXES,
+        open_file=_webdataset,
+    ),
 )
 
 for _spec in BUILTIN_FORMATS:

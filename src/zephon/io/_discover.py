@@ -35,7 +35,7 @@ from zephon.io._remote import request, with_retries
 
 INDEX_NAME = "index.json"
 INDEX_VERSION = 1
-_SIDECARS = (".zidx", ".raw", ".tmp")
+_SIDECARS = (".zidx", ".raw", ".tmp", ".tar.idx")  # .tar.idx: a WebDataset shard's index
 
 PathArg = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
