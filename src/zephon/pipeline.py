@@ -22,6 +22,7 @@ from zephon._ops._packing_algos import FlushStrategy, PackingAlgorithm
 from zephon._ops._token_measure import row_counter
 from zephon._ops.batch import BatchOp
 from zephon._ops.decode_image import DecodeImageOp
+from zephon._ops.image_tokens import ImageTokensOp
 from zephon._ops.decode_text import DecodeTextOp
 from zephon._ops.ensure_mixture import EnsureMixtureOp
 from zephon._ops.expand_chat import ExpandChatOp
@@ -186,6 +187,19 @@ class Pipeline:
         """Decode image bytes to uint8 RGB arrays, resized to patch multiples, with patch
         grids and vision-token counts; kwargs: fields, resize, min_pixels, max_pixels..."""
         return self._append(DecodeImageOp(**kwargs), parallelism, placement, resources)
+
+    @_operator(forwards=ImageTokensOp)
+    def image_tokens(
+        self,
+        parallelism: int | None = None,
+        *,
+        placement: Placement = "local",
+        resources: Resources | None = None,
+        **kwargs: Any,
+    ) -> Pipeline:
+        """Patch grids and vision-token counts of encoded images from their headers, without
+        decoding (what ``decode_image`` would count); kwargs as ``decode_image``'s."""
+        return self._append(ImageTokensOp(**kwargs), parallelism, placement, resources)
 
     @_operator()
     def map_transform(

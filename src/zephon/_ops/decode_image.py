@@ -126,18 +126,21 @@ class DecodeImageOp(BaseOp):
         tokens = 0
         for name in present:
             try:
-                pixels = self._decode(image, payload[name])
+                value, (h, w) = self._read(image, payload[name])
             except (OSError, ValueError, SyntaxError, image.DecompressionBombError) as e:
                 return self._failed(meta, payload, name, e)
-            h, w = pixels.shape[:2]
-            if not self.resize:
-                h, w = self._grid.resized(h, w)
             grids.append(self._grid.grid(h, w))
             tokens += self._grid.tokens(h, w)
-            new[name] = pixels
+            new[name] = value
         new[self.grid_field] = grids
         new[self.tokens_field] = tokens
         return SampleRecord(meta, new)
+
+    def _read(self, image: Any, data: Any) -> tuple[Any, tuple[int, int]]:
+        """The field's new value and the image's ``(height, width)`` as the processor resizes it."""
+        pixels = self._decode(image, data)
+        h, w = pixels.shape[:2]
+        return pixels, (self._grid.resized(h, w) if not self.resize else (h, w))
 
     def _decode(self, image: Any, data: Any) -> np.ndarray:
         """RGB pixels of ``data`` (encoded bytes), EXIF orientation applied, resized if asked."""
