@@ -22,10 +22,10 @@ from zephon._ops._packing_algos import FlushStrategy, PackingAlgorithm
 from zephon._ops._token_measure import row_counter
 from zephon._ops.batch import BatchOp
 from zephon._ops.decode_image import DecodeImageOp
-from zephon._ops.image_tokens import ImageTokensOp
 from zephon._ops.decode_text import DecodeTextOp
 from zephon._ops.ensure_mixture import EnsureMixtureOp
 from zephon._ops.expand_chat import ExpandChatOp
+from zephon._ops.image_tokens import ImageTokensOp
 from zephon._ops.map_batch import MapBatchOp, MaterializeOp
 from zephon._ops.map_transform import FilterOp, MapTransformOp
 from zephon._ops.pack import PackFlatOp, PackSequencesOp
@@ -349,6 +349,9 @@ class Pipeline:
         homogeneity: Homogeneity = "none",
         groups: Mapping[str, str] | str | None = None,
         shuffle_strategy: ShuffleStrategy = "none",
+        image_grids: str | None = None,
+        merge_size: int = 2,
+        max_images_per_row: int | None = None,
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -358,6 +361,8 @@ class Pipeline:
         ``homogeneity``: ``"full"`` keeps a bin inside one dataset, ``"group"`` inside one group
         of ``groups`` (a payload field, or ``{dataset: group}``); ``shuffle_strategy="length"``
         feeds each window of ``candidate_pool_size`` records longest first. See docs/packing.md.
+        ``image_grids``: the field of patch grids whose vision tokens count toward a record's
+        length (rows then carry ``cu_seqlens`` and an ``image_map``); see docs/multimodal.md.
         """
         op = PackSequencesOp(
             max_length,
@@ -374,6 +379,9 @@ class Pipeline:
             homogeneity=homogeneity,
             groups=groups,
             shuffle_strategy=shuffle_strategy,
+            image_grids=image_grids,
+            merge_size=merge_size,
+            max_images_per_row=max_images_per_row,
             component_names=self.work_source.component_names(),
         )
         return self._append(op, parallelism, placement, resources)

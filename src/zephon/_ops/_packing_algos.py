@@ -18,6 +18,7 @@ timing or on other lanes, which is what makes packing identical for any runner a
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from typing import Any, Literal
 
 from zephon.types import SampleRecord
@@ -33,17 +34,19 @@ one at every cut copies each open bin's list of segments, not every segment."""
 
 
 class Bin:
-    __slots__ = ("_saved", "opened", "segments", "used")
+    __slots__ = ("_saved", "images", "opened", "segments", "used")
 
     def __init__(self, opened: int) -> None:
         self.opened = opened
         self.segments: list[Segment] = []
         self.used = 0
+        self.images = 0  # counted only when the limits cap images per bin
         self._saved: list[Any] | None = None  # state() since the last put
 
-    def put(self, record: SampleRecord, start: int, stop: int, last: bool) -> None:
+    def put(self, record: SampleRecord, start: int, stop: int, last: bool, images: int = 0) -> None:
         self.segments.append([record, start, stop, last])
         self.used += stop - start
+        self.images += images
         self._saved = None
 
     def state(self) -> list[Any]:
@@ -55,18 +58,29 @@ class Bin:
         return saved
 
     @classmethod
-    def from_state(cls, state: list[Any]) -> Bin:
+    def from_state(
+        cls, state: list[Any], images_of: Callable[[SampleRecord], int] | None = None
+    ) -> Bin:
+        """The bin saved as ``state``; ``images_of`` recounts its images (not saved)."""
         opened, segments = state
         b = cls(opened)
         for record, start, stop, last in segments:
-            b.put(record, start, stop, last)
+            b.put(record, start, stop, last, images_of(record) if images_of else 0)
         return b
 
 
 class Limits:
     """The knobs every algorithm shares."""
 
-    __slots__ = ("max_length", "max_sequences", "min_remaining", "num_bins", "strategy")
+    __slots__ = (
+        "images_of",
+        "max_images",
+        "max_length",
+        "max_sequences",
+        "min_remaining",
+        "num_bins",
+        "strategy",
+    )
 
     def __init__(
         self,
@@ -75,16 +89,23 @@ class Limits:
         min_sequence_length: int,
         max_sequences_per_bin: int | None,
         strategy: FlushStrategy,
+        max_images_per_bin: int | None = None,
+        images_of: Callable[[SampleRecord], int] | None = None,
     ) -> None:
         self.max_length = max_length
         self.num_bins = num_bins
         self.min_remaining = min_sequence_length
         self.max_sequences = max_sequences_per_bin or max_length + 1
         self.strategy = strategy
+        # images per bin are counted (first_fit and best_fit only) when capped
+        self.max_images = max_images_per_bin
+        self.images_of = images_of if max_images_per_bin is not None else None
 
     def full(self, b: Bin) -> bool:
         return (
-            self.max_length - b.used < self.min_remaining or len(b.segments) >= self.max_sequences
+            self.max_length - b.used < self.min_remaining
+            or len(b.segments) >= self.max_sequences
+            or (self.max_images is not None and b.images >= self.max_images)
         )
 
 
@@ -146,16 +167,19 @@ class FitPacker(LanePacker):
         limits = self.limits
         capacity = limits.max_length - length
         bins = self.bins
+        images_of = limits.images_of
+        images = images_of(record) if images_of is not None else 0
+        room = (limits.max_images or 0) - images  # images a bin may hold before this record's
         chosen = -1
         if self.best:
             best_used = -1
             for i, b in enumerate(bins):
                 used = b.used
-                if best_used < used <= capacity:
+                if best_used < used <= capacity and (images_of is None or b.images <= room):
                     chosen, best_used = i, used
         else:
             for i, b in enumerate(bins):
-                if b.used <= capacity:
+                if b.used <= capacity and (images_of is None or b.images <= room):
                     chosen = i
                     break
         closed: list[Bin] = []
@@ -167,7 +191,7 @@ class FitPacker(LanePacker):
             chosen = len(bins) - 1
         else:
             target = bins[chosen]
-        target.put(record, 0, length, True)
+        target.put(record, 0, length, True, images)
         if limits.full(target):
             del bins[chosen]
             closed.append(target)
@@ -185,7 +209,7 @@ class FitPacker(LanePacker):
         return {"bins": [b.state() for b in self.bins]}
 
     def _load_open(self, state: dict[str, Any]) -> None:
-        self.bins = [Bin.from_state(b) for b in state["bins"]]
+        self.bins = [Bin.from_state(b, self.limits.images_of) for b in state["bins"]]
 
 
 class WrapPacker(LanePacker):

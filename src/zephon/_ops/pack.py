@@ -29,6 +29,7 @@ from zephon._ops._pack_groups import (
     check_grouping,
     group_key,
 )
+from zephon._ops._pack_images import image_token_counts, row_layout
 from zephon._ops._packing_algos import (
     ALGORITHMS,
     Bin,
@@ -169,6 +170,8 @@ class PackAccumulator(Accumulator):
             op.min_sequence_length,
             op.max_sequences_per_bin,
             op.flush_strategy,
+            op.max_images_per_row,
+            op.images_of,
         )
         self._lanes: dict[LaneId, _Lane] = {}
         self._warned = 0
@@ -353,6 +356,12 @@ class PackOpBase(BaseOp):
     """Shared configuration and bin logic of pack_sequences and pack_flat."""
 
     pads = False
+    #: images per bin, counted by ``images_of`` (only pack_sequences packs images)
+    max_images_per_row: int | None = None
+
+    def images_of(self, record: SampleRecord) -> int:
+        """How many images ``record`` holds (0 when the operator packs no images)."""
+        return 0
 
     def __init__(
         self,
@@ -510,24 +519,71 @@ class PackSequencesOp(PackOpBase):
         max_length: int,
         *,
         length_fn: Callable[[Any], int] | None = None,
+        image_grids: str | None = None,
+        merge_size: int = 2,
+        max_images_per_row: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(max_length, **kwargs)
-        if length_fn is not None and self.algorithm in ("wrap", "best_fit_wrap"):
+        splits = self.algorithm in ("wrap", "best_fit_wrap")
+        if length_fn is not None and splits:
             raise ConfigError(
                 f"{self.name}: length_fn cannot be combined with algorithm={self.algorithm!r}: "
                 "splitting needs token fields to slice; use first_fit or best_fit"
             )
         self.length_fn = length_fn
+        self._check_images(image_grids, merge_size, max_images_per_row, splits)
+        self.image_grids = image_grids
+        self.merge_size = merge_size
+        self.max_images_per_row = max_images_per_row
+
+    def _check_images(
+        self, image_grids: str | None, merge_size: int, max_images: int | None, splits: bool
+    ) -> None:
+        if image_grids is None:
+            if max_images is not None:
+                raise ConfigError(
+                    f"{self.name}: max_images_per_row needs image_grids= (the field with each "
+                    "record's patch grids, e.g. 'image_grid_thw')"
+                )
+            return
+        if splits:
+            raise ConfigError(
+                f"{self.name}: image_grids cannot be combined with algorithm={self.algorithm!r}: "
+                "an image cannot be split across rows; use first_fit or best_fit"
+            )
+        if merge_size < 1:
+            raise ConfigError(f"{self.name}: merge_size must be >= 1, got {merge_size}")
+        if max_images is not None and max_images < 1:
+            raise ConfigError(f"{self.name}: max_images_per_row must be >= 1, got {max_images}")
 
     def config(self) -> Mapping[str, Any]:
         fn = self.length_fn
-        return {**super().config(), "length_fn": getattr(fn, "__qualname__", None)}
+        return {
+            **super().config(),
+            "length_fn": getattr(fn, "__qualname__", None),
+            "image_grids": self.image_grids,
+            "merge_size": self.merge_size,
+            "max_images_per_row": self.max_images_per_row,
+        }
 
     def length_of(self, record: SampleRecord) -> int:
         if self.length_fn is not None:
-            return int(self.length_fn(record.payload))
-        return super().length_of(record)
+            length = int(self.length_fn(record.payload))
+        else:
+            length = super().length_of(record)
+        if self.image_grids is not None:
+            length += sum(self._image_tokens(record.payload, record.meta.sample_id))
+        return length
+
+    def images_of(self, record: SampleRecord) -> int:
+        if self.image_grids is None:
+            return 0
+        return len(record.payload[self.image_grids])
+
+    def _image_tokens(self, payload: Any, sample: Any) -> list[int]:
+        assert self.image_grids is not None
+        return image_token_counts(payload, self.image_grids, self.merge_size, sample)
 
     def extract(self, record: SampleRecord) -> tuple[Any, int]:
         return record.payload, self.length_of(record)
@@ -541,7 +597,12 @@ class PackSequencesOp(PackOpBase):
             samples.append(
                 {k: (v[start:stop] if _aligned(v, full) else v) for k, v in payload.items()}
             )
-        return {"packed_samples": samples}
+        if self.image_grids is None:
+            return {"packed_samples": samples}
+        lengths = [stop - start for _, start, stop, _ in deferred.segments]
+        images = [self._image_tokens(p, meta.sample_id) for p in samples]
+        cu_seqlens, image_map = row_layout(lengths, images)
+        return {"packed_samples": samples, "cu_seqlens": cu_seqlens, "image_map": image_map}
 
 
 class PackFlatOp(PackOpBase):

@@ -1,0 +1,63 @@
+"""Images in packed rows: each record's vision tokens, and where they land in the row.
+
+Why apart from the packers: a record's length for packing is its text tokens plus its vision
+tokens, known from the patch grids (``image_tokens`` reads them from headers, ``decode_image``
+from pixels) before any pixel is decoded; the row layout (``cu_seqlens`` and the image map) is
+derived from the same grids when the row is assembled, so it needs no state of its own.
+
+Row layout: each sample is its images' tokens, in the order of its grids, then its text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from zephon.errors import DataError, MissingFieldError
+
+#: Columns of the image map: sample index in the row, image index in the sample, offset of
+#: the image's first token in the row, its vision tokens.
+IMAGE_MAP_COLUMNS = ("sample", "image", "offset", "tokens")
+
+
+def image_token_counts(payload: Any, field: str, merge_size: int, sample: Any) -> list[int]:
+    """Vision tokens of each image of ``payload``: ``t * h * w / merge_size**2`` per grid."""
+    try:
+        grids = payload[field]
+    except (KeyError, TypeError, IndexError):
+        fields = sorted(payload) if isinstance(payload, Mapping) else type(payload).__name__
+        raise MissingFieldError(
+            f"pack_sequences: record {sample} has no field {field!r} (fields: {fields}); run "
+            "image_tokens or decode_image before packing, or set image_grids= to the field "
+            "holding the (t, h, w) patch grids"
+        ) from None
+    counts: list[int] = []
+    for grid in grids:
+        if len(grid) != 3 or any(int(n) < 1 for n in grid):
+            raise DataError(
+                f"pack_sequences: field {field!r} of record {sample} holds {grid!r}; each entry "
+                "must be an image's (t, h, w) patch grid of positive sizes"
+            )
+        t, h, w = (int(n) for n in grid)
+        counts.append(t * h * w // (merge_size * merge_size))
+    return counts
+
+
+def row_layout(
+    lengths: Sequence[int], images: Sequence[Sequence[int]]
+) -> tuple[np.ndarray, np.ndarray]:
+    """``cu_seqlens`` (int32, samples + 1 entries) and the image map (int32, one row per image,
+    :data:`IMAGE_MAP_COLUMNS`) of a row of samples ``lengths`` long (text and vision tokens)
+    whose images have ``images[i]`` vision tokens each."""
+    cu = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu[1:])
+    entries: list[tuple[int, int, int, int]] = []
+    for i, counts in enumerate(images):
+        offset = int(cu[i])
+        for j, n in enumerate(counts):
+            entries.append((i, j, offset, n))
+            offset += n
+    image_map = np.array(entries, dtype=np.int32).reshape(len(entries), len(IMAGE_MAP_COLUMNS))
+    return cu, image_map

@@ -1,0 +1,122 @@
+"""pack_sequences with images: a record's length is its text plus its vision tokens, rows cap
+their images and carry cu_seqlens and an image map; exact across runners, stops and ranks."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests._media import write_shards
+from zephon import Dataset, Pipeline
+from zephon import StaticMixtureWorkSource as Source
+from zephon._ops.pack import PackSequencesOp
+from zephon.errors import ConfigError, MissingFieldError
+from zephon.testing import check_operator
+from zephon.types import TAG_PACKING
+
+RNG = random.Random(11)
+
+
+def caption(i: int) -> dict[str, Any]:
+    grids = [(1, 2 * RNG.randint(1, 8), 2 * RNG.randint(1, 8)) for _ in range(RNG.randint(1, 4))]
+    return {"id": i, "input_ids": list(range(RNG.randint(1, 30))), "image_grid_thw": grids}
+
+
+ROWS = [caption(i) for i in range(200)]
+
+
+def vision(payload: dict[str, Any]) -> list[int]:
+    return [t * h * w // 4 for t, h, w in payload["image_grid_thw"]]
+
+
+def packed(rows: list[dict[str, Any]] = ROWS, **kwargs: Any) -> list[Any]:
+    source = Source([Dataset.from_records("c", rows, shard_size=50)], chunk_size=8)
+    pipe = Pipeline(source).pack_sequences(image_grids="image_grid_thw", **kwargs)
+    return list(pipe.options(runner="inline"))
+
+
+@pytest.mark.parametrize("algorithm", ["first_fit", "best_fit"])
+def test_rows_count_text_and_vision_tokens_and_map_every_image(algorithm: str) -> None:
+    out = packed(max_length=256, algorithm=algorithm)
+    seen = []
+    for record in out:
+        samples = record.payload["packed_samples"]
+        lengths = [len(p["input_ids"]) + sum(vision(p)) for p in samples]
+        assert record.meta.tags[TAG_PACKING]["total_length"] == sum(lengths) <= 256
+        cu = record.payload["cu_seqlens"]
+        assert cu.dtype == np.int32 and cu.tolist() == [0, *np.cumsum(lengths).tolist()]
+        expected = []
+        for i, p in enumerate(samples):
+            offset = int(cu[i])  # a sample's images come first, in order, then its text
+            for j, n in enumerate(vision(p)):
+                expected.append([i, j, offset, n])
+                offset += n
+        assert record.payload["image_map"].tolist() == expected
+        seen += [p["id"] for p in samples]
+    assert sorted(seen) == list(range(200))
+
+
+def test_max_images_per_row_caps_the_images_of_every_row() -> None:
+    def images(rows: list[Any]) -> list[int]:
+        return [len(r.payload["image_map"]) for r in rows]
+
+    assert max(images(packed(max_length=512))) > 6  # the cap below binds
+    capped = packed(max_length=512, max_images_per_row=6)
+    assert max(images(capped)) <= 6
+    ids = sorted(p["id"] for r in capped for p in r.payload["packed_samples"])
+    assert ids == list(range(200))
+    # a record with more images than the cap gets a row of its own
+    many = [{"id": 0, "input_ids": [1], "image_grid_thw": [(1, 2, 2)] * 5}, ROWS[1]]
+    alone = packed(many, max_length=512, max_images_per_row=3)
+    assert sorted(len(r.payload["packed_samples"]) for r in alone) == [1, 1]
+
+
+def test_packing_without_images_keeps_its_envelope() -> None:
+    source = Source([Dataset.from_records("c", ROWS[:10])], chunk_size=8)
+    (row, *_) = list(Pipeline(source).pack_sequences(4096).options(runner="inline"))
+    assert list(row.payload) == ["packed_samples"]
+
+
+def test_image_settings_are_checked_and_a_missing_grid_field_is_named() -> None:
+    with pytest.raises(ConfigError, match="image cannot be split across rows"):
+        PackSequencesOp(64, image_grids="image_grid_thw", algorithm="wrap")
+    with pytest.raises(ConfigError, match="max_images_per_row needs image_grids="):
+        PackSequencesOp(64, max_images_per_row=2)
+    with pytest.raises(ConfigError, match="max_images_per_row must be >= 1"):
+        PackSequencesOp(64, image_grids="g", max_images_per_row=0)
+    rows = [{"input_ids": [1, 2]}]
+    with pytest.raises(MissingFieldError, match=r"record \(0, 0, 0\) has no field 'image_grid"):
+        packed(rows, max_length=64)
+
+
+@pytest.mark.timeout(600)
+def test_planned_from_headers_packing_passes_check_operator(tmp_path: Path) -> None:
+    """Real tar shards: image_tokens counts from headers, tokenize the caption, pack."""
+    write_shards(tmp_path / "wds", [21, 20, 19])
+
+    def build() -> Pipeline:
+        ds = Dataset.from_path("w", tmp_path / "wds")
+        source = Source([ds], chunk_size=4, seed=7, shuffle_within_shard=True)
+        return (
+            Pipeline(source)
+            .image_tokens(min_pixels=28 * 28, max_pixels=28 * 28 * 6)
+            .decode_text(fields=["txt"])
+            .tokenize("bytes", field="txt")
+            .pack_sequences(40, image_grids="image_grid_thw", max_images_per_row=3, num_bins=2)
+            .options(canonical_replicas=2, flush_every_k_chunks=2)
+        )
+
+    report = check_operator(
+        build,
+        runners=("inline", "threads", "process"),
+        workers=(1, 2, 4),
+        stops=range(0, 20),
+    )
+    assert report.items >= 20  # 20 stops, all inside the run
+    rows = list(build())
+    assert sum(len(r.payload["packed_samples"]) for r in rows) == 60
+    assert all(len(r.payload["image_map"]) <= 3 for r in rows)
