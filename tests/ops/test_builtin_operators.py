@@ -66,6 +66,9 @@ BUILTINS: dict[str, Build] = {
     "decode_image": lambda tok: Pipeline(
         Source([Dataset.from_records("i", IMAGES, shard_size=16)], chunk_size=8)
     ).decode_image(min_pixels=28 * 28),
+    "image_tokens": lambda tok: Pipeline(
+        Source([Dataset.from_records("i", IMAGES, shard_size=16)], chunk_size=8)
+    ).image_tokens(min_pixels=28 * 28),
     "map_transform": lambda tok: Pipeline(text_source()).decode_text().map_transform(shout),
     "filter": lambda tok: Pipeline(text_source()).decode_text().filter(keep_short),
     "tokenize": lambda tok: Pipeline(text_source()).decode_text().tokenize(tok, max_length=40),
