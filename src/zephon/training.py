@@ -40,6 +40,11 @@ Keys of ``"shifted"``:
   document and padding run over the flattened ``B*S`` tokens, for varlen attention kernels),
   ``max_seqlen`` and ``num_valid_tokens``.
 * any ``extra_fields`` that are aligned per token, stacked.
+
+With ``image_fields`` (the decoded image fields of ``decode_image``), both conventions add
+``pixel_values`` (float32, every image of the batch in row order, as flattened 14-pixel patches
+rescaled and normalised as Qwen2-VL's image processor does) and ``image_grid_thw`` (int64, one
+``(1, h, w)`` patch grid per image): the image keys of Qwen2-VL's forward.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from zephon._pixel_values import pixel_values
 from zephon.errors import ConfigError, MissingFieldError
 from zephon.types import TAG_PACKING, TOKEN_FIELDS
 
@@ -128,6 +134,7 @@ class TrainingOptions:
     dtype: Any = np.int64
     return_tensors: Literal["np", "pt"] = "np"
     convention: Literal["shifted", "hf"] = "shifted"
+    image_fields: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if self.convention not in CONVENTIONS:
@@ -270,6 +277,7 @@ def training_arrays(batch: SampleBatch, opts: TrainingOptions) -> dict[str, Any]
     if opts.convention == "hf":
         out = _hf_arrays(rows.input_ids, labels, positions_out, cu_seqlens, max_seqlen)
         _add_extra_fields(out, rows, opts)
+        _add_images(out, rows, opts)
         return _convert(out, opts)
     out = {
         "input_ids": rows.input_ids,
@@ -284,7 +292,15 @@ def training_arrays(batch: SampleBatch, opts: TrainingOptions) -> dict[str, Any]
         "num_valid_tokens": int(loss_mask.sum()),
     }
     _add_extra_fields(out, rows, opts)
+    _add_images(out, rows, opts)
     return _convert(out, opts)
+
+
+def _add_images(out: dict[str, Any], rows: _Rows, opts: TrainingOptions) -> None:
+    """``pixel_values`` and ``image_grid_thw`` of the rows' ``image_fields``, when asked."""
+    if opts.image_fields:
+        fields = (opts.image_fields,) if isinstance(opts.image_fields, str) else opts.image_fields
+        out.update(pixel_values([r.payload for r in rows.records], fields))
 
 
 def _hf_arrays(
