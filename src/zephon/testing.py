@@ -315,7 +315,7 @@ def _check_fingerprint(checker: _Checker) -> None:
     """Every constructor argument must be in config(), or a changed value restores silently."""
     op = checker.op
     described = set(op.config())
-    excluded = set(getattr(op, "config_exclude", ()))
+    excluded = set(getattr(op, "config_exclude", ())) | set(getattr(op, "config_when_set", ()))
     for name, param in inspect.signature(type(op).__init__).parameters.items():
         if name in ("self", "name") or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue

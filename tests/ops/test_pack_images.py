@@ -120,3 +120,17 @@ def test_planned_from_headers_packing_passes_check_operator(tmp_path: Path) -> N
     rows = list(build())
     assert sum(len(r.payload["packed_samples"]) for r in rows) == 60
     assert all(len(r.payload["image_map"]) <= 3 for r in rows)
+
+
+def test_text_only_packing_keeps_the_fingerprint_its_checkpoints_were_saved_with() -> None:
+    """The image settings are described only once set: a run started before they existed
+    still restores, and a run with them set refuses a checkpoint without them."""
+    text = PackSequencesOp(256).config()
+    assert not {"image_grids", "merge_size", "max_images_per_row"} & set(text)
+    with_images = PackSequencesOp(256, image_grids="image_grid_thw", max_images_per_row=4)
+    assert dict(with_images.config()) == {
+        **text,
+        "image_grids": "image_grid_thw",
+        "merge_size": 2,
+        "max_images_per_row": 4,
+    }

@@ -513,6 +513,7 @@ class PackSequencesOp(PackOpBase):
     """
 
     name = "pack_sequences"
+    config_when_set = ("image_grids", "merge_size", "max_images_per_row")
 
     def __init__(
         self,
@@ -559,13 +560,12 @@ class PackSequencesOp(PackOpBase):
 
     def config(self) -> Mapping[str, Any]:
         fn = self.length_fn
-        return {
-            **super().config(),
-            "length_fn": getattr(fn, "__qualname__", None),
-            "image_grids": self.image_grids,
-            "merge_size": self.merge_size,
-            "max_images_per_row": self.max_images_per_row,
-        }
+        config = {**super().config(), "length_fn": getattr(fn, "__qualname__", None)}
+        if self.image_grids is not None:  # see config_when_set
+            config["image_grids"] = self.image_grids
+            config["merge_size"] = self.merge_size
+            config["max_images_per_row"] = self.max_images_per_row
+        return config
 
     def length_of(self, record: SampleRecord) -> int:
         if self.length_fn is not None:

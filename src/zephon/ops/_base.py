@@ -158,6 +158,11 @@ class BaseOp:
     #: Constructor arguments that cannot change the output (left out of the default config()).
     config_exclude: tuple[str, ...] = ()
 
+    #: Constructor arguments added after checkpoints of the operator existed: an override of
+    #: config() leaves them out while they keep the value those checkpoints ran with, so the
+    #: checkpoints still restore, and describes them once they are set.
+    config_when_set: tuple[str, ...] = ()
+
     def config(self) -> Mapping[str, Any]:
         """Settings that change the output; part of the pipeline fingerprint.
 
