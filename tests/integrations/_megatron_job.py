@@ -1,20 +1,21 @@
 """One rank of a ``torchrun`` job that trains from zephon's Megatron external data provider.
 
-Usage: ``torchrun ... _megatron_job.py OUT MODE STEPS [RESUME_ITERATION]``. Each rank sets up
-megatron-core's parallel state (gloo, TP = PP = 1, DP = the world), takes its training data from
-``datasets_provider`` (micro-batch 2, global batch 8: the accumulation follows the DP size),
-wraps it as Megatron does and reads ``accumulation`` micro-batches per iteration, saving the
-data-loader rank files after every iteration into ``OUT/ckpt``. One JSON line per micro-batch
-goes to ``OUT/<MODE>-r<RANK>.jsonl``: the iteration, the row digests and a digest of the whole
-batch. MODE ``park`` waits to be killed after iteration ``PARK_AT``; ``resume`` continues from
-the rank files of ``RESUME_ITERATION``.
+Usage: ``torchrun ... _megatron_job.py OUT MODE STEPS [RESUME_ITERATION [PP]]``. Each rank sets
+up megatron-core's parallel state (gloo, TP = 1, PP stages (1), DP = the rest), takes its
+training data from ``datasets_provider`` (micro-batch 2, global batch 8: the accumulation
+follows the DP size), wraps it as Megatron does and reads ``accumulation`` micro-batches per
+iteration, saving the data-loader rank files after every iteration into ``OUT/ckpt``. One JSON
+line per micro-batch goes to ``OUT/<MODE>-r<RANK>.jsonl``: the iteration, the row digests and a
+digest of the whole batch. MODE ``park`` waits to be killed after iteration ``PARK_AT``;
+``resume`` continues from the rank files of ``RESUME_ITERATION``.
 
 ``... _megatron_job.py OUT layout TP PP`` sets up TP x PP model parallelism instead and writes
 ``OUT/layout-r<RANK>.json``: the rank's TP and PP rank, whether the provider gave it data and
 the first micro-batch it reads.
 
 MODE ``bridge-park`` / ``bridge-resume`` do the same through Megatron-Bridge's wrapping and save
-(``_bridge_save``: the pipeline-0 / tensor-0 ranks write ``iter_*/train_dataloader_dprank*.pt``).
+(``_bridge_save``: the pipeline-0 / tensor-0 ranks write ``iter_*/train_dataloader_dprank*.pt``;
+``park`` takes a RESUME_ITERATION of 0 to be given PP).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def main() -> None:
         if mode == "layout":
             layout(out, steps, int(sys.argv[4]))
             return
-        mpu.initialize_model_parallel(1, 1)
+        mpu.initialize_model_parallel(1, int(sys.argv[5]) if len(sys.argv) > 5 else 1)
         resume = mode.endswith("resume")
         start = int(sys.argv[4]) if resume else 0
         provide = datasets_provider(
@@ -88,7 +89,7 @@ def main() -> None:
         assert train_ds is not None
         wrap, save = trainer(mode)
         iterator = wrap(train_ds)
-        rank = mpu.get_data_parallel_rank()
+        rank = dist.get_rank()
         with open(out / f"{mode}-r{rank}.jsonl", "w", encoding="utf-8") as log:
             for iteration in range(start + 1, steps + 1):
                 for _ in range(train_ds.accumulation_steps):

@@ -1,7 +1,8 @@
 """zephon's Megatron data provider under Megatron-Bridge's use of the same hook: the provider
 wrapped as ``dataloader_type="external"`` does, saved by Bridge's pipeline-0 / tensor-0 save into
 ``iter_*/train_dataloader_dprank*.pt`` (no ``mp_rank_*`` folder), SIGKILLed and resumed through
-zephon's loader on 2 and 1 DP ranks with every sample trained once."""
+zephon's loader on 2 and 1 DP ranks with every sample trained once; with two pipeline stages
+only the first saves and both resume from its file."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_bridge_save_then_sigkill_resumes_on_two_and_one_ranks_with_every_sample
     killed = tmp_path / "killed"
     run_until_parked_then_kill(torchrun_argv(SCRIPT, killed, "bridge-park", STEPS), killed)
     saved = sorted(p.relative_to(killed) for p in (killed / "ckpt").rglob("*.pt"))
-    assert saved == [rank_file(Path("ckpt"), i, r).relative_to(".")
+    assert saved == [rank_file(Path("ckpt"), i, r)
                      for i in range(1, PARK_AT + 1) for r in range(2)]  # fmt: skip
     reference = reference_steps(STEPS)
     before = trained(killed, "bridge-park", 2)
@@ -64,6 +65,23 @@ def test_bridge_save_then_sigkill_resumes_on_two_and_one_ranks_with_every_sample
         assert [{"rows": x["rows"], "batch": x["batch"]} for x in lines] == [
             batch_line(next(expected)) for _ in lines
         ]
+
+
+@pytest.mark.timeout(3 * JOB_TIMEOUT_S)
+def test_only_the_first_stage_saves_and_both_stages_resume_from_its_file(tmp_path: Path) -> None:
+    killed, resumed = tmp_path / "killed", tmp_path / "resumed"
+    argv = torchrun_argv(SCRIPT, killed, "bridge-park", STEPS, 0, 2)  # PP = 2, DP = 1
+    run_until_parked_then_kill(argv, killed)
+    saved = sorted(p.relative_to(killed) for p in (killed / "ckpt").rglob("*.pt"))
+    assert saved == [rank_file(Path("ckpt"), i, 0) for i in range(1, PARK_AT + 1)]
+    shutil.copytree(killed / "ckpt", resumed / "ckpt")
+    run_job(torchrun_argv(SCRIPT, resumed, "bridge-resume", STEPS, PARK_AT, 2), resumed)
+    expected = provider()
+    reference = [batch_line(next(expected)) for _ in range(STEPS * expected.accumulation_steps)]
+    for stage in range(2):  # the last stage reads the same batches, restored from stage 0's file
+        lines = json_lines(killed / f"bridge-park-r{stage}.jsonl")
+        lines += json_lines(resumed / f"bridge-resume-r{stage}.jsonl")
+        assert [{"rows": x["rows"], "batch": x["batch"]} for x in lines] == reference
 
 
 def save_as(path: Path, state: dict[str, object]) -> None:
