@@ -103,6 +103,9 @@ def test_bridge_layout_loads_and_its_missing_or_doubled_rank_files_are_refused(
     save_as(rank_file(tmp_path / "gone", 2, 1), state)
     with pytest.raises(CheckpointError, match=f"{rank_file(tmp_path / 'gone', 2, 0)} is missing"):
         load_generation(tmp_path / "gone", 2)
+    (tmp_path / "none" / "iter_0000002").mkdir(parents=True)  # the model's files only
+    with pytest.raises(CheckpointError, match="iter_0000002 holds no train_dataloader_dprank000"):
+        load_generation(tmp_path / "none", 2)
     save_as(rank_file(tmp_path / "both", 2, 0), state)
     save_as(lm.rank_file(tmp_path / "both", 2, 0), state)
     with pytest.raises(CheckpointError, match="are both DP rank 0's file; keep the one"):

@@ -61,8 +61,9 @@ def _read(path: Path) -> dict[str, Any]:
 def _problem(directory: Path, files: dict[int, Path]) -> str | None:
     """Why the generation's rank files do not form one whole job's state, or None."""
     if 0 not in files:
-        where = next(iter(files.values())).parent if files else directory
-        return f"{where / rank_file_name(0)} is missing"
+        if files:
+            return f"{next(iter(files.values())).parent / rank_file_name(0)} is missing"
+        return f"{directory} holds no {rank_file_name(0)} (nor its mp_rank_* folder)"
     size = int(_read(files[0])["dp_world_size"])
     missing = [rank for rank in range(size) if rank not in files]
     if missing:
