@@ -2,9 +2,11 @@
 
 ``save_dataloader_state`` writes ``iterable.save_state()`` of every data-parallel rank to
 ``<dir>/iter_<NNNNNNN>/mp_rank_00[_000]/train_dataloader_dprank<NNN>.pt`` as
-``{"dataloader_state_dict": state}``. zephon's state in each file is the whole job's merged
-position with the job's DP size, so a generation is complete when the files of ranks
-``0 .. size-1`` are all there and carry the same, valid checksum.
+``{"dataloader_state_dict": state}``; Megatron-Bridge's ``maybe_save_dataloader_state`` writes
+the same content straight into ``<dir>/iter_<NNNNNNN>/``. Both layouts are read. zephon's state
+in each file is the whole job's merged position with the job's DP size, so a generation is
+complete when the files of ranks ``0 .. size-1`` are all there and carry the same, valid
+checksum.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ log = logging.getLogger("zephon")
 STATE_FORMAT = "zephon-megatron-dataloader"
 _RANK_FILE = re.compile(r"train_dataloader_dprank(\d{3,})\.pt")
 _GENERATION = re.compile(r"iter_(\d{7,})")
+_LAYOUTS = ("train_dataloader_dprank*.pt", "mp_rank_*/train_dataloader_dprank*.pt")
 
 
 def rank_file_name(dp_rank: int) -> str:
@@ -58,7 +61,9 @@ def _read(path: Path) -> dict[str, Any]:
 def _problem(directory: Path, files: dict[int, Path]) -> str | None:
     """Why the generation's rank files do not form one whole job's state, or None."""
     if 0 not in files:
-        return f"{directory / 'mp_rank_00' / rank_file_name(0)} is missing"
+        if files:
+            return f"{next(iter(files.values())).parent / rank_file_name(0)} is missing"
+        return f"{directory} holds no {rank_file_name(0)} (nor its mp_rank_* folder)"
     size = int(_read(files[0])["dp_world_size"])
     missing = [rank for rank in range(size) if rank not in files]
     if missing:
@@ -73,15 +78,24 @@ def _problem(directory: Path, files: dict[int, Path]) -> str | None:
 
 
 def generation(directory: Path) -> Generation:
-    """The rank files under one ``iter_*`` directory and whether they are complete."""
-    files: dict[int, Path] = {}
-    for path in sorted(directory.glob("mp_rank_*/train_dataloader_dprank*.pt")):
-        found = _RANK_FILE.fullmatch(path.name)
-        if found:
-            files[int(found.group(1))] = path
+    """The rank files under one ``iter_*`` directory (either layout) and whether they are
+    complete."""
     match = _GENERATION.fullmatch(directory.name)
     iteration = int(match.group(1)) if match else -1
-    return Generation(iteration, directory, files, _problem(directory, files))
+    files: dict[int, Path] = {}
+    twice = None
+    for path in sorted(p for layout in _LAYOUTS for p in directory.glob(layout)):
+        found = _RANK_FILE.fullmatch(path.name)
+        if not found:
+            continue
+        rank = int(found.group(1))
+        if rank in files and twice is None:
+            twice = (
+                f"{path} and {files[rank]} are both DP rank {rank}'s file; keep the one the "
+                "job saved and remove the other"
+            )
+        files.setdefault(rank, path)
+    return Generation(iteration, directory, files, twice or _problem(directory, files))
 
 
 def _choose(save_dir: Path, iteration: int | None) -> Generation:

@@ -6,7 +6,8 @@ first and last pipeline stages, once per micro-batch). :class:`MegatronDataProvi
 iterator: each ``next()`` is one micro-batch of this data-parallel rank's lanes as Megatron's batch
 keys (:func:`bshd_batch`, or packed THD sequences with :func:`thd_batch`).
 
-Megatron's ``save_dataloader_state`` writes ``iterable.save_state()`` of every DP rank to its own
+Megatron's ``save_dataloader_state`` (and Megatron-Bridge's ``maybe_save_dataloader_state``, which
+uses the same hook) writes ``iterable.save_state()`` of every DP rank to its own
 ``train_dataloader_dprank<NNN>.pt`` and leaves restoring to the provider. Here ``save_state`` is
 every rank's position merged (a gather over the DP group), so each rank file holds the whole
 job's position; :meth:`MegatronDataProvider.load_state` takes the newest complete generation of
