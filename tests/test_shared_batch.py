@@ -1,16 +1,15 @@
-"""One shared block per item: the training process receives views with the same dtypes,
-shapes and values, and numpy arrays stay numpy arrays."""
+"""One shared-memory file per item: the training process receives views with the same dtypes,
+shapes and values, numpy arrays stay numpy arrays, and no file outlives its item."""
 
 from __future__ import annotations
 
 import pickle
-from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import torch
-import torch.multiprocessing  # registers torch's shared-memory reductions)
 
-from zephon._shared_batch import SharedPayload, pack, unpack
+from zephon._engine.shm import segment_files
+from zephon._shared_batch import SharedPayload, new_prefix, pack, remove_left, unpack
 
 
 def payload() -> dict[str, object]:
@@ -29,8 +28,8 @@ def payload() -> dict[str, object]:
 
 def test_the_unpacked_payload_equals_the_packed_one_value_for_value() -> None:
     original = payload()
-    # through the pickler a DataLoader worker uses: the block travels as shared memory
-    got = unpack(pickle.loads(ForkingPickler.dumps(pack(original))))
+    prefix = new_prefix()
+    got = unpack(pickle.loads(pickle.dumps(pack(original, prefix))))
     assert list(got) == list(original)
     for key, value in original.items():
         out = got[key]
@@ -42,26 +41,42 @@ def test_the_unpacked_payload_equals_the_packed_one_value_for_value() -> None:
             assert out.dtype == value.dtype and np.array_equal(out, value), key
         else:
             assert out == value, key
+    assert segment_files(prefix) == []  # the name goes once mapped; the views keep the memory
+    got["input_ids"] += 1
+    assert torch.equal(got["input_ids"], original["input_ids"] + 1)  # type: ignore[operator]
 
 
-def test_every_array_lies_in_one_shared_block() -> None:
-    packed = pack(payload())
+def test_every_array_lies_in_one_file() -> None:
+    prefix = new_prefix()
+    packed = pack(payload(), prefix)
     assert isinstance(packed, SharedPayload)
-    assert packed.block.is_shared()
+    assert segment_files(prefix) == [packed.name]
     got = unpack(packed)
-    start = packed.block.untyped_storage().data_ptr()
-    end = start + packed.block.numel()
-    for key in ("input_ids", "loss_mask", "padding_mask", "strided", "cu_seqlens"):
-        value = got[key]
-        pointer = value.data_ptr() if isinstance(value, torch.Tensor) else value.ctypes.data
-        assert start <= pointer < end, key
+    pointers = {
+        key: value.data_ptr() if isinstance(value, torch.Tensor) else value.ctypes.data
+        for key, value in got.items()
+        if key in packed.slots and key != "empty"  # an empty tensor points nowhere
+    }
+    start = min(pointers.values())
+    for key, pointer in pointers.items():
+        assert pointer - start == packed.slots[key].offset, key
         assert pointer % 64 == 0, key  # aligned for every dtype
     assert got["bf16"] is packed.rest["bf16"]
 
 
+def test_files_never_received_are_removed() -> None:
+    prefix = new_prefix()
+    names = [pack(payload(), prefix).name for _ in range(3)]
+    assert segment_files(prefix) == sorted(names)
+    remove_left(prefix)
+    assert segment_files(prefix) == []
+
+
 def test_what_gains_nothing_is_left_as_it_is() -> None:
+    prefix = new_prefix()
     single = {"input_ids": torch.arange(4)}
-    assert pack(single) is single
+    assert pack(single, prefix) is single
     records = ("not", "a", "dict")
-    assert pack(records) is records
+    assert pack(records, prefix) is records
     assert unpack(records) is records
+    assert segment_files(prefix) == []

@@ -4,6 +4,7 @@ and the states of every rank merge into one checkpoint that another world size r
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader
 from tests.engine._sources import RangeSource
 from tests.engine.test_torch import build, identity, ids
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon._engine.shm import segment_files
 from zephon.errors import CheckpointError, ConfigError
 from zephon.torch_loader import PipelineDataLoader, merge_loader_states
 
@@ -435,3 +437,13 @@ def test_a_state_handed_out_is_the_callers_own(workers: int) -> None:
     assert json.dumps(loader.state_dict(), sort_keys=True) == kept
     assert json.dumps(loader.state_dict(upto=2), sort_keys=True) == kept
     it.close()
+
+
+@pytest.mark.timeout(120)
+def test_items_the_workers_wrote_but_the_loader_never_handed_out_leave_no_file() -> None:
+    loader = PipelineDataLoader(build(), model_inputs, num_workers=2, prefetch_factor=4)
+    _, it = take(loader, 2)
+    prefix = loader._dataset.shm_prefix
+    assert prefix.startswith(f"zephon-shm-{os.getpid()}-loader")
+    it.close()  # prefetched items the workers wrote are never received
+    assert segment_files(prefix) == []

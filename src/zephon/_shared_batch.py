@@ -1,27 +1,39 @@
-"""One shared-memory block per item for what a DataLoader worker sends its training process.
+"""One shared-memory file per item for what a DataLoader worker sends its training process.
 
 torch sends each tensor a worker yields through shared memory of its own: a file descriptor
-passed over a socket, received and mapped in the training process, about 75 us of that
-process's CPU per tensor, ten tensors per ``to_training`` batch. Here a worker copies every
-array and tensor of a mapping payload into one shared tensor (its own cost), so the training
-process receives one descriptor per item and takes views of it: same dtypes, shapes and
-values, numpy arrays staying numpy arrays.
+passed over a fresh, authenticated socket connection, received and mapped in the training
+process, ten tensors per ``to_training`` batch. Here a worker writes every array and tensor of a
+dict payload into one file in the shm directory (its own cost) and sends the file's name; the
+training process maps it, removes the name at once (the mapping keeps the memory) and takes
+views: same dtypes, shapes and values, numpy arrays staying numpy arrays.
+
+Files are named ``zephon-shm-<training process pid>-loader<token>-...``: the loader removes
+those its workers wrote but it never received when an iteration ends, and a run killed before
+that leaves files that the next zephon engine sweeps (the pid is gone).
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import mmap
+import os
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from zephon._engine.shm import NAME_PREFIX, segment_files, shm_dir
+
 _ALIGN = 64  # each array starts on a cache line, so every dtype's view is aligned
+_COUNTER = itertools.count()
 
 
 @dataclass(frozen=True)
 class _Slot:
-    """Where one array lies in the block, and whether it was a torch tensor."""
+    """Where one array lies in the file, and whether it was a torch tensor."""
 
     offset: int
     nbytes: int
@@ -32,30 +44,58 @@ class _Slot:
 
 @dataclass(frozen=True)
 class SharedPayload:
-    """A mapping payload whose arrays lie in ``block``; the other values are in ``rest``."""
+    """A dict payload whose arrays lie in the shm file ``name``; other values in ``rest``."""
 
-    block: torch.Tensor
+    name: str
+    size: int
     slots: dict[str, _Slot]
     rest: dict[str, Any]
     order: tuple[str, ...]
 
 
+def new_prefix() -> str:
+    """The file-name prefix of one iteration's items (this process's pid, a fresh token)."""
+    return f"{NAME_PREFIX}{os.getpid()}-loader{secrets.token_hex(4)}-"
+
+
+def remove_left(prefix: str) -> None:
+    """Remove the files of ``prefix`` that were written but never received."""
+    for name in segment_files(prefix):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(shm_dir() / name)
+
+
 def _as_array(value: Any) -> np.ndarray | None:
     if isinstance(value, torch.Tensor):
-        if value.layout != torch.strided or value.is_cuda:
+        if value.layout != torch.strided or value.device.type != "cpu":
             return None
         try:
             return value.detach().numpy()
         except TypeError:  # a dtype numpy lacks (bfloat16): torch sends it on its own
             return None
-    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf" and not value.dtype.hasobject:
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
         return value
     return None
 
 
-def pack(payload: Any) -> Any:
-    """``payload`` with its arrays in one shared block when it is a dict holding at least two
-    of them (one array gains nothing); anything else unchanged."""
+def _write(path: str, size: int, arrays: dict[str, np.ndarray], slots: dict[str, _Slot]) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as mm:
+            flat = np.frombuffer(mm, dtype=np.uint8)
+            for key, array in arrays.items():
+                slot = slots[key]
+                view = flat[slot.offset : slot.offset + slot.nbytes].view(array.dtype)
+                view.reshape(array.shape)[...] = array
+            del flat, view
+    finally:
+        os.close(fd)
+
+
+def pack(payload: Any, prefix: str) -> Any:
+    """``payload`` with its arrays in one shm file named from ``prefix`` when it is a dict
+    holding at least two of them (one array gains nothing); anything else unchanged."""
     if type(payload) is not dict:
         return payload
     arrays = {key: a for key, value in payload.items() if (a := _as_array(value)) is not None}
@@ -67,22 +107,29 @@ def pack(payload: Any) -> Any:
         tensor = isinstance(payload[key], torch.Tensor)
         slots[key] = _Slot(size, array.nbytes, array.dtype, array.shape, tensor)
         size += -(-array.nbytes // _ALIGN) * _ALIGN
-    block = torch.empty(max(size, 1), dtype=torch.uint8)
-    flat = block.numpy()
-    for key, array in arrays.items():
-        slot = slots[key]
-        view = flat[slot.offset : slot.offset + slot.nbytes].view(array.dtype)
-        view.reshape(array.shape)[...] = array
-    block.share_memory_()  # type: ignore[no-untyped-call]
+    size = max(size, _ALIGN)
+    name = f"{prefix}{os.getpid()}-{next(_COUNTER)}"
+    _write(str(shm_dir() / name), size, arrays, slots)
     rest = {key: value for key, value in payload.items() if key not in slots}
-    return SharedPayload(block, slots, rest, tuple(payload))
+    return SharedPayload(name, size, slots, rest, tuple(payload))
+
+
+def _map(name: str, size: int) -> mmap.mmap:
+    """Map the file and remove its name: the mapping keeps the memory while views hold it."""
+    path = shm_dir() / name
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+        os.unlink(path)
 
 
 def unpack(payload: Any) -> Any:
-    """The mapping :func:`pack` was given, its arrays now views of the shared block."""
+    """The dict :func:`pack` was given, its arrays now views of the mapped file."""
     if not isinstance(payload, SharedPayload):
         return payload
-    flat = payload.block.numpy()
+    flat = np.frombuffer(_map(payload.name, payload.size), dtype=np.uint8)
     out: dict[str, Any] = {}
     for key in payload.order:
         slot = payload.slots.get(key)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 try:  # torch is optional: the classes are only usable when it is installed
     from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-    from zephon._shared_batch import pack, unpack
+    from zephon import _shared_batch
 except ImportError:  # pragma: no cover - exercised when torch is absent
     DataLoader = None  # type: ignore[assignment,misc]
     IterableDataset = object  # type: ignore[misc,assignment]
@@ -77,6 +77,7 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
         self.transform = transform
         self.stamp = stamp  # without workers, stamp every item (1) or none (0)
         self.pending: _Start = None
+        self.shm_prefix = ""  # names the shm files of the items of the current iteration
 
     def __iter__(self) -> Iterator[_Stamped]:
         info = get_worker_info()
@@ -93,7 +94,9 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
             if workers:
                 state = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
             payload = item if transform is None else transform(item)
-            yield worker, item.lane_id, state, pack(payload) if workers else payload
+            if workers:
+                payload = _shared_batch.pack(payload, self.shm_prefix)
+            yield worker, item.lane_id, state, payload
         if workers:
             yield worker, -1, None, _WORKER_DONE
 
@@ -278,14 +281,27 @@ class PipelineDataLoader:
         self._exhausted = False
         self._latest = {}
         self._pass_handed = 0
-        loader = DataLoader(
-            self._dataset,
-            batch_size=None,
-            collate_fn=_identity,
-            num_workers=self.num_workers,
-            **self._dataloader_kwargs,
+        self._dataset.shm_prefix = prefix = _shared_batch.new_prefix()
+        loader = iter(
+            DataLoader(
+                self._dataset,
+                batch_size=None,
+                collate_fn=_identity,
+                num_workers=self.num_workers,
+                **self._dataloader_kwargs,
+            )
         )
-        items: Iterator[_Stamped] = iter(loader) if self.num_workers == 0 else self._in_turn(loader)
+        try:
+            yield from self._hand_out(loader if self.num_workers == 0 else self._in_turn(loader))
+        finally:
+            shutdown = getattr(loader, "_shutdown_workers", None)
+            if shutdown is not None:  # no worker writes an item now
+                shutdown()
+            _shared_batch.remove_left(prefix)
+        self._exhausted = True
+
+    def _hand_out(self, items: Iterator[_Stamped]) -> Iterator[Any]:
+        """The items' payloads, keeping each one's position."""
         if self.accumulation_steps > 1:
             items = self._whole_groups(items)
         for worker, _, state, payload in items:
@@ -295,9 +311,8 @@ class PipelineDataLoader:
                 self._history.append((self.items_yielded, dict(self._latest), self._start))
             self.items_yielded += 1
             self._pass_handed += 1
-            payload = unpack(payload)
+            payload = _shared_batch.unpack(payload)
             yield payload if self.device is None else _to_device(payload, self.device)
-        self._exhausted = True
 
     def _whole_groups(self, items: Iterator[_Stamped]) -> Iterator[_Stamped]:
         """``items`` in whole groups of ``accumulation_steps``; a partial last group of the
@@ -330,7 +345,7 @@ class PipelineDataLoader:
             counts = {lane: n for view in views for lane, n in delivered_counts(view).items()}
         return _RankRotation(lanes, counts, self.num_workers)
 
-    def _in_turn(self, loader: Any) -> Iterator[_Stamped]:
+    def _in_turn(self, loader: Iterator[_Stamped]) -> Iterator[_Stamped]:
         """The workers' items in the rank's round-robin order.
 
         A worker's items come in its own round-robin, the rank's order restricted to its
