@@ -80,3 +80,21 @@ def test_what_gains_nothing_is_left_as_it_is() -> None:
     assert pack(records, prefix) is records
     assert unpack(records) is records
     assert segment_files(prefix) == []
+
+
+def test_a_pinning_thread_copies_the_item_once_into_one_block() -> None:
+    # pin_memory() does this into page-locked memory; here into an ordinary block
+    original = payload()
+    prefix = new_prefix()
+    packed = pack(original, prefix)
+    block = torch.empty(packed.size, dtype=torch.uint8)
+    got = packed.copied_into(block)
+    assert segment_files(prefix) == []  # mapped, copied, its name removed
+    for key, value in original.items():
+        if isinstance(value, torch.Tensor) and key in packed.slots:
+            assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+            assert got[key].untyped_storage().data_ptr() == block.untyped_storage().data_ptr()
+        elif isinstance(value, np.ndarray):
+            assert np.array_equal(got[key], value) and got[key].dtype == value.dtype
+        else:
+            assert got[key] is value or got[key] == value, key

@@ -19,6 +19,7 @@ import itertools
 import mmap
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,19 @@ class SharedPayload:
     slots: dict[str, _Slot]
     rest: dict[str, Any]
     order: tuple[str, ...]
+
+    def pin_memory(self) -> dict[str, Any]:
+        """The payload in one page-locked block (a DataLoader with ``pin_memory=True`` calls
+        this on its pinning thread, not the training thread): one copy for the whole item,
+        and every tensor a view of that block, ready for ``non_blocking`` device copies."""
+        block = torch.empty(self.size, dtype=torch.uint8, pin_memory=True)
+        return self.copied_into(block)
+
+    def copied_into(self, block: torch.Tensor) -> dict[str, Any]:
+        """The payload with its arrays copied into ``block`` (``size`` bytes) as views of it."""
+        block.numpy()[:] = np.frombuffer(_map(self.name, self.size), dtype=np.uint8)
+        flat = block.numpy()
+        return _views(self, flat, lambda slot: _torch_view(block, slot))
 
 
 def new_prefix() -> str:
@@ -125,17 +139,41 @@ def _map(name: str, size: int) -> mmap.mmap:
         os.unlink(path)
 
 
-def unpack(payload: Any) -> Any:
-    """The dict :func:`pack` was given, its arrays now views of the mapped file."""
-    if not isinstance(payload, SharedPayload):
-        return payload
-    flat = np.frombuffer(_map(payload.name, payload.size), dtype=np.uint8)
+def _torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+def _torch_view(block: torch.Tensor, slot: _Slot) -> torch.Tensor:
+    """Slot ``slot`` of ``block`` as a tensor sharing its storage."""
+    part = block[slot.offset : slot.offset + slot.nbytes]
+    return part.view(_torch_dtype(slot.dtype)).view(slot.shape)
+
+
+def _views(
+    payload: SharedPayload, flat: np.ndarray, tensor: Callable[[_Slot], torch.Tensor]
+) -> dict[str, Any]:
+    """The payload's dict, its arrays views of ``flat`` (tensors as ``tensor`` makes them)."""
     out: dict[str, Any] = {}
     for key in payload.order:
         slot = payload.slots.get(key)
         if slot is None:
             out[key] = payload.rest[key]
-            continue
-        array = flat[slot.offset : slot.offset + slot.nbytes].view(slot.dtype).reshape(slot.shape)
-        out[key] = torch.from_numpy(array) if slot.tensor else array
+        elif slot.tensor:
+            out[key] = tensor(slot)
+        else:
+            out[key] = flat[slot.offset : slot.offset + slot.nbytes].view(slot.dtype)
+            out[key] = out[key].reshape(slot.shape)
     return out
+
+
+def unpack(payload: Any) -> Any:
+    """The dict :func:`pack` was given, its arrays now views of the mapped file."""
+    if not isinstance(payload, SharedPayload):
+        return payload
+    flat = np.frombuffer(_map(payload.name, payload.size), dtype=np.uint8)
+
+    def tensor(slot: _Slot) -> torch.Tensor:
+        view = flat[slot.offset : slot.offset + slot.nbytes].view(slot.dtype)
+        return torch.from_numpy(view.reshape(slot.shape))
+
+    return _views(payload, flat, tensor)
