@@ -15,6 +15,7 @@ that leaves files that the next zephon engine sweeps (the pid is gone).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import mmap
 import os
@@ -67,6 +68,11 @@ class SharedPayload:
         return _views(self, flat, lambda slot: _torch_view(block, slot))
 
 
+@functools.cache
+def _dir() -> str:
+    return str(shm_dir())
+
+
 def new_prefix() -> str:
     """The file-name prefix of one iteration's items (this process's pid, a fresh token)."""
     return f"{NAME_PREFIX}{os.getpid()}-loader{secrets.token_hex(4)}-"
@@ -76,7 +82,7 @@ def remove_left(prefix: str) -> None:
     """Remove the files of ``prefix`` that were written but never received."""
     for name in segment_files(prefix):
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(shm_dir() / name)
+            os.unlink(os.path.join(_dir(), name))
 
 
 def _as_array(value: Any) -> np.ndarray | None:
@@ -123,14 +129,14 @@ def pack(payload: Any, prefix: str) -> Any:
         size += -(-array.nbytes // _ALIGN) * _ALIGN
     size = max(size, _ALIGN)
     name = f"{prefix}{os.getpid()}-{next(_COUNTER)}"
-    _write(str(shm_dir() / name), size, arrays, slots)
+    _write(os.path.join(_dir(), name), size, arrays, slots)
     rest = {key: value for key, value in payload.items() if key not in slots}
     return SharedPayload(name, size, slots, rest, tuple(payload))
 
 
 def _map(name: str, size: int) -> mmap.mmap:
     """Map the file and remove its name: the mapping keeps the memory while views hold it."""
-    path = shm_dir() / name
+    path = os.path.join(_dir(), name)
     fd = os.open(path, os.O_RDWR)
     try:
         return mmap.mmap(fd, size)
