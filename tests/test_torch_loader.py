@@ -4,15 +4,18 @@ and the states of every rank merge into one checkpoint that another world size r
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from torch.utils.data import DataLoader
 
 from tests.engine._sources import RangeSource
 from tests.engine.test_torch import build, identity, ids
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon._engine.shm import segment_files
 from zephon.errors import CheckpointError, ConfigError
 from zephon.torch_loader import PipelineDataLoader, merge_loader_states
 
@@ -388,3 +391,59 @@ def test_the_torch_dataset_refuses_what_would_break_its_groups() -> None:
     single = build_uneven(0).to_torch_dataset(ids, endless=True, accumulation_steps=20)
     with pytest.raises(ConfigError, match="pass 0 of this view's lanes handed out no item"):
         next(iter(single))
+
+
+def model_inputs(batch: Any) -> Any:
+    return batch.to_training(return_tensors="pt", pad_token_id=0)
+
+
+@pytest.mark.timeout(120)
+def test_workers_hand_over_model_inputs_in_one_shared_block_unchanged() -> None:
+    expected = [model_inputs(b) for b in build()]
+    got = list(PipelineDataLoader(build(), model_inputs, num_workers=2))
+    assert len(got) == len(expected)
+    for mine, theirs in zip(got, expected, strict=True):
+        assert list(mine) == list(theirs)
+        for key, value in theirs.items():
+            if isinstance(value, torch.Tensor):
+                assert mine[key].dtype == value.dtype and torch.equal(mine[key], value), key
+            else:
+                assert mine[key] == value, key
+        tensors = [t for t in mine.values() if torch.is_tensor(t)]
+        start = min(t.data_ptr() for t in tensors)
+        span = max(t.data_ptr() + t.nbytes for t in tensors) - start
+        # one shared-memory block per item, not a mapping (of whole pages) per tensor
+        assert span <= sum(t.nbytes + 64 for t in tensors)
+
+
+@pytest.mark.timeout(240)
+def test_a_resume_from_every_items_state_gives_the_rest_of_the_uninterrupted_run() -> None:
+    reference = [ids(b) for b in build()]
+    loader = PipelineDataLoader(build(), ids, num_workers=2, history=len(reference))
+    assert list(loader) == reference
+    for index in range(len(reference)):
+        resumed = PipelineDataLoader(build(), ids)
+        resumed.load_state_dict(loader.state_dict(upto=index))
+        assert list(resumed) == reference[index + 1 :], f"after item {index}"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_handed_out_is_the_callers_own(workers: int) -> None:
+    loader = PipelineDataLoader(build(), ids, num_workers=workers, history=2)
+    _, it = take(loader, 3)
+    state = loader.state_dict()
+    kept = json.dumps(state, sort_keys=True)
+    state["checkpoints"][0]["lanes"] = "changed by the caller"
+    assert json.dumps(loader.state_dict(), sort_keys=True) == kept
+    assert json.dumps(loader.state_dict(upto=2), sort_keys=True) == kept
+    it.close()
+
+
+@pytest.mark.timeout(120)
+def test_items_the_workers_wrote_but_the_loader_never_handed_out_leave_no_file() -> None:
+    loader = PipelineDataLoader(build(), model_inputs, num_workers=2, prefetch_factor=4)
+    _, it = take(loader, 2)
+    prefix = loader._dataset.shm_prefix
+    assert prefix.startswith(f"zephon-shm-{os.getpid()}-loader")
+    it.close()  # prefetched items the workers wrote are never received
+    assert segment_files(prefix) == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import pickle
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
 try:  # torch is optional: the classes are only usable when it is installed
     from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+    from zephon import _shared_batch
 except ImportError:  # pragma: no cover - exercised when torch is absent
     DataLoader = None  # type: ignore[assignment,misc]
     IterableDataset = object  # type: ignore[misc,assignment]
@@ -52,8 +55,11 @@ class _WorkerDone:
 
 
 _WORKER_DONE = _WorkerDone()
+# A view's checkpoint after an item: a worker sends it pickled, and the training process
+# unpickles only the one a state_dict() asks for, not one per item.
+_Stamp = dict[str, Any] | bytes
 # What a worker sends: (worker id, lane, its view's checkpoint after the item, the item).
-_Stamped = tuple[int, int, dict[str, Any] | None, Any]
+_Stamped = tuple[int, int, _Stamp | None, Any]
 
 
 def _identity(item: Any) -> Any:
@@ -71,6 +77,7 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
         self.transform = transform
         self.stamp = stamp  # without workers, stamp every item (1) or none (0)
         self.pending: _Start = None
+        self.shm_prefix = ""  # names the shm files of the items of the current iteration
 
     def __iter__(self) -> Iterator[_Stamped]:
         info = get_worker_info()
@@ -83,8 +90,13 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
             pipe.restore(pending)
         transform, stamp = self.transform, workers or self.stamp
         for item in pipe:
-            state = pipe.checkpoint() if stamp else None
-            yield worker, item.lane_id, state, item if transform is None else transform(item)
+            state: _Stamp | None = pipe.checkpoint() if stamp else None
+            if workers:
+                state = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+            payload = item if transform is None else transform(item)
+            if workers:
+                payload = _shared_batch.pack(payload, self.shm_prefix)
+            yield worker, item.lane_id, state, payload
         if workers:
             yield worker, -1, None, _WORKER_DONE
 
@@ -170,14 +182,14 @@ class PipelineDataLoader:
         self._dataset = _StampedDataset(pipeline, transform, stamp=1 if history > 0 else 0)
         self._pass_handed = 0  # items handed out since the current (or last) pass started
         # (index of an item handed out, each view's state after it, where its pass started)
-        self._history: deque[tuple[int, dict[int, dict[str, Any]], _Start]] = deque(maxlen=history)
+        self._history: deque[tuple[int, dict[int, _Stamp], _Start]] = deque(maxlen=history)
         self._dataloader_kwargs = dataloader_kwargs
         if num_workers:
             worker_pipeline(pipeline, 0, num_workers)  # refuse a worker count that cannot split
         self._restored: _Start = None  # loaded, for the next iteration
         self._later: dict[int, LaneCheckpoint] = {}  # rank lanes the last start saved later
         self._start: _Start = None  # where the current (or last) iteration started
-        self._latest: dict[int, dict[str, Any]] = {}
+        self._latest: dict[int, _Stamp] = {}
         self.items_yielded = 0  # items handed out by this loader, over all its iterations
         self._exhausted = False  # the last iteration delivered the rest of its epoch
 
@@ -269,14 +281,27 @@ class PipelineDataLoader:
         self._exhausted = False
         self._latest = {}
         self._pass_handed = 0
-        loader = DataLoader(
-            self._dataset,
-            batch_size=None,
-            collate_fn=_identity,
-            num_workers=self.num_workers,
-            **self._dataloader_kwargs,
+        self._dataset.shm_prefix = prefix = _shared_batch.new_prefix()
+        loader = iter(
+            DataLoader(
+                self._dataset,
+                batch_size=None,
+                collate_fn=_identity,
+                num_workers=self.num_workers,
+                **self._dataloader_kwargs,
+            )
         )
-        items: Iterator[_Stamped] = iter(loader) if self.num_workers == 0 else self._in_turn(loader)
+        try:
+            yield from self._hand_out(loader if self.num_workers == 0 else self._in_turn(loader))
+        finally:
+            shutdown = getattr(loader, "_shutdown_workers", None)
+            if shutdown is not None:  # no worker writes an item now
+                shutdown()
+            _shared_batch.remove_left(prefix)
+        self._exhausted = True
+
+    def _hand_out(self, items: Iterator[_Stamped]) -> Iterator[Any]:
+        """The items' payloads, keeping each one's position."""
         if self.accumulation_steps > 1:
             items = self._whole_groups(items)
         for worker, _, state, payload in items:
@@ -286,8 +311,8 @@ class PipelineDataLoader:
                 self._history.append((self.items_yielded, dict(self._latest), self._start))
             self.items_yielded += 1
             self._pass_handed += 1
+            payload = _shared_batch.unpack(payload)
             yield payload if self.device is None else _to_device(payload, self.device)
-        self._exhausted = True
 
     def _whole_groups(self, items: Iterator[_Stamped]) -> Iterator[_Stamped]:
         """``items`` in whole groups of ``accumulation_steps``; a partial last group of the
@@ -320,7 +345,7 @@ class PipelineDataLoader:
             counts = {lane: n for view in views for lane, n in delivered_counts(view).items()}
         return _RankRotation(lanes, counts, self.num_workers)
 
-    def _in_turn(self, loader: Any) -> Iterator[_Stamped]:
+    def _in_turn(self, loader: Iterator[_Stamped]) -> Iterator[_Stamped]:
         """The workers' items in the rank's round-robin order.
 
         A worker's items come in its own round-robin, the rank's order restricted to its
@@ -384,11 +409,10 @@ class PipelineDataLoader:
                 "state between groups only; ask for it at optimizer steps"
             )
 
-    def _view_states(
-        self, latest: Mapping[int, dict[str, Any]], start: _Start
-    ) -> list[dict[str, Any]]:
+    def _view_states(self, latest: Mapping[int, _Stamp], start: _Start) -> list[dict[str, Any]]:
         return [
-            latest[w] if w in latest else self._start_state(w, start) for w in range(self._views)
+            _unstamped(latest[w]) if w in latest else self._start_state(w, start)
+            for w in range(self._views)
         ]
 
     def _state_after(self, index: int) -> dict[str, Any]:
@@ -420,6 +444,14 @@ class PipelineDataLoader:
 
             self._restored = merge_checkpoints(state["checkpoints"], partial=True)
         self._latest = {}
+
+
+def _unstamped(state: _Stamp) -> dict[str, Any]:
+    """A view's checkpoint as a dict the caller owns (a worker's comes pickled)."""
+    loaded: dict[str, Any] = (
+        pickle.loads(state) if isinstance(state, bytes) else copy.deepcopy(state)
+    )
+    return loaded
 
 
 def _parsed_views(start: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[ParsedCheckpoint]:

@@ -1,0 +1,100 @@
+"""One shared-memory file per item: the training process receives views with the same dtypes,
+shapes and values, numpy arrays stay numpy arrays, and no file outlives its item."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import torch
+
+from zephon._engine.shm import segment_files
+from zephon._shared_batch import SharedPayload, new_prefix, pack, remove_left, unpack
+
+
+def payload() -> dict[str, object]:
+    return {
+        "input_ids": torch.arange(24, dtype=torch.int64).reshape(3, 8),
+        "loss_mask": torch.rand(3, 8, dtype=torch.float32),
+        "padding_mask": torch.tensor([[True, False, True]] * 2),
+        "cu_seqlens": np.array([0, 5, 24], dtype=np.int32),
+        "strided": torch.arange(16, dtype=torch.int16).reshape(4, 4).t(),
+        "empty": torch.zeros((0, 8), dtype=torch.int64),
+        "max_seqlen": 19,
+        "use_cache": False,
+        "bf16": torch.ones(2, dtype=torch.bfloat16),  # no numpy dtype: sent on its own
+    }
+
+
+def test_the_unpacked_payload_equals_the_packed_one_value_for_value() -> None:
+    original = payload()
+    prefix = new_prefix()
+    got = unpack(pickle.loads(pickle.dumps(pack(original, prefix))))
+    assert list(got) == list(original)
+    for key, value in original.items():
+        out = got[key]
+        assert type(out) is type(value), key
+        if isinstance(value, torch.Tensor):
+            assert out.dtype == value.dtype and out.shape == value.shape, key
+            assert torch.equal(out, value), key
+        elif isinstance(value, np.ndarray):
+            assert out.dtype == value.dtype and np.array_equal(out, value), key
+        else:
+            assert out == value, key
+    assert segment_files(prefix) == []  # the name goes once mapped; the views keep the memory
+    got["input_ids"] += 1
+    assert torch.equal(got["input_ids"], original["input_ids"] + 1)  # type: ignore[operator]
+
+
+def test_every_array_lies_in_one_file() -> None:
+    prefix = new_prefix()
+    packed = pack(payload(), prefix)
+    assert isinstance(packed, SharedPayload)
+    assert segment_files(prefix) == [packed.name]
+    got = unpack(packed)
+    pointers = {
+        key: value.data_ptr() if isinstance(value, torch.Tensor) else value.ctypes.data
+        for key, value in got.items()
+        if key in packed.slots and key != "empty"  # an empty tensor points nowhere
+    }
+    start = min(pointers.values())
+    for key, pointer in pointers.items():
+        assert pointer - start == packed.slots[key].offset, key
+        assert pointer % 64 == 0, key  # aligned for every dtype
+    assert got["bf16"] is packed.rest["bf16"]
+
+
+def test_files_never_received_are_removed() -> None:
+    prefix = new_prefix()
+    names = [pack(payload(), prefix).name for _ in range(3)]
+    assert segment_files(prefix) == sorted(names)
+    remove_left(prefix)
+    assert segment_files(prefix) == []
+
+
+def test_what_gains_nothing_is_left_as_it_is() -> None:
+    prefix = new_prefix()
+    single = {"input_ids": torch.arange(4)}
+    assert pack(single, prefix) is single
+    records = ("not", "a", "dict")
+    assert pack(records, prefix) is records
+    assert unpack(records) is records
+    assert segment_files(prefix) == []
+
+
+def test_a_pinning_thread_copies_the_item_once_into_one_block() -> None:
+    # pin_memory() does this into page-locked memory; here into an ordinary block
+    original = payload()
+    prefix = new_prefix()
+    packed = pack(original, prefix)
+    block = torch.empty(packed.size, dtype=torch.uint8)
+    got = packed.copied_into(block)
+    assert segment_files(prefix) == []  # mapped, copied, its name removed
+    for key, value in original.items():
+        if isinstance(value, torch.Tensor) and key in packed.slots:
+            assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+            assert got[key].untyped_storage().data_ptr() == block.untyped_storage().data_ptr()
+        elif isinstance(value, np.ndarray):
+            assert np.array_equal(got[key], value) and got[key].dtype == value.dtype
+        else:
+            assert got[key] is value or got[key] == value, key
