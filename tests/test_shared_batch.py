@@ -98,3 +98,38 @@ def test_a_pinning_thread_copies_the_item_once_into_one_block() -> None:
             assert np.array_equal(got[key], value) and got[key].dtype == value.dtype
         else:
             assert got[key] is value or got[key] == value, key
+
+
+KILLED_WRITER = """
+import sys
+import numpy as np
+from zephon._shared_batch import new_prefix, pack
+prefix = new_prefix()
+pack({"input_ids": np.arange(4096), "labels": np.arange(4096)}, prefix)
+print(prefix, flush=True)
+sys.stdin.read()  # until the test kills it
+"""
+
+
+def test_the_files_of_a_killed_training_process_are_swept_by_the_next_engine() -> None:
+    """A SIGKILLed training process removes nothing; the next engine's sweep of dead
+    sessions takes its loader's files (named by that process's pid)."""
+    import subprocess
+    import sys
+
+    from zephon._engine.shm import sweep_stale
+
+    with subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        assert child.stdout is not None
+        prefix = child.stdout.readline().strip()
+        assert len(segment_files(prefix)) == 1
+        child.kill()
+        child.wait()
+    assert segment_files(prefix) != []  # nothing removed them at the kill
+    assert set(segment_files(prefix)) <= set(sweep_stale())
+    assert segment_files(prefix) == []
