@@ -18,6 +18,7 @@ BASES: dict[str, type[BaseException]] = {
     "zephon.capture.protocols.TokenCaptureFrozenError": RuntimeError,
     "zephon.capture.protocols.TokenCaptureRetiredError": RuntimeError,
     "zephon.capture.protocols.RolloutRetiredError": LookupError,
+    "zephon.capture.ledger.LedgerTransitionError": ValueError,
     "zephon.capture._conformance_kit.ConformanceError": AssertionError,
     "zephon.capture._conformance_kit._Skip": Exception,
     "zephon.capture.stores._fsutil.LogCorruptionError": DataFormatError,

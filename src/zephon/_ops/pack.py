@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -499,6 +500,41 @@ class PackOpBase(BaseOp):
         return self.assemble(meta, DeferredBin(parts))
 
 
+@dataclass(frozen=True)
+class FieldsRead:
+    """The projection of a payload onto the fields pack_flat reads: a plain value, so a worker
+    stage's pickled identity (Ray reuses actors by it) does not change with the operator's
+    state between iterations."""
+
+    tokens_field: str
+    groups: str | None
+    aligned_fields: tuple[str, ...] | None
+
+    def __call__(self, payload: Any) -> Any:
+        """The fields of ``payload`` that ``extract`` and ``group_key`` read, in payload
+        order (so ``extract`` gives the same result); ``payload`` itself when one is missing
+        or nothing is left out."""
+        if type(payload) is not dict:
+            return payload
+        name: str | None = self.tokens_field
+        if name == "auto":
+            name = next((n for n in TOKEN_FIELD_CANDIDATES if n in payload), None)
+        tokens = payload.get(name) if name is not None else None
+        if not isinstance(tokens, (np.ndarray, list)):
+            return payload
+        keep = {name}
+        if self.groups is not None:
+            keep.add(self.groups)
+        if self.aligned_fields is not None:
+            keep.update(self.aligned_fields)
+        if not keep.issubset(payload):
+            return payload
+        length = len(tokens)
+        auto = self.aligned_fields is None
+        out = {k: v for k, v in payload.items() if k in keep or (auto and _aligned(v, length))}
+        return payload if len(out) == len(payload) else out
+
+
 def _aligned(value: Any, length: int) -> bool:
     if isinstance(value, np.ndarray):
         return value.ndim == 1 and value.shape[0] == length
@@ -654,31 +690,9 @@ class PackFlatOp(PackOpBase):
         }
 
     def input_projection(self) -> Callable[[Any], Any]:
-        return self._fields_read
-
-    def _fields_read(self, payload: Any) -> Any:
-        """The fields of ``payload`` that ``extract`` and ``group_key`` read, in payload
-        order (so ``extract`` gives the same result); ``payload`` itself when one is missing
-        or nothing is left out."""
-        if type(payload) is not dict:
-            return payload
-        name: str | None = self.tokens_field
-        if name == "auto":
-            name = next((n for n in TOKEN_FIELD_CANDIDATES if n in payload), None)
-        tokens = payload.get(name) if name is not None else None
-        if not isinstance(tokens, (np.ndarray, list)):
-            return payload
-        keep = {name}
-        if isinstance(self.groups, str):
-            keep.add(self.groups)
-        if self.aligned_fields is not None:
-            keep.update(self.aligned_fields)
-        if not keep.issubset(payload):
-            return payload
-        length = len(tokens)
-        auto = self.aligned_fields is None
-        out = {k: v for k, v in payload.items() if k in keep or (auto and _aligned(v, length))}
-        return payload if len(out) == len(payload) else out
+        groups = self.groups if isinstance(self.groups, str) else None
+        aligned = tuple(self.aligned_fields) if self.aligned_fields is not None else None
+        return FieldsRead(self.tokens_field, groups, aligned)
 
     def extract(self, record: SampleRecord) -> tuple[Any, int]:
         payload = record.payload
