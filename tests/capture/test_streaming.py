@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,10 @@ import pytest
 
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import REPO, store_url
-from tests.capture._rl_loop import GROUP
+from tests.capture._rl_loop import GROUP, prompt_pipeline
 from tests.capture._stream_fill import issue, roll
 from zephon import Pipeline
+from zephon.capture.rl import PromptSource
 from zephon.capture.streaming import StreamingCaptureSource
 from zephon.capture.stores import open_store
 from zephon.errors import ConfigError
@@ -137,3 +139,69 @@ def test_a_sigkilled_trainer_resumes_and_every_admitted_group_is_delivered_once(
     assert ledger.counts()["trained"] == GROUP * PROMPTS
     steps = [m.step for row in ledger.prompts for m in row.members]
     assert steps == [p // 2 for p in range(PROMPTS) for _ in range(GROUP)]
+
+
+STALE_K = 1
+STEP_GROUPS = 2
+SLOW_S = 0.4  # the generation time of a slow group (a workload, not a synchronisation)
+
+
+async def _generate(url: str, trainer_version: list[int], prompts: int) -> None:
+    """Issue prompts at the trainer's version, at most STEP_GROUPS * (version + k + 1) in all
+    (the in-flight cap that keeps the bound reachable); every fourth group is slow."""
+
+    async def rollout(group: Any) -> None:
+        await asyncio.sleep(SLOW_S if group.position % 4 == 1 else 0.01)
+        await roll(store, "s", group)
+
+    store = open_store(url)
+    source = await PromptSource.open(store, "s", prompt_pipeline(), n=GROUP)
+    tasks = []
+    while len(tasks) < prompts:
+        version = trainer_version[0]
+        if len(tasks) >= STEP_GROUPS * (version + STALE_K + 1):
+            await asyncio.sleep(0.01)  # poll the trainer's version
+            continue
+        group = await source.next_group(weight_version=version)
+        assert group is not None
+        tasks.append(asyncio.create_task(rollout(group)))
+    await asyncio.gather(*tasks)
+    await store.close()
+
+
+@pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])
+def test_with_a_bound_of_k_no_trained_group_is_older_and_slow_ones_are_waited_for(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+    prompts = 16
+    trainer_version = [0]
+    errors: list[BaseException] = []
+
+    def producer() -> None:
+        try:
+            asyncio.run(_generate(url, trainer_version, prompts))
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    store = open_store(url)
+    source = StreamingCaptureSource(
+        store, "s", groups_per_step=STEP_GROUPS, max_staleness=STALE_K, prompts=prompts
+    )
+    delivered = []
+    for n, record in enumerate(source.pipeline(), 1):
+        group = record.payload
+        refs = [(group["position"], m["index"], m["attempt"]) for m in group["members"]]
+        asyncio.run(store.advance("s", refs, "trained", step=group["trained_version"]))
+        delivered.append(group["position"])
+        trainer_version[0] = n // STEP_GROUPS
+    thread.join(CONSUMER_TIMEOUT_S)
+    assert not errors and not thread.is_alive(), errors
+    ledger = asyncio.run(store.stream_ledger("s"))
+    asyncio.run(store.close())
+    assert sorted(delivered) == list(range(prompts))
+    assert ledger.counts()["trained"] == GROUP * prompts  # none filtered, slow ones included
+    ages = [row.members[0].step - row.weight_version for row in ledger.prompts]
+    assert max(ages) <= STALE_K, ages

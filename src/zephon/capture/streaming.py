@@ -39,6 +39,7 @@ from zephon.capture.ledger import (
 from zephon.capture.protocols import PromptLedger
 from zephon.errors import CheckpointError, ConfigError, DataError
 from zephon.io import Dataset, Shard
+from zephon.pipeline import Pipeline
 from zephon.work import WorkChunk, WorkSource
 
 __all__ = ["LOG_SUFFIX", "StreamingCaptureSource"]
@@ -270,6 +271,12 @@ class StreamingCaptureSource(WorkSource):
         }
         self._core = _Core(store, stream, options)
         self._lane, self._lanes, self._next = 0, 1, 0
+
+    def pipeline(self) -> Pipeline:
+        """A pipeline over this source that hands each group on as soon as it is admitted
+        (a flush after every chunk): without it the engine's micro-batches hold groups back,
+        and a trainer that paces generation would wait for groups it never receives."""
+        return Pipeline(self).options(flush_every_k_chunks=1)
 
     @property
     def admissions(self) -> list[dict[str, Any]]:
