@@ -143,7 +143,10 @@ class _Core:
         cached = self.records.get(g)
         if cached is not None:
             return cached
-        entry = self.entry(g)
+        # A served admission is already logged: read it without the lock, which the feeder
+        # holds while it waits for the next group.
+        log = self.log
+        entry = log[g] if g < len(log) else self.entry(g)
         if entry is None:
             raise DataError(f"{self.log_stream}: admission {g} was never made")
         record = run_sync(self._build(entry, g))
