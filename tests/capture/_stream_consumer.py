@@ -19,8 +19,8 @@ from typing import Any
 
 from zephon import Pipeline
 from zephon.capture.dataset import run_sync
-from zephon.capture.streaming import StreamingCaptureSource
 from zephon.capture.stores import open_store
+from zephon.capture.streaming import StreamingCaptureSource
 
 STREAM = "s"
 _OPS = [0, 0]  # [done, kill at]

@@ -14,8 +14,8 @@ from tests.capture._stream_fill import issue, roll
 from zephon import Pipeline
 from zephon.capture.group_ops import DropEqualRewards, KeepPerPrompt
 from zephon.capture.ledger import PromptState
-from zephon.capture.streaming import StreamingCaptureSource
 from zephon.capture.stores import open_store
+from zephon.capture.streaming import StreamingCaptureSource
 from zephon.errors import ConfigError
 
 PROMPTS = 9

@@ -21,8 +21,8 @@ from tests.capture._rl_loop import GROUP, prompt_pipeline
 from tests.capture._stream_fill import issue, roll
 from zephon import Pipeline
 from zephon.capture.rl import PromptSource
-from zephon.capture.streaming import StreamingCaptureSource
 from zephon.capture.stores import open_store
+from zephon.capture.streaming import StreamingCaptureSource
 from zephon.errors import ConfigError
 
 PROMPTS = 10
