@@ -155,11 +155,14 @@ class _Core:
 
     async def _build(self, entry: Mapping[str, Any], g: int) -> dict[str, Any]:
         members: list[dict[str, Any]] = []
+        masked: list[str] = []
         position = int(entry["position"])
         for index, attempt in entry["members"]:
             rid = member_rollout_id(self.stream, position, index, attempt)
             built = build_rollout(await self.store.freeze(rid))
             reward = await self._reward(rid)
+            if built.trajectory is None:
+                masked.append(rid)  # nothing trainable: built.notes say why
             for t in built.trajectories:
                 row = t.to_row()
                 members.append({**row, "index": index, "attempt": attempt, "reward": reward})
@@ -171,6 +174,7 @@ class _Core:
             "weight_version": entry["weight_version"],
             "trained_version": entry["trained_version"],
             "members": members,
+            "masked": masked,
         }
 
     async def _reward(self, rid: str) -> float | None:
@@ -221,7 +225,7 @@ class StreamingCaptureSource(WorkSource):
     ``weight_version`` (at issue), ``trained_version`` (the version it is admitted for),
     ``admission`` (its number) and ``members``, one per built trajectory of a scored member:
     ``input_ids``, ``loss_mask``, ``logprobs``, ``rollout_id``, ``index``, ``attempt``,
-    ``reward``.
+    ``reward``; ``masked`` lists the scored members whose build has nothing to train.
 
     Args:
         store: a store keeping prompt ledgers and scores (``open_store(url)``).
