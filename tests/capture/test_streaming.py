@@ -19,8 +19,11 @@ from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import REPO, store_url
 from tests.capture._rl_loop import GROUP, prompt_pipeline
 from tests.capture._stream_fill import issue, roll
+from tests.capture._workload import make_entry
 from zephon import Pipeline
+from zephon.capture.ledger import PromptState
 from zephon.capture.rl import PromptSource
+from zephon.capture.scores import RolloutScore
 from zephon.capture.stores import open_store
 from zephon.capture.streaming import StreamingCaptureSource
 from zephon.errors import ConfigError
@@ -205,3 +208,36 @@ def test_with_a_bound_of_k_no_trained_group_is_older_and_slow_ones_are_waited_fo
     assert ledger.counts()["trained"] == GROUP * prompts  # none filtered, slow ones included
     ages = [row.members[0].step - row.weight_version for row in ledger.prompts]
     assert max(ages) <= STALE_K, ages
+
+
+def test_a_member_past_the_wall_clock_cap_is_filtered_and_its_group_served(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url("file", tmp_path, request)
+
+    async def fill() -> None:
+        store = open_store(url)
+        groups = await issue(store, "s", 2, version=0)
+        await roll(store, "s", groups[1])
+        stuck = groups[0]  # member 1 never finishes generating
+        first = stuck.members[0]
+        await store.put(make_entry(first.rollout_id, "call-0", prompt=8, gen=4))
+        for to in ("captured", "scored"):
+            await store.advance("s", [(0, 0, first.attempt)], to)
+        await store.put_score(RolloutScore(rollout_id=first.rollout_id, verifier="v", reward=1.0))
+        await store.close()
+
+    asyncio.run(fill())
+    store = open_store(url)
+    source = StreamingCaptureSource(
+        store, "s", groups_per_step=1, max_staleness=0, prompts=2, cap_s=0.001
+    )
+    got = [
+        (r.payload["position"], [m["index"] for m in r.payload["members"]])
+        for r in source.pipeline()
+    ]
+    ledger = asyncio.run(store.stream_ledger("s"))
+    asyncio.run(store.close())
+    assert got == [(0, [0]), (1, [0, 1])]
+    stuck = ledger.prompts[0].members[1]
+    assert (stuck.state, stuck.reason) == (PromptState.FILTERED, "over the 0.001 s cap")
