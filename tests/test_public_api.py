@@ -77,6 +77,8 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.capture.proxy.server": _names("bind_socket exposure_problem serve"),
     "zephon.capture.rl": _names("PromptGroup PromptSource"),
+    "zephon.capture.streaming": _names("LOG_SUFFIX StreamingCaptureSource"),
+    "zephon.capture.group_ops": _names("DropEqualRewards KeepPerPrompt"),
     "zephon.capture.scores": _names("RolloutScore"),
     "zephon.capture.records": _names(
         "CallRecord CaptureLedgerCommit DIGEST_VERSION EngineRefusalRecord FINGERPRINT_VERSION "

@@ -1,0 +1,107 @@
+"""Group operators: deterministic pipeline operators over the groups a streaming source serves.
+
+Why operators: a group's fate (dropped for lack of signal, trimmed to ``k`` members) must be
+the same on every replay, so it is decided from the record alone (its members and rewards,
+in member order), never from the clock. Each member left out is recorded ``filtered`` in the
+prompt ledger with its reason, in one transaction per group; a replay repeats the same move,
+which the ledger answers as a no-op. Add them with ``pipe.add_op(DropEqualRewards(store))``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from zephon.capture.dataset import run_sync
+from zephon.capture.ledger import MemberRef
+from zephon.errors import ConfigError
+from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
+from zephon.types import SampleRecord, StreamItem, record_tokens, tombstone_meta
+
+__all__ = ["DropEqualRewards", "KeepPerPrompt"]
+
+_MICRO_BATCH = 16
+EQUAL_REASON = "all rewards equal"
+
+
+def _refs(group: Mapping[str, Any], members: Sequence[Mapping[str, Any]]) -> list[MemberRef]:
+    """Each member's ``(position, index, attempt)`` once (a member may have several samples)."""
+    refs = {(group["position"], m["index"], m["attempt"]): None for m in members}
+    return list(refs)
+
+
+class _GroupOp(BaseOp):
+    """An element-wise operator on group records that files its drops in the ledger."""
+
+    def __init__(self, store: Any, *, name: str | None = None) -> None:
+        super().__init__(name=name)
+        self.store = store
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _GroupOp:
+        """Worker copies share the store (its connection and locks); the op keeps no state."""
+        return copy.copy(self)
+
+    def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
+        return CountingAccumulator(_MICRO_BATCH, None)
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, parallelism=1, elementwise=True)
+
+    def decide(self, group: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str, list[Any]]:
+        """``(kept record or None, reason, members left out)`` for one group."""
+        raise NotImplementedError
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        out: list[StreamItem] = []
+        for elem in elems:
+            group = elem.payload
+            kept, reason, dropped = self.decide(group)
+            if dropped:
+                refs = _refs(group, dropped)
+                run_sync(self.store.advance(group["stream"], refs, "filtered", reason=reason))
+            if kept is None:
+                meta = tombstone_meta(elem.meta, reason=reason, tokens=record_tokens(elem))
+                out.append(SampleRecord(meta, None))
+            else:
+                out.append(SampleRecord(elem.meta, kept))
+        return out
+
+
+class DropEqualRewards(_GroupOp):
+    """Drops a group whose rewards are all equal (no learning signal); its members are
+    filtered with the reason ``all rewards equal``."""
+
+    name = "drop_equal_rewards"
+
+    def config(self) -> Mapping[str, Any]:
+        return {}
+
+    def decide(self, group: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str, list[Any]]:
+        members = list(group["members"])
+        if len({m["reward"] for m in members}) > 1:
+            return dict(group), "", []
+        return None, EQUAL_REASON, members
+
+
+class KeepPerPrompt(_GroupOp):
+    """Keeps the first ``k`` members of each group (by member index); the others are filtered
+    with the reason ``keep K per prompt``."""
+
+    name = "keep_per_prompt"
+
+    def __init__(self, store: Any, k: int, *, name: str | None = None) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"KeepPerPrompt k is {k!r}: keep at least 1 member per prompt")
+        super().__init__(store, name=name)
+        self.k = k
+
+    def config(self) -> Mapping[str, Any]:
+        return {"k": self.k}
+
+    def decide(self, group: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str, list[Any]]:
+        members = list(group["members"])
+        keep = sorted({m["index"] for m in members})[: self.k]
+        dropped = [m for m in members if m["index"] not in keep]
+        kept = [m for m in members if m["index"] in keep]
+        return {**group, "members": kept}, f"keep {self.k} per prompt", dropped

@@ -1,0 +1,324 @@
+"""A streaming capture source: tails the prompt ledger and serves admitted groups to a pipeline.
+
+Why a log of admissions: which groups are complete when the trainer asks depends on the
+clock, so a replay cannot re-decide them. Each admission is therefore appended, durably and
+before it is served, to a second ledger stream ``<stream>.admitted`` of the same store (one
+entry per admission: the prompt's position and the attempts of its scored members). Admission
+``g`` is chunk ``g`` of the work source; its state is how many chunks it generated, so a
+pipeline checkpoint names exactly which groups were served in which order, and a restore
+(in the same process or after a SIGKILL) replays them from the log, then admits new ones.
+
+The staleness bound is exact: admission ``g`` is trained at weight version
+``first_version + g // groups_per_step`` (the trainer steps once per ``groups_per_step``
+groups it reads), so :meth:`StreamLedger.admit` is asked at that version, whatever the
+pipeline read ahead. When an incomplete group has reached the bound, the source waits for it
+(pacing generation), never discards it; only an optional per-member wall-clock cap
+(``cap_s``) filters a stuck rollout, and that decision is in the ledger too.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from zephon.capture.builder import build_rollout
+from zephon.capture.dataset import run_sync
+from zephon.capture.ledger import (
+    MAX_STREAM_CHARS,
+    LedgerTransitionError,
+    PromptRow,
+    PromptState,
+    StreamLedger,
+    member_rollout_id,
+    validate_stream,
+)
+from zephon.capture.protocols import PromptLedger
+from zephon.errors import CheckpointError, ConfigError, DataError
+from zephon.io import Dataset, Shard
+from zephon.pipeline import Pipeline
+from zephon.work import WorkChunk, WorkSource
+
+__all__ = ["LOG_SUFFIX", "StreamingCaptureSource"]
+
+LOG_SUFFIX = ".admitted"
+STATE_VERSION = 1
+_ENDLESS = 2**62  # the shard's nominal length: admissions are numbered as they happen
+
+
+class _Core:
+    """What every lane clone shares: the store, the admission log and the built groups."""
+
+    def __init__(self, store: Any, stream: str, options: dict[str, Any]) -> None:
+        self.store = store
+        self.stream = stream
+        self.log_stream = stream + LOG_SUFFIX
+        self.opts = options
+        self.lock = threading.Lock()
+        self.log: list[dict[str, Any]] = []
+        self.loaded = False
+        self.records: dict[int, dict[str, Any]] = {}
+        self.dataset = Dataset(options["name"], [_GroupShard(self)])
+
+    # -- the admission log -----------------------------------------------------------------
+
+    def entry(self, g: int) -> dict[str, Any] | None:
+        """Admission ``g`` (from the log, else decided now); None once the stream ended."""
+        with self.lock:
+            if not self.loaded:
+                self._reload()
+                self.loaded = True
+            while len(self.log) <= g:
+                if not self._admit_next():
+                    return None
+            return self.log[g]
+
+    def _reload(self) -> None:
+        ledger = run_sync(self.store.stream_ledger(self.log_stream))
+        self.log = [dict(row.payload) for row in ledger.prompts]
+
+    def _admit_next(self) -> bool:
+        opts = self.opts
+        while True:
+            ledger: StreamLedger = run_sync(self.store.stream_ledger(self.stream))
+            taken = {int(e["position"]) for e in self.log}
+            if opts["cap_s"] is not None:
+                self._filter_overdue(ledger)
+            g = len(self.log)
+            version = opts["first_version"] + g // opts["groups_per_step"]
+            view = StreamLedger(
+                stream=self.stream, prompts=[r for r in ledger.prompts if r.position not in taken]
+            )
+            admission = view.admit(version, opts["max_staleness"], 1)
+            if admission.groups:
+                return self._append(g, admission.groups[0], version)
+            if self._ended(ledger, taken):
+                return False
+            time.sleep(opts["poll_s"])  # generation is still running: poll the ledger
+
+    def _filter_overdue(self, ledger: StreamLedger) -> None:
+        cap = self.opts["cap_s"]
+        refs = ledger.overdue(time.time(), cap)
+        if refs:
+            reason = f"over the {cap:g} s cap"
+            for ref in refs:  # one by one: a member that moved meanwhile is left alone
+                try:
+                    run_sync(self.store.advance(self.stream, [ref], "filtered", reason=reason))
+                except LedgerTransitionError:
+                    continue
+
+    def _ended(self, ledger: StreamLedger, taken: set[int]) -> bool:
+        total = self.opts["prompts"]
+        if total is None or ledger.next_position < total:
+            return False
+        return all(r.done or r.position in taken for r in ledger.prompts[:total])
+
+    def _append(self, g: int, row: PromptRow, version: int) -> bool:
+        entry = {
+            "position": row.position,
+            "prompt_key": row.prompt_key,
+            "weight_version": row.weight_version,
+            "trained_version": version,
+            "members": [[m.index, m.attempt] for m in row.members if m.state is PromptState.SCORED],
+        }
+        try:
+            run_sync(
+                self.store.issue_prompt(
+                    self.log_stream, g, prompt_key=f"p{row.position}", payload=entry
+                )
+            )
+        except LedgerTransitionError:
+            self._reload()  # another source admitted g first: serve what it logged
+            return len(self.log) > g
+        self.log.append(entry)
+        return True
+
+    # -- the served records ----------------------------------------------------------------
+
+    def record(self, g: int) -> dict[str, Any]:
+        """The payload of admission ``g``: the group and one built trajectory per sample."""
+        cached = self.records.get(g)
+        if cached is not None:
+            return cached
+        # A served admission is already logged: read it without the lock, which the feeder
+        # holds while it waits for the next group.
+        log = self.log
+        entry = log[g] if g < len(log) else self.entry(g)
+        if entry is None:
+            raise DataError(f"{self.log_stream}: admission {g} was never made")
+        record = run_sync(self._build(entry, g))
+        self.records[g] = record
+        return record
+
+    async def _build(self, entry: Mapping[str, Any], g: int) -> dict[str, Any]:
+        members: list[dict[str, Any]] = []
+        masked: list[str] = []
+        position = int(entry["position"])
+        for index, attempt in entry["members"]:
+            rid = member_rollout_id(self.stream, position, index, attempt)
+            built = build_rollout(await self.store.freeze(rid))
+            reward = await self._reward(rid)
+            if built.trajectory is None:
+                masked.append(rid)  # nothing trainable: built.notes say why
+            for t in built.trajectories:
+                row = t.to_row()
+                members.append({**row, "index": index, "attempt": attempt, "reward": reward})
+        return {
+            "stream": self.stream,
+            "admission": g,
+            "position": position,
+            "prompt_key": entry["prompt_key"],
+            "weight_version": entry["weight_version"],
+            "trained_version": entry["trained_version"],
+            "members": members,
+            "masked": masked,
+        }
+
+    async def _reward(self, rid: str) -> float | None:
+        scores = await self.store.scores(rid)
+        verifier = self.opts["verifier"]
+        if verifier is None:
+            if len(scores) > 1:
+                names = sorted(s.verifier for s in scores)
+                raise DataError(
+                    f"rollout {rid!r} has scores of {names}: pass verifier= to "
+                    "StreamingCaptureSource to pick the reward"
+                )
+            return scores[0].reward if scores else None
+        return next((s.reward for s in scores if s.verifier == verifier), None)
+
+
+class _GroupShard(Shard):
+    """Admission ``g`` is row ``g``; rows are built on first read (then kept)."""
+
+    def __init__(self, core: _Core) -> None:
+        self._core = core
+
+    @property
+    def location(self) -> str:
+        return f"<stream:{self._core.stream}>"
+
+    def __len__(self) -> int:
+        return _ENDLESS
+
+    def read(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        return [dict(self._core.record(int(i))) for i in indices]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _GroupShard:
+        """Worker copies share the core (its log and built groups)."""
+        return self
+
+
+def _check(name: str, value: object, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"StreamingCaptureSource {name} is {value!r}: use an int >= {low}")
+    return value
+
+
+class StreamingCaptureSource(WorkSource):
+    """Admitted groups of a prompt-ledger stream as a replayable pipeline work source.
+
+    Yields one record per admitted group, oldest first: ``position``, ``prompt_key``,
+    ``weight_version`` (at issue), ``trained_version`` (the version it is admitted for),
+    ``admission`` (its number) and ``members``, one per built trajectory of a scored member:
+    ``input_ids``, ``loss_mask``, ``logprobs``, ``rollout_id``, ``index``, ``attempt``,
+    ``reward``; ``masked`` lists the scored members whose build has nothing to train.
+
+    Args:
+        store: a store keeping prompt ledgers and scores (``open_store(url)``).
+        stream: the stream a :class:`~zephon.capture.rl.PromptSource` issues into.
+        groups_per_step: groups the trainer reads per optimizer step.
+        max_staleness: ``k``: a group issued at version ``v`` is trained by ``v + k``.
+        prompts: how many prompts the stream will hold (the source ends once each is
+            served or filtered); None: endless.
+        first_version: the weight version of the first step.
+        verifier: the score whose reward is served (None: the rollout's only score).
+        cap_s: filter members still generating after this many seconds (None: wait).
+        poll_s: how often to read the ledger while waiting for a group.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        stream: str,
+        *,
+        groups_per_step: int,
+        max_staleness: int,
+        prompts: int | None = None,
+        first_version: int = 0,
+        verifier: str | None = None,
+        cap_s: float | None = None,
+        poll_s: float = 0.05,
+        name: str = "stream",
+    ) -> None:
+        if len(validate_stream(stream)) > MAX_STREAM_CHARS - len(LOG_SUFFIX):
+            raise ConfigError(
+                f"stream {stream!r} is too long for its admission log {stream + LOG_SUFFIX!r}: "
+                f"use at most {MAX_STREAM_CHARS - len(LOG_SUFFIX)} characters"
+            )
+        if not isinstance(store, PromptLedger):
+            raise TypeError(
+                f"{type(store).__name__} keeps no prompt ledger: open a zephon capture store "
+                "with open_store(url)"
+            )
+        if cap_s is not None and not cap_s > 0:
+            raise ConfigError(f"StreamingCaptureSource cap_s is {cap_s!r}: use seconds > 0")
+        options = {
+            "groups_per_step": _check("groups_per_step", groups_per_step, 1),
+            "max_staleness": _check("max_staleness", max_staleness, 0),
+            "prompts": None if prompts is None else _check("prompts", prompts, 0),
+            "first_version": _check("first_version", first_version, 0),
+            "verifier": verifier,
+            "cap_s": cap_s,
+            "poll_s": float(poll_s),
+            "name": name,
+        }
+        self._core = _Core(store, stream, options)
+        self._lane, self._lanes, self._next = 0, 1, 0
+
+    def pipeline(self) -> Pipeline:
+        """A pipeline over this source that hands each group on as soon as it is admitted
+        (a flush after every chunk): without it the engine's micro-batches hold groups back,
+        and a trainer that paces generation would wait for groups it never receives."""
+        return Pipeline(self).options(flush_every_k_chunks=1)
+
+    @property
+    def admissions(self) -> list[dict[str, Any]]:
+        """The admission log read or written so far (position, members, versions), in order."""
+        with self._core.lock:
+            return [dict(e) for e in self._core.log]
+
+    # -- WorkSource -------------------------------------------------------------------------
+
+    @property
+    def datasets(self) -> Sequence[Dataset]:
+        return [self._core.dataset]
+
+    def next_chunk(self) -> WorkChunk | None:
+        g = self._next * self._lanes + self._lane
+        if self._core.entry(g) is None:
+            return None
+        self._next += 1
+        return WorkChunk(np.asarray([[0, 0, g]], dtype=np.int64), global_index=g)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"version": STATE_VERSION, "next": self._next}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION or not isinstance(state.get("next"), int):
+            raise CheckpointError(f"StreamingCaptureSource cannot load state {dict(state)!r}")
+        self._next = int(state["next"])
+
+    def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> StreamingCaptureSource:
+        if not 0 <= lane_id < canonical_replicas:
+            raise ConfigError(f"lane {lane_id} is outside 0..{canonical_replicas - 1}")
+        clone = object.__new__(StreamingCaptureSource)
+        clone._core = self._core
+        clone._lane, clone._lanes, clone._next = lane_id, canonical_replicas, 0
+        return clone
+
+    def chunk_size_hint(self) -> int | None:
+        return 1
