@@ -155,8 +155,8 @@ def test_map_batch_may_follow_batch_in_yaml_and_nothing_else():
     [
         ("datasets: [{name: web, path: my-data, format: jsnl}]",
          "datasets[0].format: expected one of 'jsonl', 'parquet', 'arrow', 'vortex', 'hf', "
-         "'lance', 'mds', 'litdata', 'converted', 'megatron', 'datatrove', 'npy', 'webdataset' or null, got "
-         "'jsnl'; "
+         "'lance', 'mds', 'litdata', 'converted', 'megatron', 'datatrove', 'npy', 'webdataset' "
+         "or null, got 'jsnl'; "
          "did you mean 'jsonl'?"),
         (DATA + "runner: thread", "runner: expected one of 'inline', 'threads', 'process', "
          "'ray', got 'thread'; did you mean 'threads'?"),
