@@ -79,3 +79,38 @@ def test_sqlite_urls(tmp_path: Path) -> None:
 def test_sqlite_store_mutations_are_caught(tmp_path: Path, mutation: Mutation) -> None:
     url = f"sqlite://{tmp_path}/cap.db"
     assert_mutation_caught(lambda: open_store(url), mutation)
+
+
+def test_processes_opening_a_new_store_at_once_all_open_it(tmp_path: Path) -> None:
+    """Switching a new database to WAL needs it to itself, and SQLite can refuse at once (no
+    busy wait) while another opener does the same: every opener retries instead of failing."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "capture.db"
+    opener = (
+        "import sys; from zephon.capture.stores._sqlite import SqliteStore; "
+        "sys.stdin.read(); SqliteStore(sys.argv[1]).close(); print('opened')"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", opener, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
+    for proc in procs:  # all go at once
+        assert proc.stdin is not None
+        proc.stdin.close()
+    outs = [(p.stdout.read(), p.stderr.read()) for p in procs if p.stdout and p.stderr]
+    for proc in procs:
+        proc.wait(timeout=120)
+        for pipe in (proc.stdout, proc.stderr):
+            assert pipe is not None
+            pipe.close()
+    assert [(p.returncode, out) for p, (out, _) in zip(procs, outs)] == [(0, "opened\n")] * 8, [
+        err[-500:] for _, err in outs
+    ]

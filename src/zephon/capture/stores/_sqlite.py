@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -74,7 +75,7 @@ class SqliteStore(SqlStore):
             self.path, timeout=timeout, isolation_level=None, check_same_thread=False
         )
         self._conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = _enable_wal(self._conn, timeout)
         if str(mode).lower() != "wal":
             raise RuntimeError(f"sqlite capture store {self.path}: cannot enable WAL (got {mode})")
         self._conn.execute("PRAGMA synchronous = FULL")
@@ -148,3 +149,20 @@ class SqliteStore(SqlStore):
         with self._lock:
             self._conn.close()
             os.close(self._writer_lock)
+
+
+def _enable_wal(conn: sqlite3.Connection, timeout: float) -> str:
+    """Switch the database to WAL (a no-op read when it already is), retrying while another
+    connection holds it: the switch needs the database to itself and SQLite answers "database
+    is locked" at once, without waiting ``busy_timeout``, when a second opener races it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0])
+            if mode.lower() == "wal":
+                return mode
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
