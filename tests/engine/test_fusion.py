@@ -71,6 +71,24 @@ def test_stop_and_restore_across_fusion_settings(fuse, reference):
     assert out == reference
 
 
+@pytest.mark.parametrize("held_records", [False, True])
+def test_a_restored_shuffle_feeding_a_fused_chain_rebuilds_the_records_it_held(held_records):
+    """Records a shuffle holds at a checkpoint are rebuilt as they enter the operator that
+    reads them first, which here heads a fused chain (it once got them unbuilt)."""
+
+    def shuffled(runner: str) -> Pipeline:
+        ds = Dataset.from_records("rows", ROWS, shard_size=70)
+        pipe = Pipeline(RangeSource([ds], chunk_size=24)).decode_text().shuffle(64, seed=5)
+        pipe = pipe.filter(not_seven).map_transform(shout).tokenize("bytes", parallelism=2)
+        return pipe.batch(5).options(runner=runner, canonical_replicas=3)
+
+    assert [3, 4, 5] in shuffled("threads").explain().fused
+    expected = [key(b) for b in shuffled("inline")]
+    stops = [3, 11, 30]
+    out = run_with_stops(lambda: shuffled("threads"), key, stops, held_records=held_records)
+    assert out == expected
+
+
 @pytest.mark.parametrize("runner", ["threads", "process"])
 def test_explain_names_fused_and_chained_operators_and_fuse_false_keeps_them_apart(runner):
     fused = build(runner).explain()

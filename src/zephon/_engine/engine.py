@@ -180,6 +180,9 @@ class Engine:
             stats.chunks = feeder.chunks_admitted
         if mux is not None:
             stats.tombstones = mux.tombstones
+            for lane in mux.lanes_with_drops():
+                restart = self._restart_point(lane)
+                mux.count_drops(lane, restart, self.states.held_positions(lane, restart))
             stats.samples_done = mux.samples_done
             stats.dropped = mux.drops.copy()
             stats.skipped = self.quarantine.count
@@ -301,6 +304,14 @@ class Engine:
         lc = self.resume.lanes[lane]
         return lc.start_chunk_id, lc.source_state
 
+    def _restart_point(self, lane: int, start_cid: int | None = None) -> tuple[int, int]:
+        """Where a checkpoint taken now restarts ``lane``: its first chunk still held, and
+        the offset in it when a snapshot cut falls there."""
+        if start_cid is None:
+            start_cid = self._lane_start(lane)[0]
+        restart = self._restart.get(lane, (start_cid, 0))
+        return (start_cid, restart[1] if restart[0] == start_cid else 0)
+
     @property
     def prepared(self) -> bool:
         """Whether the feeder and tail exist (a checkpoint then describes this iteration)."""
@@ -316,8 +327,7 @@ class Engine:
         lanes = []
         for lane in self.lanes:
             start_cid, state = self._lane_start(lane)
-            restart = self._restart.get(lane, (start_cid, 0))
-            offset = restart[1] if restart[0] == start_cid else 0
+            offset = self._restart_point(lane, start_cid)[1]
             done = lane in mux.finished_lanes
             since = mux.deliveries_since(lane, (start_cid, offset))
             drained = since != 0

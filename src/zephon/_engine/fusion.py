@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from zephon._engine.driver_chain import DriverChain
 from zephon._engine.lane_state import has_lane_state
-from zephon._engine.stage import StageCore, annotate, any_control, call_process_many
+from zephon._engine.stage import Resolver, StageCore, annotate, any_control, call_process_many
 from zephon._engine.stats import OpStats
 from zephon.ops import (
     Accumulator,
@@ -207,6 +207,20 @@ class Unit:
         return self.last > self.first
 
 
+def _resolve_all(resolvers: Sequence[Resolver | None]) -> Resolver | None:
+    """One payload resolver doing the work of ``resolvers`` (None where there is none); it
+    says whether any of them still has records to resolve."""
+    live = [resolve for resolve in resolvers if resolve is not None]
+    if len(live) < 2:
+        return live[0] if live else None
+
+    def resolve_all(batch: Sequence[StreamItem]) -> bool:
+        live[:] = [resolve for resolve in live if resolve(batch)]
+        return bool(live)
+
+    return resolve_all
+
+
 def build_units(
     plan: Plan, cores: Sequence[StageCore], contexts: Sequence[OpContext], max_inflight: int | None
 ) -> list[Unit]:
@@ -241,6 +255,9 @@ def build_units(
                 lanes=core.lanes,
                 marker_mode=core.marker_mode,
             )
+            # restored records that get their payloads as they enter one of the group's
+            # operators get them as they enter the group
+            core.resolve = _resolve_all([cores[i].resolve for i in group])
             inflight = max_inflight or (1 if first in on_driver else 2 * width)
             stage = replace(stage, op_name=op.name, parallelism=width, max_inflight=inflight)
         units.append(Unit(core, stage, first, last))

@@ -96,6 +96,7 @@ class OperatorStates:
         # their empty state, which is theirs at a restart point the lane delivered after;
         # a checkpoint names such a stage only while it holds records
         self._drained: dict[int, dict[int, Any]] = {}
+        self._held_positions: dict[int, tuple[Position, frozenset[tuple[int, int]]]] = {}
 
     def attach(self, index: int, op: BaseOp, acc: LaneStateful) -> LaneStateLog:
         """Start logging ``acc``'s lane states; queue the saved ones for :meth:`load`."""
@@ -265,6 +266,23 @@ class OperatorStates:
             if any(record.meta.cursor == cursor for record in _records_in(state)):
                 return True
         return False
+
+    def held_positions(self, lane: int, position: Position) -> frozenset[tuple[int, int]]:
+        """The source positions ``(chunk id, offset)`` of the records the stages hold at the
+        restart point ``position``: a restore there runs them again (cached while it stays)."""
+        cached = self._held_positions.get(lane)
+        if cached is not None and cached[0] == position:
+            return cached[1]
+        held: set[tuple[int, int]] = set()
+        for index in self._records:
+            try:
+                state = self.logs[index].state_at(lane, *position)
+            except CheckpointError:  # no cut there: an epoch boundary or a chunk start
+                continue
+            held.update((r.meta.chunk_id, r.meta.chunk_offset) for r in _records_in(state))
+        out = frozenset(held)
+        self._held_positions[lane] = (position, out)
+        return out
 
     def held_at(
         self, lane: int, position: Position, *, drained: bool = False

@@ -51,6 +51,11 @@ def any_control(items: Sequence[StreamItem]) -> bool:
     return any(map(_CONTROL_OF, items))
 
 
+Resolver = Callable[[Sequence[StreamItem]], bool]
+"""Gives the restored records of one emitted micro-batch their payloads; says whether any are
+still waiting (see ``OperatorStates.resolver``)."""
+
+
 @dataclass(slots=True)
 class Task:
     """One micro-batch: ``work`` goes through ``process_many``; ``passthrough`` follows it;
@@ -192,7 +197,7 @@ class StageCore:
         self._held_at: dict[int, int] = {}  # id(held marker) -> lane's emitted count then
         # after a restore: gives restored records their payloads as they leave; False when
         # none is left (then unset)
-        self.resolve: Callable[[Sequence[StreamItem]], bool] | None = None
+        self.resolve: Resolver | None = None
         self.lanes = tuple(lanes)
         self.stats = stats
         self.acc = accumulator

@@ -10,8 +10,10 @@ a whole epoch has been delivered (its flush sentinel reached the head of the lan
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from zephon._engine.stats import REPLAYED, DropCounts
@@ -73,6 +75,9 @@ class LaneMux:
         # source samples whose outputs were all delivered or dropped here (a progress that
         # read-ahead, shuffle buffers and repeats cannot inflate); replays are not counted
         self.samples_done = 0
+        # lane -> heap of (chunk id, offset, samples) of drops not yet done: a checkpoint taken
+        # now restarts the lane before them, and the restored run drops them again
+        self._drops: dict[int, list[tuple[int, int, int]]] = {}
         self.finished_lanes: set[int] = done
         self.replay_cursor: dict[int, SampleCursor | None] = {lane: None for lane in lanes}
         self.replay_cursor.update(replay_cursors or {})
@@ -99,7 +104,9 @@ class LaneMux:
             if tomb.cut_tokens is None:  # a cut note closes and drops nothing
                 self.tombstones += 1
                 if tomb.reason != REPLAYED:
-                    self.samples_done += samples_in(item)
+                    meta = item.meta
+                    drop = (meta.chunk_id, meta.chunk_offset, samples_in(item))
+                    heapq.heappush(self._drops.setdefault(meta.lane_id, []), drop)
             self.drops.count(tomb)
             reason = tomb.reason or ""
             if self._on_skip is not None and (
@@ -145,6 +152,33 @@ class LaneMux:
             else:
                 return True
         return True
+
+    def lanes_with_drops(self) -> list[int]:
+        """The lanes holding drops not yet counted as done (see :meth:`count_drops`)."""
+        return [lane for lane, drops in self._drops.items() if drops]
+
+    def count_drops(
+        self, lane: int, restart: tuple[int, int], held: AbstractSet[tuple[int, int]]
+    ) -> None:
+        """Count as done the drops of ``lane`` before ``restart``, where a restore of the lane
+        starts, except those of records a stage ``held`` there (a restore runs them again);
+        all of them once the lane has ended."""
+        drops = self._drops.get(lane)
+        if not drops:
+            return
+        if lane in self.finished_lanes:
+            self.samples_done += sum(drop[2] for drop in drops)
+            drops.clear()
+            return
+        kept = []
+        while drops and drops[0][:2] < restart:
+            drop = heapq.heappop(drops)
+            if drop[:2] in held:
+                kept.append(drop)
+            else:
+                self.samples_done += drop[2]
+        for drop in kept:
+            heapq.heappush(drops, drop)
 
     def settle(self) -> None:
         """Consume markers already at the head of every lane (before a checkpoint)."""
