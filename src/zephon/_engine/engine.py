@@ -22,7 +22,7 @@ from zephon._engine.pools import check_not_bootstrapping
 from zephon._engine.quarantine import Quarantine
 from zephon._engine.runners import RunJob, RunResources
 from zephon._engine.source import LaneStart, SnapshotPolicy, SourceFeeder
-from zephon._engine.stage import StageCore
+from zephon._engine.stage import MarkerMode, StageCore
 from zephon._engine.stats import LaneProgress, OpStats, RunStats
 from zephon._engine.tail import LaneMux
 from zephon._exit import at_exit
@@ -131,7 +131,7 @@ class Engine:
                     stats=self.op_stats[i] if self.op_stats is not None else None,
                     lanes=self.lanes,
                     state_log=log,
-                    marker_mode=self._marker_mode(modes[i]) if modes else "pass",
+                    marker_mode=self._marker_mode(modes[i]) if modes else MarkerMode.PASS,
                 )
             )
         plan = self.snapshot_plan
@@ -140,12 +140,14 @@ class Engine:
             core.resolve = self.states.resolver(index)
         return cores
 
-    def _marker_mode(self, mode: str) -> str:
+    def _marker_mode(self, mode: MarkerMode) -> MarkerMode:
         """A stage's marker mode; markers ride inside micro-batches only where results leave
         in sequence order (completion order could let one overtake the data before it)."""
         if not self.snapshot_plan.enabled:
-            return "pass"
-        return "flush" if mode == "ride" and not self.options.deterministic else mode
+            return MarkerMode.PASS
+        if mode is MarkerMode.RIDE and not self.options.deterministic:
+            return MarkerMode.FLUSH
+        return mode
 
     def _lane_starts(self) -> dict[int, tuple[int, int]]:
         """Where each fed lane (re)starts: the beginning, or the restored restart point."""

@@ -26,7 +26,7 @@ from zephon._engine.snapshot_codec import (
     pack_state,
     unpack_state,
 )
-from zephon._engine.snapshots import Rebuilder, holds_records
+from zephon._engine.snapshots import Rebuilder, Role, holds_records
 from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError
 from zephon.ops import BaseOp, LaneStateful, OpContext
@@ -143,7 +143,7 @@ class OperatorStates:
         self,
         ops: Sequence[BaseOp],
         contexts: Sequence[OpContext],
-        roles: Sequence[str],
+        roles: Sequence[Role],
         resolve_at: Sequence[int],
     ) -> None:
         """Load the queued saved states. Records a state names get their payloads rebuilt now
