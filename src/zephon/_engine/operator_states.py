@@ -27,7 +27,7 @@ from zephon._engine.snapshot_codec import (
     unpack_state,
 )
 from zephon._engine.snapshots import Rebuilder, Role, holds_records
-from zephon.checkpoints import format as ckpt
+from zephon.checkpoints import LaneCheckpoint
 from zephon.errors import CheckpointError
 from zephon.ops import BaseOp, LaneStateful, OpContext
 from zephon.ops.state import payloads_lazy
@@ -73,12 +73,12 @@ class OperatorStates:
     def __init__(
         self,
         starts: Mapping[int, Position],
-        resume: ckpt.ParsedCheckpoint | None,
+        restored: Mapping[int, LaneCheckpoint] | None,
         key_of: Callable[[int], str],
         flush_every_k_chunks: int,
     ) -> None:
         self.starts = dict(starts)
-        self.resume = resume
+        self.restored = restored  # the restored checkpoint's lanes (None: no restore)
         self.key_of = key_of
         self.k = flush_every_k_chunks
         self.logs: dict[int, LaneStateLog] = {}
@@ -109,10 +109,10 @@ class OperatorStates:
         if batches:
             self._drained[index] = {lane: acc.state_dict(lane) for lane in self.starts}
         for lane in self.starts:
-            if self.resume is None:
+            if self.restored is None:
                 log.set_initial(lane, acc.state_dict(lane))
                 continue
-            saved = self.resume.lanes[lane].operator_state or {}
+            saved = self.restored[lane].operator_state or {}
             if key in saved:
                 state = unpack_state(saved[key]) if records else saved[key]
                 self._pending.append((index, op, acc, lane, state))
@@ -131,8 +131,8 @@ class OperatorStates:
     def _untouched(self, lane: int) -> bool:
         """A checkpoint taken before the lane delivered anything (before the first item, when
         no accumulator exists yet to ask) holds no state: the initial one is the right one."""
-        assert self.resume is not None
-        return self.starts[lane] == (0, 0) and self.resume.lanes[lane].delivered == 0
+        assert self.restored is not None
+        return self.starts[lane] == (0, 0) and self.restored[lane].delivered == 0
 
     def _at_epoch_start(self, lane: int) -> bool:
         """A restore at an epoch start needs no buffer state: the flush there emptied it."""
