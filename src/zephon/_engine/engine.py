@@ -14,7 +14,7 @@ from typing import Any
 from zephon._engine import waiting
 from zephon._engine.compile import CompiledRun
 from zephon._engine.global_order import regrouping
-from zephon._engine.lane_state import has_lane_state
+from zephon._engine.lane_state import RestartPoint, has_lane_state
 from zephon._engine.mixture_counts import MixtureCounts
 from zephon._engine.operator_states import OperatorStates
 from zephon._engine.plan import stalls_sentinels
@@ -83,7 +83,7 @@ class Engine:
         self.mixture_target = mixture_target(self.source)
         self.mixture: MixtureCounts | None = None
         self.quarantine = Quarantine(self.options.quarantine)
-        self._restart: dict[int, tuple[int, int]] = {}  # lane -> newest delivered restart point
+        self._restart: dict[int, RestartPoint] = {}  # lane -> newest delivered restart point
         self.states = OperatorStates(
             self._lane_starts(),
             None if run.resume is None else self.restored,
@@ -142,7 +142,7 @@ class Engine:
             return MarkerMode.FLUSH
         return mode
 
-    def _lane_starts(self) -> dict[int, tuple[int, int]]:
+    def _lane_starts(self) -> dict[int, RestartPoint]:
         """Where each fed lane (re)starts: the beginning, or the restored restart point."""
         if not self.restored:
             return dict.fromkeys(self.lanes, (0, 0))
@@ -152,7 +152,7 @@ class Engine:
             if not lc.done
         }
 
-    def _restart_at(self, lane: int, position: tuple[int, int]) -> None:
+    def _restart_at(self, lane: int, position: RestartPoint) -> None:
         """Everything of ``lane`` before ``position`` is delivered: a restore may start there."""
         if position <= self._restart.get(lane, (-1, 0)):
             return
@@ -338,7 +338,7 @@ class Engine:
         return tuple(samples), tuple(tokens)
 
     def _replay_cursor(
-        self, mux: LaneMux, lane: int, start: tuple[int, int], since: int | None
+        self, mux: LaneMux, lane: int, start: RestartPoint, since: int | None
     ) -> SampleCursor | None:
         """The last delivered cursor, which a restore at ``start`` drops up to. When the one
         batch the lane delivered since the cut was the partial batch saved there (a flush
@@ -373,7 +373,7 @@ class Engine:
         return self.checkpoint_at(self.position(held_records=held_records))
 
     def _operator_state(
-        self, lane: int, start: tuple[int, int], held_records: bool, *, drained: bool
+        self, lane: int, start: RestartPoint, held_records: bool, *, drained: bool
     ) -> tuple[dict[str, Any] | None, bool]:
         """Each stateful accumulator's lane state at the point a restore regenerates from,
         and whether it carries held records' payloads. ``drained``: the lane delivered since

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from zephon._engine.lane_state import LaneStateLog, Position, frozen_copy
+from zephon._engine.lane_state import LaneStateLog, RestartPoint, frozen_copy
 from zephon._engine.snapshot_codec import (
     HeldPayloads,
     HeldRecord,
@@ -72,7 +72,7 @@ class OperatorStates:
 
     def __init__(
         self,
-        starts: Mapping[int, Position],
+        starts: Mapping[int, RestartPoint],
         restored: Mapping[int, LaneCheckpoint] | None,
         key_of: Callable[[int], str],
         flush_every_k_chunks: int,
@@ -91,7 +91,7 @@ class OperatorStates:
         self._set_up: list[tuple[BaseOp, OpContext]] = []
         self._ready: list[BaseOp] = []  # operator copies set up for the rebuild
         self._lock = threading.Lock()
-        self._at: dict[int, tuple[Position, bool, dict[str, Any]]] = {}  # lane -> last encoded
+        self._at: dict[int, tuple[RestartPoint, bool, dict[str, Any]]] = {}  # lane -> last encoded
         # batching stages (their held records all leave in the lane's next batch): lane ->
         # their empty state, which is theirs at a restart point the lane delivered after;
         # a checkpoint names such a stage only while it holds records
@@ -234,11 +234,11 @@ class OperatorStates:
         for op in ready:
             op.teardown()
 
-    def forget_below(self, lane: int, position: Position) -> None:
+    def forget_below(self, lane: int, position: RestartPoint) -> None:
         for log in self.logs.values():
             log.forget_below(lane, position)
 
-    def at(self, lane: int, position: Position, *, drained: bool = False) -> dict[str, Any]:
+    def at(self, lane: int, position: RestartPoint, *, drained: bool = False) -> dict[str, Any]:
         """Each stateful stage's lane state at the restart point, as checkpoint JSON: the same
         object while the restart point stays (a state there never changes once recorded).
         ``drained``: the lane delivered since that point, so batching stages are empty."""
@@ -255,7 +255,7 @@ class OperatorStates:
         self._at[lane] = (position, drained, out)
         return out
 
-    def batched_at(self, lane: int, position: Position, cursor: SampleCursor) -> bool:
+    def batched_at(self, lane: int, position: RestartPoint, cursor: SampleCursor) -> bool:
         """Whether a batching stage held the record of ``cursor`` at the restart point."""
         for index in self._drained:
             try:
@@ -267,7 +267,7 @@ class OperatorStates:
         return False
 
     def held_at(
-        self, lane: int, position: Position, *, drained: bool = False
+        self, lane: int, position: RestartPoint, *, drained: bool = False
     ) -> tuple[dict[str, Any], bool]:
         """:meth:`at` with the held records' payloads written too (not cached: asked for
         once per checkpoint file), and whether any record carries its payload."""
@@ -276,7 +276,7 @@ class OperatorStates:
         return out, held.written > 0
 
     def _encode_at(
-        self, lane: int, position: Position, held: HeldPayloads | None, drained: bool
+        self, lane: int, position: RestartPoint, held: HeldPayloads | None, drained: bool
     ) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for index, log in sorted(self.logs.items()):
