@@ -24,7 +24,7 @@ from zephon._engine.plan import (
 )
 from zephon._engine.replay_filter import ReplayFilterOp
 from zephon._engine.runners import REGISTRY, Runner
-from zephon._engine.snapshots import SnapshotPlan, plan_snapshots
+from zephon._engine.snapshots import SnapshotPlan, plan_snapshots, snapshots_off
 from zephon._engine.stats import OpStats
 from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError
@@ -274,11 +274,12 @@ def _snapshot_plan(
     specs: list[OpSpec], accs: list[Accumulator], options: RuntimeOptions, monotone: bool
 ) -> SnapshotPlan:
     """Which stages take snapshots and how, or why the plan takes none."""
+    ops = [s.op for s in specs]
     if monotone:
-        return SnapshotPlan([], [], "the plan keeps cursor order (a restore replays a chunk)")
+        return snapshots_off(ops, accs, "the plan keeps cursor order (a restore replays a chunk)")
     if not options.snapshot_every_chunks:
-        return SnapshotPlan([], [], "snapshot_every_chunks=0")
-    return plan_snapshots([s.op for s in specs], accs)
+        return snapshots_off(ops, accs, "snapshot_every_chunks=0")
+    return plan_snapshots(ops, accs)
 
 
 def snapshot_note(plan: SnapshotPlan, options: RuntimeOptions) -> str:

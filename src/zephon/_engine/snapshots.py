@@ -50,6 +50,7 @@ __all__ = [
     "SnapshotPlan",
     "holds_records",
     "plan_snapshots",
+    "snapshots_off",
 ]
 
 
@@ -102,6 +103,13 @@ class SnapshotPlan:
     @property
     def enabled(self) -> bool:
         return self.reason is None
+
+
+def snapshots_off(ops: Sequence[BaseOp], accs: Sequence[Accumulator], reason: str) -> SnapshotPlan:
+    """A plan that takes no snapshots (``reason``), with each stage's rebuild role all the
+    same: provenance rebuilds the records a truncating operator cut from them."""
+    roles = [_role(op, acc) for op, acc in zip(ops, accs, strict=True)]
+    return SnapshotPlan([], roles, reason, resolve_points(ops, accs, roles))
 
 
 def plan_snapshots(ops: Sequence[BaseOp], accs: Sequence[Accumulator]) -> SnapshotPlan:
