@@ -13,7 +13,10 @@ import pytest
 from tests.engine import _resume as resume
 from tests.engine._dedupe import DedupeOp
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon._engine.compile import compile as compile_run
 from zephon._engine.snapshot_codec import pack_state, unpack_state
+from zephon._engine.snapshots import Role
+from zephon._engine.stage import MarkerMode
 from zephon.checkpoints import refetch_counts, seal
 from zephon.errors import CheckpointError
 from zephon.ops import Rebuild
@@ -389,3 +392,20 @@ def test_a_checkpoint_taken_while_that_rule_turned_snapshots_off_restores_exactl
     full = [key(b) for b in dedupe_before_shuffle(Rebuild.UNCHANGED)]
     restored = [key(b) for b in dedupe_before_shuffle(Rebuild.UNCHANGED).restore(saved)]
     assert restored == full[25:]
+
+
+def test_each_stage_has_a_rebuild_role_and_a_marker_mode_with_snapshots_or_without():
+    """Roles come from declared traits (derived only without one); modes only with snapshots."""
+    pipe = dedupe_before_shuffle(Rebuild.UNCHANGED)
+    run = compile_run(pipe.work_source, pipe._all_specs(), pipe._options)
+    names = [s.op.name for s in run.specs]
+    plan = run.snapshot_plan
+    by_name = dict(zip(names, zip(plan.roles, plan.modes, strict=True), strict=True))
+    assert by_name["dedupe"] == (Role.UNCHANGED, MarkerMode.SNAPSHOT)
+    assert by_name["tokenize"] == (Role.RERUN, MarkerMode.FLUSH)
+    assert by_name["pack_flat"] == (Role.REASSEMBLE, MarkerMode.SNAPSHOT)
+    assert by_name["replay_filter"] == (Role.UNCHANGED, MarkerMode.REPLAY)
+    off = dedupe_before_shuffle(None, snapshot_every_chunks=0)
+    plan = compile_run(off.work_source, off._all_specs(), off._options).snapshot_plan
+    assert (plan.enabled, plan.modes) == (False, [])
+    assert plan.roles[names.index("dedupe")] is Role.STATEFUL

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zephon._engine.lane_state import has_lane_state
-from zephon._engine.replay_filter import REPLAY_FILTER
+from zephon._engine.replay_filter import ReplayFilterOp
 from zephon._engine.snapshot_codec import HeldRecord
 from zephon._engine.stage import MarkerMode, call_process_many
 from zephon.errors import ContractError
@@ -114,7 +114,7 @@ def snapshots_off(ops: Sequence[BaseOp], accs: Sequence[Accumulator], reason: st
 
 def plan_snapshots(ops: Sequence[BaseOp], accs: Sequence[Accumulator]) -> SnapshotPlan:
     """Decide each stage's marker mode, or why this plan cannot take snapshots."""
-    replay = next(i for i, op in enumerate(ops) if op.name == REPLAY_FILTER)
+    replay = next(i for i, op in enumerate(ops) if isinstance(op, ReplayFilterOp))
     roles = [_role(op, acc) for op, acc in zip(ops, accs, strict=True)]
     modes: list[MarkerMode] = []
     in_order = True  # every stage so far keeps its input in source order
