@@ -13,7 +13,8 @@ named record's payload by re-running only those records, by sample id, through t
 before the stage that held them: element-wise operators run as usual, packing reassembles a bin
 from its segments, and shuffle and mixture correction leave payloads as they are. A plan with a
 stage that cannot be rebuilt this way (an order-changing operator without state, or a stateful
-one upstream of a buffering one) takes no snapshots and restores from the last flush.
+one without a ``rebuild`` trait upstream of a buffering one) takes no snapshots, says why in
+``explain()``, and restores from the last flush.
 """
 
 from __future__ import annotations
