@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
+from zephon._engine.compile import check_restore, config_fingerprint, view_lanes
 from zephon._engine.compile import compile as compile_run
-from zephon._engine.compile import view_lanes
 from zephon._engine.engine import Engine
 from zephon._engine.engine_process import EngineProcess
 from zephon._engine.fetch import FetchOp
@@ -773,14 +773,15 @@ class Pipeline:
             )
         parsed, later = split_later(ckpt.parse(state), view_lanes(self._options))
         source = self.work_source.with_epoch(parsed.epoch)
-        compile_run(source, self._all_specs(), self._options, parsed)  # validates
+        check_restore(source, self._all_specs(), self._options, parsed)
         fingerprints: dict[int, str] = {}  # each later pass's configuration, as this pipeline's
         for lane, lc in sorted(later.items()):
             assert lc.epoch is not None
             if lc.epoch not in fingerprints:
                 source = self.work_source.with_epoch(lc.epoch)
-                run = compile_run(source, self._all_specs(), self._options)
-                fingerprints[lc.epoch] = run.config_fingerprint
+                fingerprints[lc.epoch] = config_fingerprint(
+                    source, self._all_specs(), self._options
+                )
             if lc.fingerprint != fingerprints[lc.epoch]:
                 raise CheckpointError(
                     f"checkpoint lane {lane} was saved in epoch {lc.epoch} with another "

@@ -7,7 +7,15 @@ from typing import Any
 
 import xxhash
 
-from zephon.ops import Accumulator, BaseOp, MicroBatch, OpContext, OpTraits, tombstone_meta
+from zephon.ops import (
+    Accumulator,
+    BaseOp,
+    MicroBatch,
+    OpContext,
+    OpTraits,
+    Rebuild,
+    tombstone_meta,
+)
 from zephon.types import SampleRecord, StreamItem
 
 
@@ -51,18 +59,19 @@ class Dedupe(ForgetfulDedupe):
 class DedupeOp(BaseOp):
     name = "dedupe"
 
-    def __init__(self, *, remember: bool = True) -> None:
+    def __init__(self, *, remember: bool = True, rebuild: Rebuild | None = None) -> None:
         super().__init__()
         self.remember = remember
+        self.rebuild = rebuild
 
     def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
         return Dedupe() if self.remember else ForgetfulDedupe()
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, runs_in_driver=True)
+        return OpTraits(preserves_cursor_order=True, runs_in_driver=True, rebuild=self.rebuild)
 
     def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
         return elems
 
     def config(self) -> dict[str, Any]:
-        return {"remember": self.remember}
+        return {"remember": self.remember, "rebuild": self.rebuild and self.rebuild.name}

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.engine import _resume as resume
+from tests.engine._dedupe import DedupeOp
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
+from zephon._engine.compile import compile as compile_run
 from zephon._engine.snapshot_codec import pack_state, unpack_state
+from zephon._engine.snapshots import Role
+from zephon._engine.stage import MarkerMode
 from zephon.checkpoints import refetch_counts, seal
 from zephon.errors import CheckpointError
+from zephon.ops import Rebuild
 from zephon.types import SampleBatch
 
 TEXTS = [{"id": i, "text": "alpha beta " * (1 + i % 7) + f"doc {i}"} for i in range(420)]
@@ -309,3 +316,96 @@ def test_a_held_checkpoint_after_a_lean_restore_restores_exactly(reference, afte
                        for v in lane["operator_state"].values()])  # fmt: skip
     assert ("$zrp" in text, held["version"]) == ((False, 4) if after == 0 else (True, 5))
     assert seen + rest_of(held)[0] == reference[20:]
+
+
+# -- a stateful operator before a buffer -----------------------------------------------------
+
+FLUSH_FIXTURE = "dedupe-before-shuffle-flush.json"  # written at 25 batches
+DUPLICATED = [{"id": i, "text": "delta " * (1 + i % 5) + f"doc {i % 97}"} for i in range(400)]
+
+
+def dedupe_before_shuffle(rebuild: Rebuild | None, **options: Any) -> Pipeline:
+    """The docs' dedupe (lane state, tombstones for repeats) ahead of packing and shuffle."""
+    source = StaticMixtureWorkSource(
+        [Dataset.from_records("d", DUPLICATED, shard_size=50)], chunk_size=32, seed=3
+    )
+    opts = {
+        "runner": "inline",
+        "canonical_replicas": 2,
+        "flush_every_k_chunks": 4,
+        "snapshot_every_records": 6,
+        **options,
+    }
+    return (
+        Pipeline(source)
+        .decode_text()
+        .add_op(DedupeOp(rebuild=rebuild))
+        .tokenize("bytes", max_length=48)
+        .pack_flat(64, 0, num_bins=4)
+        .shuffle(24, seed=4)
+        .batch(3)
+        .options(**opts)
+    )
+
+
+def test_a_stateful_operator_declaring_its_rebuild_keeps_snapshots_before_a_buffer():
+    """``rebuild=UNCHANGED`` is trusted: the restart point is a snapshot, not the last flush,
+    and a restore at every other stop point gives exactly the uninterrupted run."""
+    build_it = functools.partial(dedupe_before_shuffle, Rebuild.UNCHANGED)
+    assert "snapshots every 1 chunk and every 6 records" in str(build_it().explain())
+    full = [key(b) for b in build_it()]
+    assert len(full) > 40
+    state = checkpoint_after(build_it(), 25)
+    k = state["config"]["flush_every_k_chunks"]
+    starts = [
+        (lane["start_chunk_id"], lane.get("start_offset", 0)) for lane in state["lanes"].values()
+    ]
+    assert any(start != (start[0] // k * k, 0) for start in starts), "restarted at the flush"
+    assert [key(b) for b in build_it().restore(state)] == full[25:]
+    stops = list(range(1, len(full), 3))
+    assert resume.run_with_stops(build_it, key, stops) == full
+    assert resume.run_with_stops(build_it, key, stops[::4], held_records=True) == full
+
+
+def test_a_stateful_operator_without_a_rebuild_trait_before_a_buffer_is_named():
+    """Its output depends on state a rebuild does not replay: explain() names it, the buffer
+    and the fix, and a restore replays from the last flush, exactly."""
+    pipe = dedupe_before_shuffle(None)
+    note = str(pipe.explain())
+    assert (
+        "snapshots off (stateful operator 'dedupe' feeds the buffering operator 'pack_flat'" in note
+    )
+    assert "OpTraits(rebuild=Rebuild.UNCHANGED)" in note
+    full = [key(b) for b in dedupe_before_shuffle(None)]
+    state = checkpoint_after(dedupe_before_shuffle(None), 25)
+    k = state["config"]["flush_every_k_chunks"]
+    assert all(lane["start_chunk_id"] % k == 0 for lane in state["lanes"].values())
+    assert all(lane.get("start_offset", 0) == 0 for lane in state["lanes"].values())
+    assert [key(b) for b in dedupe_before_shuffle(None).restore(state)] == full[25:]
+
+
+def test_a_checkpoint_taken_while_that_rule_turned_snapshots_off_restores_exactly():
+    """The fixture was written by the release whose planner turned snapshots off for this plan
+    (it restarts at the last flush); the plan that keeps snapshots restores it exactly."""
+    saved = json.loads((Path(__file__).with_name("fixtures") / FLUSH_FIXTURE).read_text())
+    assert all(lane["start_chunk_id"] == 0 for lane in saved["lanes"].values())
+    full = [key(b) for b in dedupe_before_shuffle(Rebuild.UNCHANGED)]
+    restored = [key(b) for b in dedupe_before_shuffle(Rebuild.UNCHANGED).restore(saved)]
+    assert restored == full[25:]
+
+
+def test_each_stage_has_a_rebuild_role_and_a_marker_mode_with_snapshots_or_without():
+    """Roles come from declared traits (derived only without one); modes only with snapshots."""
+    pipe = dedupe_before_shuffle(Rebuild.UNCHANGED)
+    run = compile_run(pipe.work_source, pipe._all_specs(), pipe._options)
+    names = [s.op.name for s in run.specs]
+    plan = run.snapshot_plan
+    by_name = dict(zip(names, zip(plan.roles, plan.modes, strict=True), strict=True))
+    assert by_name["dedupe"] == (Role.UNCHANGED, MarkerMode.SNAPSHOT)
+    assert by_name["tokenize"] == (Role.RERUN, MarkerMode.FLUSH)
+    assert by_name["pack_flat"] == (Role.REASSEMBLE, MarkerMode.SNAPSHOT)
+    assert by_name["replay_filter"] == (Role.UNCHANGED, MarkerMode.REPLAY)
+    off = dedupe_before_shuffle(None, snapshot_every_chunks=0)
+    plan = compile_run(off.work_source, off._all_specs(), off._options).snapshot_plan
+    assert (plan.enabled, plan.modes) == (False, [])
+    assert plan.roles[names.index("dedupe")] is Role.STATEFUL

@@ -7,7 +7,7 @@ from typing import Any
 
 from zephon._engine.driver_chain import run_tasks
 from zephon._engine.source import pointer_records
-from zephon._engine.stage import StageCore, place_markers
+from zephon._engine.stage import MarkerMode, StageCore, place_markers
 from zephon.ops import BaseOp, CountingAccumulator, OpTraits
 from zephon.types import SampleRecord, StreamItem, snapshot_marker, tombstone_meta
 
@@ -39,7 +39,9 @@ def positions(items: list[StreamItem]) -> list[Any]:
 
 
 def core(mode: str, size: int = 8) -> StageCore:
-    return StageCore(Twice(), CountingAccumulator(size), stalls_sentinels=False, marker_mode=mode)
+    return StageCore(
+        Twice(), CountingAccumulator(size), stalls_sentinels=False, marker_mode=MarkerMode(mode)
+    )
 
 
 def test_markers_go_before_the_first_output_at_or_after_their_cut():

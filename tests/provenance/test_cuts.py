@@ -170,3 +170,19 @@ def test_a_pipeline_that_does_not_truncate_rebuilds_nothing(tmp_path: Path) -> N
     assert pipe.provenance_origin().cut_lengths() is None
     for seg in (s for _, _, s in batch.provenance().segments()):
         assert seg.cut_tokens == 0 and seg.source_length == seg.source_end
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+def test_a_plan_without_snapshots_still_shows_the_whole_length(shuffled: bool) -> None:
+    """A plan that keeps source order (or takes no snapshots) re-runs cut documents as well:
+    how to rebuild a record does not depend on whether snapshots are taken."""
+    rows = [{"text": text_of(i) + "cd" * 12} for i in range(40)]
+    source = StaticMixtureWorkSource([Dataset.from_records("d", rows)], chunk_size=8)
+    pipe = Pipeline(source).map_transform(shout).tokenize("bytes", max_length=MAX_LENGTH)
+    if shuffled:
+        pipe = pipe.shuffle(6, seed=2).options(snapshot_every_chunks=0)
+    batch = next(iter(pipe.batch(4).options(runner="inline")))
+    segments = [s for _, _, s in batch.provenance().segments()]
+    assert segments and all(s.cut_tokens > 0 for s in segments)
+    for seg in segments:
+        assert seg.source_length == len(shout(rows[seg.source_row])["text"].encode()) + 2

@@ -24,13 +24,34 @@ from zephon._engine.plan import (
 )
 from zephon._engine.replay_filter import ReplayFilterOp
 from zephon._engine.runners import REGISTRY, Runner
-from zephon._engine.snapshots import SnapshotPlan, plan_snapshots
+from zephon._engine.snapshots import SnapshotPlan, plan_snapshots, snapshots_off
+from zephon._engine.stats import OpStats
 from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError
 from zephon.ops import Accumulator, OpContext
 from zephon.options import RuntimeOptions
 from zephon.types import SampleCursor
 from zephon.work import WorkSource, lanes_for_rank, source_fingerprint, source_seed
+
+Built = tuple[list[Accumulator], list[OpStats] | None]
+"""One accumulator per stage, and their live counters (None: ``track_stats`` is off)."""
+
+
+class _Handoff:
+    """What a compile built, for the first taker only; never pickled (an engine process
+    builds its own), so no accumulator is shared between two engines."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Built | None) -> None:
+        self.value = value
+
+    def take(self) -> Built | None:
+        value, self.value = self.value, None
+        return value
+
+    def __reduce__(self) -> tuple[type[_Handoff], tuple[None]]:
+        return (_Handoff, (None,))
 
 
 @dataclass(frozen=True)
@@ -58,6 +79,12 @@ class CompiledRun:
     plan: Plan
     snapshot_plan: SnapshotPlan
     specs: list[OpSpec] = field(compare=False)
+    built: _Handoff = field(compare=False, repr=False, default_factory=lambda: _Handoff(None))
+
+    def accumulators(self) -> Built:
+        """Fresh accumulators for an engine: the ones the plan was decided with the first
+        time (so an iteration builds each once), new ones after."""
+        return self.built.take() or accumulators_for(self.specs, self.contexts, self.options)
 
     @property
     def runner(self) -> Runner:
@@ -102,7 +129,7 @@ def compile(
         source_seed=seed if isinstance(seed, int) else 0,
         epoch=source.epoch,
     )
-    accs = accumulators_for(all_specs, contexts, options)
+    accs, stats = accumulators_for(all_specs, contexts, options)
     plan = compile_plan(all_specs, options, lanes, contexts, accs)
     snapshot_plan = _snapshot_plan(all_specs, accs, options, monotone)
     if not monotone:
@@ -122,7 +149,22 @@ def compile(
         plan=plan,
         snapshot_plan=snapshot_plan,
         specs=all_specs,
+        built=_Handoff((accs, stats)),
     )
+
+
+def check_restore(
+    source: WorkSource, specs: list[OpSpec], options: RuntimeOptions, resume: ckpt.ParsedCheckpoint
+) -> None:
+    """What :func:`compile` checks of ``resume``, without building the run."""
+    config = pipeline_config(source, specs, options, flush_every(options, is_monotone(specs)))
+    check_resume(resume, source, config, view_lanes(options), options)
+
+
+def config_fingerprint(source: WorkSource, specs: list[OpSpec], options: RuntimeOptions) -> str:
+    """The fingerprint of the configuration :func:`compile` would give (a checkpoint's)."""
+    config = pipeline_config(source, specs, options, flush_every(options, is_monotone(specs)))
+    return ckpt.fingerprint(config)
 
 
 def with_replay_filter(
@@ -232,11 +274,12 @@ def _snapshot_plan(
     specs: list[OpSpec], accs: list[Accumulator], options: RuntimeOptions, monotone: bool
 ) -> SnapshotPlan:
     """Which stages take snapshots and how, or why the plan takes none."""
+    ops = [s.op for s in specs]
     if monotone:
-        return SnapshotPlan([], [], "the plan keeps cursor order (a restore replays a chunk)")
+        return snapshots_off(ops, accs, "the plan keeps cursor order (a restore replays a chunk)")
     if not options.snapshot_every_chunks:
-        return SnapshotPlan([], [], "snapshot_every_chunks=0")
-    return plan_snapshots([s.op for s in specs], accs)
+        return snapshots_off(ops, accs, "snapshot_every_chunks=0")
+    return plan_snapshots(ops, accs)
 
 
 def snapshot_note(plan: SnapshotPlan, options: RuntimeOptions) -> str:

@@ -8,13 +8,13 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from zephon._engine import waiting
 from zephon._engine.compile import CompiledRun
 from zephon._engine.global_order import regrouping
-from zephon._engine.lane_state import has_lane_state
+from zephon._engine.lane_state import RestartPoint, has_lane_state
 from zephon._engine.mixture_counts import MixtureCounts
 from zephon._engine.operator_states import OperatorStates
 from zephon._engine.plan import stalls_sentinels
@@ -22,10 +22,11 @@ from zephon._engine.pools import check_not_bootstrapping
 from zephon._engine.quarantine import Quarantine
 from zephon._engine.runners import RunJob, RunResources
 from zephon._engine.source import LaneStart, SnapshotPolicy, SourceFeeder
-from zephon._engine.stage import StageCore
+from zephon._engine.stage import MarkerMode, StageCore
 from zephon._engine.stats import LaneProgress, OpStats, RunStats
 from zephon._engine.tail import LaneMux
 from zephon._exit import at_exit
+from zephon.checkpoints import LaneCheckpoint
 from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError, WaitInterrupted
 from zephon.io import SourceStats, io_totals
@@ -56,18 +57,17 @@ class Engine:
         self.config = run.config
         self.config_fingerprint = run.config_fingerprint
         self.resume = run.resume
+        self.restored: dict[int, LaneCheckpoint] = (
+            {} if run.resume is None else {lane: run.resume.lanes[lane] for lane in run.lanes}
+        )
+        """This view's lanes as the checkpoint being restored saved them (empty: no restore);
+        the engine reads them nowhere else (the tail's order and turn come from ``resume``)."""
         self.specs = run.specs
         self.contexts = run.contexts
         self.plan = run.plan
         self.snapshot_plan = run.snapshot_plan
         self.stats = RunStats()
-        self.op_stats: list[OpStats] | None = None
-        if self.options.track_stats:
-            self.op_stats = [
-                OpStats(name=ctx.op_name, runner=ctx.runner, parallelism=ctx.num_workers)
-                for ctx in self.contexts
-            ]
-        self._accs = self._accumulators()
+        self._accs, self.op_stats = run.accumulators()
         self._started_at = 0.0
         self._io_start = io_totals()
         self._last_log = 0.0
@@ -83,20 +83,23 @@ class Engine:
         self.mixture_target = mixture_target(self.source)
         self.mixture: MixtureCounts | None = None
         self.quarantine = Quarantine(self.options.quarantine)
-        self._restart: dict[int, tuple[int, int]] = {}  # lane -> newest delivered restart point
+        self._restart: dict[int, RestartPoint] = {}  # lane -> newest delivered restart point
         self.states = OperatorStates(
-            self._lane_starts(), self.resume, run.state_key, self.plan.flush_every_k_chunks
+            self._lane_starts(),
+            None if run.resume is None else self.restored,
+            run.state_key,
+            self.plan.flush_every_k_chunks,
         )
 
     def _feeder(self) -> SourceFeeder:
         replicas = self.options.canonical_replicas
         lanes = self.lanes
         starts: dict[int, LaneStart] = {}
-        if self.resume is not None:
+        if self.restored:
             # A finished lane is never regenerated: its data may be gone (retired rollouts).
-            lanes = [lane for lane in lanes if not self.resume.lanes[lane].done]
+            lanes = [lane for lane in lanes if not self.restored[lane].done]
             for lane in lanes:
-                lc = self.resume.lanes[lane]
+                lc = self.restored[lane]
                 starts[lane] = LaneStart(lc.start_chunk_id, lc.source_state, lc.start_offset)
         lane_sources = [(lane, self.source.clone_for_lane(lane, replicas)) for lane in lanes]
         k = self.plan.flush_every_k_chunks
@@ -106,16 +109,6 @@ class Engine:
                 self.options.snapshot_every_chunks, self.options.snapshot_every_records, k
             )
         return SourceFeeder(lane_sources, flush_every_k_chunks=k, starts=starts, snapshots=policy)
-
-    def _accumulators(self) -> list[Any]:
-        """One accumulator per stage (with the live counters in its context)."""
-        accs = []
-        for i, (spec, ctx) in enumerate(zip(self.specs, self.contexts, strict=True)):
-            stats = self.op_stats[i] if self.op_stats is not None else None
-            if stats is not None:
-                ctx = replace(ctx, services={**ctx.services, "stats": stats})
-            accs.append(spec.op.accumulator(deterministic=self.options.deterministic, ctx=ctx))
-        return accs
 
     def _cores(self) -> list[StageCore]:
         accs = self._accs
@@ -131,7 +124,7 @@ class Engine:
                     stats=self.op_stats[i] if self.op_stats is not None else None,
                     lanes=self.lanes,
                     state_log=log,
-                    marker_mode=self._marker_mode(modes[i]) if modes else "pass",
+                    marker_mode=self._marker_mode(modes[i]) if modes else MarkerMode.PASS,
                 )
             )
         plan = self.snapshot_plan
@@ -140,24 +133,26 @@ class Engine:
             core.resolve = self.states.resolver(index)
         return cores
 
-    def _marker_mode(self, mode: str) -> str:
+    def _marker_mode(self, mode: MarkerMode) -> MarkerMode:
         """A stage's marker mode; markers ride inside micro-batches only where results leave
         in sequence order (completion order could let one overtake the data before it)."""
         if not self.snapshot_plan.enabled:
-            return "pass"
-        return "flush" if mode == "ride" and not self.options.deterministic else mode
+            return MarkerMode.PASS
+        if mode is MarkerMode.RIDE and not self.options.deterministic:
+            return MarkerMode.FLUSH
+        return mode
 
-    def _lane_starts(self) -> dict[int, tuple[int, int]]:
+    def _lane_starts(self) -> dict[int, RestartPoint]:
         """Where each fed lane (re)starts: the beginning, or the restored restart point."""
-        if self.resume is None:
+        if not self.restored:
             return dict.fromkeys(self.lanes, (0, 0))
         return {
             lane: (lc.start_chunk_id, lc.start_offset)
-            for lane, lc in self.resume.lanes.items()
-            if lane in self.lanes and not lc.done
+            for lane, lc in self.restored.items()
+            if not lc.done
         }
 
-    def _restart_at(self, lane: int, position: tuple[int, int]) -> None:
+    def _restart_at(self, lane: int, position: RestartPoint) -> None:
         """Everything of ``lane`` before ``position`` is delivered: a restore may start there."""
         if position <= self._restart.get(lane, (-1, 0)):
             return
@@ -234,10 +229,9 @@ class Engine:
             "on_snapshot": self._restart_at if self.snapshot_plan.enabled else None,
         }
         callbacks["starts"] = self._lane_starts()
-        resume = self.resume
+        resume, lanes = self.resume, self.restored
         if resume is None:
             return LaneMux(self.lanes, **callbacks)
-        lanes = {lane: resume.lanes[lane] for lane in self.lanes}
         finished = [lane for lane, lc in lanes.items() if lc.done]
         order, turn = self._resumed_turn(resume, finished)
         return LaneMux(
@@ -258,7 +252,7 @@ class Engine:
         if resume.tail_lanes == self.lanes:
             return [lane for lane in resume.tail_order if lane not in finished], resume.tail_turn
         order = [lane for lane in self.lanes if lane not in finished]
-        counts = [resume.lanes[lane].delivered for lane in order]
+        counts = [self.restored[lane].delivered for lane in order]
         running = {lane: lc.delivered for lane, lc in resume.lanes.items() if not lc.done}
         opts = self.options
         why = regrouping(
@@ -287,11 +281,7 @@ class Engine:
         target = self.mixture_target
         if target is None:
             return None
-        start = {}
-        if self.resume is not None:
-            for lane, lc in self.resume.lanes.items():
-                if lc.mixture is not None:
-                    start[lane] = lc.mixture
+        start = {lane: lc.mixture for lane, lc in self.restored.items() if lc.mixture is not None}
         return MixtureCounts(len(target.samples), self.lanes, start)
 
     def _lane_start(self, lane: int) -> tuple[int, Any]:
@@ -300,8 +290,7 @@ class Engine:
         if feeder.has_lane(lane):
             start_cid, state, _ = feeder.lane_start(lane)
             return start_cid, state
-        assert self.resume is not None  # only lanes restored as finished are not fed
-        lc = self.resume.lanes[lane]
+        lc = self.restored[lane]  # only lanes restored as finished are not fed
         return lc.start_chunk_id, lc.source_state
 
     def _restart_point(self, lane: int, start_cid: int | None = None) -> tuple[int, int]:
@@ -359,7 +348,7 @@ class Engine:
         return tuple(samples), tuple(tokens)
 
     def _replay_cursor(
-        self, mux: LaneMux, lane: int, start: tuple[int, int], since: int | None
+        self, mux: LaneMux, lane: int, start: RestartPoint, since: int | None
     ) -> SampleCursor | None:
         """The last delivered cursor, which a restore at ``start`` drops up to. When the one
         batch the lane delivered since the cut was the partial batch saved there (a flush
@@ -394,15 +383,15 @@ class Engine:
         return self.checkpoint_at(self.position(held_records=held_records))
 
     def _operator_state(
-        self, lane: int, start: tuple[int, int], held_records: bool, *, drained: bool
+        self, lane: int, start: RestartPoint, held_records: bool, *, drained: bool
     ) -> tuple[dict[str, Any] | None, bool]:
         """Each stateful accumulator's lane state at the point a restore regenerates from,
         and whether it carries held records' payloads. ``drained``: the lane delivered since
         that point, so what batching stages held there has left (their state is empty)."""
         if not self.states.logs:  # not iterated yet: a pending restore's state still holds
-            if self.resume is None or lane not in self.resume.lanes:
+            lc = self.restored.get(lane)
+            if lc is None:
                 return None, False
-            lc = self.resume.lanes[lane]
             saved = lc.operator_state
             return (dict(saved) if saved is not None else None), lc.held_payloads
         if held_records:

@@ -40,7 +40,7 @@ def frozen_copy(state: Any, op_name: str) -> Any:
         ) from None
 
 
-Position = tuple[int, int]
+RestartPoint = tuple[int, int]
 """``(chunk id, offset)``: a cut in a lane's stream, before record ``offset`` of that chunk."""
 
 
@@ -56,14 +56,14 @@ class LaneStateLog:
     def __init__(
         self,
         op_name: str,
-        starts: Mapping[int, Position],
+        starts: Mapping[int, RestartPoint],
         freeze: Callable[[Any, str], Any] = frozen_copy,
     ) -> None:
         self.op_name = op_name
         self._freeze = freeze
         self._starts = dict(starts)
         self._last_chunk = {lane: start[0] - 1 for lane, start in starts.items()}
-        self._entries: dict[int, deque[tuple[Position, Position, Any]]] = {
+        self._entries: dict[int, deque[tuple[RestartPoint, RestartPoint, Any]]] = {
             lane: deque() for lane in starts
         }
         self._initial: dict[int, Any] = {}
@@ -87,14 +87,14 @@ class LaneStateLog:
             self._entries[lane].append(entry)
             self._last_chunk[lane] = chunk_id
 
-    def record_cut(self, lane: int, position: Position, state: Any) -> None:
+    def record_cut(self, lane: int, position: RestartPoint, state: Any) -> None:
         """``state`` is the lane's state at the cut ``position`` (a snapshot marker passed)."""
         entry = (position, position, self._freeze(state, self.op_name))
         with self._lock:
             self._entries[lane].append(entry)
             self._last_chunk[lane] = max(self._last_chunk.get(lane, -1), position[0])
 
-    def forget_below(self, lane: int, position: Position) -> None:
+    def forget_below(self, lane: int, position: RestartPoint) -> None:
         """Positions below ``position`` are delivered: no restore starts there any more."""
         with self._lock:
             entries = self._entries.get(lane)

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from zephon._engine.lane_state import LaneStateLog, Position, frozen_copy
+from zephon._engine.lane_state import LaneStateLog, RestartPoint, frozen_copy
 from zephon._engine.snapshot_codec import (
     HeldPayloads,
     HeldRecord,
@@ -26,8 +26,8 @@ from zephon._engine.snapshot_codec import (
     pack_state,
     unpack_state,
 )
-from zephon._engine.snapshots import Rebuilder, holds_records
-from zephon.checkpoints import format as ckpt
+from zephon._engine.snapshots import Rebuilder, Role, holds_records
+from zephon.checkpoints import LaneCheckpoint
 from zephon.errors import CheckpointError
 from zephon.ops import BaseOp, LaneStateful, OpContext
 from zephon.ops.state import payloads_lazy
@@ -72,13 +72,13 @@ class OperatorStates:
 
     def __init__(
         self,
-        starts: Mapping[int, Position],
-        resume: ckpt.ParsedCheckpoint | None,
+        starts: Mapping[int, RestartPoint],
+        restored: Mapping[int, LaneCheckpoint] | None,
         key_of: Callable[[int], str],
         flush_every_k_chunks: int,
     ) -> None:
         self.starts = dict(starts)
-        self.resume = resume
+        self.restored = restored  # the restored checkpoint's lanes (None: no restore)
         self.key_of = key_of
         self.k = flush_every_k_chunks
         self.logs: dict[int, LaneStateLog] = {}
@@ -91,7 +91,7 @@ class OperatorStates:
         self._set_up: list[tuple[BaseOp, OpContext]] = []
         self._ready: list[BaseOp] = []  # operator copies set up for the rebuild
         self._lock = threading.Lock()
-        self._at: dict[int, tuple[Position, bool, dict[str, Any]]] = {}  # lane -> last encoded
+        self._at: dict[int, tuple[RestartPoint, bool, dict[str, Any]]] = {}  # lane -> last encoded
         # batching stages (their held records all leave in the lane's next batch): lane ->
         # their empty state, which is theirs at a restart point the lane delivered after;
         # a checkpoint names such a stage only while it holds records
@@ -110,10 +110,10 @@ class OperatorStates:
         if batches:
             self._drained[index] = {lane: acc.state_dict(lane) for lane in self.starts}
         for lane in self.starts:
-            if self.resume is None:
+            if self.restored is None:
                 log.set_initial(lane, acc.state_dict(lane))
                 continue
-            saved = self.resume.lanes[lane].operator_state or {}
+            saved = self.restored[lane].operator_state or {}
             if key in saved:
                 state = unpack_state(saved[key]) if records else saved[key]
                 self._pending.append((index, op, acc, lane, state))
@@ -132,8 +132,8 @@ class OperatorStates:
     def _untouched(self, lane: int) -> bool:
         """A checkpoint taken before the lane delivered anything (before the first item, when
         no accumulator exists yet to ask) holds no state: the initial one is the right one."""
-        assert self.resume is not None
-        return self.starts[lane] == (0, 0) and self.resume.lanes[lane].delivered == 0
+        assert self.restored is not None
+        return self.starts[lane] == (0, 0) and self.restored[lane].delivered == 0
 
     def _at_epoch_start(self, lane: int) -> bool:
         """A restore at an epoch start needs no buffer state: the flush there emptied it."""
@@ -144,7 +144,7 @@ class OperatorStates:
         self,
         ops: Sequence[BaseOp],
         contexts: Sequence[OpContext],
-        roles: Sequence[str],
+        roles: Sequence[Role],
         resolve_at: Sequence[int],
     ) -> None:
         """Load the queued saved states. Records a state names get their payloads rebuilt now
@@ -235,11 +235,11 @@ class OperatorStates:
         for op in ready:
             op.teardown()
 
-    def forget_below(self, lane: int, position: Position) -> None:
+    def forget_below(self, lane: int, position: RestartPoint) -> None:
         for log in self.logs.values():
             log.forget_below(lane, position)
 
-    def at(self, lane: int, position: Position, *, drained: bool = False) -> dict[str, Any]:
+    def at(self, lane: int, position: RestartPoint, *, drained: bool = False) -> dict[str, Any]:
         """Each stateful stage's lane state at the restart point, as checkpoint JSON: the same
         object while the restart point stays (a state there never changes once recorded).
         ``drained``: the lane delivered since that point, so batching stages are empty."""
@@ -256,7 +256,7 @@ class OperatorStates:
         self._at[lane] = (position, drained, out)
         return out
 
-    def batched_at(self, lane: int, position: Position, cursor: SampleCursor) -> bool:
+    def batched_at(self, lane: int, position: RestartPoint, cursor: SampleCursor) -> bool:
         """Whether a batching stage held the record of ``cursor`` at the restart point."""
         for index in self._drained:
             try:
@@ -285,7 +285,7 @@ class OperatorStates:
         return out
 
     def held_at(
-        self, lane: int, position: Position, *, drained: bool = False
+        self, lane: int, position: RestartPoint, *, drained: bool = False
     ) -> tuple[dict[str, Any], bool]:
         """:meth:`at` with the held records' payloads written too (not cached: asked for
         once per checkpoint file), and whether any record carries its payload."""
@@ -294,7 +294,7 @@ class OperatorStates:
         return out, held.written > 0
 
     def _encode_at(
-        self, lane: int, position: Position, held: HeldPayloads | None, drained: bool
+        self, lane: int, position: RestartPoint, held: HeldPayloads | None, drained: bool
     ) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for index, log in sorted(self.logs.items()):

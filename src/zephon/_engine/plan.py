@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import xxhash
 
 from zephon._engine.fusion import driver_chains, fusible, fusion_groups, single_worker_units
 from zephon._engine.runners import REGISTRY, lookup
+from zephon._engine.stats import OpStats
 from zephon.errors import ConfigError
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext
 from zephon.options import RuntimeOptions
@@ -225,11 +226,21 @@ def compile_contexts(
 
 def accumulators_for(
     specs: list[OpSpec], contexts: list[OpContext], options: RuntimeOptions
-) -> list[Accumulator]:
-    return [
-        spec.op.accumulator(deterministic=options.deterministic, ctx=ctx)
-        for spec, ctx in zip(specs, contexts, strict=True)
-    ]
+) -> tuple[list[Accumulator], list[OpStats] | None]:
+    """One fresh accumulator per stage, and (``track_stats``) the live counters each finds in
+    its context's ``"stats"`` service."""
+    stats = None
+    if options.track_stats:
+        stats = [
+            OpStats(name=ctx.op_name, runner=ctx.runner, parallelism=ctx.num_workers)
+            for ctx in contexts
+        ]
+    accs = []
+    for i, (spec, ctx) in enumerate(zip(specs, contexts, strict=True)):
+        if stats is not None:
+            ctx = replace(ctx, services={**ctx.services, "stats": stats[i]})
+        accs.append(spec.op.accumulator(deterministic=options.deterministic, ctx=ctx))
+    return accs, stats
 
 
 def _stage(

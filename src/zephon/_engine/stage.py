@@ -10,6 +10,7 @@ through a :class:`~zephon._engine.reorder.ReorderBuffer`; that is the whole dete
 from __future__ import annotations
 
 import contextlib
+import enum
 import time
 import traceback
 from bisect import bisect_left
@@ -148,20 +149,28 @@ def _no_state(lane_id: int) -> None:
     return None
 
 
-MARKER_MODES = ("pass", "snapshot", "flush", "ride", "hold", "replay")
-"""What a stage does when a snapshot marker of a lane reaches it.
+class MarkerMode(enum.Enum):
+    """What a stage does when a snapshot marker of a lane reaches it.
 
-``snapshot``: record the accumulator's lane state for that cut (a marker behind a flush sentinel
-the stage holds back waits, and records it once the lane has emptied). ``flush``: an element-wise
-stage emits the lane's partial micro-batch first, so nothing pushed before the cut leaves after
-it. ``ride``: an element-wise stage whose input is in source order keeps the marker with the
-lane's partial micro-batch instead, and puts it back into that micro-batch's output by its cut
-(:func:`place_markers`): the same order, without halving the micro-batch at every cut.
-``hold``: a stage after the replay filter without lane state keeps the marker until the lane's
-partial batch has left, and stamps it with that batch's cursor: a restore at the cut
-re-delivers up to there, and the replay filter drops it. ``replay``: the replay filter stamps
-the marker with the cursor it still waits for. ``pass``: nothing to do.
-"""
+    ``SNAPSHOT``: record the accumulator's lane state for that cut (a marker behind a flush
+    sentinel the stage holds back waits, and records it once the lane has emptied). ``FLUSH``:
+    an element-wise stage emits the lane's partial micro-batch first, so nothing pushed before
+    the cut leaves after it. ``RIDE``: an element-wise stage whose input is in source order
+    keeps the marker with the lane's partial micro-batch instead, and puts it back into that
+    micro-batch's output by its cut (:func:`place_markers`): the same order, without halving
+    the micro-batch at every cut. ``HOLD``: a stage after the replay filter without lane state
+    keeps the marker until the lane's partial batch has left, and stamps it with that batch's
+    cursor: a restore at the cut re-delivers up to there, and the replay filter drops it.
+    ``REPLAY``: the replay filter stamps the marker with the cursor it still waits for.
+    ``PASS``: nothing to do.
+    """
+
+    PASS = "pass"
+    SNAPSHOT = "snapshot"
+    FLUSH = "flush"
+    RIDE = "ride"
+    HOLD = "hold"
+    REPLAY = "replay"
 
 
 class StageCore:
@@ -176,21 +185,21 @@ class StageCore:
         stats: OpStats | None = None,
         lanes: Sequence[int] = (),
         state_log: LaneStateLog | None = None,
-        marker_mode: str = "pass",
+        marker_mode: MarkerMode = MarkerMode.PASS,
     ) -> None:
-        if marker_mode not in MARKER_MODES:
-            raise ValueError(f"marker_mode must be one of {MARKER_MODES}, got {marker_mode!r}")
         self.op = op
         self.marker_mode = marker_mode
         # A batching stage's state at a chunk start is never asked for: a restart there comes
         # after its lane delivered, which emptied what it held (see ``OpTraits.batches``).
         self._chunk_snapshots = (
-            state_log is not None and marker_mode != "snapshot" and not op.traits().batches
+            state_log is not None
+            and marker_mode is not MarkerMode.SNAPSHOT
+            and not op.traits().batches
         )
         # Markers wait behind a stalled sentinel (and, in hold mode, behind a partial batch):
         # track the lane's emitted micro-batches to stamp them when they leave.
-        self._holds_markers = marker_mode == "hold" or (
-            marker_mode == "snapshot" and stalls_sentinels
+        self._holds_markers = marker_mode is MarkerMode.HOLD or (
+            marker_mode is MarkerMode.SNAPSHOT and stalls_sentinels
         )
         # hold mode: lane -> (micro-batches emitted, cursor of the last one's last element)
         self._last_out: dict[int, tuple[int, Any]] = {}
@@ -384,24 +393,24 @@ class StageCore:
 
     def _cut(self, marker: StreamItem, cut: SnapshotMarker, out: list[Task]) -> None:
         """A snapshot marker (``cut``, its control): act on it by ``marker_mode`` (see
-        ``MARKER_MODES``)."""
+        ``MarkerMode``)."""
         lane = marker.meta.lane_id
         mode = self.marker_mode
         # Behind a held sentinel the marker waits too (in snapshot mode the cut's state is
         # then recorded once the lane has emptied); in hold mode also behind a partial batch.
-        waits = lane in self._held or (mode == "hold" and self.acc.has_pending_data(lane))
-        if waits and mode in ("snapshot", "hold"):
+        waits = lane in self._held or (mode is MarkerMode.HOLD and self.acc.has_pending_data(lane))
+        if waits and mode in (MarkerMode.SNAPSHOT, MarkerMode.HOLD):
             self._held.setdefault(lane, deque()).append(marker)
             self._held_at[id(marker)] = self._last_out.get(lane, (0, None))[0]
             return
-        if mode == "snapshot" and self.state_log is not None:
+        if mode is MarkerMode.SNAPSHOT and self.state_log is not None:
             self.state_log.record_cut(lane, cut.position, self._state_of(lane))
-        elif mode == "flush" and self.acc.has_pending_data(lane):
+        elif mode is MarkerMode.FLUSH and self.acc.has_pending_data(lane):
             self._tasks_for(self.acc.flush(reset=True, lane_id=lane), out)
-        elif mode == "ride" and self.acc.has_pending_data(lane):
+        elif mode is MarkerMode.RIDE and self.acc.has_pending_data(lane):
             self._riding.setdefault(lane, []).append(marker)
             return
-        elif mode == "replay":
+        elif mode is MarkerMode.REPLAY:
             pending = self._pending_target
             target = pending(lane) if pending is not None else None
             if target is not None:
@@ -475,7 +484,7 @@ class StageCore:
                     if self.acc.has_pending_data(lane):
                         break
                     marker = self._release_marker(queue.popleft(), lane)
-                    if self.marker_mode == "snapshot" and self.state_log is not None:
+                    if self.marker_mode is MarkerMode.SNAPSHOT and self.state_log is not None:
                         self.state_log.record_cut(lane, control.position, self._state_of(lane))
                     out.append(self._task([], [marker]))
                     continue
