@@ -98,7 +98,7 @@ EXPECTED: dict[str, list[str]] = {
         "FloodReport Image "
         "MUTATIONS Mutation Op RecordingFileSystem STORE_KINDS StoreKind Wrapper "
         "assert_mutation_caught durable_kinds marks_before mutated_factory power_loss_images "
-        "run_conformance run_conformance_sync run_flood run_mutation sample_commit"
+        "run_conformance run_conformance_sync run_flood run_mutation sample_commit store_kinds"
     ),
     "zephon.checkpoints": _names(
         "CHECKPOINT_RE CheckpointWriteError LaneCheckpoint LatestCheckpoint OperatorInfo "
