@@ -96,6 +96,10 @@ EXPECTED: dict[str, list[str]] = {
         "open_store register_store store_class store_spec store_specs stores_markdown "
         "unregister_store url_forms"
     ),
+    "zephon.capture.stores.base": _names(
+        "Cursor Decide Delete DurableStore Event Offload Put Retire RolloutState SqlStore "
+        "StreamOp Then Transition decide_stream parse_offload transition_result"
+    ),
     "zephon.capture.testing": _names(
         "CHECKS CheckResult ConformanceError ConformanceReport ConformanceWarning FloodPlan "
         "FloodReport Image "
