@@ -82,3 +82,8 @@ def test_a_server_kind_needs_the_server_url_and_checks_it(tmp_path: Path) -> Non
     assert postgres.url(str(tmp_path), "postgresql://u@h/db") == "postgresql://u@h/db"
     with pytest.raises(ConfigError, match="answered by store 'file'"):
         postgres.url(str(tmp_path), f"file://{tmp_path}")
+
+
+def test_how_a_kind_makes_its_url_is_given_by_keyword() -> None:
+    with pytest.raises(TypeError):
+        StoreKind("file", True, True)  # type: ignore[misc]

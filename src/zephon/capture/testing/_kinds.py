@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 from zephon.capture.stores import STORE_CLASSES, StoreSpec, store_spec
 from zephon.errors import ConfigError
@@ -29,6 +29,7 @@ class StoreKind:
 
     name: str
     durable: bool
+    _: KW_ONLY
     fresh_url: str = ""
     needs_server: bool = False
 
