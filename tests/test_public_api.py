@@ -26,8 +26,9 @@ EXPECTED: dict[str, list[str]] = {
         "gather_checkpoints merge_checkpoints trace"
     ),
     "zephon.capture": _names(
-        "BuildNotes BuildOutput CallRecord CaptureAdmissionRefused "
-        "CaptureHistoryUnrepresentable CaptureLedger CaptureLedgerCommit CaptureStore Chain "
+        "BuildNotes BuildOutput CallRecord CaptureAdmissionRefused CaptureConflictError "
+        "CaptureHistoryUnrepresentable CaptureLedger CaptureLedgerCommit CaptureRecordError "
+        "CaptureStore Chain "
         "ChainLink ConformanceError ConformanceReport ConformanceWarning EngineRefusalRecord "
         "FINGERPRINT_VERSION FileStore IncrementalResolver LedgerTransitionError LineageMatch "
         "LineageResolution LineageResolver LogCorruptionError ManifestFailure MemoryStore "
@@ -63,8 +64,9 @@ EXPECTED: dict[str, list[str]] = {
         "stamp_continuation token_prompt_chain_of token_prompt_item token_prompt_of"
     ),
     "zephon.capture.protocols": _names(
-        "CaptureAdmissionRefused CaptureHistoryUnrepresentable CaptureLedger CaptureStore "
-        "LineageMatch LineageResolution LineageResolver PromptLedger RolloutRetiredError "
+        "CaptureAdmissionRefused CaptureConflictError CaptureHistoryUnrepresentable "
+        "CaptureLedger CaptureStore LineageMatch LineageResolution LineageResolver PromptLedger "
+        "RolloutRetiredError "
         "SupportsBeginCall SupportsCloseAdmissions SupportsEngineRefusal SupportsFailCall "
         "SupportsPeek SupportsRefuseCall SupportsScores TokenCaptureFrozenError "
         "TokenCaptureRequestRefused TokenCaptureRetiredError TokenSink TokenSource "
@@ -81,7 +83,8 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.capture.group_ops": _names("DropEqualRewards KeepPerPrompt"),
     "zephon.capture.scores": _names("RolloutScore"),
     "zephon.capture.records": _names(
-        "CallRecord CaptureLedgerCommit DIGEST_VERSION EngineRefusalRecord FINGERPRINT_VERSION "
+        "CallRecord CaptureLedgerCommit CaptureRecordError DIGEST_VERSION EngineRefusalRecord "
+        "FINGERPRINT_VERSION "
         "GROUP_FIELD MAX_CALL_ID_CHARS MAX_TOKEN_ID ManifestFailure ParentResolutionStatus "
         "RolloutManifest RolloutRemoval SampleGroup "
         "TOKEN_ENTRY_MIN_SCHEMA_VERSION TOKEN_ENTRY_RECORD_SCHEMA_VERSION TokenCaptureSnapshot "
@@ -93,12 +96,16 @@ EXPECTED: dict[str, list[str]] = {
         "open_store register_store store_class store_spec store_specs stores_markdown "
         "unregister_store url_forms"
     ),
+    "zephon.capture.stores.base": _names(
+        "Cursor Decide Delete DurableStore Event Offload Put Retire RolloutState SqlStore "
+        "StreamOp Then Transition decide_stream parse_offload transition_result"
+    ),
     "zephon.capture.testing": _names(
         "CHECKS CheckResult ConformanceError ConformanceReport ConformanceWarning FloodPlan "
         "FloodReport Image "
         "MUTATIONS Mutation Op RecordingFileSystem STORE_KINDS StoreKind Wrapper "
         "assert_mutation_caught durable_kinds marks_before mutated_factory power_loss_images "
-        "run_conformance run_conformance_sync run_flood run_mutation sample_commit"
+        "run_conformance run_conformance_sync run_flood run_mutation sample_commit store_kinds"
     ),
     "zephon.checkpoints": _names(
         "CHECKPOINT_RE CheckpointWriteError LaneCheckpoint LatestCheckpoint OperatorInfo "

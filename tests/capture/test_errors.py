@@ -14,6 +14,8 @@ from zephon.errors import DataFormatError, ZephonError
 # joined the ZephonError tree; a new class must be added here.
 BASES: dict[str, type[BaseException]] = {
     "zephon.capture.protocols.CaptureAdmissionRefused": ValueError,
+    "zephon.capture.protocols.CaptureConflictError": ValueError,
+    "zephon.capture.records.CaptureRecordError": ValueError,
     "zephon.capture.protocols.CaptureHistoryUnrepresentable": ValueError,
     "zephon.capture.protocols.TokenCaptureFrozenError": RuntimeError,
     "zephon.capture.protocols.TokenCaptureRetiredError": RuntimeError,

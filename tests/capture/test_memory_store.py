@@ -199,4 +199,5 @@ def test_memory_store_is_the_durable_store_over_memory() -> None:
     ]
     assert {"put", "freeze", "peek", "drop", "retire", "record", "resolve"} <= set(surface)
     own = sorted(name for name in surface if name in vars(MemoryStore))
-    assert own == ["is_process_shared"]
+    primitives = ["fetch_lineage", "freeze_rollout", "peek_rollout", "transact_rollout"]
+    assert own == sorted([*primitives, "is_process_shared", "transact_stream"])

@@ -11,6 +11,7 @@ import pytest
 
 from zephon.capture.records import (
     CallRecord,
+    CaptureRecordError,
     EngineRefusalRecord,
     ParentResolutionStatus,
     RolloutManifest,
@@ -22,6 +23,7 @@ from zephon.capture.records import (
     validate_capture_keys,
     validate_rollout_id,
 )
+from zephon.errors import ZephonError
 
 GOLDEN = json.loads(
     (pathlib.Path(__file__).parent / "fixtures" / "golden_vectors.json").read_text()
@@ -120,6 +122,22 @@ def test_validation_errors_name_the_field(change: dict[str, Any], field: str) ->
         TokenEntry.from_dict(_base(**change))
     with pytest.raises(ValueError, match=field.replace("$", r"\$")):
         TokenEntry.from_json(json.dumps(_base(**change)))
+
+
+@pytest.mark.parametrize("bad", ["0", [0], 1.0, True])
+def test_a_misshaped_token_item_index_is_a_record_error_naming_the_field(bad: Any) -> None:
+    with pytest.raises(CaptureRecordError, match=r"^token_item_index: must be an integer") as info:
+        TokenEntry(
+            rollout_id="r",
+            model_call_id="c",
+            prompt_token_ids=[1],
+            generation_token_ids=[2],
+            generation_log_probs=[-0.5],
+            output_items=[{"type": "message"}, {"type": "message"}],
+            token_item_index=bad,
+        )
+    assert info.value.field == "token_item_index"
+    assert isinstance(info.value, ZephonError) and isinstance(info.value, ValueError)
 
 
 def test_missing_required_field_is_named() -> None:

@@ -12,10 +12,17 @@ import pytest
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import store_url
 from tests.capture._workload import make_entry
-from zephon.capture.protocols import CaptureAdmissionRefused, CaptureStore, RolloutRetiredError
+from zephon.capture.protocols import (
+    CaptureAdmissionRefused,
+    CaptureConflictError,
+    CaptureStore,
+    RolloutRetiredError,
+)
 from zephon.capture.records import CaptureLedgerCommit, ParentResolutionStatus
+from zephon.capture.scores import RolloutScore
 from zephon.capture.stores import open_store
 from zephon.capture.testing import STORE_KINDS, sample_commit
+from zephon.errors import ZephonError
 
 UNRESOLVED = ParentResolutionStatus.UNRESOLVED
 
@@ -42,6 +49,40 @@ def test_non_finite_log_probs_are_refused_at_put(
             await store.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", sorted(STORE_KINDS))
+def test_a_conflicting_re_put_is_a_capture_conflict_error_that_poisons_durably(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+    first = make_entry("dup", "c1")
+    score = RolloutScore(rollout_id="dup", verifier="math", reward=1.0)
+
+    async def go() -> None:
+        store = open_store(url)
+        try:
+            await store.put(first)
+            await store.put(first)  # an identical retry is a no-op
+            with pytest.raises(CaptureConflictError, match="'c1' was already put with differ"):
+                await store.put(first.with_changes(created_at=first.created_at + 1))
+            await store.put_score(score)
+            with pytest.raises(CaptureConflictError, match="already has a different score"):
+                await store.put_score(RolloutScore(rollout_id="dup", verifier="math", reward=0.0))
+        finally:
+            await store.close()
+        reader = open_store(url)
+        try:
+            snap = await reader.freeze("dup")  # the first write stands, the conflict is kept
+            assert snap.incomplete and snap.entries == (first,)
+            assert [s.reward for s in await reader.scores("dup")] == [1.0]
+        finally:
+            await reader.close()
+
+    asyncio.run(go())
+    assert issubclass(CaptureConflictError, ZephonError) and issubclass(
+        CaptureConflictError, ValueError
+    )
 
 
 def _commit(rid: str, call_id: str, request: list[dict[str, Any]]) -> CaptureLedgerCommit:

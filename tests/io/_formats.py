@@ -3,6 +3,10 @@
 MDS is the exception: its writer's dependencies are too heavy for the test environment, so the
 corpus comes from the committed fixture that ``fixtures/make_mds.py`` wrote with
 ``mosaicml-streaming``.
+
+The matrix is derived from zephon.io's format registry: every built-in format is either in
+:data:`WRITERS` (the matrix runs it) or in :data:`ELSEWHERE` (named with the test file that
+covers it); one in neither fails the import, so a new format cannot silently skip the matrix.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +22,9 @@ import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
+from zephon.io import format_names
+
 FIXTURES = Path(__file__).with_name("fixtures")
-FORMATS = ("jsonl", "parquet", "hf", "arrow", "lance", "mds", "litdata", "vortex")
 
 Rows = list[dict[str, Any]]
 
@@ -148,3 +153,29 @@ def write_mds_raw(docs: Rows, out: Path, shards: int) -> Path:
         })  # fmt: skip
     (out / "index.json").write_text(json.dumps({"version": 2, "shards": entries}))
     return out
+
+
+ELSEWHERE: dict[str, str] = {
+    "converted": "tests/convert/test_convert.py",
+    "megatron": "tests/io/test_token_formats.py",
+    "datatrove": "tests/io/test_token_formats.py",
+    "npy": "tests/io/test_token_formats.py",
+    "webdataset": "tests/io/test_webdataset.py",
+}
+"""Built-in formats of other shapes (token files, tar samples, convert output), each with the
+test file that covers it instead of the row matrix."""
+
+
+def matrix_formats(names: Sequence[str]) -> tuple[str, ...]:
+    """The formats of ``names`` the matrix runs; a format in neither table is an error."""
+    unknown = [n for n in names if n not in WRITERS and n not in ELSEWHERE]
+    if unknown:
+        raise LookupError(
+            f"format(s) {unknown} have no entry in the test format matrix: add a writer to "
+            "WRITERS in tests/io/_formats.py, or name the test file covering it in ELSEWHERE"
+        )
+    return tuple(n for n in names if n in WRITERS)
+
+
+FORMATS = matrix_formats(format_names())
+"""Every matrix format, in the registry's order."""

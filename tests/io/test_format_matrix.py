@@ -12,13 +12,36 @@ import pytest
 
 from tests.engine import _resume as resume
 from tests.io._corpus import corpus_docs
-from tests.io._formats import FORMATS
+from tests.io._formats import ELSEWHERE, FORMATS, WRITERS, matrix_formats
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon.config import load_config
 from zephon.errors import DataFormatError
+from zephon.io import FormatSpec, format_names, register_format, unregister_format
 from zephon.types import SampleBatch
 
 DOCS = corpus_docs()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_registered_format_is_in_the_matrix_or_names_its_test_file() -> None:
+    assert set(FORMATS) | set(ELSEWHERE) == set(format_names())
+    assert set(FORMATS) == set(WRITERS) and not set(FORMATS) & set(ELSEWHERE)
+    for fmt, test_file in ELSEWHERE.items():
+        assert fmt in (ROOT / test_file).read_text(), f"{test_file} does not test {fmt}"
+
+
+def _never_opened(url: str, rows: int | None, options: Any) -> Any:
+    raise AssertionError(f"the matrix check opened {url}")
+
+
+def test_a_registered_format_without_a_test_entry_fails_naming_what_to_add() -> None:
+    register_format(FormatSpec("tsv", "*.tsv", suffixes=(".tsv",), open_file=_never_opened))
+    try:
+        with pytest.raises(LookupError, match=r"\['tsv'\] have no entry .* WRITERS .* ELSEWHERE"):
+            matrix_formats(format_names())
+    finally:
+        unregister_format("tsv")
+    assert matrix_formats(format_names()) == FORMATS
 
 
 def build(ds: Dataset, workers: int = 1, **options: Any) -> Pipeline:

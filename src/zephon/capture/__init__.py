@@ -44,6 +44,7 @@ from zephon.capture.protocols import *  # noqa: F403 - every protocol, extension
 from zephon.capture.records import (
     CallRecord,
     CaptureLedgerCommit,
+    CaptureRecordError,
     EngineRefusalRecord,
     ManifestFailure,
     ParentResolutionStatus,
@@ -73,6 +74,7 @@ __all__ = [
     "BuildOutput",
     "CallRecord",
     "CaptureLedgerCommit",
+    "CaptureRecordError",
     "Chain",
     "ChainLink",
     "ConformanceError",

@@ -27,6 +27,7 @@ from zephon.errors import ZephonError
 
 __all__ = [
     "CaptureAdmissionRefused",
+    "CaptureConflictError",
     "CaptureHistoryUnrepresentable",
     "CaptureLedger",
     "CaptureStore",
@@ -69,6 +70,15 @@ class CaptureAdmissionRefused(ZephonError, ValueError):
 
 TokenCaptureRequestRefused = CaptureAdmissionRefused
 """Alias under the name the reference records for this error."""
+
+
+class CaptureConflictError(ZephonError, ValueError):
+    """A call id (or a verifier's score) was written again with different data.
+
+    The first write stands and the store records the conflict durably (the rollout is now
+    incomplete, or its ledger has a failure row) before raising. A retry must resend the
+    identical record, timestamps included.
+    """
 
 
 class CaptureHistoryUnrepresentable(ZephonError, ValueError):

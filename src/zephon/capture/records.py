@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from zephon.errors import ZephonError
+
 __all__ = [
     "DIGEST_VERSION",
     "FINGERPRINT_VERSION",
@@ -38,6 +40,7 @@ __all__ = [
     "TOKEN_ENTRY_RECORD_SCHEMA_VERSION",
     "CallRecord",
     "CaptureLedgerCommit",
+    "CaptureRecordError",
     "EngineRefusalRecord",
     "ManifestFailure",
     "ParentResolutionStatus",
@@ -208,9 +211,18 @@ def validate_capture_keys(keys: str | Iterable[str]) -> list[str]:
     return list(seen)
 
 
+class CaptureRecordError(ZephonError, ValueError):
+    """A capture record's field breaks its schema; ``field`` names it (the message starts with
+    it). A ``ValueError`` too, so ``except ValueError`` written before this class still works."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
 def _require(cond: bool, field: str, message: str) -> None:
     if not cond:
-        raise ValueError(f"{field}: {message}")
+        raise CaptureRecordError(field, message)
 
 
 # --------------------------------------------------------------------------- TokenEntry
@@ -274,6 +286,11 @@ class TokenEntry(msgspec.Struct, kw_only=True, dict=True):
         )
         idx = self.token_item_index
         if idx is not None:
+            _require(
+                isinstance(idx, int) and not isinstance(idx, bool),
+                "token_item_index",
+                f"must be an integer index into output_items or null, got {idx!r}",
+            )
             _require(
                 0 <= idx < len(self.output_items),
                 "token_item_index",

@@ -3,7 +3,8 @@
 Each store implements sink, source, lineage resolver and ledger over one shared backend; two
 stores opened with the same URL are two clients of that backend. Every kind of store is a
 :class:`StoreSpec` in one registry (:func:`register_store` adds yours); implementations are
-imported lazily so that ``memory://`` never pulls in psycopg.
+imported lazily so that ``memory://`` never pulls in psycopg. A new kind of store is written
+against :mod:`zephon.capture.stores.base`.
 """
 
 from __future__ import annotations

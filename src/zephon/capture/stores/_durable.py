@@ -1,17 +1,20 @@
-"""The async store surface shared by the file, sqlite and postgres stores.
+"""The async store surface shared by every built-in store, and the base of a new one.
 
-A durable store only supplies three blocking primitives, each atomic for one rollout (under a
-file lock or inside one transaction):
+A store supplies five blocking primitives, each atomic for one rollout or stream (under a lock
+or inside one transaction); the public home of this contract is
+:mod:`zephon.capture.stores.base`:
 
-* :meth:`DurableStore._transact` - load the rollout's state, let the pure state machine of
-  :mod:`._state` decide, persist the decided events durably, apply them, and return
-  ``then(state)`` (or raise the decision's error only AFTER persisting, so a conflict's
-  poisoning sticks even though the call fails);
-* :meth:`DurableStore._freeze` - the same for ``freeze`` plus reading the snapshot's payloads;
-* :meth:`DurableStore._lineage_fetch` - the ``{call_id: key}`` map and selected entries, for
+* :meth:`DurableStore.transact_rollout` - load the rollout's state, let the pure state machine
+  of :mod:`._state` decide, persist the decided events durably, apply them, and return
+  ``then(state, transition)`` (or raise the decision's error only AFTER persisting, so a
+  conflict's poisoning sticks even though the call fails);
+* :meth:`DurableStore.freeze_rollout` - the same for ``freeze`` plus reading the snapshot's
+  payloads;
+* :meth:`DurableStore.peek_rollout` - the snapshot as it is now, without writing;
+* :meth:`DurableStore.fetch_lineage` - the ``{call_id: key}`` map and selected entries, for
   the incremental parent resolver of :mod:`zephon.capture.lineage`;
-* :meth:`DurableStore._stream_transact` - the same as ``_transact`` for one RL stream's prompt
-  ledger (:mod:`zephon.capture.ledger`), kept as one JSON value per stream.
+* :meth:`DurableStore.transact_stream` - the same as ``transact_rollout`` for one RL
+  stream's prompt ledger (:mod:`zephon.capture.ledger`), kept as one JSON value per stream.
 
 Everything else (argument checks, batches of capture keys, the async wrapping) lives here
 once. Blocking work runs in a dedicated thread pool (``offload="thread"``, the default: the
@@ -59,7 +62,16 @@ from zephon.capture.scores import RolloutScore
 from zephon.capture.stores._admit import admit_entry
 from zephon.capture.stores._state import RolloutState, Transition
 
-__all__ = ["Decide", "DurableStore", "Offload", "StreamOp", "decide_stream", "parse_offload"]
+__all__ = [
+    "Decide",
+    "DurableStore",
+    "Offload",
+    "StreamOp",
+    "Then",
+    "decide_stream",
+    "parse_offload",
+    "transition_result",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -95,7 +107,11 @@ def parse_offload(value: str | None, url: str) -> Offload:
 StreamOp = Callable[[StreamLedger], Any]
 
 
-def _keep(state: RolloutState, t: Transition[Any]) -> Any:
+Then = Callable[[RolloutState, Transition[Any]], Any]
+
+
+def transition_result(state: RolloutState, t: Transition[Any]) -> Any:
+    """The default ``then`` of :meth:`DurableStore.transact_rollout`: the decision's result."""
     return t.result
 
 
@@ -125,6 +141,20 @@ class DurableStore:
 
     kind = "durable"
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse a subclass that defines a name private to this class (it would silently
+        replace the plumbing) or a primitive under its old underscore name."""
+        super().__init_subclass__(**kwargs)
+        own = [n for n in vars(cls) if n in _PRIVATE]
+        if own:
+            raise TypeError(
+                f"{cls.__qualname__} defines {own}, private to DurableStore: rename them (a "
+                "store implements the public primitives transact_rollout, freeze_rollout, ...)"
+            )
+        old = [f"{n} (now {_RENAMED[n]})" for n in vars(cls) if n in _RENAMED]
+        if old:
+            raise TypeError(f"{cls.__qualname__} defines renamed primitives: {', '.join(old)}")
+
     def __init__(self, *, offload: Offload = "thread") -> None:
         self._offload: Offload = offload
         self._closed = False
@@ -132,42 +162,57 @@ class DurableStore:
 
     # -- primitives implemented by each store -----------------------------------------------
 
-    def _transact(
+    def transact_rollout(
         self,
         rollout_id: str,
         decide: Decide,
-        then: Callable[[RolloutState, Transition[Any]], Any] = _keep,
+        then: Then = transition_result,
         *,
         write: bool = True,
     ) -> Any:
-        raise NotImplementedError
+        """Atomically for ``rollout_id``: load its state (:meth:`RolloutState.empty` when
+        there is none), call ``decide(state)``, persist the transition's events durably and
+        apply them (``state.apply_all``), then raise ``transition.error`` if any - only after
+        persisting - or return ``then(state, transition)``. With ``write=False`` it is a read:
+        events decided then are a bug (raise ``AssertionError``), never persisted."""
+        raise self._missing("transact_rollout")
 
-    def _freeze(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
-        raise NotImplementedError
+    def freeze_rollout(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
+        """:meth:`transact_rollout` of ``state.freeze(snapshot_id)`` and, in the same atomic
+        step, ``state.snapshot(entries)`` of the stored payloads (in ``state.entry_keys``
+        order)."""
+        raise self._missing("freeze_rollout")
 
-    def _peek(self, rollout_id: str) -> TokenCaptureSnapshot | None:
+    def peek_rollout(self, rollout_id: str) -> TokenCaptureSnapshot | None:
         """The snapshot a freeze would show now, read without writing anything; None for a
         rollout id without any state; the retired error for a retired one."""
-        raise NotImplementedError
+        raise self._missing("peek_rollout")
 
-    def _lineage_fetch(
+    def fetch_lineage(
         self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]
     ) -> tuple[Mapping[str, str], Sequence[TokenEntry]]:
         """Under the rollout's read lock: the ``{call_id: entry key}`` map and the entries of
         the call ids ``select(map)`` picks (see :data:`zephon.capture.lineage.EntryFetch`)."""
-        raise NotImplementedError
+        raise self._missing("fetch_lineage")
 
-    def _stream_transact(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
+    def transact_stream(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
         """Under the stream's lock (exclusive for writes): load its ledger bytes, run
         :func:`decide_stream`, store the new bytes durably when there are any, return the
         result (a read must not change the ledger)."""
-        raise NotImplementedError
+        raise self._missing("transact_stream")
 
-    def _close(self) -> None:
-        """Release connections or handles (called once)."""
+    def close_backend(self) -> None:
+        """Release connections or handles (called once, by ``close``; optional)."""
 
     def describe(self) -> str:
+        """The store in words, for error messages (``kind`` unless overridden)."""
         return self.kind
+
+    def _missing(self, primitive: str) -> NotImplementedError:
+        return NotImplementedError(
+            f"{type(self).__name__} does not implement {primitive}, a primitive every "
+            "zephon.capture.stores.base.DurableStore subclass defines (see docs/capture-stores.md)"
+        )
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -183,13 +228,13 @@ class DurableStore:
         self,
         rollout_id: str,
         decide: Decide,
-        then: Callable[[RolloutState, Transition[Any]], Any] = _keep,
+        then: Then = transition_result,
         *,
         write: bool = True,
     ) -> Any:
         validate_rollout_id(rollout_id)
         return await self._run(
-            functools.partial(self._transact, rollout_id, decide, then, write=write)
+            functools.partial(self.transact_rollout, rollout_id, decide, then, write=write)
         )
 
     # -- sink -------------------------------------------------------------------------------
@@ -231,7 +276,7 @@ class DurableStore:
 
     async def freeze(self, rollout_id: str) -> TokenCaptureSnapshot:
         validate_rollout_id(rollout_id)
-        return await self._run(self._freeze, rollout_id, uuid.uuid4().hex)
+        return await self._run(self.freeze_rollout, rollout_id, uuid.uuid4().hex)
 
     async def peek(self, rollout_id: str) -> TokenCaptureSnapshot:
         """Read the rollout as a freeze would show it, without freezing or fencing it.
@@ -240,7 +285,7 @@ class DurableStore:
         rollout id nobody wrote raises :class:`LookupError` (and stays unused).
         """
         validate_rollout_id(rollout_id)
-        snap = await self._run(self._peek, rollout_id)
+        snap = await self._run(self.peek_rollout, rollout_id)
         if snap is None:
             raise LookupError(f"no rollout {rollout_id!r} in {self.describe()}")
         return snap
@@ -255,15 +300,18 @@ class DurableStore:
         keys = validate_capture_keys(rollout_ids)
         changed = []
         for key in keys:
-            if await self._run(self._remove_one, key, action):
+            if await self._run(self.remove_rollout, key, action):
                 changed.append(key)
         return RolloutRemoval(action=action, capture_keys=tuple(keys), changed=tuple(changed))
 
-    def _remove_one(self, rollout_id: str, action: Literal["retire", "delete"]) -> bool:
-        """Blocking retire or delete of one rollout. A store that can detect damage overrides
-        this so that both still work on a damaged rollout: they are how an operator clears it."""
+    def remove_rollout(self, rollout_id: str, action: Literal["retire", "delete"]) -> bool:
+        """Blocking retire or delete of one rollout (optional primitive). A store that can
+        detect damage overrides this so that both still work on a damaged rollout: they are
+        how an operator clears it."""
         return bool(
-            self._transact(rollout_id, lambda s: s.retire() if action == "retire" else s.delete())
+            self.transact_rollout(
+                rollout_id, lambda s: s.retire() if action == "retire" else s.delete()
+            )
         )
 
     async def retire(self, rollout_ids: str | Sequence[str]) -> RolloutRemoval:
@@ -318,7 +366,7 @@ class DurableStore:
 
     async def _stream(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
         validate_stream(stream)
-        return await self._run(functools.partial(self._stream_transact, stream, op, write=write))
+        return await self._run(functools.partial(self.transact_stream, stream, op, write=write))
 
     async def issue_prompt(
         self,
@@ -386,7 +434,7 @@ class DurableStore:
             return LineageResolution(ParentResolutionStatus.ROOT)
         if self._resolver is None:
             # One incremental cache per client: each look reads only entries committed since.
-            self._resolver = IncrementalResolver(self._lineage_fetch)
+            self._resolver = IncrementalResolver(self.fetch_lineage)
         return await self._run(self._resolve_blocking, self._resolver, rollout_id, request_items)
 
     def _resolve_blocking(
@@ -395,7 +443,7 @@ class DurableStore:
         res = resolver.resolve(rollout_id, request_items)
         if res.status is not ParentResolutionStatus.UNRESOLVED:
             return res
-        commits: list[CaptureLedgerCommit] = self._transact(
+        commits: list[CaptureLedgerCommit] = self.transact_rollout(
             rollout_id,
             lambda s: Transition(),
             lambda s, _t: list(s.ledger_commits.values()),
@@ -409,4 +457,20 @@ class DurableStore:
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._close()
+            self.close_backend()
+
+
+_PRIVATE = frozenset(
+    [n for n in vars(DurableStore) if n.startswith("_") and not n.startswith("__")]
+    + ["_offload", "_closed", "_resolver"]
+)
+#: The primitives' names before they became public.
+_RENAMED = {
+    "_transact": "transact_rollout",
+    "_freeze": "freeze_rollout",
+    "_peek": "peek_rollout",
+    "_lineage_fetch": "fetch_lineage",
+    "_stream_transact": "transact_stream",
+    "_remove_one": "remove_rollout",
+    "_close": "close_backend",
+}

@@ -458,10 +458,10 @@ class FileStore(DurableStore):
             if h.stale:
                 h.close(self.fs)
 
-    def _remove_one(self, rollout_id: str, action: Literal["retire", "delete"]) -> bool:
+    def remove_rollout(self, rollout_id: str, action: Literal["retire", "delete"]) -> bool:
         """Retire or delete, also when the log is damaged (how an operator clears it)."""
         try:
-            return bool(super()._remove_one(rollout_id, action))
+            return bool(super().remove_rollout(rollout_id, action))
         except LogCorruptionError:
             pass
         h = _handle(self.fs, self.directory, rollout_id)
@@ -499,7 +499,7 @@ class FileStore(DurableStore):
         self._apply_all(h, scan(buf, offset=head.start, line=4).records)
         h.state.apply(MarkIncomplete(reason=LOST_TAIL))
 
-    def _transact(
+    def transact_rollout(
         self,
         rollout_id: str,
         decide: Decide,
@@ -509,10 +509,10 @@ class FileStore(DurableStore):
     ) -> Any:
         return self._op(rollout_id, decide, lambda h, t: then(h.state, t), write=write)
 
-    def _stream_transact(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
+    def transact_stream(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
         return stream_transact(self.fs, self.directory, stream, op, write=write)
 
-    def _freeze(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
+    def freeze_rollout(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
         read: list[list[TokenEntry]] = []
 
         def before(h: _Handle) -> None:
@@ -529,7 +529,7 @@ class FileStore(DurableStore):
         )
         return snap
 
-    def _peek(self, rollout_id: str) -> TokenCaptureSnapshot | None:
+    def peek_rollout(self, rollout_id: str) -> TokenCaptureSnapshot | None:
         def then(h: _Handle, t: Transition[Any]) -> TokenCaptureSnapshot | None:
             return None if h.state.is_empty() else self._snapshot(h, t)
 
@@ -573,7 +573,7 @@ class FileStore(DurableStore):
             entries.append(TokenEntry.from_json(line[line.index(b"\t") + 1 : -1]))
         return entries
 
-    def _lineage_fetch(
+    def fetch_lineage(
         self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]
     ) -> tuple[Mapping[str, str], Sequence[TokenEntry]]:
         def then(h: _Handle, _t: Transition[Any]) -> tuple[dict[str, str], list[TokenEntry]]:
@@ -588,7 +588,7 @@ class FileStore(DurableStore):
 
     def state_of(self, rollout_id: str) -> RolloutState:
         """A copy of the rollout's current state as replayed from its log."""
-        result: RolloutState = self._transact(
+        result: RolloutState = self.transact_rollout(
             rollout_id, lambda s: Transition(), lambda s, _t: s.copy(), write=False
         )
         return result

@@ -85,7 +85,7 @@ class MemoryStore(DurableStore):
 
     # -- primitives ----------------------------------------------------------------------
 
-    def _transact(
+    def transact_rollout(
         self,
         rollout_id: str,
         decide: Decide,
@@ -127,16 +127,16 @@ class MemoryStore(DurableStore):
         if isinstance(events[-1], Delete):
             b.events.pop(rollout_id, None)
 
-    def _freeze(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
+    def freeze_rollout(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
         b = self._backend
         with b.lock:
-            self._transact(rollout_id, lambda s: s.freeze(snapshot_id))
+            self.transact_rollout(rollout_id, lambda s: s.freeze(snapshot_id))
             cached = b.snapshots.get(rollout_id)
             if cached is None:
                 cached = b.snapshots[rollout_id] = self._snapshot(b.states[rollout_id])
             return cached
 
-    def _peek(self, rollout_id: str) -> TokenCaptureSnapshot | None:
+    def peek_rollout(self, rollout_id: str) -> TokenCaptureSnapshot | None:
         b = self._backend
         with b.lock:
             state = b.states.get(rollout_id)
@@ -149,7 +149,7 @@ class MemoryStore(DurableStore):
         payloads = self._backend.payloads.get(state.rollout_id, {})
         return state.snapshot(payloads[cid] for cid in state.entry_keys)
 
-    def _stream_transact(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
+    def transact_stream(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
         b = self._backend
         with b.lock:
             new, result = decide_stream(stream, b.streams.get(stream), op)
@@ -159,7 +159,7 @@ class MemoryStore(DurableStore):
                 b.streams[stream] = new
             return result
 
-    def _lineage_fetch(
+    def fetch_lineage(
         self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]
     ) -> tuple[Mapping[str, str], Sequence[TokenEntry]]:
         b = self._backend

@@ -158,6 +158,6 @@ class PostgresStore(SqlStore):
             (stream, b""),
         )
 
-    def _close(self) -> None:
+    def close_backend(self) -> None:
         with self._lock:
             self._conn.close()

@@ -135,7 +135,7 @@ class SqlStore(DurableStore):
 
     # -- primitives -------------------------------------------------------------------------
 
-    def _transact(
+    def transact_rollout(
         self,
         rollout_id: str,
         decide: Decide,
@@ -159,7 +159,7 @@ class SqlStore(DurableStore):
             raise t.error
         return then(state, t)
 
-    def _stream_transact(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
+    def transact_stream(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
         sql = "SELECT ledger FROM capture_streams WHERE stream = ?"
         with self._lock:
             if not write:
@@ -182,7 +182,7 @@ class SqlStore(DurableStore):
                     )
             return result
 
-    def _freeze(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
+    def freeze_rollout(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
         with self._lock:
             # Fast path: already frozen and unchanged since this client's last snapshot.
             with self._txn(False) as cur:
@@ -212,7 +212,7 @@ class SqlStore(DurableStore):
                 self._snapshots.popitem(last=False)
             return snap
 
-    def _peek(self, rollout_id: str) -> TokenCaptureSnapshot | None:
+    def peek_rollout(self, rollout_id: str) -> TokenCaptureSnapshot | None:
         with self._lock, self._txn(False) as cur:
             state = self._load(cur, rollout_id, for_update=False)
             if state is None or state.is_empty():
@@ -228,7 +228,7 @@ class SqlStore(DurableStore):
         )
         return {row[0]: bytes(row[1]) for row in cur.fetchall()}
 
-    def _lineage_fetch(
+    def fetch_lineage(
         self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]
     ) -> tuple[Mapping[str, str], Sequence[TokenEntry]]:
         with self._lock, self._txn(False) as cur:

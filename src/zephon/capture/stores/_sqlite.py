@@ -91,7 +91,7 @@ class SqliteStore(SqlStore):
             "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'capture_entries'"
         ).fetchone()
         if not row or not row[0]:
-            self._close()
+            self.close_backend()
             raise FileNotFoundError(
                 f"{self.path} is not a zephon capture store (no capture tables); check the path"
             )
@@ -145,7 +145,7 @@ class SqliteStore(SqlStore):
             "INSERT OR IGNORE INTO capture_streams (stream, ledger) VALUES (?, ?)", (stream, b"")
         )
 
-    def _close(self) -> None:
+    def close_backend(self) -> None:
         with self._lock:
             self._conn.close()
             os.close(self._writer_lock)

@@ -32,6 +32,7 @@ import msgspec
 
 from zephon.capture.protocols import (
     CaptureAdmissionRefused,
+    CaptureConflictError,
     RolloutRetiredError,
     TokenCaptureFrozenError,
     TokenCaptureRetiredError,
@@ -312,7 +313,7 @@ class RolloutState(msgspec.Struct, kw_only=True):
         key = entry_key(canonical)
         if self.refusal_for(call_id) is not None:
             return _fail(
-                ValueError(
+                CaptureConflictError(
                     f"rollout {self.rollout_id!r}: call {call_id!r} was recorded as an engine "
                     "refusal and cannot also have an entry; the rollout is now incomplete"
                 ),
@@ -323,7 +324,7 @@ class RolloutState(msgspec.Struct, kw_only=True):
             return Transition(result="duplicate")
         if known is not None:
             return _fail(
-                ValueError(
+                CaptureConflictError(
                     f"rollout {self.rollout_id!r}: call {call_id!r} was already put with "
                     "different bytes (a retry must resend the identical entry, timestamps "
                     "included); the rollout is now incomplete"
@@ -399,7 +400,7 @@ class RolloutState(msgspec.Struct, kw_only=True):
             return Transition()
         if known is not None:
             return _fail(
-                ValueError(
+                CaptureConflictError(
                     f"rollout {self.rollout_id!r}: call {call_id!r} already has a different "
                     "engine refusal; the rollout is now incomplete"
                 ),
@@ -407,7 +408,7 @@ class RolloutState(msgspec.Struct, kw_only=True):
             )
         if call_id in self.entry_keys:
             return _fail(
-                ValueError(
+                CaptureConflictError(
                     f"rollout {self.rollout_id!r}: call {call_id!r} already committed an entry "
                     "and cannot be an engine refusal; the rollout is now incomplete"
                 ),
@@ -468,7 +469,7 @@ class RolloutState(msgspec.Struct, kw_only=True):
             return Transition(result="duplicate")
         if known is not None:
             return _fail(
-                ValueError(
+                CaptureConflictError(
                     f"rollout {self.rollout_id!r}: ledger call {call_id!r} was already recorded "
                     "with different data; the rollout now has a failure row"
                 ),
@@ -479,7 +480,7 @@ class RolloutState(msgspec.Struct, kw_only=True):
             return _fail(cut)
         if call_id in self.refused_calls:
             return _fail(
-                ValueError(
+                CaptureConflictError(
                     f"rollout {self.rollout_id!r}: ledger call {call_id!r} was acknowledged as "
                     "refused and cannot commit; the rollout now has a failure row"
                 ),
@@ -529,7 +530,7 @@ class RolloutState(msgspec.Struct, kw_only=True):
             )
         if call_id in self.ledger_commits:
             return _fail(
-                ValueError(
+                CaptureConflictError(
                     f"rollout {self.rollout_id!r}: call {call_id!r} already committed a ledger "
                     "row and cannot be refused; the rollout now has a failure row"
                 ),
@@ -572,7 +573,7 @@ class RolloutState(msgspec.Struct, kw_only=True):
             return Transition(result="duplicate")
         if known is not None:
             return _fail(
-                ValueError(
+                CaptureConflictError(
                     f"rollout {self.rollout_id!r} already has a different score by "
                     f"{verifier!r}; a verifier scores a rollout once (re-put the identical "
                     "score, or use another verifier name)"

@@ -5,7 +5,8 @@
   suite must notice;
 * :class:`RecordingFileSystem` / :func:`power_loss_images` - record the file operations of a
   store built on the file-system seam and rebuild what a power loss at any point leaves;
-* :data:`STORE_KINDS` - the registry every parametrised store test runs over;
+* :data:`STORE_KINDS` - the registry every parametrised store test runs over, one kind per
+  built-in store (:func:`store_kinds` derives it; a store without a kind is an error);
 * :func:`sample_commit` - a valid ledger row to record;
 * :func:`run_flood` - hostile clients against a running capture proxy while a well-behaved
   one works (latencies, acknowledged calls, peak memory).
@@ -26,7 +27,7 @@ from zephon.capture.conformance import (
     run_conformance_sync,
 )
 from zephon.capture.testing._flood import FloodPlan, FloodReport, run_flood
-from zephon.capture.testing._kinds import STORE_KINDS, StoreKind, durable_kinds
+from zephon.capture.testing._kinds import STORE_KINDS, StoreKind, durable_kinds, store_kinds
 from zephon.capture.testing._mutations import (
     MUTATIONS,
     Mutation,
@@ -69,4 +70,5 @@ __all__ = [
     "run_flood",
     "run_mutation",
     "sample_commit",
+    "store_kinds",
 ]
