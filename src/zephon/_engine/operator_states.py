@@ -96,7 +96,7 @@ class OperatorStates:
         # their empty state, which is theirs at a restart point the lane delivered after;
         # a checkpoint names such a stage only while it holds records
         self._drained: dict[int, dict[int, Any]] = {}
-        self._held_positions: dict[int, tuple[Position, frozenset[tuple[int, int]]]] = {}
+        self._held_positions: dict[int, tuple[RestartPoint, frozenset[tuple[int, int]]]] = {}
 
     def attach(self, index: int, op: BaseOp, acc: LaneStateful) -> LaneStateLog:
         """Start logging ``acc``'s lane states; queue the saved ones for :meth:`load`."""
@@ -267,7 +267,7 @@ class OperatorStates:
                 return True
         return False
 
-    def held_positions(self, lane: int, position: Position) -> frozenset[tuple[int, int]]:
+    def held_positions(self, lane: int, position: RestartPoint) -> frozenset[tuple[int, int]]:
         """The source positions ``(chunk id, offset)`` of the records the stages hold at the
         restart point ``position``: a restore there runs them again (cached while it stays)."""
         cached = self._held_positions.get(lane)
