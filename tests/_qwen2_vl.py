@@ -44,8 +44,6 @@ def tiny_qwen2_vl() -> Any:
         video_token_id=61,
         vision_start_token_id=62,
         vision_end_token_id=63,
-        bos_token_id=0,
-        eos_token_id=1,
     )
     torch.manual_seed(0)
     return Qwen2VLForConditionalGeneration(config).to(torch.float64).eval()
