@@ -9,13 +9,13 @@ from typing import Any
 import torch
 from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
-VOCAB = 64
-IMAGE_TOKEN = 60
+VOCAB = 320
+IMAGE_TOKEN = 300
 
 
 @cache
 def tiny_qwen2_vl() -> Any:
-    """The model, in eval mode, float64 so packed and unpacked losses agree to 1e-9."""
+    """The model, in eval mode and float64 (its loss is still computed in float32)."""
     config = Qwen2VLConfig(
         text_config={
             "vocab_size": VOCAB,
@@ -25,7 +25,8 @@ def tiny_qwen2_vl() -> Any:
             "num_attention_heads": 4,
             "num_key_value_heads": 2,
             "max_position_embeddings": 1024,
-            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3], "rope_theta": 10.0},
+            "initializer_range": 0.5,
             "bos_token_id": 0,
             "eos_token_id": 1,
         },
@@ -41,9 +42,9 @@ def tiny_qwen2_vl() -> Any:
             "in_channels": 3,
         },
         image_token_id=IMAGE_TOKEN,
-        video_token_id=61,
-        vision_start_token_id=62,
-        vision_end_token_id=63,
+        video_token_id=301,
+        vision_start_token_id=302,
+        vision_end_token_id=303,
     )
     torch.manual_seed(0)
     return Qwen2VLForConditionalGeneration(config).to(torch.float64).eval()
