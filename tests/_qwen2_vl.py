@@ -14,11 +14,11 @@ IMAGE_TOKEN = 300
 
 
 @cache
-def tiny_qwen2_vl() -> Any:
+def tiny_qwen2_vl(vocab: int = VOCAB, image_token: int = IMAGE_TOKEN) -> Any:
     """The model, in eval mode and float64 (its loss is still computed in float32)."""
     config = Qwen2VLConfig(
         text_config={
-            "vocab_size": VOCAB,
+            "vocab_size": vocab,
             "hidden_size": 64,
             "intermediate_size": 64,
             "num_hidden_layers": 2,
@@ -41,10 +41,10 @@ def tiny_qwen2_vl() -> Any:
             "temporal_patch_size": 2,
             "in_channels": 3,
         },
-        image_token_id=IMAGE_TOKEN,
-        video_token_id=301,
-        vision_start_token_id=302,
-        vision_end_token_id=303,
+        image_token_id=image_token,
+        video_token_id=vocab - 1,
+        vision_start_token_id=vocab - 2,
+        vision_end_token_id=vocab - 3,
     )
     torch.manual_seed(0)
     return Qwen2VLForConditionalGeneration(config).to(torch.float64).eval()

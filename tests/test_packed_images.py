@@ -4,6 +4,7 @@ its loss on the samples one by one."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 
 from tests._media import encoded, picture
 from tests._qwen2_vl import IMAGE_TOKEN, tiny_qwen2_vl
+from tests._vision_chat import conversation, processor, vision_tokenizer_dir
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon._mrope import document_mrope
 from zephon.errors import ConfigError, DataError
@@ -147,3 +149,55 @@ def test_pixels_of_other_fields_than_the_grids_are_an_error() -> None:
     batch = packed_batches()[0]
     with pytest.raises(DataError, match="decode_image every image field before pack_sequences"):
         inputs(batch, image_fields=["jpg"])
+
+
+def test_packed_chat_rows_lose_what_the_processors_samples_lose(tmp_path: Path) -> None:
+    """Conversations with image parts (images inside the text, between vision start and end
+    tokens), packed: the loss equals the loss on transformers' processor output per sample."""
+    tokenizer = vision_tokenizer_dir(tmp_path / "tok")
+    hf = processor(tokenizer)
+    image_token = hf.image_token_id
+    model = tiny_qwen2_vl(len(hf.tokenizer) + 4, image_token)
+    rows = []
+    for i in range(6):
+        row: dict[str, Any] = {"id": i, "messages": conversation(i, 1 + i % 2)}
+        row["jpg"] = encoded(picture(i, (50 + 13 * i, 70)))
+        if i % 2:
+            row["png"] = encoded(picture(i + 2, (90, 40 + 5 * i)), "PNG")
+        rows.append(row)
+    source = StaticMixtureWorkSource([Dataset.from_records("c", rows)], chunk_size=4)
+    pipe = (
+        Pipeline(source)
+        .decode_image(fields=FIELDS, min_pixels=28 * 28, max_pixels=28 * 28 * 6)
+        .tokenize_chat(str(tokenizer), image_grids="image_grid_thw")
+        .pack_sequences(160, image_grids="image_grid_thw", image_token_id=image_token)
+        .batch(8, drop_last=False)
+        .options(runner="inline")
+    )
+    (batch,) = list(pipe)
+    assert 1 < len(batch.records) < 6
+    out = batch.to_training(
+        image_fields=FIELDS,
+        image_token_id=image_token,
+        pad_token_id=0,
+        convention="hf",
+        return_tensors="pt",
+    )
+    with torch.no_grad():
+        packed = model(**out)
+    packed_sum = packed.loss.item() * int((out["labels"][:, 1:] != -100).sum())
+    alone_sum, count = 0.0, 0
+    for sample in [s for r in batch.records for s in r.payload["packed_samples"]]:
+        text = hf.apply_chat_template(rows[sample["id"]]["messages"], tokenize=False)
+        images = [sample[f] for f in FIELDS if f in sample]
+        one = hf(text=[text], images=images, do_resize=False, return_tensors="pt")
+        ids = one["input_ids"]
+        assert ids[0].tolist() == sample["input_ids"].tolist()
+        labels = torch.where(torch.from_numpy(sample["loss_mask"])[None] == 1, ids, -100)
+        with torch.no_grad():  # the model's own rope index, from the token types
+            result = model(**one, labels=labels)
+        n = int((labels[:, 1:] != -100).sum())
+        alone_sum += result.loss.item() * n
+        count += n
+    assert count == int((out["labels"][:, 1:] != -100).sum())
+    assert packed_sum == pytest.approx(alone_sum, rel=1e-6)  # the loss is float32

@@ -95,11 +95,14 @@ def _flat_row(
         text = np.asarray(sample[token_name(sample)]).reshape(-1)
         lines = image_map[image_map[:, 0] == i]
         vision = int(lines[:, 3].sum())
-        if vision + len(text) != cu[i + 1] - cu[i]:
+        length = int(cu[i + 1] - cu[i])
+        if length == len(text) and vision:  # the vision tokens are in the text already
+            vision = 0
+        elif vision + len(text) != length:
             raise DataError(
                 f"to_training: sample {i} of packed row {record.meta.sample_id} has {len(text)} "
-                f"text and {vision} vision tokens, its cu_seqlens {int(cu[i + 1] - cu[i])}; "
-                "pass the rows of pack_sequences(image_grids=...) unchanged"
+                f"text and {vision} vision tokens, its cu_seqlens {length}; pass the rows of "
+                "pack_sequences(image_grids=...) unchanged"
             )
         if len(lines) and grid_field not in sample:
             raise MissingFieldError(
@@ -114,10 +117,15 @@ def _flat_row(
         loss += [np.zeros(vision, dtype=np.float32), mask]
         kinds += [np.ones(vision, dtype=bool), np.zeros(len(text), dtype=bool)]
     flat = np.concatenate(ids)
+    is_image = np.concatenate(kinds)
+    for _, _, offset, tokens in image_map:  # images in the text: never targets
+        is_image[offset : offset + tokens] = True
+    loss_mask = np.concatenate(loss)
+    loss_mask[is_image] = 0
     return _Row(
         ids=flat,
-        loss_mask=np.concatenate(loss),
-        is_image=np.concatenate(kinds),
+        loss_mask=loss_mask,
+        is_image=is_image,
         cu=cu,
         mrope=row_mrope(cu, image_map, grids, merge_size),
         grids=grids,

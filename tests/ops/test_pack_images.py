@@ -14,7 +14,7 @@ from tests._media import write_shards
 from zephon import Dataset, Pipeline
 from zephon import StaticMixtureWorkSource as Source
 from zephon._ops.pack import PackSequencesOp
-from zephon.errors import ConfigError, MissingFieldError
+from zephon.errors import ConfigError, DataError, MissingFieldError
 from zephon.testing import check_operator
 from zephon.types import TAG_PACKING
 
@@ -134,3 +134,56 @@ def test_text_only_packing_keeps_the_fingerprint_its_checkpoints_were_saved_with
         "merge_size": 2,
         "max_images_per_row": 4,
     }
+
+
+IMAGE = 9999
+
+
+def inline(i: int) -> dict[str, Any]:
+    """A record whose tokens hold its images' vision tokens already, among its text (as
+    tokenize_chat(image_grids=...) makes them), images sometimes back to back."""
+    row = caption(i)
+    ids: list[int] = list(range(RNG.randint(0, 5)))
+    for n in vision(row):
+        ids += [IMAGE] * n + list(range(RNG.choice([0, 0, 3])))
+    row["input_ids"] = ids + list(range(RNG.randint(1, 9)))
+    return row
+
+
+def test_vision_tokens_already_in_the_text_count_once_and_map_where_they_are() -> None:
+    rows = [inline(i) for i in range(80)]
+    out = packed(rows, max_length=256, image_token_id=IMAGE)
+    seen = 0
+    for record in out:
+        samples = record.payload["packed_samples"]
+        lengths = [len(p["input_ids"]) for p in samples]
+        assert record.meta.tags[TAG_PACKING]["total_length"] == sum(lengths) <= 256
+        cu, image_map = record.payload["cu_seqlens"], record.payload["image_map"]
+        assert cu.tolist() == np.cumsum([0, *lengths]).tolist()
+        for i, sample in enumerate(samples):
+            ids = np.asarray(sample["input_ids"])
+            lines = image_map[image_map[:, 0] == i]
+            assert lines[:, 1].tolist() == list(range(len(vision(sample))))
+            assert lines[:, 3].tolist() == vision(sample)
+            covered = np.zeros(len(ids), dtype=bool)
+            for _, _, offset, tokens in lines:
+                covered[offset - cu[i] : offset - cu[i] + tokens] = True
+            assert (covered == (ids == IMAGE)).all()
+            seen += 1
+    assert seen == 80
+
+
+def test_image_tokens_that_do_not_match_the_grids_are_an_error() -> None:
+    row = caption(0)
+    row["input_ids"] = [1, 2] + [IMAGE] * (sum(vision(row)) - 1) + [3]
+    with pytest.raises(DataError, match=r"has \d+ image tokens \(9999\), not runs of \["):
+        packed([row], max_length=256, image_token_id=IMAGE)
+    with pytest.raises(ConfigError, match="image_token_id needs image_grids="):
+        PackSequencesOp(64, image_token_id=IMAGE)
+
+
+def test_image_token_id_enters_the_fingerprint_only_once_set() -> None:
+    base = PackSequencesOp(256, image_grids="image_grid_thw").config()
+    assert "image_token_id" not in base
+    inline_op = PackSequencesOp(256, image_grids="image_grid_thw", image_token_id=IMAGE)
+    assert dict(inline_op.config()) == {**base, "image_token_id": IMAGE}
