@@ -360,6 +360,7 @@ class Pipeline:
         merge_size: int = 2,
         max_images_per_row: int | None = None,
         image_token_id: int | None = None,
+        max_vision_tokens_per_row: int | None = None,
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -372,7 +373,8 @@ class Pipeline:
         ``image_grids``: the field of patch grids whose vision tokens count toward a record's
         length (rows then carry ``cu_seqlens`` and an ``image_map``); with ``image_token_id``
         the vision tokens are already in the tokens, as runs of that id (``tokenize_chat``
-        with ``image_grids``); see docs/multimodal.md.
+        with ``image_grids``); ``max_vision_tokens_per_row`` caps a row's vision tokens (even
+        work for the vision encoder); see docs/multimodal.md.
         """
         op = PackSequencesOp(
             max_length,
@@ -393,6 +395,7 @@ class Pipeline:
             merge_size=merge_size,
             max_images_per_row=max_images_per_row,
             image_token_id=image_token_id,
+            max_vision_tokens_per_row=max_vision_tokens_per_row,
             component_names=self.work_source.component_names(),
         )
         return self._append(op, parallelism, placement, resources)

@@ -106,7 +106,13 @@ def test_planned_from_headers_packing_passes_check_operator(tmp_path: Path) -> N
             .image_tokens(min_pixels=28 * 28, max_pixels=28 * 28 * 6)
             .decode_text(fields=["txt"])
             .tokenize("bytes", field="txt")
-            .pack_sequences(40, image_grids="image_grid_thw", max_images_per_row=3, num_bins=2)
+            .pack_sequences(
+                40,
+                image_grids="image_grid_thw",
+                max_images_per_row=3,
+                max_vision_tokens_per_row=2,  # binding: tiny images, 1 vision token each
+                num_bins=2,
+            )
             .options(canonical_replicas=2, flush_every_k_chunks=2)
         )
 
@@ -120,6 +126,8 @@ def test_planned_from_headers_packing_passes_check_operator(tmp_path: Path) -> N
     rows = list(build())
     assert sum(len(r.payload["packed_samples"]) for r in rows) == 60
     assert all(len(r.payload["image_map"]) <= 3 for r in rows)
+    vision = [int(r.payload["image_map"][:, 3].sum()) for r in rows]
+    assert max(vision) == 2
 
 
 def test_text_only_packing_keeps_the_fingerprint_its_checkpoints_were_saved_with() -> None:
@@ -187,3 +195,24 @@ def test_image_token_id_enters_the_fingerprint_only_once_set() -> None:
     assert "image_token_id" not in base
     inline_op = PackSequencesOp(256, image_grids="image_grid_thw", image_token_id=IMAGE)
     assert dict(inline_op.config()) == {**base, "image_token_id": IMAGE}
+
+
+def test_max_vision_tokens_per_row_caps_the_vision_tokens_of_every_row() -> None:
+    def row_vision(record: Any) -> int:
+        return int(record.payload["image_map"][:, 3].sum())
+
+    uncapped = packed(max_length=256)
+    assert max(row_vision(r) for r in uncapped) > 60
+    out = packed(max_length=256, max_vision_tokens_per_row=60)
+    assert sum(len(r.payload["packed_samples"]) for r in out) == len(ROWS)
+    for record in out:
+        samples = record.payload["packed_samples"]
+        assert row_vision(record) <= 60 or len(samples) == 1  # a record over the cap: alone
+    assert any(sum(vision(p)) > 60 for p in ROWS)  # such records exist
+    with pytest.raises(ConfigError, match="max_vision_tokens_per_row needs image_grids="):
+        PackSequencesOp(64, max_vision_tokens_per_row=8)
+    with pytest.raises(ConfigError, match="max_vision_tokens_per_row must be >= 1"):
+        PackSequencesOp(64, image_grids="g", max_vision_tokens_per_row=0)
+    base = PackSequencesOp(256, image_grids="image_grid_thw").config()
+    capped = PackSequencesOp(256, image_grids="image_grid_thw", max_vision_tokens_per_row=60)
+    assert dict(capped.config()) == {**base, "max_vision_tokens_per_row": 60}

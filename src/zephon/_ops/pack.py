@@ -173,6 +173,8 @@ class PackAccumulator(Accumulator):
             op.flush_strategy,
             op.max_images_per_row,
             op.images_of,
+            op.max_vision_tokens_per_row,
+            op.vision_of,
         )
         self._lanes: dict[LaneId, _Lane] = {}
         self._warned = 0
@@ -364,6 +366,13 @@ class PackOpBase(BaseOp):
         """How many images ``record`` holds (0 when the operator packs no images)."""
         return 0
 
+    #: vision tokens per bin, counted by ``vision_of``
+    max_vision_tokens_per_row: int | None = None
+
+    def vision_of(self, record: SampleRecord) -> int:
+        """How many vision tokens ``record`` holds (0 when the operator packs no images)."""
+        return 0
+
     def __init__(
         self,
         max_length: int,
@@ -549,7 +558,13 @@ class PackSequencesOp(PackOpBase):
     """
 
     name = "pack_sequences"
-    config_when_set = ("image_grids", "merge_size", "max_images_per_row", "image_token_id")
+    config_when_set = (
+        "image_grids",
+        "merge_size",
+        "max_images_per_row",
+        "image_token_id",
+        "max_vision_tokens_per_row",
+    )
 
     def __init__(
         self,
@@ -560,6 +575,7 @@ class PackSequencesOp(PackOpBase):
         merge_size: int = 2,
         max_images_per_row: int | None = None,
         image_token_id: int | None = None,
+        max_vision_tokens_per_row: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(max_length, **kwargs)
@@ -581,6 +597,19 @@ class PackSequencesOp(PackOpBase):
             )
         #: the vision tokens are already in the token field, as runs of this id
         self.image_token_id = image_token_id
+        self._check_vision_cap(max_vision_tokens_per_row)
+        self.max_vision_tokens_per_row = max_vision_tokens_per_row
+
+    def _check_vision_cap(self, cap: int | None) -> None:
+        if cap is None:
+            return
+        if self.image_grids is None:
+            raise ConfigError(
+                f"{self.name}: max_vision_tokens_per_row needs image_grids= (the field with "
+                "each record's patch grids, e.g. 'image_grid_thw')"
+            )
+        if cap < 1:
+            raise ConfigError(f"{self.name}: max_vision_tokens_per_row must be >= 1, got {cap}")
 
     def _check_images(
         self, image_grids: str | None, merge_size: int, max_images: int | None, splits: bool
@@ -611,6 +640,8 @@ class PackSequencesOp(PackOpBase):
             config["max_images_per_row"] = self.max_images_per_row
         if self.image_token_id is not None:
             config["image_token_id"] = self.image_token_id
+        if self.max_vision_tokens_per_row is not None:
+            config["max_vision_tokens_per_row"] = self.max_vision_tokens_per_row
         return config
 
     def length_of(self, record: SampleRecord) -> int:
@@ -626,6 +657,11 @@ class PackSequencesOp(PackOpBase):
         if self.image_grids is None:
             return 0
         return len(record.payload[self.image_grids])
+
+    def vision_of(self, record: SampleRecord) -> int:
+        if self.image_grids is None:
+            return 0
+        return sum(self._image_tokens(record.payload, record.meta.sample_id))
 
     def _image_tokens(self, payload: Any, sample: Any) -> list[int]:
         assert self.image_grids is not None
