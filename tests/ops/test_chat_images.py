@@ -17,6 +17,7 @@ from tests.ops._chat import make_tokenizer_dir
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon._ops.tokenize_chat import TokenizeChatOp
 from zephon.errors import ChatFormatError, ConfigError
+from zephon.testing import check_operator
 from zephon.types import SampleMeta, SampleRecord, Tombstone
 
 FIELDS = ["jpg", "png"]
@@ -116,3 +117,35 @@ def test_a_tokenizer_without_the_placeholder_is_refused(tmp_path: Path) -> None:
         Pipeline(
             StaticMixtureWorkSource([Dataset.from_records("c", records(1))], chunk_size=4)
         ).tokenize_chat(str(plain), image_grids="image_grid_thw")
+
+
+@pytest.mark.timeout(600)
+def test_chats_with_images_pack_exactly_on_every_runner_and_resume(tokenizer: Path) -> None:
+    """Grids from headers, image parts expanded, packed with the vision tokens in the text:
+    the same rows on every runner and worker count, and after a stop at any point."""
+    rows = records(24)
+    hf = processor(tokenizer)
+
+    def build() -> Pipeline:
+        source = StaticMixtureWorkSource(
+            [Dataset.from_records("c", rows, shard_size=8)], chunk_size=4, seed=3
+        )
+        return (
+            Pipeline(source)
+            .image_tokens(fields=FIELDS, max_pixels=28 * 28 * 8)
+            .tokenize_chat(str(tokenizer), image_grids="image_grid_thw")
+            .pack_sequences(
+                200, image_grids="image_grid_thw", image_token_id=hf.image_token_id, num_bins=2
+            )
+            .options(flush_every_k_chunks=2)
+        )
+
+    report = check_operator(
+        build, runners=("inline", "threads", "process"), workers=(1, 2), stops=range(0, 12)
+    )
+    assert report.items >= 8
+    for row in build():
+        for sample, _, offset, tokens in row.payload["image_map"]:
+            ids = row.payload["packed_samples"][sample]["input_ids"]
+            start = offset - row.payload["cu_seqlens"][sample]
+            assert (ids[start : start + tokens] == hf.image_token_id).all()
