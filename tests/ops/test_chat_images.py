@@ -16,7 +16,7 @@ from tests._vision_chat import QWEN2_VL, conversation, processor, vision_tokeniz
 from tests.ops._chat import make_tokenizer_dir
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon._ops.tokenize_chat import TokenizeChatOp
-from zephon.errors import ChatFormatError, ConfigError
+from zephon.errors import ChatFormatError, ConfigError, MissingFieldError
 from zephon.testing import check_operator
 from zephon.types import SampleMeta, SampleRecord, Tombstone
 
@@ -92,6 +92,16 @@ def test_more_image_parts_than_images_is_an_error(tokenizer: Path) -> None:
         match=r"record .* field 'image_grid_thw': the conversation has 3 image parts but 2 images",
     ):
         run(tokenizer, rows)
+
+
+def test_a_record_without_grids_is_named(tokenizer: Path) -> None:
+    op = TokenizeChatOp(str(tokenizer), image_grids="image_grid_thw")
+    record = SampleRecord(SampleMeta((0, 0, 7), 0, 0, 7), {"messages": conversation(0, 1)})
+    with pytest.raises(
+        MissingFieldError,
+        match=r"tokenize_chat: record \(0, 0, 7\) has no field 'image_grid_thw'.*before tokeni",
+    ):
+        op.process_many([record])  # type: ignore[list-item]
 
 
 def test_max_length_that_cuts_an_image_drops_the_record(tokenizer: Path) -> None:

@@ -30,20 +30,6 @@ def image_token_id(encoder: Any, token: str) -> int:
     return int(found)
 
 
-def vision_token_counts(grids: Any, merge_size: int, where: str) -> list[int]:
-    """``t * h * w / merge_size**2`` of each ``(t, h, w)`` patch grid."""
-    counts = []
-    for grid in grids if isinstance(grids, Sequence | np.ndarray) else [None]:
-        if grid is None or len(grid) != 3 or any(int(n) < 1 for n in grid):
-            raise ChatFormatError(
-                f"{where} holds {grids!r}; run image_tokens or decode_image first: it gives "
-                "each image's (t, h, w) patch grid"
-            )
-        t, h, w = (int(n) for n in grid)
-        counts.append(t * h * w // (merge_size * merge_size))
-    return counts
-
-
 def expand_images(
     ids: np.ndarray, mask: np.ndarray, token: int, counts: Sequence[int], where: str
 ) -> tuple[np.ndarray, np.ndarray]:

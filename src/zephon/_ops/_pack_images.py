@@ -24,23 +24,26 @@ from zephon.errors import DataError, MissingFieldError
 IMAGE_MAP_COLUMNS = ("sample", "image", "offset", "tokens")
 
 
-def image_token_counts(payload: Any, field: str, merge_size: int, sample: Any) -> list[int]:
-    """Vision tokens of each image of ``payload``: ``t * h * w / merge_size**2`` per grid."""
+def image_token_counts(
+    payload: Any, field: str, merge_size: int, sample: Any, op: str = "pack_sequences"
+) -> list[int]:
+    """Vision tokens of each image of ``payload``: ``t * h * w / merge_size**2`` per grid
+    (errors name the operator ``op``)."""
     try:
         grids = payload[field]
     except (KeyError, TypeError, IndexError):
         fields = sorted(payload) if isinstance(payload, Mapping) else type(payload).__name__
         raise MissingFieldError(
-            f"pack_sequences: record {sample} has no field {field!r} (fields: {fields}); run "
-            "image_tokens or decode_image before packing, or set image_grids= to the field "
+            f"{op}: record {sample} has no field {field!r} (fields: {fields}); run "
+            f"image_tokens or decode_image before {op}, or set image_grids= to the field "
             "holding the (t, h, w) patch grids"
         ) from None
     counts: list[int] = []
-    for grid in grids:
-        if len(grid) != 3 or any(int(n) < 1 for n in grid):
+    for grid in grids if isinstance(grids, Sequence | np.ndarray) else [grids]:
+        if not isinstance(grid, Sequence | np.ndarray) or len(grid) != 3 or min(grid) < 1:
             raise DataError(
-                f"pack_sequences: field {field!r} of record {sample} holds {grid!r}; each entry "
-                "must be an image's (t, h, w) patch grid of positive sizes"
+                f"{op}: field {field!r} of record {sample} holds {grid!r}; each entry must be "
+                "an image's (t, h, w) patch grid of positive sizes"
             )
         t, h, w = (int(n) for n in grid)
         counts.append(t * h * w // (merge_size * merge_size))

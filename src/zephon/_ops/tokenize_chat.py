@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from zephon._ops._chat_assets import special_tokens, template_source
-from zephon._ops._chat_images import expand_images, image_token_id, vision_token_counts
+from zephon._ops._chat_images import expand_images, image_token_id
 from zephon._ops._chat_messages import conversation, normalise
 from zephon._ops._chat_spans import (
     LOSS_SCOPES,
@@ -42,6 +42,7 @@ from zephon._ops._chat_spans import (
     SpanSource,
 )
 from zephon._ops._chat_template import Span, compile_template, has_generation_tags
+from zephon._ops._pack_images import image_token_counts
 from zephon._tokenizers import load_tokenizer
 from zephon.errors import ChatFormatError, ConfigError, MissingFieldError, did_you_mean, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
@@ -343,8 +344,7 @@ class TokenizeChatOp(BaseOp):
         """Each image placeholder of ``ids`` as its image's vision tokens."""
         field = self.image_grids
         assert field is not None
-        where = f"{self.name}: record {elem.meta.sample_id} field {field!r}"
-        payload = elem.payload
-        grids = payload.get(field) if isinstance(payload, Mapping) else None
-        counts = vision_token_counts(grids, self.merge_size, where)
+        sample = elem.meta.sample_id
+        counts = image_token_counts(elem.payload, field, self.merge_size, sample, self.name)
+        where = f"{self.name}: record {sample} field {field!r}"
         return expand_images(ids, mask, self._image_token_id, counts, where)
