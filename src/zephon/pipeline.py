@@ -294,13 +294,17 @@ class Pipeline:
         apply_chat_template: bool = True,
         eos_token: str | None = None,
         enable_thinking_field: str | None = "enable_thinking",
+        image_grids: str | None = None,
+        image_token: str = "<|image_pad|>",
+        merge_size: int = 2,
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
         """Render ``field`` with a chat template and tokenize it into ``output_field`` and
         ``mask_field`` (1 on supervised tokens); ``apply_chat_template=False`` tokenizes text
-        that is already rendered; see docs/sft.md."""
+        that is already rendered; see docs/sft.md. ``image_grids``: the field of patch grids
+        whose vision tokens replace the template's image placeholders (docs/multimodal.md)."""
         op = TokenizeChatOp(
             tokenizer,
             field=field,
@@ -315,6 +319,9 @@ class Pipeline:
             apply_chat_template=apply_chat_template,
             eos_token=eos_token,
             enable_thinking_field=enable_thinking_field,
+            image_grids=image_grids,
+            image_token=image_token,
+            merge_size=merge_size,
         )
         self._append(op, parallelism, placement, resources)
         self._measure_token_mixture(output_field)
@@ -352,6 +359,8 @@ class Pipeline:
         image_grids: str | None = None,
         merge_size: int = 2,
         max_images_per_row: int | None = None,
+        image_token_id: int | None = None,
+        max_vision_tokens_per_row: int | None = None,
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -362,7 +371,10 @@ class Pipeline:
         of ``groups`` (a payload field, or ``{dataset: group}``); ``shuffle_strategy="length"``
         feeds each window of ``candidate_pool_size`` records longest first. See docs/packing.md.
         ``image_grids``: the field of patch grids whose vision tokens count toward a record's
-        length (rows then carry ``cu_seqlens`` and an ``image_map``); see docs/multimodal.md.
+        length (rows then carry ``cu_seqlens`` and an ``image_map``); with ``image_token_id``
+        the vision tokens are already in the tokens, as runs of that id (``tokenize_chat``
+        with ``image_grids``); ``max_vision_tokens_per_row`` caps a row's vision tokens (even
+        work for the vision encoder); see docs/multimodal.md.
         """
         op = PackSequencesOp(
             max_length,
@@ -382,6 +394,8 @@ class Pipeline:
             image_grids=image_grids,
             merge_size=merge_size,
             max_images_per_row=max_images_per_row,
+            image_token_id=image_token_id,
+            max_vision_tokens_per_row=max_vision_tokens_per_row,
             component_names=self.work_source.component_names(),
         )
         return self._append(op, parallelism, placement, resources)

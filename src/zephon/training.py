@@ -45,16 +45,31 @@ With ``image_fields`` (the decoded image fields of ``decode_image``), both conve
 ``pixel_values`` (float32, every image of the batch in row order, as flattened 14-pixel patches
 rescaled and normalised as Qwen2-VL's image processor does) and ``image_grid_thw`` (int64, one
 ``(1, h, w)`` patch grid per image): the image keys of Qwen2-VL's forward.
+
+Rows of ``pack_sequences(image_grids=...)`` (``packed_samples`` with ``cu_seqlens`` and an image
+map) become token rows laid out as the packer planned them: each sample's images as runs of
+``image_token_id`` (never a target), then its text; ``pad_token_id`` pads them to the longest.
+They add ``mm_token_type_ids`` (1 on image tokens) and the 3-D mRoPE positions, restarting at
+every sample: with ``"hf"``, ``position_ids`` of shape ``[4, B, S]`` (the per-document text
+positions that mark the packed documents, then temporal, height and width), as Qwen2-VL's
+forward takes packed rows; with ``"shifted"``, ``mrope_positions`` ``[3, B, S]``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from zephon._packed_images import (
+    FLAT_LOSS_MASK,
+    FLAT_TOKENS,
+    PackedImageRows,
+    is_packed_image_row,
+    packed_image_rows,
+)
 from zephon._pixel_values import pixel_values
 from zephon.errors import ConfigError, MissingFieldError
 from zephon.types import TAG_PACKING, TOKEN_FIELDS
@@ -135,6 +150,9 @@ class TrainingOptions:
     return_tensors: Literal["np", "pt"] = "np"
     convention: Literal["shifted", "hf"] = "shifted"
     image_fields: Sequence[str] = ()
+    image_token_id: int | None = None
+    image_grids: str = "image_grid_thw"
+    merge_size: int = 2
 
     def __post_init__(self) -> None:
         if self.convention not in CONVENTIONS:
@@ -265,6 +283,11 @@ def training_arrays(batch: SampleBatch, opts: TrainingOptions) -> dict[str, Any]
     records = batch.records
     if not records:
         raise ConfigError("to_training: the batch is empty")
+    packed = None
+    if is_packed_image_row(records[0].payload):
+        packed = _packed_images(records, opts)
+        records = packed.records
+        opts = replace(opts, tokens_field=FLAT_TOKENS, loss_mask_field=FLAT_LOSS_MASK)
     rows = _rows(records, opts)
     positions = _positions(rows)
     doc_ids = _document_ids(rows, positions)
@@ -277,7 +300,7 @@ def training_arrays(batch: SampleBatch, opts: TrainingOptions) -> dict[str, Any]
     if opts.convention == "hf":
         out = _hf_arrays(rows.input_ids, labels, positions_out, cu_seqlens, max_seqlen)
         _add_extra_fields(out, rows, opts)
-        _add_images(out, rows, opts)
+        _add_images(out, rows, opts, packed, positions_out)
         return _convert(out, opts)
     out = {
         "input_ids": rows.input_ids,
@@ -292,14 +315,36 @@ def training_arrays(batch: SampleBatch, opts: TrainingOptions) -> dict[str, Any]
         "num_valid_tokens": int(loss_mask.sum()),
     }
     _add_extra_fields(out, rows, opts)
-    _add_images(out, rows, opts)
+    _add_images(out, rows, opts, packed, positions_out)
     return _convert(out, opts)
 
 
-def _add_images(out: dict[str, Any], rows: _Rows, opts: TrainingOptions) -> None:
-    """``pixel_values`` and ``image_grid_thw`` of the rows' ``image_fields``, when asked."""
-    if opts.image_fields:
-        fields = (opts.image_fields,) if isinstance(opts.image_fields, str) else opts.image_fields
+def _packed_images(records: Sequence[SampleRecord], opts: TrainingOptions) -> PackedImageRows:
+    """The flat token rows of packed image rows (``pack_sequences(image_grids=...)``)."""
+    return packed_image_rows(
+        records,
+        token_name=lambda sample: _tokens_field(sample, opts.tokens_field),
+        image_token_id=opts.image_token_id,
+        pad_token_id=opts.pad_token_id,
+        grid_field=opts.image_grids,
+        loss_field=opts.loss_mask_field,
+        merge_size=opts.merge_size,
+    )
+
+
+def _add_images(
+    out: dict[str, Any],
+    rows: _Rows,
+    opts: TrainingOptions,
+    packed: PackedImageRows | None,
+    positions: np.ndarray,
+) -> None:
+    """``pixel_values`` and ``image_grid_thw`` of the rows' ``image_fields``, when asked; for
+    packed image rows also their mRoPE positions and ``mm_token_type_ids``."""
+    fields = (opts.image_fields,) if isinstance(opts.image_fields, str) else opts.image_fields
+    if packed is not None:
+        packed.add_to(out, positions, opts.convention, fields)
+    elif fields:
         out.update(pixel_values([r.payload for r in rows.records], fields))
 
 

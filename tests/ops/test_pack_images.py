@@ -14,7 +14,7 @@ from tests._media import write_shards
 from zephon import Dataset, Pipeline
 from zephon import StaticMixtureWorkSource as Source
 from zephon._ops.pack import PackSequencesOp
-from zephon.errors import ConfigError, MissingFieldError
+from zephon.errors import ConfigError, DataError, MissingFieldError
 from zephon.testing import check_operator
 from zephon.types import TAG_PACKING
 
@@ -106,7 +106,13 @@ def test_planned_from_headers_packing_passes_check_operator(tmp_path: Path) -> N
             .image_tokens(min_pixels=28 * 28, max_pixels=28 * 28 * 6)
             .decode_text(fields=["txt"])
             .tokenize("bytes", field="txt")
-            .pack_sequences(40, image_grids="image_grid_thw", max_images_per_row=3, num_bins=2)
+            .pack_sequences(
+                40,
+                image_grids="image_grid_thw",
+                max_images_per_row=3,
+                max_vision_tokens_per_row=2,  # binding: tiny images, 1 vision token each
+                num_bins=2,
+            )
             .options(canonical_replicas=2, flush_every_k_chunks=2)
         )
 
@@ -120,6 +126,8 @@ def test_planned_from_headers_packing_passes_check_operator(tmp_path: Path) -> N
     rows = list(build())
     assert sum(len(r.payload["packed_samples"]) for r in rows) == 60
     assert all(len(r.payload["image_map"]) <= 3 for r in rows)
+    vision = [int(r.payload["image_map"][:, 3].sum()) for r in rows]
+    assert max(vision) == 2
 
 
 def test_text_only_packing_keeps_the_fingerprint_its_checkpoints_were_saved_with() -> None:
@@ -134,3 +142,77 @@ def test_text_only_packing_keeps_the_fingerprint_its_checkpoints_were_saved_with
         "merge_size": 2,
         "max_images_per_row": 4,
     }
+
+
+IMAGE = 9999
+
+
+def inline(i: int) -> dict[str, Any]:
+    """A record whose tokens hold its images' vision tokens already, among its text (as
+    tokenize_chat(image_grids=...) makes them), images sometimes back to back."""
+    row = caption(i)
+    ids: list[int] = list(range(RNG.randint(0, 5)))
+    for n in vision(row):
+        ids += [IMAGE] * n + list(range(RNG.choice([0, 0, 3])))
+    row["input_ids"] = ids + list(range(RNG.randint(1, 9)))
+    return row
+
+
+def test_vision_tokens_already_in_the_text_count_once_and_map_where_they_are() -> None:
+    rows = [inline(i) for i in range(80)]
+    out = packed(rows, max_length=256, image_token_id=IMAGE)
+    seen = 0
+    for record in out:
+        samples = record.payload["packed_samples"]
+        lengths = [len(p["input_ids"]) for p in samples]
+        assert record.meta.tags[TAG_PACKING]["total_length"] == sum(lengths) <= 256
+        cu, image_map = record.payload["cu_seqlens"], record.payload["image_map"]
+        assert cu.tolist() == np.cumsum([0, *lengths]).tolist()
+        for i, sample in enumerate(samples):
+            ids = np.asarray(sample["input_ids"])
+            lines = image_map[image_map[:, 0] == i]
+            assert lines[:, 1].tolist() == list(range(len(vision(sample))))
+            assert lines[:, 3].tolist() == vision(sample)
+            covered = np.zeros(len(ids), dtype=bool)
+            for _, _, offset, tokens in lines:
+                covered[offset - cu[i] : offset - cu[i] + tokens] = True
+            assert (covered == (ids == IMAGE)).all()
+            seen += 1
+    assert seen == 80
+
+
+def test_image_tokens_that_do_not_match_the_grids_are_an_error() -> None:
+    row = caption(0)
+    row["input_ids"] = [1, 2] + [IMAGE] * (sum(vision(row)) - 1) + [3]
+    with pytest.raises(DataError, match=r"has \d+ image tokens \(9999\), not runs of \["):
+        packed([row], max_length=256, image_token_id=IMAGE)
+    with pytest.raises(ConfigError, match="image_token_id needs image_grids="):
+        PackSequencesOp(64, image_token_id=IMAGE)
+
+
+def test_image_token_id_enters_the_fingerprint_only_once_set() -> None:
+    base = PackSequencesOp(256, image_grids="image_grid_thw").config()
+    assert "image_token_id" not in base
+    inline_op = PackSequencesOp(256, image_grids="image_grid_thw", image_token_id=IMAGE)
+    assert dict(inline_op.config()) == {**base, "image_token_id": IMAGE}
+
+
+def test_max_vision_tokens_per_row_caps_the_vision_tokens_of_every_row() -> None:
+    def row_vision(record: Any) -> int:
+        return int(record.payload["image_map"][:, 3].sum())
+
+    uncapped = packed(max_length=256)
+    assert max(row_vision(r) for r in uncapped) > 60
+    out = packed(max_length=256, max_vision_tokens_per_row=60)
+    assert sum(len(r.payload["packed_samples"]) for r in out) == len(ROWS)
+    for record in out:
+        samples = record.payload["packed_samples"]
+        assert row_vision(record) <= 60 or len(samples) == 1  # a record over the cap: alone
+    assert any(sum(vision(p)) > 60 for p in ROWS)  # such records exist
+    with pytest.raises(ConfigError, match="max_vision_tokens_per_row needs image_grids="):
+        PackSequencesOp(64, max_vision_tokens_per_row=8)
+    with pytest.raises(ConfigError, match="max_vision_tokens_per_row must be >= 1"):
+        PackSequencesOp(64, image_grids="g", max_vision_tokens_per_row=0)
+    base = PackSequencesOp(256, image_grids="image_grid_thw").config()
+    capped = PackSequencesOp(256, image_grids="image_grid_thw", max_vision_tokens_per_row=60)
+    assert dict(capped.config()) == {**base, "max_vision_tokens_per_row": 60}

@@ -5,7 +5,9 @@ tokens, known from the patch grids (``image_tokens`` reads them from headers, ``
 from pixels) before any pixel is decoded; the row layout (``cu_seqlens`` and the image map) is
 derived from the same grids when the row is assembled, so it needs no state of its own.
 
-Row layout: each sample is its images' tokens, in the order of its grids, then its text.
+Row layout: each sample is its images' tokens, in the order of its grids, then its text;
+or, when the vision tokens are already in the text (``tokenize_chat`` expanded the image
+placeholders), the sample's tokens as they are, each image where its run of image tokens is.
 """
 
 from __future__ import annotations
@@ -22,42 +24,69 @@ from zephon.errors import DataError, MissingFieldError
 IMAGE_MAP_COLUMNS = ("sample", "image", "offset", "tokens")
 
 
-def image_token_counts(payload: Any, field: str, merge_size: int, sample: Any) -> list[int]:
-    """Vision tokens of each image of ``payload``: ``t * h * w / merge_size**2`` per grid."""
+def image_token_counts(
+    payload: Any, field: str, merge_size: int, sample: Any, op: str = "pack_sequences"
+) -> list[int]:
+    """Vision tokens of each image of ``payload``: ``t * h * w / merge_size**2`` per grid
+    (errors name the operator ``op``)."""
     try:
         grids = payload[field]
     except (KeyError, TypeError, IndexError):
         fields = sorted(payload) if isinstance(payload, Mapping) else type(payload).__name__
         raise MissingFieldError(
-            f"pack_sequences: record {sample} has no field {field!r} (fields: {fields}); run "
-            "image_tokens or decode_image before packing, or set image_grids= to the field "
+            f"{op}: record {sample} has no field {field!r} (fields: {fields}); run "
+            f"image_tokens or decode_image before {op}, or set image_grids= to the field "
             "holding the (t, h, w) patch grids"
         ) from None
     counts: list[int] = []
-    for grid in grids:
-        if len(grid) != 3 or any(int(n) < 1 for n in grid):
+    for grid in grids if isinstance(grids, Sequence | np.ndarray) else [grids]:
+        if not isinstance(grid, Sequence | np.ndarray) or len(grid) != 3 or min(grid) < 1:
             raise DataError(
-                f"pack_sequences: field {field!r} of record {sample} holds {grid!r}; each entry "
-                "must be an image's (t, h, w) patch grid of positive sizes"
+                f"{op}: field {field!r} of record {sample} holds {grid!r}; each entry must be "
+                "an image's (t, h, w) patch grid of positive sizes"
             )
         t, h, w = (int(n) for n in grid)
         counts.append(t * h * w // (merge_size * merge_size))
     return counts
 
 
+def inline_image_offsets(tokens: Any, counts: Sequence[int], token: int, sample: Any) -> list[int]:
+    """Where each image's run of ``token`` starts in ``tokens``: image ``k`` is the next
+    ``counts[k]`` image tokens, which must be consecutive."""
+    ids = np.asarray(tokens).reshape(-1)
+    at = np.flatnonzero(ids == token)
+    offsets: list[int] = []
+    used = 0
+    for n in counts:
+        start = int(at[used]) if used < len(at) else len(ids)
+        if used + n > len(at) or int(at[used + n - 1]) != start + n - 1:
+            break
+        offsets.append(start)
+        used += n
+    if len(offsets) != len(counts) or used != len(at):
+        raise DataError(
+            f"pack_sequences: record {sample} has {len(at)} image tokens ({token}), not runs of "
+            f"{list(counts)} for its images; expand the image placeholders with "
+            "tokenize_chat(image_grids=...) from the same grids"
+        )
+    return offsets
+
+
 def row_layout(
-    lengths: Sequence[int], images: Sequence[Sequence[int]]
+    lengths: Sequence[int],
+    images: Sequence[Sequence[int]],
+    offsets: Sequence[Sequence[int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``cu_seqlens`` (int32, samples + 1 entries) and the image map (int32, one row per image,
     :data:`IMAGE_MAP_COLUMNS`) of a row of samples ``lengths`` long (text and vision tokens)
-    whose images have ``images[i]`` vision tokens each."""
+    whose images have ``images[i]`` vision tokens each, at ``offsets[i]`` from the sample's
+    start (default: one after the other from its start)."""
     cu = np.zeros(len(lengths) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu[1:])
     entries: list[tuple[int, int, int, int]] = []
     for i, counts in enumerate(images):
-        offset = int(cu[i])
-        for j, n in enumerate(counts):
-            entries.append((i, j, offset, n))
-            offset += n
+        starts = np.cumsum([0, *counts])[:-1] if offsets is None else offsets[i]
+        for j, (n, at) in enumerate(zip(counts, starts, strict=True)):
+            entries.append((i, j, int(cu[i]) + int(at), n))
     image_map = np.array(entries, dtype=np.int32).reshape(len(entries), len(IMAGE_MAP_COLUMNS))
     return cu, image_map

@@ -34,19 +34,29 @@ one at every cut copies each open bin's list of segments, not every segment."""
 
 
 class Bin:
-    __slots__ = ("_saved", "images", "opened", "segments", "used")
+    __slots__ = ("_saved", "images", "opened", "segments", "used", "vision")
 
     def __init__(self, opened: int) -> None:
         self.opened = opened
         self.segments: list[Segment] = []
         self.used = 0
         self.images = 0  # counted only when the limits cap images per bin
+        self.vision = 0  # vision tokens, counted only when the limits cap them
         self._saved: list[Any] | None = None  # state() since the last put
 
-    def put(self, record: SampleRecord, start: int, stop: int, last: bool, images: int = 0) -> None:
+    def put(
+        self,
+        record: SampleRecord,
+        start: int,
+        stop: int,
+        last: bool,
+        images: int = 0,
+        vision: int = 0,
+    ) -> None:
         self.segments.append([record, start, stop, last])
         self.used += stop - start
         self.images += images
+        self.vision += vision
         self._saved = None
 
     def state(self) -> list[Any]:
@@ -58,14 +68,13 @@ class Bin:
         return saved
 
     @classmethod
-    def from_state(
-        cls, state: list[Any], images_of: Callable[[SampleRecord], int] | None = None
-    ) -> Bin:
-        """The bin saved as ``state``; ``images_of`` recounts its images (not saved)."""
+    def from_state(cls, state: list[Any], limits: Limits | None = None) -> Bin:
+        """The bin saved as ``state``; ``limits`` recounts its images and vision tokens
+        (not saved)."""
         opened, segments = state
         b = cls(opened)
         for record, start, stop, last in segments:
-            b.put(record, start, stop, last, images_of(record) if images_of else 0)
+            b.put(record, start, stop, last, *(limits.counts(record) if limits else (0, 0)))
         return b
 
 
@@ -77,9 +86,11 @@ class Limits:
         "max_images",
         "max_length",
         "max_sequences",
+        "max_vision",
         "min_remaining",
         "num_bins",
         "strategy",
+        "vision_of",
     )
 
     def __init__(
@@ -91,6 +102,8 @@ class Limits:
         strategy: FlushStrategy,
         max_images_per_bin: int | None = None,
         images_of: Callable[[SampleRecord], int] | None = None,
+        max_vision_per_bin: int | None = None,
+        vision_of: Callable[[SampleRecord], int] | None = None,
     ) -> None:
         self.max_length = max_length
         self.num_bins = num_bins
@@ -100,12 +113,27 @@ class Limits:
         # images per bin are counted (first_fit and best_fit only) when capped
         self.max_images = max_images_per_bin
         self.images_of = images_of if max_images_per_bin is not None else None
+        # and so are vision tokens per bin
+        self.max_vision = max_vision_per_bin
+        self.vision_of = vision_of if max_vision_per_bin is not None else None
+
+    def counts(self, record: SampleRecord) -> tuple[int, int]:
+        """``record``'s images and vision tokens, where the limits cap them (else 0)."""
+        images = self.images_of(record) if self.images_of is not None else 0
+        return images, self.vision_of(record) if self.vision_of is not None else 0
+
+    def room(self, b: Bin, images: int, vision: int) -> bool:
+        """Whether ``b`` can take that many more images and vision tokens."""
+        return (self.max_images is None or b.images + images <= self.max_images) and (
+            self.max_vision is None or b.vision + vision <= self.max_vision
+        )
 
     def full(self, b: Bin) -> bool:
         return (
             self.max_length - b.used < self.min_remaining
             or len(b.segments) >= self.max_sequences
             or (self.max_images is not None and b.images >= self.max_images)
+            or (self.max_vision is not None and b.vision >= self.max_vision)
         )
 
 
@@ -167,19 +195,18 @@ class FitPacker(LanePacker):
         limits = self.limits
         capacity = limits.max_length - length
         bins = self.bins
-        images_of = limits.images_of
-        images = images_of(record) if images_of is not None else 0
-        room = (limits.max_images or 0) - images  # images a bin may hold before this record's
+        images, vision = counts = limits.counts(record)
+        capped = limits.images_of is not None or limits.vision_of is not None
         chosen = -1
         if self.best:
             best_used = -1
             for i, b in enumerate(bins):
                 used = b.used
-                if best_used < used <= capacity and (images_of is None or b.images <= room):
+                if best_used < used <= capacity and (not capped or limits.room(b, *counts)):
                     chosen, best_used = i, used
         else:
             for i, b in enumerate(bins):
-                if b.used <= capacity and (images_of is None or b.images <= room):
+                if b.used <= capacity and (not capped or limits.room(b, *counts)):
                     chosen = i
                     break
         closed: list[Bin] = []
@@ -191,7 +218,7 @@ class FitPacker(LanePacker):
             chosen = len(bins) - 1
         else:
             target = bins[chosen]
-        target.put(record, 0, length, True, images)
+        target.put(record, 0, length, True, images, vision)
         if limits.full(target):
             del bins[chosen]
             closed.append(target)
@@ -209,7 +236,7 @@ class FitPacker(LanePacker):
         return {"bins": [b.state() for b in self.bins]}
 
     def _load_open(self, state: dict[str, Any]) -> None:
-        self.bins = [Bin.from_state(b, self.limits.images_of) for b in state["bins"]]
+        self.bins = [Bin.from_state(b, self.limits) for b in state["bins"]]
 
 
 class WrapPacker(LanePacker):

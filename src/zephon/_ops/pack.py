@@ -30,7 +30,7 @@ from zephon._ops._pack_groups import (
     check_grouping,
     group_key,
 )
-from zephon._ops._pack_images import image_token_counts, row_layout
+from zephon._ops._pack_images import image_token_counts, inline_image_offsets, row_layout
 from zephon._ops._packing_algos import (
     ALGORITHMS,
     Bin,
@@ -173,6 +173,8 @@ class PackAccumulator(Accumulator):
             op.flush_strategy,
             op.max_images_per_row,
             op.images_of,
+            op.max_vision_tokens_per_row,
+            op.vision_of,
         )
         self._lanes: dict[LaneId, _Lane] = {}
         self._warned = 0
@@ -364,6 +366,13 @@ class PackOpBase(BaseOp):
         """How many images ``record`` holds (0 when the operator packs no images)."""
         return 0
 
+    #: vision tokens per bin, counted by ``vision_of``
+    max_vision_tokens_per_row: int | None = None
+
+    def vision_of(self, record: SampleRecord) -> int:
+        """How many vision tokens ``record`` holds (0 when the operator packs no images)."""
+        return 0
+
     def __init__(
         self,
         max_length: int,
@@ -549,7 +558,13 @@ class PackSequencesOp(PackOpBase):
     """
 
     name = "pack_sequences"
-    config_when_set = ("image_grids", "merge_size", "max_images_per_row")
+    config_when_set = (
+        "image_grids",
+        "merge_size",
+        "max_images_per_row",
+        "image_token_id",
+        "max_vision_tokens_per_row",
+    )
 
     def __init__(
         self,
@@ -559,6 +574,8 @@ class PackSequencesOp(PackOpBase):
         image_grids: str | None = None,
         merge_size: int = 2,
         max_images_per_row: int | None = None,
+        image_token_id: int | None = None,
+        max_vision_tokens_per_row: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(max_length, **kwargs)
@@ -573,6 +590,26 @@ class PackSequencesOp(PackOpBase):
         self.image_grids = image_grids
         self.merge_size = merge_size
         self.max_images_per_row = max_images_per_row
+        if image_token_id is not None and image_grids is None:
+            raise ConfigError(
+                f"{self.name}: image_token_id needs image_grids= (the field with each record's "
+                "patch grids, e.g. 'image_grid_thw')"
+            )
+        #: the vision tokens are already in the token field, as runs of this id
+        self.image_token_id = image_token_id
+        self._check_vision_cap(max_vision_tokens_per_row)
+        self.max_vision_tokens_per_row = max_vision_tokens_per_row
+
+    def _check_vision_cap(self, cap: int | None) -> None:
+        if cap is None:
+            return
+        if self.image_grids is None:
+            raise ConfigError(
+                f"{self.name}: max_vision_tokens_per_row needs image_grids= (the field with "
+                "each record's patch grids, e.g. 'image_grid_thw')"
+            )
+        if cap < 1:
+            raise ConfigError(f"{self.name}: max_vision_tokens_per_row must be >= 1, got {cap}")
 
     def _check_images(
         self, image_grids: str | None, merge_size: int, max_images: int | None, splits: bool
@@ -601,6 +638,10 @@ class PackSequencesOp(PackOpBase):
             config["image_grids"] = self.image_grids
             config["merge_size"] = self.merge_size
             config["max_images_per_row"] = self.max_images_per_row
+        if self.image_token_id is not None:
+            config["image_token_id"] = self.image_token_id
+        if self.max_vision_tokens_per_row is not None:
+            config["max_vision_tokens_per_row"] = self.max_vision_tokens_per_row
         return config
 
     def length_of(self, record: SampleRecord) -> int:
@@ -608,7 +649,7 @@ class PackSequencesOp(PackOpBase):
             length = int(self.length_fn(record.payload))
         else:
             length = super().length_of(record)
-        if self.image_grids is not None:
+        if self.image_grids is not None and self.image_token_id is None:
             length += sum(self._image_tokens(record.payload, record.meta.sample_id))
         return length
 
@@ -617,12 +658,31 @@ class PackSequencesOp(PackOpBase):
             return 0
         return len(record.payload[self.image_grids])
 
+    def vision_of(self, record: SampleRecord) -> int:
+        if self.image_grids is None:
+            return 0
+        return sum(self._image_tokens(record.payload, record.meta.sample_id))
+
     def _image_tokens(self, payload: Any, sample: Any) -> list[int]:
         assert self.image_grids is not None
         return image_token_counts(payload, self.image_grids, self.merge_size, sample)
 
     def extract(self, record: SampleRecord) -> tuple[Any, int]:
         return record.payload, self.length_of(record)
+
+    def _inline(
+        self, samples: Sequence[Any], images: Sequence[Sequence[int]], meta: SampleMeta
+    ) -> list[list[int]]:
+        """Where each sample's images are in its tokens (``image_token_id`` runs)."""
+        assert self.image_token_id is not None
+        offsets = []
+        for i, (payload, counts) in enumerate(zip(samples, images, strict=True)):
+            where = f"{i} of row {meta.sample_id}"
+            tokens = _tokens(
+                payload, resolve_tokens_field(payload, self.tokens_field, where), where
+            )
+            offsets.append(inline_image_offsets(tokens, counts, self.image_token_id, where))
+        return offsets
 
     def assemble(self, meta: SampleMeta, deferred: DeferredBin) -> Any:
         samples: list[Any] = []
@@ -637,7 +697,8 @@ class PackSequencesOp(PackOpBase):
             return {"packed_samples": samples}
         lengths = [stop - start for _, start, stop, _ in deferred.segments]
         images = [self._image_tokens(p, meta.sample_id) for p in samples]
-        cu_seqlens, image_map = row_layout(lengths, images)
+        offsets = None if self.image_token_id is None else self._inline(samples, images, meta)
+        cu_seqlens, image_map = row_layout(lengths, images, offsets)
         return {"packed_samples": samples, "cu_seqlens": cu_seqlens, "image_map": image_map}
 
 

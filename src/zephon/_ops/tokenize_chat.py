@@ -14,6 +14,12 @@ off) becomes a tombstone whose reason says so; the engine counts it.
 as is and every token is supervised. ``eos_token`` replaces the tokenizer's EOS string in the
 template; ``enable_thinking_field`` names a per-record boolean passed to the template as
 ``enable_thinking`` (Qwen3-style templates), overriding ``chat_template_kwargs``.
+
+``image_grids`` names the field of the record's image patch grids (``image_tokens`` or
+``decode_image`` before): each image placeholder ``image_token`` the template renders for an
+image part becomes that image's vision tokens (``t * h * w / merge_size**2`` copies, never
+supervised), as a Hugging Face processor expands it. A ``max_length`` that would cut an image
+off makes the record a tombstone (its pixels would no longer match its tokens).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from zephon._ops._chat_assets import special_tokens, template_source
+from zephon._ops._chat_images import expand_images, image_token_id
 from zephon._ops._chat_messages import conversation, normalise
 from zephon._ops._chat_spans import (
     LOSS_SCOPES,
@@ -35,6 +42,7 @@ from zephon._ops._chat_spans import (
     SpanSource,
 )
 from zephon._ops._chat_template import Span, compile_template, has_generation_tags
+from zephon._ops._pack_images import image_token_counts
 from zephon._tokenizers import load_tokenizer
 from zephon.errors import ChatFormatError, ConfigError, MissingFieldError, did_you_mean, json_type
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
@@ -89,6 +97,7 @@ class TokenizeChatOp(BaseOp):
     name = "tokenize_chat"
     # micro-batch sizes cannot change the output (every runner and worker count agree)
     config_exclude = ("max_batch", "max_latency_ms")
+    config_when_set = ("image_grids", "image_token", "merge_size")
 
     def __init__(
         self,
@@ -107,6 +116,9 @@ class TokenizeChatOp(BaseOp):
         eos_token: str | None = None,
         enable_thinking_field: str | None = "enable_thinking",
         max_batch: int = CHAT_MICRO_BATCH,
+        image_grids: str | None = None,
+        image_token: str = "<|image_pad|>",
+        merge_size: int = 2,
     ) -> None:
         super().__init__()
         _check_choice("loss_scope", loss_scope, LOSS_SCOPES)
@@ -127,8 +139,12 @@ class TokenizeChatOp(BaseOp):
                 "{% generation %} ... {% endgeneration %} block; add them around the assistant "
                 "text or use span_source='prefix_diff' (or 'auto')"
             )
+        if merge_size < 1:
+            raise ConfigError(f"tokenize_chat: merge_size must be >= 1, got {merge_size}")
         if isinstance(tokenizer, str | os.PathLike) and tokenizer != "bytes":
-            load_tokenizer(tokenizer)  # fail fast on a bad path
+            encoder = load_tokenizer(tokenizer)  # fail fast on a bad path
+            if image_grids is not None:
+                image_token_id(encoder, image_token)  # and on a missing placeholder
         self.tokenizer_spec = tokenizer
         self.field = field
         self.template = source
@@ -146,9 +162,13 @@ class TokenizeChatOp(BaseOp):
         self.eos_token = eos_token
         self.enable_thinking_field = enable_thinking_field
         self.max_batch = max_batch
+        self.image_grids = image_grids
+        self.image_token = image_token
+        self.merge_size = merge_size
         eos = {} if eos_token is None else {"eos_token": eos_token}
         self.variables = {**special_tokens(tokenizer), **eos, **self.chat_template_kwargs}
         self._encoder: Any = None
+        self._image_token_id = -1
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -190,6 +210,15 @@ class TokenizeChatOp(BaseOp):
             "apply_chat_template": self.apply_chat_template,
             "eos_token": self.eos_token,
             "enable_thinking_field": self.enable_thinking_field,
+            **(
+                {}  # see config_when_set
+                if self.image_grids is None
+                else {
+                    "image_grids": self.image_grids,
+                    "image_token": self.image_token,
+                    "merge_size": self.merge_size,
+                }
+            ),
         }
 
     def _load(self) -> Any:
@@ -199,6 +228,8 @@ class TokenizeChatOp(BaseOp):
                 f"tokenize_chat: tokenizer {type(encoder).__name__} gives no character offsets; "
                 "pass 'bytes', a tokenizer.json, a transformers directory or a fast tokenizer"
             )
+        if self.image_grids is not None:
+            self._image_token_id = image_token_id(encoder, self.image_token)
         self._encoder = encoder
         return encoder
 
@@ -284,9 +315,15 @@ class TokenizeChatOp(BaseOp):
         drop = {self.field, self.tools_field}
         out: list[StreamItem] = []
         for elem, (ids, mask), kept in zip(elems, encoded, spans, strict=True):
+            if self.image_grids is not None:
+                ids, mask = self._with_images(elem, ids, mask)
             cut = 0
             if limit is not None and ids.shape[0] > limit:
                 cut = ids.shape[0] - limit
+                if self.image_grids is not None and (ids[limit:] == self._image_token_id).any():
+                    reason = f"{self.name}: max_length cuts an image"
+                    out.append(SampleRecord(tombstone_meta(elem.meta, reason=reason), None))
+                    continue
                 ids, mask = ids[:limit], mask[:limit]
             if not mask.any():
                 reason = NO_SUPERVISED + (" (none in scope)" if not kept else " (truncated away)")
@@ -300,3 +337,14 @@ class TokenizeChatOp(BaseOp):
                 reason = f"{self.name}: truncated to max_length"
                 out.append(cut_note(elem, reason=reason, tokens=cut))
         return out
+
+    def _with_images(
+        self, elem: StreamItem, ids: np.ndarray, mask: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Each image placeholder of ``ids`` as its image's vision tokens."""
+        field = self.image_grids
+        assert field is not None
+        sample = elem.meta.sample_id
+        counts = image_token_counts(elem.payload, field, self.merge_size, sample, self.name)
+        where = f"{self.name}: record {sample} field {field!r}"
+        return expand_images(ids, mask, self._image_token_id, counts, where)
