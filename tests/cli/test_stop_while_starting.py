@@ -185,19 +185,6 @@ def _check_stops_from_the_start(preempt_dir, delays: list[float]) -> None:
     # took 10 to 15 ms on an idle machine, up to 0.16 s at a load of 9 on 2 cores)
 
 
-@pytest.fixture
-def default_sigint():
-    """Children start with SIGINT at its default, as a job in a terminal's foreground: one
-    ignored here (pytest started in the background by a shell) stays ignored in them until
-    the command's handlers replace it, and a SIGINT before then would be lost."""
-    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    if ignored:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # exec resets it to SIG_DFL
-    yield
-    if ignored:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.usefixtures("default_sigint")
 def test_stop_signals_from_the_first_moment_of_the_process_never_show_a_zephon_traceback(
