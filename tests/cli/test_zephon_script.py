@@ -89,9 +89,12 @@ def test_another_subcommand_lets_the_blocked_signal_in(venv_bin):
     assert proc.returncode == -signal.SIGTERM, proc.stdout
 
 
-def test_a_symlink_to_the_script_runs_the_python_beside_the_script(venv_bin, tmp_path):
+@pytest.mark.parametrize("relative", [False, True])
+def test_a_symlink_to_the_script_runs_the_python_beside_the_script(venv_bin, tmp_path, relative):
     (tmp_path / "links").mkdir()
-    (tmp_path / "links" / "zephon").symlink_to(venv_bin / "zephon")  # pipx's layout
+    target = venv_bin / "zephon"  # pipx's layout: ~/.local/bin/zephon -> the venv's script
+    link = os.path.relpath(target, tmp_path / "links") if relative else target
+    (tmp_path / "links" / "zephon").symlink_to(link)
     record = tmp_path / "prefix"
     hook = {"ZEPHON_TEST_SITE": f"record:{record}"}
     proc = _command(tmp_path / "links", "--version", extra_env=hook)
