@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: demo test lint typecheck unit walkthrough bench clean test-vllm
 
-$(CORE): pyproject.toml
+$(CORE): pyproject.toml bin/zephon
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -e .
 	touch $(CORE)

@@ -2,17 +2,21 @@
 
 ``zephon run`` turns SIGINT and SIGTERM into exit 130 and 143 with a one-line summary; until
 its first item is delivered there is nothing to checkpoint, so a stop ends it at once (see
-``zephon.cli._signals``). The command's entry points (the ``zephon`` console script and
-``python -m zephon``) import :mod:`zephon` before anything else of zephon's, and its first
+``zephon.cli._signals``). The command's entry points (the ``zephon`` script and ``python -m
+zephon``) import :mod:`zephon` before anything else of zephon's, and its first
 statement calls :func:`install_if_command`: a signal during the imports is that exit too,
 never a ``KeyboardInterrupt`` traceback or a death by the signal. Importing zephon from any
 other program installs nothing.
 
-Before that statement Python's own start-up runs (site, the console script's ``import re``,
-runpy) with Python's handlers, where Ctrl-C is a ``KeyboardInterrupt`` traceback (docs/cli.md
-says how long). This module adds as little as it can to that: no ``from __future__`` (itself
-an import), and the C half of :mod:`signal` (the module builds enums, 1 to 2 ms); ``os``,
-``sys``, ``time`` and ``types`` are loaded before any entry point imports zephon.
+The ``zephon`` script (``bin/zephon``, the command pip installs) starts Python with SIGINT and
+SIGTERM blocked (GNU ``env --block-signal``): a stop signal during Python's own start-up
+(site, .pth files) waits until :func:`install_if_command` lets it in, the handlers in place.
+Before the block (sh starting) it kills the process; where ``env`` cannot block, and under
+``python -m zephon``, Python's start-up runs with Python's handlers, where Ctrl-C is a
+``KeyboardInterrupt`` traceback (docs/cli.md says how long). This module adds as little as it
+can to that: no ``from __future__`` (itself an import), and the C half of :mod:`signal` (the
+module builds enums, 1 to 2 ms); ``os``, ``sys``, ``time`` and ``types`` are loaded before
+any entry point imports zephon.
 """
 
 import _signal  # type: ignore[import-not-found]  # typeshed has no stub for the C module
@@ -89,11 +93,9 @@ def install_startup_handlers() -> None:
     Startup.installed = True
 
 
-def is_command(argv: list[str]) -> bool:
-    """Whether this process is the ``zephon`` command running one of :data:`COMMANDS`: its
-    main module is the console script or ``python -m zephon`` (``-m zephon.cli``)."""
-    if len(argv) < 2 or argv[1] not in COMMANDS:
-        return False
+def is_entry_point() -> bool:
+    """Whether this process is the ``zephon`` command: its main module is the ``zephon`` script
+    (or pip's console script) or ``python -m zephon`` (``-m zephon.cli``)."""
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name in ENTRY_MODULES:
@@ -104,7 +106,17 @@ def is_command(argv: list[str]) -> bool:
     return os.path.basename(path).split(".")[0].removesuffix("-script") == "zephon"
 
 
+def is_command(argv: list[str]) -> bool:
+    """Whether this process is the ``zephon`` command running one of :data:`COMMANDS`."""
+    return len(argv) >= 2 and argv[1] in COMMANDS and is_entry_point()
+
+
 def install_if_command() -> None:
-    """Install the start-up handlers when this process is the command (see the module)."""
-    if not Startup.installed and is_command(sys.argv):
+    """Install the start-up handlers when this process is the command running one of
+    :data:`COMMANDS`, then let in the stop signals the ``zephon`` script blocked (any
+    subcommand: one without handlers gets Python's, as it would have without the block)."""
+    if Startup.installed or not is_entry_point():
+        return
+    if is_command(sys.argv):
         install_startup_handlers()
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, STOP_SIGNALS)
