@@ -342,14 +342,14 @@ class SampleBatch:
         sample id, lineage and token spans in the row and in the source document (see
         :mod:`zephon.provenance`). ``origin`` (a pipeline) is only needed for a batch that
         was pickled after delivery."""
-        from zephon.provenance import batch_provenance
+        from zephon.provenance._extract import batch_provenance
 
         return batch_provenance(self, origin)
 
     def fingerprint(self) -> str:
         """A stable digest (32 hex digits) of the batch's training content: every field of
         every row's payload, never its metadata, so equal batches on any runner agree."""
-        from zephon.provenance import fingerprint
+        from zephon.provenance._extract import fingerprint
 
         return fingerprint(self)
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.engine import _resume as resume
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
-from zephon._engine.snapshot_codec import pack_state, unpack_state
+from zephon._snapshot_codec import pack_state, unpack_state
 from zephon.checkpoints import refetch_counts, seal
 from zephon.errors import CheckpointError
 from zephon.types import SampleBatch

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from zephon._engine.lane_state import LaneStateLog, Position, frozen_copy
-from zephon._engine.snapshot_codec import (
+from zephon._engine.snapshots import Rebuilder, holds_records
+from zephon._snapshot_codec import (
     HeldPayloads,
     HeldRecord,
     decode,
@@ -26,7 +27,6 @@ from zephon._engine.snapshot_codec import (
     pack_state,
     unpack_state,
 )
-from zephon._engine.snapshots import Rebuilder, holds_records
 from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError
 from zephon.ops import BaseOp, LaneStateful, OpContext
