@@ -137,22 +137,62 @@ def test_the_engine_keeps_to_the_operator_contract() -> None:
     assert layering.violations() == []
 
 
-def test_a_forbidden_import_is_reported_wherever_it_is(tmp_path: Path) -> None:
+def test_an_import_that_is_not_downward_is_reported_wherever_it_is(tmp_path: Path) -> None:
     package = _tree(
         tmp_path,
         {
             "_engine/a.py": "def f():\n    from zephon._ops.batch import BatchOp\n",
-            "capture/b.py": "import zephon._engine.stage\n",
             "work/c.py": "from zephon import _ops\n",
-            "_ops/d.py": "import zephon._engine.stage\n",  # allowed: operators may use it
+            "ops/s.py": "if TYPE_CHECKING:\n    from zephon.pipeline import Pipeline\n",
+            "ops/t.py": "import zephon.training\n",  # a unit of the same layer
+            "_ops/d.py": "import zephon._engine.stage\n",  # downward: operators may use it
+            "config.py": "from zephon.pipeline import Pipeline\n",  # downward
         },
     )
-    found = layering.violations(package)
-    assert found == [
-        "_engine/a.py:2: _engine must not import _ops (zephon._ops.batch)",
-        "capture/b.py:1: capture must not import _engine (zephon._engine.stage)",
-        "work/c.py:1: work must not import _ops (zephon._ops)",
+    assert layering.violations(package) == [
+        "_engine/a.py:2: _engine (layer 6) imports zephon._ops.batch (layer 7), which is not "
+        "below it; move what it needs down, or list the import in UPWARD_ALLOWED with why",
+        "ops/s.py:2: ops (layer 4) imports zephon.pipeline (layer 10), which is not below it; "
+        "move what it needs down, or list the import in UPWARD_ALLOWED with why",
+        "ops/t.py:1: ops (layer 4) imports zephon.training (layer 4), which is not below it; "
+        "move what it needs down, or list the import in UPWARD_ALLOWED with why",
+        "work/c.py:1: work (layer 5) imports zephon._ops (layer 7), which is not below it; "
+        "move what it needs down, or list the import in UPWARD_ALLOWED with why",
     ]
+
+
+def test_the_layering_script_fails_on_an_upward_import(tmp_path: Path) -> None:
+    package = _tree(tmp_path, {"io/x.py": "def f():\n    import zephon.config\n"})
+    script = ROOT / "scripts" / "check_layering.py"
+    result = subprocess.run(
+        [sys.executable, str(script), str(package)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1
+    assert result.stdout.startswith("io/x.py:2: io (layer 2) imports zephon.config (layer 11)")
+
+
+def test_an_upward_import_listed_with_its_reason_passes(tmp_path: Path) -> None:
+    package = _tree(
+        tmp_path,
+        {
+            "types.py": "def f():\n    from zephon.training import to_training\n",
+            "types2.py": "X = 1\n",
+        },
+    )
+    assert ("types.py", "training") in layering.UPWARD_ALLOWED
+    assert layering.violations(package) == [
+        "types2.py:1: types2 has no place in LAYERS; add it to the layer it belongs to"
+    ]
+
+
+def test_the_layers_name_every_unit_once_and_each_exception_goes_upward() -> None:
+    units = [unit for layer in layering.LAYERS for unit in layer]
+    present = {p.name.removesuffix(".py") for p in (ROOT / "src" / "zephon").iterdir()}
+    assert len(units) == len(set(units)) and set(units) == present - {"py.typed"}
+    for (rel, target), _why in layering.UPWARD_ALLOWED.items():
+        unit = rel.split("/")[0].removesuffix(".py")
+        assert layering._LAYER[target] >= layering._LAYER[unit], (rel, target)
+        assert f"zephon.{target}" in (ROOT / "src" / "zephon" / rel).read_text(), (rel, target)
 
 
 def test_a_hook_probe_or_unlisted_getattr_in_the_engine_is_reported(tmp_path: Path) -> None:
@@ -219,7 +259,7 @@ def test_a_private_module_imported_from_outside_its_package_is_reported(tmp_path
             "io/sub/a.py": "import zephon.io._converted\n",  # inside io: allowed
             "convert/b.py": "from zephon.io._converted import X\n",
             "convert/c.py": "def f():\n    from zephon.io import _converted\n",
-            "training.py": "from zephon._ops._chat_spans import LossScope\n",
+            "config.py": "from zephon._ops._chat_spans import LossScope\n",
             "_ops/_chat_spans.py": "LossScope = str\n",
             "_ops/d.py": "from zephon._ops._chat_spans import LossScope\n",
             "capture/e.py": "from zephon.capture._kit import _Ctx\n",  # a name, not a module
@@ -228,19 +268,27 @@ def test_a_private_module_imported_from_outside_its_package_is_reported(tmp_path
         },
     )
     assert layering.violations(package) == [
+        "config.py:1: imports zephon._ops._chat_spans, private to zephon._ops; import what "
+        "zephon._ops exports instead",
         "convert/b.py:1: imports zephon.io._converted, private to zephon.io; import what "
         "zephon.io exports instead",
         "convert/c.py:2: imports zephon.io._converted, private to zephon.io; import what "
         "zephon.io exports instead",
-        "training.py:1: imports zephon._ops._chat_spans, private to zephon._ops; import what "
-        "zephon._ops exports instead",
     ]
 
 
-def test_the_command_line_does_not_import_the_engine(tmp_path: Path) -> None:
-    package = _tree(tmp_path, {"cli/_leave.py": "from zephon._engine.joins import f\n"})
+def test_capture_and_the_command_line_do_not_reach_past_the_pipeline(tmp_path: Path) -> None:
+    package = _tree(
+        tmp_path,
+        {
+            "cli/_leave.py": "from zephon._engine.joins import f\n",
+            "capture/b.py": "import zephon._engine.stage\n",
+            "capture/c.py": "from zephon.pipeline import Pipeline\n",
+        },
+    )
     assert layering.violations(package) == [
-        "cli/_leave.py:1: cli must not import _engine (zephon._engine.joins)"
+        "capture/b.py:1: capture must not import _engine (zephon._engine.stage); use Pipeline",
+        "cli/_leave.py:1: cli must not import _engine (zephon._engine.joins); use Pipeline",
     ]
 
 
