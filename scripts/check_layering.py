@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "zephon"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "_startup", "_exit", "_console", "_chat_encode"),
+    ("errors", "_startup", "_exit", "_console", "_chat_encode", "_atomic"),
     ("_optional", "options", "_operator_defs", "_pixel_values", "_tokenizers"),
     ("io",),
     ("types",),
