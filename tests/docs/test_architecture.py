@@ -37,10 +37,21 @@ def test_the_page_states_the_layer_order_that_lint_enforces() -> None:
     assert layers == _layering().LAYERS  # type: ignore[attr-defined]
 
 
-def test_every_source_file_the_page_names_exists() -> None:
-    cited = set(
-        re.findall(
-            r"`((?:_engine|_ops|ops|io|work|capture|checkpoints|cli)/\w+\.py)`", PAGE.read_text()
-        )
-    )
-    assert cited and sorted(c for c in cited if not (SRC / c).exists()) == []
+def test_every_file_and_zephon_name_the_page_cites_exists() -> None:
+    text = PAGE.read_text()
+    files = set(re.findall(r"`((?:[\w]+/)+\w+\.py)`", text))
+    missing = [f for f in files if not (SRC / f).exists() and not (ROOT / f).exists()]
+    names = set(re.findall(r"`(zephon(?:\.\w+)+)`", text))
+    assert len(files) > 5 and len(names) > 5
+    assert sorted(missing) == []
+    assert sorted(name for name in names if not _resolves(name)) == []
+
+
+def _resolves(dotted: str) -> bool:
+    """``dotted`` is a module of zephon, or an attribute of one."""
+    module, _, attr = dotted.rpartition(".")
+    try:
+        importlib.import_module(dotted)
+        return True
+    except ImportError:
+        return hasattr(importlib.import_module(module), attr)
