@@ -50,14 +50,12 @@ JUSTIFIED: dict[frozenset[str], str] = {
         [
             "zephon.pipeline",
             "zephon.config",
-            "zephon._mixture_config",
             "zephon.provenance",
             "zephon.provenance._trace",
         ]
     ): (
-        "trace() rebuilds the pipeline from its config, a pipeline hands its batches a "
-        "provenance Origin, and config parses its mixture section, which checks values as "
-        "config does"
+        "trace() rebuilds the pipeline from its config, and a pipeline hands its batches a "
+        "provenance Origin"
     ),
     frozenset({"zephon.work._plan", "zephon.work._static"}): (
         "a static mixture counts its samples through the planner, which copies static mixtures"
