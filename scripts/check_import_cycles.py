@@ -57,9 +57,6 @@ JUSTIFIED: dict[frozenset[str], str] = {
         "trace() rebuilds the pipeline from its config, and a pipeline hands its batches a "
         "provenance Origin"
     ),
-    frozenset({"zephon.work._plan", "zephon.work._static"}): (
-        "a static mixture counts its samples through the planner, which copies static mixtures"
-    ),
 }
 """``modules that may import each other: why``. A cycle must lie within one entry."""
 
