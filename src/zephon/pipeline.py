@@ -41,7 +41,7 @@ from zephon.options import RuntimeOptions
 from zephon.types import SampleBatch, StreamItem
 from zephon.work import MixtureSpec, TokenMeasuredSource, WorkSource, source_mixture
 
-__all__ = ["OPERATOR_METHODS", "Pipeline", "Placement"]
+__all__ = ["OPERATOR_METHODS", "Placement"]
 
 Placement = Literal["local", "remote"]
 _Method = TypeVar("_Method", bound=Callable[..., Any])

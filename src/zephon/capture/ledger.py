@@ -32,12 +32,9 @@ from zephon.errors import ZephonError
 __all__ = [
     "MAX_STREAM_CHARS",
     "Admission",
-    "LedgerTransitionError",
     "MemberRef",
     "PromptMember",
     "PromptRow",
-    "PromptState",
-    "StreamLedger",
     "member_rollout_id",
     "validate_stream",
 ]

@@ -15,7 +15,8 @@ from zephon.provenance._find import FIND_FORMS, Hit, find, parse_query, run_data
 from zephon.provenance._log import ProvenanceLog, read_log
 from zephon.provenance._model import BatchProvenance, Segment
 from zephon.provenance._origin import Origin
-from zephon.provenance._trace import TraceResult, restore_before, trace
+from zephon.provenance._trace import TraceResult, restore_before
+from zephon.provenance._trace import trace as trace
 
 __all__ = [
     "FIND_FORMS",
@@ -35,5 +36,4 @@ __all__ = [
     "read_log",
     "restore_before",
     "run_dataset_names",
-    "trace",
 ]

@@ -32,10 +32,9 @@ Run = tuple[int, int, int]
 
 
 def _copy(source: StaticMixtureWorkSource) -> StaticMixtureWorkSource:
-    """A fresh, unsharded copy that can be advanced without touching ``source``."""
-    from zephon.work._static import StaticMixtureWorkSource
-
-    sim = object.__new__(StaticMixtureWorkSource)
+    """A fresh, unsharded copy that can be advanced without touching ``source`` (of its own
+    class, which this module, below it, does not import)."""
+    sim = object.__new__(type(source))
     sim.__dict__.update(source.__dict__)
     sim._orders = None
     sim._lane_id = sim._lanes = None
