@@ -184,6 +184,8 @@ def test_a_damaged_stream_file_is_refused_not_read_as_empty(tmp_path: Path) -> N
         data = bytearray(path.read_bytes())
         data[-5] ^= 0x01  # one flipped bit inside the JSON
         path.write_bytes(bytes(data))
+        await store.close()
+        store = open_store(url)  # a client reads the log once; a new one reads the damage
         with pytest.raises(LogCorruptionError, match=r"s\.stream is not an intact zephon stream"):
             await store.stream_ledger("s")
         with pytest.raises(LogCorruptionError):
