@@ -10,16 +10,17 @@ which the ledger answers as a no-op. Add them with ``pipe.add_op(DropEqualReward
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zephon.capture.dataset import run_sync
 from zephon.capture.ledger import MemberRef
-from zephon.errors import ConfigError
+from zephon.errors import ConfigError, DataError
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem, record_tokens, tombstone_meta
 
-__all__ = ["DropEqualRewards", "KeepPerPrompt"]
+__all__ = ["DifficultyPool", "DropEqualRewards", "KeepPerPrompt"]
 
 _MICRO_BATCH = 16
 EQUAL_REASON = "all rewards equal"
@@ -105,3 +106,44 @@ class KeepPerPrompt(_GroupOp):
         dropped = [m for m in members if m["index"] not in keep]
         kept = [m for m in members if m["index"] in keep]
         return {**group, "members": kept}, f"keep {self.k} per prompt", dropped
+
+
+def _bound(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"DifficultyPool {name} is {value!r}: use a finite number (a reward)")
+    return float(value)
+
+
+class DifficultyPool(_GroupOp):
+    """Keeps a group whose mean reward lies in ``[low, high]`` (bounds included): with 0/1
+    rewards, its pass rate, so ``DifficultyPool(store, 0.2, 0.8)`` keeps the prompts neither
+    solved nor failed by (nearly) every member. The members of a group outside the band are
+    filtered with the reason ``mean reward M outside [LOW, HIGH]``."""
+
+    name = "difficulty_pool"
+
+    def __init__(self, store: Any, low: float, high: float, *, name: str | None = None) -> None:
+        self.low, self.high = _bound("low", low), _bound("high", high)
+        if self.low > self.high:
+            raise ConfigError(f"DifficultyPool low {low!r} is above high {high!r}: swap them")
+        super().__init__(store, name=name)
+
+    def config(self) -> Mapping[str, Any]:
+        return {"low": self.low, "high": self.high}
+
+    def decide(self, group: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str, list[Any]]:
+        members = list(group["members"])
+        rewards = []
+        for m in members:
+            if m["reward"] is None:
+                raise DataError(
+                    f"DifficultyPool: stream {group['stream']!r} position {group['position']} "
+                    f"member {m['index']} has no reward; score it (put_score) or pick the "
+                    "verifier with StreamingCaptureSource(verifier=...)"
+                )
+            rewards.append(float(m["reward"]))
+        mean = math.fsum(rewards) / len(rewards) if rewards else math.nan
+        if self.low <= mean <= self.high:
+            return dict(group), "", []
+        reason = f"mean reward {mean:.6g} outside [{self.low:g}, {self.high:g}]"
+        return None, reason, members
