@@ -53,8 +53,8 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.capture.dataset": _names("CaptureSource RetirementReport TrajectoryShard"),
     "zephon.capture.ledger": _names(
-        "Admission LedgerTransitionError MAX_STREAM_CHARS MemberRef PromptMember PromptRow "
-        "PromptState StreamLedger member_rollout_id validate_stream"
+        "Admission LedgerDelta LedgerTransitionError MAX_STREAM_CHARS MemberRef PromptMember "
+        "PromptRow PromptState StreamLedger member_rollout_id validate_stream"
     ),
     "zephon.capture.lineage": _names(
         "EntryFetch FINGERPRINT_VERSION IncrementalResolver LineageNode RolloutLineage "
@@ -78,7 +78,8 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.capture.proxy.server": _names("bind_socket exposure_problem serve"),
     "zephon.capture.rl": _names("PromptGroup PromptSource"),
     "zephon.capture.streaming": _names("LOG_SUFFIX StreamingCaptureSource"),
-    "zephon.capture.group_ops": _names("DropEqualRewards KeepPerPrompt"),
+    "zephon.capture.group_ops": _names("DifficultyPool DropEqualRewards KeepPerPrompt"),
+    "zephon.capture.batching": _names("StepBatcher StepBudget TrainStep"),
     "zephon.capture.scores": _names("RolloutScore"),
     "zephon.capture.records": _names(
         "CallRecord CaptureLedgerCommit DIGEST_VERSION EngineRefusalRecord FINGERPRINT_VERSION "

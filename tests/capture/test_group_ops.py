@@ -147,3 +147,49 @@ def test_a_difficulty_pool_refuses_bad_bands_and_unscored_members() -> None:
         {"stream": "s", "position": 3, "members": [{"index": 0, "reward": 1.0}]}
     )
     assert (kept is not None, reason, dropped) == (True, "", [])
+
+
+@pytest.mark.parametrize("kind", ["file", "sqlite"])
+def test_the_group_operators_are_builder_methods_that_take_a_store_url(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+    i_of = _filled_by_pass_rate(url)
+    source = StreamingCaptureSource(
+        open_store(url), "s", groups_per_step=2, max_staleness=100, prompts=PROMPTS
+    )
+    pipe = (
+        source.pipeline()
+        .drop_equal_rewards(url)
+        .difficulty_pool(url, 0.0, 0.5)
+        .keep_per_prompt(url, 1)
+    )
+    got = [(r.payload["position"], [m["index"] for m in r.payload["members"]]) for r in pipe]
+    assert got == [(p, [0]) for p in range(PROMPTS) if i_of[p] % 3 == 1]
+
+
+def test_yaml_names_the_group_operators_and_they_refuse_records_that_are_not_groups(
+    tmp_path: Path,
+) -> None:
+    from zephon.config import parse_config
+
+    url = (tmp_path / "capture").as_uri()
+    config = parse_config(
+        {
+            "datasets": [{"name": "web", "path": str(tmp_path / "web.jsonl")}],
+            "operators": [
+                {"op": "drop_equal_rewards", "store": url},
+                {"op": "difficulty_pool", "store": url, "low": 0.2, "high": 0.8},
+            ],
+        }
+    )
+    assert [(o.name, o.params.get("low")) for o in config.operators] == [
+        ("drop_equal_rewards", None),
+        ("difficulty_pool", 0.2),
+    ]
+    (tmp_path / "web.jsonl").write_text('{"text": "a"}\n')
+    with pytest.raises(DataError, match="drop_equal_rewards reads the group records"):
+        list(config.build())
+    with pytest.raises(ConfigError, match="store is a int, not a capture store"):
+        Pipeline(StreamingCaptureSource(open_store(url), "s", groups_per_step=1, max_staleness=0))
+        DropEqualRewards(7)
