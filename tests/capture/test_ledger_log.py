@@ -18,7 +18,7 @@ import pytest
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import REPO, store_url
 from zephon.capture.ledger import LedgerDelta, LedgerTransitionError, PromptState, StreamLedger
-from zephon.capture.stores import open_store
+from zephon.capture.stores import LogCorruptionError, open_store
 from zephon.capture.stores._fsutil import frame
 from zephon.capture.stores._streamlog import replay, run_tracked
 
@@ -299,3 +299,70 @@ def test_writers_sigkilled_mid_append_lose_no_acknowledged_move(
             assert ledger.prompts[position].prompt_key == f"k{position}"
         else:
             assert ledger.member((position, member)).passed(PromptState(state))
+
+
+def test_a_stream_file_put_in_place_of_the_one_a_client_read_is_read_afresh(
+    tmp_path: Path,
+) -> None:
+    url = f"file://{tmp_path / 'capture'}"
+    path = tmp_path / "capture" / "s.stream"
+    other = _old_ledger()
+    other.issue(1, "k1", {"q": "x" * 5000}, 1, {"c": 1})  # longer than what the client read
+
+    async def go() -> None:
+        store = open_store(url)
+        for position in range(3):
+            await store.issue_prompt("s", position, prompt_key=f"x{position}", payload=None)
+        assert (await store.stream_ledger("s")).next_position == 3  # cached by this client
+        replacement = tmp_path / "replacement"
+        replacement.write_bytes(frame(b"L", other.to_json()))
+        os.replace(replacement, path)  # a restored backup: another file
+        assert await store.stream_ledger("s") == other
+        await store.close()
+
+    asyncio.run(go())
+
+
+def test_damage_before_the_last_line_is_refused_not_cut(tmp_path: Path) -> None:
+    url = f"file://{tmp_path / 'capture'}"
+    path = tmp_path / "capture" / "s.stream"
+
+    async def go() -> None:
+        store = open_store(url)
+        for position in range(3):
+            await store.issue_prompt("s", position, prompt_key=f"k{position}", payload=None)
+        await store.close()
+        data = bytearray(path.read_bytes())
+        data[20] ^= 0x01  # inside the first of three lines
+        path.write_bytes(bytes(data))
+        store = open_store(url)
+        with pytest.raises(LogCorruptionError, match=r"a line fails its checksum .* at byte 0"):
+            await store.stream_ledger("s")
+        with pytest.raises(LogCorruptionError):
+            await store.advance("s", [(0, 0)], "captured")
+        assert path.read_bytes() == bytes(data)
+        await store.close()
+
+    asyncio.run(go())
+
+
+def test_a_sql_stream_missing_a_move_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite://{tmp_path / 'c.db'}"
+
+    async def fill() -> None:
+        store = open_store(url)
+        for position in range(3):
+            await store.issue_prompt("s", position, prompt_key=f"k{position}", payload=None)
+        await store.close()
+
+    asyncio.run(fill())
+    with sqlite3.connect(tmp_path / "c.db") as conn:
+        conn.execute("DELETE FROM capture_stream_moves WHERE seq = 2")
+
+    async def read() -> None:
+        store = open_store(url)
+        with pytest.raises(LogCorruptionError, match=r"stream 's' lacks move 2 \(next stored: 3\)"):
+            await store.stream_ledger("s")
+        await store.close()
+
+    asyncio.run(read())
