@@ -3,7 +3,8 @@
 The stream is seeded with ``--prompts`` issued prompts of ``--n`` members each (written as one
 whole ledger, the format every version reads), then one client times ``--moves`` single-member
 moves (``advance`` to captured) and ``--moves`` issues of new prompts, each one durable
-transaction. ``first_ms`` is the client's first move (it reads the whole stream once).
+transaction. ``first_ms`` is the client's first move (it reads the whole stream once);
+``read_ms`` the median of 5 ``stream_ledger`` reads (a copy of the whole ledger).
 
 ``--baseline-src DIR`` also runs the same measurement in a child process against another
 source tree (e.g. ``git archive <commit> src | tar -x -C /tmp/before``), so the table shows
@@ -75,11 +76,17 @@ async def _time(url: str, prompts: int, moves: int, n: int) -> dict[str, float]:
     for k in range(moves):
         await store.issue_prompt("bench", prompts + k, prompt_key=f"new{k}", payload=None, n=n)
     issue = time.perf_counter() - t0
+    reads = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        await store.stream_ledger("bench")
+        reads.append(time.perf_counter() - t0)
     await store.close()
     return {
         "first_ms": round(first * 1e3, 1),
         "advance_per_s": round(moves / advance, 1),
         "issue_per_s": round(moves / issue, 1),
+        "read_ms": round(sorted(reads)[2] * 1e3, 1),
     }
 
 
@@ -118,12 +125,13 @@ def _baseline(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _table(after: list[dict[str, Any]], before: list[dict[str, Any]]) -> None:
-    print(f"{'store':8} {'version':8} {'first ms':>9} {'advance/s':>10} {'issue/s':>9}")
+    head = f"{'store':8} {'version':8} {'first ms':>9} {'advance/s':>10} {'issue/s':>9}"
+    print(head + f" {'read ms':>8}")
     for label, rows in (("before", before), ("after", after)):
         for r in rows:
             print(
                 f"{r['store']:8} {label:8} {r['first_ms']:9.1f} {r['advance_per_s']:10.1f} "
-                f"{r['issue_per_s']:9.1f}"
+                f"{r['issue_per_s']:9.1f} {r['read_ms']:8.1f}"
             )
 
 

@@ -19,6 +19,7 @@ from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import REPO, store_url
 from zephon.capture.ledger import LedgerDelta, LedgerTransitionError, PromptState, StreamLedger
 from zephon.capture.stores import LogCorruptionError, open_store
+from zephon.capture.stores._filestream import compact_after
 from zephon.capture.stores._fsutil import frame
 from zephon.capture.stores._streamlog import replay, run_tracked
 
@@ -366,3 +367,32 @@ def test_a_sql_stream_missing_a_move_is_refused(tmp_path: Path) -> None:
         await store.close()
 
     asyncio.run(read())
+
+
+def test_a_long_file_log_is_compacted_into_one_base_line_every_client_reads(
+    tmp_path: Path,
+) -> None:
+    url = f"file://{tmp_path / 'capture'}"
+    path = tmp_path / "capture" / "s.stream"
+    moves = compact_after(2) + 5
+
+    async def go() -> None:
+        writer, reader = open_store(url), open_store(url)
+        await writer.issue_prompt("s", 0, prompt_key="k0", payload={"q": 1}, n=2)
+        await writer.issue_prompt("s", 1, prompt_key="k1", payload={"q": 2}, n=1)
+        before = await reader.stream_ledger("s")  # cached before the compaction
+        for attempt in range(1, moves + 1):  # a member re-issued again and again
+            await writer.reissue("s", (0, 1), attempt)
+        lines = path.read_bytes().splitlines()
+        assert lines[0].startswith(b"L ") and len(lines) < 10  # rewritten, then appended to
+        live = await writer.stream_ledger("s")
+        assert live.member((0, 1)).attempt == moves and before.member((0, 1)).attempt == 0
+        assert await reader.stream_ledger("s") == live
+        await reader.advance("s", [(1, 0)], "captured")  # appends after the base line
+        await writer.close()
+        await reader.close()
+        fresh = open_store(url)
+        assert (await fresh.stream_ledger("s")).member((1, 0)).state is S.CAPTURED
+        await fresh.close()
+
+    asyncio.run(go())

@@ -6,7 +6,8 @@ tagged ``L`` holds a whole ledger (the format of earlier versions, read as the b
 apply to). ``<dir>/<stream>.stream-lock`` carries the ``flock`` that orders the processes. A
 move appends one line and syncs it before it returns, so it costs O(members moved), not
 O(prompts); a client reads only the lines appended since its last look
-(:mod:`._streamlog`).
+(:mod:`._streamlog`). After :func:`compact_after` delta lines a writer rewrites the file as one
+base line (temp file, fsync, rename), so the file and a first read stay O(prompts).
 
 Crashes: a final line without its newline is a write that never completed (so never
 acknowledged); readers ignore it and the next writer truncates it before appending. Any other
@@ -22,7 +23,13 @@ from typing import Any
 from zephon.capture.ledger import StreamLedger
 from zephon.capture.stores._durable import StreamOp
 from zephon.capture.stores._fsio import FileSystem
-from zephon.capture.stores._fsutil import LogCorruptionError, frame, pread_exact, scan
+from zephon.capture.stores._fsutil import (
+    LogCorruptionError,
+    frame,
+    pread_exact,
+    replace_durable,
+    scan,
+)
 from zephon.capture.stores._streamlog import StreamCache, decode_delta, run_tracked
 
 __all__ = ["stream_transact"]
@@ -30,8 +37,16 @@ __all__ = ["stream_transact"]
 _BASE = b"L"
 _DELTA = b"D"
 
-Mark = tuple[tuple[int, int], int]
-"""Where a client stopped reading a stream file: its identity and the end of its valid lines."""
+Mark = tuple[tuple[int, int], int, int]
+"""Where a client stopped reading a stream file: its identity, the end of its valid lines, and
+how many delta lines follow the file's base (for compaction)."""
+
+
+def compact_after(prompts: int) -> int:
+    """Delta lines after which a writer rewrites the file as one base line: the rewrite costs
+    O(prompts) once per at least ``8 * prompts`` moves, so moves stay O(1) amortised and a
+    client's first read stays O(prompts)."""
+    return 1024 + 8 * prompts
 
 
 def _damaged(path: str, offset: int, why: str) -> LogCorruptionError:
@@ -52,9 +67,9 @@ def _load(
     ident = fs.identity(fd)
     hit = cache.get(stream)
     if hit is not None and hit[0][0] == ident and hit[0][1] <= size:
-        ledger, start = hit[1], int(hit[0][1])
+        ledger, start, deltas = hit[1], int(hit[0][1]), int(hit[0][2])
     else:
-        ledger, start = StreamLedger(stream=stream), 0
+        ledger, start, deltas = StreamLedger(stream=stream), 0, 0
     buf = pread_exact(fs, fd, size - start, start, path) if size > start else b""
     found = scan(buf, offset=start, line=1)
     if found.torn and (found.followed or buf.endswith(b"\n")):
@@ -64,9 +79,10 @@ def _load(
             ledger = StreamLedger.from_json(record.body)
         elif record.tag == _DELTA:
             ledger.apply_delta(decode_delta(record.body))
+            deltas += 1
         else:
             raise _damaged(path, record.offset, f"an unexpected {record.tag!r} line")
-    return ledger, (ident, found.end), found.torn
+    return ledger, (ident, found.end, deltas), found.torn
 
 
 def _append(
@@ -82,7 +98,7 @@ def _append(
     created = fd is None
     if fd is None or mark is None:
         fd = fs.open(path, os.O_RDWR | os.O_CREAT)
-        mark = (fs.identity(fd), 0)
+        mark = (fs.identity(fd), 0, 0)
     if torn:
         fs.truncate(fd, mark[1])  # the unfinished line of a writer that died
     line = frame(_DELTA, delta)
@@ -90,7 +106,19 @@ def _append(
     fs.datasync(fd)
     if created:
         fs.sync_dir(directory)
-    return fd, (mark[0], mark[1] + len(line))
+    return fd, (mark[0], mark[1] + len(line), mark[2] + 1)
+
+
+def _compact(fs: FileSystem, directory: str, path: str, ledger: StreamLedger) -> Mark:
+    """Replace the file by one base line holding ``ledger`` (atomically and durably: a crash
+    leaves the old file or the new one, the same ledger either way)."""
+    data = frame(_BASE, ledger.to_json())
+    replace_durable(fs, directory, path, data)
+    fd = fs.open(path, os.O_RDONLY)
+    try:
+        return (fs.identity(fd), len(data), 0)
+    finally:
+        fs.close(fd)
 
 
 def _transact(
@@ -113,6 +141,8 @@ def _transact(
         delta, result = run_tracked(ledger, op, write=write)
         if delta is not None:
             fd, mark = _append(fs, directory, path, fd, mark, torn, delta)
+            if mark[2] > compact_after(len(ledger.prompts)):
+                mark = _compact(fs, directory, path, ledger)
         if mark is not None:
             cache.put(stream, mark, ledger)
         return result
