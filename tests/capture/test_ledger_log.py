@@ -13,15 +13,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import REPO, store_url
 from zephon.capture.ledger import LedgerDelta, LedgerTransitionError, PromptState, StreamLedger
 from zephon.capture.stores import LogCorruptionError, open_store
-from zephon.capture.stores._filestream import compact_after
 from zephon.capture.stores._fsutil import frame
-from zephon.capture.stores._streamlog import replay, run_tracked
+from zephon.capture.stores._streamlog import compact_after, replay, run_tracked
 
 S = PromptState
 _KINDS = ["file", "sqlite", "postgres"]
@@ -369,30 +369,49 @@ def test_a_sql_stream_missing_a_move_is_refused(tmp_path: Path) -> None:
     asyncio.run(read())
 
 
-def test_a_long_file_log_is_compacted_into_one_base_line_every_client_reads(
-    tmp_path: Path,
+def _compaction_left(kind: str, url: str, tmp_path: Path) -> tuple[bytes, int]:
+    """The start of what the store keeps as the stream's folded ledger, and the moves after."""
+    if kind == "file":
+        lines = (tmp_path / "capture" / "s.stream").read_bytes().splitlines()
+        return lines[0][:2], len(lines) - 1
+    if kind == "sqlite":
+        with sqlite3.connect(tmp_path / "capture.db") as conn:
+            (base,) = conn.execute("SELECT ledger FROM capture_streams").fetchone()
+            (moves,) = conn.execute("SELECT count(*) FROM capture_stream_moves").fetchone()
+        return bytes(base)[:2], moves
+    dsn, schema = url.split("?schema=")
+    with psycopg.connect(dsn, options=f"-c search_path={schema}") as conn:
+        base = conn.execute("SELECT ledger FROM capture_streams").fetchone()[0]
+        moves = conn.execute("SELECT count(*) FROM capture_stream_moves").fetchone()[0]
+    return bytes(base)[:2], moves
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_a_long_log_is_folded_into_the_stored_ledger_and_every_client_reads_it(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    url = f"file://{tmp_path / 'capture'}"
-    path = tmp_path / "capture" / "s.stream"
+    url = store_url(kind, tmp_path, request)
     moves = compact_after(2) + 5
 
     async def go() -> None:
         writer, reader = open_store(url), open_store(url)
         await writer.issue_prompt("s", 0, prompt_key="k0", payload={"q": 1}, n=2)
         await writer.issue_prompt("s", 1, prompt_key="k1", payload={"q": 2}, n=1)
-        before = await reader.stream_ledger("s")  # cached before the compaction
+        before = await reader.stream_ledger("s")  # cached before the fold
         for attempt in range(1, moves + 1):  # a member re-issued again and again
             await writer.reissue("s", (0, 1), attempt)
-        lines = path.read_bytes().splitlines()
-        assert lines[0].startswith(b"L ") and len(lines) < 10  # rewritten, then appended to
+        head, left = _compaction_left(kind, url, tmp_path)
+        assert head in (b"L ", b"@1") and left < 10  # folded, then appended to
         live = await writer.stream_ledger("s")
         assert live.member((0, 1)).attempt == moves and before.member((0, 1)).attempt == 0
         assert await reader.stream_ledger("s") == live
-        await reader.advance("s", [(1, 0)], "captured")  # appends after the base line
+        await reader.advance("s", [(1, 0)], "captured")  # appends after the fold
         await writer.close()
         await reader.close()
         fresh = open_store(url)
-        assert (await fresh.stream_ledger("s")).member((1, 0)).state is S.CAPTURED
+        ledger = await fresh.stream_ledger("s")
+        assert ledger.member((1, 0)).state is S.CAPTURED
+        assert ledger.member((0, 1)).attempt == moves
         await fresh.close()
 
     asyncio.run(go())

@@ -6,8 +6,9 @@ tagged ``L`` holds a whole ledger (the format of earlier versions, read as the b
 apply to). ``<dir>/<stream>.stream-lock`` carries the ``flock`` that orders the processes. A
 move appends one line and syncs it before it returns, so it costs O(members moved), not
 O(prompts); a client reads only the lines appended since its last look
-(:mod:`._streamlog`). After :func:`compact_after` delta lines a writer rewrites the file as one
-base line (temp file, fsync, rename), so the file and a first read stay O(prompts).
+(:mod:`._streamlog`). After :func:`~._streamlog.compact_after` delta lines a writer rewrites
+the file as one base line (temp file, fsync, rename), so the file and a first read stay
+O(prompts).
 
 Crashes: a final line without its newline is a write that never completed (so never
 acknowledged); readers ignore it and the next writer truncates it before appending. Any other
@@ -30,7 +31,12 @@ from zephon.capture.stores._fsutil import (
     replace_durable,
     scan,
 )
-from zephon.capture.stores._streamlog import StreamCache, decode_delta, run_tracked
+from zephon.capture.stores._streamlog import (
+    StreamCache,
+    compact_after,
+    decode_delta,
+    run_tracked,
+)
 
 __all__ = ["stream_transact"]
 
@@ -40,13 +46,6 @@ _DELTA = b"D"
 Mark = tuple[tuple[int, int], int, int]
 """Where a client stopped reading a stream file: its identity, the end of its valid lines, and
 how many delta lines follow the file's base (for compaction)."""
-
-
-def compact_after(prompts: int) -> int:
-    """Delta lines after which a writer rewrites the file as one base line: the rewrite costs
-    O(prompts) once per at least ``8 * prompts`` moves, so moves stay O(1) amortised and a
-    client's first read stays O(prompts)."""
-    return 1024 + 8 * prompts
 
 
 def _damaged(path: str, offset: int, why: str) -> LogCorruptionError:

@@ -5,10 +5,9 @@ Schema (same columns in both databases)::
     capture_rollouts(rollout_id PRIMARY KEY, state)          -- RolloutState JSON (the truth)
     capture_entries(rollout_id, call_id, payload, PRIMARY KEY (rollout_id, call_id))
                                                               -- canonical entry bytes
-    capture_streams(stream PRIMARY KEY, ledger)               -- the stream's lock row (and
-                                                              -- the whole ledger of old stores)
+    capture_streams(stream PRIMARY KEY, ledger)               -- lock row, stored ledger
     capture_stream_moves(stream, seq, delta, PRIMARY KEY (stream, seq))
-                                                              -- one LedgerDelta per move
+                                                              -- moves after it (._sqlstream)
 
 Every operation is one transaction: lock the rollout (sqlite: ``BEGIN IMMEDIATE``; postgres:
 ``SELECT ... FOR UPDATE`` on its row), load its state, let the pure state machine decide,
@@ -27,7 +26,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from zephon.capture.ledger import StreamLedger
 from zephon.capture.records import TokenCaptureSnapshot, TokenEntry, entry_key
 from zephon.capture.stores._durable import (
     Decide,
@@ -36,9 +34,8 @@ from zephon.capture.stores._durable import (
     StreamOp,
 )
 from zephon.capture.stores._events import Delete, Event, Put, Retire
-from zephon.capture.stores._fsutil import LogCorruptionError
+from zephon.capture.stores._sqlstream import SqlStreams
 from zephon.capture.stores._state import RolloutState, Transition
-from zephon.capture.stores._streamlog import StreamCache, decode_delta, run_tracked
 
 __all__ = ["Cursor", "SqlStore"]
 
@@ -63,7 +60,7 @@ class SqlStore(DurableStore):
         self._lock = threading.Lock()  # one connection per client; calls from threads queue
         # Recently frozen snapshots (bounded: each holds decoded entries).
         self._snapshots: OrderedDict[str, TokenCaptureSnapshot] = OrderedDict()
-        self._streams = StreamCache()  # guarded by self._lock
+        self._streams = SqlStreams(self._q, self._row_locks, self.describe)  # under self._lock
 
     # -- dialect ----------------------------------------------------------------------------
 
@@ -168,58 +165,15 @@ class SqlStore(DurableStore):
     def _stream_transact(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
         with self._lock:
             try:
-                return self._stream_locked(stream, op, write)
+                with self._txn(write) as cur:
+                    if write:
+                        self._lock_stream(cur, stream)
+                    result, committed = self._streams.transact(cur, stream, op, write)
+                committed()
+                return result
             except BaseException:
-                self._streams.drop(stream)
+                self._streams.cache.drop(stream)
                 raise
-
-    def _stream_locked(self, stream: str, op: StreamOp, write: bool) -> Any:
-        base = "SELECT ledger FROM capture_streams WHERE stream = ?"
-        with self._txn(write) as cur:
-            if write:
-                self._lock_stream(cur, stream)
-                base += " FOR UPDATE" if self._row_locks else ""
-            cur.execute(self._q(base), (stream,))
-            row = cur.fetchone()
-            ledger, seq = self._stream_read(cur, stream, None if row is None else bytes(row[0]))
-            delta, result = run_tracked(ledger, op, write=write)
-            if delta is not None:
-                seq += 1
-                cur.execute(
-                    self._q(
-                        "INSERT INTO capture_stream_moves (stream, seq, delta) VALUES (?, ?, ?)"
-                    ),
-                    (stream, seq, delta),
-                )
-        self._streams.put(stream, seq, ledger)  # committed
-        return result
-
-    def _stream_read(
-        self, cur: Cursor, stream: str, base: bytes | None
-    ) -> tuple[StreamLedger, int]:
-        """The cached ledger (or the stored base) plus the moves appended since, and the
-        sequence number of the last move."""
-        hit = self._streams.get(stream)
-        if hit is not None:
-            seq, ledger = int(hit[0]), hit[1]
-        else:
-            seq, ledger = 0, StreamLedger.from_json(base) if base else StreamLedger(stream=stream)
-        cur.execute(
-            self._q(
-                "SELECT seq, delta FROM capture_stream_moves WHERE stream = ? AND seq > ? "
-                "ORDER BY seq"
-            ),
-            (stream, seq),
-        )
-        for number, data in cur.fetchall():
-            if number != seq + 1:
-                raise LogCorruptionError(
-                    f"{self.describe()}: stream {stream!r} lacks move {seq + 1} (next stored: "
-                    f"{number}); rows of capture_stream_moves were deleted by something else"
-                )
-            ledger.apply_delta(decode_delta(bytes(data)))
-            seq = number
-        return ledger, seq
 
     def _freeze(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
         with self._lock:

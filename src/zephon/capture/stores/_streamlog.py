@@ -19,9 +19,16 @@ import msgspec
 
 from zephon.capture.ledger import LedgerDelta, StreamLedger
 
-__all__ = ["StreamCache", "decode_delta", "replay", "run_tracked"]
+__all__ = ["StreamCache", "compact_after", "decode_delta", "replay", "run_tracked"]
 
 _DELTA = msgspec.json.Decoder(LedgerDelta)
+
+
+def compact_after(prompts: int) -> int:
+    """Deltas after which a writer folds a stream's log into one stored ledger: that costs
+    O(prompts) once per at least ``8 * prompts`` moves, so moves stay O(1) amortised and a
+    client's first read stays O(prompts)."""
+    return 1024 + 8 * prompts
 
 
 def decode_delta(data: bytes) -> LedgerDelta:
