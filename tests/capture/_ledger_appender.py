@@ -3,7 +3,9 @@
 ``python -m tests.capture._ledger_appender URL STREAM``: continues the stream from its ledger
 (issue the next position with two members, then move each member captured and scored, one
 transaction each) and prints ``ack POSITION MEMBER STATE`` after each move returned (MEMBER -1:
-the issue), so the parent knows what was accepted when it kills this process.
+the issue), so the parent knows what was accepted when it kills this process. With a third
+argument ``reissue`` it re-issues member 0 of prompt 0 again and again instead (many moves on a
+short ledger, so the log is folded often) and prints ``ack 0 0 ATTEMPT``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,17 @@ import asyncio
 import sys
 
 from zephon.capture.stores import open_store
+
+
+async def reissue(url: str, stream: str) -> None:
+    store = open_store(url)
+    await store.issue_prompt(stream, 0, prompt_key="k0", payload={"q": 0}, n=1)
+    attempt = (await store.stream_ledger(stream)).member((0, 0)).attempt
+    print("ready", flush=True)
+    while True:
+        attempt += 1
+        await store.reissue(stream, (0, 0), attempt)
+        print(f"ack 0 0 {attempt}", flush=True)
 
 
 async def main(url: str, stream: str) -> None:
@@ -31,4 +44,5 @@ async def main(url: str, stream: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    run = reissue if sys.argv[3:] == ["reissue"] else main
+    asyncio.run(run(sys.argv[1], sys.argv[2]))

@@ -415,3 +415,51 @@ def test_a_long_log_is_folded_into_the_stored_ledger_and_every_client_reads_it(
         await fresh.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.timeout(300)  # ~25 s on postgres under load; several thousand durable moves
+@pytest.mark.parametrize("kind", _KINDS)
+def test_writers_sigkilled_while_their_log_is_folded_lose_no_acknowledged_move(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "src")]))
+    rng = random.Random(5)
+    acked = 0
+    while acked < 2 * compact_after(1) + 50:  # at least two folds, kills anywhere around them
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.capture._ledger_appender", url, "s", "reissue"],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        lines = [child.stdout.readline() for _ in range(rng.randint(200, 900))]
+        child.send_signal(signal.SIGKILL)
+        rest, _ = child.communicate(timeout=120)
+        attempts = [a for _, _, a in _acks_of(lines + rest.splitlines())]
+        # the first may skip one: the dead child's last move committed before its ack
+        assert attempts[0] in (acked + 1, acked + 2)
+        assert attempts == list(range(attempts[0], attempts[0] + len(attempts)))
+        acked = attempts[-1]
+
+    async def read() -> int:
+        store = open_store(url)
+        attempt = (await store.stream_ledger("s")).member((0, 0)).attempt
+        await store.close()
+        return attempt
+
+    read_attempt = asyncio.run(read())
+    assert read_attempt in (acked, acked + 1)  # + 1: a move done but killed before its ack
+    head, left = _compaction_left(kind, url, tmp_path)
+    assert head in (b"L ", b"@1", b"@2") and left <= compact_after(1)
+
+
+def _acks_of(lines: list[str]) -> list[tuple[int, int, int]]:
+    out = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == "ack":
+            out.append((int(parts[1]), int(parts[2]), int(parts[3])))
+    return out
