@@ -62,6 +62,9 @@ UPWARD_ALLOWED = {
     ("types.py", "training"): "SampleBatch.to_training() is the documented shorthand",
     ("types.py", "provenance"): "SampleBatch.provenance()/fingerprint() are the shorthand",
     ("pipeline.py", "torch_data"): "Pipeline.to_torch_dataset() is the shorthand",
+    ("pipeline.py", "capture"): (
+        "the builder's RL group operators (drop_equal_rewards, ...) read a capture store"
+    ),
     ("provenance/_trace.py", "pipeline"): "trace() rebuilds the pipeline that made a batch",
     ("provenance/_trace.py", "config"): "trace() rebuilds it from its config file",
 }

@@ -47,7 +47,7 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.capture.conformance": _names("CHECKS CheckResult"),
     "zephon.capture.dataset": _names("CaptureSource RetirementReport TrajectoryShard"),
     "zephon.capture.ledger": _names(
-        "Admission MAX_STREAM_CHARS MemberRef PromptMember PromptRow member_rollout_id "
+        "Admission LedgerDelta MAX_STREAM_CHARS MemberRef PromptMember PromptRow member_rollout_id "
         "validate_stream"
     ),
     "zephon.capture.lineage": _names(
@@ -70,7 +70,8 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.capture.proxy.server": _names("bind_socket exposure_problem"),
     "zephon.capture.rl": _names("PromptGroup PromptSource"),
     "zephon.capture.streaming": _names("LOG_SUFFIX StreamingCaptureSource"),
-    "zephon.capture.group_ops": _names("DropEqualRewards KeepPerPrompt"),
+    "zephon.capture.group_ops": _names("DifficultyPool DropEqualRewards KeepPerPrompt"),
+    "zephon.capture.batching": _names("StepBatcher StepBudget TrainStep"),
     "zephon.capture.scores": _names(""),
     "zephon.capture.records": _names(
         "DIGEST_VERSION GROUP_FIELD MAX_CALL_ID_CHARS MAX_TOKEN_ID SampleGroup "

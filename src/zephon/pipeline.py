@@ -556,6 +556,34 @@ class Pipeline:
         """A passthrough stage boundary: payloads are resolved there (from shared memory)."""
         return self._append(MaterializeOp(), 1)
 
+    # -- group operators over a StreamingCaptureSource (zephon.capture.group_ops) ----------
+
+    @_operator()
+    def drop_equal_rewards(self, store: Any, *, name: str | None = None) -> Pipeline:
+        """Drop each group whose rewards are all equal; its members are filtered in the prompt
+        ledger of ``store`` (a capture store or its URL) with the reason."""
+        from zephon.capture.group_ops import DropEqualRewards
+
+        return self.add_op(DropEqualRewards(store, name=name))
+
+    @_operator()
+    def keep_per_prompt(self, store: Any, k: int, *, name: str | None = None) -> Pipeline:
+        """Keep the first ``k`` members of each group; the others are filtered in the prompt
+        ledger of ``store`` (a capture store or its URL)."""
+        from zephon.capture.group_ops import KeepPerPrompt
+
+        return self.add_op(KeepPerPrompt(store, k, name=name))
+
+    @_operator()
+    def difficulty_pool(
+        self, store: Any, low: float, high: float, *, name: str | None = None
+    ) -> Pipeline:
+        """Keep each group whose mean reward lies in ``[low, high]``; the members of the
+        others are filtered in the prompt ledger of ``store`` (a capture store or its URL)."""
+        from zephon.capture.group_ops import DifficultyPool
+
+        return self.add_op(DifficultyPool(store, low, high, name=name))
+
     def add_op(
         self,
         op: BaseOp,
