@@ -7,30 +7,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from tests._media import encoded, picture, write_shards
+from tests._media import write_pairs_parquet, write_shards
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon.testing import check_operator, item_key
 
 MAX_PIXELS = 28 * 28 * 4
 
 
-def write_parquet(path: Path, n: int) -> None:
-    """Samples of two images each (a JPEG and a PNG) and a caption, as one Parquet file."""
-    jpg = [encoded(picture(100 + i, (30 + 9 * (i % 4), 28 + 11 * (i % 3)))) for i in range(n)]
-    png = [encoded(picture(200 + i, (56, 29 + 5 * (i % 5))), "PNG") for i in range(n)]
-    txt = [f"two pictures, number {i}".encode() for i in range(n)]
-    pq.write_table(pa.table({"jpg": jpg, "png": png, "txt": txt}), path, row_group_size=10)
-
-
 def corpus(tmp_path: Path) -> list[Dataset]:
     if not (tmp_path / "wds").exists():
         write_shards(tmp_path / "wds", [23, 20, 21])
         (tmp_path / "pq").mkdir()
-        write_parquet(tmp_path / "pq" / "pairs.parquet", 40)
+        write_pairs_parquet(tmp_path / "pq" / "pairs.parquet", 40)
     return [Dataset.from_path("wds", tmp_path / "wds"), Dataset.from_path("pq", tmp_path / "pq")]
 
 

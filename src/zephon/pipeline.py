@@ -741,7 +741,11 @@ class Pipeline:
         if self._origin is None:
             from zephon.provenance import Origin
 
-            self._origin = Origin(self.work_source.datasets, inputs=self._stage_inputs)
+            decoders = [s.op for s in self._specs if isinstance(s.op, DecodeImageOp)]
+            fields = decoders[0].fields if decoders else None
+            self._origin = Origin(
+                self.work_source.datasets, inputs=self._stage_inputs, image_fields=fields
+            )
         return self._origin
 
     def _stage_inputs(self) -> Any:
