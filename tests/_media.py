@@ -61,6 +61,23 @@ def write_shards(folder: Path, per_shard: list[int]) -> list[dict[str, Any]]:
     return written
 
 
+def video(frames: int, *, rate: int = 10, size: tuple[int, int] = (64, 48), seed: int = 0) -> bytes:
+    """An MP4 (MPEG-4 part 2) of ``frames`` frames at ``rate`` a second, encoded with PyAV:
+    frame ``i`` is :func:`picture` ``seed + 3 * i``, so every frame looks different."""
+    import av
+
+    out = io.BytesIO()
+    with av.open(out, "w", format="mp4") as container:
+        stream = container.add_stream("mpeg4", rate=rate)
+        stream.width, stream.height = size
+        stream.pix_fmt = "yuv420p"
+        for i in range(frames):
+            frame = av.VideoFrame.from_image(picture(seed + 3 * i, size))
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return out.getvalue()
+
+
 def write_pairs_parquet(path: Path, n: int) -> None:
     """``n`` samples of two images each (a JPEG ``jpg`` and a PNG ``png``) and a caption
     ``txt`` (bytes), as one Parquet file."""

@@ -23,6 +23,7 @@ from zephon._ops._token_measure import row_counter
 from zephon._ops.batch import BatchOp
 from zephon._ops.decode_image import DecodeImageOp
 from zephon._ops.decode_text import DecodeTextOp
+from zephon._ops.decode_video import DecodeVideoOp
 from zephon._ops.ensure_mixture import EnsureMixtureOp
 from zephon._ops.expand_chat import ExpandChatOp
 from zephon._ops.image_tokens import ImageTokensOp
@@ -187,6 +188,20 @@ class Pipeline:
         """Decode image bytes to uint8 RGB arrays, resized to patch multiples, with patch
         grids and vision-token counts; kwargs: fields, resize, min_pixels, max_pixels..."""
         return self._append(DecodeImageOp(**kwargs), parallelism, placement, resources)
+
+    @_operator(forwards=DecodeVideoOp)
+    def decode_video(
+        self,
+        parallelism: int | None = None,
+        *,
+        placement: Placement = "local",
+        resources: Resources | None = None,
+        **kwargs: Any,
+    ) -> Pipeline:
+        """Decode video bytes (PyAV) to uint8 RGB frames sampled at ``fps``, resized to patch
+        multiples, with patch grids and vision-token counts; kwargs: fields, fps, min_frames,
+        max_frames, temporal_patch_size and decode_image's."""
+        return self._append(DecodeVideoOp(**kwargs), parallelism, placement, resources)
 
     @_operator(forwards=ImageTokensOp)
     def image_tokens(
@@ -742,6 +757,7 @@ class Pipeline:
             from zephon.provenance import Origin
 
             decoders = [s.op for s in self._specs if isinstance(s.op, DecodeImageOp)]
+            decoders = [op for op in decoders if op.media == "image"]
             fields = decoders[0].fields if decoders else None
             self._origin = Origin(
                 self.work_source.datasets, inputs=self._stage_inputs, image_fields=fields
@@ -847,7 +863,8 @@ class Pipeline:
 
 
 def _with_on_error(spec: OpSpec, on_error: Literal["raise", "skip"]) -> OpSpec:
-    """``spec`` with a ``decode_image`` that follows the run's ``on_error`` when it names none."""
+    """``spec`` with a ``decode_image`` (or ``decode_video``) that follows the run's
+    ``on_error`` when it names none."""
     op = spec.op
     if not isinstance(op, DecodeImageOp) or op.on_error is not None:
         return spec
