@@ -38,7 +38,13 @@ def pipeline(tmp_path: Path, workers: int | None = None) -> Pipeline:
         )
         .decode_text(fields=["txt"])
         .tokenize("bytes", field="txt")
-        .pack_sequences(64, image_grids="image_grid_thw", max_images_per_row=3, num_bins=2)
+        .pack_sequences(
+            64,
+            image_grids="image_grid_thw",
+            max_images_per_row=3,
+            num_bins=2,
+            image_markers=(300, 301),
+        )
         .batch(2)
         .options(canonical_replicas=2, flush_every_k_chunks=3)
     )

@@ -376,6 +376,7 @@ class Pipeline:
         max_images_per_row: int | None = None,
         image_token_id: int | None = None,
         max_vision_tokens_per_row: int | None = None,
+        image_markers: tuple[int, int] | None = None,
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -389,7 +390,9 @@ class Pipeline:
         length (rows then carry ``cu_seqlens`` and an ``image_map``); with ``image_token_id``
         the vision tokens are already in the tokens, as runs of that id (``tokenize_chat``
         with ``image_grids``); ``max_vision_tokens_per_row`` caps a row's vision tokens (even
-        work for the vision encoder); see docs/multimodal.md.
+        work for the vision encoder); ``image_markers=(start, end)`` puts those token ids
+        around each image (Qwen2-VL's ``<|vision_start|>``, ``<|vision_end|>``); see
+        docs/multimodal.md.
         """
         op = PackSequencesOp(
             max_length,
@@ -411,6 +414,7 @@ class Pipeline:
             max_images_per_row=max_images_per_row,
             image_token_id=image_token_id,
             max_vision_tokens_per_row=max_vision_tokens_per_row,
+            image_markers=image_markers,
             component_names=self.work_source.component_names(),
         )
         return self._append(op, parallelism, placement, resources)
