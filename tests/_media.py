@@ -61,14 +61,23 @@ def write_shards(folder: Path, per_shard: list[int]) -> list[dict[str, Any]]:
     return written
 
 
-def video(frames: int, *, rate: int = 10, size: tuple[int, int] = (64, 48), seed: int = 0) -> bytes:
-    """An MP4 (MPEG-4 part 2) of ``frames`` frames at ``rate`` a second, encoded with PyAV:
-    frame ``i`` is :func:`picture` ``seed + 3 * i``, so every frame looks different."""
+def video(
+    frames: int,
+    *,
+    rate: int = 10,
+    size: tuple[int, int] = (64, 48),
+    seed: int = 0,
+    container_format: str = "mp4",
+    codec: str = "mpeg4",
+) -> bytes:
+    """A video (default an MP4 of MPEG-4 part 2) of ``frames`` frames at ``rate`` a second,
+    encoded with PyAV: frame ``i`` is :func:`picture` ``seed + 3 * i``, so every frame looks
+    different."""
     import av
 
     out = io.BytesIO()
-    with av.open(out, "w", format="mp4") as container:
-        stream = container.add_stream("mpeg4", rate=rate)
+    with av.open(out, "w", format=container_format) as container:
+        stream = container.add_stream(codec, rate=rate)
         stream.width, stream.height = size
         stream.pix_fmt = "yuv420p"
         for i in range(frames):

@@ -56,6 +56,20 @@ def test_frames_are_sampled_at_fps_and_resized(
     assert out["video_tokens"] == len(kept) // 2 * (h // 14) * (w // 14) // 4
 
 
+@pytest.mark.parametrize(("container_format", "codec"), [("matroska", "mpeg4"), ("webm", "libvpx")])
+def test_containers_without_a_frame_count_are_counted(container_format: str, codec: str) -> None:
+    """Matroska and WebM headers give no frame count: the packets are counted instead."""
+    data = video(23, container_format=container_format, codec=codec)
+    with av.open(io.BytesIO(data)) as container:
+        assert container.streams.video[0].frames == 0
+    (out,) = decode([{"mkv": data}], **SMALL)
+    h, w = smart_resize(48, 64, factor=28, **SMALL)
+    every = every_frame(data)
+    kept = [0, 5, 11, 17]  # 2.3 s at 2 frames a second: 4 of 23 frames
+    expected = [np.asarray(every[i].resize((w, h), Image.Resampling.BICUBIC)) for i in kept]
+    assert np.array_equal(out["mkv"], np.stack(expected))
+
+
 def test_a_one_frame_video_repeats_its_frame_to_a_temporal_patch() -> None:
     (out,) = decode([{"mp4": video(1)}], resize=False)
     assert out["mp4"].shape == (2, 48, 64, 3) and np.array_equal(out["mp4"][0], out["mp4"][1])
@@ -132,3 +146,22 @@ def test_runners_workers_stops_and_ranks_agree() -> None:
 
     report = check_operator(build, runners=("inline", "threads", "process"), workers=(1, 3))
     assert report.items == 16 and "elastic resume 2 -> 1 and 2 -> 4 ranks" in report.passed
+
+
+def test_packing_counts_video_tokens_from_the_video_grids() -> None:
+    rows = [{"mp4": video(6 + 7 * i, seed=i), "text": "clip " * (i + 1)} for i in range(6)]
+    source = StaticMixtureWorkSource([Dataset.from_records("v", rows)], chunk_size=3)
+    pipe = (
+        Pipeline(source)
+        .decode_video(**SMALL)
+        .tokenize("bytes")
+        .pack_sequences(160, image_grids="video_grid_thw")
+        .options(runner="inline")
+    )
+    rows_out = list(pipe)
+    assert sum(len(row.payload["packed_samples"]) for row in rows_out) == 6
+    for row in rows_out:
+        cu, image_map = row.payload["cu_seqlens"], row.payload["image_map"]
+        for i, sample in enumerate(row.payload["packed_samples"]):
+            assert cu[i + 1] - cu[i] == len(sample["input_ids"]) + sample["video_tokens"]
+            assert image_map[image_map[:, 0] == i, 3].sum() == sample["video_tokens"]
