@@ -116,9 +116,11 @@ def _images(payload: Any, fields: Sequence[str]) -> dict[int, tuple[ImageSource,
     out: dict[int, list[ImageSource]] = {}
     for sample, k, offset, tokens in np.asarray(payload["image_map"]).tolist():
         fields_of = samples[sample] if sample < len(samples) else {}
-        present = [f for f in fields if isinstance(fields_of, Mapping) and f in fields_of]
+        if not isinstance(fields_of, Mapping):
+            fields_of = {}
+        present = [f for f in fields if f in fields_of]
         field = present[k] if k < len(present) else None
-        key = fields_of.get("__key__") if isinstance(fields_of, Mapping) else None
+        key = fields_of.get("__key__")
         member = f"{key}.{field}" if isinstance(key, str) and field is not None else None
         image = ImageSource(index=k, start=offset, end=offset + tokens, field=field, member=member)
         out.setdefault(sample, []).append(image)
