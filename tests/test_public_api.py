@@ -136,7 +136,8 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.options": _names("RUNNERS RunnerName RuntimeOptions default_workers"),
     "zephon.pipeline": _names("OPERATOR_METHODS Placement"),
     "zephon.provenance": _names(
-        "BatchProvenance Divergence FIND_FORMS Hit Origin ProvenanceLog Segment TraceResult "
+        "BatchProvenance Divergence FIND_FORMS Hit ImageSource Origin ProvenanceLog Segment "
+        "TraceResult "
         "batch_provenance diff find fingerprint parse_query raw_segments read_log "
         "restore_before run_dataset_names"
     ),

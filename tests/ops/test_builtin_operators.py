@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests._media import samples
+from tests._media import samples, video
 from tests.ops._chat import CHATML_TAGGED, conversations
 from zephon import Dataset, MixtureSpec, Pipeline, SampleBatch, SampleRecord
 from zephon import StaticMixtureWorkSource as Source
@@ -23,6 +23,7 @@ TEXTS = [{"id": i, "text": "alpha beta " * (1 + i % 7) + f"doc {i}"} for i in ra
 OTHER = [{"id": 1000 + i, "text": "gamma " * (1 + i % 3)} for i in range(120)]
 CHATS = conversations(48, seed=3)
 IMAGES = samples(40)
+VIDEOS = [{"mp4": video(2 + i % 4, size=(32, 24), seed=i)} for i in range(12)]
 
 
 def text_source() -> Source:
@@ -85,6 +86,9 @@ BUILTINS: dict[str, Build] = {
     "decode_image": lambda tok: Pipeline(
         Source([Dataset.from_records("i", IMAGES, shard_size=16)], chunk_size=8)
     ).decode_image(min_pixels=28 * 28),
+    "decode_video": lambda tok: Pipeline(
+        Source([Dataset.from_records("v", VIDEOS, shard_size=6)], chunk_size=4)
+    ).decode_video(min_pixels=28 * 28, max_pixels=28 * 28 * 4),
     "image_tokens": lambda tok: Pipeline(
         Source([Dataset.from_records("i", IMAGES, shard_size=16)], chunk_size=8)
     ).image_tokens(min_pixels=28 * 28),

@@ -61,7 +61,7 @@ class ImageTokensOp(DecodeImageOp):
     def config(self) -> Mapping[str, Any]:
         return {k: v for k, v in super().config().items() if k != "resize"}
 
-    def _read(self, image: Any, data: Any) -> tuple[Any, tuple[int, int]]:
+    def _read(self, image: Any, data: Any) -> tuple[Any, tuple[int, int, int]]:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise ValueError(f"expected encoded image bytes, got {type(data).__name__}")
         base = require("PIL.Image", "image_tokens").Image
@@ -70,4 +70,4 @@ class ImageTokensOp(DecodeImageOp):
             # the base class's getexif reads what the header gave; a PNG's would decode
             if base.getexif(opened).get(_ORIENTATION, 1) in _SIDEWAYS:
                 width, height = height, width
-        return data, self._grid.resized(height, width)
+        return data, self._grid.grid(*self._grid.resized(height, width))
