@@ -15,13 +15,13 @@ from typing import Any, Literal
 
 import numpy as np
 
+from zephon._image_fields import IMAGE_FIELDS
 from zephon._ops._image_size import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS, PatchGrid
 from zephon._optional import require
 from zephon.errors import ConfigError, DataFormatError, MissingFieldError
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleMeta, SampleRecord, StreamItem, Tombstone, tombstone_meta
 
-IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "image")
 DECODE_MICRO_BATCH = 16
 DECODE_LATENCY_MS = 5.0
 _SKIP_HINT = (

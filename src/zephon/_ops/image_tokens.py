@@ -11,8 +11,9 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from zephon._image_fields import IMAGE_FIELDS
 from zephon._ops._image_size import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS
-from zephon._ops.decode_image import DECODE_MICRO_BATCH, IMAGE_FIELDS, DecodeImageOp
+from zephon._ops.decode_image import DECODE_MICRO_BATCH, DecodeImageOp
 from zephon._optional import require
 
 #: EXIF orientations that swap width and height (transposes and quarter turns).

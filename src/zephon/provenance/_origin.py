@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon._ops.decode_image import IMAGE_FIELDS
+from zephon._image_fields import IMAGE_FIELDS
 from zephon.io import Dataset
 from zephon.provenance._cuts import CutLengths, Inputs
 
