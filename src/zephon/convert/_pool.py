@@ -9,6 +9,7 @@ next; the order they finish in never reaches the output.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
 import threading
@@ -66,10 +67,8 @@ class SharedTasks:
 
     def _returned(self, entry: Entry) -> None:
         self._done.put(entry)
-        try:
+        with contextlib.suppress(ValueError):  # the pool closed meanwhile (the call ends)
             self._hand_out()
-        except ValueError:  # the pool was closed meanwhile (the call is ending)
-            pass
 
     def results(self, stop: Callable[[], bool]) -> Iterator[Entry]:
         """Manifest entries as tasks finish, the driver's own between the pool's; raises a
