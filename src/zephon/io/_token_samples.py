@@ -141,14 +141,16 @@ class TokenChunkShard(_ViewShard):
         super().__init__(file, samples, rows_per_item, seed)
 
     def read_item(self, item: int) -> Row:
-        samples = self.item_samples(item)
         L, w = self.seq_length, self.width
+        if self.rows_per_item == 1 and not self.positions:  # one window: no block to stack
+            window = np.empty(w, dtype=self.file.dtype)
+            _copy_spans(self.file, window, ((0, int(self.order()[item]) * L, w),))
+            return {INPUT_IDS: window}
+        samples = self.item_samples(item)
         starts = (samples * L).tolist()
         out = np.empty((len(starts), w), dtype=self.file.dtype)
         spans = zip(range(0, len(starts) * w, w), starts, itertools.repeat(w))
         _copy_spans(self.file, out.reshape(-1), spans)
-        if self.rows_per_item == 1 and not self.positions:
-            return {INPUT_IDS: out[0]}
         row: Row = {INPUT_IDS: out}
         if self.positions:
             row.update(self._positions(starts))
