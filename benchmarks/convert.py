@@ -14,6 +14,9 @@ interleaved rounds; the table shows medians and the ratio to the ceiling. Beside
 clock, tokens per CPU second (this process's threads and its finished children, the pool's
 workers): on a shared machine the wall clock also counts waiting for a core.
 
+Then megatron-core's ``IndexedDataset`` (when installed) reads the ``--workers`` output back and
+every document is compared, token for token, with what zephon's reader gives.
+
 Usage: ``python benchmarks/convert.py [--docs 40000] [--files 16] [--repeats 3]``. Prints a
 table and one final JSON line.
 """
@@ -30,13 +33,16 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from zephon.convert import convert
+from zephon.io import Dataset
 
 WORDS = [
     "".join(random.Random(i).choice("abcdefghijklmnopqrstuvwxyz") for _ in range(2 + i % 9))
@@ -95,6 +101,29 @@ def run_convert(folder: Path, workers: int, name: str) -> tuple[float, float, in
     return time.perf_counter() - t0, cpu_seconds() - c0, result.tokens
 
 
+def megatron_read_back(out: Path) -> int | None:
+    """Documents of ``out`` megatron-core reads back, each equal to zephon's read of it;
+    None when megatron-core is not installed."""
+    here = Path(__file__).resolve().parent  # its megatron.py would shadow megatron-core
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from megatron.core.datasets.indexed_dataset import IndexedDataset
+    except ImportError:
+        return None
+    ours = Dataset.from_path("converted", out)
+    documents = 0
+    for k, shard in enumerate(ours.shards):
+        theirs = IndexedDataset(str(out / Path(shard.location).stem))
+        mine = ours.read(k, range(len(shard)))
+        assert len(theirs) == len(mine), f"{shard.location}: document counts differ"
+        for i, row in enumerate(mine):
+            assert np.array_equal(theirs[i], row["input_ids"]), f"{shard.location} doc {i}"
+        documents += len(mine)
+    return documents
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--docs", type=int, default=40_000)
@@ -116,6 +145,7 @@ def main() -> None:
             runs["ceiling"].append(ceiling(tok_dir, texts))
             runs["convert"].append(run_convert(folder, args.workers, "out"))
             runs["one"].append(run_convert(folder, 1, "out1"))
+        read_back = megatron_read_back(folder / "out")
     rates = {k: statistics.median(n / s for s, _, n in v) for k, v in runs.items()}
     cpu = {k: statistics.median(n / c for _, c, n in v) for k, v in runs.items()}
     tokens = runs["ceiling"][0][2]
@@ -127,6 +157,10 @@ def main() -> None:
     }
     print(f"{args.docs} documents, {tokens} tokens, {args.files} files, vocab {args.vocab}")
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    if read_back is None:
+        print("megatron-core not installed: the read-back check was skipped")
+    else:
+        print(f"megatron-core read back all {read_back} documents, equal to zephon's")
     print(f"{'configuration':<46} {'tokens/s':>12} {'vs ceiling':>11} {'tokens/CPU s':>13} "
           f"{'vs ceiling':>11}")  # fmt: skip
     for key, label in labels.items():
@@ -139,6 +173,7 @@ def main() -> None:
         "tokens_per_cpu_s": {k: round(v) for k, v in cpu.items()},
         "cpu_ceiling_over_convert": round(cpu["ceiling"] / cpu["convert"], 3),
         "load_average": round(os.getloadavg()[0], 1),
+        "megatron_read_back_documents": read_back,
     }))  # fmt: skip
 
 
