@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
 from pathlib import Path
@@ -21,7 +22,7 @@ from tests.convert._corpus import (
 from zephon import Pipeline, StaticMixtureWorkSource
 from zephon.config import ConfigFileError, load_config
 from zephon.convert import ConvertStopped, convert
-from zephon.errors import ConfigError, DataFormatError
+from zephon.errors import ConfigError, DataFormatError, MissingFieldError
 from zephon.io import Dataset
 
 with warnings.catch_warnings():  # it warns that Transformer Engine and Apex are not installed
@@ -130,6 +131,31 @@ def test_a_stopped_conversion_resumes_without_redoing_finished_shards(tmp_path: 
     assert (result.converted, result.skipped) == (5, 3)
     assert stamps == {n: (tmp_path / "out" / f"{n}.bin").stat().st_mtime_ns for n in finished}
     assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "whole")
+
+
+def test_a_stop_during_a_task_ends_it_before_its_shard_is_written(tmp_path: Path) -> None:
+    """``stop()`` is polled inside a task too: a long shard does not hold a Ctrl-C back."""
+    write_text_corpus(tmp_path)
+    pipeline = write_pipeline(tmp_path)
+    convert(pipeline, tmp_path / "whole", workers=1)
+    polls = itertools.count()
+    with pytest.raises(ConvertStopped):
+        convert(pipeline, tmp_path / "out", workers=1, stop=lambda: next(polls) >= 2)
+    assert not any("web-" in p.name for p in (tmp_path / "out").iterdir())
+    assert convert(pipeline, tmp_path / "out", workers=1).converted == 2
+    assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "whole")
+
+
+def test_a_task_that_fails_under_every_core_raises_its_error(tmp_path: Path) -> None:
+    """Whichever process (the driver or a pool worker) ran the failing shard, the call
+    raises its error and records no shard it did not finish."""
+    write_text_corpus(tmp_path, files=4)
+    (tmp_path / "data" / "part-2.jsonl").write_text('{"text": "fine"}\n{"text": 7}\n')
+    with pytest.raises(MissingFieldError, match="decode_text: field 'text' of record"):
+        convert(write_pipeline(tmp_path), tmp_path / "out", workers=2, documents_per_shard=20)
+    manifest = json.loads((tmp_path / "out" / "zephon-convert.json").read_text())
+    assert "web-00002-00000" not in [s["name"] for s in manifest["shards"]]
+    assert not manifest["complete"]
 
 
 def test_partial_files_of_a_killed_task_are_removed_and_redone(tmp_path: Path) -> None:

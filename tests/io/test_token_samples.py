@@ -95,14 +95,16 @@ def test_chunk_positions_restart_at_document_starts(corpus: Any) -> None:
 def test_packs_hold_every_document_once_within_the_length(tmp_path: Path) -> None:
     docs = documents(300, seed=5, lo=1, hi=2 * L + 5)  # some longer than a row: cut in pieces
     write_datatrove(tmp_path / "a.ds", docs)
-    packs = token_packs(Dataset.from_path(tmp_path), L, rows_per_item=2, pad_id=0)
+    packs = token_packs(Dataset.from_path(tmp_path), L, rows_per_item=2, pad_id=7)
     pieces: list[list[int]] = []
     used = 0
+    padded = Counter[bool]()
     for item in packs.read(0, list(range(packs.counts()[0]))):
         flat_ids = item["input_ids"].reshape(-1)
         cu = item["cu_seqlens"].tolist()
+        padded[bool((item["num_tokens"] < L).any())] += 1
         for row, n in enumerate(item["num_tokens"].tolist()):
-            assert (item["input_ids"][row, n:] == 0).all()
+            assert (item["input_ids"][row, n:] == 7).all()
             used += n
         for a, b in itertools.pairwise(cu):
             if (a % L) < item["num_tokens"][a // L]:  # not the padding segment
@@ -112,6 +114,10 @@ def test_packs_hold_every_document_once_within_the_length(tmp_path: Path) -> Non
     assert sorted(pieces) == sorted(expected)
     total = sum(len(d) for d in docs)
     assert used == total and packs.total() * 2 * L < total * 1.2  # best fit wastes little
+    assert padded[True] and padded[False]  # items with padding and items without
+    rows = token_packs(Dataset.from_path(tmp_path), L, pad_id=7)
+    for row in rows.read(0, list(range(rows.counts()[0]))):
+        assert (row["input_ids"][row["num_tokens"] :] == 7).all()
 
 
 @pytest.mark.parametrize("seed", [None, 5])

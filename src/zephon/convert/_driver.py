@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import multiprocessing
 import os
 import signal
 import time
@@ -29,7 +28,8 @@ from zephon.convert._plan import (
     template_fingerprint,
     tokenizer_fingerprint,
 )
-from zephon.convert._shard import run_task
+from zephon.convert._pool import SharedTasks
+from zephon.convert._shard import ConvertStopped, run_task
 from zephon.errors import ConfigError
 from zephon.io import Dataset
 from zephon.io._converted import (
@@ -38,12 +38,9 @@ from zephon.io._converted import (
     MANIFEST_VERSION,
 )
 
-POLL_S = 0.2
 _PR_SET_PDEATHSIG = 1
 
-
-class ConvertStopped(Exception):
-    """``stop()`` asked the conversion to end; the finished shards are recorded."""
+__all__ = ["ConvertResult", "ConvertStopped", "convert"]
 
 
 @dataclass(frozen=True)
@@ -151,31 +148,17 @@ def _pool_task(task_out: tuple[Task, Out]) -> dict[str, Any]:
 def _results(
     plan: Plan, todo: list[Task], out: Out, workers: int, stop: Callable[[], bool]
 ) -> Iterator[dict[str, Any]]:
-    """Manifest entries of ``todo`` as tasks finish (any order); raises ConvertStopped."""
+    """Manifest entries of ``todo`` as tasks finish (any order); raises ConvertStopped.
+    With several workers the driver is one of them (see :class:`SharedTasks`)."""
     if workers <= 1 or len(todo) <= 1:
         for task in todo:
             if stop():
                 raise ConvertStopped
-            yield run_task(plan, task, out)
+            yield run_task(plan, task, out, stop)
         return
-    ctx = multiprocessing.get_context("spawn")
-    pool = ctx.Pool(min(workers, len(todo)), _init_worker, (plan,))
-    try:
-        it = pool.imap_unordered(_pool_task, [(t, out) for t in todo])
-        for _ in todo:
-            while True:
-                if stop():
-                    raise ConvertStopped
-                try:
-                    entry = it.next(timeout=POLL_S)
-                    break
-                except multiprocessing.TimeoutError:
-                    continue
-            yield entry
-        pool.close()
-    finally:
-        pool.terminate()
-        pool.join()
+    processes = min(workers, len(todo)) - 1
+    with SharedTasks(plan, todo, out, processes, _init_worker, _pool_task) as shared:
+        yield from shared.results(stop)
 
 
 def _manifest(

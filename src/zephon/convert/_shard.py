@@ -9,7 +9,7 @@ whole; a killed task leaves only temporary files or none.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,13 @@ from zephon.io._megatron import index_bytes
 
 #: Per process: the plan's datasets, opened once (a worker serves many tasks).
 _OPENED: dict[int, tuple[Plan, list[Dataset]]] = {}
+
+#: Documents between two polls of ``stop`` inside a task.
+STOP_POLL_EVERY = 16
+
+
+class ConvertStopped(Exception):
+    """``stop()`` asked the conversion to end; the finished shards are recorded."""
 
 
 class PartView(Shard):
@@ -50,8 +57,11 @@ def _datasets(plan: Plan) -> list[Dataset]:
     return _OPENED[key][1]
 
 
-def _records(plan: Plan, task: Task) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
-    """Tokens, masks and part-relative rows of every document the task produces, in order."""
+def _records(
+    plan: Plan, task: Task, stop: Callable[[], bool] | None
+) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
+    """Tokens, masks and part-relative rows of every document the task produces, in order;
+    raises :class:`ConvertStopped` when ``stop()`` says so (nothing is written yet)."""
     dataset = _datasets(plan)[task.dataset]
     part = Dataset(dataset.name, [PartView(dataset.shards[task.shard], task.start, task.stop)])
     pipe = plan.config.build_on([part], source={"shuffle_shards": False, "stop_after_passes": 1})
@@ -61,6 +71,8 @@ def _records(plan: Plan, task: Task) -> tuple[list[np.ndarray], list[np.ndarray]
     rows: list[int] = []
     field, mask_field = plan.output_field, plan.mask_field
     for record in pipe:
+        if stop is not None and len(rows) % STOP_POLL_EVERY == 0 and stop():
+            raise ConvertStopped
         payload = record.payload
         tokens.append(np.asarray(payload[field]))
         if mask_field is not None:
@@ -92,9 +104,11 @@ def _checked(tokens: np.ndarray, dtype: np.dtype[Any], task: Task, where: str) -
     return tokens.astype(dtype, copy=False)
 
 
-def run_task(plan: Plan, task: Task, out: Out) -> dict[str, Any]:
+def run_task(
+    plan: Plan, task: Task, out: Out, stop: Callable[[], bool] | None = None
+) -> dict[str, Any]:
     """Convert one part and write its files into ``out``; returns its manifest entry."""
-    tokens, masks, rel_rows = _records(plan, task)
+    tokens, masks, rel_rows = _records(plan, task, stop)
     shard = _datasets(plan)[task.dataset].shards[task.shard]
     dtype = np.dtype(plan.dtype)
     flat = np.concatenate(tokens) if tokens else np.zeros(0, np.int64)

@@ -141,14 +141,16 @@ class TokenChunkShard(_ViewShard):
         super().__init__(file, samples, rows_per_item, seed)
 
     def read_item(self, item: int) -> Row:
-        samples = self.item_samples(item)
         L, w = self.seq_length, self.width
+        if self.rows_per_item == 1 and not self.positions:  # one window: no block to stack
+            window = np.empty(w, dtype=self.file.dtype)
+            _copy_spans(self.file, window, ((0, int(self.order()[item]) * L, w),))
+            return {INPUT_IDS: window}
+        samples = self.item_samples(item)
         starts = (samples * L).tolist()
         out = np.empty((len(starts), w), dtype=self.file.dtype)
         spans = zip(range(0, len(starts) * w, w), starts, itertools.repeat(w))
         _copy_spans(self.file, out.reshape(-1), spans)
-        if self.rows_per_item == 1 and not self.positions:
-            return {INPUT_IDS: out[0]}
         row: Row = {INPUT_IDS: out}
         if self.positions:
             row.update(self._positions(starts))
@@ -193,13 +195,15 @@ def best_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
 class _PackPlan:
     """A file's packed rows laid out item by item, in item order: the pieces of item ``i``
     are rows ``[piece_at[i], piece_at[i + 1])`` of ``spans`` (place in the item's flat block,
-    token offset, length) and its ``cu_seqlens`` are ``[cu_at[i], cu_at[i + 1])`` of ``cu``.
-    Reading an item is then a slice copy per piece and no other per-row work."""
+    token offset, length), its ``cu_seqlens`` are ``[cu_at[i], cu_at[i + 1])`` of ``cu`` and
+    its segments' lengths the same range of ``seg`` less its last entry. Reading an item is
+    then a slice copy per piece and one pass for its position ids, no other per-row work."""
 
     piece_at: list[int]
     spans: np.ndarray  # (pieces, 3): place in the item's block, token offset, length
     cu_at: list[int]
     cu: np.ndarray
+    seg: np.ndarray  # cu[k + 1] - cu[k] (across an item's end: unused)
     used: np.ndarray
 
 
@@ -247,23 +251,26 @@ class TokenPackShard(_ViewShard):
         return self._plan
 
     def read_item(self, item: int) -> Row:
-        plan, L, file = self.plan(), self.seq_length, self.file
-        row = item * self.rows_per_item
-        used = plan.used[row : row + self.rows_per_item].copy()
-        B = len(used)
+        plan, L, file, per = self.plan(), self.seq_length, self.file, self.rows_per_item
+        row = item * per
+        used = plan.used[row : row + per]
         a, z = plan.piece_at[item], plan.piece_at[item + 1]
-        ids = np.full((B, L), self.pad_id, dtype=file.dtype)
+        c, e = plan.cu_at[item], plan.cu_at[item + 1]
+        shape = (L,) if per == 1 else (len(used), L)
+        # Padding is a segment of its own: with no more segments than pieces there is none,
+        # and every token of the block is copied over.
+        if e - c - 1 == z - a:
+            ids = np.empty(shape, dtype=file.dtype)
+        else:
+            ids = np.full(shape, self.pad_id, dtype=file.dtype)
         _copy_spans(file, ids.reshape(-1), plan.spans[a:z].tolist())
-        cu = plan.cu[plan.cu_at[item] : plan.cu_at[item + 1]].copy()
-        item_row: Row = {
+        cu = plan.cu[c:e].copy()
+        return {
             INPUT_IDS: ids,
-            POSITION_IDS: _restarting(cu).reshape(B, L),
+            POSITION_IDS: _restarting(cu, plan.seg[c : e - 1]).reshape(shape),
             CU_SEQLENS: cu,
-            NUM_TOKENS: used,
+            NUM_TOKENS: used[0] if per == 1 else used.copy(),
         }
-        if self.rows_per_item == 1:
-            item_row = {k: v[0] if k != CU_SEQLENS else v for k, v in item_row.items()}
-        return item_row
 
 
 def _pack_plan(
@@ -293,11 +300,13 @@ def _pack_plan(
     seg = np.lexsort((seg_at, seg_item))
     cu_at = np.searchsorted(seg_item[seg], np.arange(items + 1))
     piece_at = np.searchsorted(row_of, np.arange(items + 1) * per_item)
+    cu = seg_at[seg].astype(np.int32)
     return _PackPlan(
         piece_at=piece_at.tolist(),
         spans=np.stack((dest, starts[pieces], length), axis=1),
         cu_at=cu_at.tolist(),
-        cu=seg_at[seg].astype(np.int32),
+        cu=cu,
+        seg=np.diff(cu).astype(np.intp),
         used=used,
     )
 
@@ -313,10 +322,11 @@ def _ramp(n: int) -> np.ndarray:
     return found
 
 
-def _restarting(cu: np.ndarray) -> np.ndarray:
-    """Position ids ``0, 1, ...`` restarting at every bound of ``cu``: one vectorised pass
-    (a loop over segments would cost a step per document)."""
-    starts = np.repeat(cu[:-1], np.diff(cu))
+def _restarting(cu: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Position ids ``0, 1, ...`` restarting at every bound of ``cu`` (segment ``lengths``
+    from the plan: a diff per item costs as much as the pass): one vectorised pass (a loop
+    over segments would cost a step per document)."""
+    starts = np.repeat(cu[:-1], lengths)
     np.subtract(_ramp(int(cu[-1])), starts, out=starts)
     return starts
 
