@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from zephon._atomic import write_atomic
+from tests._kill_mid_write import kill_mid_write
+from zephon._atomic import TEMP_MARK, write_atomic
 
 
 @pytest.mark.parametrize("durable", [True, False])
@@ -33,3 +34,13 @@ def test_a_failed_replace_keeps_the_old_file_and_leaves_no_temporary(tmp_path: P
         write_atomic(target, b"data")
     assert (target / "inside").read_text() == "kept"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
+def test_a_writer_killed_before_its_rename_leaves_the_old_file_and_a_marked_temporary(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "state.json"
+    write_atomic(target, "old")
+    left = kill_mid_write(target, "new")
+    assert target.read_text() == "old"
+    assert len(left) == 2 and left[0].startswith(f".state.json{TEMP_MARK}")  # what folders skip

@@ -11,7 +11,11 @@ import os
 import secrets
 from pathlib import Path
 
-__all__ = ["write_atomic"]
+__all__ = ["TEMP_MARK", "write_atomic"]
+
+TEMP_MARK = ".tmp-"
+"""In the name of every temporary file :func:`write_atomic` writes (``.NAME.tmp-PID-HEX``): what a
+kill mid-write leaves, which readers of a folder skip and writers may remove."""
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, durable: bool = True) -> None:
@@ -24,7 +28,7 @@ def write_atomic(path: str | os.PathLike[str], data: bytes | str, *, durable: bo
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    tmp = target.with_name(f".{target.name}{TEMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as fh:

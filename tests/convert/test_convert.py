@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests._kill_mid_write import kill_mid_write
 from tests.convert._corpus import (
     ROWS_PER_FILE,
     WIDE_SPECIALS,
@@ -206,8 +207,7 @@ def test_a_folder_left_by_a_kill_before_the_first_manifest_is_resumed(tmp_path: 
     pipeline = write_pipeline(tmp_path)
     convert(pipeline, tmp_path / "whole", workers=1, documents_per_shard=60)
     out = tmp_path / "out"
-    out.mkdir()
-    (out / ".zephon-convert.json.tmp-4242").write_text('{"format": "zeph')  # cut mid-write
+    kill_mid_write(out / "zephon-convert.json", '{"format": "zephon')  # the writer's leftover
     for lock in (tmp_path / "whole").glob("*lock*"):
         (out / lock.name).touch()
     convert(pipeline, out, workers=1, documents_per_shard=60)

@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from zephon._atomic import write_atomic
+from zephon._atomic import TEMP_MARK, write_atomic
 from zephon.errors import ConfigError
 from zephon.io._converted import MANIFEST_NAME, read_manifest
 from zephon.io._paths import cache_root, get_fs, split_protocol
 
 LOCK_NAME = ".zephon-convert.lock"
-TMP_MARK = ".tmp-"
+TMP_MARK = TEMP_MARK  # the shard writer's temporary files are named the same way
 ANOTHER = "another zephon convert is writing {out}; wait for it or pick another OUT"
 
 
