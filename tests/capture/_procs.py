@@ -41,6 +41,17 @@ def read_acks(lines: list[str]) -> tuple[set[tuple[str, str]], list[str]]:
     return acked, errors
 
 
+def rest_of_output(child: subprocess.Popen[str], timeout: float) -> str:
+    """What a child printed after the lines already read from its stdout, once it has ended.
+    Read through its text stream: ``communicate(timeout=...)`` reads the raw pipe, and loses
+    the lines ``readline()`` or iteration had already buffered ahead."""
+    assert child.stdout is not None
+    rest = child.stdout.read()
+    child.stdout.close()
+    child.wait(timeout=timeout)
+    return rest
+
+
 def store_url(kind: str, tmp_path: Path, request: Any) -> str:
     """A fresh backend of ``kind`` from the registry (a server kind: a new schema on the
     session's PostgreSQL server)."""

@@ -17,7 +17,7 @@ import psycopg
 import pytest
 
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
-from tests.capture._procs import REPO, store_url
+from tests.capture._procs import REPO, rest_of_output, store_url
 from zephon.capture.ledger import LedgerDelta, LedgerTransitionError, PromptState, StreamLedger
 from zephon.capture.stores import LogCorruptionError, open_store
 from zephon.capture.stores._fsutil import frame
@@ -283,7 +283,7 @@ def test_writers_sigkilled_mid_append_lose_no_acknowledged_move(
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         lines = [child.stdout.readline() for _ in range(rng.randint(5, 40))]
         child.send_signal(signal.SIGKILL)  # while it is inside its next move
-        rest, _ = child.communicate(timeout=120)
+        rest = rest_of_output(child, timeout=120)
         assert child.returncode == -signal.SIGKILL
         acked += _acks(lines + rest.splitlines())
 
@@ -437,7 +437,7 @@ def test_writers_sigkilled_while_their_log_is_folded_lose_no_acknowledged_move(
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         lines = [child.stdout.readline() for _ in range(rng.randint(200, 900))]
         child.send_signal(signal.SIGKILL)
-        rest, _ = child.communicate(timeout=120)
+        rest = rest_of_output(child, timeout=120)
         attempts = [a for _, _, a in _acks_of(lines + rest.splitlines())]
         # the first may skip one: the dead child's last move committed before its ack
         assert attempts[0] in (acked + 1, acked + 2)

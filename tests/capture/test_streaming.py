@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
-from tests.capture._procs import REPO, store_url
+from tests.capture._procs import REPO, rest_of_output, store_url
 from tests.capture._rl_loop import GROUP, prompt_pipeline
 from tests.capture._stream_fill import issue, roll
 from tests.capture._workload import make_entry
@@ -103,7 +103,7 @@ def _consume(url: str, workdir: Path, kill: int, outside_after: int = 0) -> tupl
         if outside_after and len(lines) >= outside_after:
             proc.send_signal(signal.SIGKILL)
             break
-    rest, _ = proc.communicate(timeout=CONSUMER_TIMEOUT_S)
+    rest = rest_of_output(proc, timeout=CONSUMER_TIMEOUT_S)
     return proc.returncode, "".join(lines) + rest
 
 
