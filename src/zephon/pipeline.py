@@ -377,6 +377,7 @@ class Pipeline:
         image_token_id: int | None = None,
         max_vision_tokens_per_row: int | None = None,
         image_markers: tuple[int, int] | None = None,
+        video_grids: str | None = None,
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -391,8 +392,9 @@ class Pipeline:
         the vision tokens are already in the tokens, as runs of that id (``tokenize_chat``
         with ``image_grids``); ``max_vision_tokens_per_row`` caps a row's vision tokens (even
         work for the vision encoder); ``image_markers=(start, end)`` puts those token ids
-        around each image (Qwen2-VL's ``<|vision_start|>``, ``<|vision_end|>``); see
-        docs/multimodal.md.
+        around each image (Qwen2-VL's ``<|vision_start|>``, ``<|vision_end|>``);
+        ``video_grids`` (``decode_video``'s grids) counts a record's videos too, after its
+        images; see docs/multimodal.md.
         """
         op = PackSequencesOp(
             max_length,
@@ -415,6 +417,7 @@ class Pipeline:
             image_token_id=image_token_id,
             max_vision_tokens_per_row=max_vision_tokens_per_row,
             image_markers=image_markers,
+            video_grids=video_grids,
             component_names=self.work_source.component_names(),
         )
         return self._append(op, parallelism, placement, resources)

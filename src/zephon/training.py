@@ -153,6 +153,9 @@ class TrainingOptions:
     image_token_id: int | None = None
     image_grids: str = "image_grid_thw"
     merge_size: int = 2
+    video_fields: Sequence[str] = ()
+    video_token_id: int | None = None
+    video_grids: str = "video_grid_thw"
 
     def __post_init__(self) -> None:
         if self.convention not in CONVENTIONS:
@@ -329,6 +332,8 @@ def _packed_images(records: Sequence[SampleRecord], opts: TrainingOptions) -> Pa
         grid_field=opts.image_grids,
         loss_field=opts.loss_mask_field,
         merge_size=opts.merge_size,
+        video_token_id=opts.video_token_id,
+        video_grid_field=opts.video_grids,
     )
 
 
@@ -342,10 +347,15 @@ def _add_images(
     """``pixel_values`` and ``image_grid_thw`` of the rows' ``image_fields``, when asked; for
     packed image rows also their mRoPE positions and ``mm_token_type_ids``."""
     fields = (opts.image_fields,) if isinstance(opts.image_fields, str) else opts.image_fields
+    videos = (opts.video_fields,) if isinstance(opts.video_fields, str) else opts.video_fields
     if packed is not None:
-        packed.add_to(out, positions, opts.convention, fields)
-    elif fields:
-        out.update(pixel_values([r.payload for r in rows.records], fields))
+        packed.add_to(out, positions, opts.convention, fields, videos)
+        return
+    payloads = [r.payload for r in rows.records]
+    if fields:
+        out.update(pixel_values(payloads, fields))
+    if videos:
+        out.update(pixel_values(payloads, videos, video=True))
 
 
 def _hf_arrays(

@@ -570,6 +570,7 @@ class PackSequencesOp(PackOpBase):
         "image_token_id",
         "max_vision_tokens_per_row",
         "image_markers",
+        "video_grids",
     )
 
     def __init__(
@@ -583,6 +584,7 @@ class PackSequencesOp(PackOpBase):
         image_token_id: int | None = None,
         max_vision_tokens_per_row: int | None = None,
         image_markers: tuple[int, int] | None = None,
+        video_grids: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(max_length, **kwargs)
@@ -609,6 +611,17 @@ class PackSequencesOp(PackOpBase):
         #: (start, end) token ids around each image's vision tokens (Qwen2-VL's
         #: <|vision_start|>, <|vision_end|>), counted in the row and laid out by to_training
         self.image_markers = self._check_markers(image_markers)
+        #: the field with each record's video patch grids: its videos follow its images (a
+        #: record may lack one of the two fields, not both)
+        self.video_grids = self._check_videos(video_grids)
+
+    def _check_videos(self, video_grids: str | None) -> str | None:
+        if video_grids is not None and (self.image_grids is None or self.image_token_id):
+            raise ConfigError(
+                f"{self.name}: video_grids needs image_grids= (a record's videos follow its "
+                "images) and no image_token_id (videos are laid out before the text)"
+            )
+        return video_grids
 
     def _check_markers(self, markers: Any) -> tuple[int, int] | None:
         if markers is None:
@@ -670,6 +683,8 @@ class PackSequencesOp(PackOpBase):
             config["max_vision_tokens_per_row"] = self.max_vision_tokens_per_row
         if self.image_markers is not None:
             config["image_markers"] = list(self.image_markers)
+        if self.video_grids is not None:
+            config["video_grids"] = self.video_grids
         return config
 
     def length_of(self, record: SampleRecord) -> int:
@@ -685,7 +700,7 @@ class PackSequencesOp(PackOpBase):
     def images_of(self, record: SampleRecord) -> int:
         if self.image_grids is None:
             return 0
-        return len(record.payload[self.image_grids])
+        return len(self._image_tokens(record.payload, record.meta.sample_id))
 
     def vision_of(self, record: SampleRecord) -> int:
         if self.image_grids is None:
@@ -693,8 +708,15 @@ class PackSequencesOp(PackOpBase):
         return sum(self._image_tokens(record.payload, record.meta.sample_id))
 
     def _image_tokens(self, payload: Any, sample: Any) -> list[int]:
+        """Vision tokens of each image of ``payload``, then of each of its videos."""
         assert self.image_grids is not None
-        return image_token_counts(payload, self.image_grids, self.merge_size, sample)
+        fields = [self.image_grids]
+        if self.video_grids is not None and isinstance(payload, Mapping):  # either may be absent
+            fields = [f for f in (self.image_grids, self.video_grids) if f in payload] or fields
+        counts: list[int] = []
+        for field in fields:
+            counts += image_token_counts(payload, field, self.merge_size, sample)
+        return counts
 
     def extract(self, record: SampleRecord) -> tuple[Any, int]:
         return record.payload, self.length_of(record)
