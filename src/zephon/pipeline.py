@@ -312,6 +312,8 @@ class Pipeline:
         image_grids: str | None = None,
         image_token: str = "<|image_pad|>",
         merge_size: int = 2,
+        video_grids: str | None = None,
+        video_token: str = "<|video_pad|>",
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -319,7 +321,8 @@ class Pipeline:
         """Render ``field`` with a chat template and tokenize it into ``output_field`` and
         ``mask_field`` (1 on supervised tokens); ``apply_chat_template=False`` tokenizes text
         that is already rendered; see docs/sft.md. ``image_grids``: the field of patch grids
-        whose vision tokens replace the template's image placeholders (docs/multimodal.md)."""
+        whose vision tokens replace the template's image placeholders; ``video_grids`` the
+        same for video parts and ``video_token`` (docs/multimodal.md)."""
         op = TokenizeChatOp(
             tokenizer,
             field=field,
@@ -337,6 +340,8 @@ class Pipeline:
             image_grids=image_grids,
             image_token=image_token,
             merge_size=merge_size,
+            video_grids=video_grids,
+            video_token=video_token,
         )
         self._append(op, parallelism, placement, resources)
         self._measure_token_mixture(output_field)
