@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from zephon._image_fields import GRID_FIELDS
 from zephon._ops._bookkeeping import TAG_TARGET_MIXTURE, CloserTracker
 from zephon._ops._pack_groups import (
     Groups,
@@ -536,7 +537,7 @@ class FieldsRead:
         tokens = payload.get(name) if name is not None else None
         if not isinstance(tokens, (np.ndarray, list)):
             return payload
-        keep = {name}
+        keep = {name, *(f for f in GRID_FIELDS if f in payload)}  # so extract can refuse them
         if self.groups is not None:
             keep.add(self.groups)
         if self.aligned_fields is not None:
@@ -814,6 +815,14 @@ class PackFlatOp(PackOpBase):
     def extract(self, record: SampleRecord) -> tuple[Any, int]:
         payload = record.payload
         sample = record.meta.sample_id
+        for grids in GRID_FIELDS:
+            held = payload.get(grids) if isinstance(payload, Mapping) else None
+            if held is not None and len(held):
+                raise ConfigError(
+                    f"{self.name}: record {sample} holds images or videos (field {grids!r}); "
+                    "pack_flat drops their pixels and may cut a row through their tokens: pack "
+                    "them with pack_sequences(image_grids=...) and to_training"
+                )
         name = resolve_tokens_field(payload, self.tokens_field, sample)
         tokens = _tokens(payload, name, sample)
         length = len(tokens)
