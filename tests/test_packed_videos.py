@@ -173,10 +173,18 @@ def test_rows_with_videos_need_the_video_token() -> None:
         batch.to_training(image_fields=["jpg"], image_token_id=IMAGE_TOKEN, pad_token_id=0)
 
 
-@pytest.mark.parametrize("bad", [{"image_grids": None}, {"image_token_id": IMAGE_TOKEN}])
-def test_video_grids_need_image_grids_and_no_inline_tokens(bad: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"image_grids": None}, "video_grids needs image_grids="),
+        ({"image_token_id": IMAGE_TOKEN}, "with image_token_id, video_grids needs video_token_id"),
+        ({"video_token_id": VIDEO_TOKEN}, "with image_token_id, video_grids needs video_token_id"),
+        ({"video_grids": None, "video_token_id": VIDEO_TOKEN}, "video_token_id needs video_grids="),
+    ],
+)
+def test_video_settings_are_checked(bad: dict[str, Any], message: str) -> None:
     source = StaticMixtureWorkSource([Dataset.from_records("v", clips(1))], chunk_size=4)
-    with pytest.raises(ConfigError, match="video_grids needs image_grids="):
+    with pytest.raises(ConfigError, match=message):
         Pipeline(source).pack_sequences(
             100, **{"image_grids": "image_grid_thw", "video_grids": "video_grid_thw", **bad}
         )

@@ -383,6 +383,7 @@ class Pipeline:
         max_vision_tokens_per_row: int | None = None,
         image_markers: tuple[int, int] | None = None,
         video_grids: str | None = None,
+        video_token_id: int | None = None,
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -399,7 +400,8 @@ class Pipeline:
         work for the vision encoder); ``image_markers=(start, end)`` puts those token ids
         around each image (Qwen2-VL's ``<|vision_start|>``, ``<|vision_end|>``);
         ``video_grids`` (``decode_video``'s grids) counts a record's videos too, after its
-        images; see docs/multimodal.md.
+        images (``video_token_id``: their runs in the tokens, with ``image_token_id``); see
+        docs/multimodal.md.
         """
         op = PackSequencesOp(
             max_length,
@@ -423,6 +425,7 @@ class Pipeline:
             max_vision_tokens_per_row=max_vision_tokens_per_row,
             image_markers=image_markers,
             video_grids=video_grids,
+            video_token_id=video_token_id,
             component_names=self.work_source.component_names(),
         )
         return self._append(op, parallelism, placement, resources)

@@ -13,13 +13,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from tests._media import encoded, picture, video
+from tests._qwen2_vl import tiny_qwen2_vl
 from tests._vision_chat import processor, vision_tokenizer_dir
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon._ops.tokenize_chat import TokenizeChatOp
 from zephon.errors import ChatFormatError
-from zephon.types import SampleMeta, SampleRecord, Tombstone
+from zephon.types import SampleBatch, SampleMeta, SampleRecord, Tombstone
 
 
 def chat(i: int) -> list[dict[str, Any]]:
@@ -135,3 +137,57 @@ def test_max_length_that_cuts_a_video_drops_the_record(tokenizer: Path) -> None:
             assert out[0].meta.control == Tombstone(
                 "tokenize_chat: max_length cuts an image or a video"
             )
+
+
+def test_packed_chats_with_videos_lose_what_each_chat_loses_alone(tokenizer: Path) -> None:
+    """Chats with video (and image) parts, packed with their vision tokens inside the text:
+    the tiny Qwen2-VL's loss on the packed rows equals its loss on each chat alone."""
+    hf = processor(tokenizer)
+    image, video_token = hf.image_token_id, hf.video_token_id
+    model = tiny_qwen2_vl(len(hf.tokenizer) + 4, image, video_token)
+    grids = {"image_grids": "image_grid_thw", "video_grids": "video_grid_thw"}
+    source = StaticMixtureWorkSource(
+        [Dataset.from_records("c", decode_images(rows(6)))], chunk_size=4
+    )
+    pipe = (
+        Pipeline(source)
+        .decode_video(fields=["mp4"], fps=10, min_pixels=28 * 28, max_pixels=28 * 28 * 4)
+        .tokenize_chat(str(tokenizer), **grids)
+        .pack_sequences(150, image_token_id=image, video_token_id=video_token, **grids)
+        .batch(8, drop_last=False)
+        .options(runner="inline")
+    )
+    (batch,) = list(pipe)
+    assert 1 < len(batch.records) < 6
+    media = {"image_fields": ["jpg"], "video_fields": ["mp4"]}
+    out = batch.to_training(
+        image_token_id=image,
+        video_token_id=video_token,
+        pad_token_id=0,
+        convention="hf",
+        return_tensors="pt",
+        **media,
+    )
+    with torch.no_grad():
+        packed_sum = model(**out).loss.item() * int((out["labels"][:, 1:] != -100).sum())
+    alone_sum, count = 0.0, 0
+    for record in batch.records:
+        for sample in record.payload["packed_samples"]:
+            one = SampleBatch([SampleRecord(record.meta, sample)]).to_training(
+                return_tensors="pt", **media
+            )
+            ids = torch.from_numpy(sample["input_ids"]).long()[None]
+            types = (ids == image).int() + 2 * (ids == video_token).int()
+            labels = torch.where(torch.from_numpy(sample["loss_mask"])[None] == 1, ids, -100)
+            with torch.no_grad():  # the model's own rope index, from the token types
+                result = model(
+                    input_ids=ids,
+                    labels=labels,
+                    mm_token_type_ids=types,
+                    **{k: v for k, v in one.items() if ("pixel" in k or "grid" in k) and len(v)},
+                )
+            n = int((labels[:, 1:] != -100).sum())
+            alone_sum += result.loss.item() * n
+            count += n
+    assert count == int((out["labels"][:, 1:] != -100).sum())
+    assert packed_sum == pytest.approx(alone_sum, rel=1e-6)  # the loss is float32
