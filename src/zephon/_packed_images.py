@@ -5,8 +5,10 @@ Why apart from ``training``: such a row is an envelope of whole samples (their t
 patch grids and decoded pixels) plus its layout (``cu_seqlens``, the image map); the model
 wants one token row in that layout (each sample's images as runs of the image placeholder
 token, then its text), positions restarting per sample, the 3-D mRoPE positions and the
-images' pixels in the same order. This module makes the flat rows; ``training`` then treats
-them like any other rows (labels, masks, varlen keys).
+images' pixels in the same order. A sample's videos (``pack_sequences(video_grids=...)``)
+follow its images as runs of the video placeholder token, with their own pixels and grids.
+This module makes the flat rows; ``training`` then treats them like any other rows (labels,
+masks, varlen keys).
 """
 
 from __future__ import annotations

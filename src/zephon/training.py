@@ -44,15 +44,19 @@ Keys of ``"shifted"``:
 With ``image_fields`` (the decoded image fields of ``decode_image``), both conventions add
 ``pixel_values`` (float32, every image of the batch in row order, as flattened 14-pixel patches
 rescaled and normalised as Qwen2-VL's image processor does) and ``image_grid_thw`` (int64, one
-``(1, h, w)`` patch grid per image): the image keys of Qwen2-VL's forward.
+``(1, h, w)`` patch grid per image): the image keys of Qwen2-VL's forward. ``video_fields``
+(``decode_video``'s) adds ``pixel_values_videos`` and ``video_grid_thw`` the same way, each
+patch the same square of two consecutive frames.
 
 Rows of ``pack_sequences(image_grids=...)`` (``packed_samples`` with ``cu_seqlens`` and an image
 map) become token rows laid out as the packer planned them: each sample's images as runs of
 ``image_token_id`` (never a target), then its text; ``pad_token_id`` pads them to the longest.
-They add ``mm_token_type_ids`` (1 on image tokens) and the 3-D mRoPE positions, restarting at
-every sample: with ``"hf"``, ``position_ids`` of shape ``[4, B, S]`` (the per-document text
-positions that mark the packed documents, then temporal, height and width), as Qwen2-VL's
-forward takes packed rows; with ``"shifted"``, ``mrope_positions`` ``[3, B, S]``.
+Their videos (``pack_sequences(video_grids=...)``) follow each sample's images as runs of
+``video_token_id``. They add ``mm_token_type_ids`` (1 on image, 2 on video tokens) and the
+3-D mRoPE positions, restarting at every sample: with ``"hf"``, ``position_ids`` of shape
+``[4, B, S]`` (the per-document text positions that mark the packed documents, then temporal,
+height and width), as Qwen2-VL's forward takes packed rows; with ``"shifted"``,
+``mrope_positions`` ``[3, B, S]``.
 """
 
 from __future__ import annotations
