@@ -14,8 +14,11 @@ IMAGE_TOKEN = 300
 
 
 @cache
-def tiny_qwen2_vl(vocab: int = VOCAB, image_token: int = IMAGE_TOKEN) -> Any:
-    """The model, in eval mode and float64 (its loss is still computed in float32)."""
+def tiny_qwen2_vl(
+    vocab: int = VOCAB, image_token: int = IMAGE_TOKEN, video_token: int | None = None
+) -> Any:
+    """The model, in eval mode and float64 (its loss is still computed in float32); its video
+    placeholder is ``video_token``, by default the last id."""
     config = Qwen2VLConfig(
         text_config={
             "vocab_size": vocab,
@@ -42,7 +45,7 @@ def tiny_qwen2_vl(vocab: int = VOCAB, image_token: int = IMAGE_TOKEN) -> Any:
             "in_channels": 3,
         },
         image_token_id=image_token,
-        video_token_id=vocab - 1,
+        video_token_id=vocab - 1 if video_token is None else video_token,
         vision_start_token_id=vocab - 2,
         vision_end_token_id=vocab - 3,
     )

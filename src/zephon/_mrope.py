@@ -62,5 +62,6 @@ def row_mrope(
                     f"{merge_size}); pack and decode with the same grids and merge_size"
                 )
             images.append((int(lines[k, 2]) - start, (t, h, w)))
+        images.sort()  # a video may come before an image in the text
         parts.append(document_mrope(stop - start, images, merge_size))
     return np.concatenate(parts, axis=1) if parts else np.zeros((3, 0), dtype=np.int64)

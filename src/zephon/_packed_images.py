@@ -5,8 +5,10 @@ Why apart from ``training``: such a row is an envelope of whole samples (their t
 patch grids and decoded pixels) plus its layout (``cu_seqlens``, the image map); the model
 wants one token row in that layout (each sample's images as runs of the image placeholder
 token, then its text), positions restarting per sample, the 3-D mRoPE positions and the
-images' pixels in the same order. This module makes the flat rows; ``training`` then treats
-them like any other rows (labels, masks, varlen keys).
+images' pixels in the same order. A sample's videos (``pack_sequences(video_grids=...)``)
+follow its images as runs of the video placeholder token, with their own pixels and grids.
+This module makes the flat rows; ``training`` then treats them like any other rows (labels,
+masks, varlen keys).
 """
 
 from __future__ import annotations
@@ -38,48 +40,101 @@ class PackedImageRows:
     records: list[SampleRecord]  # one flat payload per row, all of one width
     samples: list[Any]  # every row's samples, in row order: where the pixels are
     grids: list[tuple[int, int, int]]  # every image's patch grid, in token order
+    video_grids: list[tuple[int, int, int]]  # every video's patch grid, in token order
     mrope: np.ndarray  # (3, rows, width) int64
-    mm_token_type_ids: np.ndarray  # (rows, width) int32: 1 on image tokens
+    mm_token_type_ids: np.ndarray  # (rows, width) int32: 1 on image, 2 on video tokens
 
     def add_to(
-        self, out: dict[str, Any], positions: np.ndarray, convention: str, fields: Sequence[str]
+        self,
+        out: dict[str, Any],
+        positions: np.ndarray,
+        convention: str,
+        fields: Sequence[str],
+        video_fields: Sequence[str] = (),
     ) -> None:
         """The mRoPE positions (``hf``: ``position_ids`` of 4 rows, the text positions that
         mark the documents first, as Qwen2-VL's forward takes them for packed rows; else
-        ``mrope_positions``), ``mm_token_type_ids`` and, with ``fields``, the pixels."""
+        ``mrope_positions``), ``mm_token_type_ids`` and, with ``fields`` (``video_fields``),
+        the images' (videos') pixels."""
         if convention == "hf":
             out["position_ids"] = np.concatenate([positions[None], self.mrope])
         else:
             out["mrope_positions"] = self.mrope
         out["mm_token_type_ids"] = self.mm_token_type_ids
-        if not fields:
-            return
-        images = pixel_values(self.samples, fields)
-        decoded = [tuple(int(n) for n in g) for g in images["image_grid_thw"]]
-        if decoded != self.grids:
+        for names, video, planned in (
+            (fields, False, self.grids),
+            (video_fields, True, self.video_grids),
+        ):
+            if names:
+                out.update(self._pixels(names, video, planned))
+
+    def _pixels(
+        self, fields: Sequence[str], video: bool, planned: list[tuple[int, int, int]]
+    ) -> dict[str, np.ndarray]:
+        media, keys = ("video", "video_fields") if video else ("image", "image_fields")
+        arrays = pixel_values(self.samples, fields, video=video)
+        decoded = [_grid(g) for g in arrays[f"{media}_grid_thw"]]
+        if decoded != planned:
             raise DataError(
-                f"to_training: the decoded images of fields {list(fields)} have grids "
-                f"{decoded}, the packed rows' image maps {self.grids}; decode_image every image "
-                "field before pack_sequences and pass those fields as image_fields"
+                f"to_training: the decoded {media}s of fields {list(fields)} have grids "
+                f"{decoded}, the packed rows' image maps {planned}; decode_{media} every "
+                f"{media} field before pack_sequences and pass those fields as {keys}"
             )
-        out.update(images)
+        return arrays
 
 
 @dataclass(frozen=True)
 class _Row:
     ids: np.ndarray
     loss_mask: np.ndarray
-    is_image: np.ndarray
+    kinds: np.ndarray  # 1 on image, 2 on video tokens
     cu: np.ndarray
     mrope: np.ndarray
     grids: list[tuple[int, int, int]]
+    video_grids: list[tuple[int, int, int]]
+
+
+@dataclass(frozen=True)
+class VisionTokens:
+    """The model's placeholder tokens and the samples' grid fields, images then videos."""
+
+    image_token_id: int
+    grid_field: str
+    video_token_id: int | None = None
+    video_grid_field: str = "video_grid_thw"
+
+    def media(
+        self, sample: Any, lines: np.ndarray, where: str
+    ) -> tuple[list[tuple[int, int, int]], np.ndarray]:
+        """The patch grid and the placeholder token of each image map line of ``sample``:
+        its images first, then its videos (as ``pack_sequences(video_grids=...)`` counts)."""
+        if not len(lines):
+            return [], np.zeros(0, dtype=np.int64)
+        fields = (self.grid_field, self.video_grid_field)
+        if not any(f in sample for f in fields[: 1 + (self.video_token_id is not None)]):
+            raise MissingFieldError(
+                f"to_training: {where} has no field {self.grid_field!r}; pass image_grids= the "
+                "field pack_sequences counted"
+            )
+        grids = [_grid(g) for g in sample.get(self.grid_field, ())]
+        images = len(grids)
+        if int(lines[:, 1].max()) >= images:
+            if self.video_token_id is None or self.video_grid_field not in sample:
+                raise ConfigError(
+                    f"to_training: {where} has videos; pass video_token_id=... (the model's "
+                    "video placeholder: config.video_token_id, 151656 for Qwen2-VL) and "
+                    "video_grids= the field pack_sequences counted"
+                )
+            grids += [_grid(g) for g in sample[self.video_grid_field]]
+        chosen = [grids[int(j)] for j in lines[:, 1]]
+        tokens = np.where(lines[:, 1] < images, self.image_token_id, self.video_token_id or 0)
+        return chosen, tokens.astype(np.int64)
 
 
 def _flat_row(
     record: SampleRecord,
     token_name: Callable[[Any], str],
-    image_token_id: int,
-    grid_field: str,
+    vision_tokens: VisionTokens,
     loss_field: str | None,
     merge_size: int,
 ) -> _Row:
@@ -92,7 +147,9 @@ def _flat_row(
     ids: list[np.ndarray] = []
     loss: list[np.ndarray] = []
     grids: list[tuple[int, int, int]] = []
+    placeholders: list[np.ndarray] = []
     for i, sample in enumerate(payload["packed_samples"]):
+        where = f"sample {i} of packed row {record.meta.sample_id}"
         text = np.asarray(sample[token_name(sample)]).reshape(-1)
         lines = image_map[image_map[:, 0] == i]
         vision = int(lines[:, 3].sum()) + (2 * len(lines) if markers is not None else 0)
@@ -101,40 +158,50 @@ def _flat_row(
             vision = 0
         elif vision + len(text) != length:
             raise DataError(
-                f"to_training: sample {i} of packed row {record.meta.sample_id} has {len(text)} "
-                f"text and {vision} vision tokens, its cu_seqlens {length}; pass the rows of "
-                "pack_sequences(image_grids=...) unchanged"
+                f"to_training: {where} has {len(text)} text and {vision} vision tokens, its "
+                f"cu_seqlens {length}; pass the rows of pack_sequences(image_grids=...) unchanged"
             )
-        if len(lines) and grid_field not in sample:
-            raise MissingFieldError(
-                f"to_training: sample {i} of packed row {record.meta.sample_id} has no field "
-                f"{grid_field!r}; pass image_grids= the field pack_sequences counted"
-            )
-        grids += [_grid(sample[grid_field][j]) for j in lines[:, 1]]
-        vision_ids = np.full(vision, image_token_id, dtype=np.int64)
-        if markers is not None and vision:  # each image between its start and end marker
-            ends = np.cumsum(lines[:, 3] + 2)
-            vision_ids[ends - lines[:, 3] - 2] = markers[0]
-            vision_ids[ends - 1] = markers[1]
-        ids += [vision_ids, text.astype(np.int64)]
+        chosen, tokens = vision_tokens.media(sample, lines, where)
+        grids += chosen
+        placeholders.append(tokens)
+        ids += [_vision_ids(tokens, lines[:, 3], markers) if vision else tokens[:0], text]
         mask = np.ones(len(text), dtype=np.float32)
         if loss_field and loss_field in sample:
             mask = np.asarray(sample[loss_field], dtype=np.float32).reshape(-1)
         loss += [np.zeros(vision, dtype=np.float32), mask]
-    flat = np.concatenate(ids)
-    is_image = np.zeros(len(flat), dtype=bool)
-    for _, _, offset, tokens in image_map:  # the image tokens, wherever they are
-        is_image[offset : offset + tokens] = True
+    flat = np.concatenate(ids, dtype=np.int64)
+    kinds = np.zeros(len(flat), dtype=np.int32)
+    tokens = np.concatenate(placeholders) if placeholders else np.zeros(0, np.int64)
+    for (_, _, offset, n), token in zip(image_map, tokens, strict=True):  # wherever they are
+        kinds[offset : offset + n] = 1 if token == vision_tokens.image_token_id else 2
     loss_mask = np.concatenate(loss)
-    loss_mask[is_image] = 0
+    loss_mask[kinds > 0] = 0
     return _Row(
         ids=flat,
         loss_mask=loss_mask,
-        is_image=is_image,
+        kinds=kinds,
         cu=cu,
         mrope=row_mrope(cu, image_map, grids, merge_size),
-        grids=grids,
+        grids=[g for g, k in zip(grids, tokens, strict=True) if k == vision_tokens.image_token_id],
+        video_grids=[
+            g for g, k in zip(grids, tokens, strict=True) if k != vision_tokens.image_token_id
+        ],
     )
+
+
+def _vision_ids(tokens: np.ndarray, counts: np.ndarray, markers: Any) -> np.ndarray:
+    """A sample's vision tokens laid out before its text: each image (video) as a run of its
+    placeholder token, between its start and end marker when the row has markers."""
+    runs = np.repeat(tokens, counts)
+    if markers is None:
+        return runs
+    out = np.empty(len(runs) + 2 * len(counts), dtype=np.int64)
+    ends = np.cumsum(counts + 2)
+    out[ends - counts - 2], out[ends - 1] = markers[0], markers[1]
+    inside = np.ones(len(out), dtype=bool)
+    inside[ends - counts - 2] = inside[ends - 1] = False
+    out[inside] = runs
+    return out
 
 
 def _grid(grid: Sequence[Any]) -> tuple[int, int, int]:
@@ -151,6 +218,8 @@ def packed_image_rows(
     grid_field: str,
     loss_field: str | None,
     merge_size: int,
+    video_token_id: int | None = None,
+    video_grid_field: str = "video_grid_thw",
 ) -> PackedImageRows:
     """Flat rows of ``records`` (packed image rows), right-padded to the longest: padding is
     ``pad_token_id``, positions from 0 (a segment of its own), no loss, no image."""
@@ -159,10 +228,8 @@ def packed_image_rows(
             "to_training: packed rows with images need image_token_id=... (the model's image "
             "placeholder token: config.image_token_id, 151655 for Qwen2-VL)"
         )
-    rows = [
-        _flat_row(r, token_name, image_token_id, grid_field, loss_field, merge_size)
-        for r in records
-    ]
+    vision = VisionTokens(image_token_id, grid_field, video_token_id, video_grid_field)
+    rows = [_flat_row(r, token_name, vision, loss_field, merge_size) for r in records]
     width = max(len(row.ids) for row in rows)
     if pad_token_id is None and any(len(row.ids) != width for row in rows):
         raise ConfigError(
@@ -175,7 +242,7 @@ def packed_image_rows(
         documents = np.repeat(np.arange(len(row.cu) - 1), np.diff(row.cu))
         positions = np.concatenate([np.arange(real) - row.cu[documents], np.arange(pad)])
         mrope[:, b] = np.concatenate([row.mrope, np.broadcast_to(np.arange(pad), (3, pad))], 1)
-        types.append(np.concatenate([row.is_image, np.zeros(pad, bool)]).astype(np.int32))
+        types.append(np.concatenate([row.kinds, np.zeros(pad, np.int32)]))
         payload = {
             FLAT_TOKENS: np.concatenate([row.ids, np.full(pad, pad_token_id or 0, np.int64)]),
             "positions": positions,
@@ -186,4 +253,5 @@ def packed_image_rows(
         flat.append(SampleRecord(record.meta, payload))
     samples = [s for r in records for s in r.payload["packed_samples"]]
     grids = [g for row in rows for g in row.grids]
-    return PackedImageRows(flat, samples, grids, mrope, np.stack(types))
+    videos = [g for row in rows for g in row.video_grids]
+    return PackedImageRows(flat, samples, grids, videos, mrope, np.stack(types))

@@ -312,6 +312,8 @@ class Pipeline:
         image_grids: str | None = None,
         image_token: str = "<|image_pad|>",
         merge_size: int = 2,
+        video_grids: str | None = None,
+        video_token: str = "<|video_pad|>",
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -319,7 +321,8 @@ class Pipeline:
         """Render ``field`` with a chat template and tokenize it into ``output_field`` and
         ``mask_field`` (1 on supervised tokens); ``apply_chat_template=False`` tokenizes text
         that is already rendered; see docs/sft.md. ``image_grids``: the field of patch grids
-        whose vision tokens replace the template's image placeholders (docs/multimodal.md)."""
+        whose vision tokens replace the template's image placeholders; ``video_grids`` the
+        same for video parts and ``video_token`` (docs/multimodal.md)."""
         op = TokenizeChatOp(
             tokenizer,
             field=field,
@@ -337,6 +340,8 @@ class Pipeline:
             image_grids=image_grids,
             image_token=image_token,
             merge_size=merge_size,
+            video_grids=video_grids,
+            video_token=video_token,
         )
         self._append(op, parallelism, placement, resources)
         self._measure_token_mixture(output_field)
@@ -377,6 +382,8 @@ class Pipeline:
         image_token_id: int | None = None,
         max_vision_tokens_per_row: int | None = None,
         image_markers: tuple[int, int] | None = None,
+        video_grids: str | None = None,
+        video_token_id: int | None = None,
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -391,7 +398,9 @@ class Pipeline:
         the vision tokens are already in the tokens, as runs of that id (``tokenize_chat``
         with ``image_grids``); ``max_vision_tokens_per_row`` caps a row's vision tokens (even
         work for the vision encoder); ``image_markers=(start, end)`` puts those token ids
-        around each image (Qwen2-VL's ``<|vision_start|>``, ``<|vision_end|>``); see
+        around each image (Qwen2-VL's ``<|vision_start|>``, ``<|vision_end|>``);
+        ``video_grids`` (``decode_video``'s grids) counts a record's videos too, after its
+        images (``video_token_id``: their runs in the tokens, with ``image_token_id``); see
         docs/multimodal.md.
         """
         op = PackSequencesOp(
@@ -415,6 +424,8 @@ class Pipeline:
             image_token_id=image_token_id,
             max_vision_tokens_per_row=max_vision_tokens_per_row,
             image_markers=image_markers,
+            video_grids=video_grids,
+            video_token_id=video_token_id,
             component_names=self.work_source.component_names(),
         )
         return self._append(op, parallelism, placement, resources)

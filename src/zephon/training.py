@@ -44,15 +44,19 @@ Keys of ``"shifted"``:
 With ``image_fields`` (the decoded image fields of ``decode_image``), both conventions add
 ``pixel_values`` (float32, every image of the batch in row order, as flattened 14-pixel patches
 rescaled and normalised as Qwen2-VL's image processor does) and ``image_grid_thw`` (int64, one
-``(1, h, w)`` patch grid per image): the image keys of Qwen2-VL's forward.
+``(1, h, w)`` patch grid per image): the image keys of Qwen2-VL's forward. ``video_fields``
+(``decode_video``'s) adds ``pixel_values_videos`` and ``video_grid_thw`` the same way, each
+patch the same square of two consecutive frames.
 
 Rows of ``pack_sequences(image_grids=...)`` (``packed_samples`` with ``cu_seqlens`` and an image
 map) become token rows laid out as the packer planned them: each sample's images as runs of
 ``image_token_id`` (never a target), then its text; ``pad_token_id`` pads them to the longest.
-They add ``mm_token_type_ids`` (1 on image tokens) and the 3-D mRoPE positions, restarting at
-every sample: with ``"hf"``, ``position_ids`` of shape ``[4, B, S]`` (the per-document text
-positions that mark the packed documents, then temporal, height and width), as Qwen2-VL's
-forward takes packed rows; with ``"shifted"``, ``mrope_positions`` ``[3, B, S]``.
+Their videos (``pack_sequences(video_grids=...)``) follow each sample's images as runs of
+``video_token_id``. They add ``mm_token_type_ids`` (1 on image, 2 on video tokens) and the
+3-D mRoPE positions, restarting at every sample: with ``"hf"``, ``position_ids`` of shape
+``[4, B, S]`` (the per-document text positions that mark the packed documents, then temporal,
+height and width), as Qwen2-VL's forward takes packed rows; with ``"shifted"``,
+``mrope_positions`` ``[3, B, S]``.
 """
 
 from __future__ import annotations
@@ -153,6 +157,9 @@ class TrainingOptions:
     image_token_id: int | None = None
     image_grids: str = "image_grid_thw"
     merge_size: int = 2
+    video_fields: Sequence[str] = ()
+    video_token_id: int | None = None
+    video_grids: str = "video_grid_thw"
 
     def __post_init__(self) -> None:
         if self.convention not in CONVENTIONS:
@@ -329,6 +336,8 @@ def _packed_images(records: Sequence[SampleRecord], opts: TrainingOptions) -> Pa
         grid_field=opts.image_grids,
         loss_field=opts.loss_mask_field,
         merge_size=opts.merge_size,
+        video_token_id=opts.video_token_id,
+        video_grid_field=opts.video_grids,
     )
 
 
@@ -342,10 +351,15 @@ def _add_images(
     """``pixel_values`` and ``image_grid_thw`` of the rows' ``image_fields``, when asked; for
     packed image rows also their mRoPE positions and ``mm_token_type_ids``."""
     fields = (opts.image_fields,) if isinstance(opts.image_fields, str) else opts.image_fields
+    videos = (opts.video_fields,) if isinstance(opts.video_fields, str) else opts.video_fields
     if packed is not None:
-        packed.add_to(out, positions, opts.convention, fields)
-    elif fields:
-        out.update(pixel_values([r.payload for r in rows.records], fields))
+        packed.add_to(out, positions, opts.convention, fields, videos)
+        return
+    payloads = [r.payload for r in rows.records]
+    if fields:
+        out.update(pixel_values(payloads, fields))
+    if videos:
+        out.update(pixel_values(payloads, videos, video=True))
 
 
 def _hf_arrays(

@@ -216,3 +216,20 @@ def test_max_vision_tokens_per_row_caps_the_vision_tokens_of_every_row() -> None
     base = PackSequencesOp(256, image_grids="image_grid_thw").config()
     capped = PackSequencesOp(256, image_grids="image_grid_thw", max_vision_tokens_per_row=60)
     assert dict(capped.config()) == {**base, "max_vision_tokens_per_row": 60}
+
+
+def test_pack_flat_refuses_records_with_images_and_names_pack_sequences() -> None:
+    source = Source([Dataset.from_records("c", ROWS)], chunk_size=4)
+    pipe = Pipeline(source).pack_flat(64, pad_token_id=0).options(runner="inline")
+    with pytest.raises(
+        ConfigError,
+        match=r"holds images or videos \(field 'image_grid_thw'\).*"
+        r"pack_sequences\(image_grids=\.\.\.\)",
+    ):
+        list(pipe)
+    text = [{**row, "image_grid_thw": []} for row in ROWS]  # no image: packs as text
+    pipe = Pipeline(Source([Dataset.from_records("t", text)], chunk_size=4))
+    rows = list(pipe.pack_flat(64, pad_token_id=0).options(runner="inline"))
+    assert sum(int((r.payload["document_ids"] >= 0).sum()) for r in rows) == sum(
+        len(row["input_ids"]) for row in ROWS
+    )

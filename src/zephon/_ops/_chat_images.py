@@ -18,27 +18,33 @@ import numpy as np
 from zephon.errors import ChatFormatError, ConfigError
 
 
-def image_token_id(encoder: Any, token: str) -> int:
-    """The id of the placeholder ``token`` in ``encoder``'s vocabulary."""
+def image_token_id(encoder: Any, token: str, media: str = "image") -> int:
+    """The id of the placeholder ``token`` of ``media`` parts in ``encoder``'s vocabulary."""
     lookup = getattr(getattr(encoder, "tokenizer", None), "token_to_id", None)
     found = lookup(token) if lookup is not None else None
     if found is None:
         raise ConfigError(
-            f"tokenize_chat: the tokenizer has no token {token!r} for image parts; pass "
-            "image_token= the placeholder its chat template renders for an image"
+            f"tokenize_chat: the tokenizer has no token {token!r} for {media} parts; pass "
+            f"{media}_token= the placeholder its chat template renders for a {media} part"
         )
     return int(found)
 
 
 def expand_images(
-    ids: np.ndarray, mask: np.ndarray, token: int, counts: Sequence[int], where: str
+    ids: np.ndarray,
+    mask: np.ndarray,
+    token: int,
+    counts: Sequence[int],
+    where: str,
+    media: str = "image",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``ids`` with the ``k``-th ``token`` repeated ``counts[k]`` times; ``mask`` 0 on them."""
+    """``ids`` with the ``k``-th ``token`` repeated ``counts[k]`` times; ``mask`` 0 on them
+    (``media`` names what the placeholders stand for in errors: image or video)."""
     at = np.flatnonzero(ids == token)
     if len(at) != len(counts):
         raise ChatFormatError(
-            f"{where}: the conversation has {len(at)} image parts but {len(counts)} images "
-            "have grids; give every image part one image of the record, in order"
+            f"{where}: the conversation has {len(at)} {media} parts but {len(counts)} {media}s "
+            f"have grids; give every {media} part one {media} of the record, in order"
         )
     repeats = np.ones(len(ids), dtype=np.int64)
     repeats[at] = counts

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from zephon._image_fields import GRID_FIELDS
 from zephon._ops._bookkeeping import TAG_TARGET_MIXTURE, CloserTracker
 from zephon._ops._pack_groups import (
     Groups,
@@ -536,7 +537,7 @@ class FieldsRead:
         tokens = payload.get(name) if name is not None else None
         if not isinstance(tokens, (np.ndarray, list)):
             return payload
-        keep = {name}
+        keep = {name, *(f for f in GRID_FIELDS if f in payload)}  # so extract can refuse them
         if self.groups is not None:
             keep.add(self.groups)
         if self.aligned_fields is not None:
@@ -570,6 +571,8 @@ class PackSequencesOp(PackOpBase):
         "image_token_id",
         "max_vision_tokens_per_row",
         "image_markers",
+        "video_grids",
+        "video_token_id",
     )
 
     def __init__(
@@ -583,6 +586,8 @@ class PackSequencesOp(PackOpBase):
         image_token_id: int | None = None,
         max_vision_tokens_per_row: int | None = None,
         image_markers: tuple[int, int] | None = None,
+        video_grids: str | None = None,
+        video_token_id: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(max_length, **kwargs)
@@ -609,6 +614,27 @@ class PackSequencesOp(PackOpBase):
         #: (start, end) token ids around each image's vision tokens (Qwen2-VL's
         #: <|vision_start|>, <|vision_end|>), counted in the row and laid out by to_training
         self.image_markers = self._check_markers(image_markers)
+        #: the field with each record's video patch grids: its videos follow its images (a
+        #: record may lack one of the two fields, not both)
+        self.video_grids = self._check_videos(video_grids, video_token_id)
+        #: with image_token_id: the video tokens are in the token field too, as runs of this id
+        self.video_token_id = video_token_id
+
+    def _check_videos(self, video_grids: str | None, video_token: int | None) -> str | None:
+        if video_grids is not None and self.image_grids is None:
+            raise ConfigError(
+                f"{self.name}: video_grids needs image_grids= (a record's videos follow its "
+                "images in the image map)"
+            )
+        inline = self.image_token_id is not None
+        if video_grids is not None and inline != (video_token is not None):
+            raise ConfigError(
+                f"{self.name}: with image_token_id, video_grids needs video_token_id (the video "
+                "placeholder tokenize_chat expanded), and without it none"
+            )
+        if video_token is not None and video_grids is None:
+            raise ConfigError(f"{self.name}: video_token_id needs video_grids=")
+        return video_grids
 
     def _check_markers(self, markers: Any) -> tuple[int, int] | None:
         if markers is None:
@@ -670,6 +696,10 @@ class PackSequencesOp(PackOpBase):
             config["max_vision_tokens_per_row"] = self.max_vision_tokens_per_row
         if self.image_markers is not None:
             config["image_markers"] = list(self.image_markers)
+        if self.video_grids is not None:
+            config["video_grids"] = self.video_grids
+        if self.video_token_id is not None:
+            config["video_token_id"] = self.video_token_id
         return config
 
     def length_of(self, record: SampleRecord) -> int:
@@ -685,7 +715,7 @@ class PackSequencesOp(PackOpBase):
     def images_of(self, record: SampleRecord) -> int:
         if self.image_grids is None:
             return 0
-        return len(record.payload[self.image_grids])
+        return len(self._image_tokens(record.payload, record.meta.sample_id))
 
     def vision_of(self, record: SampleRecord) -> int:
         if self.image_grids is None:
@@ -693,24 +723,37 @@ class PackSequencesOp(PackOpBase):
         return sum(self._image_tokens(record.payload, record.meta.sample_id))
 
     def _image_tokens(self, payload: Any, sample: Any) -> list[int]:
+        """Vision tokens of each image of ``payload``, then of each of its videos."""
+        return [n for counts in self._media_tokens(payload, sample).values() for n in counts]
+
+    def _media_tokens(self, payload: Any, sample: Any) -> dict[str, list[int]]:
+        """Vision tokens of each image (each video) of ``payload``, by grid field."""
         assert self.image_grids is not None
-        return image_token_counts(payload, self.image_grids, self.merge_size, sample)
+        fields = [self.image_grids]
+        if self.video_grids is not None and isinstance(payload, Mapping):  # either may be absent
+            fields = [f for f in (self.image_grids, self.video_grids) if f in payload] or fields
+        return {f: image_token_counts(payload, f, self.merge_size, sample) for f in fields}
 
     def extract(self, record: SampleRecord) -> tuple[Any, int]:
         return record.payload, self.length_of(record)
 
-    def _inline(
-        self, samples: Sequence[Any], images: Sequence[Sequence[int]], meta: SampleMeta
-    ) -> list[list[int]]:
-        """Where each sample's images are in its tokens (``image_token_id`` runs)."""
+    def _inline(self, samples: Sequence[Any], meta: SampleMeta) -> list[list[int]]:
+        """Where each sample's images, then its videos, are in its tokens (runs of
+        ``image_token_id``, of ``video_token_id``)."""
         assert self.image_token_id is not None
+        placeholder = {self.image_grids: self.image_token_id, self.video_grids: self.video_token_id}
         offsets = []
-        for i, (payload, counts) in enumerate(zip(samples, images, strict=True)):
+        for i, payload in enumerate(samples):
             where = f"{i} of row {meta.sample_id}"
             tokens = _tokens(
                 payload, resolve_tokens_field(payload, self.tokens_field, where), where
             )
-            offsets.append(inline_image_offsets(tokens, counts, self.image_token_id, where))
+            found: list[int] = []
+            for field, counts in self._media_tokens(payload, where).items():
+                token = placeholder[field]
+                assert token is not None
+                found += inline_image_offsets(tokens, counts, token, where)
+            offsets.append(found)
         return offsets
 
     def assemble(self, meta: SampleMeta, deferred: DeferredBin) -> Any:
@@ -726,7 +769,7 @@ class PackSequencesOp(PackOpBase):
             return {"packed_samples": samples}
         lengths = [stop - start for _, start, stop, _ in deferred.segments]
         images = [self._image_tokens(p, meta.sample_id) for p in samples]
-        offsets = None if self.image_token_id is None else self._inline(samples, images, meta)
+        offsets = None if self.image_token_id is None else self._inline(samples, meta)
         if self.image_markers is not None:
             offsets = [marked_offsets(counts) for counts in images]
         cu_seqlens, image_map = row_layout(lengths, images, offsets)
@@ -792,6 +835,14 @@ class PackFlatOp(PackOpBase):
     def extract(self, record: SampleRecord) -> tuple[Any, int]:
         payload = record.payload
         sample = record.meta.sample_id
+        for grids in GRID_FIELDS:
+            held = payload.get(grids) if isinstance(payload, Mapping) else None
+            if held is not None and len(held):
+                raise ConfigError(
+                    f"{self.name}: record {sample} holds images or videos (field {grids!r}); "
+                    "pack_flat drops their pixels and may cut a row through their tokens: pack "
+                    "them with pack_sequences(image_grids=...) and to_training"
+                )
         name = resolve_tokens_field(payload, self.tokens_field, sample)
         tokens = _tokens(payload, name, sample)
         length = len(tokens)

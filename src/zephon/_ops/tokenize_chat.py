@@ -18,8 +18,9 @@ template; ``enable_thinking_field`` names a per-record boolean passed to the tem
 ``image_grids`` names the field of the record's image patch grids (``image_tokens`` or
 ``decode_image`` before): each image placeholder ``image_token`` the template renders for an
 image part becomes that image's vision tokens (``t * h * w / merge_size**2`` copies, never
-supervised), as a Hugging Face processor expands it. A ``max_length`` that would cut an image
-off makes the record a tombstone (its pixels would no longer match its tokens).
+supervised), as a Hugging Face processor expands it; ``video_grids`` (``decode_video``'s grids)
+and ``video_token`` do the same for video parts. A ``max_length`` that would cut an image or a
+video off makes the record a tombstone (its pixels would no longer match its tokens).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class TokenizeChatOp(BaseOp):
     name = "tokenize_chat"
     # micro-batch sizes cannot change the output (every runner and worker count agree)
     config_exclude = ("max_batch", "max_latency_ms")
-    config_when_set = ("image_grids", "image_token", "merge_size")
+    config_when_set = ("image_grids", "image_token", "merge_size", "video_grids", "video_token")
 
     def __init__(
         self,
@@ -119,6 +120,8 @@ class TokenizeChatOp(BaseOp):
         image_grids: str | None = None,
         image_token: str = "<|image_pad|>",
         merge_size: int = 2,
+        video_grids: str | None = None,
+        video_token: str = "<|video_pad|>",
     ) -> None:
         super().__init__()
         _check_choice("loss_scope", loss_scope, LOSS_SCOPES)
@@ -143,8 +146,12 @@ class TokenizeChatOp(BaseOp):
             raise ConfigError(f"tokenize_chat: merge_size must be >= 1, got {merge_size}")
         if isinstance(tokenizer, str | os.PathLike) and tokenizer != "bytes":
             encoder = load_tokenizer(tokenizer)  # fail fast on a bad path
-            if image_grids is not None:
-                image_token_id(encoder, image_token)  # and on a missing placeholder
+            for grids, token, media in (
+                (image_grids, image_token, "image"),
+                (video_grids, video_token, "video"),
+            ):
+                if grids is not None:
+                    image_token_id(encoder, token, media)  # and on a missing placeholder
         self.tokenizer_spec = tokenizer
         self.field = field
         self.template = source
@@ -165,10 +172,12 @@ class TokenizeChatOp(BaseOp):
         self.image_grids = image_grids
         self.image_token = image_token
         self.merge_size = merge_size
+        self.video_grids, self.video_token = video_grids, video_token
         eos = {} if eos_token is None else {"eos_token": eos_token}
         self.variables = {**special_tokens(tokenizer), **eos, **self.chat_template_kwargs}
         self._encoder: Any = None
-        self._image_token_id = -1
+        #: (grid field, placeholder id) of image parts, then of video parts, as asked
+        self._media: list[tuple[str, int]] = []
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -219,6 +228,15 @@ class TokenizeChatOp(BaseOp):
                     "merge_size": self.merge_size,
                 }
             ),
+            **(
+                {}
+                if self.video_grids is None
+                else {
+                    "video_grids": self.video_grids,
+                    "video_token": self.video_token,
+                    "merge_size": self.merge_size,
+                }
+            ),
         }
 
     def _load(self) -> Any:
@@ -228,8 +246,14 @@ class TokenizeChatOp(BaseOp):
                 f"tokenize_chat: tokenizer {type(encoder).__name__} gives no character offsets; "
                 "pass 'bytes', a tokenizer.json, a transformers directory or a fast tokenizer"
             )
-        if self.image_grids is not None:
-            self._image_token_id = image_token_id(encoder, self.image_token)
+        self._media = [
+            (grids, image_token_id(encoder, token))
+            for grids, token in (
+                (self.image_grids, self.image_token),
+                (self.video_grids, self.video_token),
+            )
+            if grids is not None
+        ]
         self._encoder = encoder
         return encoder
 
@@ -315,13 +339,13 @@ class TokenizeChatOp(BaseOp):
         drop = {self.field, self.tools_field}
         out: list[StreamItem] = []
         for elem, (ids, mask), kept in zip(elems, encoded, spans, strict=True):
-            if self.image_grids is not None:
-                ids, mask = self._with_images(elem, ids, mask)
+            for field, token in self._media:
+                ids, mask = self._with_media(elem, ids, mask, field, token)
             cut = 0
             if limit is not None and ids.shape[0] > limit:
                 cut = ids.shape[0] - limit
-                if self.image_grids is not None and (ids[limit:] == self._image_token_id).any():
-                    reason = f"{self.name}: max_length cuts an image"
+                if any((ids[limit:] == token).any() for _, token in self._media):
+                    reason = f"{self.name}: max_length cuts an image or a video"
                     out.append(SampleRecord(tombstone_meta(elem.meta, reason=reason), None))
                     continue
                 ids, mask = ids[:limit], mask[:limit]
@@ -338,13 +362,12 @@ class TokenizeChatOp(BaseOp):
                 out.append(cut_note(elem, reason=reason, tokens=cut))
         return out
 
-    def _with_images(
-        self, elem: StreamItem, ids: np.ndarray, mask: np.ndarray
+    def _with_media(
+        self, elem: StreamItem, ids: np.ndarray, mask: np.ndarray, field: str, token: int
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Each image placeholder of ``ids`` as its image's vision tokens."""
-        field = self.image_grids
-        assert field is not None
+        """Each placeholder ``token`` of ``ids`` as its image's (video's) vision tokens."""
         sample = elem.meta.sample_id
         counts = image_token_counts(elem.payload, field, self.merge_size, sample, self.name)
         where = f"{self.name}: record {sample} field {field!r}"
-        return expand_images(ids, mask, self._image_token_id, counts, where)
+        media = "video" if field == self.video_grids else "image"
+        return expand_images(ids, mask, token, counts, where, media)
