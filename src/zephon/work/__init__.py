@@ -6,7 +6,8 @@ from zephon.work._delivered import MixtureStats
 from zephon.work._lanes import LaneMapping, lanes_for_rank
 from zephon.work._mixture import MixtureSpec
 from zephon.work._schedule import MixtureSchedule
-from zephon.work._static import ExhaustedPolicy, LaneAssignment, StaticMixtureWorkSource
+from zephon.work._source_options import ExhaustedPolicy, LaneAssignment
+from zephon.work._static import StaticMixtureWorkSource
 from zephon.work._traits import (
     FingerprintedSource,
     MixtureSource,
