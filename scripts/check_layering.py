@@ -80,9 +80,9 @@ ALLOWED = {
     ("_engine/ray_pool.py", "global_worker"): "ray's session name",
     ("_engine/ray_pool.py", "node"): "ray's session name",
     ("_engine/ray_pool.py", "session_name"): "ray's session name",
-    ("_engine/pools.py", "_inheriting"): "multiprocessing's bootstrapping flag",
-    ("_engine/pools.py", "__file__"): "the main module's file, for an error message",
-    ("_engine/pools.py", "sched_getaffinity"): "absent on some platforms",
+    ("_engine/worker_start.py", "_inheriting"): "multiprocessing's bootstrapping flag",
+    ("_engine/worker_start.py", "__file__"): "the main module's file, for an error message",
+    ("_engine/worker_start.py", "sched_getaffinity"): "absent on some platforms",
     ("_engine/stage.py", "zephon_op_name"): "an exception note the engine sets itself",
     ("_engine/stats.py", "name"): "the counters of OpStats, by field name",
 }

@@ -122,9 +122,9 @@ def reused_workers_released() -> Iterator[None]:
     test in this pytest process starts without children (tests/runners asserts exactly that,
     and checks its own tests before this runs)."""
     yield
-    pools = sys.modules.get("zephon._engine.pools")
-    if pools is not None:
-        pools.shutdown_idle_workers()
+    registry = sys.modules.get("zephon._engine.worker_registry")
+    if registry is not None:
+        registry.shutdown_idle_workers()
 
 
 @pytest.fixture(scope="session")

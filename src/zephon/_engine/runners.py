@@ -25,15 +25,12 @@ from zephon._engine.driver_chain import run_tasks
 from zephon._engine.fusion import Unit, build_units
 from zephon._engine.joins import CLOSE_WAIT_S, join_all, stuck_error
 from zephon._engine.messages import Data, Done, End, Failed, MessageError, Stop
-from zephon._engine.pools import (
-    ProcessFleet,
-    ProcessWorkerPool,
-    ThreadWorkerPool,
-    WorkerPool,
-)
+from zephon._engine.pools import WorkerPool
+from zephon._engine.process_pool import ProcessFleet, ProcessWorkerPool
 from zephon._engine.projection import projected
 from zephon._engine.shm import ShmSession, resolve_items
 from zephon._engine.stage import StageCore
+from zephon._engine.thread_pool import ThreadWorkerPool
 from zephon._engine.threaded import Channel, EngineThread, OpDriver, SourceThread
 from zephon._engine.waiting import WAIT_SLICE_S
 from zephon.errors import ZephonError

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from zephon._engine.joins import CLOSE_WAIT_S, STOPPED_WAIT_S
-from zephon._engine.pools import ProcessWorkerPool
+from zephon._engine.process_pool import ProcessWorkerPool
 from zephon._engine.threaded import OpDriver
 from zephon.errors import WaitInterrupted
 from zephon.io import open_requests
