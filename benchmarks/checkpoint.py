@@ -43,7 +43,7 @@ from typing import Any
 
 from _reference import reference_pipeline
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
-from zephon._engine.snapshot_codec import unpack_state
+from zephon._snapshot_codec import unpack_state
 from zephon.checkpoints import refetch_counts
 
 

@@ -1,11 +1,15 @@
-"""Fail when the engine reaches past the operator and source contracts.
+"""Fail when a module imports upward, or the engine reaches past the operator contracts.
 
 Five rules over ``src/zephon``:
 
-- layering: ``_engine`` imports nothing from ``_ops`` (built-in operators are operators like
-  any other), ``capture`` nothing from ``_engine``, ``work`` nothing from ``_ops``, ``cli``
-  nothing from ``_engine`` (the command drives the engine through ``Pipeline``); every import
-  counts, also those inside functions;
+- layering: every top-level unit of ``zephon`` (a subpackage with everything below it, or a
+  top-level module) has its place in ``LAYERS``, bottom to top, and imports only from layers
+  below its own; an import upward or sideways (within one layer) fails unless
+  ``UPWARD_ALLOWED`` lists it with why. So ``_engine`` imports nothing from ``_ops``
+  (built-in operators are operators like any other) and ``work`` nothing from ``_ops``.
+  ``capture`` and ``cli``, high as they are, drive the engine through ``Pipeline`` and never
+  import ``_engine`` (``PAST_PIPELINE``). Every import counts, also those inside functions
+  and under ``TYPE_CHECKING``;
 - private modules: a module whose name starts with ``_`` (and whatever is inside it) is
   imported only from inside the package that holds it: ``zephon.io._converted`` from
   ``zephon.io``, ``zephon._ops._chat_spans`` from ``zephon._ops``; others use what that
@@ -31,13 +35,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "zephon"
 
-FORBIDDEN = {
-    "_engine": ("_ops",),
-    "capture": ("_engine",),
-    "work": ("_ops",),
-    "cli": ("_engine",),
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "_startup", "_exit", "_console", "_chat_encode", "_atomic", "_image_fields"),
+    ("_optional", "options", "_operator_defs", "_pixel_values", "_mrope", "_tokenizers"),
+    ("io",),
+    ("types",),
+    ("_packed_images",),
+    ("ops", "training", "_snapshot_codec"),
+    ("checkpoints", "work", "_running"),
+    ("_engine", "_config_values"),
+    ("_ops",),
+    ("_progress", "metrics", "_shared_batch", "_mixture_config"),
+    ("provenance",),
+    ("pipeline",),
+    ("torch_data", "config", "testing"),
+    ("torch_loader", "capture", "convert", "distributed", "demo"),
+    ("integrations",),
+    ("cli",),
+    ("__main__", "__init__"),
+)
+"""The top-level units of ``zephon``, bottom to top: each imports only from the layers below
+its own (the units of one layer are independent of each other). ``__init__`` is the root
+package, which re-exports; importing it draws no edge."""
+
+UPWARD_ALLOWED = {
+    ("types.py", "training"): "SampleBatch.to_training() is the documented shorthand",
+    ("types.py", "provenance"): "SampleBatch.provenance()/fingerprint() are the shorthand",
+    ("pipeline.py", "torch_data"): "Pipeline.to_torch_dataset() is the shorthand",
+    ("pipeline.py", "capture"): (
+        "the builder's RL group operators (drop_equal_rewards, ...) read a capture store"
+    ),
+    ("provenance/_trace.py", "pipeline"): "trace() rebuilds the pipeline that made a batch",
+    ("provenance/_trace.py", "config"): "trace() rebuilds it from its config file",
 }
-"""``package: packages it must not import`` (top-level units of ``zephon``)."""
+"""``(module, unit it imports from the same or a higher layer): why``."""
+
+PAST_PIPELINE = {"capture": ("_engine",), "cli": ("_engine",)}
+"""``unit: units below it that it must still not import`` (it goes through ``Pipeline``)."""
 
 HOOKS = frozenset(
     {
@@ -93,6 +127,8 @@ PRIVATE_ALLOWED = {
     ("pipeline.py", "zephon._ops._pack_groups"): "Pipeline's signatures name the Literal types",
     ("pipeline.py", "zephon._ops._packing_algos"): "Pipeline's signatures name the Literal types",
     ("pipeline.py", "zephon._ops._token_measure"): "token calibration measures through the ops",
+    ("types.py", "zephon.provenance._extract"): "SampleBatch.provenance/fingerprint call the "
+    "implementation: the package also holds trace(), which rebuilds whole pipelines",
     ("cli/_convert.py", "zephon.convert._plan"): "the default of --documents-per-shard",
     ("convert/_driver.py", "zephon.io._converted"): "convert writes the format io reads",
     ("convert/_shard.py", "zephon.io._converted"): "convert writes the format io reads",
@@ -197,17 +233,35 @@ def _ignored_hook_lines(text: str) -> Iterator[tuple[int, str]]:
                 yield number, hook
 
 
+_LAYER = {unit: level for level, units in enumerate(LAYERS) for unit in units}
+
+
+def _upward_imports(rel: str, unit: str, tree: ast.AST) -> Iterator[str]:
+    """An import of a unit in the same or a higher layer, or past the pipeline."""
+    if unit not in _LAYER:
+        yield f"{rel}:1: {unit} has no place in LAYERS; add it to the layer it belongs to"
+        return
+    for line, module in sorted(set(_imports(tree))):
+        target = _unit(module)
+        if target is None or target == unit or (rel, target) in UPWARD_ALLOWED:
+            continue
+        if target in PAST_PIPELINE.get(unit, ()):
+            yield f"{rel}:{line}: {unit} must not import {target} ({module}); use Pipeline"
+        elif _LAYER.get(target, -1) >= _LAYER[unit]:
+            yield (
+                f"{rel}:{line}: {unit} (layer {_LAYER[unit]}) imports {module} (layer "
+                f"{_LAYER[target]}), which is not below it; move what it needs down, or "
+                "list the import in UPWARD_ALLOWED with why"
+            )
+
+
 def check_file(path: Path, package: Path) -> list[str]:
     """The violations in one module of ``package``."""
     rel = path.relative_to(package).as_posix()
     unit = rel.split("/")[0].removesuffix(".py")
     text = path.read_text()
     tree = ast.parse(text, str(path))
-    errors = []
-    for line, module in _imports(tree):
-        target = _unit(module)
-        if target in FORBIDDEN.get(unit, ()):
-            errors.append(f"{rel}:{line}: {unit} must not import {target} ({module})")
+    errors = list(_upward_imports(rel, unit, tree))
     errors.extend(_private_imports(rel, tree, package))
     if unit == "_engine":
         for line, name in _probes(tree):

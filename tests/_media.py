@@ -61,6 +61,44 @@ def write_shards(folder: Path, per_shard: list[int]) -> list[dict[str, Any]]:
     return written
 
 
+def video(
+    frames: int,
+    *,
+    rate: int = 10,
+    size: tuple[int, int] = (64, 48),
+    seed: int = 0,
+    container_format: str = "mp4",
+    codec: str = "mpeg4",
+) -> bytes:
+    """A video (default an MP4 of MPEG-4 part 2) of ``frames`` frames at ``rate`` a second,
+    encoded with PyAV: frame ``i`` is :func:`picture` ``seed + 3 * i``, so every frame looks
+    different."""
+    import av
+
+    out = io.BytesIO()
+    with av.open(out, "w", format=container_format) as container:
+        stream = container.add_stream(codec, rate=rate)
+        stream.width, stream.height = size
+        stream.pix_fmt = "yuv420p"
+        for i in range(frames):
+            frame = av.VideoFrame.from_image(picture(seed + 3 * i, size))
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+    return out.getvalue()
+
+
+def write_pairs_parquet(path: Path, n: int) -> None:
+    """``n`` samples of two images each (a JPEG ``jpg`` and a PNG ``png``) and a caption
+    ``txt`` (bytes), as one Parquet file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    jpg = [encoded(picture(100 + i, (30 + 9 * (i % 4), 28 + 11 * (i % 3)))) for i in range(n)]
+    png = [encoded(picture(200 + i, (56, 29 + 5 * (i % 5))), "PNG") for i in range(n)]
+    txt = [f"two pictures, number {i}".encode() for i in range(n)]
+    pq.write_table(pa.table({"jpg": jpg, "png": png, "txt": txt}), path, row_group_size=10)
+
+
 def as_read(sample: dict[str, Any]) -> dict[str, Any]:
     """A written sample as a reader returns it: every field encoded bytes."""
     return {k: v if k == "__key__" or isinstance(v, bytes) else str(v).encode()

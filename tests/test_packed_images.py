@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests._media import encoded, picture
-from tests._qwen2_vl import IMAGE_TOKEN, tiny_qwen2_vl
+from tests._qwen2_vl import IMAGE_TOKEN, VOCAB, tiny_qwen2_vl
 from tests._vision_chat import conversation, processor, vision_tokenizer_dir
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon._mrope import document_mrope
@@ -33,7 +33,9 @@ def captions(n: int, *, two_images: bool) -> list[dict[str, Any]]:
     return out
 
 
-def packed_batches(n: int = 8, *, two_images: bool = True, rows: int = 2) -> list[SampleBatch]:
+def packed_batches(
+    n: int = 8, *, two_images: bool = True, rows: int = 2, **packing: Any
+) -> list[SampleBatch]:
     source = StaticMixtureWorkSource(
         [Dataset.from_records("c", captions(n, two_images=two_images))], chunk_size=4
     )
@@ -41,7 +43,7 @@ def packed_batches(n: int = 8, *, two_images: bool = True, rows: int = 2) -> lis
         Pipeline(source)
         .decode_image(fields=FIELDS, min_pixels=28 * 28, max_pixels=28 * 28 * 6)
         .tokenize("bytes")
-        .pack_sequences(160, image_grids="image_grid_thw", max_images_per_row=4)
+        .pack_sequences(160, image_grids="image_grid_thw", max_images_per_row=4, **packing)
         .batch(rows, drop_last=False)
         .options(runner="inline")
     )
@@ -129,6 +131,81 @@ def test_packed_loss_equals_the_loss_of_each_sample_alone() -> None:
             count += n
     assert count == int((out["labels"][:, 1:] != -100).sum())
     assert packed_sum == pytest.approx(alone_sum, rel=1e-6)  # the loss is float32
+
+
+MARKERS = (VOCAB - 2, VOCAB - 3)  # the tiny model's vision start and end tokens
+
+
+def model_positions(ids: torch.Tensor, grids: Any) -> np.ndarray:
+    """transformers' own mRoPE positions of one sample (from its token types)."""
+    positions, _ = tiny_qwen2_vl().model.get_rope_index(
+        ids[None],
+        mm_token_type_ids=(ids[None] == IMAGE_TOKEN).int(),
+        image_grid_thw=torch.tensor(np.asarray(grids, dtype=np.int64)).reshape(-1, 3),
+    )
+    return positions[:, 0].numpy()  # type: ignore[no-any-return]
+
+
+def test_image_markers_make_the_models_rope_index_agree_on_several_images() -> None:
+    samples = 0
+    for marked, plain in zip(packed_batches(image_markers=MARKERS), packed_batches(), strict=True):
+        out = inputs(marked, convention="hf", return_tensors="pt")
+        bare = inputs(plain, convention="hf", return_tensors="pt")
+        for b, record in enumerate(marked.records):
+            cu = record.payload["cu_seqlens"]
+            for i, sample in enumerate(record.payload["packed_samples"]):
+                ids = out["input_ids"][b, cu[i] : cu[i + 1]]
+                grids = sample["image_grid_thw"]
+                tokens = [t * h * w // 4 for t, h, w in grids]
+                expected = [x for n in tokens for x in (MARKERS[0], *[IMAGE_TOKEN] * n, MARKERS[1])]
+                assert ids.tolist() == expected + list(sample["input_ids"])
+                assert (out["labels"][b, cu[i] : cu[i] + len(expected)] == -100).all()
+                np.testing.assert_array_equal(
+                    out["position_ids"][1:, b, cu[i] : cu[i + 1]].numpy(),
+                    model_positions(ids, grids),
+                )
+                if len(grids) == 2:  # back to back, the model takes the two images for one
+                    cu_bare = plain.records[b].payload["cu_seqlens"]
+                    ids = bare["input_ids"][b, cu_bare[i] : cu_bare[i + 1]]
+                    with pytest.raises(RuntimeError, match="must match the existing size"):
+                        model_positions(ids, grids)
+                    samples += 1
+    assert samples == 4
+
+
+def test_packed_loss_with_markers_equals_the_models_own_loss_per_sample() -> None:
+    model = tiny_qwen2_vl()
+    (batch,) = packed_batches(6, rows=3, image_markers=MARKERS)
+    out = inputs(batch, convention="hf", return_tensors="pt")
+    with torch.no_grad():
+        packed = model(**out)
+    packed_sum = packed.loss.item() * int((out["labels"][:, 1:] != -100).sum())
+    alone_sum, at = 0.0, 0
+    for b, record in enumerate(batch.records):
+        cu = record.payload["cu_seqlens"]
+        for i, sample in enumerate(record.payload["packed_samples"]):
+            ids = out["input_ids"][b : b + 1, cu[i] : cu[i + 1]]
+            grids = torch.tensor(np.asarray(sample["image_grid_thw"], dtype=np.int64))
+            patches = int(grids.prod(dim=1).sum())
+            with torch.no_grad():  # no positions given: the model's own rope index
+                result = model(
+                    input_ids=ids,
+                    labels=out["labels"][b : b + 1, cu[i] : cu[i + 1]],
+                    pixel_values=out["pixel_values"][at : at + patches],
+                    image_grid_thw=grids,
+                    mm_token_type_ids=(ids == IMAGE_TOKEN).int(),
+                )
+            at += patches
+            labels = out["labels"][b : b + 1, cu[i] : cu[i + 1]]
+            alone_sum += result.loss.item() * int((labels[:, 1:] != -100).sum())
+    assert at == out["pixel_values"].shape[0]
+    assert packed_sum == pytest.approx(alone_sum, rel=1e-6)
+
+
+def test_image_markers_are_checked() -> None:
+    for bad in ({"image_markers": (1,)}, {"image_markers": (1, 2), "image_token_id": 5}):
+        with pytest.raises(ConfigError, match="image_markers"):
+            packed_batches(**bad)
 
 
 def test_missing_image_token_id_is_an_error() -> None:

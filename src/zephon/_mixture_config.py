@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from zephon.config import ConfigFileError, check_call, check_value
+from zephon._config_values import ConfigFileError, check_call, check_value
 from zephon.errors import ConfigError
 from zephon.work import MixtureSchedule, MixtureSpec, TokenCalibration
 

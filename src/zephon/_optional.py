@@ -31,6 +31,7 @@ EXTRA_OF = {
     "matplotlib": "plots",
     "statsd": "statsd",
     "PIL": "images",
+    "av": "video",
     "litdata": "litdata",
     "vortex": "vortex",
 }

@@ -83,18 +83,19 @@ def _flat_row(
     loss_field: str | None,
     merge_size: int,
 ) -> _Row:
-    """One packed row as a token row: each sample's image tokens, then its text."""
+    """One packed row as a token row: each sample's image tokens (each image between the
+    row's ``image_markers`` when it has them), then its text."""
     payload = record.payload
     cu = np.asarray(payload["cu_seqlens"], dtype=np.int64)
     image_map = np.asarray(payload["image_map"], dtype=np.int64).reshape(-1, 4)
+    markers = payload.get("image_markers")
     ids: list[np.ndarray] = []
     loss: list[np.ndarray] = []
-    kinds: list[np.ndarray] = []
     grids: list[tuple[int, int, int]] = []
     for i, sample in enumerate(payload["packed_samples"]):
         text = np.asarray(sample[token_name(sample)]).reshape(-1)
         lines = image_map[image_map[:, 0] == i]
-        vision = int(lines[:, 3].sum())
+        vision = int(lines[:, 3].sum()) + (2 * len(lines) if markers is not None else 0)
         length = int(cu[i + 1] - cu[i])
         if length == len(text) and vision:  # the vision tokens are in the text already
             vision = 0
@@ -110,15 +111,19 @@ def _flat_row(
                 f"{grid_field!r}; pass image_grids= the field pack_sequences counted"
             )
         grids += [_grid(sample[grid_field][j]) for j in lines[:, 1]]
-        ids += [np.full(vision, image_token_id, dtype=np.int64), text.astype(np.int64)]
+        vision_ids = np.full(vision, image_token_id, dtype=np.int64)
+        if markers is not None and vision:  # each image between its start and end marker
+            ends = np.cumsum(lines[:, 3] + 2)
+            vision_ids[ends - lines[:, 3] - 2] = markers[0]
+            vision_ids[ends - 1] = markers[1]
+        ids += [vision_ids, text.astype(np.int64)]
         mask = np.ones(len(text), dtype=np.float32)
         if loss_field and loss_field in sample:
             mask = np.asarray(sample[loss_field], dtype=np.float32).reshape(-1)
         loss += [np.zeros(vision, dtype=np.float32), mask]
-        kinds += [np.ones(vision, dtype=bool), np.zeros(len(text), dtype=bool)]
     flat = np.concatenate(ids)
-    is_image = np.concatenate(kinds)
-    for _, _, offset, tokens in image_map:  # images in the text: never targets
+    is_image = np.zeros(len(flat), dtype=bool)
+    for _, _, offset, tokens in image_map:  # the image tokens, wherever they are
         is_image[offset : offset + tokens] = True
     loss_mask = np.concatenate(loss)
     loss_mask[is_image] = 0

@@ -17,10 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from zephon._atomic import write_atomic
 from zephon.checkpoints import merge_checkpoints
 from zephon.errors import CheckpointError
 
-__all__ = ["exit_rank", "gather_checkpoints"]
+__all__ = ["exit_rank"]
 
 
 def _torch_group_ready() -> bool:
@@ -29,15 +30,6 @@ def _torch_group_ready() -> bool:
     except ImportError:
         return False
     return bool(dist.is_available() and dist.is_initialized())
-
-
-def _write_atomically(path: Path, data: Mapping[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def gather_checkpoints(
@@ -70,7 +62,7 @@ def gather_checkpoints(
         return merge_checkpoints(gathered)
     round_dir = Path(folder) / str(tag)
     round_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomically(round_dir / f"rank-{rank:05d}.json", state)
+    write_atomic(round_dir / f"rank-{rank:05d}.json", json.dumps(state))
     paths = [round_dir / f"rank-{r:05d}.json" for r in range(world_size)]
     deadline = time.monotonic() + timeout_s
     delay = 0.005

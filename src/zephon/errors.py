@@ -9,7 +9,6 @@
     │   ├── DataFormatError               malformed line or corrupt shard (names file and line)
     │   ├── MissingFieldError (KeyError)  a record lacks a field (names field and sample id)
     │   └── ChatFormatError               a malformed conversation (names field, turn, operator)
-    ├── OperatorError (RuntimeError)      an operator raised; carries its name and the cause
     ├── ContractError (RuntimeError)      an operator or accumulator broke the contract
     ├── ReorderError (RuntimeError)       a duplicate or missing micro-batch sequence number
     ├── EngineProcessError (RuntimeError) the engine process (engine_process=True) died
@@ -43,7 +42,6 @@ __all__ = [
     "DataFormatError",
     "MissingDependencyError",
     "MissingFieldError",
-    "OperatorError",
     "ReorderError",
     "WaitInterrupted",
     "ZephonError",
@@ -172,25 +170,6 @@ def _rebuild_missing_field(
 
 class ChatFormatError(DataError):
     """A conversation cannot be rendered; the message names the operator, field and turn."""
-
-
-class OperatorError(ZephonError, RuntimeError):
-    """An operator raised while processing a micro-batch.
-
-    ``op_name`` names the operator; the original exception is chained as ``__cause__`` and its
-    formatted traceback is kept in ``worker_traceback`` (also for process and Ray workers).
-    """
-
-    def __init__(self, op_name: str, message: str, worker_traceback: str = "") -> None:
-        super().__init__(f"operator {op_name!r} failed: {message}")
-        self.op_name = op_name
-        self.worker_traceback = worker_traceback
-
-    def __str__(self) -> str:
-        base = super().__str__()
-        if self.worker_traceback:
-            return f"{base}\n\nworker traceback:\n{self.worker_traceback}"
-        return base
 
 
 class ContractError(ZephonError, RuntimeError):

@@ -17,6 +17,10 @@ RunnerName = Literal["inline", "threads", "process", "ray"]
 """The runners' names for typing; the runner registry defines them (a test keeps the two
 equal)."""
 RUNNERS: tuple[str, ...] = get_args(RunnerName)
+ENGINE_PROCESS_RUNNERS: tuple[str, ...] = ("inline", "threads", "process")
+"""The runners that may run inside ``engine_process=True`` (the registry's
+``in_engine_process``; a test keeps the two equal). Options sit below the engine, so they
+name the runners rather than reading the engine's registry."""
 
 
 def default_workers() -> int:
@@ -172,15 +176,13 @@ class RuntimeOptions:
 
     def _validate_runner(self) -> None:
         """``runner`` is a registered runner that can run where ``engine_process`` puts it."""
-        from zephon._engine.runners import REGISTRY  # the engine imports this module
-
-        if self.runner not in REGISTRY:
+        if self.runner not in RUNNERS:
             raise ConfigError(
-                f"runner must be one of {list(REGISTRY)}, got {self.runner!r}"
-                + did_you_mean(self.runner, list(REGISTRY))
+                f"runner must be one of {list(RUNNERS)}, got {self.runner!r}"
+                + did_you_mean(self.runner, list(RUNNERS))
             )
-        if self.engine_process and not REGISTRY[self.runner].in_engine_process:
-            usable = [name for name, r in REGISTRY.items() if r.in_engine_process]
+        if self.engine_process and self.runner not in ENGINE_PROCESS_RUNNERS:
+            usable = list(ENGINE_PROCESS_RUNNERS)
             raise ConfigError(
                 f"engine_process=True cannot run runner={self.runner!r}: its stages belong to "
                 f"the session of the process that iterates; use runner= one of {usable} "

@@ -23,6 +23,7 @@ from zephon._ops._token_measure import row_counter
 from zephon._ops.batch import BatchOp
 from zephon._ops.decode_image import DecodeImageOp
 from zephon._ops.decode_text import DecodeTextOp
+from zephon._ops.decode_video import DecodeVideoOp
 from zephon._ops.ensure_mixture import EnsureMixtureOp
 from zephon._ops.expand_chat import ExpandChatOp
 from zephon._ops.image_tokens import ImageTokensOp
@@ -41,7 +42,7 @@ from zephon.options import RuntimeOptions
 from zephon.types import SampleBatch, StreamItem
 from zephon.work import MixtureSpec, TokenMeasuredSource, WorkSource, source_mixture
 
-__all__ = ["OPERATOR_METHODS", "Pipeline", "Placement"]
+__all__ = ["OPERATOR_METHODS", "Placement"]
 
 Placement = Literal["local", "remote"]
 _Method = TypeVar("_Method", bound=Callable[..., Any])
@@ -187,6 +188,20 @@ class Pipeline:
         """Decode image bytes to uint8 RGB arrays, resized to patch multiples, with patch
         grids and vision-token counts; kwargs: fields, resize, min_pixels, max_pixels..."""
         return self._append(DecodeImageOp(**kwargs), parallelism, placement, resources)
+
+    @_operator(forwards=DecodeVideoOp)
+    def decode_video(
+        self,
+        parallelism: int | None = None,
+        *,
+        placement: Placement = "local",
+        resources: Resources | None = None,
+        **kwargs: Any,
+    ) -> Pipeline:
+        """Decode video bytes (PyAV) to uint8 RGB frames sampled at ``fps``, resized to patch
+        multiples, with patch grids and vision-token counts; kwargs: fields, fps, min_frames,
+        max_frames, temporal_patch_size and decode_image's."""
+        return self._append(DecodeVideoOp(**kwargs), parallelism, placement, resources)
 
     @_operator(forwards=ImageTokensOp)
     def image_tokens(
@@ -361,6 +376,7 @@ class Pipeline:
         max_images_per_row: int | None = None,
         image_token_id: int | None = None,
         max_vision_tokens_per_row: int | None = None,
+        image_markers: tuple[int, int] | None = None,
         parallelism: int | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -374,7 +390,9 @@ class Pipeline:
         length (rows then carry ``cu_seqlens`` and an ``image_map``); with ``image_token_id``
         the vision tokens are already in the tokens, as runs of that id (``tokenize_chat``
         with ``image_grids``); ``max_vision_tokens_per_row`` caps a row's vision tokens (even
-        work for the vision encoder); see docs/multimodal.md.
+        work for the vision encoder); ``image_markers=(start, end)`` puts those token ids
+        around each image (Qwen2-VL's ``<|vision_start|>``, ``<|vision_end|>``); see
+        docs/multimodal.md.
         """
         op = PackSequencesOp(
             max_length,
@@ -396,6 +414,7 @@ class Pipeline:
             max_images_per_row=max_images_per_row,
             image_token_id=image_token_id,
             max_vision_tokens_per_row=max_vision_tokens_per_row,
+            image_markers=image_markers,
             component_names=self.work_source.component_names(),
         )
         return self._append(op, parallelism, placement, resources)
@@ -555,6 +574,34 @@ class Pipeline:
     def materialize(self) -> Pipeline:
         """A passthrough stage boundary: payloads are resolved there (from shared memory)."""
         return self._append(MaterializeOp(), 1)
+
+    # -- group operators over a StreamingCaptureSource (zephon.capture.group_ops) ----------
+
+    @_operator()
+    def drop_equal_rewards(self, store: Any, *, name: str | None = None) -> Pipeline:
+        """Drop each group whose rewards are all equal; its members are filtered in the prompt
+        ledger of ``store`` (a capture store or its URL) with the reason."""
+        from zephon.capture.group_ops import DropEqualRewards
+
+        return self.add_op(DropEqualRewards(store, name=name))
+
+    @_operator()
+    def keep_per_prompt(self, store: Any, k: int, *, name: str | None = None) -> Pipeline:
+        """Keep the first ``k`` members of each group; the others are filtered in the prompt
+        ledger of ``store`` (a capture store or its URL)."""
+        from zephon.capture.group_ops import KeepPerPrompt
+
+        return self.add_op(KeepPerPrompt(store, k, name=name))
+
+    @_operator()
+    def difficulty_pool(
+        self, store: Any, low: float, high: float, *, name: str | None = None
+    ) -> Pipeline:
+        """Keep each group whose mean reward lies in ``[low, high]``; the members of the
+        others are filtered in the prompt ledger of ``store`` (a capture store or its URL)."""
+        from zephon.capture.group_ops import DifficultyPool
+
+        return self.add_op(DifficultyPool(store, low, high, name=name))
 
     def add_op(
         self,
@@ -741,7 +788,12 @@ class Pipeline:
         if self._origin is None:
             from zephon.provenance import Origin
 
-            self._origin = Origin(self.work_source.datasets, inputs=self._stage_inputs)
+            decoders = [s.op for s in self._specs if isinstance(s.op, DecodeImageOp)]
+            decoders = [op for op in decoders if op.media == "image"]
+            fields = decoders[0].fields if decoders else None
+            self._origin = Origin(
+                self.work_source.datasets, inputs=self._stage_inputs, image_fields=fields
+            )
         return self._origin
 
     def _stage_inputs(self) -> Any:
@@ -843,7 +895,8 @@ class Pipeline:
 
 
 def _with_on_error(spec: OpSpec, on_error: Literal["raise", "skip"]) -> OpSpec:
-    """``spec`` with a ``decode_image`` that follows the run's ``on_error`` when it names none."""
+    """``spec`` with a ``decode_image`` (or ``decode_video``) that follows the run's
+    ``on_error`` when it names none."""
     op = spec.op
     if not isinstance(op, DecodeImageOp) or op.on_error is not None:
         return spec

@@ -30,7 +30,6 @@ __all__ = [
     "TAG_SNAPSHOT_REPLAY",
     "TAG_TARGET_MIXTURE",
     "TAG_TOMBSTONE",
-    "TOKEN_FIELDS",
     "ChunkId",
     "ChunkOffset",
     "ContributorRef",
@@ -39,24 +38,17 @@ __all__ = [
     "FlushSentinel",
     "LaneId",
     "LineagePath",
-    "SampleBatch",
     "SampleCursor",
     "SampleId",
-    "SampleMeta",
-    "SampleRecord",
     "SnapshotMarker",
     "StreamItem",
     "Tombstone",
-    "cut_note",
     "end_of_data",
     "flush_sentinel",
     "is_control",
     "record_tokens",
     "records_of",
     "snapshot_marker",
-    "spawn_child",
-    "tombstone_meta",
-    "tombstones_for_record",
 ]
 
 SampleId: TypeAlias = tuple[int, int, int]
@@ -342,14 +334,14 @@ class SampleBatch:
         sample id, lineage and token spans in the row and in the source document (see
         :mod:`zephon.provenance`). ``origin`` (a pipeline) is only needed for a batch that
         was pickled after delivery."""
-        from zephon.provenance import batch_provenance
+        from zephon.provenance._extract import batch_provenance
 
         return batch_provenance(self, origin)
 
     def fingerprint(self) -> str:
         """A stable digest (32 hex digits) of the batch's training content: every field of
         every row's payload, never its metadata, so equal batches on any runner agree."""
-        from zephon.provenance import fingerprint
+        from zephon.provenance._extract import fingerprint
 
         return fingerprint(self)
 

@@ -184,6 +184,8 @@ def test_a_damaged_stream_file_is_refused_not_read_as_empty(tmp_path: Path) -> N
         data = bytearray(path.read_bytes())
         data[-5] ^= 0x01  # one flipped bit inside the JSON
         path.write_bytes(bytes(data))
+        await store.close()
+        store = open_store(url)  # a client reads the log once; a new one reads the damage
         with pytest.raises(LogCorruptionError, match=r"s\.stream is not an intact zephon stream"):
             await store.stream_ledger("s")
         with pytest.raises(LogCorruptionError):
@@ -315,3 +317,18 @@ def test_overdue_members_are_filtered_so_a_stuck_rollout_cannot_stall_its_group(
 def _score_member(ledger: StreamLedger, ref: tuple[int, int]) -> None:
     for to in ("captured", "scored"):
         ledger.advance([ref], to)
+
+
+def test_a_copy_equals_the_ledger_and_shares_nothing_mutable() -> None:
+    ledger = StreamLedger(stream="s")
+    ledger.issue(0, "k0", {"q": [1, 2]}, 2, {"epoch": [0, 1]})
+    ledger.issue(1, "k1", "text", 1, None)
+    ledger.issue(2, "k2", [{"a": 1}], 1, {"epoch": [0, 3]})
+    copy = ledger.copy()
+    assert copy == ledger and copy.to_json() == ledger.to_json()
+    copy.prompts[0].payload["q"].append(3)
+    copy.prompts[2].payload[0]["a"] = 2
+    copy.cursor["epoch"].append(9)
+    copy.prompts.pop()
+    assert ledger.prompts[0].payload == {"q": [1, 2]} and ledger.prompts[2].payload == [{"a": 1}]
+    assert ledger.cursor == {"epoch": [0, 3]} and ledger.next_position == 3

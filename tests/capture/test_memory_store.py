@@ -157,26 +157,6 @@ def test_error_hierarchy() -> None:
     assert P.TokenCaptureRequestRefused is P.CaptureAdmissionRefused
 
 
-def test_installers_check_members_and_clear() -> None:
-    store = MemoryStore(uuid.uuid4().hex)
-    try:
-        P.install_token_sink(store)
-        P.install_token_source(store)
-        P.install_lineage_store(store)
-        assert P.installed_token_sink() is store
-        assert P.installed_token_source() is store
-        assert P.installed_lineage_store() is store
-        with pytest.raises(TypeError, match="mark_incomplete"):
-            P.install_token_sink(object())  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match="freeze"):
-            P.install_token_source(object())  # type: ignore[arg-type]
-    finally:
-        P.install_token_sink(None)
-        P.install_token_source(None)
-        P.install_lineage_store(None)
-    assert P.installed_token_sink() is None and P.installed_lineage_store() is None
-
-
 def test_lineage_resolution_invariant() -> None:
     match = P.LineageMatch(model_call_id="c", cumulative_token_ids=(1,), digest="d")
     P.LineageResolution(ParentResolutionStatus.RESOLVED, match=match)

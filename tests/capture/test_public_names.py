@@ -1,4 +1,5 @@
-"""``zephon.capture`` re-exports the store kit: open_store, protocols, errors, conformance."""
+"""``zephon.capture`` gathers the store kit: open_store, the stores, errors, conformance; the
+protocols are exported by ``zephon.capture.protocols`` and also resolve here."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from pathlib import Path
 
 import zephon.capture as capture
 from tests.capture._procs import REPO
-from zephon.capture import stores, testing
+from zephon.capture import protocols, stores, testing
 
 
 def test_every_public_name_resolves() -> None:
     assert [n for n in capture.__all__ if not hasattr(capture, n)] == []
-    for name in ("open_store", "run_conformance", "CaptureStore", "TokenSink", "TokenSource"):
-        assert name in capture.__all__
+    assert {"open_store", "run_conformance"} <= set(capture.__all__)
+    for name in ("CaptureStore", "TokenSink", "TokenSource"):
+        assert name in protocols.__all__ and name not in capture.__all__
+        assert getattr(capture, name) is getattr(protocols, name)
     assert capture.FileStore is stores.FileStore
     assert capture.FileStore.kind == "file" and capture.PostgresStore.kind == "postgres"
     assert testing.run_conformance is capture.run_conformance

@@ -14,14 +14,14 @@ import cloudpickle
 import pytest
 
 from tests.engine._sources import RangeSource
-from zephon import Dataset, Pipeline
+from zephon import Dataset, Pipeline, options
 from zephon._engine.compile import CompiledRun, compile
 from zephon._engine.engine_process import EngineProcess
 from zephon._engine.runners import REFERENCE, REGISTRY, ThreadsRunner, available, docs_table
 from zephon.errors import ConfigError
 from zephon.io import io_totals
 from zephon.ops import BaseOp, OpContext, OpTraits
-from zephon.options import RUNNERS, RunnerName
+from zephon.options import ENGINE_PROCESS_RUNNERS, RUNNERS, RunnerName
 from zephon.testing import check_operator
 from zephon.types import SampleBatch, SampleRecord
 
@@ -92,6 +92,8 @@ def ray_if_installed() -> Iterator[None]:
 
 def test_the_typing_literal_and_the_option_names_are_the_registry() -> None:
     assert get_args(RunnerName) == tuple(REGISTRY) == RUNNERS
+    in_engine = tuple(name for name, runner in REGISTRY.items() if runner.in_engine_process)
+    assert in_engine == ENGINE_PROCESS_RUNNERS
     assert REFERENCE == "inline"
     with pytest.raises(ConfigError, match=r"runner must be one of \['inline', 'threads'"):
         Pipeline(RangeSource([], 1)).options(runner="thread")
@@ -167,13 +169,16 @@ def test_the_plan_takes_stage_runners_fusion_and_driver_units_from_the_registry(
 def test_a_runner_is_one_registry_entry(
     docs: list[dict[str, object]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A new runner class in the registry is a valid option, planned, run and checked."""
+    """A new runner class in the registry, its name in the options' names, is a valid
+    option, planned, run and checked."""
 
     class Spare(ThreadsRunner):
         name = "spare"
         summary = "threads under another name"
 
     monkeypatch.setitem(REGISTRY, "spare", Spare())
+    monkeypatch.setattr(options, "RUNNERS", (*RUNNERS, "spare"))
+    monkeypatch.setattr(options, "ENGINE_PROCESS_RUNNERS", (*ENGINE_PROCESS_RUNNERS, "spare"))
     pipe = build(docs, "spare")  # type: ignore[arg-type]
     assert {s.runner for s in pipe.explain().stages} == {"spare", "driver"}
     assert digest(pipe) == digest(build(docs))

@@ -14,9 +14,9 @@ from tests.engine import _resume as resume
 from tests.engine._dedupe import DedupeOp
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 from zephon._engine.compile import compile as compile_run
-from zephon._engine.snapshot_codec import pack_state, unpack_state
 from zephon._engine.snapshots import Role
 from zephon._engine.stage import MarkerMode
+from zephon._snapshot_codec import pack_state, unpack_state
 from zephon.checkpoints import refetch_counts, seal
 from zephon.errors import CheckpointError
 from zephon.ops import Rebuild

@@ -92,7 +92,7 @@ def run_until_parked_then_kill(argv: list[str], out: Path, ranks: int = 2) -> No
             parked.update(re.findall(r"parked (\d+) \d+", line))
             if len(parked) == ranks:
                 break
-        assert len(parked) == ranks, "".join(seen[-60:])
+        assert len(parked) == ranks, "".join(seen[-250:])
         assert len(kill_ranks(out)) == ranks
         proc.stdout.read()  # torchrun reports the dead ranks and exits
         assert proc.wait(timeout=JOB_TIMEOUT_S) != 0

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
-from zephon._engine.snapshot_codec import unpack_state
 from zephon._ops.batch import BatchAccumulator
+from zephon._snapshot_codec import unpack_state
 from zephon.testing import run_with_stops
 from zephon.types import SampleBatch, SampleMeta, SampleRecord
 

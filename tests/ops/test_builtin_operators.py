@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests._media import samples
+from tests._media import samples, video
 from tests.ops._chat import CHATML_TAGGED, conversations
 from zephon import Dataset, MixtureSpec, Pipeline, SampleBatch, SampleRecord
 from zephon import StaticMixtureWorkSource as Source
@@ -23,6 +23,7 @@ TEXTS = [{"id": i, "text": "alpha beta " * (1 + i % 7) + f"doc {i}"} for i in ra
 OTHER = [{"id": 1000 + i, "text": "gamma " * (1 + i % 3)} for i in range(120)]
 CHATS = conversations(48, seed=3)
 IMAGES = samples(40)
+VIDEOS = [{"mp4": video(2 + i % 4, size=(32, 24), seed=i)} for i in range(12)]
 
 
 def text_source() -> Source:
@@ -60,12 +61,34 @@ def lengths(batch: SampleBatch) -> SampleBatch:
     )
 
 
+_GROUP_STORES: dict[str, str] = {}
+
+
+def groups(op: str) -> tuple[Pipeline, str]:
+    """The admitted groups of a filled prompt-ledger stream and its store URL (one file store
+    per operator: each files its own drops in the ledger)."""
+    from tests.capture._group_stream import filled_stream_url
+    from zephon.capture.stores import open_store
+    from zephon.capture.streaming import StreamingCaptureSource
+
+    if op not in _GROUP_STORES:
+        _GROUP_STORES[op] = filled_stream_url()
+    url = _GROUP_STORES[op]
+    source = StreamingCaptureSource(
+        open_store(url), "s", groups_per_step=2, max_staleness=1000, prompts=24
+    )
+    return Pipeline(source), url
+
+
 Build = Callable[[Path], Pipeline]
 BUILTINS: dict[str, Build] = {
     "decode_text": lambda tok: Pipeline(text_source()).decode_text(),
     "decode_image": lambda tok: Pipeline(
         Source([Dataset.from_records("i", IMAGES, shard_size=16)], chunk_size=8)
     ).decode_image(min_pixels=28 * 28),
+    "decode_video": lambda tok: Pipeline(
+        Source([Dataset.from_records("v", VIDEOS, shard_size=6)], chunk_size=4)
+    ).decode_video(min_pixels=28 * 28, max_pixels=28 * 28 * 4),
     "image_tokens": lambda tok: Pipeline(
         Source([Dataset.from_records("i", IMAGES, shard_size=16)], chunk_size=8)
     ).image_tokens(min_pixels=28 * 28),
@@ -92,6 +115,20 @@ BUILTINS: dict[str, Build] = {
     ),
     "map_batch": lambda tok: tokens(text_source()).batch(4).map_batch(lengths),
     "materialize": lambda tok: tokens(text_source()).materialize(),
+    "drop_equal_rewards": lambda tok: (lambda p, url: p.drop_equal_rewards(url))(
+        *groups("drop_equal_rewards")
+    ),
+    "keep_per_prompt": lambda tok: (lambda p, url: p.keep_per_prompt(url, 1))(
+        *groups("keep_per_prompt")
+    ),
+    "difficulty_pool": lambda tok: (lambda p, url: p.difficulty_pool(url, 0.25, 0.75))(
+        *groups("difficulty_pool")
+    ),
+}
+# A StreamingCaptureSource's shards hold a store client, which does not travel to processes.
+RUNNERS = {
+    name: ("inline", "threads")
+    for name in ("drop_equal_rewards", "keep_per_prompt", "difficulty_pool")
 }
 
 
@@ -107,6 +144,7 @@ def test_builtin_operator_passes_check_operator(name, chat_tokenizer_dir):
     def build() -> Pipeline:
         return BUILTINS[name](chat_tokenizer_dir).options(canonical_replicas=2)
 
-    report = check_operator(build, runners=("inline", "threads", "process"), workers=(1, 2, 4))
+    runners = RUNNERS.get(name, ("inline", "threads", "process"))
+    report = check_operator(build, runners=runners, workers=(1, 2, 4))
     assert report.items > 10
     assert len(report.passed) >= 10

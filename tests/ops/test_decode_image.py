@@ -157,3 +157,39 @@ def test_runners_workers_stops_and_ranks_agree_over_tar_shards(tmp_path: Path) -
 
     report = check_operator(build, runners=("inline", "threads", "process"), workers=(1, 2, 4))
     assert report.items == 36 and len(report.passed) >= 10
+
+
+def _in_shared_memory(array: np.ndarray) -> bool:
+    """Whether ``array``'s memory is a mapping of one of the run's shared-memory segments."""
+    from zephon._engine import shm
+
+    return any(array.base is segment for segment in shm._MAPS.values())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("engine_process", [False, True])
+def test_process_workers_hand_decoded_images_over_in_shared_memory(engine_process: bool) -> None:
+    """Pixels decoded in worker processes reach the consumer as uint8 views on shared memory
+    (no pickled copy), through packing and batching, equal to the inline run's."""
+    rows = [{"jpg": encoded(picture(i, (200 + 3 * i, 180))), "txt": "seen"} for i in range(12)]
+    source = StaticMixtureWorkSource([Dataset.from_records("r", rows, shard_size=6)], chunk_size=4)
+
+    def run(**options: Any) -> list[np.ndarray]:
+        pipe = (
+            Pipeline(source)
+            .decode_image(max_pixels=28 * 28 * 64)
+            .tokenize("bytes", field="txt")
+            .pack_sequences(2048, image_grids="image_grid_thw")
+            .batch(1, drop_last=False)
+            .options(**options)
+        )
+        batches = list(pipe)
+        return [s["jpg"] for b in batches for r in b.records for s in r.payload["packed_samples"]]
+
+    expected = run(runner="inline")
+    got = run(runner="process", engine_process=engine_process)
+    assert len(got) == 12 and all(a.nbytes >= 64 * 1024 for a in got)  # over shm_min_bytes
+    assert all(a.dtype == np.uint8 and _in_shared_memory(a) for a in got)
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    pickled = run(runner="process", engine_process=engine_process, shm_min_bytes=None)
+    assert not any(_in_shared_memory(a) for a in pickled)

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from zephon._engine.lane_state import LaneStateLog, RestartPoint, frozen_copy
-from zephon._engine.snapshot_codec import (
+from zephon._engine.snapshots import Rebuilder, Role, holds_records
+from zephon._snapshot_codec import (
     HeldPayloads,
     HeldRecord,
     decode,
@@ -26,7 +27,6 @@ from zephon._engine.snapshot_codec import (
     pack_state,
     unpack_state,
 )
-from zephon._engine.snapshots import Rebuilder, Role, holds_records
 from zephon.checkpoints import LaneCheckpoint
 from zephon.errors import CheckpointError
 from zephon.ops import BaseOp, LaneStateful, OpContext

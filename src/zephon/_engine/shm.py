@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from zephon._exit import at_exit
+from zephon._snapshot_codec import register_array_view
 from zephon.types import SampleBatch, SampleRecord, StreamItem
 
 NAME_PREFIX = "zephon-shm-"
@@ -166,6 +167,9 @@ class ShmArrayRef:
 
     def __repr__(self) -> str:
         return f"ShmArrayRef(segment={self.args[0]!r}, dtype={self.dtype}, shape={self.shape})"
+
+
+register_array_view(ShmArrayRef, ShmArrayRef.resolve)  # a held payload's array, in a checkpoint
 
 
 class _Resolving(threading.local):

@@ -26,8 +26,8 @@ from typing import Any
 
 from zephon._engine.lane_state import has_lane_state
 from zephon._engine.replay_filter import ReplayFilterOp
-from zephon._engine.snapshot_codec import HeldRecord
 from zephon._engine.stage import MarkerMode, call_process_many
+from zephon._snapshot_codec import HeldRecord
 from zephon.errors import ContractError
 from zephon.ops import (
     Accumulator,

@@ -11,8 +11,8 @@ import copy
 from collections.abc import Mapping, Sequence
 
 from zephon._engine.compile import CompiledRun
-from zephon._engine.snapshot_codec import HeldRecord
 from zephon._engine.snapshots import Rebuilder, stand_in_meta
+from zephon._snapshot_codec import HeldRecord
 from zephon.ops import BaseOp
 from zephon.types import SampleCursor, SampleRecord
 

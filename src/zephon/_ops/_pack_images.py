@@ -5,9 +5,10 @@ tokens, known from the patch grids (``image_tokens`` reads them from headers, ``
 from pixels) before any pixel is decoded; the row layout (``cu_seqlens`` and the image map) is
 derived from the same grids when the row is assembled, so it needs no state of its own.
 
-Row layout: each sample is its images' tokens, in the order of its grids, then its text;
-or, when the vision tokens are already in the text (``tokenize_chat`` expanded the image
-placeholders), the sample's tokens as they are, each image where its run of image tokens is.
+Row layout: each sample is its images' tokens, in the order of its grids, then its text
+(with ``image_markers``, each image between a start and an end marker token); or, when the
+vision tokens are already in the text (``tokenize_chat`` expanded the image placeholders),
+the sample's tokens as they are, each image where its run of image tokens is.
 """
 
 from __future__ import annotations
@@ -70,6 +71,13 @@ def inline_image_offsets(tokens: Any, counts: Sequence[int], token: int, sample:
             "tokenize_chat(image_grids=...) from the same grids"
         )
     return offsets
+
+
+def marked_offsets(counts: Sequence[int]) -> list[int]:
+    """Where each image's vision tokens start in a sample laid out with markers: each image
+    as its start marker, its ``counts[k]`` vision tokens and its end marker, one after the
+    other from the sample's start."""
+    return [int(sum(counts[:k])) + 2 * k + 1 for k in range(len(counts))]
 
 
 def row_layout(

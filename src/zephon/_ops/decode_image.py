@@ -15,18 +15,18 @@ from typing import Any, Literal
 
 import numpy as np
 
+from zephon._image_fields import IMAGE_FIELDS
 from zephon._ops._image_size import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS, PatchGrid
 from zephon._optional import require
 from zephon.errors import ConfigError, DataFormatError, MissingFieldError
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleMeta, SampleRecord, StreamItem, Tombstone, tombstone_meta
 
-IMAGE_FIELDS = ("jpg", "jpeg", "png", "webp", "image")
 DECODE_MICRO_BATCH = 16
 DECODE_LATENCY_MS = 5.0
 _SKIP_HINT = (
-    "to go on, set decode_image(on_error='skip') or the run's on_error='skip' (the record is "
-    "logged and quarantined), or replace the image"
+    "to go on, set {op}(on_error='skip') or the run's on_error='skip' (the record is "
+    "logged and quarantined), or replace the {media}"
 )
 
 
@@ -42,6 +42,7 @@ class DecodeImageOp(BaseOp):
     """
 
     name = "decode_image"
+    media = "image"  # what a field holds, for errors
     # micro-batch sizes cannot change the output; on_error cannot change what is delivered
     # (a run that raised delivered nothing a later "skip" drops), as with fetch
     config_exclude = ("max_batch", "on_error")
@@ -126,21 +127,26 @@ class DecodeImageOp(BaseOp):
         tokens = 0
         for name in present:
             try:
-                value, (h, w) = self._read(image, payload[name])
-            except (OSError, ValueError, SyntaxError, image.DecompressionBombError) as e:
+                value, grid = self._read(image, payload[name])
+            except (*self._errors(image), image.DecompressionBombError) as e:
                 return self._failed(meta, payload, name, e)
-            grids.append(self._grid.grid(h, w))
-            tokens += self._grid.tokens(h, w)
+            grids.append(grid)
+            tokens += grid[0] * grid[1] * grid[2] // (self.merge_size * self.merge_size)
             new[name] = value
         new[self.grid_field] = grids
         new[self.tokens_field] = tokens
         return SampleRecord(meta, new)
 
-    def _read(self, image: Any, data: Any) -> tuple[Any, tuple[int, int]]:
-        """The field's new value and the image's ``(height, width)`` as the processor resizes it."""
+    def _errors(self, image: Any) -> tuple[type[BaseException], ...]:
+        """What a corrupt input raises while it is read (the rest are bugs and propagate)."""
+        return (OSError, ValueError, SyntaxError)
+
+    def _read(self, image: Any, data: Any) -> tuple[Any, tuple[int, int, int]]:
+        """The field's new value and the image's ``(t, h, w)`` patch grid as the processor
+        resizes it."""
         pixels = self._decode(image, data)
         h, w = pixels.shape[:2]
-        return pixels, (self._grid.resized(h, w) if not self.resize else (h, w))
+        return pixels, self._grid.grid(*(self._grid.resized(h, w) if not self.resize else (h, w)))
 
     def _decode(self, image: Any, data: Any) -> np.ndarray:
         """RGB pixels of ``data`` (encoded bytes), EXIF orientation applied, resized if asked."""
@@ -167,12 +173,13 @@ class DecodeImageOp(BaseOp):
         key = payload.get("__key__")
         named = f"record {meta.sample_id}" + (f" (key {key!r})" if key is not None else "")
         first = (str(e).splitlines() or [""])[0][:160]
-        why = f"field {field!r} is not a readable image ({type(e).__name__}: {first})"
+        why = f"field {field!r} is not a readable {self.media} ({type(e).__name__}: {first})"
         if self.on_error != "skip":
-            raise DataFormatError(f"decode_image: {named}: {why}", hint=_SKIP_HINT) from None
+            hint = _SKIP_HINT.format(op=self.name, media=self.media)
+            raise DataFormatError(f"{self.name}: {named}: {why}", hint=hint) from None
         ds, shard, row = meta.sample_id
         info: dict[str, Any] = {"dataset": ds, "shard": shard, "row": row, "file": None}
-        info.update(line=None, key=key, field=field, reason=f"decode_image: {why}")
-        reason = f"skipped: decode_image: {why}"
+        info.update(line=None, key=key, field=field, reason=f"{self.name}: {why}")
+        reason = f"skipped: {self.name}: {why}"
         dead = tombstone_meta(meta, reason=reason).with_control(Tombstone(reason, skipped=info))
         return SampleRecord(dead, None)

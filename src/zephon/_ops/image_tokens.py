@@ -11,8 +11,9 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from zephon._image_fields import IMAGE_FIELDS
 from zephon._ops._image_size import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS
-from zephon._ops.decode_image import DECODE_MICRO_BATCH, IMAGE_FIELDS, DecodeImageOp
+from zephon._ops.decode_image import DECODE_MICRO_BATCH, DecodeImageOp
 from zephon._optional import require
 
 #: EXIF orientations that swap width and height (transposes and quarter turns).
@@ -61,7 +62,7 @@ class ImageTokensOp(DecodeImageOp):
     def config(self) -> Mapping[str, Any]:
         return {k: v for k, v in super().config().items() if k != "resize"}
 
-    def _read(self, image: Any, data: Any) -> tuple[Any, tuple[int, int]]:
+    def _read(self, image: Any, data: Any) -> tuple[Any, tuple[int, int, int]]:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise ValueError(f"expected encoded image bytes, got {type(data).__name__}")
         base = require("PIL.Image", "image_tokens").Image
@@ -70,4 +71,4 @@ class ImageTokensOp(DecodeImageOp):
             # the base class's getexif reads what the header gave; a PNG's would decode
             if base.getexif(opened).get(_ORIENTATION, 1) in _SIDEWAYS:
                 width, height = height, width
-        return data, self._grid.resized(height, width)
+        return data, self._grid.grid(*self._grid.resized(height, width))

@@ -30,7 +30,12 @@ from zephon._ops._pack_groups import (
     check_grouping,
     group_key,
 )
-from zephon._ops._pack_images import image_token_counts, inline_image_offsets, row_layout
+from zephon._ops._pack_images import (
+    image_token_counts,
+    inline_image_offsets,
+    marked_offsets,
+    row_layout,
+)
 from zephon._ops._packing_algos import (
     ALGORITHMS,
     Bin,
@@ -564,6 +569,7 @@ class PackSequencesOp(PackOpBase):
         "max_images_per_row",
         "image_token_id",
         "max_vision_tokens_per_row",
+        "image_markers",
     )
 
     def __init__(
@@ -576,6 +582,7 @@ class PackSequencesOp(PackOpBase):
         max_images_per_row: int | None = None,
         image_token_id: int | None = None,
         max_vision_tokens_per_row: int | None = None,
+        image_markers: tuple[int, int] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(max_length, **kwargs)
@@ -599,6 +606,25 @@ class PackSequencesOp(PackOpBase):
         self.image_token_id = image_token_id
         self._check_vision_cap(max_vision_tokens_per_row)
         self.max_vision_tokens_per_row = max_vision_tokens_per_row
+        #: (start, end) token ids around each image's vision tokens (Qwen2-VL's
+        #: <|vision_start|>, <|vision_end|>), counted in the row and laid out by to_training
+        self.image_markers = self._check_markers(image_markers)
+
+    def _check_markers(self, markers: Any) -> tuple[int, int] | None:
+        if markers is None:
+            return None
+        if self.image_grids is None or self.image_token_id is not None:
+            raise ConfigError(
+                f"{self.name}: image_markers needs image_grids= and no image_token_id (with "
+                "image_token_id the markers are the chat template's, already in the text)"
+            )
+        if not isinstance(markers, Sequence) or len(markers) != 2:
+            raise ConfigError(
+                f"{self.name}: image_markers must be two token ids (vision start, vision end), "
+                f"got {markers!r}"
+            )
+        start, end = (int(m) for m in markers)
+        return start, end
 
     def _check_vision_cap(self, cap: int | None) -> None:
         if cap is None:
@@ -642,6 +668,8 @@ class PackSequencesOp(PackOpBase):
             config["image_token_id"] = self.image_token_id
         if self.max_vision_tokens_per_row is not None:
             config["max_vision_tokens_per_row"] = self.max_vision_tokens_per_row
+        if self.image_markers is not None:
+            config["image_markers"] = list(self.image_markers)
         return config
 
     def length_of(self, record: SampleRecord) -> int:
@@ -650,7 +678,8 @@ class PackSequencesOp(PackOpBase):
         else:
             length = super().length_of(record)
         if self.image_grids is not None and self.image_token_id is None:
-            length += sum(self._image_tokens(record.payload, record.meta.sample_id))
+            counts = self._image_tokens(record.payload, record.meta.sample_id)
+            length += sum(counts) + (2 * len(counts) if self.image_markers else 0)
         return length
 
     def images_of(self, record: SampleRecord) -> int:
@@ -698,8 +727,13 @@ class PackSequencesOp(PackOpBase):
         lengths = [stop - start for _, start, stop, _ in deferred.segments]
         images = [self._image_tokens(p, meta.sample_id) for p in samples]
         offsets = None if self.image_token_id is None else self._inline(samples, images, meta)
+        if self.image_markers is not None:
+            offsets = [marked_offsets(counts) for counts in images]
         cu_seqlens, image_map = row_layout(lengths, images, offsets)
-        return {"packed_samples": samples, "cu_seqlens": cu_seqlens, "image_map": image_map}
+        row = {"packed_samples": samples, "cu_seqlens": cu_seqlens, "image_map": image_map}
+        if self.image_markers is not None:
+            row["image_markers"] = np.array(self.image_markers, dtype=np.int64)
+        return row
 
 
 class PackFlatOp(PackOpBase):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon.capture import protocols as _protocols
 from zephon.capture import stores
 from zephon.capture.builder import (
     BuildNotes,
@@ -40,7 +39,9 @@ from zephon.capture.lineage import (
     conversation_digest,
     stamp_continuation,
 )
-from zephon.capture.protocols import *  # noqa: F403 - every protocol, extension and error
+
+# The protocols are exported by zephon.capture.protocols; also importable from here.
+from zephon.capture.protocols import *  # noqa: F403
 from zephon.capture.records import (
     CallRecord,
     CaptureLedgerCommit,
@@ -111,4 +112,4 @@ __all__ = [
     "run_conformance_sync",
     "stamp_continuation",
 ]
-__all__ += [*_protocols.__all__, *STORE_CLASSES]
+__all__ += [*STORE_CLASSES]  # the protocols' home is zephon.capture.protocols

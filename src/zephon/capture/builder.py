@@ -24,7 +24,12 @@ from typing import Any
 import numpy as np
 
 from zephon.capture._refusals import place_refusals
-from zephon.capture._terminal import TerminalAttribution, attribute_terminal
+from zephon.capture._terminal import (
+    TerminalAttribution as TerminalAttribution,
+)
+from zephon.capture._terminal import (
+    attribute_terminal as attribute_terminal,
+)
 from zephon.capture.lineage import materialize
 from zephon.capture.records import (
     EngineRefusalRecord,
@@ -34,18 +39,7 @@ from zephon.capture.records import (
     compute_digest,
 )
 
-__all__ = [
-    "BuildNotes",
-    "BuildOutput",
-    "Chain",
-    "ChainLink",
-    "RolloutBuild",
-    "TerminalAttribution",
-    "Trajectory",
-    "attribute_terminal",
-    "build_rollout",
-    "prefix_merging",
-]
+__all__: list[str] = []  # its public names are exported by zephon.capture
 
 _I32_MAX = 2**31 - 1
 

@@ -25,23 +25,21 @@ from typing import Any
 from zephon.capture._conformance_checks import CHECKS, NEEDS
 from zephon.capture._conformance_kit import (
     CheckResult,
-    ConformanceError,
-    ConformanceReport,
-    ConformanceWarning,
     Factory,
     _Ctx,
     _Skip,
 )
+from zephon.capture._conformance_kit import (
+    ConformanceError as ConformanceError,
+)
+from zephon.capture._conformance_kit import (
+    ConformanceReport as ConformanceReport,
+)
+from zephon.capture._conformance_kit import (
+    ConformanceWarning as ConformanceWarning,
+)
 
-__all__ = [
-    "CHECKS",
-    "CheckResult",
-    "ConformanceError",
-    "ConformanceReport",
-    "ConformanceWarning",
-    "run_conformance",
-    "run_conformance_sync",
-]
+__all__ = ["CHECKS", "CheckResult"]
 
 # --------------------------------------------------------------------------- runner
 

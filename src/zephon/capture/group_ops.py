@@ -4,25 +4,36 @@ Why operators: a group's fate (dropped for lack of signal, trimmed to ``k`` memb
 the same on every replay, so it is decided from the record alone (its members and rewards,
 in member order), never from the clock. Each member left out is recorded ``filtered`` in the
 prompt ledger with its reason, in one transaction per group; a replay repeats the same move,
-which the ledger answers as a no-op. Add them with ``pipe.add_op(DropEqualRewards(store))``.
+which the ledger answers as a no-op. Add them with the builder methods
+(``pipe.drop_equal_rewards(store)``, ``keep_per_prompt``, ``difficulty_pool``; also YAML
+operator names) or ``pipe.add_op(DropEqualRewards(store))``.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zephon.capture.dataset import run_sync
 from zephon.capture.ledger import MemberRef
-from zephon.errors import ConfigError
+from zephon.capture.protocols import PromptLedger
+from zephon.capture.stores import open_store
+from zephon.errors import ConfigError, DataError
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem, record_tokens, tombstone_meta
 
-__all__ = ["DropEqualRewards", "KeepPerPrompt"]
+__all__ = ["DifficultyPool", "DropEqualRewards", "KeepPerPrompt"]
 
 _MICRO_BATCH = 16
 EQUAL_REASON = "all rewards equal"
+
+
+def _shape(payload: object) -> str:
+    if isinstance(payload, Mapping):
+        return "a record with fields " + ", ".join(sorted(map(str, payload))[:6])
+    return f"a {type(payload).__name__}"
 
 
 def _refs(group: Mapping[str, Any], members: Sequence[Mapping[str, Any]]) -> list[MemberRef]:
@@ -34,9 +45,31 @@ def _refs(group: Mapping[str, Any], members: Sequence[Mapping[str, Any]]) -> lis
 class _GroupOp(BaseOp):
     """An element-wise operator on group records that files its drops in the ledger."""
 
+    config_exclude = ("store",)  # where drops are filed, not what is kept
+
     def __init__(self, store: Any, *, name: str | None = None) -> None:
         super().__init__(name=name)
-        self.store = store
+        self._url = store if isinstance(store, str) else None
+        self._store: Any = open_store(store) if isinstance(store, str) else store
+        if not isinstance(self._store, PromptLedger):
+            raise ConfigError(
+                f"{self.name}: store is a {type(store).__name__}, not a capture store keeping "
+                "prompt ledgers; pass open_store(url) or the URL"
+            )
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:  # sent to a worker process: reopen from the URL
+            self._store = open_store(self._url or "")
+        return self._store
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Given a URL, the operator travels without its client (a process opens its own);
+        given a store object, that object must pickle."""
+        state = dict(self.__dict__)
+        if self._url is not None:
+            state["_store"] = None
+        return state
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _GroupOp:
         """Worker copies share the store (its connection and locks); the op keeps no state."""
@@ -56,6 +89,13 @@ class _GroupOp(BaseOp):
         out: list[StreamItem] = []
         for elem in elems:
             group = elem.payload
+            if not isinstance(group, Mapping) or not {"stream", "position", "members"} <= set(
+                group
+            ):
+                raise DataError(
+                    f"{self.name} reads the group records of a StreamingCaptureSource (stream, "
+                    f"position, members), got {_shape(group)}; put it right after the source"
+                )
             kept, reason, dropped = self.decide(group)
             if dropped:
                 refs = _refs(group, dropped)
@@ -105,3 +145,44 @@ class KeepPerPrompt(_GroupOp):
         dropped = [m for m in members if m["index"] not in keep]
         kept = [m for m in members if m["index"] in keep]
         return {**group, "members": kept}, f"keep {self.k} per prompt", dropped
+
+
+def _bound(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"DifficultyPool {name} is {value!r}: use a finite number (a reward)")
+    return float(value)
+
+
+class DifficultyPool(_GroupOp):
+    """Keeps a group whose mean reward lies in ``[low, high]`` (bounds included): with 0/1
+    rewards, its pass rate, so ``DifficultyPool(store, 0.2, 0.8)`` keeps the prompts neither
+    solved nor failed by (nearly) every member. The members of a group outside the band are
+    filtered with the reason ``mean reward M outside [LOW, HIGH]``."""
+
+    name = "difficulty_pool"
+
+    def __init__(self, store: Any, low: float, high: float, *, name: str | None = None) -> None:
+        self.low, self.high = _bound("low", low), _bound("high", high)
+        if self.low > self.high:
+            raise ConfigError(f"DifficultyPool low {low!r} is above high {high!r}: swap them")
+        super().__init__(store, name=name)
+
+    def config(self) -> Mapping[str, Any]:
+        return {"low": self.low, "high": self.high}
+
+    def decide(self, group: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str, list[Any]]:
+        members = list(group["members"])
+        rewards = []
+        for m in members:
+            if m["reward"] is None:
+                raise DataError(
+                    f"DifficultyPool: stream {group['stream']!r} position {group['position']} "
+                    f"member {m['index']} has no reward; score it (put_score) or pick the "
+                    "verifier with StreamingCaptureSource(verifier=...)"
+                )
+            rewards.append(float(m["reward"]))
+        mean = math.fsum(rewards) / len(rewards) if rewards else math.nan
+        if self.low <= mean <= self.high:
+            return dict(group), "", []
+        reason = f"mean reward {mean:.6g} outside [{self.low:g}, {self.high:g}]"
+        return None, reason, members

@@ -32,12 +32,10 @@ from zephon.errors import ZephonError
 __all__ = [
     "MAX_STREAM_CHARS",
     "Admission",
-    "LedgerTransitionError",
+    "LedgerDelta",
     "MemberRef",
     "PromptMember",
     "PromptRow",
-    "PromptState",
-    "StreamLedger",
     "member_rollout_id",
     "validate_stream",
 ]
@@ -161,12 +159,77 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
         ]
 
 
-class StreamLedger(msgspec.Struct, kw_only=True):
-    """The whole ledger of one stream (what a store keeps; decisions mutate a copy)."""
+class LedgerDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What one transaction changed in a stream, as a store appends it to the stream's log:
+    the prompts it issued (with the pipeline cursor after them) and the members it replaced.
+    Applying a stream's deltas in order to an empty ledger rebuilds it exactly."""
+
+    rows: tuple[PromptRow, ...] = ()
+    cursor: Any = None
+    members: tuple[tuple[int, PromptMember], ...] = ()
+
+
+class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
+    """The whole ledger of one stream (what a store keeps; decisions mutate a copy).
+
+    ``dict=True`` holds the change tracking of :meth:`track` (never encoded)."""
 
     stream: str
     prompts: list[PromptRow] = msgspec.field(default_factory=list)
     cursor: Any = None
+
+    # -- change tracking (the stores append deltas instead of rewriting the ledger) ----------
+
+    def track(self) -> None:
+        """Start recording what the next decisions change, for :meth:`take_delta`."""
+        self.__dict__["_mark"] = len(self.prompts)
+        self.__dict__["_moved"] = {}
+
+    def take_delta(self) -> LedgerDelta | None:
+        """What changed since :meth:`track` (None: nothing); tracking stops."""
+        mark: int = self.__dict__.pop("_mark")
+        moved: dict[tuple[int, int], None] = self.__dict__.pop("_moved")
+        rows = tuple(self.prompts[mark:])
+        members = tuple((p, self.prompts[p].members[i]) for p, i in moved if p < mark)
+        if not rows and not members:
+            return None
+        return LedgerDelta(rows=rows, cursor=self.cursor if rows else None, members=members)
+
+    def apply_delta(self, delta: LedgerDelta) -> None:
+        """Replay one delta of this stream's log (a LedgerTransitionError if it does not fit)."""
+        for row in delta.rows:
+            if row.position != len(self.prompts):
+                raise LedgerTransitionError(
+                    f"stream {self.stream!r}: its log issues position {row.position} after "
+                    f"{len(self.prompts)} prompts; the log is damaged or from another stream"
+                )
+            self.prompts.append(row)
+        if delta.rows:
+            self.cursor = delta.cursor
+        for position, new in delta.members:
+            self.member((position, new.index))  # exists, or the error names it
+            self._replace(position, new)
+
+    def copy(self) -> StreamLedger:
+        """A copy that shares nothing mutable with this ledger (a store's cached ledger is
+        never handed out): rows and members are frozen and shared, payloads and the cursor
+        are copied (4x cheaper than a JSON round trip of the whole ledger)."""
+        prompts = [
+            row
+            if _immutable(row.payload)
+            else msgspec.structs.replace(row, payload=_clone(row.payload))
+            for row in self.prompts
+        ]
+        return StreamLedger(stream=self.stream, prompts=prompts, cursor=_clone(self.cursor))
+
+    def _replace(self, position: int, new: PromptMember) -> None:
+        row = self.prompts[position]
+        members = list(row.members)
+        members[new.index] = new
+        self.prompts[position] = msgspec.structs.replace(row, members=tuple(members))
+        moved = self.__dict__.get("_moved")
+        if moved is not None:
+            moved[(position, new.index)] = None
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -331,10 +394,7 @@ class StreamLedger(msgspec.Struct, kw_only=True):
         moves = [(ref, self._move(ref, target, step, reason)) for ref in refs]
         for ref, new in moves:
             if new is not None:
-                row = self.prompts[ref[0]]
-                members = list(row.members)
-                members[ref[1]] = new
-                self.prompts[ref[0]] = msgspec.structs.replace(row, members=tuple(members))
+                self._replace(ref[0], new)
         return any(new is not None for _, new in moves)
 
     def _move(self, ref: MemberRef, to: PromptState, step: int, reason: str) -> PromptMember | None:
@@ -388,16 +448,26 @@ class StreamLedger(msgspec.Struct, kw_only=True):
                 f"{where} is at attempt {m.attempt}; the re-issue must ask for {m.attempt + 1}, "
                 f"not {attempt} (another source re-issued it?)"
             )
-        row = self.prompts[ref[0]]
-        members = list(row.members)
-        members[ref[1]] = msgspec.structs.replace(
+        new = msgspec.structs.replace(
             m,
             attempt=attempt,
             rollout_id=member_rollout_id(self.stream, ref[0], ref[1], attempt),
             started_at=float(started_at),
         )
-        self.prompts[ref[0]] = msgspec.structs.replace(row, members=tuple(members))
+        self._replace(ref[0], new)
         return True
+
+
+_JSON = msgspec.json.Decoder()
+
+
+def _immutable(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float)
+
+
+def _clone(value: Any) -> Any:
+    """A copy of JSON data (what payloads and cursors hold)."""
+    return value if _immutable(value) else _JSON.decode(msgspec.json.encode(value))
 
 
 def _json_safe(value: Any, what: str) -> Any:

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zephon.capture._dialects import (
-    canonicalize_tool_arguments,
+    canonicalize_tool_arguments as canonicalize_tool_arguments,
+)
+from zephon.capture._dialects import (
     content_parts,
     is_model_authored,
     role_or_type,
@@ -41,7 +43,9 @@ from zephon.capture.protocols import (
     LineageResolution,
 )
 from zephon.capture.records import (
-    FINGERPRINT_VERSION,
+    FINGERPRINT_VERSION as FINGERPRINT_VERSION,
+)
+from zephon.capture.records import (
     CaptureLedgerCommit,
     ParentResolutionStatus,
     TokenEntry,
@@ -49,20 +53,13 @@ from zephon.capture.records import (
 )
 
 __all__ = [
-    "FINGERPRINT_VERSION",
     "EntryFetch",
-    "IncrementalResolver",
     "LineageNode",
-    "RolloutLineage",
-    "assistant_fingerprint",
-    "canonicalize_tool_arguments",
     "chain_hint_item",
-    "conversation_digest",
     "has_model_authored_item",
     "resolve_among",
     "resolve_from_ledger",
     "split_chain_hint",
-    "stamp_continuation",
     "token_prompt_chain_of",
     "token_prompt_item",
     "token_prompt_of",

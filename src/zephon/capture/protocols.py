@@ -1,4 +1,4 @@
-"""Token capture interfaces: sink, source, lineage resolver, ledger, their errors and installers.
+"""Token capture interfaces: sink, source, lineage resolver, ledger and their errors.
 
 The serving path awaits :meth:`TokenSink.put` before it answers the model request; consumers read
 through :meth:`TokenSource.freeze` and retire exactly the snapshot they consumed. This module
@@ -10,7 +10,7 @@ lack them; check with ``isinstance(obj, SupportsBeginCall)`` (they are runtime-c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -48,12 +48,6 @@ __all__ = [
     "TokenCaptureRetiredError",
     "TokenSink",
     "TokenSource",
-    "install_lineage_store",
-    "install_token_sink",
-    "install_token_source",
-    "installed_lineage_store",
-    "installed_token_sink",
-    "installed_token_source",
 ]
 
 
@@ -335,53 +329,3 @@ class CaptureStore(
     """Everything a zephon store implements over one backend (what ``open_store`` returns)."""
 
     def describe(self) -> str: ...
-
-
-# --------------------------------------------------------------------------- installers
-
-_installed: dict[str, Any] = {"sink": None, "source": None, "lineage": None}
-
-
-def _check_members(obj: object, kind: str, members: Iterable[str]) -> None:
-    missing = [m for m in members if not callable(getattr(obj, m, None))]
-    if missing:
-        raise TypeError(
-            f"cannot install {type(obj).__name__} as the {kind}: missing callable "
-            f"{', '.join(missing)}"
-        )
-
-
-def install_token_sink(sink: TokenSink | None) -> None:
-    """Set (or clear with None) the process-wide default sink."""
-    if sink is not None:
-        _check_members(sink, "token sink", ("put", "mark_incomplete", "close"))
-    _installed["sink"] = sink
-
-
-def installed_token_sink() -> TokenSink | None:
-    sink: TokenSink | None = _installed["sink"]
-    return sink
-
-
-def install_token_source(source: TokenSource | None) -> None:
-    """Set (or clear) the caller-owned source of this process; zephon never closes it."""
-    if source is not None:
-        _check_members(source, "token source", ("freeze", "drop", "close"))
-    _installed["source"] = source
-
-
-def installed_token_source() -> TokenSource | None:
-    source: TokenSource | None = _installed["source"]
-    return source
-
-
-def install_lineage_store(store: LineageResolver | None) -> None:
-    """Set (or clear) the process-wide request-time lineage store."""
-    if store is not None:
-        _check_members(store, "lineage store", ("resolve", "close"))
-    _installed["lineage"] = store
-
-
-def installed_lineage_store() -> LineageResolver | None:
-    store: LineageResolver | None = _installed["lineage"]
-    return store

@@ -122,6 +122,27 @@ class PromptSource:
         self._next += 1
         return PromptGroup(row.position, row.prompt_key, row.payload, row.members)
 
+    async def backfill(self, in_flight: int, weight_version: int = -1) -> list[PromptGroup]:
+        """The groups to generate now so the stream holds ``in_flight`` prompts not yet trained
+        or filtered: every prompt the ledger still owes, then new prompts of the pipeline.
+
+        Call it whenever the generator has room: a group the trainer filtered (or trained)
+        leaves the count, so it is replaced by the next prompt of the pipeline, and the steps
+        of a :class:`~zephon.capture.batching.StepBatcher` keep their budget; the prompts it
+        draws are the pipeline's, in order, so the run stays replayable. Fewer (or none) once
+        the pipeline is exhausted.
+        """
+        if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
+            raise ConfigError(f"backfill in_flight is {in_flight!r}: use an int >= 1")
+        out = [await self._resume(self._owed.pop(0)) for _ in range(len(self._owed))]
+        ledger = await self.store.stream_ledger(self.stream)
+        for _ in range(in_flight - len(ledger.pending())):
+            group = await self.next_group(weight_version)
+            if group is None:
+                break
+            out.append(group)
+        return out
+
     async def advance(
         self, refs: Sequence[MemberRef], to: PromptState | str, *, step: int = -1, reason: str = ""
     ) -> bool:

@@ -17,7 +17,7 @@ import msgspec
 
 from zephon.capture.records import canonical_json, validate_call_id, validate_rollout_id
 
-__all__ = ["RolloutScore"]
+__all__: list[str] = []  # its public names are exported by zephon.capture
 
 
 def _finite(value: object, field: str) -> float:

@@ -21,7 +21,6 @@ from zephon.checkpoints.files import (
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
-    write_json_atomic,
 )
 from zephon.checkpoints.format import (
     LaneCheckpoint,
@@ -31,7 +30,13 @@ from zephon.checkpoints.format import (
     seal,
 )
 from zephon.checkpoints.format import parse as parse_checkpoint
-from zephon.checkpoints.gather import delivered_counts, merge_checkpoints, refetch_counts
+from zephon.checkpoints.gather import (
+    delivered_counts,
+    refetch_counts,
+)
+from zephon.checkpoints.gather import (
+    merge_checkpoints as merge_checkpoints,
+)
 
 __all__ = [
     "CHECKPOINT_RE",
@@ -47,10 +52,8 @@ __all__ = [
     "delivered_counts",
     "latest_checkpoint",
     "load_checkpoint",
-    "merge_checkpoints",
     "parse_checkpoint",
     "refetch_counts",
     "save_checkpoint",
     "seal",
-    "write_json_atomic",
 ]

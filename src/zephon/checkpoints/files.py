@@ -20,45 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from zephon._atomic import write_atomic
 from zephon.checkpoints.format import parse, seal
 from zephon.errors import CheckpointError, ZephonError
 
-__all__ = [
-    "CHECKPOINT_RE",
-    "REJECTED_SUFFIX",
-    "CheckpointWriteError",
-    "LatestCheckpoint",
-    "checkpoint_files",
-    "checkpoint_path",
-    "latest_checkpoint",
-    "load_checkpoint",
-    "save_checkpoint",
-    "write_json_atomic",
-]
+__all__: list[str] = []  # its public names are exported by zephon.checkpoints
 
 CHECKPOINT_RE = re.compile(r"^ckpt-(?:e(\d+)-)?(\d+)\.json$")
 #: Suffix given to a checkpoint file found invalid, so it is never picked (or pruned) again.
 REJECTED_SUFFIX = ".invalid"
-
-
-def write_json_atomic(path: str | os.PathLike[str], data: Any) -> None:
-    """Write JSON so that a crash leaves either the old file or the complete new one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=1, sort_keys=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 _WRITE_FIXES = {
@@ -109,8 +79,7 @@ def save_checkpoint(path: str | os.PathLike[str], state: Mapping[str, Any]) -> P
             "(entries of your own may be added to it)"
         ) from None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(target, sealed)
+        write_atomic(target, json.dumps(sealed, indent=1) + "\n")
     except OSError as exc:
         raise CheckpointWriteError(target, exc) from exc
     return target

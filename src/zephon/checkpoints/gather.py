@@ -24,7 +24,7 @@ from zephon.checkpoints.format import (
 from zephon.checkpoints.passes import any_pass
 from zephon.errors import CheckpointError
 
-__all__ = ["delivered_counts", "merge_checkpoints", "refetch_counts"]
+__all__: list[str] = []  # its public names are exported by zephon.checkpoints
 
 
 def merge_checkpoints(
@@ -120,9 +120,7 @@ def refetch_counts(state: Mapping[str, Any] | ParsedCheckpoint) -> dict[int, int
     Records from the restart point to the last delivered one are replayed besides; both are
     bounded by the buffers and the snapshot interval, never by how far training has gone.
     """
-    # The engine owns the encoding of operator states; imported here, when asked, so that
-    # reading a checkpoint's format never loads the engine.
-    from zephon._engine.snapshot_codec import named_sources
+    from zephon._snapshot_codec import named_sources  # numpy: only when asked, not for --help
 
     parsed = _parsed(state)
     return {

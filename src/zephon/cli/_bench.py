@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from zephon._atomic import write_atomic
 from zephon._optional import EXTRA_OF, require
-from zephon.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, fail, write_json_atomic
+from zephon.cli._common import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, fail
 from zephon.errors import MissingDependencyError
 
 #: Benchmark script -> arguments for a small run ({tmp} is a scratch folder). Run order.
@@ -256,7 +257,7 @@ def _write_report(report: dict[str, Any], args: argparse.Namespace, console: Any
         report["plots"] = []
         report["plots_note"] = str(exc)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(args.out, report)
+    write_atomic(args.out, json.dumps(report, indent=1) + "\n")
     if args.json:
         print(json.dumps(report))
         return

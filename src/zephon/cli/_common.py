@@ -11,7 +11,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from zephon.checkpoints import checkpoint_files, checkpoint_path, write_json_atomic
+from zephon.checkpoints import checkpoint_files, checkpoint_path
 
 __all__ = [
     "EXIT_FAILURE",
@@ -24,7 +24,6 @@ __all__ = [
     "checkpoint_path",
     "fail",
     "read_json",
-    "write_json_atomic",
 ]
 
 #: Exit codes of every subcommand (docs/cli.md).

@@ -98,6 +98,9 @@ def _print_trace(result: Any) -> None:
             ".".join(map(str, seg.lineage)), f"{seg.start}-{seg.end}",
             seg.span, preview,
         )  # fmt: skip
+        for image in seg.images:  # a packed image row: where each image of the sample is
+            table.add_row("", "", "", seg.image_where(image), "", "", f"{image.start}-{image.end}",
+                          "", f"image {image.index}")  # fmt: skip
     out.print(table)
 
 

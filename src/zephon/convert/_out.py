@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from zephon.checkpoints import write_json_atomic
+from zephon._atomic import write_atomic
 from zephon.errors import ConfigError
 from zephon.io._converted import MANIFEST_NAME, read_manifest
 from zephon.io._paths import cache_root, get_fs, split_protocol
@@ -95,7 +95,7 @@ class Out:
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         """Replace the manifest whole (the bytes are the same wherever it is written)."""
         if self.local:
-            write_json_atomic(Path(self.path) / MANIFEST_NAME, manifest)
+            write_atomic(Path(self.path) / MANIFEST_NAME, json.dumps(manifest, indent=1) + "\n")
         else:
             text = json.dumps(manifest, indent=1, sort_keys=False) + "\n"
             self.fs.pipe_file(self._at(MANIFEST_NAME), text.encode("utf-8"))

@@ -24,13 +24,15 @@ import lightning.pytorch as pl
 from torch.nn.parallel import DistributedDataParallel
 
 from zephon.errors import ConfigError
-from zephon.integrations._eval import EvalLoader, TokenLoss, loss_tokens
+from zephon.integrations._eval import EvalLoader
+from zephon.integrations._eval import TokenLoss as TokenLoss
+from zephon.integrations._eval import loss_tokens as loss_tokens
 from zephon.integrations._ranks import global_state, rank_view
 from zephon.pipeline import Pipeline
 from zephon.torch_data import hf_tensors
 from zephon.torch_loader import PipelineDataLoader
 
-__all__ = ["TokenLoss", "ZephonDataModule", "loss_tokens"]
+__all__ = ["ZephonDataModule"]
 
 
 @dataclass(frozen=True)

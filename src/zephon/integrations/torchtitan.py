@@ -40,7 +40,8 @@ STATE_FORMAT = "zephon-torchtitan-dataloader"
 def load_pipeline(spec: str) -> Pipeline:
     """The pipeline ``spec`` names: a YAML pipeline file (``.yaml``/``.yml``), or
     ``"module:name"`` of a :class:`~zephon.pipeline.Pipeline` or a function returning one."""
-    from zephon.config import import_object, load_config
+    from zephon._config_values import import_object
+    from zephon.config import load_config
     from zephon.pipeline import Pipeline
 
     if not spec:

@@ -6,8 +6,10 @@ fsspec URL, or through a node cache. Every format is a
 :class:`FormatSpec` in one registry; :func:`register_format` adds yours."""
 
 import zephon.io._builtin_formats  # noqa: F401 - registers the built-in formats
-from zephon.io._cache import CacheOptions, NodeCache
-from zephon.io._dataset import Dataset, InMemoryShard, Row, Shard
+from zephon.io._cache import CacheOptions as CacheOptions
+from zephon.io._cache import NodeCache
+from zephon.io._dataset import Dataset as Dataset
+from zephon.io._dataset import InMemoryShard, Row, Shard
 from zephon.io._discover import build_index, list_shards
 from zephon.io._formats import (
     FormatSpec,
@@ -27,8 +29,6 @@ from zephon.io._stats import SourceStats, io_totals
 from zephon.io._token_samples import token_chunks, token_packs
 
 __all__ = [
-    "CacheOptions",
-    "Dataset",
     "FormatSpec",
     "InMemoryShard",
     "JsonlShard",

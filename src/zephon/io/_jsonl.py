@@ -24,12 +24,13 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from zephon._atomic import write_atomic
 from zephon.errors import DataFormatError
 from zephon.io._blob import Blob, OneBlob
 from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Row, Shard
 from zephon.io._identity import stale_count_error
-from zephon.io._paths import atomic_write, cache_file, derived_dir
+from zephon.io._paths import cache_file, derived_dir
 from zephon.io._spans import read_spans
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -211,7 +212,7 @@ class JsonlShard(OneBlob, Shard):
         header = _HEADER.pack(_MAGIC, stamp[0], stamp[1], len(bounds), data_size)
         payload = header.ljust(_HEADER_BYTES, b"\0") + np.ascontiguousarray(bounds).tobytes()
         with contextlib.suppress(OSError):  # an unwritable cache only costs a rescan next time
-            atomic_write(index_path, payload)
+            write_atomic(index_path, payload, durable=False)
         return bounds
 
     def _drop_blank(self, bounds: np.ndarray, suspects: list[int]) -> np.ndarray:

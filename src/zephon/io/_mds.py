@@ -25,13 +25,14 @@ import msgspec
 import numpy as np
 import xxhash
 
+from zephon._atomic import write_atomic
 from zephon.errors import DataFormatError
 from zephon.io._blob import Blob, OneBlob
 from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Row, Shard, checked_indices, missing_columns
 from zephon.io._file_shard import LazyShard
 from zephon.io._mds_codecs import extra_decoder
-from zephon.io._paths import atomic_write, cache_file
+from zephon.io._paths import cache_file
 from zephon.io._spans import read_spans
 
 Decoder = Callable[[bytes], Any]
@@ -188,7 +189,7 @@ class MdsShard(OneBlob, LazyShard):
                     "re-copy the shard"
                 ) from e
             check_hashes(data, raw.get("hashes") or {}, self.location)
-            atomic_write(target, data)
+            write_atomic(target, data, durable=False)
         return Blob(str(target))
 
     def _offsets(self, data: Blob) -> np.ndarray:

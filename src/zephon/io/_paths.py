@@ -6,10 +6,8 @@ the user's data: reading or explaining a dataset leaves its folder untouched.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -81,21 +79,3 @@ def cache_file(key: str, suffix: str, cache_dir: str | os.PathLike[str] | None) 
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
     base = os.path.basename(key.rstrip("/")) or "shard"
     return cache_root(cache_dir) / "derived" / f"{base}.{digest}{suffix}"
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename (readers never see half).
-
-    The file gets the usual permissions (``0666`` less the umask), not ``mkstemp``'s ``0600``.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -27,13 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from zephon._atomic import write_atomic
 from zephon.errors import DataError, DataFormatError
 from zephon.io._blob import Blob, OneBlob
 from zephon.io._cache import CacheOptions
 from zephon.io._dataset import Row, checked_indices
 from zephon.io._file_shard import LazyShard
 from zephon.io._identity import stale_count_error
-from zephon.io._paths import atomic_write, cache_file, derived_dir
+from zephon.io._paths import cache_file, derived_dir
 from zephon.io._spans import read_spans
 
 __all__ = ["SIDECAR_SUFFIX", "TAR_SUFFIXES", "TarShard", "sample_key"]
@@ -129,7 +130,7 @@ class TarShard(OneBlob, LazyShard):
             offsets = scan_samples(f, stamp[0], self._url)
         payload = _HEADER.pack(_MAGIC, stamp[0], stamp[1], len(offsets)) + offsets.tobytes()
         with contextlib.suppress(OSError):  # an unwritable cache only costs a rescan next time
-            atomic_write(index_path, payload)
+            write_atomic(index_path, payload, durable=False)
         return offsets
 
     def _sidecar(self, size: int) -> np.ndarray | None:

@@ -167,15 +167,4 @@ def payloads_lazy(acc: object) -> bool:
     return isinstance(acc, LazyPayloads) and bool(acc.state_payloads_lazy)
 
 
-__all__ = [
-    "HoldsRecords",
-    "LaneStateful",
-    "LazyPayloads",
-    "MarkerObserver",
-    "PendingTarget",
-    "Reassembles",
-    "Rebuild",
-    "check_accumulator",
-    "holds_records",
-    "payloads_lazy",
-]
+__all__ = ["holds_records", "payloads_lazy"]

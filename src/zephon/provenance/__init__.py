@@ -1,7 +1,8 @@
 """Provenance: which documents made each training step, and where two runs first diverged.
 
 * :meth:`SampleBatch.provenance` (:func:`batch_provenance`): per row, its segments with
-  dataset, file, line or row, sample id, lineage and token spans in the row and the source.
+  dataset, file, line or row, sample id, lineage and token spans in the row and the source,
+  and for rows packed with images where each image is stored (:class:`ImageSource`).
 * :meth:`SampleBatch.fingerprint` (:func:`fingerprint`): a stable digest of a batch's content.
 * :class:`ProvenanceLog`: every delivered batch's segments as Parquet (``zephon run
   --provenance``); :func:`find` answers "which steps trained on FILE:LINE".
@@ -13,15 +14,17 @@ from zephon.provenance._diff import Divergence, diff
 from zephon.provenance._extract import batch_provenance, fingerprint, raw_segments
 from zephon.provenance._find import FIND_FORMS, Hit, find, parse_query, run_dataset_names
 from zephon.provenance._log import ProvenanceLog, read_log
-from zephon.provenance._model import BatchProvenance, Segment
+from zephon.provenance._model import BatchProvenance, ImageSource, Segment
 from zephon.provenance._origin import Origin
-from zephon.provenance._trace import TraceResult, restore_before, trace
+from zephon.provenance._trace import TraceResult, restore_before
+from zephon.provenance._trace import trace as trace
 
 __all__ = [
     "FIND_FORMS",
     "BatchProvenance",
     "Divergence",
     "Hit",
+    "ImageSource",
     "Origin",
     "ProvenanceLog",
     "Segment",
@@ -35,5 +38,4 @@ __all__ = [
     "read_log",
     "restore_before",
     "run_dataset_names",
-    "trace",
 ]

@@ -14,7 +14,7 @@ import msgspec
 import numpy as np
 import xxhash
 
-from zephon.provenance._model import BatchProvenance, Segment
+from zephon.provenance._model import BatchProvenance, ImageSource, Segment
 from zephon.provenance._origin import Origin
 from zephon.types import TAG_PACKING, SampleBatch, SampleRecord, StreamItem
 
@@ -77,9 +77,10 @@ def batch_provenance(batch: SampleBatch, origin: Any = None) -> BatchProvenance:
     raw = [raw_segments(record) for record in batch.records]
     whole = _whole_lengths(resolved, int(lane), raw)
     rows: list[tuple[Segment, ...]] = []
-    for record_segments in raw:
+    for record, record_segments in zip(batch.records, raw, strict=True):
         segs = []
-        for cursor, start, end, src_start, src_end, full in record_segments:
+        images = _images(record.payload, resolved.image_fields)
+        for k, (cursor, start, end, src_start, src_end, full) in enumerate(record_segments):
             ds, shard, index = (int(x) for x in cursor[3])
             length = whole.get(cursor, full) if full is not None else None
             name, source, row, line = _place(resolved, ds, shard, index)
@@ -98,10 +99,32 @@ def batch_provenance(batch: SampleBatch, origin: Any = None) -> BatchProvenance:
                     source_length=length,
                     extra=resolved.extra(ds, shard, index),
                     cut_tokens=0 if length is None or full is None else length - full,
+                    images=images.get(k, ()),
                 )
             )
         rows.append(tuple(segs))
     return BatchProvenance(tuple(rows), int(lane))
+
+
+def _images(payload: Any, fields: Sequence[str]) -> dict[int, tuple[ImageSource, ...]]:
+    """Per packed sample (segment) of a row packed with images, its images: where their
+    vision tokens are (the row's ``image_map``) and the field and tar member each came from
+    (the k-th image is the sample's k-th image field present, as ``decode_image`` reads them)."""
+    if not isinstance(payload, Mapping) or "image_map" not in payload:
+        return {}
+    samples = payload.get("packed_samples") or []
+    out: dict[int, list[ImageSource]] = {}
+    for sample, k, offset, tokens in np.asarray(payload["image_map"]).tolist():
+        fields_of = samples[sample] if sample < len(samples) else {}
+        if not isinstance(fields_of, Mapping):
+            fields_of = {}
+        present = [f for f in fields if f in fields_of]
+        field = present[k] if k < len(present) else None
+        key = fields_of.get("__key__")
+        member = f"{key}.{field}" if isinstance(key, str) and field is not None else None
+        image = ImageSource(index=k, start=offset, end=offset + tokens, field=field, member=member)
+        out.setdefault(sample, []).append(image)
+    return {sample: tuple(images) for sample, images in out.items()}
 
 
 def _whole_lengths(origin: Origin, lane: int, raw: list[list[RawSegment]]) -> dict[Any, int | None]:

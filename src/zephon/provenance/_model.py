@@ -8,7 +8,23 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["BatchProvenance", "Segment"]
+__all__ = ["BatchProvenance", "ImageSource", "Segment"]
+
+
+class ImageSource(msgspec.Struct, frozen=True, kw_only=True):
+    """One image of a segment's sample: its vision tokens in the row and where it was stored.
+
+    ``index``: the image's place among its sample's images (its grid in ``image_grid_thw``);
+    ``start``/``end``: its vision tokens in the row; ``field``: the field (Parquet column,
+    WebDataset extension) it was read from, ``None`` when the pipeline does not say;
+    ``member``: the WebDataset tar member holding it (``<key>.<field>``), else ``None``.
+    """
+
+    index: int
+    start: int
+    end: int
+    field: str | None
+    member: str | None
 
 
 class Segment(msgspec.Struct, frozen=True, kw_only=True):
@@ -21,7 +37,8 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
     ``source_length - cut_tokens`` reached any row. ``source_row`` is the 0-based row of the
     source file, ``line`` its 1-based line for JSON Lines. ``lineage`` holds child indices of
     fan-outs (``expand_chat``). ``extra`` is what a source adds (a capture rollout's
-    ``rollout_id`` and ``call_ids``).
+    ``rollout_id`` and ``call_ids``). ``images``: the sample's images in a row packed with
+    images (``pack_sequences(image_grids=...)``), each read from this segment's file and row.
     """
 
     dataset: str
@@ -37,6 +54,7 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
     source_length: int | None
     extra: Mapping[str, Any] | None = None
     cut_tokens: int = 0
+    images: tuple[ImageSource, ...] = ()
 
     @property
     def length(self) -> int:
@@ -65,9 +83,18 @@ class Segment(msgspec.Struct, frozen=True, kw_only=True):
             return f"{self.source}:{self.line}"
         return f"{self.source}#{self.source_row}"
 
+    def image_where(self, image: ImageSource) -> str:
+        """Where one of the segment's images is stored: ``FILE:MEMBER`` in a tar shard,
+        ``FILE#ROW:FIELD`` otherwise."""
+        if image.member is not None:
+            return f"{self.source}:{image.member}"
+        return f"{self.where}:{image.field}" if image.field is not None else self.where
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = msgspec.to_builtins(self)
         out["is_piece"] = self.is_piece
+        for image, entry in zip(self.images, out["images"], strict=True):
+            entry["where"] = self.image_where(image)
         return out
 
 

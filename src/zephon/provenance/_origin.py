@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon._image_fields import IMAGE_FIELDS
 from zephon.io import Dataset
 from zephon.provenance._cuts import CutLengths, Inputs
 
@@ -24,14 +25,18 @@ class Origin:
 
     ``inputs`` (a pipeline's) builds, on first use, what re-runs its records up to a stage,
     so provenance finds the whole length of documents its truncation cut; an origin of bare
-    datasets knows of no cut."""
+    datasets knows of no cut. ``image_fields``: the fields the pipeline decodes images from,
+    in its order (``decode_image``'s), which names the field each image of a sample came from;
+    ``None``: ``decode_image``'s default fields."""
 
     def __init__(
         self,
         datasets: Sequence[Dataset],
         inputs: Callable[[], Inputs] | None = None,
+        image_fields: Sequence[str] | None = None,
     ) -> None:
         self.datasets = list(datasets)
+        self.image_fields = tuple(image_fields) if image_fields is not None else IMAGE_FIELDS
         self.names = [d.name for d in self.datasets]
         self._lines: dict[tuple[int, int], np.ndarray | None] = {}
         self._lock = threading.Lock()

@@ -26,6 +26,7 @@ EXTRAS = {
     "azure": {"adlfs"},
     "chat": {"jinja2"},
     "plots": {"matplotlib"},
+    "video": {"av"},
     "trainer": {"transformers", "accelerate"},
     "lightning": {"lightning", "pytorch_lightning", "lightning_fabric"},
     "megatron": {"megatron"},

@@ -18,6 +18,8 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from zephon._atomic import write_atomic
+
 __all__ = ["BUCKETS", "Metrics"]
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -92,10 +94,7 @@ class Metrics:
         if not self._dir:
             return
         path = os.path.join(self._dir, f"{os.getpid()}-{self._token}.json")
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self._dump(), f)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(self._dump()), durable=False)
 
     def _all_dumps(self) -> Iterable[dict[str, Any]]:
         if not self._dir:

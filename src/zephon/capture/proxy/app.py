@@ -54,13 +54,7 @@ from zephon.capture.proxy._sse import sse_events
 from zephon.capture.records import TokenCaptureSnapshot, validate_rollout_id
 from zephon.errors import ZephonError
 
-__all__ = [
-    "CAPTURE_SEGMENT",
-    "CAPTURE_TOKEN_HEADER",
-    "CONTROL_PREFIX",
-    "create_app",
-    "create_app_from_env",
-]
+__all__ = ["CAPTURE_SEGMENT", "CAPTURE_TOKEN_HEADER", "CONTROL_PREFIX", "create_app_from_env"]
 
 CAPTURE_SEGMENT = "training-token-capture"
 CONTROL_PREFIX = "/training-token-capture/control"

@@ -26,7 +26,7 @@ from typing import Any
 from zephon.capture.proxy._config import CONFIG_ENV, ProxyConfig
 from zephon.capture.stores import store_spec, url_forms
 
-__all__ = ["bind_socket", "exposure_problem", "serve"]
+__all__ = ["bind_socket", "exposure_problem"]
 
 log = logging.getLogger("zephon.capture.proxy")
 _QUICK_DEATH_S = 10.0  # a worker that dies this soon after starting failed its startup

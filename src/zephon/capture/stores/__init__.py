@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from zephon.capture.protocols import CaptureStore
-from zephon.capture.stores._durable import DurableStore
+from zephon.capture.stores._durable import DurableStore as DurableStore
 from zephon.capture.stores._fsio import FileSystem
-from zephon.capture.stores._fsutil import LogCorruptionError
+from zephon.capture.stores._fsutil import LogCorruptionError as LogCorruptionError
 from zephon.capture.stores._registry import (
     StoreSpec,
     register_store,
@@ -27,12 +27,8 @@ from zephon.capture.stores._registry import (
 
 __all__ = [
     "STORE_CLASSES",
-    "STORE_SCHEMES",
-    "DurableStore",
     "FileSystem",
-    "LogCorruptionError",
     "StoreSpec",
-    "open_store",
     "register_store",
     "store_class",
     "store_spec",

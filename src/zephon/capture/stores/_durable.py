@@ -14,7 +14,9 @@ or inside one transaction); the public home of this contract is
 * :meth:`DurableStore.fetch_lineage` - the ``{call_id: key}`` map and selected entries, for
   the incremental parent resolver of :mod:`zephon.capture.lineage`;
 * :meth:`DurableStore.transact_stream` - the same as ``transact_rollout`` for one RL
-  stream's prompt ledger (:mod:`zephon.capture.ledger`), kept as one JSON value per stream.
+  stream's prompt ledger (:mod:`zephon.capture.ledger`): kept as one JSON value per stream
+  (:func:`decide_stream`), or as a log of deltas like the file and SQL stores
+  (:mod:`._streamlog`).
 
 Everything else (argument checks, batches of capture keys, the async wrapping) lives here
 once. Blocking work runs in a dedicated thread pool (``offload="thread"``, the default: the
@@ -32,6 +34,8 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
+
+import msgspec
 
 from zephon.capture.ledger import (
     MemberRef,
@@ -384,7 +388,8 @@ class DurableStore:
 
         def op(ledger: StreamLedger) -> PromptRow:
             ledger.issue(position, prompt_key, payload, n, cursor, weight_version, started_at)
-            return ledger.prompts[position]
+            row = ledger.prompts[position]
+            return msgspec.json.decode(msgspec.json.encode(row), type=PromptRow)  # not shared
 
         row: PromptRow = await self._stream(stream, op)
         return row
@@ -419,7 +424,7 @@ class DurableStore:
 
     async def stream_ledger(self, stream: str) -> StreamLedger:
         """The stream's whole ledger (empty for a stream nobody issued to)."""
-        ledger: StreamLedger = await self._stream(stream, lambda led: led, write=False)
+        ledger: StreamLedger = await self._stream(stream, StreamLedger.copy, write=False)
         return ledger
 
     # -- lineage ----------------------------------------------------------------------------

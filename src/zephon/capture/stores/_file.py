@@ -75,6 +75,7 @@ from zephon.capture.stores._fsutil import (
     unlink_durable,
 )
 from zephon.capture.stores._state import RolloutState, Transition
+from zephon.capture.stores._streamlog import StreamCache
 
 __all__ = ["FileStore", "reset_process_cache"]
 
@@ -230,6 +231,7 @@ class FileStore(DurableStore):
             )
         self.directory = os.path.realpath(directory)
         self.fs = fs
+        self._stream_cache = StreamCache()
 
     @classmethod
     def from_url(cls, url: str, *, create: bool = True) -> FileStore:
@@ -510,7 +512,9 @@ class FileStore(DurableStore):
         return self._op(rollout_id, decide, lambda h, t: then(h.state, t), write=write)
 
     def transact_stream(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
-        return stream_transact(self.fs, self.directory, stream, op, write=write)
+        return stream_transact(
+            self.fs, self.directory, stream, op, write=write, cache=self._stream_cache
+        )
 
     def freeze_rollout(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
         read: list[list[TokenEntry]] = []

@@ -1,14 +1,19 @@
-"""The prompt ledgers of a file store: one checksummed JSON file per RL stream.
+"""The prompt ledgers of a file store: one append-only, checksummed log per RL stream.
 
-Layout: ``<dir>/<stream>.stream`` holds one framed line (tag ``L``, CRC-32, the
-:class:`~zephon.capture.ledger.StreamLedger` JSON), replaced atomically and durably (temp file,
-fsync, rename, fsync of the directory) by every change; ``<dir>/<stream>.stream-lock`` is never
-replaced and carries the ``flock`` that orders the processes. A crash leaves the old or the new
-file, never half of one; a file that fails its checksum raises
+Layout: ``<dir>/<stream>.stream`` is a sequence of framed lines (CRC-32 each): tag ``D`` holds
+one :class:`~zephon.capture.ledger.LedgerDelta` (what one transaction changed); a first line
+tagged ``L`` holds a whole ledger (the format of earlier versions, read as the base the deltas
+apply to). ``<dir>/<stream>.stream-lock`` carries the ``flock`` that orders the processes. A
+move appends one line and syncs it before it returns, so it costs O(members moved), not
+O(prompts); a client reads only the lines appended since its last look
+(:mod:`._streamlog`). After :func:`~._streamlog.compact_after` delta lines a writer rewrites
+the file as one base line (temp file, fsync, rename), so the file and a first read stay
+O(prompts).
+
+Crashes: a final line without its newline is a write that never completed (so never
+acknowledged); readers ignore it and the next writer truncates it before appending. Any other
+line that fails its checksum raises
 :class:`~zephon.capture.stores._fsutil.LogCorruptionError` instead of reading as empty.
-
-Why a whole file per change: the first increment favours one obviously atomic step over
-speed; a change costs writing the whole ledger (a few hundred bytes per prompt).
 """
 
 from __future__ import annotations
@@ -16,49 +21,154 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from zephon.capture.stores._durable import StreamOp, decide_stream
+from zephon.capture.ledger import StreamLedger
+from zephon.capture.stores._durable import StreamOp
 from zephon.capture.stores._fsio import FileSystem
-from zephon.capture.stores._fsutil import LogCorruptionError, frame, parse_line, replace_durable
+from zephon.capture.stores._fsutil import (
+    LogCorruptionError,
+    frame,
+    pread_exact,
+    replace_durable,
+    scan,
+)
+from zephon.capture.stores._streamlog import (
+    StreamCache,
+    compact_after,
+    decode_delta,
+    run_tracked,
+)
 
 __all__ = ["stream_transact"]
 
-_TAG = b"L"
+_BASE = b"L"
+_DELTA = b"D"
+
+Mark = tuple[tuple[int, int], int, int]
+"""Where a client stopped reading a stream file: its identity, the end of its valid lines, and
+how many delta lines follow the file's base (for compaction)."""
 
 
-def _read(fs: FileSystem, path: str) -> bytes | None:
+def _damaged(path: str, offset: int, why: str) -> LogCorruptionError:
+    return LogCorruptionError(
+        f"{path} is not an intact zephon stream ledger ({why} at byte {offset}); restore it "
+        "from a backup or move it away to start the stream afresh",
+        path=path,
+        offset=offset,
+    )
+
+
+def _load(
+    fs: FileSystem, fd: int, path: str, stream: str, cache: StreamCache
+) -> tuple[StreamLedger, Mark, int]:
+    """The ledger in the file, its mark ``(identity, end of the valid lines)`` and how many
+    torn bytes follow (the cached ledger plus the lines appended since, when still valid)."""
+    size = fs.size_and_links(fd)[0]
+    ident = fs.identity(fd)
+    hit = cache.get(stream)
+    if hit is not None and hit[0][0] == ident and hit[0][1] <= size:
+        ledger, start, deltas = hit[1], int(hit[0][1]), int(hit[0][2])
+    else:
+        ledger, start, deltas = StreamLedger(stream=stream), 0, 0
+    buf = pread_exact(fs, fd, size - start, start, path) if size > start else b""
+    found = scan(buf, offset=start, line=1)
+    if found.torn and (found.followed or buf.endswith(b"\n")):
+        raise _damaged(path, found.end, "a line fails its checksum or framing")
+    for record in found.records:
+        if record.tag == _BASE and record.offset == 0:
+            ledger = StreamLedger.from_json(record.body)
+        elif record.tag == _DELTA:
+            ledger.apply_delta(decode_delta(record.body))
+            deltas += 1
+        else:
+            raise _damaged(path, record.offset, f"an unexpected {record.tag!r} line")
+    return ledger, (ident, found.end, deltas), found.torn
+
+
+def _append(
+    fs: FileSystem,
+    directory: str,
+    path: str,
+    fd: int | None,
+    mark: Mark | None,
+    torn: int,
+    delta: bytes,
+) -> tuple[int, Mark]:
+    """Append one delta line durably (creating the file, cutting a torn tail first)."""
+    created = fd is None
+    if fd is None or mark is None:
+        fd = fs.open(path, os.O_RDWR | os.O_CREAT)
+        mark = (fs.identity(fd), 0, 0)
+    if torn:
+        fs.truncate(fd, mark[1])  # the unfinished line of a writer that died
+    line = frame(_DELTA, delta)
+    fs.pwritev(fd, [line], mark[1])
+    fs.datasync(fd)
+    if created:
+        fs.sync_dir(directory)
+    return fd, (mark[0], mark[1] + len(line), mark[2] + 1)
+
+
+def _compact(fs: FileSystem, directory: str, path: str, ledger: StreamLedger) -> Mark:
+    """Replace the file by one base line holding ``ledger`` (atomically and durably: a crash
+    leaves the old file or the new one, the same ledger either way)."""
+    data = frame(_BASE, ledger.to_json())
+    replace_durable(fs, directory, path, data)
+    fd = fs.open(path, os.O_RDONLY)
     try:
-        fd = fs.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        size = fs.size_and_links(fd)[0]
-        data = fs.pread(fd, size, 0) if size else b""
+        return (fs.identity(fd), len(data), 0)
     finally:
         fs.close(fd)
-    parsed = parse_line(data[:-1]) if data.endswith(b"\n") else None
-    if parsed is None or parsed[0] != _TAG:
-        raise LogCorruptionError(
-            f"{path} is not an intact zephon stream ledger (checksum or framing fails); "
-            "restore it from a backup or move it away to start the stream afresh",
-            path=path,
-            offset=0,
-        )
-    return parsed[1]
+
+
+def _transact(
+    fs: FileSystem,
+    directory: str,
+    path: str,
+    stream: str,
+    op: StreamOp,
+    write: bool,
+    cache: StreamCache,
+) -> Any:
+    try:
+        fd: int | None = fs.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        fd = None
+    try:
+        ledger, mark, torn = StreamLedger(stream=stream), None, 0
+        if fd is not None:
+            ledger, mark, torn = _load(fs, fd, path, stream, cache)
+        delta, result = run_tracked(ledger, op, write=write)
+        if delta is not None:
+            fd, mark = _append(fs, directory, path, fd, mark, torn, delta)
+            if mark[2] > compact_after(len(ledger.prompts)):
+                mark = _compact(fs, directory, path, ledger)
+        if mark is not None:
+            cache.put(stream, mark, ledger)
+        return result
+    finally:
+        if fd is not None:
+            fs.close(fd)
 
 
 def stream_transact(
-    fs: FileSystem, directory: str, stream: str, op: StreamOp, *, write: bool
+    fs: FileSystem,
+    directory: str,
+    stream: str,
+    op: StreamOp,
+    *,
+    write: bool,
+    cache: StreamCache,
 ) -> Any:
-    """Run ``op`` on the stream's ledger under its lock; store the result durably if changed."""
+    """Run ``op`` on the stream's ledger under its lock; append what it changed durably."""
     path = os.path.join(directory, stream + ".stream")
     lock_fd = fs.open(path + "-lock", os.O_RDWR | os.O_CREAT)
     try:
         fs.lock(lock_fd, write)
-        new, result = decide_stream(stream, _read(fs, path), op)
-        if new is not None:
-            if not write:
-                raise AssertionError(f"a read of stream {stream!r} changed its ledger")
-            replace_durable(fs, directory, path, frame(_TAG, new))
-        return result
+        with cache.lock:
+            try:
+                return _transact(fs, directory, path, stream, op, write, cache)
+            except BaseException:
+                cache.drop(stream)
+                raise
     finally:
         fs.close(lock_fd)  # closing the descriptor releases the lock

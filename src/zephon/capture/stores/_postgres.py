@@ -44,6 +44,12 @@ CREATE TABLE IF NOT EXISTS capture_streams (
     stream TEXT PRIMARY KEY,
     ledger BYTEA NOT NULL
 );
+CREATE TABLE IF NOT EXISTS capture_stream_moves (
+    stream TEXT NOT NULL,
+    seq BIGINT NOT NULL,
+    delta BYTEA NOT NULL,
+    PRIMARY KEY (stream, seq)
+);
 ALTER TABLE capture_entries ALTER COLUMN payload SET STORAGE EXTERNAL
 """
 
@@ -92,9 +98,11 @@ class PostgresStore(SqlStore):
         self._connect = functools.partial(psycopg.connect, dsn, autocommit=True, **options)
         self._conn = self._connect()
         row = self._conn.execute(
-            "SELECT to_regclass('capture_entries'), to_regclass('capture_streams')"
+            "SELECT to_regclass('capture_entries'), "
+            "to_regclass('capture_streams') IS NOT NULL AND "
+            "to_regclass('capture_stream_moves') IS NOT NULL"
         ).fetchone()
-        if row is not None and row[0] is not None and (row[1] is not None or not create):
+        if row is not None and row[0] is not None and (row[1] or not create):
             return  # tables exist (the common case): skip the DDL and its lock
         if not create:
             self._conn.close()

@@ -5,7 +5,9 @@ Schema (same columns in both databases)::
     capture_rollouts(rollout_id PRIMARY KEY, state)          -- RolloutState JSON (the truth)
     capture_entries(rollout_id, call_id, payload, PRIMARY KEY (rollout_id, call_id))
                                                               -- canonical entry bytes
-    capture_streams(stream PRIMARY KEY, ledger)               -- StreamLedger JSON
+    capture_streams(stream PRIMARY KEY, ledger)               -- lock row, stored ledger
+    capture_stream_moves(stream, seq, delta, PRIMARY KEY (stream, seq))
+                                                              -- moves after it (._sqlstream)
 
 Every operation is one transaction: lock the rollout (sqlite: ``BEGIN IMMEDIATE``; postgres:
 ``SELECT ... FOR UPDATE`` on its row), load its state, let the pure state machine decide,
@@ -30,9 +32,9 @@ from zephon.capture.stores._durable import (
     DurableStore,
     Offload,
     StreamOp,
-    decide_stream,
 )
 from zephon.capture.stores._events import Delete, Event, Put, Retire
+from zephon.capture.stores._sqlstream import SqlStreams
 from zephon.capture.stores._state import RolloutState, Transition
 
 __all__ = ["Cursor", "SqlStore"]
@@ -58,6 +60,7 @@ class SqlStore(DurableStore):
         self._lock = threading.Lock()  # one connection per client; calls from threads queue
         # Recently frozen snapshots (bounded: each holds decoded entries).
         self._snapshots: OrderedDict[str, TokenCaptureSnapshot] = OrderedDict()
+        self._streams = SqlStreams(self._q, self._row_locks, self.describe)  # under self._lock
 
     # -- dialect ----------------------------------------------------------------------------
 
@@ -160,27 +163,17 @@ class SqlStore(DurableStore):
         return then(state, t)
 
     def transact_stream(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
-        sql = "SELECT ledger FROM capture_streams WHERE stream = ?"
         with self._lock:
-            if not write:
-                with self._txn(False) as cur:
-                    cur.execute(self._q(sql), (stream,))
-                    row = cur.fetchone()
-                new, result = decide_stream(stream, None if row is None else bytes(row[0]), op)
-                if new is not None:
-                    raise AssertionError(f"a read of stream {stream!r} changed its ledger")
+            try:
+                with self._txn(write) as cur:
+                    if write:
+                        self._lock_stream(cur, stream)
+                    result, committed = self._streams.transact(cur, stream, op, write)
+                committed()
                 return result
-            with self._txn(True) as cur:
-                self._lock_stream(cur, stream)
-                cur.execute(self._q(sql + (" FOR UPDATE" if self._row_locks else "")), (stream,))
-                row = cur.fetchone()
-                new, result = decide_stream(stream, bytes(row[0]) or None, op)
-                if new is not None:
-                    cur.execute(
-                        self._q("UPDATE capture_streams SET ledger = ? WHERE stream = ?"),
-                        (new, stream),
-                    )
-            return result
+            except BaseException:
+                self._streams.cache.drop(stream)
+                raise
 
     def freeze_rollout(self, rollout_id: str, snapshot_id: str) -> TokenCaptureSnapshot:
         with self._lock:

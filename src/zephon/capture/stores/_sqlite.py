@@ -43,6 +43,12 @@ CREATE TABLE IF NOT EXISTS capture_entries (
 CREATE TABLE IF NOT EXISTS capture_streams (
     stream TEXT PRIMARY KEY,
     ledger BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS capture_stream_moves (
+    stream TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    delta BLOB NOT NULL,
+    PRIMARY KEY (stream, seq)
 )
 """
 

@@ -18,13 +18,25 @@ from __future__ import annotations
 
 from zephon.capture._conformance_kit import sample_commit
 from zephon.capture.conformance import (
-    CHECKS,
-    CheckResult,
-    ConformanceError,
-    ConformanceReport,
-    ConformanceWarning,
-    run_conformance,
-    run_conformance_sync,
+    CHECKS as CHECKS,
+)
+from zephon.capture.conformance import (
+    CheckResult as CheckResult,
+)
+from zephon.capture.conformance import (
+    ConformanceError as ConformanceError,
+)
+from zephon.capture.conformance import (
+    ConformanceReport as ConformanceReport,
+)
+from zephon.capture.conformance import (
+    ConformanceWarning as ConformanceWarning,
+)
+from zephon.capture.conformance import (
+    run_conformance as run_conformance,
+)
+from zephon.capture.conformance import (
+    run_conformance_sync as run_conformance_sync,
 )
 from zephon.capture.testing._flood import FloodPlan, FloodReport, run_flood
 from zephon.capture.testing._kinds import STORE_KINDS, StoreKind, durable_kinds, store_kinds
@@ -45,13 +57,8 @@ from zephon.capture.testing._powerloss import (
 )
 
 __all__ = [
-    "CHECKS",
     "MUTATIONS",
     "STORE_KINDS",
-    "CheckResult",
-    "ConformanceError",
-    "ConformanceReport",
-    "ConformanceWarning",
     "FloodPlan",
     "FloodReport",
     "Image",
@@ -65,8 +72,6 @@ __all__ = [
     "marks_before",
     "mutated_factory",
     "power_loss_images",
-    "run_conformance",
-    "run_conformance_sync",
     "run_flood",
     "run_mutation",
     "sample_commit",

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon._engine.snapshot_codec import (
+from zephon._snapshot_codec import (
     HeldPayloads,
     HeldRecord,
     decode,
@@ -109,7 +109,7 @@ def test_what_a_checkpoint_cannot_hold_is_named():
 
 
 def test_large_states_are_deflated_and_come_back_exactly():
-    from zephon._engine.snapshot_codec import PACK_MIN_BYTES, pack_state, unpack_state
+    from zephon._snapshot_codec import PACK_MIN_BYTES, pack_state, unpack_state
 
     records = [
         SampleRecord(SampleMeta((0, 3, i), 1, i // 64, i % 64, (), 0), None) for i in range(256)
@@ -127,7 +127,7 @@ def test_large_states_are_deflated_and_come_back_exactly():
 
 
 def test_a_damaged_deflated_state_is_refused_clearly():
-    from zephon._engine.snapshot_codec import unpack_state
+    from zephon._snapshot_codec import unpack_state
     from zephon.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match="operator state is damaged"):
@@ -231,6 +231,26 @@ def test_held_arrays_are_writable_copies_of_the_viewed_bytes_only():
     (record,) = decode(json.loads(json.dumps(encoded)))
     ids = record.payload["ids"]
     assert ids.tolist() == [3, 5, 7] and ids.dtype == np.int32 and ids.flags.writeable
+
+
+def test_a_held_shared_memory_array_is_written_as_the_array_it_maps():
+    """The engine registers its shared-memory references with the codec below it."""
+    from zephon._engine import shm
+
+    session = shm.ShmSession(min_bytes=64)
+    try:
+        big = np.arange(256, dtype=np.int64).reshape(16, 16)
+        data, keep = session.encoder("codec").dumps({"ids": big})
+        payload = shm.loads(data)
+        assert isinstance(payload["ids"], shm.ShmArrayRef)
+        meta = SampleMeta((0, 1, 2), 1, 3, 4, (), 0)
+        held = HeldPayloads()
+        encoded = encode([SampleRecord(meta, payload)], "s", held)
+        (record,) = decode(json.loads(json.dumps(encoded)))
+        assert held.written == 1 and same(record.payload["ids"], big)
+        del data, keep, payload
+    finally:
+        session.close()
 
 
 def test_a_payload_without_an_exact_form_is_written_by_meta():

@@ -36,7 +36,6 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from zephon._engine.shm import ShmArrayRef
 from zephon.errors import CheckpointError, ContractError
 from zephon.types import (
     TAG_PACKING,
@@ -214,9 +213,15 @@ _PAYLOAD_ENCODERS: dict[type, Callable[[Any], Any]] = {
     dict: _payload_dict,
     tuple: lambda value: {_TUPLE: [encode_payload(v) for v in value]},
     np.ndarray: _array,
-    ShmArrayRef: lambda value: _array(value.resolve()),
     bytes: lambda value: {_BYTES: base64.b64encode(value).decode("ascii")},
 }
+
+
+def register_array_view(kind: type[Any], resolve: Callable[[Any], np.ndarray]) -> None:
+    """Encode a payload value of type ``kind`` as the array ``resolve(value)`` gives (the
+    engine's shared-memory array references: the codec sits below the engine, which
+    registers them where it defines them)."""
+    _PAYLOAD_ENCODERS[kind] = lambda value: _array(resolve(value))
 
 
 def encode_payload(value: Any) -> Any:
