@@ -9,8 +9,8 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from zephon._engine import shm
-from zephon._engine.messages import (
+from zephon._engine.handoff import shm
+from zephon._engine.handoff.messages import (
     HANDOFF,
     REPLIES,
     REQUESTS,
@@ -23,8 +23,8 @@ from zephon._engine.messages import (
     Unload,
     Unloaded,
 )
-from zephon._engine.worker import worker_main
-from zephon._engine.worker_start import worker_context
+from zephon._engine.workers.worker import worker_main
+from zephon._engine.workers.worker_start import worker_context
 from zephon.ops import BaseOp, OpContext
 from zephon.types import SampleMeta, SampleRecord, StreamItem
 

@@ -11,7 +11,7 @@ import signal
 import threading
 from typing import Any
 
-from zephon._engine.worker_start import start_deaf_to_ctrl_c, worker_context
+from zephon._engine.workers.worker_start import start_deaf_to_ctrl_c, worker_context
 
 
 class InterruptWhilePickled:

@@ -26,10 +26,10 @@ from tests.runners._pipes import (
     stateful,
 )
 from zephon import Dataset, Pipeline
-from zephon._engine import worker_registry
-from zephon._engine.process_pool import ProcessWorkerPool
-from zephon._engine.worker_registry import shutdown_idle_workers
-from zephon._engine.worker_start import usable_cores
+from zephon._engine.workers import worker_registry
+from zephon._engine.workers.process_pool import ProcessWorkerPool
+from zephon._engine.workers.worker_registry import shutdown_idle_workers
+from zephon._engine.workers.worker_start import usable_cores
 from zephon.ops import BaseOp, CountingAccumulator, OpTraits
 
 # shm_min_bytes=1 sends every array through shared memory, so the small token arrays of the

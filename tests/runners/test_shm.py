@@ -16,8 +16,9 @@ import pytest
 
 from tests.runners._leaks import descendants_of, our_segments, process_gone
 from tests.runners._shm_child import CHILD, dead_pid
-from zephon._engine import shm, worker
-from zephon._engine.messages import REPLIES, Failed
+from zephon._engine.handoff import shm
+from zephon._engine.handoff.messages import REPLIES, Failed
+from zephon._engine.workers import worker
 from zephon.types import SampleRecord
 
 ROOT = Path(__file__).resolve().parents[2]

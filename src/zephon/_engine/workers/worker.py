@@ -18,9 +18,8 @@ from typing import assert_never
 
 import cloudpickle
 
-from zephon._engine import shm
-from zephon._engine.fusion import FusedOp
-from zephon._engine.messages import (
+from zephon._engine.handoff import shm
+from zephon._engine.handoff.messages import (
     REPLIES,
     REQUESTS,
     Failed,
@@ -32,9 +31,10 @@ from zephon._engine.messages import (
     Unloaded,
     WorkerRequest,
 )
-from zephon._engine.projection import ProjectedOp
-from zephon._engine.stage import annotate, call_process_many
-from zephon._engine.worker_start import adopt_environment
+from zephon._engine.plan.fusion import FusedOp
+from zephon._engine.plan.projection import ProjectedOp
+from zephon._engine.run.stage import annotate, call_process_many
+from zephon._engine.workers.worker_start import adopt_environment
 from zephon.io import io_totals
 from zephon.ops import BaseOp
 from zephon.types import StreamItem
@@ -144,7 +144,7 @@ class _Worker:
 def worker_main(conn: Connection, prefix: str, min_bytes: int) -> None:
     """A worker process: load operators, run micro-batches; unload and wait to be reused.
 
-    Requests (:data:`~zephon._engine.messages.WorkerRequest`): :class:`Load` sets up the
+    Requests (:data:`~zephon._engine.handoff.messages.WorkerRequest`): :class:`Load` sets up the
     operators of an engine (the first request of every worker), :class:`Run` runs a
     micro-batch, :class:`Unload` tears the operators down (the worker then idles until the
     next load), and an empty message stops the worker.

@@ -16,7 +16,7 @@ from multiprocessing import resource_tracker
 from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import Any
 
-from zephon._engine import oom
+from zephon._engine.workers import oom
 from zephon.errors import ZephonError
 
 #: Exit status of a worker process that found itself started while its parent's main module
@@ -127,7 +127,7 @@ _SERVER_OWNER: int | None = None
 
 #: Imported once by the forkserver, so forked workers start with them (not ``__main__``: a
 #: script without a main guard would run its pipeline in the server).
-_PRELOAD = ["zephon._engine.process_pool", "tokenizers"]
+_PRELOAD = ["zephon._engine.workers.process_pool", "tokenizers"]
 
 
 #: The thread count of the tokenizers' pool (Rayon) in each worker: the cores divided by the

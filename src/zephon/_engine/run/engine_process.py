@@ -28,14 +28,16 @@ from typing import Any, assert_never
 
 import cloudpickle
 
-from zephon._engine import oom, shm, waiting
-from zephon._engine.compile import CompiledRun
 from zephon._engine.engine import Engine, Position
-from zephon._engine.handoff import Receiver, Sender
-from zephon._engine.messages import HandoffEnd, HandoffError, HandoffItem, HandoffMessage
-from zephon._engine.runners import lookup
+from zephon._engine.handoff import shm
+from zephon._engine.handoff.handoff import Receiver, Sender
+from zephon._engine.handoff.messages import HandoffEnd, HandoffError, HandoffItem, HandoffMessage
+from zephon._engine.plan.compile import CompiledRun
+from zephon._engine.run import waiting
+from zephon._engine.run.runners import lookup
 from zephon._engine.stats import RunStats
-from zephon._engine.worker_start import (
+from zephon._engine.workers import oom
+from zephon._engine.workers.worker_start import (
     MAIN_GUARD_EXIT,
     WORKER_NAME_PREFIX,
     adopt_environment,

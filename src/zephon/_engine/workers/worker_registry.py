@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from zephon._exit import at_exit
 
 if TYPE_CHECKING:
-    from zephon._engine.process_pool import ProcessFleet
+    from zephon._engine.workers.process_pool import ProcessFleet
 
 
 #: Fleets not shut down yet: killed at interpreter exit (this hook runs before

@@ -3,15 +3,16 @@
 Every pool has the same two-method shape the driver needs: ``submit(elems) -> Future`` and
 ``shutdown()``. A pool may run a micro-batch more than once (a worker died) but completes each
 future exactly once, so the driver's reorder buffer sees every sequence number once. Threads
-are in :mod:`~zephon._engine.thread_pool`, processes in :mod:`~zephon._engine.process_pool`,
-Ray actors in :mod:`~zephon._engine.ray_pool`.
+are in :mod:`~zephon._engine.workers.thread_pool`, processes in
+:mod:`~zephon._engine.workers.process_pool`, Ray actors in
+:mod:`~zephon._engine.workers.ray_pool`.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Executor, Future
 
-from zephon._engine.joins import CLOSE_WAIT_S
+from zephon._engine.run.joins import CLOSE_WAIT_S
 from zephon.errors import ZephonError
 from zephon.types import StreamItem
 

@@ -29,11 +29,8 @@ from typing import Any, assert_never
 
 import cloudpickle
 
-from zephon._engine import oom, shm
-from zephon._engine.deadlines import STARTUP, StageDeadlines, Watchdog
-from zephon._engine.fusion import FusedOp
-from zephon._engine.joins import CLOSE_WAIT_S, join_all, stuck_error
-from zephon._engine.messages import (
+from zephon._engine.handoff import shm
+from zephon._engine.handoff.messages import (
     REPLIES,
     REQUESTS,
     Failed,
@@ -45,12 +42,16 @@ from zephon._engine.messages import (
     Unload,
     Unloaded,
 )
-from zephon._engine.pools import WorkerCrashedError, WorkerPool, WorkerStartError
-from zephon._engine.projection import unwrapped
-from zephon._engine.stage import annotate, safe_annotate
-from zephon._engine.worker import worker_main
-from zephon._engine.worker_registry import FLEETS, keep_idle, take_idle
-from zephon._engine.worker_start import (
+from zephon._engine.plan.fusion import FusedOp
+from zephon._engine.plan.projection import unwrapped
+from zephon._engine.run.joins import CLOSE_WAIT_S, join_all, stuck_error
+from zephon._engine.run.stage import annotate, safe_annotate
+from zephon._engine.workers import oom
+from zephon._engine.workers.deadlines import STARTUP, StageDeadlines, Watchdog
+from zephon._engine.workers.pools import WorkerCrashedError, WorkerPool, WorkerStartError
+from zephon._engine.workers.worker import worker_main
+from zephon._engine.workers.worker_registry import FLEETS, keep_idle, take_idle
+from zephon._engine.workers.worker_start import (
     MAIN_GUARD_EXIT,
     THREADS_VARIABLE,
     WORKER_NAME_PREFIX,
