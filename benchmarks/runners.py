@@ -31,7 +31,7 @@ import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from zephon import Dataset, Pipeline
-from zephon._engine.pools import shutdown_idle_workers
+from zephon._engine.workers.worker_registry import shutdown_idle_workers
 from zephon.work import WorkChunk, WorkSource
 
 WORDS = ["data", "token", "lane", "chunk", "batch", "shard", "model", "train", "seed", "pack"]

@@ -109,15 +109,15 @@ CONTROL_TAGS_HOME = "types.py"
 """The one module that may name ``CONTROL_TAGS`` (it defines them and converts the tag form)."""
 
 ALLOWED = {
-    ("_engine/ray_pool.py", "_private"): "ray's session name (no public API for it)",
-    ("_engine/ray_pool.py", "worker"): "ray's session name",
-    ("_engine/ray_pool.py", "global_worker"): "ray's session name",
-    ("_engine/ray_pool.py", "node"): "ray's session name",
-    ("_engine/ray_pool.py", "session_name"): "ray's session name",
-    ("_engine/pools.py", "_inheriting"): "multiprocessing's bootstrapping flag",
-    ("_engine/pools.py", "__file__"): "the main module's file, for an error message",
-    ("_engine/pools.py", "sched_getaffinity"): "absent on some platforms",
-    ("_engine/stage.py", "zephon_op_name"): "an exception note the engine sets itself",
+    ("_engine/workers/ray_pool.py", "_private"): "ray's session name (no public API for it)",
+    ("_engine/workers/ray_pool.py", "worker"): "ray's session name",
+    ("_engine/workers/ray_pool.py", "global_worker"): "ray's session name",
+    ("_engine/workers/ray_pool.py", "node"): "ray's session name",
+    ("_engine/workers/ray_pool.py", "session_name"): "ray's session name",
+    ("_engine/workers/worker_start.py", "_inheriting"): "multiprocessing's bootstrapping flag",
+    ("_engine/workers/worker_start.py", "__file__"): "the main module's file, for an error message",
+    ("_engine/workers/worker_start.py", "sched_getaffinity"): "absent on some platforms",
+    ("_engine/run/stage.py", "zephon_op_name"): "an exception note the engine sets itself",
     ("_engine/stats.py", "name"): "the counters of OpStats, by field name",
 }
 

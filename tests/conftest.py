@@ -18,7 +18,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from tests._corpus import make_docs
 from tests.io._s3 import S3
-from zephon._engine import shm
+from zephon._engine.handoff import shm
 
 # torch's OpenMP threads spin while they wait for work: with every core busy (two xdist workers,
 # or a second copy of the suite beside this one) a tiny model's training step took 8x longer with
@@ -122,9 +122,9 @@ def reused_workers_released() -> Iterator[None]:
     test in this pytest process starts without children (tests/runners asserts exactly that,
     and checks its own tests before this runs)."""
     yield
-    pools = sys.modules.get("zephon._engine.pools")
-    if pools is not None:
-        pools.shutdown_idle_workers()
+    registry = sys.modules.get("zephon._engine.workers.worker_registry")
+    if registry is not None:
+        registry.shutdown_idle_workers()
 
 
 @pytest.fixture(scope="session")

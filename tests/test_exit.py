@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from zephon._engine.shm import shm_dir
+from zephon._engine.handoff.shm import shm_dir
 from zephon._exit import sigint_held
 
 REPO = Path(__file__).resolve().parent.parent

@@ -66,7 +66,7 @@ def test_schedule(folder):
     chunk = source.next_chunk()
     assert chunk is not None
     assert set(chunk.pointers[:30, 0].tolist()) == {0}
-    assert isinstance(source._schedule, MixtureSchedule)
+    assert isinstance(source._mixture.schedule, MixtureSchedule)
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import torch
 
-from zephon._engine.shm import segment_files
+from zephon._engine.handoff.shm import segment_files
 from zephon._shared_batch import SharedPayload, new_prefix, pack, remove_left, unpack
 
 
@@ -117,7 +117,7 @@ def test_the_files_of_a_killed_training_process_are_swept_by_the_next_engine() -
     import subprocess
     import sys
 
-    from zephon._engine.shm import sweep_stale
+    from zephon._engine.handoff.shm import sweep_stale
 
     with subprocess.Popen(
         [sys.executable, "-c", KILLED_WRITER],

@@ -235,7 +235,7 @@ def test_held_arrays_are_writable_copies_of_the_viewed_bytes_only():
 
 def test_a_held_shared_memory_array_is_written_as_the_array_it_maps():
     """The engine registers its shared-memory references with the codec below it."""
-    from zephon._engine import shm
+    from zephon._engine.handoff import shm
 
     session = shm.ShmSession(min_bytes=64)
     try:

@@ -145,7 +145,7 @@ def test_an_import_that_is_not_downward_is_reported_wherever_it_is(tmp_path: Pat
             "work/c.py": "from zephon import _ops\n",
             "ops/s.py": "if TYPE_CHECKING:\n    from zephon.pipeline import Pipeline\n",
             "ops/t.py": "import zephon.training\n",  # a unit of the same layer
-            "_ops/d.py": "import zephon._engine.stage\n",  # downward: operators may use it
+            "_ops/d.py": "import zephon._engine.run.stage\n",  # downward: operators may use it
             "config.py": "from zephon.pipeline import Pipeline\n",  # downward
         },
     )
@@ -206,7 +206,7 @@ def test_a_hook_probe_or_unlisted_getattr_in_the_engine_is_reported(tmp_path: Pa
     package = _tree(
         tmp_path,
         {
-            "_engine/stage.py": (
+            "_engine/run/stage.py": (
                 "x = getattr(acc, 'state_dict', None)\n"
                 "y = hasattr(source, 'seed')\n"
                 "z = getattr(exc, 'zephon_op_name', None)\n"  # listed in ALLOWED
@@ -216,9 +216,9 @@ def test_a_hook_probe_or_unlisted_getattr_in_the_engine_is_reported(tmp_path: Pa
         },
     )
     assert layering.violations(package) == [
-        "_engine/stage.py:1: probes hook 'state_dict'; use its typed protocol",
-        "_engine/stage.py:2: probes hook 'seed'; use its typed protocol",
-        "_engine/stage.py:4: getattr/hasattr of 'something_else' is not in ALLOWED",
+        "_engine/run/stage.py:1: probes hook 'state_dict'; use its typed protocol",
+        "_engine/run/stage.py:2: probes hook 'seed'; use its typed protocol",
+        "_engine/run/stage.py:4: getattr/hasattr of 'something_else' is not in ALLOWED",
     ]
 
 
@@ -241,7 +241,7 @@ def test_a_control_tag_named_outside_types_is_reported(tmp_path: Path) -> None:
     package = _tree(
         tmp_path,
         {
-            "_engine/tail.py": (
+            "_engine/handoff/tail.py": (
                 "from zephon.types import TAG_TOMBSTONE, TAG_PACKING\n"
                 "dead = TAG_TOMBSTONE in meta.tags\n"
                 "packed = TAG_PACKING in meta.tags\n"  # not a control tag
@@ -251,8 +251,8 @@ def test_a_control_tag_named_outside_types_is_reported(tmp_path: Path) -> None:
         },
     )
     assert layering.violations(package) == [
-        "_engine/tail.py:1: names TAG_TOMBSTONE; read the typed SampleMeta.control",
-        "_engine/tail.py:2: names TAG_TOMBSTONE; read the typed SampleMeta.control",
+        "_engine/handoff/tail.py:1: names TAG_TOMBSTONE; read the typed SampleMeta.control",
+        "_engine/handoff/tail.py:2: names TAG_TOMBSTONE; read the typed SampleMeta.control",
         "_ops/pack.py:2: names TAG_SNAPSHOT_REPLAY; read the typed SampleMeta.control",
     ]
 
@@ -288,14 +288,14 @@ def test_capture_and_the_command_line_do_not_reach_past_the_pipeline(tmp_path: P
     package = _tree(
         tmp_path,
         {
-            "cli/_leave.py": "from zephon._engine.joins import f\n",
-            "capture/b.py": "import zephon._engine.stage\n",
+            "cli/_leave.py": "from zephon._engine.run.joins import f\n",
+            "capture/b.py": "import zephon._engine.run.stage\n",
             "capture/c.py": "from zephon.pipeline import Pipeline\n",
         },
     )
     assert layering.violations(package) == [
-        "capture/b.py:1: capture must not import _engine (zephon._engine.stage); use Pipeline",
-        "cli/_leave.py:1: cli must not import _engine (zephon._engine.joins); use Pipeline",
+        "capture/b.py:1: capture must not import _engine (zephon._engine.run.stage); use Pipeline",
+        "cli/_leave.py:1: cli must not import _engine (zephon._engine.run.joins); use Pipeline",
     ]
 
 

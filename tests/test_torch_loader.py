@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from tests.engine._sources import RangeSource
 from tests.engine.test_torch import build, identity, ids
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
-from zephon._engine.shm import segment_files
+from zephon._engine.handoff.shm import segment_files
 from zephon.errors import CheckpointError, ConfigError
 from zephon.torch_loader import PipelineDataLoader, merge_loader_states
 

@@ -79,7 +79,7 @@ class WorkCount:
 def planned_total(pipe: Any) -> int | None:
     """The samples ``pipe`` reads in its current pass on its lanes; None when the work source
     cannot know (an endless stream, a source that decides as it goes)."""
-    from zephon._engine.compile import view_lanes
+    from zephon._engine.plan.compile import view_lanes
 
     options = pipe.runtime_options
     source = pipe.work_source.with_epoch(pipe.epoch)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from zephon._engine.shm import NAME_PREFIX, segment_files, shm_dir
+from zephon._engine.handoff.shm import NAME_PREFIX, segment_files, shm_dir
 
 _ALIGN = 64  # each array starts on a cache line, so every dtype's view is aligned
 _COUNTER = itertools.count()

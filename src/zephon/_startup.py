@@ -73,7 +73,7 @@ def _remove_shared_memory() -> None:
     """Unlink the engine's files in /dev/shm (its lock file, the first micro-batches): the
     exit hooks that would are skipped by ``os._exit``, and they would stay there, in RAM,
     until another engine's sweep. Its workers end by themselves when their pipes close."""
-    shm = sys.modules.get("zephon._engine.shm")
+    shm = sys.modules.get("zephon._engine.handoff.shm")
     if shm is None:
         return  # no engine yet
     import contextlib  # here: every import at the top runs before the handlers exist

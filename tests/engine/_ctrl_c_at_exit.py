@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from tests.engine import _open_at_exit
-from zephon._engine import shm
+from zephon._engine.handoff import shm
 
 
 def main(count: int) -> None:

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon._engine.fetch import FetchOp
+from zephon._engine.feed.fetch import FetchOp
 from zephon._ops.batch import BatchOp
 from zephon._ops.decode_text import DecodeTextOp
 from zephon._ops.map_transform import FilterOp, MapTransformOp

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from zephon._engine.deadlines import (
+from zephon._engine.workers.deadlines import (
     DECAY,
     SLOW_FACTOR,
     STOP_GRACE_S,

@@ -11,7 +11,7 @@ import pytest
 
 from tests.engine._stateful import REFERENCE_CFG, build, key
 from zephon import merge_checkpoints
-from zephon._engine.global_order import ahead_of_global_order, regrouping
+from zephon._engine.state.global_order import ahead_of_global_order, regrouping
 
 
 def rank_streams(world: int, steps: int, grad_accum: int, **opts: Any) -> list[list[Any]]:

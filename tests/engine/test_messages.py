@@ -9,8 +9,8 @@ import cloudpickle
 import numpy as np
 import pytest
 
-from zephon._engine import shm
-from zephon._engine.messages import (
+from zephon._engine.handoff import shm
+from zephon._engine.handoff.messages import (
     HANDOFF,
     REPLIES,
     REQUESTS,
@@ -23,7 +23,8 @@ from zephon._engine.messages import (
     Unload,
     Unloaded,
 )
-from zephon._engine.pools import _worker_main, worker_context
+from zephon._engine.workers.worker import worker_main
+from zephon._engine.workers.worker_start import worker_context
 from zephon.ops import BaseOp, OpContext
 from zephon.types import SampleMeta, SampleRecord, StreamItem
 
@@ -41,7 +42,7 @@ def test_a_worker_answers_every_request_kind_and_names_a_message_it_cannot_read(
     session = shm.ShmSession(min_bytes=1024)
     mp = worker_context()
     parent, child = mp.Pipe(duplex=True)
-    proc = mp.Process(target=_worker_main, args=(child, session.prefix, session.min_bytes))
+    proc = mp.Process(target=worker_main, args=(child, session.prefix, session.min_bytes))
     proc.start()
     child.close()
     try:

@@ -6,7 +6,7 @@ import pytest
 
 from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline
-from zephon._engine.plan import ray_resources
+from zephon._engine.plan.plan import ray_resources
 from zephon.errors import ConfigError
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline
-from zephon._engine.projection import ProjectedOp, project_items
+from zephon._engine.plan.projection import ProjectedOp, project_items
 from zephon._ops.tokenize import TokenizeOp
 from zephon.errors import MissingFieldError
 from zephon.ops import BaseOp, OpTraits

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from zephon._engine.quarantine import Quarantine
+from zephon._engine.run.quarantine import Quarantine
 
 
 def info(row: int) -> dict:

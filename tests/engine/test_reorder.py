@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon._engine.reorder import ReorderBuffer
+from zephon._engine.handoff.reorder import ReorderBuffer
 from zephon.errors import ReorderError
 
 

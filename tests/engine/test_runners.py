@@ -15,9 +15,9 @@ import pytest
 
 from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline, options
-from zephon._engine.compile import CompiledRun, compile
-from zephon._engine.engine_process import EngineProcess
-from zephon._engine.runners import REFERENCE, REGISTRY, ThreadsRunner, available, docs_table
+from zephon._engine.plan.compile import CompiledRun, compile
+from zephon._engine.run.engine_process import EngineProcess
+from zephon._engine.run.runners import REFERENCE, REGISTRY, ThreadsRunner, available, docs_table
 from zephon.errors import ConfigError
 from zephon.io import io_totals
 from zephon.ops import BaseOp, OpContext, OpTraits
@@ -80,7 +80,7 @@ def ray_if_installed() -> Iterator[None]:
     if started:
         ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
-    from zephon._engine import ray_pool
+    from zephon._engine.workers import ray_pool
 
     ray_pool.release_actors()
     if started:
@@ -103,7 +103,7 @@ def test_the_docs_table_is_the_registry() -> None:
     text = DOCS.read_text()
     start = text.index("<!-- runner-table")
     table = text[text.index("\n", start) + 1 : text.index("<!-- /runner-table -->")].strip()
-    assert table == docs_table(), "regenerate with zephon._engine.runners.docs_table()"
+    assert table == docs_table(), "regenerate with zephon._engine.run.runners.docs_table()"
     for name in REGISTRY:
         assert f'| `"{name}"` |' in table
 

@@ -6,7 +6,7 @@ import pickle
 from typing import Any
 
 from zephon import Dataset, StaticMixtureWorkSource
-from zephon._engine.source import SnapshotPolicy, SourceFeeder, pointer_records
+from zephon._engine.feed.source import SnapshotPolicy, SourceFeeder, pointer_records
 from zephon.types import SampleMeta, SampleRecord, SnapshotMarker
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon._engine.driver_chain import run_tasks
-from zephon._engine.source import pointer_records
-from zephon._engine.stage import MarkerMode, StageCore, place_markers
+from zephon._engine.feed.source import pointer_records
+from zephon._engine.plan.driver_chain import run_tasks
+from zephon._engine.run.stage import MarkerMode, StageCore, place_markers
 from zephon.ops import BaseOp, CountingAccumulator, OpTraits
 from zephon.types import SampleRecord, StreamItem, snapshot_marker, tombstone_meta
 

@@ -3,7 +3,7 @@ decide whether the partial batch saved at that cut has left since."""
 
 from __future__ import annotations
 
-from zephon._engine.tail import LaneMux
+from zephon._engine.handoff.tail import LaneMux
 from zephon.types import SampleCursor, SampleMeta, SampleRecord, SnapshotMarker, snapshot_marker
 
 

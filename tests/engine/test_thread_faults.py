@@ -20,7 +20,7 @@ import pytest
 
 from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline
-from zephon._engine.pools import WorkerCrashedError
+from zephon._engine.workers.pools import WorkerCrashedError
 from zephon.types import StreamItem
 from zephon.work import WorkChunk
 

@@ -7,9 +7,9 @@ import threading
 import pytest
 
 from zephon import Pipeline
-from zephon._engine.fetch import FETCH_MICRO_BATCH
-from zephon._engine.messages import Data
-from zephon._engine.threaded import HELD_WINDOW, Channel, Stopped
+from zephon._engine.feed.fetch import FETCH_MICRO_BATCH
+from zephon._engine.handoff.messages import Data
+from zephon._engine.run.threaded import HELD_WINDOW, Channel, Stopped
 from zephon.types import SampleMeta, SampleRecord
 
 

@@ -161,7 +161,7 @@ def test_runners_workers_stops_and_ranks_agree_over_tar_shards(tmp_path: Path) -
 
 def _in_shared_memory(array: np.ndarray) -> bool:
     """Whether ``array``'s memory is a mapping of one of the run's shared-memory segments."""
-    from zephon._engine import shm
+    from zephon._engine.handoff import shm
 
     return any(array.base is segment for segment in shm._MAPS.values())
 

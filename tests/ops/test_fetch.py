@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from zephon._engine.fetch import FetchOp
+from zephon._engine.feed.fetch import FetchOp
 from zephon.errors import DataError
 from zephon.io import Dataset, InMemoryShard, Row, Shard
 from zephon.types import SampleMeta, SampleRecord, Tombstone

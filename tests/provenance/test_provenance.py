@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.provenance._mixture import check_batch, make_mixture
-from zephon._engine.pools import shutdown_idle_workers
+from zephon._engine.workers.worker_registry import shutdown_idle_workers
 from zephon.config import load_config
 from zephon.pipeline import Pipeline
 from zephon.types import SampleBatch

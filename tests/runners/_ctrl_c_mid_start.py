@@ -11,7 +11,7 @@ import signal
 import threading
 from typing import Any
 
-from zephon._engine.pools import _start_deaf_to_ctrl_c, worker_context
+from zephon._engine.workers.worker_start import start_deaf_to_ctrl_c, worker_context
 
 
 class InterruptWhilePickled:
@@ -31,7 +31,7 @@ class InterruptWhilePickled:
 def main() -> None:
     proc = worker_context().Process(target=InterruptWhilePickled())
     try:
-        _start_deaf_to_ctrl_c(proc)
+        start_deaf_to_ctrl_c(proc)
         sum(range(100_000))
         print("not interrupted", flush=True)
     except KeyboardInterrupt:

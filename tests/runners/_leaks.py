@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from zephon._engine.shm import NAME_PREFIX, segment_files
+from zephon._engine.handoff.shm import NAME_PREFIX, segment_files
 
 
 def our_segments(owner_pid: int) -> list[str]:

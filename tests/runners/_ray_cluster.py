@@ -26,7 +26,7 @@ from ray.cluster_utils import Cluster
 from tests._corpus import make_docs
 from tests.runners._pipes import key
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
-from zephon._engine import ray_pool
+from zephon._engine.workers import ray_pool
 
 LABELS = {"io": {"io": 8.0}, "cpu-a": {"cpu": 8.0}, "cpu-b": {"cpu": 8.0}}
 FAST_FAILURE_DETECTION = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}

@@ -38,9 +38,9 @@ from ray.cluster_utils import Cluster
 from tests._corpus import make_docs
 from tests.runners._pipes import key
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
-from zephon._engine import ray_pool
-from zephon._engine.ray_nodes import detection_window_s
-from zephon._engine.ray_pool import RayWorkerPool
+from zephon._engine.workers import ray_pool
+from zephon._engine.workers.ray_nodes import detection_window_s
+from zephon._engine.workers.ray_pool import RayWorkerPool
 
 WORKER = {"num_cpus": 1, "resources": {"cpu": 8.0}}
 FAST_FAILURE_DETECTION = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}

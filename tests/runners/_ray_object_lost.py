@@ -28,8 +28,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 from zephon import Dataset, Pipeline, StaticMixtureWorkSource
-from zephon._engine import ray_pool
-from zephon._engine.ray_pool import RayWorkerPool
+from zephon._engine.workers import ray_pool
+from zephon._engine.workers.ray_pool import RayWorkerPool
 
 FAST_FAILURE_DETECTION = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
 PULL_DELAY = {

@@ -17,7 +17,7 @@ from tests.runners._leaks import our_segments, semaphores_mapped_by
 def idle_ray_actors_released() -> Iterator[None]:
     """Actors kept for the next iteration go with the test (the session's Ray stays lean)."""
     yield
-    module = sys.modules.get("zephon._engine.ray_pool")
+    module = sys.modules.get("zephon._engine.workers.ray_pool")
     if module is not None:
         module.release_actors()
 

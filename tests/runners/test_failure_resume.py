@@ -9,7 +9,7 @@ from tests.runners._failure import fail_then_resume, faulty_stateful
 from tests.runners._faulty import FailWhileArmedOp
 from tests.runners._pipes import key
 from zephon import Pipeline
-from zephon._engine.pools import WorkerCrashedError
+from zephon._engine.workers.pools import WorkerCrashedError
 
 CASES = [
     ("inline", "raise", ValueError),

@@ -14,7 +14,8 @@ from tests.runners._faulty import KillWorkerOp
 from tests.runners._leaks import children_of, cmdline_of, wait_gone
 from tests.runners._pipes import digest, key
 from zephon import Dataset, Pipeline
-from zephon._engine.pools import ProcessWorkerPool, WorkerCrashedError
+from zephon._engine.workers.pools import WorkerCrashedError
+from zephon._engine.workers.process_pool import ProcessWorkerPool
 
 
 def faulty(docs: list[dict[str, Any]], op: KillWorkerOp, runner: str, **opts: Any) -> Pipeline:

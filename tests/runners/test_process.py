@@ -26,8 +26,10 @@ from tests.runners._pipes import (
     stateful,
 )
 from zephon import Dataset, Pipeline
-from zephon._engine import pools
-from zephon._engine.pools import ProcessWorkerPool, shutdown_idle_workers, usable_cores
+from zephon._engine.workers import worker_registry
+from zephon._engine.workers.process_pool import ProcessWorkerPool
+from zephon._engine.workers.worker_registry import shutdown_idle_workers
+from zephon._engine.workers.worker_start import usable_cores
 from zephon.ops import BaseOp, CountingAccumulator, OpTraits
 
 # shm_min_bytes=1 sends every array through shared memory, so the small token arrays of the
@@ -186,7 +188,7 @@ def test_workers_see_the_environment_the_engine_has_when_they_get_their_operator
         monkeypatch.setenv("RAYON_NUM_THREADS", "3")
         # The workers that served the first run were kept (a slot whose worker had not finished
         # starting when the short first run ended is not); the second run's one slot reuses one.
-        kept = {proc.pid for proc, _ in pools._IDLE}
+        kept = {proc.pid for proc, _ in worker_registry._IDLE}
         assert {r.payload["worker"] for r in first} <= kept
         second = list(marks_pipe(parallelism=1))
         assert len({r.payload["worker"] for r in second} & kept) == 1

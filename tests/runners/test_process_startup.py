@@ -47,7 +47,7 @@ def test_a_script_without_main_guard_fails_at_once_with_the_fix(tmp_path: Path, 
     )
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("zephon._engine.pools.WorkerStartError: ")
+    assert last.startswith("zephon._engine.workers.pools.WorkerStartError: ")
     assert f'{script} under `if __name__ == "__main__":`' in last
     # only the parent's own traceback: no worker printed anything, nothing was retried
     assert done.stderr.count("Traceback (most recent call last)") == 1

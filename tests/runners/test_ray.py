@@ -17,7 +17,7 @@ from tests.engine._sources import RangeSource
 from tests.runners._faulty import KillWorkerOp
 from tests.runners._pipes import digest, reference, run_with_stops, stateful
 from zephon import Dataset, Pipeline
-from zephon._engine.pools import WorkerCrashedError
+from zephon._engine.workers.pools import WorkerCrashedError
 
 
 @pytest.mark.timeout(120)

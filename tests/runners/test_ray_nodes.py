@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from zephon._engine.ray_nodes import NodeWatch, Unsettled, detection_window_s
+from zephon._engine.workers.ray_nodes import NodeWatch, Unsettled, detection_window_s
 
 DEAD = "ab" * 28  # a node id as Ray writes them (56 hex digits)
 

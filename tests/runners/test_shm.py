@@ -16,8 +16,9 @@ import pytest
 
 from tests.runners._leaks import descendants_of, our_segments, process_gone
 from tests.runners._shm_child import CHILD, dead_pid
-from zephon._engine import pools, shm
-from zephon._engine.messages import REPLIES, Failed
+from zephon._engine.handoff import shm
+from zephon._engine.handoff.messages import REPLIES, Failed
+from zephon._engine.workers import worker
 from zephon.types import SampleRecord
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,7 +207,7 @@ def test_a_micro_batch_whose_segment_was_removed_is_one_clear_error_not_a_crash(
         os.unlink(shm.shm_dir() / name)  # e.g. a cleanup job sweeping /dev/shm
         del keep  # as in a worker: no mapping of it yet
         gc.collect()
-        reply = pools._decode(data)
+        reply = worker.decode_request(data)
         assert isinstance(reply, bytes)
         failed = REPLIES.read(pickle.loads(reply))
         assert isinstance(failed, Failed)

@@ -15,7 +15,7 @@ import pytest
 CHILD = textwrap.dedent(
     """
     import numpy as np
-    import zephon._engine.shm as shm
+    import zephon._engine.handoff.shm as shm
     from tests.engine._sources import RangeSource
     from tests.runners._pipes import heavy
     from zephon import Dataset, Pipeline

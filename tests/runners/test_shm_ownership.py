@@ -23,7 +23,7 @@ from tests.runners._leaks import descendants_of, process_gone
 from tests.runners._pipes import add_stats, big_array, key
 from tests.runners._shm_child import CHILD, dead_pid
 from zephon import Dataset, Pipeline
-from zephon._engine import shm
+from zephon._engine.handoff import shm
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -17,7 +17,8 @@ from tests.runners._faulty import StopWorkerOp
 from tests.runners._pipes import digest, key
 from tests.runners.test_faults import faulty
 from zephon import Pipeline
-from zephon._engine.pools import ProcessWorkerPool, WorkerCrashedError
+from zephon._engine.workers.pools import WorkerCrashedError
+from zephon._engine.workers.process_pool import ProcessWorkerPool
 from zephon.errors import ConfigError
 
 DEADLINE_S = 3.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.engine._sources import RangeSource
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
-from zephon._engine.plan import op_seed
+from zephon._engine.plan.plan import op_seed
 from zephon.ops import BaseOp, OpContext
 from zephon.types import SampleRecord, StreamItem
 from zephon.work import (

@@ -11,20 +11,20 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from zephon._engine import waiting
-from zephon._engine.compile import CompiledRun
-from zephon._engine.global_order import regrouping
-from zephon._engine.lane_state import RestartPoint, has_lane_state
-from zephon._engine.mixture_counts import MixtureCounts
-from zephon._engine.operator_states import OperatorStates
-from zephon._engine.plan import stalls_sentinels
-from zephon._engine.pools import check_not_bootstrapping
-from zephon._engine.quarantine import Quarantine
-from zephon._engine.runners import RunJob, RunResources
-from zephon._engine.source import LaneStart, SnapshotPolicy, SourceFeeder
-from zephon._engine.stage import MarkerMode, StageCore
+from zephon._engine.feed.source import LaneStart, SnapshotPolicy, SourceFeeder
+from zephon._engine.handoff.tail import LaneMux
+from zephon._engine.plan.compile import CompiledRun
+from zephon._engine.plan.plan import stalls_sentinels
+from zephon._engine.run import waiting
+from zephon._engine.run.quarantine import Quarantine
+from zephon._engine.run.runners import RunJob, RunResources
+from zephon._engine.run.stage import MarkerMode, StageCore
+from zephon._engine.state.global_order import regrouping
+from zephon._engine.state.lane_state import RestartPoint, has_lane_state
+from zephon._engine.state.mixture_counts import MixtureCounts
+from zephon._engine.state.operator_states import OperatorStates
 from zephon._engine.stats import LaneProgress, OpStats, RunStats
-from zephon._engine.tail import LaneMux
+from zephon._engine.workers.worker_start import check_not_bootstrapping
 from zephon._exit import at_exit
 from zephon.checkpoints import LaneCheckpoint
 from zephon.checkpoints import format as ckpt

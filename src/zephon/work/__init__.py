@@ -7,10 +7,7 @@ from zephon.work._delivered import MixtureStats
 from zephon.work._lanes import LaneMapping, lanes_for_rank
 from zephon.work._mixture import MixtureSpec as MixtureSpec
 from zephon.work._schedule import MixtureSchedule as MixtureSchedule
-from zephon.work._static import (
-    ExhaustedPolicy,
-    LaneAssignment,
-)
+from zephon.work._source_options import ExhaustedPolicy, LaneAssignment
 from zephon.work._static import (
     StaticMixtureWorkSource as StaticMixtureWorkSource,
 )

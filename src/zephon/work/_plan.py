@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from zephon.work._mixture import allocate
-
 if TYPE_CHECKING:
     from zephon.work._static import StaticMixtureWorkSource
 
@@ -31,56 +29,33 @@ Run = tuple[int, int, int]
 """``(first global chunk, chunks, samples in each)``: consecutive chunks of one size."""
 
 
-def _copy(source: StaticMixtureWorkSource) -> StaticMixtureWorkSource:
-    """A fresh, unsharded copy that can be advanced without touching ``source`` (of its own
-    class, which this module, below it, does not import)."""
-    sim = object.__new__(type(source))
-    sim.__dict__.update(source.__dict__)
-    sim._orders = None
-    sim._lane_id = sim._lanes = None
-    sim._reset_state()
-    return sim
-
-
-def _endless(sim: StaticMixtureWorkSource) -> bool:
-    """No pass limit, no later phase and every dataset drawn now repeats without limit."""
-    weights = sim._active_weights()
-    return (
-        sim._stop_after_passes is None
-        and sim._next_switch() is None
-        and all(limit is None for limit, w in zip(sim._limits, weights, strict=True) if w)
-    )
-
-
 def chunk_runs(source: StaticMixtureWorkSource) -> list[Run] | None:
     """The global chunk sequence as runs of equal chunks; None when it has no end (or is too
     long to count one chunk at a time)."""
     if source.needs_measuring():
         return None  # phases are provisional until the pipeline measured its tokens
-    sim = _copy(source)
+    sim = source.chunk_sequence()
     runs: list[Run] = []
     steps = 0
-    while not sim._done:
-        sim._enter_phase()
-        if _endless(sim):
+    while not sim.done:
+        sim.enter_phase()
+        if sim.endless():
             return None
-        m = sim._safe_batch(_HORIZON)
+        m = sim.safe_batch(_HORIZON)
         if m >= _HORIZON:
             return None
-        g = sim._g
+        g = sim.g
         if m >= 1:
-            quotas, sim._debts = allocate(sim._debts, sim._active_weights(), sim._chunk_size, m)
-            sim._pos = [p + q for p, q in zip(sim._pos, quotas, strict=True)]
-            sim._g += m
-            runs.append((g, m, sim._chunk_size))
+            sim.advance(m)
+            runs.append((g, m, sim.options.chunk_size))
             continue
         steps += 1
         if steps > _MAX_STEPS:
             return None
-        before = sum(sim._pos)
-        sim._step(generate=False)
-        if sim._g > g:
-            runs.append((g, 1, sum(sim._pos) - before))
+        before = sum(sim.pos)
+        sim.step(generate=False)
+        if sim.g > g:
+            runs.append((g, 1, sum(sim.pos) - before))
     return runs
 
 

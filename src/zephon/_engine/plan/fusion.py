@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from zephon._engine.driver_chain import DriverChain
-from zephon._engine.lane_state import has_lane_state
-from zephon._engine.stage import Resolver, StageCore, annotate, any_control, call_process_many
+from zephon._engine.plan.driver_chain import DriverChain
+from zephon._engine.run.stage import Resolver, StageCore, annotate, any_control, call_process_many
+from zephon._engine.state.lane_state import has_lane_state
 from zephon._engine.stats import OpStats
 from zephon.ops import (
     Accumulator,
@@ -33,7 +33,7 @@ from zephon.ops import (
 from zephon.types import StreamItem, is_control
 
 if TYPE_CHECKING:
-    from zephon._engine.plan import Plan, StagePlan
+    from zephon._engine.plan.plan import Plan, StagePlan
 
 
 def fusible(op: BaseOp, acc: Accumulator) -> bool:

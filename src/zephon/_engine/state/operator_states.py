@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from zephon._engine.lane_state import LaneStateLog, RestartPoint, frozen_copy
-from zephon._engine.snapshots import Rebuilder, Role, holds_records
+from zephon._engine.state.lane_state import LaneStateLog, RestartPoint, frozen_copy
+from zephon._engine.state.snapshots import Rebuilder, Role, holds_records
 from zephon._snapshot_codec import (
     HeldPayloads,
     HeldRecord,

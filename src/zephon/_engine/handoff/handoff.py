@@ -18,9 +18,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from zephon._engine import shm
-from zephon._engine.messages import HANDOFF, HandoffMessage
-from zephon._engine.waiting import WAIT_SLICE_S
+from zephon._engine.handoff import shm
+from zephon._engine.handoff.messages import HANDOFF, HandoffMessage
+from zephon._engine.run.waiting import WAIT_SLICE_S
 
 _ACK_BYTES = 8
 

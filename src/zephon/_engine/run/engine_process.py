@@ -28,22 +28,24 @@ from typing import Any, assert_never
 
 import cloudpickle
 
-from zephon._engine import oom, shm, waiting
-from zephon._engine.compile import CompiledRun
 from zephon._engine.engine import Engine, Position
-from zephon._engine.handoff import Receiver, Sender
-from zephon._engine.messages import HandoffEnd, HandoffError, HandoffItem, HandoffMessage
-from zephon._engine.pools import (
+from zephon._engine.handoff import shm
+from zephon._engine.handoff.handoff import Receiver, Sender
+from zephon._engine.handoff.messages import HandoffEnd, HandoffError, HandoffItem, HandoffMessage
+from zephon._engine.plan.compile import CompiledRun
+from zephon._engine.run import waiting
+from zephon._engine.run.runners import lookup
+from zephon._engine.stats import RunStats
+from zephon._engine.workers import oom
+from zephon._engine.workers.worker_start import (
     MAIN_GUARD_EXIT,
     WORKER_NAME_PREFIX,
-    _describe_exit,
-    _main_script,
     adopt_environment,
     check_not_bootstrapping,
+    describe_exit,
+    main_script,
     worker_context,
 )
-from zephon._engine.runners import lookup
-from zephon._engine.stats import RunStats
 from zephon._exit import at_exit
 from zephon._running import running_operators
 from zephon.errors import ConfigError, EngineProcessError, WaitInterrupted, ZephonError
@@ -329,13 +331,13 @@ class EngineProcess:
         code = proc.exitcode
         if code == MAIN_GUARD_EXIT:
             return EngineProcessError(
-                f"the engine process (engine_process=True) could not start: {_main_script()} "
+                f"the engine process (engine_process=True) could not start: {main_script()} "
                 "starts the pipeline when imported; put that code under `if __name__ == "
                 '"__main__":` (the engine process imports the main script)',
                 exitcode=code,
             )
         return EngineProcessError(
-            f"the engine process (engine_process=True, pid {proc.pid}) {_describe_exit(code)}"
+            f"the engine process (engine_process=True, pid {proc.pid}) {describe_exit(code)}"
             f" after handing over {received} item(s). What you received stays "
             "delivered: pipeline.checkpoint() is the position right after it; restore that "
             "into a new pipeline (pipe.restore(state)) and iterate to go on from there",

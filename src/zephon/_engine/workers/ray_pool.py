@@ -38,12 +38,12 @@ from typing import Any, assert_never
 
 import cloudpickle
 
-from zephon._engine.joins import CLOSE_WAIT_S
-from zephon._engine.messages import Failed, Ok, RunReply
-from zephon._engine.pools import WorkerCrashedError, WorkerPool
-from zephon._engine.ray_nodes import NodeWatch, Unsettled, Verdict
-from zephon._engine.shm import resolve_items
-from zephon._engine.stage import annotate, call_process_many
+from zephon._engine.handoff.messages import Failed, Ok, RunReply
+from zephon._engine.handoff.shm import resolve_items
+from zephon._engine.run.joins import CLOSE_WAIT_S
+from zephon._engine.run.stage import annotate, call_process_many
+from zephon._engine.workers.pools import WorkerCrashedError, WorkerPool
+from zephon._engine.workers.ray_nodes import NodeWatch, Unsettled, Verdict
 from zephon._exit import at_exit
 from zephon.ops import BaseOp, OpContext
 from zephon.types import StreamItem

@@ -4,7 +4,8 @@
 (tombstones pass through, flush sentinels flush and reset one lane, ``batch(drop_last=True)``
 may hold a sentinel back), and turns everything into sequence-numbered :class:`Task` s. A runner
 executes the tasks that need work (``process_many``) wherever it likes and releases results
-through a :class:`~zephon._engine.reorder.ReorderBuffer`; that is the whole determinism story.
+through a :class:`~zephon._engine.handoff.reorder.ReorderBuffer`; that is the whole
+determinism story.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
-from zephon._engine.lane_state import LaneStateLog
+from zephon._engine.state.lane_state import LaneStateLog
 from zephon._engine.stats import OpStats
 from zephon.errors import OUT_OF_MEMORY_FIX, ContractError
 from zephon.ops import (

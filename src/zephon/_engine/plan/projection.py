@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from zephon._engine.fusion import FusedOp
+from zephon._engine.plan.fusion import FusedOp
 from zephon.ops import Accumulator, BaseOp, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem
 

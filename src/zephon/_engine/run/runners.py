@@ -21,30 +21,27 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, assert_never
 
-from zephon._engine.driver_chain import run_tasks
-from zephon._engine.fusion import Unit, build_units
-from zephon._engine.joins import CLOSE_WAIT_S, join_all, stuck_error
-from zephon._engine.messages import Data, Done, End, Failed, MessageError, Stop
-from zephon._engine.pools import (
-    ProcessFleet,
-    ProcessWorkerPool,
-    ThreadWorkerPool,
-    WorkerPool,
-)
-from zephon._engine.projection import projected
-from zephon._engine.shm import ShmSession, resolve_items
-from zephon._engine.stage import StageCore
-from zephon._engine.threaded import Channel, EngineThread, OpDriver, SourceThread
-from zephon._engine.waiting import WAIT_SLICE_S
+from zephon._engine.handoff.messages import Data, Done, End, Failed, MessageError, Stop
+from zephon._engine.handoff.shm import ShmSession, resolve_items
+from zephon._engine.plan.driver_chain import run_tasks
+from zephon._engine.plan.fusion import Unit, build_units
+from zephon._engine.plan.projection import projected
+from zephon._engine.run.joins import CLOSE_WAIT_S, join_all, stuck_error
+from zephon._engine.run.stage import StageCore
+from zephon._engine.run.threaded import Channel, EngineThread, OpDriver, SourceThread
+from zephon._engine.run.waiting import WAIT_SLICE_S
+from zephon._engine.workers.pools import WorkerPool
+from zephon._engine.workers.process_pool import ProcessFleet, ProcessWorkerPool
+from zephon._engine.workers.thread_pool import ThreadWorkerPool
 from zephon.errors import ZephonError
 from zephon.io import SourceStats
 from zephon.ops import BaseOp, OpContext
 from zephon.types import StreamItem
 
 if TYPE_CHECKING:
-    from zephon._engine.plan import Plan, StagePlan
-    from zephon._engine.source import SourceFeeder
-    from zephon._engine.tail import LaneMux
+    from zephon._engine.feed.source import SourceFeeder
+    from zephon._engine.handoff.tail import LaneMux
+    from zephon._engine.plan.plan import Plan, StagePlan
     from zephon.options import RuntimeOptions
 
 DRIVER = "driver"
@@ -435,7 +432,7 @@ class RayRunner(DriverThreadsRunner):
         options: RuntimeOptions,
         session: ShmSession | None,
     ) -> dict[int, WorkerPool]:
-        from zephon._engine.ray_pool import RayWorkerPool
+        from zephon._engine.workers.ray_pool import RayWorkerPool
 
         return {
             s.index: RayWorkerPool(

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from zephon._engine.plan import (
+from zephon._engine.plan.plan import (
     OpSpec,
     Plan,
     accumulators_for,
@@ -22,9 +22,9 @@ from zephon._engine.plan import (
     flush_every,
     is_monotone,
 )
-from zephon._engine.replay_filter import ReplayFilterOp
-from zephon._engine.runners import REGISTRY, Runner
-from zephon._engine.snapshots import SnapshotPlan, plan_snapshots, snapshots_off
+from zephon._engine.run.runners import REGISTRY, Runner
+from zephon._engine.state.replay_filter import ReplayFilterOp
+from zephon._engine.state.snapshots import SnapshotPlan, plan_snapshots, snapshots_off
 from zephon._engine.stats import OpStats
 from zephon.checkpoints import format as ckpt
 from zephon.errors import CheckpointError

@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import assert_never
 
-from zephon._engine.driver_chain import DriverChain, run_tasks
-from zephon._engine.messages import Data, Done, End, Failed, Stop, ThreadMessage
-from zephon._engine.pools import WorkerCrashedError, WorkerPool
-from zephon._engine.reorder import ReorderBuffer
-from zephon._engine.shm import resolve_items
-from zephon._engine.stage import StageCore, Task, safe_annotate, task_result
+from zephon._engine.handoff.messages import Data, Done, End, Failed, Stop, ThreadMessage
+from zephon._engine.handoff.reorder import ReorderBuffer
+from zephon._engine.handoff.shm import resolve_items
+from zephon._engine.plan.driver_chain import DriverChain, run_tasks
+from zephon._engine.run.stage import StageCore, Task, safe_annotate, task_result
 from zephon._engine.stats import OpStats
+from zephon._engine.workers.pools import WorkerCrashedError, WorkerPool
 from zephon.errors import ZephonError
 from zephon.types import StreamItem, Tombstone
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 
-from zephon._engine.compile import CompiledRun
-from zephon._engine.snapshots import Rebuilder, stand_in_meta
+from zephon._engine.plan.compile import CompiledRun
+from zephon._engine.state.snapshots import Rebuilder, stand_in_meta
 from zephon._snapshot_codec import HeldRecord
 from zephon.ops import BaseOp
 from zephon.types import SampleCursor, SampleRecord
