@@ -412,7 +412,7 @@ def _operator(raw: Any, key: str, base_dir: Path) -> OperatorConfig:
         checked = check_call(cls.__init__, params, key, what=name)
         if extra:
             checked["parallelism"] = check_value(
-                extra["parallelism"], int | None, f"{key}.parallelism"
+                extra["parallelism"], int | Literal["auto"] | None, f"{key}.parallelism"
             )
         return OperatorConfig(name, checked, key, custom=cls)
     if name not in OPERATORS:

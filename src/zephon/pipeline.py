@@ -10,6 +10,7 @@ from typing import Any, Literal, TypeVar
 
 from zephon._engine.engine import Engine
 from zephon._engine.feed.fetch import FetchOp
+from zephon._engine.plan.auto import Parallelism, checked_width
 from zephon._engine.plan.compile import check_restore, config_fingerprint, view_lanes
 from zephon._engine.plan.compile import compile as compile_run
 from zephon._engine.plan.plan import OpSpec, Plan, Resources, ray_resources
@@ -90,7 +91,7 @@ class Pipeline:
             )
         self.work_source = work_source
         self._specs: list[OpSpec] = []
-        self._fetch_parallelism: int | None = None
+        self._fetch_parallelism: Parallelism | None = None
         self._fetch_placement: Placement = "local"
         self._fetch_resources: tuple[tuple[str, float], ...] = ()
         self._fetch_max_batch = 64
@@ -114,7 +115,7 @@ class Pipeline:
     def _append(
         self,
         op: BaseOp,
-        parallelism: int | None,
+        parallelism: Parallelism | None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
@@ -125,15 +126,19 @@ class Pipeline:
             )
         if isinstance(op, MapBatchOp) and not self._batched:
             raise ConfigError(f"{op.name}: map_batch() needs a batch() before it")
-        if parallelism is not None and parallelism < 1:
-            raise ConfigError(f"{op.name}: parallelism must be >= 1, got {parallelism}")
         if placement not in ("local", "remote"):
             raise ConfigError(
                 f"{op.name}: placement must be 'local' or 'remote' (Ray actors), got {placement!r}"
             )
-        width = parallelism if parallelism is not None else op.traits().parallelism
+        width = checked_width(op.name, parallelism, op.traits().parallelism)
         self._specs.append(
-            OpSpec(op, max(1, width), placement, ray_resources(op.name, resources, placement))
+            OpSpec(
+                op,
+                max(1, width or 1),
+                placement,
+                ray_resources(op.name, resources, placement),
+                auto=width is None,
+            )
         )
         return self
 
@@ -147,7 +152,7 @@ class Pipeline:
 
     def fetch(
         self,
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         *,
         max_batch: int = 64,
         on_error: Literal["raise", "skip"] | None = None,
@@ -157,6 +162,7 @@ class Pipeline:
         """Configure the implicit first operator that reads rows for the pointers."""
         if placement not in ("local", "remote"):
             raise ConfigError(f"fetch: placement must be 'local' or 'remote', got {placement!r}")
+        checked_width("fetch", parallelism, 1)
         self._fetch_placement = placement
         self._fetch_resources = ray_resources("fetch", resources, placement)
         self._fetch_parallelism = parallelism
@@ -167,7 +173,7 @@ class Pipeline:
     @_operator(forwards=DecodeTextOp)
     def decode_text(
         self,
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         *,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -179,7 +185,7 @@ class Pipeline:
     @_operator(forwards=DecodeImageOp)
     def decode_image(
         self,
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         *,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -192,7 +198,7 @@ class Pipeline:
     @_operator(forwards=DecodeVideoOp)
     def decode_video(
         self,
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         *,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -206,7 +212,7 @@ class Pipeline:
     @_operator(forwards=ImageTokensOp)
     def image_tokens(
         self,
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         *,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -222,7 +228,7 @@ class Pipeline:
         fn: Callable[[Any], Any],
         *,
         drop_none: bool = True,
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         name: str | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -236,7 +242,7 @@ class Pipeline:
         self,
         predicate: Callable[[Any], bool],
         *,
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         name: str | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -257,7 +263,7 @@ class Pipeline:
         max_length: int | None = None,
         truncation: bool | None = None,
         split_long_samples: bool = False,
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
@@ -284,7 +290,7 @@ class Pipeline:
         self,
         *,
         field: str = "messages",
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
@@ -314,7 +320,7 @@ class Pipeline:
         merge_size: int = 2,
         video_grids: str | None = None,
         video_token: str = "<|video_pad|>",
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
@@ -384,7 +390,7 @@ class Pipeline:
         image_markers: tuple[int, int] | None = None,
         video_grids: str | None = None,
         video_token_id: int | None = None,
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
@@ -450,7 +456,7 @@ class Pipeline:
         homogeneity: Homogeneity = "none",
         groups: Mapping[str, str] | str | None = None,
         shuffle_strategy: ShuffleStrategy = "none",
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
@@ -486,7 +492,7 @@ class Pipeline:
         seed: int = 0,
         algorithm: ShuffleAlgorithm = "streaming",
         warmup_growth: float = 1.5,
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
@@ -573,7 +579,7 @@ class Pipeline:
         self,
         fn: Callable[[SampleBatch], SampleBatch | None],
         *,
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         name: str | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
@@ -619,7 +625,7 @@ class Pipeline:
         op: BaseOp,
         /,
         *,
-        parallelism: int | None = None,
+        parallelism: Parallelism | None = None,
         placement: Placement = "local",
         resources: Resources | None = None,
     ) -> Pipeline:
@@ -639,7 +645,7 @@ class Pipeline:
         """Run the last operator on ``width`` workers (the output must not change)."""
         if self._specs:
             spec = self._specs[-1]
-            self._specs[-1] = replace(spec, parallelism=max(1, width))
+            self._specs[-1] = replace(spec, parallelism=max(1, width), auto=False)
 
     def _drop_last_op(self) -> None:
         """Remove the last operator: what is left produces that operator's input."""
@@ -659,9 +665,12 @@ class Pipeline:
         fetch = FetchOp(
             self.work_source.datasets, max_batch=self._fetch_max_batch, on_error=on_error
         )
-        width = self._fetch_parallelism or fetch.traits().parallelism
+        width = checked_width("fetch", self._fetch_parallelism, fetch.traits().parallelism)
+        first = OpSpec(
+            fetch, width or 1, self._fetch_placement, self._fetch_resources, auto=width is None
+        )
         specs = [_with_on_error(spec, on_error) for spec in self._specs]
-        return [OpSpec(fetch, width, self._fetch_placement, self._fetch_resources), *specs]
+        return [first, *specs]
 
     def explain(self) -> Plan:
         """The compiled plan: stages, runners, parallelism, queue sizes (``str()`` for text)."""

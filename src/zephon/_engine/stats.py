@@ -23,7 +23,9 @@ class OpStats:
     (push, flush). ``stall_ns``/``stalls``: time and count blocked handing results to a full
     downstream queue (backpressure). ``queue_depth``: inputs waiting, at snapshot time.
     ``bytes_fetched``/``requests``/``retries``/``cache_hits``: the dataset I/O the operator
-    did (only ``fetch`` reads datasets), summed over its worker processes.
+    did (only ``fetch`` reads datasets), summed over its worker processes. ``auto``: how
+    ``parallelism="auto"`` chose ``parallelism`` (its current share of the cores, as moved
+    toward the bottleneck while running), and ``rebalanced``: how often its share moved.
     """
 
     name: str
@@ -41,6 +43,8 @@ class OpStats:
     requests: int = 0
     retries: int = 0
     cache_hits: int = 0
+    auto: str = ""
+    rebalanced: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -9,7 +9,6 @@ orientation, optionally resized to patch multiples, with its patch grid and visi
 from __future__ import annotations
 
 import io
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -86,9 +85,7 @@ class DecodeImageOp(BaseOp):
 
     def traits(self) -> OpTraits:
         # Pillow decodes and resizes without the GIL: threads scale with the cores
-        return OpTraits(
-            preserves_cursor_order=True, parallelism=os.cpu_count() or 1, elementwise=True
-        )
+        return OpTraits(preserves_cursor_order=True, parallelism="auto", elementwise=True)
 
     def config(self) -> Mapping[str, Any]:
         return {

@@ -103,9 +103,7 @@ class TokenizeOp(BaseOp):
         return CountingAccumulator(self.max_batch, None if deterministic else TOKENIZE_LATENCY_MS)
 
     def traits(self) -> OpTraits:
-        return OpTraits(
-            preserves_cursor_order=True, parallelism=os.cpu_count() or 1, elementwise=True
-        )
+        return OpTraits(preserves_cursor_order=True, parallelism="auto", elementwise=True)
 
     def config(self) -> Mapping[str, Any]:
         spec = self.tokenizer_spec

@@ -188,9 +188,7 @@ class TokenizeChatOp(BaseOp):
         return CountingAccumulator(self.max_batch, None if deterministic else CHAT_LATENCY_MS)
 
     def traits(self) -> OpTraits:
-        return OpTraits(
-            preserves_cursor_order=True, parallelism=os.cpu_count() or 1, elementwise=True
-        )
+        return OpTraits(preserves_cursor_order=True, parallelism="auto", elementwise=True)
 
     def describe(self) -> str:
         how = (

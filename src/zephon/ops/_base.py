@@ -7,7 +7,7 @@ import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from zephon.errors import ConfigError
 from zephon.ops.accumulators import Accumulator, PassthroughAccumulator
@@ -21,7 +21,9 @@ class OpTraits:
 
     ``preserves_cursor_order``: outputs leave in input cursor order. A plan with any operator
     that does not (packing, shuffling, mixture correction) gets per-lane flush sentinels.
-    ``parallelism``: default worker count. ``runs_in_driver``: the work is trivial, so the
+    ``parallelism``: default worker count; ``"auto"`` (CPU-heavy work) takes a share of the
+    cores this process may use, split among the pipeline's ``"auto"`` stages at compile and
+    moved toward the busiest one while running. ``runs_in_driver``: the work is trivial, so the
     runner calls ``process_many`` on the driver thread instead of shipping it to a worker.
     ``elementwise``: ``process_many`` returns, in order, what each element alone becomes, so
     how the elements are grouped into micro-batches cannot change the output; with a plain
@@ -43,7 +45,7 @@ class OpTraits:
     """
 
     preserves_cursor_order: bool
-    parallelism: int = 1
+    parallelism: int | Literal["auto"] = 1
     runs_in_driver: bool = False
     elementwise: bool = False
     rebuild: Rebuild | None = None

@@ -3,8 +3,9 @@
 ``explain()``, checkpoint validation, the engine and the engine process all start here, so
 what ``explain()`` shows is what runs, and a restore is checked against the same
 configuration the engine writes. Compiling is pure: it reads the source's metadata (dataset
-names, shard and row counts) and the operators' configuration, and touches nothing else; the
-same inputs give an equal :class:`CompiledRun`.
+names, shard and row counts), the operators' configuration and the cores this process may use
+(for ``parallelism="auto"``), and touches nothing else; the same inputs give an equal
+:class:`CompiledRun`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from zephon._engine.plan.auto import resolve_auto
+from zephon._engine.plan.cores import usable_cores
 from zephon._engine.plan.plan import (
     OpSpec,
     Plan,
@@ -120,17 +123,9 @@ def compile(
             lc = resume.lanes[lane]
             if lc.replay_cursor is not None and not lc.done:
                 targets[lane] = lc.replay_cursor
-    all_specs = with_replay_filter(specs, targets, monotone=monotone)
-    seed = source_seed(source)
-    contexts = compile_contexts(
-        all_specs,
-        options,
-        lanes,
-        source_seed=seed if isinstance(seed, int) else 0,
-        epoch=source.epoch,
+    all_specs, contexts, accs, stats, plan = _stages(
+        source, with_replay_filter(specs, targets, monotone=monotone), options, lanes
     )
-    accs, stats = accumulators_for(all_specs, contexts, options)
-    plan = compile_plan(all_specs, options, lanes, contexts, accs)
     snapshot_plan = _snapshot_plan(all_specs, accs, options, monotone)
     if not monotone:
         plan = replace(plan, snapshots=snapshot_note(snapshot_plan, options))
@@ -151,6 +146,32 @@ def compile(
         specs=all_specs,
         built=_Handoff((accs, stats)),
     )
+
+
+def _stages(
+    source: WorkSource, specs: list[OpSpec], options: RuntimeOptions, lanes: list[int]
+) -> tuple[list[OpSpec], list[OpContext], list[Accumulator], list[OpStats] | None, Plan]:
+    """The specs with ``"auto"`` widths chosen, their contexts, accumulators and plan. Which
+    stages fuse is known only with the plan, so a plan that fuses ``"auto"`` stages is built
+    again with one share per fused group."""
+    seed = source_seed(source)
+    cores = usable_cores() if any(s.auto for s in specs) else None
+    fused: list[list[int]] = []
+    while True:
+        resolved = specs if cores is None else resolve_auto(specs, cores, options.runner, fused)
+        contexts = compile_contexts(
+            resolved,
+            options,
+            lanes,
+            source_seed=seed if isinstance(seed, int) else 0,
+            epoch=source.epoch,
+        )
+        accs, stats = accumulators_for(resolved, contexts, options)
+        plan = compile_plan(resolved, options, lanes, contexts, accs)
+        regroup = [g for g in plan.fused if sum(resolved[i].auto for i in g) > 1]
+        if fused or not regroup:
+            return resolved, contexts, accs, stats, plan
+        fused = plan.fused
 
 
 def check_restore(

@@ -56,13 +56,20 @@ def _levels(base: Path, rel: str) -> list[Path]:
         path = path.parent
 
 
+def _ratio(quota: str | None, period: str | None) -> float | None:
+    """``quota / period`` in cores, or None for no limit (``max``, ``-1``) or unreadable."""
+    if quota and period and quota.isdigit() and period.isdigit() and int(period) > 0:
+        return int(quota) / int(period) if int(quota) > 0 else None
+    return None
+
+
 def _v2_quota(root: Path, rel: str) -> float | None:
     quotas = []
     for level in _levels(root, rel):
         fields = (_read(level / "cpu.max") or "").split()
-        if len(fields) == 2 and fields[0] != "max" and fields[0].isdigit() and fields[1].isdigit():
-            if int(fields[1]) > 0:
-                quotas.append(int(fields[0]) / int(fields[1]))
+        quota = _ratio(*fields) if len(fields) == 2 else None
+        if quota is not None:
+            quotas.append(quota)
     return min(quotas, default=None)
 
 
@@ -70,11 +77,9 @@ def _v1_quota(root: Path, rel: str) -> float | None:
     quotas = []
     for mount in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
         for level in _levels(root / mount, rel):
-            quota = _read(level / "cpu.cfs_quota_us")
-            period = _read(level / "cpu.cfs_period_us")
-            if quota and period and quota.lstrip("-").isdigit() and period.isdigit():
-                if int(quota) > 0 and int(period) > 0:
-                    quotas.append(int(quota) / int(period))
+            quota = _ratio(_read(level / "cpu.cfs_quota_us"), _read(level / "cpu.cfs_period_us"))
+            if quota is not None:
+                quotas.append(quota)
     return min(quotas, default=None)
 
 

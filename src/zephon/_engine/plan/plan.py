@@ -28,12 +28,15 @@ ENGINE_OPS = {
 
 @dataclass(frozen=True)
 class OpSpec:
-    """An operator as the user configured it (``resources``: sorted Ray resource requests)."""
+    """An operator as the user configured it (``resources``: sorted Ray resource requests).
+    ``auto``: ``parallelism="auto"``, so compile sets ``parallelism`` and says ``why``."""
 
     op: BaseOp
     parallelism: int
     placement: str = "local"
     resources: tuple[tuple[str, float], ...] = ()
+    auto: bool = False
+    why: str = ""
 
 
 def services(op_name: str, resources: tuple[tuple[str, float], ...]) -> dict[str, Any]:
@@ -75,6 +78,8 @@ class StagePlan:
     preserves_cursor_order: bool
     stalls_sentinels: bool
     detail: str = ""
+    auto: str = ""
+    """How ``parallelism="auto"`` chose the worker count ("" for a count as configured)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +129,8 @@ class Plan:
             )
             if s.detail:
                 lines.append(f"   {s.op_name}: {s.detail}")
+            if s.auto:
+                lines.append(f"   {s.op_name}: {s.auto}")
         for group in self.fused:
             names = " + ".join(f"{i} {self.stages[i].op_name}" for i in group)
             lines.append(f"fused: {names} (one worker task per micro-batch)")
@@ -232,8 +239,8 @@ def accumulators_for(
     stats = None
     if options.track_stats:
         stats = [
-            OpStats(name=ctx.op_name, runner=ctx.runner, parallelism=ctx.num_workers)
-            for ctx in contexts
+            OpStats(name=ctx.op_name, runner=ctx.runner, parallelism=ctx.num_workers, auto=s.why)
+            for s, ctx in zip(specs, contexts, strict=True)
         ]
     accs = []
     for i, (spec, ctx) in enumerate(zip(specs, contexts, strict=True)):
@@ -259,6 +266,7 @@ def _stage(
         preserves_cursor_order=op.traits().preserves_cursor_order,
         stalls_sentinels=stalls_sentinels(op),
         detail=op.describe(),
+        auto=spec.why,
     )
 
 

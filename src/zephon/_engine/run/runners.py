@@ -27,6 +27,7 @@ from zephon._engine.plan.driver_chain import run_tasks
 from zephon._engine.plan.fusion import Unit, build_units
 from zephon._engine.plan.projection import projected
 from zephon._engine.run.joins import CLOSE_WAIT_S, join_all, stuck_error
+from zephon._engine.run.rebalance import Rebalancer
 from zephon._engine.run.stage import StageCore
 from zephon._engine.run.threaded import Channel, EngineThread, OpDriver, SourceThread
 from zephon._engine.run.waiting import WAIT_SLICE_S
@@ -333,7 +334,11 @@ def _start_drivers(job: RunJob, units: list[Unit], channels: list[Channel]) -> N
         contexts[unit.first] = replace(
             contexts[unit.first], op_name=unit.core.op.name, num_workers=unit.stage.parallelism
         )
-    pools, res.shm = build_pools([u.stage for u in units], ops, contexts, job.options)
+    balancer = None if job.options.max_inflight else Rebalancer.of(units, job.plan.stages, cores)
+    stages = [u.stage for u in units]
+    if balancer is not None:  # a pool wide enough for the largest share its unit may get
+        stages = [replace(u.stage, parallelism=balancer.pool_width(u)) for u in units]
+    pools, res.shm = build_pools(stages, ops, contexts, job.options)
     res.pools.extend(pools.values())
     for i, unit in enumerate(units):
         pool = pools.get(unit.first)
@@ -341,20 +346,23 @@ def _start_drivers(job: RunJob, units: list[Unit], channels: list[Channel]) -> N
         for index in on_driver:
             cores[index].op.setup(job.contexts[index])
             res.set_up.append(cores[index])
-        res.threads.append(
-            OpDriver(
-                unit.core,
-                pool,
-                channels[i],
-                channels[i + 1],
-                deterministic=job.options.deterministic,
-                max_inflight=unit.stage.max_inflight,
-                stop=res.stop,
-                count_work=not unit.fused,
-                resolve_shm=res.shm is not None,
-                after=unit.after,
-            )
+        driver = OpDriver(
+            unit.core,
+            pool,
+            channels[i],
+            channels[i + 1],
+            deterministic=job.options.deterministic,
+            max_inflight=unit.stage.max_inflight,
+            stop=res.stop,
+            count_work=not unit.fused,
+            resolve_shm=res.shm is not None,
+            after=unit.after,
+            on_complete=None if balancer is None else balancer.completed,
         )
+        res.threads.append(driver)
+        if balancer is not None:
+            busy = pool if isinstance(pool, ThreadWorkerPool) else None
+            balancer.attach(unit.first, driver, busy)
 
 
 class ThreadsRunner(DriverThreadsRunner):

@@ -188,6 +188,7 @@ class OpDriver(EngineThread):
         count_work: bool = True,
         resolve_shm: bool = True,
         after: DriverChain | None = None,
+        on_complete: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(f"zephon-engine-driver-{core.op.name}")
         self.role = core.op.name
@@ -216,6 +217,8 @@ class OpDriver(EngineThread):
         self.after = after
         # A fused chain counts its operators' work itself (see fusion.py).
         self.work_stats = core.stats if count_work else None
+        # told of each completed micro-batch: moves worker share between "auto" stages
+        self.on_complete = on_complete
 
     def work(self) -> None:
         try:
@@ -341,6 +344,8 @@ class OpDriver(EngineThread):
         if task is not None:
             result = task_result(task, result)
         self._complete(seq, result)
+        if self.on_complete is not None:
+            self.on_complete()
 
     def _loop(self) -> None:
         core = self.core

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import itertools
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
@@ -33,6 +34,7 @@ class ThreadWorkerPool(WorkerPool):
         self._copies: list[BaseOp] = []
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._busy: list[list[int]] = []  # per worker thread: ns spent in process_many
         self.executor = ThreadPoolExecutor(
             parallelism,
             thread_name_prefix=f"zephon-engine-worker-{op.name}",
@@ -43,7 +45,9 @@ class ThreadWorkerPool(WorkerPool):
         worker = copy.deepcopy(self._op)
         worker.setup(replace(self._ctx, worker_index=next(self._counter)))
         self._local.op = worker
+        self._local.busy = busy = [0]
         with self._lock:
+            self._busy.append(busy)
             self._copies.append(worker)
             self._threads.append(threading.current_thread())
 
@@ -58,12 +62,20 @@ class ThreadWorkerPool(WorkerPool):
 
     def _run(self, elems: list[StreamItem]) -> list[StreamItem]:
         op: BaseOp = self._local.op
+        start = time.perf_counter_ns()
         try:
             if self._resolve_shm:
                 shm.resolve_items(elems)
             return call_process_many(op, elems)
         except BaseException as exc:
             raise annotate(exc, op.name) from None
+        finally:
+            self._local.busy[0] += time.perf_counter_ns() - start
+
+    def busy_ns(self) -> int:
+        """Time the workers spent running micro-batches (not waiting for one), summed."""
+        with self._lock:
+            return sum(busy[0] for busy in self._busy)
 
     def submit(self, elems: list[StreamItem]) -> Future[list[StreamItem]]:
         return self.executor.submit(self._run, elems)

@@ -1,0 +1,78 @@
+"""``parallelism="auto"``: worker counts from the cores this process may use.
+
+The usable cores (:mod:`~zephon._engine.plan.cores`) are split among the stages configured
+``"auto"``: CPU-heavy work (decode, tokenize, operators whose traits say ``"auto"``). The split
+is only where a run starts: the threads runner moves shares toward the busiest stage while
+it runs (:mod:`~zephon._engine.run.rebalance`). Output never depends on worker counts, so no
+choice made here can change what a run delivers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Literal
+
+from zephon._engine.plan.cores import UsableCores
+from zephon._engine.plan.plan import OpSpec
+from zephon.errors import ConfigError
+
+Parallelism = int | Literal["auto"]
+"""A worker count, or ``"auto"``: a share of the usable cores."""
+
+AUTO = "auto"
+
+
+def checked_width(name: str, parallelism: Parallelism | None, default: Parallelism) -> int | None:
+    """The configured worker count of operator ``name`` (``default``: its traits'), or None
+    for ``"auto"``; anything else is a ``ConfigError`` saying what to write."""
+    width = default if parallelism is None else parallelism
+    if width == AUTO:
+        return None
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ConfigError(
+            f"{name}: parallelism must be a worker count >= 1 or 'auto', got {width!r}"
+        )
+    return width
+
+
+def split(cores: int, stages: int) -> list[int]:
+    """``cores`` split as evenly as whole workers allow, at least one each; the earlier
+    stages take the remainder (the stage that feeds the others decides how busy they are)."""
+    base, extra = divmod(max(cores, stages), stages)
+    return [base + (1 if i < extra else 0) for i in range(stages)]
+
+
+def _units(auto: list[int], fused: Sequence[Sequence[int]]) -> list[list[int]]:
+    """The ``auto`` stages grouped as they run: a fused group runs as one worker task, so
+    its ``"auto"`` stages take one share between them."""
+    group_of = {i: tuple(g) for g in fused for i in g}
+    units: dict[tuple[int, ...], list[int]] = {}
+    for i in auto:
+        units.setdefault(group_of.get(i, (i,)), []).append(i)
+    return list(units.values())
+
+
+def resolve_auto(
+    specs: list[OpSpec], cores: UsableCores, runner: str, fused: Sequence[Sequence[int]] = ()
+) -> list[OpSpec]:
+    """``specs`` with each ``"auto"`` stage's worker count and why it was chosen; ``fused``:
+    the plan's fused groups of stage indices, once known."""
+    auto = [i for i, spec in enumerate(specs) if spec.auto]
+    if not auto:
+        return specs
+    out = list(specs)
+    found = f"{cores.count} usable core{'s' if cores.count != 1 else ''} ({cores.why})"
+    if runner == "inline":
+        for i in auto:
+            out[i] = replace(specs[i], parallelism=1, why=f"auto: inline runs one copy; {found}")
+        return out
+    units = _units(auto, fused)
+    names = [" + ".join(specs[i].op.name for i in unit) for unit in units]
+    for unit, name, share in zip(units, names, split(cores.count, len(units)), strict=True):
+        others = [n for n in names if n != name]
+        shared = f", shared with {', '.join(others)}" if others else ""
+        why = f"auto: {share} of {found}{shared}"
+        for i in unit:
+            out[i] = replace(specs[i], parallelism=share, why=why)
+    return out
