@@ -4,9 +4,10 @@ Compile splits the usable cores evenly among the ``"auto"`` units (a stage, or a
 holding one); which of them is the bottleneck shows only once data flows. Every
 :data:`LOOK_EVERY` completed micro-batches this compares each unit's utilisation (the time its
 workers ran micro-batches per worker share since the last look) and moves one share from the
-least busy unit to the busiest, by raising or lowering the units' in-flight caps; each unit's pool has threads
-for the largest share it can get. Only how many micro-batches run at once changes, never what
-they hold or the order they leave in, so the output is the same whatever moves.
+least busy unit to the busiest, by raising or lowering the units' in-flight caps; each unit's
+pool has threads for the largest share it can get. Only how many micro-batches run at once
+changes, never what they hold or the order they leave in, so the output is the same whatever
+moves.
 """
 
 from __future__ import annotations
