@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -13,13 +13,15 @@ from zephon import Dataset, Pipeline
 from zephon.ops import BaseOp, CountingAccumulator, OpTraits
 from zephon.types import SampleBatch, SampleRecord
 
-RUNS = [
+RUNS: list[tuple[str, int | Literal["auto"]]] = [
     ("inline", 1),
     ("threads", 1),
     ("threads", 2),
     ("threads", 4),
     ("process", 1),
     ("process", 2),
+    ("threads", "auto"),
+    ("process", "auto"),
 ]
 
 
@@ -31,7 +33,9 @@ def keep(payload: dict[str, Any]) -> bool:
     return int(payload["id"]) % 7 != 3
 
 
-def build(docs, tok_dir: Path, runner: str, workers: int, **options: Any) -> Pipeline:
+def build(
+    docs, tok_dir: Path, runner: str, workers: int | Literal["auto"], **options: Any
+) -> Pipeline:
     ds = Dataset.from_records("docs", docs, shard_size=50)
     return (
         Pipeline(RangeSource([ds], chunk_size=40))

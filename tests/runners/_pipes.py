@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -14,7 +14,9 @@ from zephon import Dataset, Pipeline
 from zephon.types import TAG_CONTRIBUTORS, TAG_PACKING, SampleBatch
 
 
-def reference(docs: list[dict[str, Any]], tok: Path, runner: str, workers: int, **opts: Any):
+def reference(
+    docs: list[dict[str, Any]], tok: Path, runner: str, workers: int | Literal["auto"], **opts: Any
+):
     """decode -> tokenize -> batch, three lanes."""
     ds = Dataset.from_records("docs", docs, shard_size=50)
     return (

@@ -24,6 +24,7 @@ from zephon._engine.workers.pools import WorkerCrashedError
 def test_ray_runner_equals_inline_on_the_reference_pipeline(ray_session, docs, hf_tokenizer_dir):
     expected = digest(reference(docs, hf_tokenizer_dir, "inline", 1))
     assert digest(reference(docs, hf_tokenizer_dir, "ray", 2)) == expected
+    assert digest(reference(docs, hf_tokenizer_dir, "ray", "auto")) == expected
 
 
 @pytest.mark.timeout(120)

@@ -53,20 +53,35 @@ def _units(auto: list[int], fused: Sequence[Sequence[int]]) -> list[list[int]]:
     return list(units.values())
 
 
+def _same_for_all(specs: list[OpSpec], auto: list[int], width: int, why: str) -> list[OpSpec]:
+    out = list(specs)
+    for i in auto:
+        out[i] = replace(specs[i], parallelism=width, why=why)
+    return out
+
+
 def resolve_auto(
-    specs: list[OpSpec], cores: UsableCores, runner: str, fused: Sequence[Sequence[int]] = ()
+    specs: list[OpSpec],
+    cores: UsableCores,
+    runner: str,
+    fused: Sequence[Sequence[int]] = (),
+    *,
+    shared_pool: bool = False,
 ) -> list[OpSpec]:
     """``specs`` with each ``"auto"`` stage's worker count and why it was chosen; ``fused``:
-    the plan's fused groups of stage indices, once known."""
+    the plan's fused groups of stage indices, once known. ``shared_pool``: the process
+    runner's one worker set serves every stage (as wide as the widest), so each ``"auto"``
+    stage may use all the cores and a free worker takes whichever stage has work."""
     auto = [i for i, spec in enumerate(specs) if spec.auto]
     if not auto:
         return specs
-    out = list(specs)
     found = f"{cores.count} usable core{'s' if cores.count != 1 else ''} ({cores.why})"
     if runner == "inline":
-        for i in auto:
-            out[i] = replace(specs[i], parallelism=1, why=f"auto: inline runs one copy; {found}")
-        return out
+        return _same_for_all(specs, auto, 1, f"auto: inline runs one copy; {found}")
+    if runner == "process" and shared_pool:
+        why = f"auto: {found}, one worker set shared by the process stages"
+        return _same_for_all(specs, auto, cores.count, why)
+    out = list(specs)
     units = _units(auto, fused)
     names = [" + ".join(specs[i].op.name for i in unit) for unit in units]
     for unit, name, share in zip(units, names, split(cores.count, len(units)), strict=True):

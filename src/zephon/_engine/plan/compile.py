@@ -158,7 +158,10 @@ def _stages(
     cores = usable_cores() if any(s.auto for s in specs) else None
     fused: list[list[int]] = []
     while True:
-        resolved = specs if cores is None else resolve_auto(specs, cores, options.runner, fused)
+        resolved = specs
+        if cores is not None:
+            shared = options.process_pool == "shared"
+            resolved = resolve_auto(specs, cores, options.runner, fused, shared_pool=shared)
         contexts = compile_contexts(
             resolved,
             options,

@@ -102,9 +102,10 @@ def cgroup_quota(
 
 def affinity() -> int:
     """The cores this process may be scheduled on (all of them where affinity is unknown)."""
-    if hasattr(os, "sched_getaffinity"):
+    try:
         return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    except AttributeError:  # no affinity API on this platform (macOS)
+        return os.cpu_count() or 1
 
 
 def usable_cores(
