@@ -48,6 +48,27 @@ def test_explain_formats(workdir: Path, capsys) -> None:
     assert "runner: expected one of" in capsys.readouterr().err
 
 
+def test_explain_says_how_auto_chose(
+    workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ZEPHON_CPUS", "3")
+    cfg = workdir / "pipeline.yaml"
+    assert main(["explain", str(cfg)]) == 0
+    assert "   tokenize: auto: 3 of 3 usable cores (ZEPHON_CPUS)" in capsys.readouterr().out
+    yaml = cfg.read_text()
+    cfg.write_text(yaml.replace("  - decode_text\n", "  - decode_text: {parallelism: auto}\n"))
+    assert main(["explain", str(cfg), "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    auto = {s["op_name"]: (s["parallelism"], s["auto"]) for s in plan["stages"] if s["auto"]}
+    assert auto == {  # fused into one worker task: one share
+        "decode_text": (3, "auto: 3 of 3 usable cores (ZEPHON_CPUS)"),
+        "tokenize": (3, "auto: 3 of 3 usable cores (ZEPHON_CPUS)"),
+    }
+    cfg.write_text(yaml.replace("  - decode_text\n", "  - decode_text: {parallelism: fast}\n"))
+    assert main(["explain", str(cfg)]) == 2
+    assert "operators[0].parallelism" in capsys.readouterr().err
+
+
 def _run(workdir: Path, ck: str, *extra: str) -> None:
     assert main(["run", str(workdir / "pipeline.yaml"), "--quiet", "--checkpoint-dir",
                  str(workdir / ck), *extra]) == 0  # fmt: skip
