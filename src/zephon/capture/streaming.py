@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from zephon.capture._oldest_version import OldestVersions
 from zephon.capture.builder import build_rollout
 from zephon.capture.dataset import run_sync
 from zephon.capture.ledger import (
@@ -61,6 +62,7 @@ class _Core:
         self.log: list[dict[str, Any]] = []
         self.loaded = False
         self.records: dict[int, dict[str, Any]] = {}
+        self.versions = OldestVersions(store)
         self.dataset = Dataset(options["name"], [_GroupShard(self)])
 
     # -- the admission log -----------------------------------------------------------------
@@ -89,12 +91,13 @@ class _Core:
                 self._filter_overdue(ledger)
             g = len(self.log)
             version = opts["first_version"] + g // opts["groups_per_step"]
-            view = StreamLedger(
-                stream=self.stream, prompts=[r for r in ledger.prompts if r.position not in taken]
-            )
+            pending = [r for r in ledger.prompts if r.position not in taken and not r.done]
+            view = StreamLedger(stream=self.stream, prompts=run_sync(self.versions.rows(pending)))
             admission = view.admit(version, opts["max_staleness"], 1)
             if admission.groups:
-                return self._append(g, admission.groups[0], version)
+                oldest = admission.groups[0]
+                issued = next(r for r in pending if r.position == oldest.position)
+                return self._append(g, issued, version, oldest.weight_version)
             if self._ended(ledger, taken):
                 return False
             time.sleep(opts["poll_s"])  # generation is still running: poll the ledger
@@ -116,11 +119,12 @@ class _Core:
             return False
         return all(r.done or r.position in taken for r in ledger.prompts[:total])
 
-    def _append(self, g: int, row: PromptRow, version: int) -> bool:
+    def _append(self, g: int, row: PromptRow, version: int, oldest: int) -> bool:
         entry = {
             "position": row.position,
             "prompt_key": row.prompt_key,
             "weight_version": row.weight_version,
+            "oldest_version": oldest,
             "trained_version": version,
             "members": [[m.index, m.attempt] for m in row.members if m.state is PromptState.SCORED],
         }
@@ -172,6 +176,7 @@ class _Core:
             "position": position,
             "prompt_key": entry["prompt_key"],
             "weight_version": entry["weight_version"],
+            "oldest_version": entry.get("oldest_version", entry["weight_version"]),
             "trained_version": entry["trained_version"],
             "members": members,
             "masked": masked,
