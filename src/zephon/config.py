@@ -259,14 +259,11 @@ class PipelineConfig:
 
 
 def _capture_stream(params: dict[str, Any]) -> Any:
-    """A streaming capture source over the store at ``params["store"]`` (a URL), as a pipeline
-    that hands each admitted group on at once."""
-    from zephon.capture.group_ops import store_at
-    from zephon.capture.stores import open_store
+    """A streaming capture source over the store at ``params["store"]`` (a URL or folder, so
+    worker processes open their own clients), as a pipeline that hands each group on at once."""
     from zephon.capture.streaming import StreamingCaptureSource
 
-    rest = {k: v for k, v in params.items() if k != "store"}
-    return StreamingCaptureSource(open_store(store_at(params["store"])), **rest).pipeline()
+    return StreamingCaptureSource(**params).pipeline()
 
 
 def _source(data: dict[str, Any], base_dir: Path) -> tuple[str, dict[str, Any]]:
