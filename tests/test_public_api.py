@@ -163,6 +163,7 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.integrations.torchtitan": _names(
         "IGNORE_INDEX STATE_FORMAT ZephonDataLoader load_pipeline titan_batch"
     ),
+    "zephon.integrations.trl": _names("CapturedRollouts"),
     "zephon.integrations.transformers": _names(
         "DATA_STATE_NAME PreemptionCallback ZephonTrainer latest_complete_checkpoint"
     ),
