@@ -34,8 +34,9 @@ def _rows(pipe: Any) -> list[tuple[int, list[tuple[str, float]]]]:
     ]
 
 
+@pytest.mark.parametrize("runner", ["inline", "process"])
 def test_a_capture_stream_source_in_yaml_serves_what_the_python_pipeline_does(
-    tmp_path: Path,
+    tmp_path: Path, runner: str
 ) -> None:
     python_url, yaml_url = (tmp_path / "py").as_uri(), (tmp_path / "yaml").as_uri()
     _fill(python_url)
@@ -54,6 +55,7 @@ operators:
   - op: drop_equal_rewards
     store: yaml
   - {{op: keep_per_prompt, store: {yaml_url}, k: 1}}
+runner: {runner}
 """,
         encoding="utf-8",
     )
