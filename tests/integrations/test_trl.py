@@ -20,6 +20,7 @@ from zephon.capture import RolloutScore, TokenEntry
 from zephon.capture.rl import PromptSource
 from zephon.capture.stores import open_store
 from zephon.capture.streaming import StreamingCaptureSource
+from zephon.errors import CheckpointError
 from zephon.integrations.trl import CapturedRollouts
 
 pytestmark = pytest.mark.timeout(600)
@@ -72,31 +73,54 @@ async def _generate(url: str, model: Any, tok: Any) -> None:
     await store.close()
 
 
-def test_grpo_trains_the_admitted_groups_with_their_captured_tokens_and_rewards(
-    tmp_path: Path,
-) -> None:
+@pytest.fixture
+def captured(tmp_path: Path) -> tuple[str, Any]:
+    """A file store whose stream holds every prompt's scored group, and the tokenizer."""
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     tok = AutoTokenizer.from_pretrained(make_tokenizer_dir(tmp_path / "tok"))
     tok.pad_token = tok.eos_token
     url = (tmp_path / "capture").as_uri()
     asyncio.run(_generate(url, _tiny(len(tok)), tok))
+    return url, tok
 
-    model = _tiny(len(tok))
-    before = [p.detach().clone() for p in model.parameters()]
+
+def _pipeline(url: str) -> Any:
     source = StreamingCaptureSource(
         url, "grpo", groups_per_step=GROUPS_PER_STEP, max_staleness=8, prompts=PROMPTS
     )
-    rollouts = CapturedRollouts(source.pipeline().drop_equal_rewards(url), url, num_generations=N)
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=GROUPS_PER_STEP * N,
-        num_generations=N, max_steps=STEPS, max_completion_length=8, learning_rate=1e-2,
-        use_cpu=True, report_to=[], logging_steps=1, save_strategy="no", bf16=False,
+    return source.pipeline().drop_equal_rewards(url)
+
+
+def _rollouts(url: str) -> CapturedRollouts:
+    return CapturedRollouts(_pipeline(url), url, num_generations=N)
+
+
+def _trainer(rollouts: CapturedRollouts, model: Any, tok: Any, out: Path, **args: Any) -> Any:
+    config = GRPOConfig(
+        output_dir=str(out), per_device_train_batch_size=GROUPS_PER_STEP * N,
+        num_generations=N, max_completion_length=8, learning_rate=1e-2, use_cpu=True,
+        report_to=[], logging_steps=1, bf16=False, **args,
     )  # fmt: skip
-    trainer = GRPOTrainer(
-        model=model, reward_funcs=rollouts.reward, args=args,
+    return GRPOTrainer(
+        model=model, reward_funcs=rollouts.reward, args=config,
         train_dataset=rollouts.train_dataset(64), processing_class=tok,
         rollout_func=rollouts.rollout_func, callbacks=[rollouts.callback()],
     )  # fmt: skip
+
+
+def _trained(url: str) -> set[tuple[int, int]]:
+    ledger = asyncio.run(open_store(url).stream_ledger("grpo"))
+    return {(row.position, m.step) for row in ledger.prompts for m in row.members if m.step >= 0}
+
+
+def test_grpo_trains_the_admitted_groups_with_their_captured_tokens_and_rewards(
+    captured: tuple[str, Any], tmp_path: Path
+) -> None:
+    url, tok = captured
+    model = _tiny(len(tok))
+    before = [p.detach().clone() for p in model.parameters()]
+    rollouts = _rollouts(url)
+    trainer = _trainer(rollouts, model, tok, tmp_path / "out", max_steps=STEPS, save_strategy="no")
     trainer.train()
 
     assert trainer.state.global_step == STEPS
@@ -115,6 +139,37 @@ def test_grpo_trains_the_admitted_groups_with_their_captured_tokens_and_rewards(
         seen += sum(len(m["input_ids"]) for m in members)
         assert log["num_tokens"] == seen
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    ledger = asyncio.run(open_store(url).stream_ledger("grpo"))
-    trained = {(row.position, m.step) for row in ledger.prompts for m in row.members if m.step >= 0}
-    assert trained == {(g["position"], g["trained_version"]) for g in served}
+    assert _trained(url) == {(g["position"], g["trained_version"]) for g in served}
+
+
+def test_a_run_resumed_from_a_trl_checkpoint_serves_the_next_groups(
+    captured: tuple[str, Any], tmp_path: Path
+) -> None:
+    url, tok = captured
+    want = [(r.payload["position"], r.payload["trained_version"]) for r in _pipeline(url)]
+    out = tmp_path / "out"
+    first = _rollouts(url)
+    _trainer(first, _tiny(len(tok)), tok, out, max_steps=2, save_steps=2).train()
+    checkpoint = out / "checkpoint-2"
+    assert (checkpoint / "zephon_rollouts.json").exists()
+    second = _rollouts(url)  # a new process: a fresh pipeline, model and trainer
+    second.resume(checkpoint)
+    trainer = _trainer(second, _tiny(len(tok)), tok, out, max_steps=STEPS, save_steps=2)
+    trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert trainer.state.global_step == STEPS
+    served = [(g["position"], g["trained_version"]) for g in first.served + second.served]
+    assert served == want[: STEPS * GROUPS_PER_STEP]  # none skipped, none twice
+    assert _trained(url) == set(served)
+
+
+def test_a_group_of_another_size_and_a_checkpoint_without_the_position_are_refused(
+    captured: tuple[str, Any], tmp_path: Path
+) -> None:
+    url, _ = captured
+    rollouts = CapturedRollouts(_pipeline(url), url, num_generations=N + 1)
+    with pytest.raises(ValueError, match=rf"keep_per_prompt\(store, {N + 1}\)"):
+        rollouts.rollout_func(["slot"] * (N + 1), None)
+    with pytest.raises(ValueError, match="not a multiple of num_generations"):
+        _rollouts(url).rollout_func(["slot"] * (N + 1), None)
+    with pytest.raises(CheckpointError, match="saved without CapturedRollouts' callback"):
+        _rollouts(url).resume(tmp_path)

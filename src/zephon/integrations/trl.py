@@ -10,13 +10,17 @@ the next group record of the pipeline: its members' captured prompt and completi
 engine's log-probs, a mask of the tokens the engine generated (``env_mask``: the prompts
 between calls of a multi-call rollout are not trained) and the captured reward, which
 :meth:`CapturedRollouts.reward` hands back to TRL as the reward function. The callback marks
-the served groups ``trained`` in the prompt ledger after the optimizer step that used them.
+the served groups ``trained`` in the prompt ledger after the optimizer step that used them,
+and saves the pipeline's position with each TRL checkpoint (``zephon_rollouts.json``), so a
+run resumed from that checkpoint (:meth:`CapturedRollouts.resume`) serves the next group.
 
 One process only (each accelerate process would draw its own groups from one stream).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -27,10 +31,12 @@ from zephon.capture.dataset import run_sync
 from zephon.capture.group_ops import store_at
 from zephon.capture.ledger import MemberRef
 from zephon.capture.stores import open_store
+from zephon.errors import CheckpointError
 
 __all__ = ["CapturedRollouts"]
 
 SLOT_PROMPT = "zephon group slot {i}"
+STATE_FILE = "zephon_rollouts.json"
 
 
 def _split(member: Mapping[str, Any]) -> tuple[list[int], list[int], list[float], list[int]]:
@@ -65,7 +71,8 @@ class CapturedRollouts:
             raise ValueError(f"num_generations is {num_generations}: GRPO needs groups of >= 2")
         location = store_at(store)
         self._store = open_store(location) if isinstance(location, str) else location
-        self._records: Iterator[Any] = iter(records)
+        self._source = records
+        self._records: Iterator[Any] | None = None  # iterated from the first group on
         self.num_generations = num_generations
         self.served: list[dict[str, Any]] = []  # every group handed to TRL, in order
         self._unmarked: list[dict[str, Any]] = []
@@ -103,6 +110,8 @@ class CapturedRollouts:
         return out
 
     def _next_group(self) -> dict[str, Any]:
+        if self._records is None:
+            self._records = iter(self._source)
         record = next(self._records, None)
         if record is None:
             raise RuntimeError(
@@ -141,6 +150,36 @@ class CapturedRollouts:
             )
         self._unmarked = []
 
+    def save(self, checkpoint_dir: str | os.PathLike[str]) -> None:
+        """Write the pipeline's position (every group served so far) into a TRL checkpoint
+        folder; the callback does it after each checkpoint save."""
+        checkpoint = getattr(self._source, "checkpoint", None)
+        if checkpoint is None:
+            raise TypeError("CapturedRollouts can save its position only over a Pipeline")
+        state = {"served": len(self.served), "pipeline": checkpoint()}
+        path = os.path.join(checkpoint_dir, STATE_FILE)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+
+    def resume(self, checkpoint_dir: str | os.PathLike[str]) -> None:
+        """Continue after the groups served before TRL's checkpoint ``checkpoint_dir`` (call it
+        before ``trainer.train(resume_from_checkpoint=checkpoint_dir)``)."""
+        path = os.path.join(checkpoint_dir, STATE_FILE)
+        try:
+            with open(path, encoding="utf-8") as f:
+                state = json.load(f)
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"{path} is missing: that checkpoint was saved without CapturedRollouts' "
+                "callback, so where the stream stood is unknown"
+            ) from None
+        if self._records is not None:
+            raise CheckpointError("resume before the first group is served")
+        self._source.restore(state["pipeline"])  # type: ignore[attr-defined]
+
     def callback(self) -> Any:
         """A ``TrainerCallback`` that marks the served groups trained after each optimizer
         step (the groups of a generation batch are all used by then)."""
@@ -155,4 +194,10 @@ class _MarkTrained(TrainerCallback):  # type: ignore[misc]  # transformers is un
         steps_per_generation = getattr(args, "steps_per_generation", 1) or 1
         if state.global_step % steps_per_generation == 0:
             self._rollouts.mark_trained()
+        return control
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        self._rollouts.mark_trained()  # a saved model has trained every group served
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        self._rollouts.save(folder)
         return control
