@@ -53,10 +53,12 @@ JUSTIFIED: dict[frozenset[str], str] = {
             "zephon.config",
             "zephon.provenance",
             "zephon.provenance._trace",
+            "zephon.capture.streaming",
         ]
     ): (
         "trace() rebuilds the pipeline from its config, and a pipeline hands its batches a "
-        "provenance Origin"
+        "provenance Origin; a config's capture_stream source is a StreamingCaptureSource, "
+        "whose pipeline() builds a Pipeline"
     ),
 }
 """``modules that may import each other: why``. A cycle must lie within one entry."""

@@ -65,6 +65,7 @@ UPWARD_ALLOWED = {
     ("pipeline.py", "capture"): (
         "the builder's RL group operators (drop_equal_rewards, ...) read a capture store"
     ),
+    ("config.py", "capture"): "a YAML source of kind capture_stream is a StreamingCaptureSource",
     ("provenance/_trace.py", "pipeline"): "trace() rebuilds the pipeline that made a batch",
     ("provenance/_trace.py", "config"): "trace() rebuilds it from its config file",
 }

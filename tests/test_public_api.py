@@ -70,7 +70,7 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.capture.proxy.server": _names("bind_socket exposure_problem"),
     "zephon.capture.rl": _names("PromptGroup PromptSource"),
     "zephon.capture.streaming": _names("LOG_SUFFIX StreamingCaptureSource"),
-    "zephon.capture.group_ops": _names("DifficultyPool DropEqualRewards KeepPerPrompt"),
+    "zephon.capture.group_ops": _names("DifficultyPool DropEqualRewards KeepPerPrompt store_at"),
     "zephon.capture.batching": _names("StepBatcher StepBudget TrainStep"),
     "zephon.capture.scores": _names(""),
     "zephon.capture.records": _names(
@@ -163,6 +163,7 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.integrations.torchtitan": _names(
         "IGNORE_INDEX STATE_FORMAT ZephonDataLoader load_pipeline titan_batch"
     ),
+    "zephon.integrations.trl": _names("CapturedRollouts"),
     "zephon.integrations.transformers": _names(
         "DATA_STATE_NAME PreemptionCallback ZephonTrainer latest_complete_checkpoint"
     ),

@@ -3,7 +3,8 @@
 The schema is derived from the Python API, so the two cannot drift apart: every operator entry
 is a call of the :class:`~zephon.Pipeline` builder method of the same name, checked against that
 method's signature and type hints; ``source`` holds the keyword arguments of
-:class:`~zephon.StaticMixtureWorkSource`; ``options`` those of
+:class:`~zephon.StaticMixtureWorkSource` (or, with ``kind: capture_stream``, those of
+:class:`~zephon.capture.streaming.StreamingCaptureSource`, ``store`` a URL); ``options`` those of
 :class:`~zephon.options.RuntimeOptions`. Every error names the key path of the offending value
 (``operators[2].max_length: expected int, got 'abc'``), which is what ``zephon run`` prints.
 See docs/yaml.md.
@@ -76,6 +77,9 @@ SAMPLES_KEYS = (
     "part",
 )
 
+#: ``source.kind``: the work source the ``source`` section configures.
+SOURCE_KINDS = ("mixture", "capture_stream")
+
 #: Operator name in YAML -> Pipeline builder method of the same name (one registry).
 OPERATORS = tuple(d.name for d in operator_definitions())
 #: Operators that may follow ``batch`` (they see SampleBatch objects).
@@ -123,6 +127,7 @@ class PipelineConfig:
     metrics: dict[str, Any] = field(default_factory=dict)  # sinks for `zephon run`
     file: str | None = None
     epoch: int | None = None  # Pipeline.set_epoch; None: not given (epoch 0)
+    source_kind: str = "mixture"  # one of SOURCE_KINDS
 
     def _fail(self, key: str, message: str) -> ConfigFileError:
         return ConfigFileError(key, message, file=self.file)
@@ -200,15 +205,19 @@ class PipelineConfig:
         self.list_datasets()
         return self._assemble([Dataset.from_records(d.name, [{}]) for d in self.datasets], None)
 
-    def _assemble(self, datasets: list[Any], mixture: Any) -> Any:
+    def _source_pipeline(self, datasets: list[Any], mixture: Any) -> Any:
         from zephon.pipeline import Pipeline
         from zephon.work import StaticMixtureWorkSource
 
         try:
-            source = StaticMixtureWorkSource(datasets, mixture, **self.source)
+            if self.source_kind == "capture_stream":
+                return _capture_stream(self.source)
+            return Pipeline(StaticMixtureWorkSource(datasets, mixture, **self.source))
         except ConfigError as exc:
             raise self._fail("source", str(exc)) from None
-        pipe = Pipeline(source)
+
+    def _assemble(self, datasets: list[Any], mixture: Any) -> Any:
+        pipe = self._source_pipeline(datasets, mixture)
         if self.epoch is not None:
             pipe.set_epoch(self.epoch)
         if self.fetch:
@@ -238,6 +247,7 @@ class PipelineConfig:
         """What the file asks for, as plain data (for ``--json`` output)."""
         return {
             "file": self.file,
+            "source": self.source_kind,
             "datasets": [{"name": d.name, "path": d.paths} for d in self.datasets],
             "mixture": self.mixture
             if isinstance(self.mixture, dict | None)
@@ -246,6 +256,48 @@ class PipelineConfig:
             "options": {k: v for k, v in self.options.items() if not callable(v)},
             "epoch": self.epoch or 0,
         }
+
+
+def _capture_stream(params: dict[str, Any]) -> Any:
+    """A streaming capture source over the store at ``params["store"]`` (a URL or folder, so
+    worker processes open their own clients), as a pipeline that hands each group on at once."""
+    from zephon.capture.streaming import StreamingCaptureSource
+
+    return StreamingCaptureSource(**params).pipeline()
+
+
+def _source(data: dict[str, Any], base_dir: Path) -> tuple[str, dict[str, Any]]:
+    """The ``source`` section: its kind and its checked keyword arguments. A
+    ``capture_stream`` reads a capture store's prompt ledger, so it takes no datasets; its
+    ``store`` is a URL or a file store's folder (relative to the YAML file's)."""
+    from zephon.capture.streaming import StreamingCaptureSource
+    from zephon.work import StaticMixtureWorkSource
+
+    raw = dict(_mapping(data.get("source"), "source"))
+    kind = raw.pop("kind", "mixture")
+    if kind not in SOURCE_KINDS:
+        raise ConfigFileError("source.kind", f"{shown(kind)} is not one of {SOURCE_KINDS}")
+    if kind == "mixture":
+        params = check_call(
+            StaticMixtureWorkSource.__init__,
+            raw,
+            "source",
+            skip=("datasets", "mixture"),
+            what="the source",
+        )
+        return kind, params
+    for section in ("datasets", "mixture"):
+        if data.get(section) is not None:
+            raise ConfigFileError(
+                section, "a capture_stream source reads a capture store, not datasets: remove it"
+            )
+    params = check_call(StreamingCaptureSource.__init__, raw, "source", what="capture_stream")
+    if not isinstance(params.get("store"), str):
+        raise ConfigFileError(
+            "source.store", "give the capture store's URL (file://, sqlite://...) or its folder"
+        )
+    params["store"] = _resolve_path(params["store"], base_dir)
+    return kind, params
 
 
 def _mapping(value: Any, key: str) -> dict[str, Any]:
@@ -507,19 +559,12 @@ def _options(data: dict[str, Any]) -> dict[str, Any]:
 
 def _parse(data: Any, base_dir: Path) -> PipelineConfig:
     from zephon.pipeline import Pipeline
-    from zephon.work import StaticMixtureWorkSource
 
     _check_sections(data)
-    datasets = _datasets(data.get("datasets"), base_dir)
+    kind, source = _source(data, base_dir)
+    datasets = [] if kind == "capture_stream" else _datasets(data.get("datasets"), base_dir)
     names = [d.name for d in datasets]
     mixture = parse_mixture(_calibration_paths(data.get("mixture"), base_dir), names)
-    source = check_call(
-        StaticMixtureWorkSource.__init__,
-        _mapping(data.get("source"), "source"),
-        "source",
-        skip=("datasets", "mixture"),
-        what="the source",
-    )
     fetch = check_call(Pipeline.fetch, _mapping(data.get("fetch"), "fetch"), "fetch")
     raw_ops = data.get("operators") or []
     if not isinstance(raw_ops, list):
@@ -535,6 +580,7 @@ def _parse(data: Any, base_dir: Path) -> PipelineConfig:
         options=_options(data),
         epoch=_epoch(data.get("epoch")),
         metrics=_metrics(data.get("metrics")),
+        source_kind=kind,
     )
 
 

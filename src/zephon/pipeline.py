@@ -594,7 +594,7 @@ class Pipeline:
 
     # -- group operators over a StreamingCaptureSource (zephon.capture.group_ops) ----------
 
-    @_operator()
+    @_operator(path_parameters=("store",))
     def drop_equal_rewards(self, store: Any, *, name: str | None = None) -> Pipeline:
         """Drop each group whose rewards are all equal; its members are filtered in the prompt
         ledger of ``store`` (a capture store or its URL) with the reason."""
@@ -602,7 +602,7 @@ class Pipeline:
 
         return self.add_op(DropEqualRewards(store, name=name))
 
-    @_operator()
+    @_operator(path_parameters=("store",))
     def keep_per_prompt(self, store: Any, k: int, *, name: str | None = None) -> Pipeline:
         """Keep the first ``k`` members of each group; the others are filtered in the prompt
         ledger of ``store`` (a capture store or its URL)."""
@@ -610,7 +610,7 @@ class Pipeline:
 
         return self.add_op(KeepPerPrompt(store, k, name=name))
 
-    @_operator()
+    @_operator(path_parameters=("store",))
     def difficulty_pool(
         self, store: Any, low: float, high: float, *, name: str | None = None
     ) -> Pipeline:

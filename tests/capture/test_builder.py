@@ -273,3 +273,43 @@ def test_an_engine_refusal_that_cannot_be_placed_masks(parent: str | None) -> No
     assert b.masked and b.mask_reasons == ["unplaced_engine_refusals"]
     assert b.notes.unplaced_refusals == ["c4"]
     assert not build("linear").masked
+
+
+def test_a_rollout_spanning_two_weight_versions_has_behaviour_logprobs_and_segments() -> None:
+    versions = {"c1": 3, "c2": 3, "c3": 4}  # the weights changed between c2 and c3
+    entries = [
+        e.with_changes(weight_version=versions[e.model_call_id]) for e in entries_of("linear")
+    ]
+    snap = TokenCaptureSnapshot(
+        rollout_id="r", entries=tuple(entries), incomplete=False, snapshot_id="s", version=1
+    )
+    b = build_rollout(snap)
+    _, mask, lps = trajectory_of(b)
+    assert b.trajectory is not None
+    # P=0:3 G1=3:5 T1=5:8 G2=8:11 T2=11:12 G3=12:13; T1 is masked inside the v3 segment
+    assert b.trajectory.version_segments == ((3, 11, 3), (12, 13, 4))
+    assert b.trajectory.oldest_version == 3
+    row = b.trajectory.to_row()
+    assert row["version_segments"] == [[3, 11, 3], [12, 13, 4]]
+    assert row["behaviour_logprobs"].tolist() == lps
+    gen_versions = [  # every generated token lies in the segment of its call's version
+        next(v for s, e, v in row["version_segments"] if s <= i < e)
+        for i, m in enumerate(mask)
+        if m
+    ]
+    assert gen_versions == [3, 3, 3, 3, 3, 4]
+
+
+def test_a_partly_versioned_rollout_names_its_unversioned_span_and_a_plain_one_none() -> None:
+    entries = entries_of("linear")
+    mixed = [e.with_changes(weight_version=7) if e.model_call_id == "c3" else e for e in entries]
+    snap = TokenCaptureSnapshot(
+        rollout_id="r", entries=tuple(mixed), incomplete=False, snapshot_id="s", version=1
+    )
+    traj = build_rollout(snap).trajectory
+    assert traj is not None and traj.version_segments == ((3, 11, None), (12, 13, 7))
+    assert traj.oldest_version == 7
+    plain = build("linear").trajectory
+    assert plain is not None and plain.version_segments == () and plain.oldest_version is None
+    assert "version_segments" not in plain.to_row()
+    assert "behaviour_logprobs" not in plain.to_row()

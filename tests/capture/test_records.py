@@ -115,6 +115,9 @@ def _base(**kw: Any) -> dict[str, Any]:
         ({"prompt_is_delta": True}, "prompt_is_delta"),
         ({"model_call_id": ""}, "model_call_id"),
         ({"rollout_id": 3}, "$.rollout_id"),
+        ({"weight_version": -1}, "weight_version"),
+        ({"weight_version": 2**63}, "weight_version"),
+        ({"weight_version": [3]}, "weight_version"),
     ],
 )
 def test_validation_errors_name_the_field(change: dict[str, Any], field: str) -> None:
@@ -122,6 +125,19 @@ def test_validation_errors_name_the_field(change: dict[str, Any], field: str) ->
         TokenEntry.from_dict(_base(**change))
     with pytest.raises(ValueError, match=field.replace("$", r"\$")):
         TokenEntry.from_json(json.dumps(_base(**change)))
+
+
+def test_a_weight_version_round_trips_and_an_unset_one_leaves_the_bytes_alone() -> None:
+    golden = GOLDEN["entries"][0]
+    entry = TokenEntry.from_dict({**golden["input"], "weight_version": 7})
+    assert entry.canonical_bytes().endswith(b',"weight_version":7}')
+    assert TokenEntry.from_json(entry.canonical_bytes()).weight_version == 7
+    assert entry.to_dict()["weight_version"] == 7
+    unset = entry.with_changes(weight_version=None)
+    assert unset.canonical_bytes() == golden["canonical"].encode()
+    assert "weight_version" not in unset.to_dict()
+    tagged = unset.with_extra_fields(zephon_group={"id": "g", "index": 0, "size": 2})
+    assert b"weight_version" not in tagged.canonical_bytes()
 
 
 @pytest.mark.parametrize("bad", ["0", [0], 1.0, True])

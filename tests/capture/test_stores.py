@@ -181,3 +181,33 @@ def test_peek_reads_without_freezing_and_never_creates(
             await store.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", sorted(STORE_KINDS))
+def test_weight_versions_persist_and_an_entry_without_one_keeps_its_bytes(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+    versioned = make_entry("wv", "c1").with_changes(weight_version=5)
+    old_bytes = make_entry("wv", "c2").canonical_bytes()  # what a store held before the field
+    assert b"weight_version" not in old_bytes
+
+    async def go() -> None:
+        writer = open_store(url)
+        await writer.put(versioned)
+        await writer.put(make_entry("wv", "c2"))
+        with pytest.raises(CaptureConflictError):  # another version is another call
+            await writer.put(versioned.with_changes(weight_version=6))
+        bad = make_entry("wv2", "c1")
+        bad.weight_version = -1  # set after construction: put validates it again
+        with pytest.raises(ValueError, match="weight_version: -1 is not a version"):
+            await writer.put(bad)
+        await writer.close()
+        reader = open_store(url)
+        entries = {e.model_call_id: e for e in (await reader.freeze("wv")).entries}
+        assert entries["c1"].weight_version == 5
+        assert entries["c2"].weight_version is None
+        assert entries["c2"].canonical_bytes() == old_bytes
+        await reader.close()
+
+    asyncio.run(go())

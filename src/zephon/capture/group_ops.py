@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from zephon.capture.dataset import run_sync
@@ -24,10 +25,19 @@ from zephon.errors import ConfigError, DataError
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem, record_tokens, tombstone_meta
 
-__all__ = ["DifficultyPool", "DropEqualRewards", "KeepPerPrompt"]
+__all__ = ["DifficultyPool", "DropEqualRewards", "KeepPerPrompt", "store_at"]
 
 _MICRO_BATCH = 16
 EQUAL_REASON = "all rewards equal"
+
+
+def store_at(location: Any) -> Any:
+    """A capture store, its URL, or a folder path (what a YAML file names, resolved against
+    its folder): the URL of a file store there. The group operators and a YAML
+    ``capture_stream`` source take any of these."""
+    if isinstance(location, str) and "://" not in location:
+        return Path(location).resolve().as_uri()
+    return location
 
 
 def _shape(payload: object) -> str:
@@ -49,6 +59,7 @@ class _GroupOp(BaseOp):
 
     def __init__(self, store: Any, *, name: str | None = None) -> None:
         super().__init__(name=name)
+        store = store_at(store)
         self._url = store if isinstance(store, str) else None
         self._store: Any = open_store(store) if isinstance(store, str) else store
         if not isinstance(self._store, PromptLedger):

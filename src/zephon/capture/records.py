@@ -248,6 +248,9 @@ class TokenEntry(msgspec.Struct, kw_only=True, dict=True):
     prompt_is_delta: bool = False
     prefix_requested: bool = False
     prefix_supplied: bool = False
+    weight_version: int | None = None
+    """The policy weights that generated this call (zephon's field, not NeMo Gym's): a
+    rollout whose calls span versions is a partial rollout; None when the engine named none."""
 
     def __post_init__(self) -> None:
         sv = self.schema_version
@@ -304,6 +307,13 @@ class TokenEntry(msgspec.Struct, kw_only=True, dict=True):
                 "prompt_is_delta",
                 "a delta prompt needs parent_resolution 'resolved' and a parent_call_id",
             )
+        version = self.weight_version
+        if version is not None:
+            _require(
+                type(version) is int and 0 <= version <= MAX_TOKEN_ID,
+                "weight_version",
+                f"{version!r} is not a version: use an integer from 0 to {MAX_TOKEN_ID} or null",
+            )
 
     # -- unknown fields ------------------------------------------------------------------
 
@@ -352,15 +362,25 @@ class TokenEntry(msgspec.Struct, kw_only=True, dict=True):
         return entry
 
     def to_dict(self) -> dict[str, Any]:
-        """The wire dict: every field (defaults included) plus preserved unknown fields."""
+        """The wire dict: every field (defaults included, ``weight_version`` only when set)
+        plus preserved unknown fields."""
         out: dict[str, Any] = msgspec.to_builtins(self)
+        if self.weight_version is None:
+            del out["weight_version"]
         out.update(self.extra_fields)
         return out
 
     def canonical_bytes(self) -> bytes:
-        """Sorted-key compact JSON; ``put`` compares these byte-for-byte."""
+        """Sorted-key compact JSON; ``put`` compares these byte-for-byte.
+
+        An unset ``weight_version`` is left out, so an entry captured before the field existed
+        (and every NeMo Gym entry) keeps its bytes, and with them its identity in a store.
+        """
         if "_extra" not in self.__dict__:
-            return canonical_json(self)
+            out = canonical_json(self)
+            if self.weight_version is None and out.endswith(_NO_VERSION):  # the last key
+                return out[: -len(_NO_VERSION)] + b"}"
+            return out
         return canonical_json(self.to_dict())
 
     def with_changes(self, **changes: Any) -> TokenEntry:
@@ -429,6 +449,7 @@ def require_finite(entry: TokenEntry) -> None:
 
 
 _ENTRY_FIELDS = TokenEntry.__struct_fields__
+_NO_VERSION = b',"weight_version":null}'
 _ENTRY_FIELD_SET = frozenset(_ENTRY_FIELDS)
 _ENTRY_DECODER = msgspec.json.Decoder(TokenEntry)
 _RAW_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])

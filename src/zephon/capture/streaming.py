@@ -25,8 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from zephon.capture._oldest_version import OldestVersions
 from zephon.capture.builder import build_rollout
 from zephon.capture.dataset import run_sync
+from zephon.capture.group_ops import store_at
 from zephon.capture.ledger import (
     MAX_STREAM_CHARS,
     LedgerTransitionError,
@@ -37,6 +39,7 @@ from zephon.capture.ledger import (
     validate_stream,
 )
 from zephon.capture.protocols import PromptLedger
+from zephon.capture.stores import open_store
 from zephon.errors import CheckpointError, ConfigError, DataError
 from zephon.io import Dataset, Shard
 from zephon.pipeline import Pipeline
@@ -50,10 +53,23 @@ _ENDLESS = 2**62  # the shard's nominal length: admissions are numbered as they 
 
 
 class _Core:
-    """What every lane clone shares: the store, the admission log and the built groups."""
+    """What every lane clone shares: the store, the admission log and the built groups.
 
-    def __init__(self, store: Any, stream: str, options: dict[str, Any]) -> None:
+    A core that does not ``admit`` is a worker process's: it only reads admissions the
+    source's process logged (durably, before handing their chunks out) and builds them."""
+
+    def __init__(
+        self,
+        store: Any,
+        stream: str,
+        options: dict[str, Any],
+        *,
+        url: str | None = None,
+        admits: bool = True,
+    ) -> None:
         self.store = store
+        self.url = url
+        self.admits = admits
         self.stream = stream
         self.log_stream = stream + LOG_SUFFIX
         self.opts = options
@@ -61,6 +77,7 @@ class _Core:
         self.log: list[dict[str, Any]] = []
         self.loaded = False
         self.records: dict[int, dict[str, Any]] = {}
+        self.versions = OldestVersions(store)
         self.dataset = Dataset(options["name"], [_GroupShard(self)])
 
     # -- the admission log -----------------------------------------------------------------
@@ -71,8 +88,10 @@ class _Core:
             if not self.loaded:
                 self._reload()
                 self.loaded = True
+            if not self.admits and len(self.log) <= g:
+                self._reload()  # logged by the source's process after this one last read
             while len(self.log) <= g:
-                if not self._admit_next():
+                if not self.admits or not self._admit_next():
                     return None
             return self.log[g]
 
@@ -89,12 +108,13 @@ class _Core:
                 self._filter_overdue(ledger)
             g = len(self.log)
             version = opts["first_version"] + g // opts["groups_per_step"]
-            view = StreamLedger(
-                stream=self.stream, prompts=[r for r in ledger.prompts if r.position not in taken]
-            )
+            pending = [r for r in ledger.prompts if r.position not in taken and not r.done]
+            view = StreamLedger(stream=self.stream, prompts=run_sync(self.versions.rows(pending)))
             admission = view.admit(version, opts["max_staleness"], 1)
             if admission.groups:
-                return self._append(g, admission.groups[0], version)
+                oldest = admission.groups[0]
+                issued = next(r for r in pending if r.position == oldest.position)
+                return self._append(g, issued, version, oldest.weight_version)
             if self._ended(ledger, taken):
                 return False
             time.sleep(opts["poll_s"])  # generation is still running: poll the ledger
@@ -116,11 +136,12 @@ class _Core:
             return False
         return all(r.done or r.position in taken for r in ledger.prompts[:total])
 
-    def _append(self, g: int, row: PromptRow, version: int) -> bool:
+    def _append(self, g: int, row: PromptRow, version: int, oldest: int) -> bool:
         entry = {
             "position": row.position,
             "prompt_key": row.prompt_key,
             "weight_version": row.weight_version,
+            "oldest_version": oldest,
             "trained_version": version,
             "members": [[m.index, m.attempt] for m in row.members if m.state is PromptState.SCORED],
         }
@@ -172,6 +193,7 @@ class _Core:
             "position": position,
             "prompt_key": entry["prompt_key"],
             "weight_version": entry["weight_version"],
+            "oldest_version": entry.get("oldest_version", entry["weight_version"]),
             "trained_version": entry["trained_version"],
             "members": members,
             "masked": masked,
@@ -211,6 +233,28 @@ class _GroupShard(Shard):
         """Worker copies share the core (its log and built groups)."""
         return self
 
+    def __reduce__(self) -> tuple[Any, tuple[str, str, dict[str, Any]]]:
+        """Sent to a worker process (``runner="process"``): it opens its own client of the
+        store from its URL and reads the logged admissions there."""
+        core = self._core
+        if core.url is None:
+            raise TypeError(
+                f"StreamingCaptureSource of stream {core.stream!r} was given a store object, "
+                "which worker processes cannot share: pass the store's URL instead"
+            )
+        if not core.store.is_process_shared():
+            raise TypeError(
+                f"StreamingCaptureSource: {core.store.describe()} lives in one process; use "
+                "a file, sqlite or postgresql store with runner='process'"
+            )
+        return _reader_shard, (core.url, core.stream, core.opts)
+
+
+def _reader_shard(url: str, stream: str, options: dict[str, Any]) -> _GroupShard:
+    """A worker process's shard: a reading core over its own client of the store at ``url``."""
+    core = _Core(open_store(url), stream, options, url=url, admits=False)
+    return _GroupShard(core)
+
 
 def _check(name: str, value: object, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
@@ -228,7 +272,9 @@ class StreamingCaptureSource(WorkSource):
     ``reward``; ``masked`` lists the scored members whose build has nothing to train.
 
     Args:
-        store: a store keeping prompt ledgers and scores (``open_store(url)``).
+        store: a store keeping prompt ledgers and scores, or its URL (or a file store's
+            folder); with ``runner="process"`` give the URL: worker processes build the
+            groups over clients of their own.
         stream: the stream a :class:`~zephon.capture.rl.PromptSource` issues into.
         groups_per_step: groups the trainer reads per optimizer step.
         max_staleness: ``k``: a group issued at version ``v`` is trained by ``v + k``.
@@ -259,6 +305,9 @@ class StreamingCaptureSource(WorkSource):
                 f"stream {stream!r} is too long for its admission log {stream + LOG_SUFFIX!r}: "
                 f"use at most {MAX_STREAM_CHARS - len(LOG_SUFFIX)} characters"
             )
+        url = store_at(store) if isinstance(store, str) else None
+        if url is not None:
+            store = open_store(url)
         if not isinstance(store, PromptLedger):
             raise TypeError(
                 f"{type(store).__name__} keeps no prompt ledger: open a zephon capture store "
@@ -276,7 +325,7 @@ class StreamingCaptureSource(WorkSource):
             "poll_s": float(poll_s),
             "name": name,
         }
-        self._core = _Core(store, stream, options)
+        self._core = _Core(store, stream, options, url=url)
         self._lane, self._lanes, self._next = 0, 1, 0
 
     def pipeline(self) -> Pipeline:

@@ -118,6 +118,13 @@ def _store_arguments(p: argparse.ArgumentParser) -> None:
         help="store a resolved continuation's prompt as the suffix after its parent's tokens",
     )
     p.add_argument(
+        "--weight-version",
+        type=int,
+        default=None,
+        help="the engine's weight version, recorded on each call that does not send the "
+        "X-Zephon-Weight-Version header (default: none)",
+    )
+    p.add_argument(
         "--spill-dir",
         default=os.environ.get("ZEPHON_CAPTURE_SPILL_DIR"),
         metavar="DIR",
@@ -290,6 +297,7 @@ def _serve(args: argparse.Namespace) -> int:
             connect_timeout_s=args.connect_timeout,
             store_clients=args.store_clients,
             delta_prompts=args.delta_prompts,
+            weight_version=args.weight_version,
             control_token=_token(args.control_token, args.control_token_file, "--control-token"),
             capture_token=_token(args.capture_token, args.capture_token_file, "--capture-token"),
             spill_dir=args.spill_dir or None,

@@ -8,6 +8,8 @@
   ``--dataloader-type external`` whose rank files resume on any data-parallel size.
 - :mod:`zephon.integrations.torchtitan`: ``ZephonDataLoader``, torchtitan's data-loader config
   entry, checkpointed by its DCP checkpointer and resumable on any data-parallel size.
+- :mod:`zephon.integrations.trl`: ``CapturedRollouts``, TRL's ``GRPOTrainer`` trained from the
+  groups a streaming capture source admits.
 
 Import the submodule you need; each imports its framework.
 """

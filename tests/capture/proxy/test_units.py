@@ -252,6 +252,14 @@ def test_config_validation_and_env_round_trip() -> None:
         ProxyConfig.from_env({})
 
 
+@pytest.mark.parametrize("bad", [-1, True, 1.5, 2**63])
+def test_a_configured_weight_version_is_checked_and_travels_to_workers(bad: object) -> None:
+    cfg = ProxyConfig(engine_url="http://a", store_url="memory://x", weight_version=7)
+    assert ProxyConfig.from_env({"ZEPHON_CAPTURE_PROXY_CONFIG": cfg.to_env()}).weight_version == 7
+    with pytest.raises(ValueError, match="--weight-version must be an integer >= 0"):
+        ProxyConfig(engine_url="http://a", store_url="memory://x", weight_version=bad)  # type: ignore[arg-type]
+
+
 def test_cli_refuses_a_process_local_store_with_several_workers(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -47,10 +47,12 @@ from zephon.capture.proxy._metrics import Metrics
 from zephon.capture.proxy._pool import StoreClients
 from zephon.capture.proxy._requests import (
     CHAIN_HEADER,
+    VERSION_HEADER,
     BadRequest,
     Dialect,
     PreparedCall,
     prepare_call,
+    weight_version_of,
 )
 from zephon.capture.proxy._responses import (
     CallTokens,
@@ -116,6 +118,7 @@ class CaptureService:
         metrics: Metrics,
         *,
         delta_prompts: bool = False,
+        weight_version: int | None = None,
         spill: SpillJournal | None = None,
         max_json_depth: int = 128,
     ) -> None:
@@ -124,6 +127,7 @@ class CaptureService:
         self.inference = inference
         self.metrics = metrics
         self.delta_prompts = delta_prompts
+        self.weight_version = weight_version
         self.spill = spill
 
     # -- entry point ---------------------------------------------------------------------------
@@ -137,6 +141,7 @@ class CaptureService:
             return self._bad(BadRequest(exc.message, code=exc.code))
         try:
             call = prepare_call(dialect, body, headers.get(CHAIN_HEADER))
+            weight_version_of(headers.get(VERSION_HEADER), None)  # refused before the engine
             conversation_digest(call.request_items)  # refuse unhashable history up front
         except BadRequest as exc:
             return self._bad(exc)
@@ -319,6 +324,7 @@ class CaptureService:
                 digest=compute_digest(full),
                 parent_resolution=res.status,
                 parent_resolution_reason=res.reason,
+                weight_version=weight_version_of(headers.get(VERSION_HEADER), self.weight_version),
             )
             if group is not None:
                 entry = entry.with_extra_fields(**{GROUP_FIELD: group.to_wire()})

@@ -46,7 +46,8 @@ class ProxyConfig:
     one (a SQL store client is one connection whose calls queue; several let rollouts proceed in
     parallel, and one client per rollout keeps its lineage cache warm). ``delta_prompts`` stores
     a resolved continuation's prompt as the suffix after its parent's tokens (``prompt_is_delta``),
-    which keeps a long rollout's storage linear instead of quadratic.
+    which keeps a long rollout's storage linear instead of quadratic. ``weight_version`` is
+    recorded on every captured call whose request names none (``X-Zephon-Weight-Version``).
     ``metrics_dir`` is where workers of one server share their metrics (set by ``serve`` when it
     runs several workers). ``spill_dir`` holds the local journal of incomplete marks the store
     could not take (replayed at start and every ``spill_replay_s`` seconds), in a folder per
@@ -69,6 +70,7 @@ class ProxyConfig:
     max_engine_connections: int = 1024
     store_clients: int = 4
     delta_prompts: bool = False
+    weight_version: int | None = None
     control_token: str | None = None
     capture_token: str | None = None
     metrics_dir: str | None = None
@@ -97,6 +99,9 @@ class ProxyConfig:
         self._check_limits()
         if self.control_token and not self.capture_token:
             object.__setattr__(self, "capture_token", self.control_token)
+        version = self.weight_version
+        if version is not None and (type(version) is not int or not 0 <= version < 2**63):
+            raise ValueError(f"--weight-version must be an integer >= 0, not {version!r}")
         if self.spill_replay_s <= 0:
             raise ValueError("--spill-replay-interval must be > 0 seconds")
 

@@ -25,16 +25,21 @@ __all__ = [
     "CAPTURE_ROUTES",
     "CHAIN_HEADER",
     "MAX_N",
+    "VERSION_HEADER",
     "BadRequest",
     "Dialect",
     "PreparedCall",
     "prepare_call",
+    "weight_version_of",
 ]
 
 Dialect = Literal["chat", "completions", "responses"]
 MAX_N = 64  # samples of one request (a GRPO group); each becomes its own captured call
 # Request header: the call whose chain a request extends (its parent or an ancestor).
 CHAIN_HEADER = "x-zephon-parent-call-id"
+# Request header: the policy weight version the engine generates this call with.
+VERSION_HEADER = "x-zephon-weight-version"
+_MAX_VERSION = 2**63 - 1
 _MAX_CHAIN_ID = 256
 
 CAPTURE_ROUTES: dict[str, Dialect] = {
@@ -330,6 +335,21 @@ def _chain_of(value: str | None, dialect: Dialect, token_in: bool) -> str | None
             code="unsupported_parent_hint",
         )
     return value
+
+
+def weight_version_of(value: str | None, default: int | None) -> int | None:
+    """The call's weight version: the :data:`VERSION_HEADER` value, else the proxy's
+    configured one (raises :class:`BadRequest` on a value that is not a version)."""
+    if value is None:
+        return default
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) > _MAX_VERSION:
+        raise BadRequest(
+            f"{VERSION_HEADER} must be the engine's weight version, an integer from 0 to "
+            f"{_MAX_VERSION}, not {value[:40]!r}",
+            code="invalid_weight_version",
+        )
+    return int(text)
 
 
 def prepare_call(dialect: Dialect, body: Any, chain_of: str | None = None) -> PreparedCall:

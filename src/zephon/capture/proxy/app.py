@@ -132,6 +132,7 @@ class _State:
             self.inference,
             self.metrics,
             delta_prompts=config.delta_prompts,
+            weight_version=config.weight_version,
             spill=self.spill,
             max_json_depth=config.max_json_depth,
         )
