@@ -21,15 +21,15 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, assert_never
 
+from zephon._engine.handoff.handoff import WAIT_SLICE_S
 from zephon._engine.handoff.messages import Data, Done, End, Failed, MessageError, Stop
 from zephon._engine.handoff.shm import ShmSession, resolve_items
 from zephon._engine.plan.driver_chain import run_tasks
 from zephon._engine.plan.fusion import Unit, build_units
 from zephon._engine.plan.projection import projected
-from zephon._engine.run.joins import CLOSE_WAIT_S, join_all, stuck_error
-from zephon._engine.run.stage import StageCore
 from zephon._engine.run.threaded import Channel, EngineThread, OpDriver, SourceThread
-from zephon._engine.run.waiting import WAIT_SLICE_S
+from zephon._engine.state.stage import StageCore
+from zephon._engine.workers.joins import CLOSE_WAIT_S, join_all, stuck_error
 from zephon._engine.workers.pools import WorkerPool
 from zephon._engine.workers.process_pool import ProcessFleet, ProcessWorkerPool
 from zephon._engine.workers.thread_pool import ThreadWorkerPool
