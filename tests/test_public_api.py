@@ -57,8 +57,8 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.capture.protocols": _names(
         "CaptureAdmissionRefused CaptureConflictError CaptureHistoryUnrepresentable "
-        "CaptureLedger CaptureStore LineageMatch LineageResolution LineageResolver PromptLedger "
-        "RolloutRetiredError "
+        "CaptureLedger CaptureOrderError CaptureStore LineageMatch LineageResolution "
+        "LineageResolver PromptLedger RolloutRetiredError "
         "SupportsBeginCall SupportsCloseAdmissions SupportsEngineRefusal SupportsFailCall "
         "SupportsPeek SupportsRefuseCall SupportsScores TokenCaptureFrozenError "
         "TokenCaptureRequestRefused TokenCaptureRetiredError TokenSink TokenSource"
