@@ -8,8 +8,10 @@ Five rules over ``src/zephon``:
   ``UPWARD_ALLOWED`` lists it with why. So ``_engine`` imports nothing from ``_ops``
   (built-in operators are operators like any other) and ``work`` nothing from ``_ops``.
   ``capture`` and ``cli``, high as they are, drive the engine through ``Pipeline`` and never
-  import ``_engine`` (``PAST_PIPELINE``). Every import counts, also those inside functions
-  and under ``TYPE_CHECKING``;
+  import ``_engine`` (``PAST_PIPELINE``). Inside ``_engine`` its parts (a sub-package, or a
+  module beside them) keep an order of their own, ``ENGINE_LAYERS``, with exceptions in
+  ``ENGINE_UPWARD_ALLOWED``. Every import counts, also those inside functions and under
+  ``TYPE_CHECKING``;
 - private modules: a module whose name starts with ``_`` (and whatever is inside it) is
   imported only from inside the package that holds it: ``zephon.io._converted`` from
   ``zephon.io``, ``zephon._ops._chat_spans`` from ``zephon._ops``; others use what that
@@ -71,6 +73,28 @@ UPWARD_ALLOWED = {
 }
 """``(module, unit it imports from the same or a higher layer): why``."""
 
+ENGINE_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("stats", "feed"),
+    ("state",),
+    ("handoff", "plan"),
+    ("workers",),
+    ("run",),
+    ("__init__",),
+)
+"""The parts of ``_engine`` (its sub-packages, and ``stats.py`` beside them), bottom to top, by
+the rule of ``LAYERS``: ``state`` (the stage core and what a restore starts from) under the
+plan and the hand-off messages, those under the worker pools that carry them out, and those
+under ``run`` (the runners, the engine and the engine process, which drive them all)."""
+
+ENGINE_UPWARD_ALLOWED = {
+    ("_engine/plan/plan.py", "run"): (
+        "the plan places each stage by the traits of the runners in REGISTRY (run/runners.py), "
+        "whose runners run a Plan"
+    ),
+    ("_engine/plan/compile.py", "run"): "a CompiledRun names its runner in REGISTRY",
+}
+"""``(module of _engine, part it imports from the same or a higher layer): why``."""
+
 PAST_PIPELINE = {"capture": ("_engine",), "cli": ("_engine",)}
 """``unit: units below it that it must still not import`` (it goes through ``Pipeline``)."""
 
@@ -118,7 +142,7 @@ ALLOWED = {
     ("_engine/workers/worker_start.py", "_inheriting"): "multiprocessing's bootstrapping flag",
     ("_engine/workers/worker_start.py", "__file__"): "the main module's file, for an error message",
     ("_engine/workers/worker_start.py", "sched_getaffinity"): "absent on some platforms",
-    ("_engine/run/stage.py", "zephon_op_name"): "an exception note the engine sets itself",
+    ("_engine/state/stage.py", "zephon_op_name"): "an exception note the engine sets itself",
     ("_engine/stats.py", "name"): "the counters of OpStats, by field name",
 }
 
@@ -256,6 +280,37 @@ def _upward_imports(rel: str, unit: str, tree: ast.AST) -> Iterator[str]:
             )
 
 
+_ENGINE_LAYER = {part: level for level, parts in enumerate(ENGINE_LAYERS) for part in parts}
+
+
+def _engine_part(module: str) -> str | None:
+    """The part of ``_engine`` that ``module`` is in (None: not in ``_engine``)."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["zephon", "_engine"] and len(parts) > 2 else None
+
+
+def _engine_imports(rel: str, tree: ast.AST) -> Iterator[str]:
+    """An import, by a module of ``_engine``, of a part of it not below the module's own."""
+    part = rel.split("/")[1].removesuffix(".py")
+    if part not in _ENGINE_LAYER:
+        yield f"{rel}:1: _engine part {part} has no place in ENGINE_LAYERS; add it to its layer"
+        return
+    imports = set(_imports(tree))
+    for node in ast.walk(tree):  # ``from zephon._engine import run``
+        if isinstance(node, ast.ImportFrom) and node.module == "zephon._engine":
+            imports.update((node.lineno, f"zephon._engine.{a.name}") for a in node.names)
+    for line, module in sorted(imports):
+        target = _engine_part(module)
+        if target is None or target == part or (rel, target) in ENGINE_UPWARD_ALLOWED:
+            continue
+        if _ENGINE_LAYER.get(target, len(ENGINE_LAYERS)) >= _ENGINE_LAYER[part]:
+            yield (
+                f"{rel}:{line}: _engine part {part} (layer {_ENGINE_LAYER[part]}) imports "
+                f"{module} (layer {_ENGINE_LAYER.get(target, '?')}), which is not below it; "
+                "move what it needs down, or list the import in ENGINE_UPWARD_ALLOWED with why"
+            )
+
+
 def check_file(path: Path, package: Path) -> list[str]:
     """The violations in one module of ``package``."""
     rel = path.relative_to(package).as_posix()
@@ -265,6 +320,7 @@ def check_file(path: Path, package: Path) -> list[str]:
     errors = list(_upward_imports(rel, unit, tree))
     errors.extend(_private_imports(rel, tree, package))
     if unit == "_engine":
+        errors.extend(_engine_imports(rel, tree))
         for line, name in _probes(tree):
             if name in HOOKS:
                 errors.append(f"{rel}:{line}: probes hook {name!r}; use its typed protocol")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests._kill_mid_write import kill_mid_write
-from zephon._atomic import TEMP_MARK, write_atomic
+from zephon._atomic import TEMP_MARK, replace_through, write_atomic
+from zephon.capture.testing import RecordingFileSystem
 
 
 @pytest.mark.parametrize("durable", [True, False])
@@ -44,3 +45,16 @@ def test_a_writer_killed_before_its_rename_leaves_the_old_file_and_a_marked_temp
     left = kill_mid_write(target, "new")
     assert target.read_text() == "old"
     assert len(left) == 2 and left[0].startswith(f".state.json{TEMP_MARK}")  # what folders skip
+
+
+def test_the_capture_store_replaces_its_logs_through_the_same_durable_sequence(
+    tmp_path: Path,
+) -> None:
+    fs = RecordingFileSystem()
+    path = str(tmp_path / "log")
+    replace_through(fs, path, b"new", tmp=f"{path}.tmp", directory=str(tmp_path), mode=0o644)
+    kinds = [op.kind for op in fs.ops]
+    assert kinds == ["open", "write", "sync", "close", "replace", "sync_dir"]
+    assert fs.ops[4].path == f"{path}.tmp" and fs.ops[4].dst == path
+    assert fs.ops[5].path == str(tmp_path)
+    assert Path(path).read_bytes() == b"new" and not Path(f"{path}.tmp").exists()

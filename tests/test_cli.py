@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from zephon.cli import main
-from zephon.demo import main as demo_main
+from zephon.demo import run_from_argv
 
 
 def test_demo_runs_end_to_end_and_prints_the_first_batch(tmp_path: Path, capsys):
-    assert demo_main(["--docs", "300", "--shards", "3", "--data", str(tmp_path / "d")]) == 0
+    assert run_from_argv(["--docs", "300", "--shards", "3", "--data", str(tmp_path / "d")]) == 0
     out = capsys.readouterr().out
     assert "first batch (lane 0)" in out and "tokens/s" in out
     assert len(list((tmp_path / "d").glob("shard-*.jsonl"))) == 3

@@ -57,8 +57,8 @@ EXPECTED: dict[str, list[str]] = {
     ),
     "zephon.capture.protocols": _names(
         "CaptureAdmissionRefused CaptureConflictError CaptureHistoryUnrepresentable "
-        "CaptureLedger CaptureStore LineageMatch LineageResolution LineageResolver PromptLedger "
-        "RolloutRetiredError "
+        "CaptureLedger CaptureOrderError CaptureStore LineageMatch LineageResolution "
+        "LineageResolver PromptLedger RolloutRetiredError "
         "SupportsBeginCall SupportsCloseAdmissions SupportsEngineRefusal SupportsFailCall "
         "SupportsPeek SupportsRefuseCall SupportsScores TokenCaptureFrozenError "
         "TokenCaptureRequestRefused TokenCaptureRetiredError TokenSink TokenSource"
@@ -111,7 +111,7 @@ EXPECTED: dict[str, list[str]] = {
         "load_config operator_definition operator_definitions operators_markdown parse_config"
     ),
     "zephon.convert": _names("ConvertResult ConvertStopped convert"),
-    "zephon.demo": _names("add_arguments closing_lines main make_corpus run"),
+    "zephon.demo": _names("add_arguments closing_lines make_corpus run run_from_argv"),
     "zephon.distributed": _names("exit_rank"),
     "zephon.errors": _names(
         "CacheThrashingWarning ChatFormatError CheckpointError ConfigError ContractError "
@@ -138,7 +138,7 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.provenance": _names(
         "BatchProvenance Divergence FIND_FORMS Hit ImageSource Origin ProvenanceLog Segment "
         "TraceResult "
-        "batch_provenance diff find fingerprint parse_query raw_segments read_log "
+        "batch_provenance content_fingerprint diff find parse_query raw_segments read_log "
         "restore_before run_dataset_names"
     ),
     "zephon.testing": _names(

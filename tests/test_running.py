@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from zephon._engine.run.stage import call_process_many
+from zephon._engine.state.stage import call_process_many
 from zephon._running import OPERATOR_CALL, running_operator, running_operators
 from zephon.ops import BaseOp
 from zephon.types import StreamItem

@@ -141,11 +141,11 @@ def test_an_import_that_is_not_downward_is_reported_wherever_it_is(tmp_path: Pat
     package = _tree(
         tmp_path,
         {
-            "_engine/a.py": "def f():\n    from zephon._ops.batch import BatchOp\n",
+            "_engine/run/a.py": "def f():\n    from zephon._ops.batch import BatchOp\n",
             "work/c.py": "from zephon import _ops\n",
             "ops/s.py": "if TYPE_CHECKING:\n    from zephon.pipeline import Pipeline\n",
             "ops/t.py": "import zephon.training\n",  # a unit of the same layer
-            "_ops/d.py": "import zephon._engine.run.stage\n",  # downward: operators may use it
+            "_ops/d.py": "import zephon._engine.state.stage\n",  # downward: operators may use it
             "config.py": "from zephon.pipeline import Pipeline\n",  # downward
         },
     )
@@ -153,7 +153,7 @@ def test_an_import_that_is_not_downward_is_reported_wherever_it_is(tmp_path: Pat
     fix += "with why"
     n = {unit: index for index, units in enumerate(layering.LAYERS) for unit in units}
     assert layering.violations(package) == [
-        f"_engine/a.py:2: _engine (layer {n['_engine']}) imports zephon._ops.batch "
+        f"_engine/run/a.py:2: _engine (layer {n['_engine']}) imports zephon._ops.batch "
         f"(layer {n['_ops']}), {fix}",
         f"ops/s.py:2: ops (layer {n['ops']}) imports zephon.pipeline "
         f"(layer {n['pipeline']}), {fix}",
@@ -202,11 +202,51 @@ def test_the_layers_name_every_unit_once_and_each_exception_goes_upward() -> Non
         assert f"zephon.{target}" in (ROOT / "src" / "zephon" / rel).read_text(), (rel, target)
 
 
+def test_an_engine_part_importing_one_not_below_it_is_reported(tmp_path: Path) -> None:
+    package = _tree(
+        tmp_path,
+        {
+            "_engine/workers/a.py": "def f():\n    from zephon._engine.run.runners import X\n",
+            "_engine/state/b.py": "from zephon._engine import plan\n",
+            "_engine/plan/c.py": "import zephon._engine.handoff.shm\n",  # same layer
+            "_engine/plan/plan.py": "from zephon._engine.run.runners import REGISTRY\n",  # listed
+            "_engine/run/d.py": "from zephon._engine.state.stage import StageCore\n",  # down
+            "_engine/cache/e.py": "X = 1\n",
+        },
+    )
+    n = layering._ENGINE_LAYER
+    fix = "which is not below it; move what it needs down, or list the import in "
+    fix += "ENGINE_UPWARD_ALLOWED with why"
+    assert ("_engine/plan/plan.py", "run") in layering.ENGINE_UPWARD_ALLOWED
+    assert layering.violations(package) == [
+        "_engine/cache/e.py:1: _engine part cache has no place in ENGINE_LAYERS; add it to its "
+        "layer",
+        f"_engine/plan/c.py:1: _engine part plan (layer {n['plan']}) imports "
+        f"zephon._engine.handoff.shm (layer {n['handoff']}), {fix}",
+        f"_engine/state/b.py:1: _engine part state (layer {n['state']}) imports "
+        f"zephon._engine.plan (layer {n['plan']}), {fix}",
+        f"_engine/workers/a.py:2: _engine part workers (layer {n['workers']}) imports "
+        f"zephon._engine.run.runners (layer {n['run']}), {fix}",
+    ]
+
+
+def test_the_engine_parts_each_have_one_layer_and_each_exception_goes_upward() -> None:
+    parts = [part for layer in layering.ENGINE_LAYERS for part in layer]
+    engine = ROOT / "src" / "zephon" / "_engine"
+    present = {p.stem for p in engine.glob("*.py")} | {p.parent.name for p in engine.glob("*/*.py")}
+    assert len(parts) == len(set(parts)) and set(parts) == present
+    for (rel, target), _why in layering.ENGINE_UPWARD_ALLOWED.items():
+        part = rel.split("/")[1]
+        assert layering._ENGINE_LAYER[target] >= layering._ENGINE_LAYER[part], (rel, target)
+        text = (ROOT / "src" / "zephon" / rel).read_text()
+        assert f"zephon._engine.{target}" in text, (rel, target)
+
+
 def test_a_hook_probe_or_unlisted_getattr_in_the_engine_is_reported(tmp_path: Path) -> None:
     package = _tree(
         tmp_path,
         {
-            "_engine/run/stage.py": (
+            "_engine/state/stage.py": (
                 "x = getattr(acc, 'state_dict', None)\n"
                 "y = hasattr(source, 'seed')\n"
                 "z = getattr(exc, 'zephon_op_name', None)\n"  # listed in ALLOWED
@@ -216,9 +256,9 @@ def test_a_hook_probe_or_unlisted_getattr_in_the_engine_is_reported(tmp_path: Pa
         },
     )
     assert layering.violations(package) == [
-        "_engine/run/stage.py:1: probes hook 'state_dict'; use its typed protocol",
-        "_engine/run/stage.py:2: probes hook 'seed'; use its typed protocol",
-        "_engine/run/stage.py:4: getattr/hasattr of 'something_else' is not in ALLOWED",
+        "_engine/state/stage.py:1: probes hook 'state_dict'; use its typed protocol",
+        "_engine/state/stage.py:2: probes hook 'seed'; use its typed protocol",
+        "_engine/state/stage.py:4: getattr/hasattr of 'something_else' is not in ALLOWED",
     ]
 
 
@@ -226,14 +266,14 @@ def test_a_type_ignore_at_a_hook_call_is_reported(tmp_path: Path) -> None:
     package = _tree(
         tmp_path,
         {
-            "_engine/states.py": (
+            "_engine/state/states.py": (
                 "acc.load_state_dict(lane, state)  # type: ignore[attr-defined]\n"
                 "other(1)  # type: ignore[arg-type]\n"
             )
         },
     )
     assert layering.violations(package) == [
-        "_engine/states.py:1: '# type: ignore' at a use of hook 'load_state_dict'"
+        "_engine/state/states.py:1: '# type: ignore' at a use of hook 'load_state_dict'"
     ]
 
 
@@ -288,14 +328,14 @@ def test_capture_and_the_command_line_do_not_reach_past_the_pipeline(tmp_path: P
     package = _tree(
         tmp_path,
         {
-            "cli/_leave.py": "from zephon._engine.run.joins import f\n",
-            "capture/b.py": "import zephon._engine.run.stage\n",
+            "cli/_leave.py": "from zephon._engine.workers.joins import f\n",
+            "capture/b.py": "import zephon._engine.stats\n",
             "capture/c.py": "from zephon.pipeline import Pipeline\n",
         },
     )
     assert layering.violations(package) == [
-        "capture/b.py:1: capture must not import _engine (zephon._engine.run.stage); use Pipeline",
-        "cli/_leave.py:1: cli must not import _engine (zephon._engine.run.joins); use Pipeline",
+        "capture/b.py:1: capture must not import _engine (zephon._engine.stats); use Pipeline",
+        "cli/_leave.py:1: cli must not import _engine (zephon._engine.workers.joins); use Pipeline",
     ]
 
 

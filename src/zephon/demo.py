@@ -20,7 +20,7 @@ from zephon._engine.run.runners import REGISTRY
 from zephon._progress import of_total, progress_bar
 from zephon.types import SampleBatch
 
-__all__ = ["add_arguments", "closing_lines", "main", "make_corpus", "run"]
+__all__ = ["add_arguments", "closing_lines", "make_corpus", "run", "run_from_argv"]
 
 _TEXT = (
     "the data loader reads shards of text and turns them into token batches that a model "
@@ -63,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_from_argv(argv: list[str] | None = None) -> int:
+    """``python -m zephon.demo``: :func:`run` with the arguments of ``argv`` (``zephon demo``'s)."""
     parser = argparse.ArgumentParser(prog="zephon demo", description=__doc__)
     add_arguments(parser)
     return run(parser.parse_args(argv))
@@ -155,4 +156,4 @@ def closing_lines(args: argparse.Namespace, docs: int, tokens: int, batches: int
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_from_argv())

@@ -8,12 +8,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal, TypeVar
 
-from zephon._engine.engine import Engine
 from zephon._engine.feed.fetch import FetchOp
 from zephon._engine.plan.auto import Parallelism, checked_width
 from zephon._engine.plan.compile import check_restore, config_fingerprint, view_lanes
 from zephon._engine.plan.compile import compile as compile_run
 from zephon._engine.plan.plan import OpSpec, Plan, Resources, ray_resources
+from zephon._engine.run.engine import Engine
 from zephon._engine.run.engine_process import EngineProcess
 from zephon._engine.stats import RunStats
 from zephon._operator_defs import register_builder
@@ -819,7 +819,7 @@ class Pipeline:
     def _stage_inputs(self) -> Any:
         """Re-runs records up to a stage: provenance asks it for the whole length of the
         documents truncation cut."""
-        from zephon._engine.state.stage_inputs import StageInputs
+        from zephon._engine.plan.stage_inputs import StageInputs
 
         return StageInputs(compile_run(self._source(), self._all_specs(), self._options, None))
 

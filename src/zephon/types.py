@@ -341,9 +341,9 @@ class SampleBatch:
     def fingerprint(self) -> str:
         """A stable digest (32 hex digits) of the batch's training content: every field of
         every row's payload, never its metadata, so equal batches on any runner agree."""
-        from zephon.provenance._extract import fingerprint
+        from zephon.provenance._extract import content_fingerprint
 
-        return fingerprint(self)
+        return content_fingerprint(self)
 
     def to_training(self, **kwargs: Any) -> dict[str, Any]:
         """Model inputs (input_ids, labels, positions, masks, cu_seqlens); see zephon.training."""

@@ -17,6 +17,7 @@ BASES: dict[str, type[BaseException]] = {
     "zephon.capture.protocols.CaptureConflictError": ValueError,
     "zephon.capture.records.CaptureRecordError": ValueError,
     "zephon.capture.protocols.CaptureHistoryUnrepresentable": ValueError,
+    "zephon.capture.protocols.CaptureOrderError": ValueError,
     "zephon.capture.protocols.TokenCaptureFrozenError": RuntimeError,
     "zephon.capture.protocols.TokenCaptureRetiredError": RuntimeError,
     "zephon.capture.protocols.RolloutRetiredError": LookupError,

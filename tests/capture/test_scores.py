@@ -11,10 +11,15 @@ import pytest
 from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import store_url
 from tests.capture._workload import make_entry
-from zephon.capture.protocols import RolloutRetiredError, TokenCaptureRetiredError
+from zephon.capture.protocols import (
+    CaptureOrderError,
+    RolloutRetiredError,
+    TokenCaptureRetiredError,
+)
 from zephon.capture.scores import RolloutScore
 from zephon.capture.stores import open_store
 from zephon.capture.testing import STORE_KINDS
+from zephon.errors import ZephonError
 
 
 @pytest.mark.parametrize(
@@ -71,5 +76,50 @@ def test_scores_are_read_back_by_a_new_client_until_the_rollout_is_retired(
         with pytest.raises(TypeError, match="needs a RolloutScore"):
             await reader.put_score({"reward": 1.0})  # type: ignore[arg-type]
         await reader.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", sorted(STORE_KINDS))
+def test_a_score_before_any_entry_is_refused_saying_to_put_the_entries_first(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+    score = RolloutScore(rollout_id="r1", verifier="math", reward=0.25)
+
+    async def go() -> None:
+        store = open_store(url)
+        with pytest.raises(CaptureOrderError) as caught:
+            await store.put_score(score)
+        assert isinstance(caught.value, ZephonError) and isinstance(caught.value, ValueError)
+        assert str(caught.value) == (
+            "rollout 'r1' has no captured entries: put its entries before the score by 'math'"
+        )
+        await store.put(make_entry("r1", "c1"))
+        await store.put_score(score)  # in order, the same score is stored
+        assert await store.scores("r1") == [score]
+        await store.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("kind", sorted(STORE_KINDS))
+def test_refusing_a_call_never_begun_is_refused_saying_to_begin_it_first(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+
+    async def go() -> None:
+        store = open_store(url)
+        await store.put(make_entry("r2", "c1"))
+        with pytest.raises(CaptureOrderError) as caught:
+            await store.refuse_call("r2", "c9")
+        assert str(caught.value) == (
+            "rollout 'r2': refuse_call for 'c9' without an admitted intent; "
+            "call begin_call('c9') first"
+        )
+        await store.begin_call("r2", "c9")
+        await store.refuse_call("r2", "c9")  # in order, the refusal is recorded
+        await store.close()
 
     asyncio.run(go())

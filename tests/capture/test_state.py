@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from zephon.capture.protocols import (
     CaptureAdmissionRefused,
+    CaptureOrderError,
     RolloutRetiredError,
     TokenCaptureFrozenError,
     TokenCaptureRetiredError,
@@ -156,7 +157,7 @@ def test_admissions_and_ledger() -> None:
     with pytest.raises(CaptureAdmissionRefused):
         live(s.begin_call("c3"))
     assert live(s.refuse_call("c2")) == "stored"
-    with pytest.raises(ValueError, match="without an admitted intent"):
+    with pytest.raises(CaptureOrderError, match=r"without an admitted intent; call begin_call"):
         live(s.refuse_call("c3"))
     with pytest.raises(ValueError, match="different data"):
         live(s.ledger_record(_commit("c1", variant=1)))

@@ -37,6 +37,12 @@ def test_the_page_states_the_layer_order_that_lint_enforces() -> None:
     assert layers == _layering().LAYERS  # type: ignore[attr-defined]
 
 
+def test_the_page_states_the_engine_layer_order_that_lint_enforces() -> None:
+    (order,) = [b for b in _text_blocks() if b.startswith("stats ")]
+    layers = tuple(tuple(line.split()) for line in order.splitlines())
+    assert layers == _layering().ENGINE_LAYERS  # type: ignore[attr-defined]
+
+
 def test_every_file_and_zephon_name_the_page_cites_exists() -> None:
     text = PAGE.read_text()
     files = set(re.findall(r"`((?:[\w]+/)+\w+\.py)`", text))

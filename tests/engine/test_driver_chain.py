@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from zephon._engine.plan.driver_chain import DriverChain
-from zephon._engine.run.stage import StageCore
+from zephon._engine.state.stage import StageCore
 from zephon._ops.batch import BatchOp
 from zephon._ops.map_transform import FilterOp
 from zephon.ops import OpContext

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from zephon._engine.run.joins import join_all, stuck_error
+from zephon._engine.workers.joins import join_all, stuck_error
 
 
 def test_a_thread_that_will_not_stop_is_returned_and_named_the_others_are_joined():

@@ -14,8 +14,8 @@ from tests.engine import _resume as resume
 from tests.engine._dedupe import DedupeOp
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 from zephon._engine.plan.compile import compile as compile_run
-from zephon._engine.run.stage import MarkerMode
 from zephon._engine.state.snapshots import Role
+from zephon._engine.state.stage import MarkerMode
 from zephon._snapshot_codec import pack_state, unpack_state
 from zephon.checkpoints import refetch_counts, seal
 from zephon.errors import CheckpointError

@@ -7,7 +7,7 @@ from typing import Any
 
 from zephon._engine.feed.source import pointer_records
 from zephon._engine.plan.driver_chain import run_tasks
-from zephon._engine.run.stage import MarkerMode, StageCore, place_markers
+from zephon._engine.state.stage import MarkerMode, StageCore, place_markers
 from zephon.ops import BaseOp, CountingAccumulator, OpTraits
 from zephon.types import SampleRecord, StreamItem, snapshot_marker, tombstone_meta
 

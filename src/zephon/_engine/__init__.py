@@ -3,8 +3,10 @@
 Private to zephon: the public surface is ``zephon.Pipeline`` (iteration, ``explain()``,
 ``checkpoint()`` / ``restore()``, ``stats()``) and ``zephon.checkpoints``.
 
-``engine.py`` runs a compiled run and checkpoints it; ``stats.py`` counts it. The rest is in
-one sub-package per part: ``plan`` (what runs where), ``feed`` (the input stream), ``run``
-(runners and the threads that drive operators), ``workers`` (thread, process and Ray pools),
-``state`` (what a restore starts from) and ``handoff`` (what crosses threads and processes).
+``stats.py`` counts a run; the rest is in one sub-package per part: ``plan`` (what runs
+where), ``feed`` (the input stream), ``run`` (the engine, which runs a compiled run and
+checkpoints it, the runners and the threads that drive operators), ``workers`` (thread,
+process and Ray pools), ``state`` (the stage core, and what a restore starts from) and
+``handoff`` (what crosses threads and processes). ``scripts/check_layering.py`` keeps their
+order (``ENGINE_LAYERS``).
 """

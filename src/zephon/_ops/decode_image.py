@@ -8,6 +8,7 @@ orientation, optionally resized to patch multiples, with its patch grid and visi
 
 from __future__ import annotations
 
+import inspect
 import io
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -180,3 +181,13 @@ class DecodeImageOp(BaseOp):
         reason = f"skipped: {self.name}: {why}"
         dead = tombstone_meta(meta, reason=reason).with_control(Tombstone(reason, skipped=info))
         return SampleRecord(dead, None)
+
+
+_IMAGE_PARAMETERS = tuple(inspect.signature(DecodeImageOp.__init__).parameters)[1:]
+
+
+def image_arguments(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments of :class:`DecodeImageOp` among ``values``, a subclass constructor's
+    ``locals()``: the subclass spells its signature (its operator definition, with its own
+    defaults) and hands ``decode_image``'s part on in one line."""
+    return {name: values[name] for name in _IMAGE_PARAMETERS if name in values}

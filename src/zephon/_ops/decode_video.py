@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from zephon._ops.decode_image import DECODE_MICRO_BATCH, DecodeImageOp
+from zephon._ops.decode_image import DECODE_MICRO_BATCH, DecodeImageOp, image_arguments
 from zephon._optional import require
 from zephon.errors import ConfigError
 
@@ -60,19 +60,7 @@ class DecodeVideoOp(DecodeImageOp):
         on_error: Literal["raise", "skip"] | None = None,
         max_batch: int = DECODE_MICRO_BATCH,
     ) -> None:
-        super().__init__(
-            fields,
-            resize=resize,
-            patch_size=patch_size,
-            merge_size=merge_size,
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
-            max_patches=max_patches,
-            grid_field=grid_field,
-            tokens_field=tokens_field,
-            on_error=on_error,
-            max_batch=max_batch,
-        )
+        super().__init__(**image_arguments(locals()))
         if not fps > 0:
             raise ConfigError(f"decode_video: fps must be > 0, got {fps}")
         if temporal_patch_size < 1 or min_frames < 1 or max_frames < min_frames:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from zephon._image_fields import IMAGE_FIELDS
 from zephon._ops._image_size import QWEN_MAX_PIXELS, QWEN_MIN_PIXELS
-from zephon._ops.decode_image import DECODE_MICRO_BATCH, DecodeImageOp
+from zephon._ops.decode_image import DECODE_MICRO_BATCH, DecodeImageOp, image_arguments
 from zephon._optional import require
 
 #: EXIF orientations that swap width and height (transposes and quarter turns).
@@ -46,18 +46,7 @@ class ImageTokensOp(DecodeImageOp):
         on_error: Literal["raise", "skip"] | None = None,
         max_batch: int = DECODE_MICRO_BATCH,
     ) -> None:
-        super().__init__(
-            fields,
-            patch_size=patch_size,
-            merge_size=merge_size,
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
-            max_patches=max_patches,
-            grid_field=grid_field,
-            tokens_field=tokens_field,
-            on_error=on_error,
-            max_batch=max_batch,
-        )
+        super().__init__(**image_arguments(locals()))
 
     def config(self) -> Mapping[str, Any]:
         return {k: v for k, v in super().config().items() if k != "resize"}

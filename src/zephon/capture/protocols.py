@@ -30,6 +30,7 @@ __all__ = [
     "CaptureConflictError",
     "CaptureHistoryUnrepresentable",
     "CaptureLedger",
+    "CaptureOrderError",
     "CaptureStore",
     "LineageMatch",
     "LineageResolution",
@@ -73,6 +74,11 @@ class CaptureConflictError(ZephonError, ValueError):
     incomplete, or its ledger has a failure row) before raising. A retry must resend the
     identical record, timestamps included.
     """
+
+
+class CaptureOrderError(ZephonError, ValueError):
+    """A write came before the one it follows (a call refused before its intent was begun, a
+    score before any entry was put); nothing was changed. Make the earlier write first."""
 
 
 class CaptureHistoryUnrepresentable(ZephonError, ValueError):

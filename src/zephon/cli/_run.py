@@ -478,9 +478,14 @@ class RunLoop:
             except OSError as exc:
                 raise ProvenanceWriteError(self.args.provenance, exc) from None
         if self.record is not None:
-            from zephon.provenance import fingerprint
+            from zephon.provenance import content_fingerprint
 
-            entry = {"lane": lane, "ids": ids, "tokens": t, "fingerprint": fingerprint(item)}
+            entry = {
+                "lane": lane,
+                "ids": ids,
+                "tokens": t,
+                "fingerprint": content_fingerprint(item),
+            }
             line = json.dumps(entry) + "\n"
             try:
                 self.record.write(line)

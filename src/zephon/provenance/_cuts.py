@@ -24,7 +24,7 @@ KEEP = 1 << 16  # whole lengths remembered (the oldest are forgotten first)
 
 
 class Inputs(Protocol):
-    """Rebuilds records as they entered a stage (``zephon._engine.state.stage_inputs``)."""
+    """Rebuilds records as they entered a stage (``zephon._engine.plan.stage_inputs``)."""
 
     @property
     def ops(self) -> Sequence[Any]: ...

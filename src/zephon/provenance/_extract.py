@@ -18,7 +18,13 @@ from zephon.provenance._model import BatchProvenance, ImageSource, Segment
 from zephon.provenance._origin import Origin
 from zephon.types import TAG_PACKING, SampleBatch, SampleRecord, StreamItem
 
-__all__ = ["RawSegment", "batch_provenance", "fingerprint", "raw_segments", "records_of_item"]
+__all__ = [
+    "RawSegment",
+    "batch_provenance",
+    "content_fingerprint",
+    "raw_segments",
+    "records_of_item",
+]
 
 TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
 
@@ -160,7 +166,7 @@ def _feed(h: Any, value: Any) -> None:
             h.update(b"R" + repr(value).encode())
 
 
-def fingerprint(item: StreamItem) -> str:
+def content_fingerprint(item: StreamItem) -> str:
     """A stable 128-bit digest (hex) of the training content of a batch or record."""
     h = xxhash.xxh3_128()
     for record in records_of_item(item):

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from zephon.provenance._extract import fingerprint, iter_raw
+from zephon.provenance._extract import content_fingerprint, iter_raw
 from zephon.provenance._origin import Origin
 from zephon.types import StreamItem
 
@@ -140,7 +140,7 @@ class ProvenanceLog:
             se_c.append(src_end)
             len_c.append(full)
             lin_c.append(".".join(map(str, lineage)) if lineage else "")
-            fp_c.append(fingerprint(item) if first else None)
+            fp_c.append(content_fingerprint(item) if first else None)
             first = False
         self.step = step_now + 1
         self._steps += 1

@@ -18,7 +18,7 @@ from typing import Any
 
 from zephon.checkpoints import CHECKPOINT_RE, checkpoint_files, load_checkpoint
 from zephon.errors import CheckpointError, ConfigError
-from zephon.provenance._extract import batch_provenance, fingerprint
+from zephon.provenance._extract import batch_provenance, content_fingerprint
 from zephon.provenance._model import BatchProvenance, Segment
 from zephon.provenance._origin import Origin
 from zephon.types import SampleBatch, StreamItem
@@ -225,7 +225,7 @@ def trace(
         rank=pipe.runtime_options.dp_rank,
         item=item,
         provenance=prov,
-        fingerprint=fingerprint(item),
+        fingerprint=content_fingerprint(item),
         restored_from=str(restored) if restored is not None else None,
         replayed=step - base + 1,
         elapsed_s=reached - start,

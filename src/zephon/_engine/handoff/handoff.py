@@ -20,9 +20,11 @@ from typing import Any
 
 from zephon._engine.handoff import shm
 from zephon._engine.handoff.messages import HANDOFF, HandoffMessage
-from zephon._engine.run.waiting import WAIT_SLICE_S
 
 _ACK_BYTES = 8
+
+WAIT_SLICE_S = 0.25
+"""How long the consumer blocks before it looks at the clock and at the caller's check."""
 
 
 class Sender:

@@ -32,7 +32,7 @@ from zephon.errors import ZephonError
 from zephon.types import StreamItem
 
 if TYPE_CHECKING:
-    from zephon._engine.engine import Position
+    from zephon._engine.state.position import Position
     from zephon._engine.stats import RunStats
 
 

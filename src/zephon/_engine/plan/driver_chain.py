@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from zephon._engine.run.stage import StageCore, Task, annotate, call_process_many, place_markers
+from zephon._engine.state.stage import StageCore, Task, annotate, call_process_many, place_markers
 from zephon.types import StreamItem
 
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from zephon._engine.plan.driver_chain import DriverChain
-from zephon._engine.run.stage import Resolver, StageCore, annotate, any_control, call_process_many
 from zephon._engine.state.lane_state import has_lane_state
+from zephon._engine.state.stage import Resolver, StageCore, annotate, any_control, call_process_many
 from zephon._engine.stats import OpStats
 from zephon.ops import (
     Accumulator,

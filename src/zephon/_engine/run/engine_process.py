@@ -28,13 +28,14 @@ from typing import Any, assert_never
 
 import cloudpickle
 
-from zephon._engine.engine import Engine, Position
 from zephon._engine.handoff import shm
 from zephon._engine.handoff.handoff import Receiver, Sender
 from zephon._engine.handoff.messages import HandoffEnd, HandoffError, HandoffItem, HandoffMessage
 from zephon._engine.plan.compile import CompiledRun
 from zephon._engine.run import waiting
+from zephon._engine.run.engine import Engine
 from zephon._engine.run.runners import lookup
+from zephon._engine.state.position import Position
 from zephon._engine.stats import RunStats
 from zephon._engine.workers import oom
 from zephon._engine.workers.worker_start import (

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from zephon._engine.plan.fusion import Unit
-from zephon._engine.run.stage import StageCore
 from zephon._engine.run.threaded import HELD_WINDOW
+from zephon._engine.state.stage import StageCore
 from zephon._engine.stats import OpStats
 
 if TYPE_CHECKING:

@@ -21,16 +21,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar, assert_never
 
+from zephon._engine.handoff.handoff import WAIT_SLICE_S
 from zephon._engine.handoff.messages import Data, Done, End, Failed, MessageError, Stop
 from zephon._engine.handoff.shm import ShmSession, resolve_items
 from zephon._engine.plan.driver_chain import run_tasks
 from zephon._engine.plan.fusion import Unit, build_units
 from zephon._engine.plan.projection import projected
-from zephon._engine.run.joins import CLOSE_WAIT_S, join_all, stuck_error
 from zephon._engine.run.rebalance import Rebalancer
-from zephon._engine.run.stage import StageCore
 from zephon._engine.run.threaded import Channel, EngineThread, OpDriver, SourceThread
-from zephon._engine.run.waiting import WAIT_SLICE_S
+from zephon._engine.state.stage import StageCore
+from zephon._engine.workers.joins import CLOSE_WAIT_S, join_all, stuck_error
 from zephon._engine.workers.pools import WorkerPool
 from zephon._engine.workers.process_pool import ProcessFleet, ProcessWorkerPool
 from zephon._engine.workers.thread_pool import ThreadWorkerPool
@@ -47,6 +47,17 @@ if TYPE_CHECKING:
 
 DRIVER = "driver"
 """The plan's runner of a stage that runs on its driver thread (``runs_in_driver``)."""
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """What a plan's worker pools are built from: every stage's operator and context (by
+    stage index), the options, and the shared-memory session when a runner needs one."""
+
+    ops: Sequence[BaseOp]
+    contexts: Sequence[OpContext]
+    options: RuntimeOptions
+    session: ShmSession | None
 
 
 @dataclass
@@ -188,14 +199,7 @@ class Runner:
         """The worker counts ``check_operator`` runs it with (``workers``: the caller's)."""
         return (2,)
 
-    def pools(
-        self,
-        stages: Sequence[StagePlan],
-        ops: Sequence[BaseOp],
-        contexts: Sequence[OpContext],
-        options: RuntimeOptions,
-        session: ShmSession | None,
-    ) -> dict[int, WorkerPool]:
+    def pools(self, stages: Sequence[StagePlan], spec: PoolSpec) -> dict[int, WorkerPool]:
         """A worker pool per stage of this runner (by stage index)."""
         return {}
 
@@ -272,6 +276,13 @@ class DriverThreadsRunner(Runner):
     """A source thread and one driver thread per unit; each unit's work on its pool."""
 
     pooled = True
+
+    def pools(self, stages: Sequence[StagePlan], spec: PoolSpec) -> dict[int, WorkerPool]:
+        return {s.index: self.pool(s, spec) for s in stages}
+
+    def pool(self, stage: StagePlan, spec: PoolSpec) -> WorkerPool:
+        """The worker pool of one of its stages (when each stage has a pool of its own)."""
+        raise NotImplementedError
 
     def run(self, job: RunJob) -> Iterator[StreamItem]:
         res = job.resources
@@ -374,20 +385,11 @@ class ThreadsRunner(DriverThreadsRunner):
     def check_widths(self, workers: Sequence[int]) -> Sequence[int]:
         return workers
 
-    def pools(
-        self,
-        stages: Sequence[StagePlan],
-        ops: Sequence[BaseOp],
-        contexts: Sequence[OpContext],
-        options: RuntimeOptions,
-        session: ShmSession | None,
-    ) -> dict[int, WorkerPool]:
-        return {
-            s.index: ThreadWorkerPool(
-                ops[s.index], s.parallelism, contexts[s.index], resolve_shm=session is not None
-            )
-            for s in stages
-        }
+    def pool(self, stage: StagePlan, spec: PoolSpec) -> WorkerPool:
+        op, context = spec.ops[stage.index], spec.contexts[stage.index]
+        return ThreadWorkerPool(
+            op, stage.parallelism, context, resolve_shm=spec.session is not None
+        )
 
 
 class ProcessRunner(DriverThreadsRunner):
@@ -398,14 +400,8 @@ class ProcessRunner(DriverThreadsRunner):
     ships_payloads = True
     starts_processes = True
 
-    def pools(
-        self,
-        stages: Sequence[StagePlan],
-        ops: Sequence[BaseOp],
-        contexts: Sequence[OpContext],
-        options: RuntimeOptions,
-        session: ShmSession | None,
-    ) -> dict[int, WorkerPool]:
+    def pools(self, stages: Sequence[StagePlan], spec: PoolSpec) -> dict[int, WorkerPool]:
+        ops, contexts, options, session = spec.ops, spec.contexts, spec.options, spec.session
         assert session is not None  # shares_memory: build_pools made one
         shared = options.process_pool == "shared"
         groups = [list(stages)] if shared else [[s] for s in stages]
@@ -432,25 +428,12 @@ class RayRunner(DriverThreadsRunner):
     ships_payloads = True
     requires = "ray"
 
-    def pools(
-        self,
-        stages: Sequence[StagePlan],
-        ops: Sequence[BaseOp],
-        contexts: Sequence[OpContext],
-        options: RuntimeOptions,
-        session: ShmSession | None,
-    ) -> dict[int, WorkerPool]:
+    def pool(self, stage: StagePlan, spec: PoolSpec) -> WorkerPool:
         from zephon._engine.workers.ray_pool import RayWorkerPool
 
-        return {
-            s.index: RayWorkerPool(
-                ops[s.index],
-                s.parallelism,
-                contexts[s.index],
-                max_retries=options.max_worker_retries,
-            )
-            for s in stages
-        }
+        op, context = spec.ops[stage.index], spec.contexts[stage.index]
+        retries = spec.options.max_worker_retries
+        return RayWorkerPool(op, stage.parallelism, context, max_retries=retries)
 
 
 REGISTRY: dict[str, Runner] = {
@@ -497,8 +480,9 @@ def build_pools(
         if any(r.shares_memory for r in runners):
             min_bytes = options.shm_min_bytes
             session = ShmSession(min_bytes if min_bytes is not None else 1 << 62)
+        spec = PoolSpec(ops, contexts, options, session)
         for runner in runners:
-            pools.update(runner.pools(groups[runner.name], ops, contexts, options, session))
+            pools.update(runner.pools(groups[runner.name], spec))
     except BaseException:
         for pool in pools.values():
             pool.shutdown()

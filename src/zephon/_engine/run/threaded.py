@@ -21,7 +21,7 @@ from zephon._engine.handoff.messages import Data, Done, End, Failed, Stop, Threa
 from zephon._engine.handoff.reorder import ReorderBuffer
 from zephon._engine.handoff.shm import resolve_items
 from zephon._engine.plan.driver_chain import DriverChain, run_tasks
-from zephon._engine.run.stage import StageCore, Task, safe_annotate, task_result
+from zephon._engine.state.stage import StageCore, Task, safe_annotate, task_result
 from zephon._engine.stats import OpStats
 from zephon._engine.workers.pools import WorkerCrashedError, WorkerPool
 from zephon.errors import ZephonError

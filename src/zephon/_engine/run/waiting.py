@@ -12,17 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from zephon._engine.run.joins import CLOSE_WAIT_S, STOPPED_WAIT_S
 from zephon._engine.run.threaded import OpDriver
+from zephon._engine.workers.joins import CLOSE_WAIT_S, STOPPED_WAIT_S
 from zephon._engine.workers.process_pool import ProcessWorkerPool
 from zephon.errors import WaitInterrupted
 from zephon.io import open_requests
 
 if TYPE_CHECKING:
     from zephon._engine.run.runners import RunResources
-
-WAIT_SLICE_S = 0.25
-"""How long the consumer blocks before it looks at the clock and at the caller's check."""
 
 
 def stop_waiting(check: Callable[[], bool] | None, waited: float) -> None:

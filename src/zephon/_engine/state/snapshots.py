@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zephon._engine.run.stage import MarkerMode, call_process_many
 from zephon._engine.state.lane_state import has_lane_state
 from zephon._engine.state.replay_filter import ReplayFilterOp
+from zephon._engine.state.stage import MarkerMode, call_process_many
 from zephon._snapshot_codec import HeldRecord
 from zephon.errors import ContractError
 from zephon.ops import (

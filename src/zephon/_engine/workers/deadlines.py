@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from zephon._engine.run.joins import CLOSE_WAIT_S, join_all
+from zephon._engine.workers.joins import CLOSE_WAIT_S, join_all
 
 SLOW_FACTOR = 10.0
 """The deadline is at least this many times the slowest recent micro-batch of the stage."""

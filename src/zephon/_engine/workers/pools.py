@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from concurrent.futures import Executor, Future
 
-from zephon._engine.run.joins import CLOSE_WAIT_S
+from zephon._engine.workers.joins import CLOSE_WAIT_S
 from zephon.errors import ZephonError
 from zephon.types import StreamItem
 

@@ -44,10 +44,10 @@ from zephon._engine.handoff.messages import (
 )
 from zephon._engine.plan.fusion import FusedOp
 from zephon._engine.plan.projection import unwrapped
-from zephon._engine.run.joins import CLOSE_WAIT_S, join_all, stuck_error
-from zephon._engine.run.stage import annotate, safe_annotate
+from zephon._engine.state.stage import annotate, safe_annotate
 from zephon._engine.workers import oom
 from zephon._engine.workers.deadlines import STARTUP, StageDeadlines, Watchdog
+from zephon._engine.workers.joins import CLOSE_WAIT_S, join_all, stuck_error
 from zephon._engine.workers.pools import WorkerCrashedError, WorkerPool, WorkerStartError
 from zephon._engine.workers.worker import worker_main
 from zephon._engine.workers.worker_registry import FLEETS, keep_idle, take_idle

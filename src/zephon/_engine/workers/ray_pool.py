@@ -40,8 +40,8 @@ import cloudpickle
 
 from zephon._engine.handoff.messages import Failed, Ok, RunReply
 from zephon._engine.handoff.shm import resolve_items
-from zephon._engine.run.joins import CLOSE_WAIT_S
-from zephon._engine.run.stage import annotate, call_process_many
+from zephon._engine.state.stage import annotate, call_process_many
+from zephon._engine.workers.joins import CLOSE_WAIT_S
 from zephon._engine.workers.pools import WorkerCrashedError, WorkerPool
 from zephon._engine.workers.ray_nodes import NodeWatch, Unsettled, Verdict
 from zephon._exit import at_exit

@@ -10,8 +10,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 from zephon._engine.handoff import shm
-from zephon._engine.run.joins import CLOSE_WAIT_S, join_all, stuck_operator_error
-from zephon._engine.run.stage import annotate, call_process_many
+from zephon._engine.state.stage import annotate, call_process_many
+from zephon._engine.workers.joins import CLOSE_WAIT_S, join_all, stuck_operator_error
 from zephon._engine.workers.pools import WorkerCrashedError, WorkerPool
 from zephon.errors import ZephonError
 from zephon.io import abandon_reads

@@ -33,7 +33,7 @@ from zephon._engine.handoff.messages import (
 )
 from zephon._engine.plan.fusion import FusedOp
 from zephon._engine.plan.projection import ProjectedOp
-from zephon._engine.run.stage import annotate, call_process_many
+from zephon._engine.state.stage import annotate, call_process_many
 from zephon._engine.workers.worker_start import adopt_environment
 from zephon.io import io_totals
 from zephon.ops import BaseOp

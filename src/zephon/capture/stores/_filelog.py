@@ -107,12 +107,9 @@ def _parse_slot(data: bytes) -> tuple[int, int] | None:
 
 
 def _damaged(path: str, offset: int, what: str) -> LogCorruptionError:
-    return LogCorruptionError(
-        f"capture log {path} is damaged at byte {offset}: {what}; restore the file from a "
-        "backup, or retire or delete the rollout to clear it",
-        path=path,
-        offset=offset,
-    )
+    fix = "restore the file from a backup, or retire or delete the rollout to clear it"
+    message = f"capture log {path} is damaged at byte {offset}: {what}; {fix}"
+    return LogCorruptionError(message, path=path, offset=offset)
 
 
 def parse_head(data: bytes, path: str, rollout_id: str | None) -> Head:

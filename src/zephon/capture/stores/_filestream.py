@@ -49,12 +49,9 @@ how many delta lines follow the file's base (for compaction)."""
 
 
 def _damaged(path: str, offset: int, why: str) -> LogCorruptionError:
-    return LogCorruptionError(
-        f"{path} is not an intact zephon stream ledger ({why} at byte {offset}); restore it "
-        "from a backup or move it away to start the stream afresh",
-        path=path,
-        offset=offset,
-    )
+    fix = "restore it from a backup or move it away to start the stream afresh"
+    message = f"{path} is not an intact zephon stream ledger ({why} at byte {offset}); {fix}"
+    return LogCorruptionError(message, path=path, offset=offset)
 
 
 def _load(

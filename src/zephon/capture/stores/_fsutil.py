@@ -21,6 +21,7 @@ import uuid
 import zlib
 from dataclasses import dataclass
 
+from zephon._atomic import replace_through
 from zephon.capture.stores._fsio import FileSystem
 from zephon.errors import DataFormatError
 
@@ -201,10 +202,7 @@ def replace_durable(fs: FileSystem, dir_path: str, path: str, data: bytes) -> No
     a later locker can only reach the renamed file, so two writers never share the temp file;
     a leftover from a crash is simply overwritten by the next replace.
     """
-    tmp = f"{path}.tmp"
-    _write_synced(fs, tmp, data)
-    fs.replace(tmp, path)
-    fs.sync_dir(dir_path)
+    replace_through(fs, path, data, tmp=f"{path}.tmp", directory=dir_path, mode=0o644)
 
 
 def unlink_durable(fs: FileSystem, dir_path: str, path: str) -> bool:

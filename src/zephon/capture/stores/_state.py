@@ -33,6 +33,7 @@ import msgspec
 from zephon.capture.protocols import (
     CaptureAdmissionRefused,
     CaptureConflictError,
+    CaptureOrderError,
     RolloutRetiredError,
     TokenCaptureFrozenError,
     TokenCaptureRetiredError,
@@ -523,9 +524,9 @@ class RolloutState(msgspec.Struct, kw_only=True):
             return Transition(result="duplicate")
         if call_id not in self.intents:
             return _fail(
-                ValueError(
+                CaptureOrderError(
                     f"rollout {self.rollout_id!r}: refuse_call for {call_id!r} without an "
-                    "admitted intent (call begin_call first)"
+                    f"admitted intent; call begin_call({call_id!r}) first"
                 )
             )
         if call_id in self.ledger_commits:
@@ -563,7 +564,7 @@ class RolloutState(msgspec.Struct, kw_only=True):
             )
         if not self.entry_keys:
             return _fail(
-                ValueError(
+                CaptureOrderError(
                     f"rollout {self.rollout_id!r} has no captured entries: put its entries "
                     f"before the score by {verifier!r}"
                 )

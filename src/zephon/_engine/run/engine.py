@@ -8,7 +8,6 @@ import logging
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from zephon._engine.feed.source import LaneStart, SnapshotPolicy, SourceFeeder
@@ -18,11 +17,12 @@ from zephon._engine.plan.plan import stalls_sentinels
 from zephon._engine.run import waiting
 from zephon._engine.run.quarantine import Quarantine
 from zephon._engine.run.runners import RunJob, RunResources
-from zephon._engine.run.stage import MarkerMode, StageCore
 from zephon._engine.state.global_order import regrouping
 from zephon._engine.state.lane_state import RestartPoint, has_lane_state
 from zephon._engine.state.mixture_counts import MixtureCounts
 from zephon._engine.state.operator_states import OperatorStates
+from zephon._engine.state.position import Position
+from zephon._engine.state.stage import MarkerMode, StageCore
 from zephon._engine.stats import LaneProgress, OpStats, RunStats
 from zephon._engine.workers.worker_start import check_not_bootstrapping
 from zephon._exit import at_exit
@@ -34,15 +34,6 @@ from zephon.types import SampleCursor, StreamItem
 from zephon.work import MixtureStats, WorkSource, source_mixture
 
 log = logging.getLogger("zephon")
-
-
-@dataclass(frozen=True)
-class Position:
-    """The consumer's position as a checkpoint records it, before encoding."""
-
-    lanes: list[ckpt.LaneCheckpoint]
-    order: list[int]
-    turn: int
 
 
 class Engine:
