@@ -6,7 +6,8 @@ every operator on ``W`` workers, with the threads runner and with the process ru
 configuration a fresh pipeline; tokens/s are counted from the start of iteration.
 ``--pipeline no-pack`` leaves pack_flat out (``reference`` is the same as ``pack``).
 
-Measured in the same run, as the ceiling: the raw tokenizer on ``os.cpu_count()`` processes,
+Measured in the same run (once a round, before the pipelines), as the ceiling: the raw
+tokenizer on ``os.cpu_count()`` processes,
 each reading its share of the shards, ``json.loads`` on every line and ``encode_batch_fast``
 on 64 documents a call (one tokenizer thread per process): tokens/s from when all of them
 are ready, and ``native_us_per_doc``, the CPU per document of ``encode_batch_fast`` alone.
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from engine import make_corpus, train_tokenizer
-from overhead import cpu_since, descendants_cpu_s
+from overhead import cpu_since, descendants_cpu_s, print_table
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 from zephon.types import TAG_PACKING, SampleRecord
 
@@ -216,27 +217,22 @@ def per_document(rows: list[dict[str, Any]], native: float) -> dict[str, Any]:
     }
 
 
-def print_rows(rows: list[dict[str, Any]]) -> None:
-    cols = list(rows[0])
-    print(" | ".join(f"{c:>22}" for c in cols))
-    for r in rows:
-        print(" | ".join(f"{r.get(c, ''):>22}" for c in cols))
-
-
 def load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def runs_for(args: argparse.Namespace, corpus: Path, tok_path: Path, docs: int) -> Any:
-    """Every pipeline run, rounds interleaving the worker counts and runners."""
+    """Every pipeline run and the ceiling (its medians), rounds interleaving them."""
     pack = args.pipeline != "no-pack"
     runs: dict[tuple[str, int], list[Run]] = {}
+    ceilings = []
     for _ in range(args.rounds):
+        ceilings.append(raw_ceiling(corpus, tok_path, os.cpu_count() or 1))
         for workers in args.workers:
             for runner in ("threads", "process"):
                 pipe = reference(corpus, tok_path, runner, workers, pack)
                 runs.setdefault((runner, workers), []).append(measure(pipe, docs))
-    return runs
+    return runs, {k: round(median(c[k] for c in ceilings), 1) for k in ceilings[0]}
 
 
 def main() -> None:
@@ -260,9 +256,7 @@ def main() -> None:
     texts = make_corpus(corpus, args.docs, shards=max(8, cores))
     train_tokenizer(texts, tok_path)
     load_before = load_average()
-
-    ceiling = raw_ceiling(corpus, tok_path, cores)
-    runs = runs_for(args, corpus, tok_path, len(texts))
+    runs, ceiling = runs_for(args, corpus, tok_path, len(texts))
     rows = [
         row(w, runs[("threads", w)], runs[("process", w)], ceiling["tokens_per_s"])
         for w in args.workers
@@ -280,13 +274,11 @@ def main() -> None:
     load = f"load average {load_before} before, {load_average()} after"
     print(f"cores: {cores}  docs: {args.docs}  pipeline: {args.pipeline}  {load}")
     print(f"raw tokenizer ceiling on {cores} processes: " + json.dumps(ceiling))
-    print_rows(rows)
     print("  ".join(f"{k}: {v}" for k, v in per_doc.items()))
     for reason in sorted(skipped):
         print(f"grain: skipped: {reason}")
-    summary = {"benchmark": "scaling", "cores": cores, "docs": args.docs, "load": load}
-    summary |= {"pipeline": args.pipeline, "ceiling": ceiling, **per_doc, "rows": rows}
-    print(json.dumps({**summary, "grain": grain}))
+    extra = {"docs": args.docs, "load": load, "pipeline": args.pipeline, "ceiling": ceiling}
+    print_table(rows, list(rows[0]), "scaling", **extra, **per_doc, grain=grain)
 
 
 if __name__ == "__main__":
