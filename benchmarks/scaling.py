@@ -221,18 +221,35 @@ def load_average() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def medians(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure over rounds, or the first reason a round was skipped."""
+    skipped = [r for r in results if "skipped" in r]
+    if skipped:
+        return skipped[0]
+    first = results[0]
+    numbers = [k for k, v in first.items() if isinstance(v, int | float)]
+    values = {k: median(r[k] for r in results) for k in numbers}
+    return {**first, **{k: type(first[k])(round(v, 1)) for k, v in values.items()}}
+
+
 def runs_for(args: argparse.Namespace, corpus: Path, tok_path: Path, docs: int) -> Any:
-    """Every pipeline run and the ceiling (its medians), rounds interleaving them."""
+    """Every pipeline run, the ceiling and Grain, rounds interleaving them (this machine's
+    load moves between runs)."""
     pack = args.pipeline != "no-pack"
     runs: dict[tuple[str, int], list[Run]] = {}
-    ceilings = []
+    ceilings, grain = [], {}
     for _ in range(args.rounds):
         ceilings.append(raw_ceiling(corpus, tok_path, os.cpu_count() or 1))
         for workers in args.workers:
             for runner in ("threads", "process"):
                 pipe = reference(corpus, tok_path, runner, workers, pack)
                 runs.setdefault((runner, workers), []).append(measure(pipe, docs))
-    return runs, {k: round(median(c[k] for c in ceilings), 1) for k in ceilings[0]}
+            if args.grain_python:
+                got = grain_run(args.grain_python, corpus, tok_path, workers)
+                grain.setdefault(str(workers), []).append(got)
+    if not args.grain_python:
+        return runs, medians(ceilings), {"skipped": "no --grain-python given"}
+    return runs, medians(ceilings), {w: medians(got) for w, got in grain.items()}
 
 
 def main() -> None:
@@ -256,14 +273,11 @@ def main() -> None:
     texts = make_corpus(corpus, args.docs, shards=max(8, cores))
     train_tokenizer(texts, tok_path)
     load_before = load_average()
-    runs, ceiling = runs_for(args, corpus, tok_path, len(texts))
+    runs, ceiling, grain = runs_for(args, corpus, tok_path, len(texts))
     rows = [
         row(w, runs[("threads", w)], runs[("process", w)], ceiling["tokens_per_s"])
         for w in args.workers
     ]
-    grain: dict[str, Any] = {"skipped": "no --grain-python given"}
-    if args.grain_python:
-        grain = {str(w): grain_run(args.grain_python, corpus, tok_path, w) for w in args.workers}
     skipped = {grain["skipped"]} if "skipped" in grain else set()
     for r in rows:
         g = grain.get(str(r["workers"]), {})
