@@ -7,10 +7,10 @@ configuration a fresh pipeline; tokens/s are counted from the start of iteration
 ``--pipeline no-pack`` leaves pack_flat out (``reference`` is the same as ``pack``).
 
 Measured in the same run (once a round, before the pipelines), as the ceiling: the raw
-tokenizer on ``os.cpu_count()`` processes,
-each reading its share of the shards, ``json.loads`` on every line and ``encode_batch_fast``
-on 64 documents a call (one tokenizer thread per process): tokens/s from when all of them
-are ready, and ``native_us_per_doc``, the CPU per document of ``encode_batch_fast`` alone.
+tokenizer on ``os.cpu_count()`` processes, each reading its share of the shards,
+``json.loads`` on every line and ``encode_batch_fast`` on 64 documents a call (one tokenizer
+thread per process): tokens/s from when all of them are ready, and ``native_us_per_doc``,
+the CPU per document of ``encode_batch_fast`` alone.
 
 Per document, for the process runner at the largest W that fits the cores, from its first
 batch to its last (start-up left out): ``engine_us_per_doc`` (the engine process),
