@@ -1,54 +1,47 @@
-"""Scaling of the reference pipeline with workers, and the ceiling the GIL puts on it.
+"""Scaling of the reference pipeline with workers, against the raw tokenizer on every core.
 
-Reference pipeline: fetch -> decode_text -> tokenize (BPE) -> batch(8) over JSONL shards
-(``benchmarks/engine.py``'s corpus), every operator on ``W`` workers for W = 1, 2, 4, 8, 16,
-with the threads runner and with the process runner: documents/s and tokens/s as measured on
-this machine, and CPU per document (for the process runner its workers' CPU included).
+Reference pipeline: fetch -> decode_text -> tokenize (byte-level BPE, 8,192 ids, max_length
+2048) -> pack_flat(2048) -> batch(8) over JSONL shards (``benchmarks/engine.py``'s corpus),
+every operator on ``W`` workers, with the threads runner and with the process runner, each
+configuration a fresh pipeline; tokens/s are counted from the start of iteration.
+``--pipeline no-pack`` leaves pack_flat out (``reference`` is the same as ``pack``).
 
-Then the projection. Tokenization runs in native code without the GIL; everything else the
-engine does per record (fetch, decode, building arrays, batching, the tail) is Python under
-the GIL, so it runs on one core at a time however many workers there are. Measured here:
+Measured in the same run (once a round, before the pipelines), as the ceiling: the raw
+tokenizer on ``os.cpu_count()`` processes, each reading its share of the shards,
+``json.loads`` on every line and ``encode_batch_fast`` on 64 documents a call (one tokenizer
+thread per process): tokens/s from when all of them are ready, and ``native_us_per_doc``,
+the CPU per document of ``encode_batch_fast`` alone.
 
-* ``cpu_us_per_doc``: process CPU per document of the pipeline (inline runner, every thread);
-* ``native_us_per_doc``: process CPU per document of the raw tokenizer on the same texts
-  (``encode_batch_fast``, 64 documents a call), for reference;
-* ``gil_us_per_doc``: CPU per document of the thread that runs the inline pipeline. It does
-  all of the engine's Python work (fetch, decode, building arrays, batching, the tail) and
-  turns the tokenizer's results into Python objects, while the tokenizer's native work runs
-  on its own thread pool: this is the serial, GIL-bound part. (Earlier versions took
-  ``cpu - native``, which also counted the tokenizer pool's idle spinning between calls.)
+Per document, for the process runner at the largest W that fits the cores, from its first
+batch to its last (start-up left out): ``engine_us_per_doc`` (the engine process),
+``workers_us_per_doc`` (its worker processes), their ratios to ``native_us_per_doc``; then
+``process_vs_threads`` (tokens/s) and ``zephon_vs_ceiling`` (the faster runner's tokens/s over
+the ceiling's). No projection to other core counts: an earlier one predicted 16,000-19,600
+documents/s on 16 cores where a 16-core machine measured 4,500-6,250.
 
-On N cores the pipeline cannot deliver more than ``1 / max(gil, cpu / N)`` documents/s: the
-GIL-bound part is serial, the rest divides over the cores. For the process runner the serial
-part is ``process_engine_us_per_doc``, all of the engine process's CPU per document (it does
-no tokenizing: the workers do fetch, decode and tokenize), and ``cpu`` is the engine's and
-the workers' CPU together. The table gives that ceiling for N
-= 1 ... 16 next to what this machine measured (it has ``os.cpu_count()`` cores, so rows above
-that are the projection only).
+``--grain-python PATH`` adds Grain (``_grain_pipeline.py`` run by PATH, an interpreter with
+``grain``, ``tokenizers`` and ``numpy``: ``mp_prefetch`` with W workers, the same tokenizer
+calls, Grain's best-fit packing to 2048) at each W; without it, or when PATH cannot run it,
+the Grain rows are skipped with the reason printed. Its CPU per document is counted from the
+first batch as zephon's is; both leave out what the workers prepared ahead of that batch, and
+Grain's workers run further ahead (``cpu_us_per_doc_with_start`` in the JSON line counts from
+the start of iteration, its workers' start-up included).
 
-``--pipeline pack`` measures decode_text -> tokenize(max_length 2048) -> pack_flat(2048) ->
-batch(8) instead (every operator on ``W`` workers), counting a packed row's documents. The
-per-document figures of the process runner are taken in steady state, from the first batch to
-the last (the start-up of the engine's threads and of the workers is left out):
-``process_engine_us_per_doc`` (the engine process), ``process_workers_us_per_doc`` (its
-workers), their ratios to ``native_us_per_doc`` and the process runner's tokens/s over the
-threads runner's at W = the cores.
-
-Prints a table and a final JSON line. Usage:
-``python benchmarks/scaling.py [--docs N] [--workers 1,2] [--pipeline reference|pack]``.
+Prints a table and a final JSON line. Usage: ``python benchmarks/scaling.py [--docs N]
+[--workers 1,2] [--pipeline pack|reference|no-pack] [--grain-python PATH]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
 import os
 import statistics
+import subprocess
 import time
-from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
-
-from tokenizers import Tokenizer
 
 from engine import make_corpus, train_tokenizer
 from overhead import cpu_since, descendants_cpu_s, print_table
@@ -57,21 +50,20 @@ from zephon.types import TAG_PACKING, SampleRecord
 
 WORKERS = (1, 2, 4, 8, 16)
 PACK_LENGTH = 2048
+GRAIN_SCRIPT = Path(__file__).with_name("_grain_pipeline.py")
 
 
 def reference(
-    folder: Path, tok_path: Path, runner: str, workers: int, pack: bool = False
+    folder: Path, tok_path: Path, runner: str, workers: int, pack: bool = True
 ) -> Pipeline:
     dataset = Dataset.from_path("bench", folder)
     source = StaticMixtureWorkSource(
         datasets=[dataset], mixture=MixtureSpec({"bench": 1.0}), chunk_size=1000, seed=42
     )
     pipe = Pipeline(source).fetch(parallelism=workers).decode_text(parallelism=workers)
+    pipe = pipe.tokenize(tok_path, max_length=PACK_LENGTH, parallelism=workers)
     if pack:
-        pipe = pipe.tokenize(tok_path, max_length=PACK_LENGTH, parallelism=workers)
         pipe = pipe.pack_flat(PACK_LENGTH, 0, parallelism=workers)
-    else:
-        pipe = pipe.tokenize(tok_path, parallelism=workers)
     return pipe.batch(8, drop_last=False).options(runner=runner)
 
 
@@ -84,186 +76,227 @@ def docs_and_tokens(record: SampleRecord) -> tuple[int, int]:
 
 
 class Run(NamedTuple):
-    """One pass over the corpus."""
+    """One pass over the corpus; ``steady_*`` from the first batch to the last."""
 
-    wall: float  # seconds
+    wall: float  # seconds from the start of iteration
     cpu: float  # CPU seconds of this process, every thread
     docs: int
     tokens: int
-    own: float  # CPU seconds of the calling thread
-    others: float  # CPU seconds of the processes below this one (process workers)
-    steady_docs: int  # documents after the first batch
-    steady_cpu: float  # CPU seconds of this process from the first batch to the last
-    steady_others: float  # the same for the processes below this one
+    steady_docs: int
+    steady_cpu: float  # this process (for the process runner: the engine process)
+    steady_others: float  # the processes below this one (process workers)
 
 
 def measure(pipe: Pipeline, expected_docs: int) -> Run:
     before = descendants_cpu_s()
-    cpu, wall, own = time.process_time(), time.perf_counter(), time.thread_time()
-    docs = tokens = 0
+    cpu, wall = time.process_time(), time.perf_counter()
+    docs = tokens = first_docs = 0
     others = first_cpu = first_others = 0.0
-    first_docs = 0
     for batch in pipe:
         for record in batch:
             n_docs, n_tokens = docs_and_tokens(record)
             docs, tokens = docs + n_docs, tokens + n_tokens
-        if not first_docs:  # steady state starts after the first batch
+        if not first_docs:
             first_docs, first_cpu, first_others = docs, time.process_time(), cpu_since(before)
         if docs == expected_docs:  # the last batch: the workers live until the iteration ends
             others = cpu_since(before)
-    own = time.thread_time() - own
     end_cpu = time.process_time()
-    return Run(
-        time.perf_counter() - wall,
-        end_cpu - cpu,
-        docs,
-        tokens,
-        own,
-        others,
-        docs - first_docs,
-        end_cpu - first_cpu,
-        others - first_others,
-    )
+    steady = (docs - first_docs, end_cpu - first_cpu, others - first_others)
+    return Run(time.perf_counter() - wall, end_cpu - cpu, docs, tokens, *steady)
 
 
-def native_cpu_per_doc(tok: Tokenizer, texts: list[str]) -> float:
+def _raw_tokenizer(job: tuple[list[str], str, Any, Any]) -> tuple[int, int, float, float, float]:
+    """One ceiling process: (tokens, documents, encode CPU s, all CPU s, end time)."""
+    os.environ["RAYON_NUM_THREADS"] = "1"  # before the tokenizer's pool starts: one thread
+    from tokenizers import Tokenizer
+
+    paths, tok_path, ready, go = job
+    tok = Tokenizer.from_file(tok_path)
+    ready.release()
+    go.wait()
     cpu = time.process_time()
-    for i in range(0, len(texts), 64):
-        tok.encode_batch_fast(texts[i : i + 64], add_special_tokens=False)
-    return (time.process_time() - cpu) / len(texts)
+    tokens = docs = 0
+    encode = 0.0
+    for path in paths:
+        with open(path, "rb") as fh:
+            texts = [json.loads(line)["text"] for line in fh]
+        for i in range(0, len(texts), 64):
+            start = time.process_time()
+            encoded = tok.encode_batch_fast(texts[i : i + 64], add_special_tokens=False)
+            encode += time.process_time() - start
+            tokens += sum(len(e.ids) for e in encoded)
+        docs += len(texts)
+    return tokens, docs, encode, time.process_time() - cpu, time.monotonic()
 
 
-def median(values: Iterable[float]) -> float:
+def raw_ceiling(corpus: Path, tok_path: Path, processes: int) -> dict[str, Any]:
+    """The raw tokenizer on ``processes`` processes, the shards dealt round robin."""
+    shards = sorted(str(p) for p in corpus.glob("part-*.jsonl"))
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager:
+        ready, go = manager.Semaphore(0), manager.Event()
+        jobs = [(shards[i::processes], str(tok_path), ready, go) for i in range(processes)]
+        with ctx.Pool(processes) as pool:
+            pending = pool.map_async(_raw_tokenizer, jobs)
+            for _ in range(processes):
+                ready.acquire()
+            start = time.monotonic()
+            go.set()
+            results = pending.get()
+    tokens, docs = sum(r[0] for r in results), sum(r[1] for r in results)
+    seconds = max(r[4] for r in results) - start
+    return {
+        "processes": processes,
+        "tokens_per_s": round(tokens / seconds),
+        "docs_per_s": round(docs / seconds),
+        "cpu_us_per_doc": round(sum(r[3] for r in results) / docs * 1e6, 1),
+        "native_us_per_doc": round(sum(r[2] for r in results) / docs * 1e6, 1),
+    }
+
+
+def grain_run(python: str, corpus: Path, tok_path: Path, workers: int) -> dict[str, Any]:
+    """Grain at ``workers`` workers, or ``{"skipped": reason}`` when ``python`` cannot run it."""
+    cmd = [python, str(GRAIN_SCRIPT), "--corpus", str(corpus), "--tokenizer", str(tok_path)]
+    try:
+        proc = subprocess.run(
+            [*cmd, "--workers", str(workers)], capture_output=True, text=True, timeout=1800
+        )
+    except OSError as exc:
+        return {"skipped": f"--grain-python {python} cannot be run: {exc.strerror}"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"skipped": f"--grain-python {python} could not run the grain pipeline: {why}"}
+    got = json.loads(lines[-1])
+    return {
+        "grain": got["grain"],
+        "tokens_per_s": round(got["tokens"] / got["seconds"]),
+        "docs_per_s": round(got["docs"] / got["seconds"]),
+        "cpu_us_per_doc": round(got["steady_cpu_s"] / max(got["steady_docs"], 1) * 1e6, 1),
+        "cpu_us_per_doc_with_start": round(got["cpu_s"] / got["docs"] * 1e6, 1),
+        "first_batch_s": round(got["first_s"], 2),
+    }
+
+
+def median(values: Any) -> float:
     return statistics.median(list(values))
 
 
-def ceiling(serial: float, total: float, cores: int) -> tuple[float, str]:
-    """docs/s at most on ``cores`` cores, and what bounds it."""
-    serial = max(serial, 1e-9)
-    return 1 / max(serial, total / cores), "GIL" if serial >= total / cores else "cores"
-
-
-class Costs(NamedTuple):
-    """CPU seconds per document that the projections divide by.
-
-    Threads: the calling thread of the inline runner does all of the engine's Python work
-    while the tokenizer's native work runs on its own pool, so its CPU is the serial part.
-    Process: the engine process does no tokenizing; all of its CPU counts as serial, and the
-    workers' CPU divides over the cores.
-    """
-
-    inline_cpu: float  # the inline pipeline, every thread
-    gil: float  # the thread that runs the inline pipeline
-    engine: float  # the process runner's engine process
-    process_cpu: float  # the process runner's engine and workers together
-    steady_engine: float  # the engine process from the first batch to the last
-    steady_workers: float  # its workers from the first batch to the last
-
-
-def costs(
-    runs: dict[tuple[str, int], list[Run]], inline: list[Run], workers: Sequence[int]
-) -> Costs:
-    process = [r for w in workers for r in runs[("process", w)]]
-    return Costs(
-        inline_cpu=median(r.cpu / r.docs for r in inline),
-        gil=max(median(r.own / r.docs for r in inline), 1e-9),
-        engine=median(r.cpu / r.docs for r in process),
-        process_cpu=median((r.cpu + r.others) / r.docs for r in process),
-        steady_engine=median(r.steady_cpu / max(r.steady_docs, 1) for r in process),
-        steady_workers=median(r.steady_others / max(r.steady_docs, 1) for r in process),
-    )
-
-
-def table(
-    runs: dict[tuple[str, int], list[Run]], cost: Costs, workers_list: Sequence[int]
-) -> list[dict[str, Any]]:
-    """A row per worker count: measured here, and the ceilings projected for that many cores."""
-    cores = os.cpu_count() or 1
-    rows = []
-    for workers in workers_list:
-        threads, procs = runs[("threads", workers)], runs[("process", workers)]
-        threads_ceiling, threads_bound = ceiling(cost.gil, cost.inline_cpu, workers)
-        process_ceiling, process_bound = ceiling(cost.engine, cost.process_cpu, workers)
-        rows.append(
-            {
-                "workers_or_cores": workers,
-                "measured_docs_per_s": round(median(r.docs / r.wall for r in threads)),
-                "measured_tokens_per_s": round(median(r.tokens / r.wall for r in threads)),
-                "cpu_us_per_doc": round(median(r.cpu / r.docs for r in threads) * 1e6, 1),
-                "projected_docs_per_s": round(threads_ceiling),
-                "projection_bound": threads_bound,
-                "process_docs_per_s": round(median(r.docs / r.wall for r in procs)),
-                "process_cpu_us_per_doc": round(
-                    median((r.cpu + r.others) / r.docs for r in procs) * 1e6, 1
-                ),
-                "process_projected_docs_per_s": round(process_ceiling),
-                "process_bound": process_bound,
-                "on_this_machine": "yes" if workers <= cores else "projection",
-            }
-        )
-    return rows
-
-
-def per_document(
-    cost: Costs, native: float, runs: dict[tuple[str, int], list[Run]], workers: Sequence[int]
-) -> dict[str, Any]:
-    """The figures per document the table's rows share, and the ratios to the tokenizer's."""
-    at = max((w for w in workers if w <= (os.cpu_count() or 1)), default=workers[0])
-    threads = median(r.tokens / r.wall for r in runs[("threads", at)])
-    process = median(r.tokens / r.wall for r in runs[("process", at)])
+def row(workers: int, threads: list[Run], procs: list[Run], ceiling: float) -> dict[str, Any]:
+    """The figures of one worker count (medians over rounds)."""
+    t_tokens = median(r.tokens / r.wall for r in threads)
+    p_tokens = median(r.tokens / r.wall for r in procs)
     return {
-        "inline_cpu_us_per_doc": round(cost.inline_cpu * 1e6, 1),
-        "native_us_per_doc": round(native * 1e6, 1),
-        "gil_us_per_doc": round(cost.gil * 1e6, 1),
-        "gil_bound_docs_per_s": round(1 / cost.gil),
-        "cores_at_gil_bound": round(cost.inline_cpu / cost.gil, 1),
-        "process_engine_us_per_doc": round(cost.engine * 1e6, 1),
-        "steady_engine_us_per_doc": round(cost.steady_engine * 1e6, 1),
-        "steady_workers_us_per_doc": round(cost.steady_workers * 1e6, 1),
-        "engine_pct_of_native": round(cost.steady_engine / native * 100, 1),
-        "engine_and_workers_x_native": round(
-            (cost.steady_engine + cost.steady_workers) / native, 2
+        "workers": workers,
+        "threads_tokens_per_s": round(t_tokens),
+        "process_tokens_per_s": round(p_tokens),
+        "process_vs_threads": round(p_tokens / t_tokens, 2),
+        "zephon_vs_ceiling": round(max(p_tokens, t_tokens) / ceiling, 2),
+        "threads_cpu_us_per_doc": round(median(r.cpu / r.docs for r in threads) * 1e6, 1),
+        "engine_us_per_doc": round(
+            median(r.steady_cpu / max(r.steady_docs, 1) for r in procs) * 1e6, 1
         ),
-        f"process_vs_threads_tokens_at_w{at}": round(process / threads, 2),
+        "workers_us_per_doc": round(
+            median(r.steady_others / max(r.steady_docs, 1) for r in procs) * 1e6, 1
+        ),
     }
+
+
+def per_document(rows: list[dict[str, Any]], native: float) -> dict[str, Any]:
+    """The process runner's CPU per document against the tokenizer's, at the largest W that
+    fits this machine's cores."""
+    cores = os.cpu_count() or 1
+    at = max((r for r in rows if r["workers"] <= cores), key=lambda r: r["workers"], default=None)
+    at = at or rows[0]
+    engine, workers = at["engine_us_per_doc"], at["workers_us_per_doc"]
+    return {
+        "at_workers": at["workers"],
+        "engine_us_per_doc": engine,
+        "workers_us_per_doc": workers,
+        "native_us_per_doc": native,
+        "engine_pct_of_native": round(engine / native * 100, 1),
+        "engine_and_workers_x_native": round((engine + workers) / native, 2),
+        "process_vs_threads": at["process_vs_threads"],
+        "zephon_vs_ceiling": at["zephon_vs_ceiling"],
+    }
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def medians(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure over rounds, or the first reason a round was skipped."""
+    skipped = [r for r in results if "skipped" in r]
+    if skipped:
+        return skipped[0]
+    first = results[0]
+    numbers = [k for k, v in first.items() if isinstance(v, int | float)]
+    values = {k: median(r[k] for r in results) for k in numbers}
+    return {**first, **{k: type(first[k])(round(v, 1)) for k, v in values.items()}}
+
+
+def runs_for(args: argparse.Namespace, corpus: Path, tok_path: Path, docs: int) -> Any:
+    """Every pipeline run, the ceiling and Grain, rounds interleaving them (this machine's
+    load moves between runs)."""
+    pack = args.pipeline != "no-pack"
+    runs: dict[tuple[str, int], list[Run]] = {}
+    ceilings, grain = [], {}
+    for _ in range(args.rounds):
+        ceilings.append(raw_ceiling(corpus, tok_path, os.cpu_count() or 1))
+        for workers in args.workers:
+            for runner in ("threads", "process"):
+                pipe = reference(corpus, tok_path, runner, workers, pack)
+                runs.setdefault((runner, workers), []).append(measure(pipe, docs))
+            if args.grain_python:
+                got = grain_run(args.grain_python, corpus, tok_path, workers)
+                grain.setdefault(str(workers), []).append(got)
+    if not args.grain_python:
+        return runs, medians(ceilings), {"skipped": "no --grain-python given"}
+    return runs, medians(ceilings), {w: medians(got) for w, got in grain.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--docs", type=int, default=4000)
+    parser.add_argument("--docs", type=int, default=8000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--data", type=Path, default=Path("bench-data/engine"))
+    parser.add_argument("--data", type=Path, default=Path("bench-data/scaling"))
     parser.add_argument(
-        "--workers", default=",".join(map(str, WORKERS)), help="worker counts, e.g. 1,2"
+        "--workers",
+        type=lambda s: [int(w) for w in s.split(",")],
+        default=list(WORKERS),
+        help="worker counts, e.g. 1,2",
     )
-    parser.add_argument("--pipeline", choices=("reference", "pack"), default="reference")
+    parser.add_argument("--pipeline", choices=("pack", "reference", "no-pack"), default="pack")
+    parser.add_argument("--grain-python", default=None, help="an interpreter that has grain")
     args = parser.parse_args()
-    workers_list = [int(w) for w in args.workers.split(",")]
-    pack = args.pipeline == "pack"
-    texts = make_corpus(args.data / "corpus", args.docs, shards=8)
-    tok_path = args.data / "tokenizer.json"
-    tok = train_tokenizer(texts, tok_path)
-    corpus = args.data / "corpus"
-
-    runs: dict[tuple[str, int], list[Run]] = {
-        (runner, w): [] for runner in ("threads", "process") for w in workers_list
-    }
-    inline: list[Run] = []
-    native: list[float] = []
-    for _ in range(args.rounds):
-        native.append(native_cpu_per_doc(tok, texts))
-        inline.append(measure(reference(corpus, tok_path, "inline", 1, pack), len(texts)))
-        for workers in workers_list:
-            for runner in ("threads", "process"):
-                runs[(runner, workers)].append(
-                    measure(reference(corpus, tok_path, runner, workers, pack), len(texts))
-                )
-    cost = costs(runs, inline, workers_list)
-    rows = table(runs, cost, workers_list)
-    per_doc = per_document(cost, median(native), runs, workers_list)
-    facts = "  ".join(f"{k}: {v}" for k, v in per_doc.items())
-    print(f"cores: {os.cpu_count() or 1}  docs: {args.docs}  pipeline: {args.pipeline}  {facts}")
-    print_table(rows, list(rows[0]), "scaling", **per_doc)
+    cores = os.cpu_count() or 1
+    corpus, tok_path = args.data / "corpus", args.data / "tokenizer.json"
+    for stale in corpus.glob("part-*.jsonl"):
+        stale.unlink()
+    texts = make_corpus(corpus, args.docs, shards=max(8, cores))
+    train_tokenizer(texts, tok_path)
+    load_before = load_average()
+    runs, ceiling, grain = runs_for(args, corpus, tok_path, len(texts))
+    rows = [
+        row(w, runs[("threads", w)], runs[("process", w)], ceiling["tokens_per_s"])
+        for w in args.workers
+    ]
+    skipped = {grain["skipped"]} if "skipped" in grain else set()
+    for r in rows:
+        g = grain.get(str(r["workers"]), {})
+        skipped |= {g["skipped"]} if "skipped" in g else set()
+        r["grain_tokens_per_s"] = g.get("tokens_per_s", "")
+        r["grain_cpu_us_per_doc"] = g.get("cpu_us_per_doc", "")
+    per_doc = per_document(rows, ceiling["native_us_per_doc"])
+    load = f"load average {load_before} before, {load_average()} after"
+    print(f"cores: {cores}  docs: {args.docs}  pipeline: {args.pipeline}  {load}")
+    print(f"raw tokenizer ceiling on {cores} processes: " + json.dumps(ceiling))
+    print("  ".join(f"{k}: {v}" for k, v in per_doc.items()))
+    for reason in sorted(skipped):
+        print(f"grain: skipped: {reason}")
+    extra = {"docs": args.docs, "load": load, "pipeline": args.pipeline, "ceiling": ceiling}
+    print_table(rows, list(rows[0]), "scaling", **extra, **per_doc, grain=grain)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,62 @@
+"""benchmarks/scaling.py: the reference pipeline against the raw tokenizer, and Grain's row."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.benchmarks._scripts import BENCHMARKS, run_script
+
+
+@pytest.mark.timeout(900)
+def test_scaling_reports_cpu_per_document_the_ceiling_and_the_ratios(tmp_path: Path) -> None:
+    result, out = run_script(
+        "scaling", "--docs", "160", "--workers", "1", "--rounds", "1", "--data", str(tmp_path),
+        cwd=tmp_path,
+    )  # fmt: skip
+    ceiling = result["ceiling"]
+    assert ceiling["processes"] == result["cores"] and ceiling["tokens_per_s"] > 0
+    assert 0 < ceiling["native_us_per_doc"] <= ceiling["cpu_us_per_doc"]
+    (row,) = result["rows"]
+    assert row["workers"] == 1 and row["threads_tokens_per_s"] > 0
+    assert row["process_vs_threads"] == round(
+        row["process_tokens_per_s"] / row["threads_tokens_per_s"], 2
+    )
+    best = max(row["process_tokens_per_s"], row["threads_tokens_per_s"])
+    assert abs(row["zephon_vs_ceiling"] - best / ceiling["tokens_per_s"]) < 0.01
+    assert row["engine_us_per_doc"] > 0 and row["workers_us_per_doc"] > 0
+    native = result["native_us_per_doc"]
+    assert result["engine_pct_of_native"] == round(row["engine_us_per_doc"] / native * 100, 1)
+    assert result["pipeline"] == "pack" and "load average" in result["load"]
+    assert result["grain"] == {"skipped": "no --grain-python given"}
+    assert "grain: skipped: no --grain-python given" in out
+    assert "project" not in out
+
+
+@pytest.fixture
+def scaling() -> Iterator[ModuleType]:
+    """benchmarks/scaling.py as a module (it imports its neighbours as top-level modules)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module("scaling")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_a_python_without_grain_skips_its_rows_with_the_reason(
+    scaling: ModuleType, tmp_path: Path
+) -> None:
+    got = scaling.grain_run(sys.executable, tmp_path, tmp_path / "tok.json", 1)
+    assert got["skipped"].startswith(f"--grain-python {sys.executable} could not run")
+    assert "No module named 'grain'" in got["skipped"]
+
+
+def test_a_grain_python_that_does_not_exist_is_named(scaling: ModuleType, tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-python")
+    got = scaling.grain_run(missing, tmp_path, tmp_path / "tok.json", 1)
+    assert got == {"skipped": f"--grain-python {missing} cannot be run: No such file or directory"}
