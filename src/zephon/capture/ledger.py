@@ -21,7 +21,7 @@ so no prompt is skipped or drawn twice (the ledger is frontier-aligned by constr
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 import msgspec
@@ -172,7 +172,10 @@ class LedgerDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
     """The whole ledger of one stream (what a store keeps; decisions mutate a copy).
 
-    ``dict=True`` holds the change tracking of :meth:`track` (never encoded)."""
+    ``dict=True`` holds the change tracking of :meth:`track` and the index of the prompts not
+    yet done (never encoded): the index makes :meth:`pending`, :meth:`admit` and
+    :meth:`overdue` cost O(prompts in flight), not O(prompts), on a ledger a store keeps
+    up to date delta by delta."""
 
     stream: str
     prompts: list[PromptRow] = msgspec.field(default_factory=list)
@@ -203,7 +206,7 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
                     f"stream {self.stream!r}: its log issues position {row.position} after "
                     f"{len(self.prompts)} prompts; the log is damaged or from another stream"
                 )
-            self.prompts.append(row)
+            self._append(row)
         if delta.rows:
             self.cursor = delta.cursor
         for position, new in delta.members:
@@ -226,10 +229,36 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
         row = self.prompts[position]
         members = list(row.members)
         members[new.index] = new
-        self.prompts[position] = msgspec.structs.replace(row, members=tuple(members))
+        self.prompts[position] = row = msgspec.structs.replace(row, members=tuple(members))
+        if row.done:
+            self._open().pop(position, None)
         moved = self.__dict__.get("_moved")
         if moved is not None:
             moved[(position, new.index)] = None
+
+    def _append(self, row: PromptRow) -> None:
+        index = self._open()
+        self.prompts.append(row)
+        self.__dict__["_open_seen"] = (self.prompts, len(self.prompts))
+        if not row.done:
+            index[row.position] = None
+
+    def _open(self) -> dict[int, None]:
+        """Positions of the prompts not done, ascending; rebuilt (O(prompts)) on first use
+        and when ``prompts`` was replaced or grown other than by :meth:`issue` or
+        :meth:`apply_delta`."""
+        index: dict[int, None] | None = self.__dict__.get("_open_index")
+        seen = self.__dict__.get("_open_seen")
+        if (
+            index is None
+            or seen is None
+            or seen[0] is not self.prompts
+            or seen[1] != len(self.prompts)
+        ):
+            index = {row.position: None for row in self.prompts if not row.done}
+            self.__dict__["_open_index"] = index
+            self.__dict__["_open_seen"] = (self.prompts, len(self.prompts))
+        return index
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -239,7 +268,7 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
 
     def pending(self) -> list[PromptRow]:
         """Prompts with a member neither trained nor filtered, oldest first."""
-        return [row for row in self.prompts if not row.done]
+        return [self.prompts[p] for p in self._open()]
 
     def trained_after(self, step: int) -> dict[int, list[MemberRef]]:
         """Members trained at a step after ``step``, by step: what a trainer restored from the
@@ -251,7 +280,13 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
                     out.setdefault(m.step, []).append((row.position, m.index))
         return dict(sorted(out.items()))
 
-    def admit(self, weight_version: int, max_staleness: int, limit: int) -> Admission:
+    def admit(
+        self,
+        weight_version: int,
+        max_staleness: int,
+        limit: int,
+        exclude: Container[int] = (),
+    ) -> Admission:
         """Complete groups to train at trainer version ``weight_version``, oldest first.
 
         A group is complete when each member is scored or filtered and one is scored. At most
@@ -260,7 +295,8 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
         ``wait_for`` names it and nothing is admitted: the trainer waits for the slow group
         instead of stepping past it (none is discarded for being slow), which also paces
         generation. A complete group already past the bound is admitted (oldest first) and
-        listed in ``stale``, never dropped.
+        listed in ``stale``, never dropped. Positions in ``exclude`` (groups already admitted
+        and not yet trained) are passed over.
         """
         if max_staleness < 0 or limit < 1:
             raise ValueError(
@@ -269,6 +305,8 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
         bound = weight_version - max_staleness
         ready: list[PromptRow] = []
         for row in self.pending():
+            if row.position in exclude:
+                continue
             if _complete(row):
                 ready.append(row)
             elif 0 <= row.weight_version <= bound:
@@ -362,7 +400,7 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
             )
             for i in range(n)
         )
-        self.prompts.append(
+        self._append(
             PromptRow(
                 position=position,
                 prompt_key=prompt_key,

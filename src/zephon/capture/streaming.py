@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from zephon.capture.dataset import run_sync
 from zephon.capture.ledger import (
     MAX_STREAM_CHARS,
     LedgerTransitionError,
+    MemberRef,
     PromptRow,
     PromptState,
     StreamLedger,
@@ -59,6 +60,7 @@ class _Core:
         self.opts = options
         self.lock = threading.Lock()
         self.log: list[dict[str, Any]] = []
+        self.taken: set[int] = set()  # positions admitted (in the log)
         self.loaded = False
         self.records: dict[int, dict[str, Any]] = {}
         self.dataset = Dataset(options["name"], [_GroupShard(self)])
@@ -79,42 +81,49 @@ class _Core:
     def _reload(self) -> None:
         ledger = run_sync(self.store.stream_ledger(self.log_stream))
         self.log = [dict(row.payload) for row in ledger.prompts]
+        self.taken = {int(e["position"]) for e in self.log}
 
     def _admit_next(self) -> bool:
+        """Decide admission ``len(self.log)``. Each look is a view of the store's own ledger
+        (:func:`_look`): the store reads only the moves since its last look and the view only
+        the prompts in flight, so an admission costs O(new moves + groups in flight)."""
         opts = self.opts
         while True:
-            ledger: StreamLedger = run_sync(self.store.stream_ledger(self.stream))
-            taken = {int(e["position"]) for e in self.log}
-            if opts["cap_s"] is not None:
-                self._filter_overdue(ledger)
             g = len(self.log)
             version = opts["first_version"] + g // opts["groups_per_step"]
-            view = StreamLedger(
-                stream=self.stream, prompts=[r for r in ledger.prompts if r.position not in taken]
-            )
-            admission = view.admit(version, opts["max_staleness"], 1)
-            if admission.groups:
-                return self._append(g, admission.groups[0], version)
-            if self._ended(ledger, taken):
+            row, overdue, ended = run_sync(_look(self.store, self.stream, self._decide(version)))
+            if overdue:
+                self._filter_overdue(overdue)
+                continue
+            if row is not None:
+                return self._append(g, row, version)
+            if ended:
                 return False
             time.sleep(opts["poll_s"])  # generation is still running: poll the ledger
 
-    def _filter_overdue(self, ledger: StreamLedger) -> None:
-        cap = self.opts["cap_s"]
-        refs = ledger.overdue(time.time(), cap)
-        if refs:
-            reason = f"over the {cap:g} s cap"
-            for ref in refs:  # one by one: a member that moved meanwhile is left alone
-                try:
-                    run_sync(self.store.advance(self.stream, [ref], "filtered", reason=reason))
-                except LedgerTransitionError:
-                    continue
+    def _decide(self, version: int) -> Callable[[StreamLedger], _Look]:
+        opts, taken = self.opts, self.taken
 
-    def _ended(self, ledger: StreamLedger, taken: set[int]) -> bool:
-        total = self.opts["prompts"]
-        if total is None or ledger.next_position < total:
-            return False
-        return all(r.done or r.position in taken for r in ledger.prompts[:total])
+        def view(ledger: StreamLedger) -> _Look:
+            cap = opts["cap_s"]
+            overdue = ledger.overdue(time.time(), cap) if cap is not None else []
+            admission = ledger.admit(version, opts["max_staleness"], 1, exclude=taken)
+            total = opts["prompts"]
+            ended = total is not None and ledger.next_position >= total
+            ended = ended and all(
+                r.position in taken for r in ledger.pending() if r.position < total
+            )
+            return (admission.groups[0] if admission.groups else None), overdue, ended
+
+        return view
+
+    def _filter_overdue(self, refs: list[MemberRef]) -> None:
+        reason = f"over the {self.opts['cap_s']:g} s cap"
+        for ref in refs:  # one by one: a member that moved meanwhile is left alone
+            try:
+                run_sync(self.store.advance(self.stream, [ref], "filtered", reason=reason))
+            except LedgerTransitionError:
+                continue
 
     def _append(self, g: int, row: PromptRow, version: int) -> bool:
         entry = {
@@ -134,6 +143,7 @@ class _Core:
             self._reload()  # another source admitted g first: serve what it logged
             return len(self.log) > g
         self.log.append(entry)
+        self.taken.add(row.position)
         return True
 
     # -- the served records ----------------------------------------------------------------
@@ -189,6 +199,21 @@ class _Core:
                 )
             return scores[0].reward if scores else None
         return next((s.reward for s in scores if s.verifier == verifier), None)
+
+
+_Look = tuple[PromptRow | None, list[MemberRef], bool]
+"""One look at the ledger: the group to admit (if any), members over the cap, and whether the
+stream ended (every prompt issued and each served or done)."""
+
+
+async def _look(store: Any, stream: str, view: Callable[[StreamLedger], _Look]) -> _Look:
+    """``view`` of the stream's ledger: in place where the store can (``read_stream``), else on
+    a copy of the whole ledger (a store that only has ``stream_ledger``)."""
+    read = getattr(store, "read_stream", None)
+    if read is not None:
+        result: _Look = await read(stream, view)
+        return result
+    return view(await store.stream_ledger(stream))
 
 
 class _GroupShard(Shard):
