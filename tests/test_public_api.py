@@ -68,7 +68,7 @@ EXPECTED: dict[str, list[str]] = {
         "CAPTURE_SEGMENT CAPTURE_TOKEN_HEADER CONTROL_PREFIX create_app_from_env"
     ),
     "zephon.capture.proxy.server": _names("bind_socket exposure_problem"),
-    "zephon.capture.rl": _names("PromptGroup PromptSource"),
+    "zephon.capture.rl": _names("PromptGroup PromptSource view_stream"),
     "zephon.capture.streaming": _names("LOG_SUFFIX StreamingCaptureSource"),
     "zephon.capture.group_ops": _names("DifficultyPool DropEqualRewards KeepPerPrompt"),
     "zephon.capture.batching": _names("StepBatcher StepBudget TrainStep"),

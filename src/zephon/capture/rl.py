@@ -14,9 +14,9 @@ which steps to redo, none is trained twice.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from zephon.capture.ledger import (
     MemberRef,
@@ -31,7 +31,19 @@ from zephon.errors import ConfigError
 from zephon.pipeline import Pipeline
 from zephon.types import SampleBatch, StreamItem
 
-__all__ = ["PromptGroup", "PromptSource"]
+__all__ = ["PromptGroup", "PromptSource", "view_stream"]
+
+T = TypeVar("T")
+
+
+async def view_stream(store: PromptLedger, stream: str, view: Callable[[StreamLedger], T]) -> T:
+    """``view`` of the stream's ledger: in place where the store can (``read_stream`` of the
+    zephon stores: O(new moves) to bring it up to date), else on a copy of the whole ledger."""
+    read = getattr(store, "read_stream", None)
+    if read is not None:
+        result: T = await read(stream, view)
+        return result
+    return view(await store.stream_ledger(stream))
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +147,8 @@ class PromptSource:
         if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
             raise ConfigError(f"backfill in_flight is {in_flight!r}: use an int >= 1")
         out = [await self._resume(self._owed.pop(0)) for _ in range(len(self._owed))]
-        ledger = await self.store.stream_ledger(self.stream)
-        for _ in range(in_flight - len(ledger.pending())):
+        open_now = await view_stream(self.store, self.stream, lambda led: len(led.pending()))
+        for _ in range(in_flight - open_now):
             group = await self.next_group(weight_version)
             if group is None:
                 break

@@ -38,6 +38,7 @@ from zephon.capture.ledger import (
     validate_stream,
 )
 from zephon.capture.protocols import PromptLedger
+from zephon.capture.rl import view_stream
 from zephon.errors import CheckpointError, ConfigError, DataError
 from zephon.io import Dataset, Shard
 from zephon.pipeline import Pipeline
@@ -85,13 +86,16 @@ class _Core:
 
     def _admit_next(self) -> bool:
         """Decide admission ``len(self.log)``. Each look is a view of the store's own ledger
-        (:func:`_look`): the store reads only the moves since its last look and the view only
-        the prompts in flight, so an admission costs O(new moves + groups in flight)."""
+        (:func:`~zephon.capture.rl.view_stream`): the store reads only the moves since its
+        last look and the view only the prompts in flight, so an admission costs O(new moves
+        + groups in flight)."""
         opts = self.opts
         while True:
             g = len(self.log)
             version = opts["first_version"] + g // opts["groups_per_step"]
-            row, overdue, ended = run_sync(_look(self.store, self.stream, self._decide(version)))
+            row, overdue, ended = run_sync(
+                view_stream(self.store, self.stream, self._decide(version))
+            )
             if overdue:
                 self._filter_overdue(overdue)
                 continue
@@ -204,16 +208,6 @@ class _Core:
 _Look = tuple[PromptRow | None, list[MemberRef], bool]
 """One look at the ledger: the group to admit (if any), members over the cap, and whether the
 stream ended (every prompt issued and each served or done)."""
-
-
-async def _look(store: Any, stream: str, view: Callable[[StreamLedger], _Look]) -> _Look:
-    """``view`` of the stream's ledger: in place where the store can (``read_stream``), else on
-    a copy of the whole ledger (a store that only has ``stream_ledger``)."""
-    read = getattr(store, "read_stream", None)
-    if read is not None:
-        result: _Look = await read(stream, view)
-        return result
-    return view(await store.stream_ledger(stream))
 
 
 class _GroupShard(Shard):
