@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,33 @@ def test_admission_tails_moves_of_another_client_and_a_restore_replays_them_exac
     assert [_key(r) for r in _flushed(fresh, "s").restore(state)] == tail
     for store in (reader, fresh):
         asyncio.run(store.close())
+
+
+def test_timings_split_what_the_source_spent_on_the_ledger_the_engine_and_builds() -> None:
+    url = "memory://timings"
+    writer = open_store(url)
+    groups = asyncio.run(issue(writer, "s", 2, version=0))
+    source = StreamingCaptureSource(
+        open_store(url), "s", groups_per_step=1, max_staleness=100, prompts=2
+    )
+    assert source.timings == {"ledger_s": 0.0, "engine_wait_s": 0.0, "build_s": 0.0}
+
+    def engine() -> None:
+        deadline = time.monotonic() + 120
+        while source.timings["ledger_s"] == 0.0:  # the source looked and found nothing
+            assert time.monotonic() < deadline
+            time.sleep(0.001)  # polling a condition of the consumer thread
+        for group in groups:
+            asyncio.run(roll(writer, "s", group))
+
+    thread = threading.Thread(target=engine)
+    thread.start()
+    served = [r.payload["position"] for r in source.pipeline()]
+    thread.join(120)
+    assert served == [0, 1]
+    spent = source.timings
+    assert spent["engine_wait_s"] > 0  # it waited for the groups (no complete one at first)
+    assert spent["ledger_s"] > 0 and spent["build_s"] > 0
 
 
 def test_a_too_long_stream_and_bad_options_are_refused() -> None:

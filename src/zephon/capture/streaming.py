@@ -64,6 +64,8 @@ class _Core:
         self.taken: set[int] = set()  # positions admitted (in the log)
         self.loaded = False
         self.records: dict[int, dict[str, Any]] = {}
+        self.timings = {"ledger_s": 0.0, "engine_wait_s": 0.0, "build_s": 0.0}
+        self.timings_lock = threading.Lock()
         self.dataset = Dataset(options["name"], [_GroupShard(self)])
 
     # -- the admission log -----------------------------------------------------------------
@@ -93,17 +95,27 @@ class _Core:
         while True:
             g = len(self.log)
             version = opts["first_version"] + g // opts["groups_per_step"]
+            began = time.perf_counter()
             row, overdue, ended = run_sync(
                 view_stream(self.store, self.stream, self._decide(version))
             )
             if overdue:
                 self._filter_overdue(overdue)
-                continue
-            if row is not None:
-                return self._append(g, row, version)
+            elif row is not None:
+                appended = self._append(g, row, version)
+                self._count("ledger_s", time.perf_counter() - began)
+                return appended
+            self._count("ledger_s", time.perf_counter() - began)
             if ended:
                 return False
-            time.sleep(opts["poll_s"])  # generation is still running: poll the ledger
+            if not overdue:
+                began = time.perf_counter()
+                time.sleep(opts["poll_s"])  # generation is still running: poll the ledger
+                self._count("engine_wait_s", time.perf_counter() - began)
+
+    def _count(self, what: str, seconds: float) -> None:
+        with self.timings_lock:
+            self.timings[what] += seconds
 
     def _decide(self, version: int) -> Callable[[StreamLedger], _Look]:
         opts, taken = self.opts, self.taken
@@ -163,7 +175,9 @@ class _Core:
         entry = log[g] if g < len(log) else self.entry(g)
         if entry is None:
             raise DataError(f"{self.log_stream}: admission {g} was never made")
+        began = time.perf_counter()
         record = run_sync(self._build(entry, g))
+        self._count("build_s", time.perf_counter() - began)
         self.records[g] = record
         return record
 
@@ -270,7 +284,7 @@ class StreamingCaptureSource(WorkSource):
         first_version: int = 0,
         verifier: str | None = None,
         cap_s: float | None = None,
-        poll_s: float = 0.05,
+        poll_s: float = 0.01,
         name: str = "stream",
     ) -> None:
         if len(validate_stream(stream)) > MAX_STREAM_CHARS - len(LOG_SUFFIX):
@@ -303,6 +317,15 @@ class StreamingCaptureSource(WorkSource):
         (a flush after every chunk): without it the engine's micro-batches hold groups back,
         and a trainer that paces generation would wait for groups it never receives."""
         return Pipeline(self).options(flush_every_k_chunks=1)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Seconds this source spent so far: ``ledger_s`` reading the ledger and writing the
+        admission log, ``engine_wait_s`` waiting for generation (no complete group yet),
+        ``build_s`` reading and building the admitted groups' captures. They run on the
+        pipeline's source thread, so a trainer waits on them only when nothing is ready."""
+        with self._core.timings_lock:
+            return dict(self._core.timings)
 
     @property
     def admissions(self) -> list[dict[str, Any]]:
