@@ -94,7 +94,7 @@ async def _time(url: str, prompts: int, moves: int, n: int) -> dict[str, float]:
         await store.stream_ledger("bench")
         reads.append(time.perf_counter() - t0)
     if hasattr(store, "read_stream"):  # a look of StreamingCaptureSource (after its first)
-        for k in range(6):
+        for _ in range(6):
             t0 = time.perf_counter()
             await store.read_stream("hist", lambda led: led.admit(1, 100, 1))
             admits.append(time.perf_counter() - t0)
