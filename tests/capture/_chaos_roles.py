@@ -109,6 +109,7 @@ async def _generate(http: httpx.AsyncClient, store: Any, workdir: Path, group: P
             if await _call(http, workdir, m.rollout_id, text):
                 await store.advance(STREAM, [(group.position, m.index, m.attempt)], "captured")
                 break
+            print("call failed:", m.rollout_id, flush=True)
             m = await store.reissue(STREAM, (group.position, m.index), m.attempt + 1)
             await asyncio.sleep(_IDLE_S)  # the proxy is being restarted: try it again
 
