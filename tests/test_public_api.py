@@ -87,9 +87,11 @@ EXPECTED: dict[str, list[str]] = {
         "StreamOp Then Transition decide_stream parse_offload transition_result"
     ),
     "zephon.capture.testing": _names(
-        "FloodPlan FloodReport Image MUTATIONS Mutation Op RecordingFileSystem STORE_KINDS "
-        "StoreKind Wrapper assert_mutation_caught durable_kinds marks_before mutated_factory "
-        "power_loss_images run_flood run_mutation sample_commit store_kinds"
+        "ChaosError ChaosRole FloodPlan FloodReport Image MUTATIONS Mutation Op "
+        "ProcessRole RecordingFileSystem STORE_KINDS StoreKind Wrapper "
+        "assert_mutation_caught durable_kinds ledger_progress marks_before "
+        "mutated_factory power_loss_images run_chaos run_flood run_mutation sample_commit "
+        "store_kinds"
     ),
     "zephon.checkpoints": _names(
         "CHECKPOINT_RE CheckpointWriteError LaneCheckpoint LatestCheckpoint OperatorInfo "

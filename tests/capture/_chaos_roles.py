@@ -121,7 +121,8 @@ async def worker(cfg: dict[str, Any]) -> None:
     async with httpx.AsyncClient(timeout=60) as http:
         while True:
             version = int(load_model(workdir)["step"])
-            groups = await source.backfill(cfg["in_flight"], weight_version=version)
+            pace = (cfg["groups_per_step"], cfg["max_staleness"])
+            groups = await source.backfill(cfg["in_flight"], weight_version=version, pace=pace)
             for group in groups:
                 await _generate(http, store, workdir, group)
             if not groups:

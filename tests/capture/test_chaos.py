@@ -5,6 +5,9 @@ trained rollout lengths are exactly (as a multiset) those of an uninterrupted ru
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +21,9 @@ from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import store_url
 from tests.capture.proxy._procs import Proc, start_inference_stub
 from tests.capture.proxy.inference_stub import train_tokenizer
-from zephon.capture.ledger import PromptState
+from zephon.capture.ledger import PromptState, StreamLedger
+from zephon.capture.stores import open_store
+from zephon.capture.testing import ChaosError, ProcessRole, ledger_progress, run_chaos
 
 CFG = {"prompts": 24, "n": 2, "groups_per_step": 2, "max_staleness": 1, "in_flight": 4}
 KILLS = {"file": 17, "sqlite": 17, "postgres": 17}  # 51 cycles in all
@@ -98,3 +103,93 @@ def test_random_sigkills_of_every_process_lose_and_repeat_nothing(
     assert set(out.kills) == set(ROLES), out.kills
     _check_exactly_once(out)
     assert _lengths(out.model) == _lengths(uninterrupted.model)
+
+
+# -- the kit: zephon.capture.testing.run_chaos -------------------------------------------------
+
+_SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]  # a process to kill
+
+
+class _Counted:
+    """A role that counts its starts and remembers each process it ran."""
+
+    def __init__(self, role: ProcessRole) -> None:
+        self.role, self.pids = role, []
+
+    def start(self) -> None:
+        self.role.start()
+        assert self.role.popen is not None
+        self.pids.append(self.role.popen.pid)
+
+    def kill(self) -> None:
+        self.role.kill()
+
+    def failure(self) -> str | None:
+        return self.role.failure()
+
+
+def test_ledger_progress_counts_every_state_a_member_passed() -> None:
+    ledger = StreamLedger(stream="s")
+    ledger.issue(0, "k0", None, 2)
+    ledger.issue(1, "k1", None, 1)
+    assert ledger_progress(ledger) == 3
+    ledger.advance([(0, 0)], "captured")
+    ledger.advance([(0, 1)], "filtered", reason="r")
+    ledger.reissue((1, 0), 1)  # a new attempt moves nothing
+    assert ledger_progress(ledger) == 2 + 4 + 1
+
+
+def test_run_chaos_kills_each_role_on_the_ledgers_progress_and_restarts_it(
+    tmp_path: Path,
+) -> None:
+    roles = {name: _Counted(ProcessRole(_SLEEPER, tmp_path / f"{name}.log")) for name in "ab"}
+
+    async def go() -> Counter[str]:
+        store = open_store("memory://chaos-kit")
+        for role in roles.values():
+            role.start()
+
+        async def moves() -> None:  # the loop's work: one issued prompt at a time
+            for position in range(2000):
+                await store.issue_prompt("s", position, prompt_key=f"k{position}", payload=None)
+                await asyncio.sleep(0.002)  # pacing the workload, not synchronising
+
+        work = asyncio.create_task(moves())
+        try:
+            return await run_chaos(
+                store,
+                "s",
+                roles,
+                kills=4,
+                seed=5,
+                timeout_s=120,
+                finished=lambda: sum(len(r.pids) for r in roles.values()) == 6,
+            )
+        finally:
+            work.cancel()
+            for role in roles.values():
+                role.kill()
+
+    assert asyncio.run(go()) == Counter({"a": 2, "b": 2})
+    for role in roles.values():
+        assert len(set(role.pids)) == 3
+        for pid in role.pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)  # every process it ran is gone
+
+
+def test_a_role_that_dies_on_its_own_stops_the_campaign_with_its_log(tmp_path: Path) -> None:
+    dies = ProcessRole(
+        [sys.executable, "-c", "import sys; print('boom', flush=True); sys.exit(3)"],
+        tmp_path / "dies.log",
+    )
+    dies.start()
+
+    async def go() -> None:
+        store = open_store("memory://chaos-dies")
+        await run_chaos(
+            store, "s", {"d": dies}, kills=1, seed=0, timeout_s=120, finished=lambda: False
+        )
+
+    with pytest.raises(ChaosError, match=r"(?s)chaos role 'd' failed: .*exited with 3.*boom"):
+        asyncio.run(go())

@@ -476,6 +476,8 @@ def test_the_index_of_prompts_in_flight_follows_every_decision_and_replay() -> N
             want = [row.position for row in scanned if not row.done]
             assert [row.position for row in ledger.pending()] == want
             assert [row.position for row in replica.pending()] == want
+            whole = sum(all(m.state is S.FILTERED for m in row.members) for row in scanned)
+            assert ledger.unfiltered == replica.unfiltered == len(scanned) - whole
 
 
 def test_the_memory_store_appends_one_delta_per_move_and_never_rewrites(tmp_path: Path) -> None:

@@ -189,3 +189,24 @@ def test_every_prompt_is_trained_exactly_once_across_sigkills(
     asyncio.run(read())
     assert len(trained) == GROUP * sum(not equal_rewards(i) for i in range(PROMPTS))
     assert kills >= len(planned)  # each planned kill point was reached
+
+
+def test_a_paced_backfill_never_issues_more_than_the_staleness_bound_can_admit() -> None:
+    async def go() -> None:
+        store = open_store("memory://rl-pace")
+        source = await PromptSource.open(store, "s", prompt_pipeline(), n=GROUP)
+        first = await source.backfill(10, weight_version=0, pace=(2, 1))
+        assert [g.position for g in first] == [0, 1, 2, 3]  # 2 * (0 + 1 + 1) groups
+        assert await source.backfill(10, weight_version=0, pace=(2, 1)) == []
+        await source.advance(first[1].refs(), "filtered", reason="all rewards equal")
+        again = await source.backfill(10, weight_version=0, pace=(2, 1))
+        assert [g.position for g in again] == [4]  # a wholly filtered group frees its slot
+        await source.advance([(2, 0)], "filtered", reason="over the cap")  # half: no slot
+        assert await source.backfill(10, weight_version=0, pace=(2, 1)) == []
+        later = await source.backfill(10, weight_version=1, pace=(2, 1))
+        assert [g.position for g in later] == [5, 6]
+        unpaced = await source.backfill(10, weight_version=1)
+        assert len(unpaced) == 10 - 6  # in flight: 7 issued, 1 filtered
+        await store.close()
+
+    asyncio.run(go())

@@ -136,6 +136,10 @@ class PromptRow(msgspec.Struct, frozen=True, kw_only=True):
         return all(m.state.terminal for m in self.members)
 
 
+def _all_filtered(row: PromptRow) -> bool:
+    return all(m.state is PromptState.FILTERED for m in row.members)
+
+
 def _complete(row: PromptRow) -> bool:
     states = [m.state for m in row.members]
     ok = (PromptState.SCORED, PromptState.FILTERED)
@@ -230,8 +234,10 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
         members = list(row.members)
         members[new.index] = new
         self.prompts[position] = row = msgspec.structs.replace(row, members=tuple(members))
-        if row.done:
-            self._open().pop(position, None)
+        index = self._open()
+        if row.done and position in index:
+            del index[position]
+            self.__dict__["_open_filtered"][0] += _all_filtered(row)
         moved = self.__dict__.get("_moved")
         if moved is not None:
             moved[(position, new.index)] = None
@@ -242,6 +248,7 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
         self.__dict__["_open_seen"] = (self.prompts, len(self.prompts))
         if not row.done:
             index[row.position] = None
+        self.__dict__["_open_filtered"][0] += _all_filtered(row)
 
     def _open(self) -> dict[int, None]:
         """Positions of the prompts not done, ascending; rebuilt (O(prompts)) on first use
@@ -258,6 +265,7 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
             index = {row.position: None for row in self.prompts if not row.done}
             self.__dict__["_open_index"] = index
             self.__dict__["_open_seen"] = (self.prompts, len(self.prompts))
+            self.__dict__["_open_filtered"] = [sum(_all_filtered(r) for r in self.prompts)]
         return index
 
     # -- reads ---------------------------------------------------------------------------
@@ -269,6 +277,14 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
     def pending(self) -> list[PromptRow]:
         """Prompts with a member neither trained nor filtered, oldest first."""
         return [self.prompts[p] for p in self._open()]
+
+    @property
+    def unfiltered(self) -> int:
+        """Prompts issued minus those whose every member was filtered: the groups that are,
+        or will be, admitted for training (O(1) on a ledger kept up to date)."""
+        self._open()
+        filtered: int = self.__dict__["_open_filtered"][0]
+        return len(self.prompts) - filtered
 
     def trained_after(self, step: int) -> dict[int, list[MemberRef]]:
         """Members trained at a step after ``step``, by step: what a trainer restored from the
