@@ -73,6 +73,7 @@ def _check_exactly_once(out: Outcome) -> None:
         assert issued_at >= 0 and trained_at - issued_at <= CFG["max_staleness"]
 
 
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S)  # the fixture's run too
 def test_the_uninterrupted_run_trains_and_filters_the_whole_pass(uninterrupted: Outcome) -> None:
     _check_exactly_once(uninterrupted)
     assert sum(uninterrupted.kills.values()) == 0
@@ -80,6 +81,7 @@ def test_the_uninterrupted_run_trains_and_filters_the_whole_pass(uninterrupted: 
     assert 0 < trained < CFG["prompts"]  # both outcomes occur in the pass
 
 
+@pytest.mark.timeout(2 * RUN_TIMEOUT_S)  # the uninterrupted run (a fixture) may come first
 @pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])
 def test_random_sigkills_of_every_process_lose_and_repeat_nothing(
     kind: str,
@@ -139,6 +141,7 @@ def test_ledger_progress_counts_every_state_a_member_passed() -> None:
     assert ledger_progress(ledger) == 2 + 4 + 1
 
 
+@pytest.mark.timeout(300)
 def test_run_chaos_kills_each_role_on_the_ledgers_progress_and_restarts_it(
     tmp_path: Path,
 ) -> None:
