@@ -68,7 +68,7 @@ EXPECTED: dict[str, list[str]] = {
         "CAPTURE_SEGMENT CAPTURE_TOKEN_HEADER CONTROL_PREFIX create_app_from_env"
     ),
     "zephon.capture.proxy.server": _names("bind_socket exposure_problem"),
-    "zephon.capture.rl": _names("PromptGroup PromptSource"),
+    "zephon.capture.rl": _names("PromptGroup PromptSource view_stream"),
     "zephon.capture.streaming": _names("LOG_SUFFIX StreamingCaptureSource"),
     "zephon.capture.group_ops": _names("DifficultyPool DropEqualRewards KeepPerPrompt store_at"),
     "zephon.capture.batching": _names("StepBatcher StepBudget TrainStep"),
@@ -87,9 +87,11 @@ EXPECTED: dict[str, list[str]] = {
         "StreamOp Then Transition decide_stream parse_offload transition_result"
     ),
     "zephon.capture.testing": _names(
-        "FloodPlan FloodReport Image MUTATIONS Mutation Op RecordingFileSystem STORE_KINDS "
-        "StoreKind Wrapper assert_mutation_caught durable_kinds marks_before mutated_factory "
-        "power_loss_images run_flood run_mutation sample_commit store_kinds"
+        "ChaosError ChaosRole FloodPlan FloodReport Image MUTATIONS Mutation Op "
+        "ProcessRole RecordingFileSystem STORE_KINDS StoreKind Wrapper "
+        "assert_mutation_caught durable_kinds ledger_progress marks_before "
+        "mutated_factory power_loss_images run_chaos run_flood run_mutation sample_commit "
+        "store_kinds"
     ),
     "zephon.checkpoints": _names(
         "CHECKPOINT_RE CheckpointWriteError LaneCheckpoint LatestCheckpoint OperatorInfo "

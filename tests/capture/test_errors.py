@@ -23,6 +23,7 @@ BASES: dict[str, type[BaseException]] = {
     "zephon.capture.protocols.RolloutRetiredError": LookupError,
     "zephon.capture.ledger.LedgerTransitionError": ValueError,
     "zephon.capture._conformance_kit.ConformanceError": AssertionError,
+    "zephon.capture.testing._chaos.ChaosError": AssertionError,
     "zephon.capture._conformance_kit._Skip": Exception,
     "zephon.capture.stores._fsutil.LogCorruptionError": DataFormatError,
     "zephon.capture.proxy._limits.ClientRefused": Exception,

@@ -463,3 +463,39 @@ def _acks_of(lines: list[str]) -> list[tuple[int, int, int]]:
         if len(parts) == 4 and parts[0] == "ack":
             out.append((int(parts[1]), int(parts[2]), int(parts[3])))
     return out
+
+
+def test_the_index_of_prompts_in_flight_follows_every_decision_and_replay() -> None:
+    for seed in range(20):
+        ledger, replica = StreamLedger(stream="s"), StreamLedger(stream="s")
+        for op in _random_ops(seed, 120):
+            delta, _ = run_tracked(ledger, lambda led, op=op: _apply(led, op), write=True)
+            if delta is not None:
+                replay(replica, [delta])
+            scanned = [row for row in StreamLedger.from_json(ledger.to_json()).prompts]
+            want = [row.position for row in scanned if not row.done]
+            assert [row.position for row in ledger.pending()] == want
+            assert [row.position for row in replica.pending()] == want
+            whole = sum(all(m.state is S.FILTERED for m in row.members) for row in scanned)
+            assert ledger.unfiltered == replica.unfiltered == len(scanned) - whole
+
+
+def test_the_memory_store_appends_one_delta_per_move_and_never_rewrites(tmp_path: Path) -> None:
+    async def go() -> None:
+        store = open_store("memory://ledger-append")
+        for position in range(200):
+            await store.issue_prompt("s", position, prompt_key=f"k{position}", payload=None, n=2)
+        assert len(store.stream_log("s")) == 200
+        await store.advance("s", [(150, 1)], "captured")
+        await store.advance("s", [(150, 1)], "captured")  # a repeat appends nothing
+        with pytest.raises(LedgerTransitionError):  # refused: nothing appended, nothing changed
+            await store.advance("s", [(150, 0)], "trained", step=1)
+        log = store.stream_log("s")
+        assert len(log) == 201 and len(log[-1]) < 300  # the member, not the 200-prompt ledger
+        ledger = await store.stream_ledger("s")
+        assert replay(StreamLedger(stream="s"), log) == ledger
+        assert ledger.member((150, 1)).state is S.CAPTURED
+        assert ledger.member((150, 0)).state is S.ISSUED
+        await store.close()
+
+    asyncio.run(go())

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from tests.capture._rl_loop import (
     prompt_pipeline,
 )
 from zephon.capture.ledger import PromptState
-from zephon.capture.rl import PromptSource
+from zephon.capture.rl import PromptSource, view_stream
 from zephon.capture.stores import open_store
 from zephon.errors import ConfigError
 
@@ -189,3 +190,63 @@ def test_every_prompt_is_trained_exactly_once_across_sigkills(
     asyncio.run(read())
     assert len(trained) == GROUP * sum(not equal_rewards(i) for i in range(PROMPTS))
     assert kills >= len(planned)  # each planned kill point was reached
+
+
+def test_a_paced_backfill_never_issues_more_than_the_staleness_bound_can_admit() -> None:
+    async def go() -> None:
+        store = open_store("memory://rl-pace")
+        source = await PromptSource.open(store, "s", prompt_pipeline(), n=GROUP)
+        first = await source.backfill(10, weight_version=0, pace=(2, 1))
+        assert [g.position for g in first] == [0, 1, 2, 3]  # 2 * (0 + 1 + 1) groups
+        assert await source.backfill(10, weight_version=0, pace=(2, 1)) == []
+        await source.advance(first[1].refs(), "filtered", reason="all rewards equal")
+        again = await source.backfill(10, weight_version=0, pace=(2, 1))
+        assert [g.position for g in again] == [4]  # a wholly filtered group frees its slot
+        await source.advance([(2, 0)], "filtered", reason="over the cap")  # half: no slot
+        assert await source.backfill(10, weight_version=0, pace=(2, 1)) == []
+        later = await source.backfill(10, weight_version=1, pace=(2, 1))
+        assert [g.position for g in later] == [5, 6]
+        unpaced = await source.backfill(10, weight_version=1)
+        assert len(unpaced) == 10 - 6  # in flight: 7 issued, 1 filtered
+        await store.close()
+
+    asyncio.run(go())
+
+
+class _ProtocolOnly:
+    """A prompt ledger with only the protocol's methods (no ``read_stream``), as a third
+    party's store may be."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    async def issue_prompt(self, stream: str, position: int, **kw: Any) -> Any:
+        return await self._store.issue_prompt(stream, position, **kw)
+
+    async def advance(self, stream: str, refs: Any, to: Any, **kw: Any) -> bool:
+        return bool(await self._store.advance(stream, refs, to, **kw))
+
+    async def reissue(self, stream: str, ref: Any, attempt: int, **kw: Any) -> Any:
+        return await self._store.reissue(stream, ref, attempt, **kw)
+
+    async def stream_ledger(self, stream: str) -> Any:
+        return await self._store.stream_ledger(stream)
+
+
+def test_view_stream_reads_a_copy_from_a_store_without_read_stream() -> None:
+    async def go() -> None:
+        store = open_store("memory://rl-view")
+        plain = _ProtocolOnly(store)
+        source = await PromptSource.open(plain, "s", prompt_pipeline(), n=GROUP)
+        groups = await source.backfill(5, weight_version=0, pace=(2, 1))
+        assert [g.position for g in groups] == [0, 1, 2, 3]
+        await source.advance(groups[0].refs(), "filtered", reason="r")
+
+        def view(led: Any) -> tuple[list[int], int]:
+            return [row.position for row in led.pending()], led.unfiltered
+
+        assert await view_stream(plain, "s", view) == ([1, 2, 3], 3)
+        assert await view_stream(store, "s", view) == ([1, 2, 3], 3)
+        await store.close()
+
+    asyncio.run(go())

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,14 @@ def _pipe(store: Any, stream: str) -> Pipeline:
     return Pipeline(source)
 
 
+def _flushed(store: Any, stream: str) -> Pipeline:
+    """Each group handed on as soon as it is admitted (no micro-batch holds it back)."""
+    source = StreamingCaptureSource(
+        store, stream, groups_per_step=2, max_staleness=100, prompts=PROMPTS
+    )
+    return source.pipeline()
+
+
 def _key(record: Any) -> tuple[int, list[tuple[str, float, list[int]]]]:
     p = record.payload
     members = [(m["rollout_id"], m["reward"], m["input_ids"].tolist()) for m in p["members"]]
@@ -76,6 +85,68 @@ def test_stop_and_restore_at_any_point_equals_the_uninterrupted_stream(
         restored = _pipe(store, "s").restore(state)
         assert head + [_key(r) for r in restored] == whole, stop
     asyncio.run(store.close())
+
+
+@pytest.mark.parametrize("kind", ["memory", "file", "sqlite", "postgres"])
+def test_admission_tails_moves_of_another_client_and_a_restore_replays_them_exactly(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The source reads only what changed since its last look, yet sees every move another
+    client appended meanwhile; a restore on a fresh client replays the admissions exactly."""
+    url = f"memory://tail-{kind}" if kind == "memory" else store_url(kind, tmp_path, request)
+
+    async def complete(groups: list[Any], positions: list[int]) -> None:
+        writer = open_store(url)
+        for p in positions:
+            await roll(writer, "s", groups[p])
+        await writer.close()
+
+    reader = open_store(url)
+    writer = open_store(url)
+    groups = asyncio.run(issue(writer, "s", PROMPTS, version=0))
+    asyncio.run(writer.close())
+    asyncio.run(complete(groups, [2, 0]))
+    pipe = _flushed(reader, "s")
+    it = iter(pipe)
+    head = [_key(next(it)) for _ in range(2)]
+    asyncio.run(complete(groups, [1, 5]))
+    head.append(_key(next(it)))
+    state = pipe.checkpoint()
+    asyncio.run(complete(groups, [3, 4, 6, 7, 8, 9]))
+    tail = [_key(r) for r in it]
+    assert [p for p, _ in head] == [0, 2, 1]  # oldest first of what was complete
+    assert sorted(p for p, _ in head + tail) == list(range(PROMPTS))  # each once
+    fresh = open_store(url)
+    assert [_key(r) for r in _flushed(fresh, "s").restore(state)] == tail
+    for store in (reader, fresh):
+        asyncio.run(store.close())
+
+
+def test_timings_split_what_the_source_spent_on_the_ledger_the_engine_and_builds() -> None:
+    url = "memory://timings"
+    writer = open_store(url)
+    groups = asyncio.run(issue(writer, "s", 2, version=0))
+    source = StreamingCaptureSource(
+        open_store(url), "s", groups_per_step=1, max_staleness=100, prompts=2
+    )
+    assert source.timings == {"ledger_s": 0.0, "engine_wait_s": 0.0, "build_s": 0.0}
+
+    def engine() -> None:
+        deadline = time.monotonic() + 120
+        while source.timings["ledger_s"] == 0.0:  # the source looked and found nothing
+            assert time.monotonic() < deadline
+            time.sleep(0.001)  # polling a condition of the consumer thread
+        for group in groups:
+            asyncio.run(roll(writer, "s", group))
+
+    thread = threading.Thread(target=engine)
+    thread.start()
+    served = [r.payload["position"] for r in source.pipeline()]
+    thread.join(120)
+    assert served == [0, 1]
+    spent = source.timings
+    assert spent["engine_wait_s"] > 0  # it waited for the groups (no complete one at first)
+    assert spent["ledger_s"] > 0 and spent["build_s"] > 0
 
 
 def test_a_too_long_stream_and_bad_options_are_refused() -> None:

@@ -21,7 +21,7 @@ so no prompt is skipped or drawn twice (the ledger is frontier-aligned by constr
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -136,6 +136,10 @@ class PromptRow(msgspec.Struct, frozen=True, kw_only=True):
         return all(m.state.terminal for m in self.members)
 
 
+def _all_filtered(row: PromptRow) -> bool:
+    return all(m.state is PromptState.FILTERED for m in row.members)
+
+
 def _complete(row: PromptRow) -> bool:
     states = [m.state for m in row.members]
     ok = (PromptState.SCORED, PromptState.FILTERED)
@@ -172,7 +176,10 @@ class LedgerDelta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
     """The whole ledger of one stream (what a store keeps; decisions mutate a copy).
 
-    ``dict=True`` holds the change tracking of :meth:`track` (never encoded)."""
+    ``dict=True`` holds the change tracking of :meth:`track` and the index of the prompts not
+    yet done (never encoded): the index makes :meth:`pending`, :meth:`admit` and
+    :meth:`overdue` cost O(prompts in flight), not O(prompts), on a ledger a store keeps
+    up to date delta by delta."""
 
     stream: str
     prompts: list[PromptRow] = msgspec.field(default_factory=list)
@@ -203,7 +210,7 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
                     f"stream {self.stream!r}: its log issues position {row.position} after "
                     f"{len(self.prompts)} prompts; the log is damaged or from another stream"
                 )
-            self.prompts.append(row)
+            self._append(row)
         if delta.rows:
             self.cursor = delta.cursor
         for position, new in delta.members:
@@ -226,10 +233,40 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
         row = self.prompts[position]
         members = list(row.members)
         members[new.index] = new
-        self.prompts[position] = msgspec.structs.replace(row, members=tuple(members))
+        self.prompts[position] = row = msgspec.structs.replace(row, members=tuple(members))
+        index = self._open()
+        if row.done and position in index:
+            del index[position]
+            self.__dict__["_open_filtered"][0] += _all_filtered(row)
         moved = self.__dict__.get("_moved")
         if moved is not None:
             moved[(position, new.index)] = None
+
+    def _append(self, row: PromptRow) -> None:
+        index = self._open()
+        self.prompts.append(row)
+        self.__dict__["_open_seen"] = (self.prompts, len(self.prompts))
+        if not row.done:
+            index[row.position] = None
+        self.__dict__["_open_filtered"][0] += _all_filtered(row)
+
+    def _open(self) -> dict[int, None]:
+        """Positions of the prompts not done, ascending; rebuilt (O(prompts)) on first use
+        and when ``prompts`` was replaced or grown other than by :meth:`issue` or
+        :meth:`apply_delta`."""
+        index: dict[int, None] | None = self.__dict__.get("_open_index")
+        seen = self.__dict__.get("_open_seen")
+        if (
+            index is None
+            or seen is None
+            or seen[0] is not self.prompts
+            or seen[1] != len(self.prompts)
+        ):
+            index = {row.position: None for row in self.prompts if not row.done}
+            self.__dict__["_open_index"] = index
+            self.__dict__["_open_seen"] = (self.prompts, len(self.prompts))
+            self.__dict__["_open_filtered"] = [sum(_all_filtered(r) for r in self.prompts)]
+        return index
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -239,7 +276,15 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
 
     def pending(self) -> list[PromptRow]:
         """Prompts with a member neither trained nor filtered, oldest first."""
-        return [row for row in self.prompts if not row.done]
+        return [self.prompts[p] for p in self._open()]
+
+    @property
+    def unfiltered(self) -> int:
+        """Prompts issued minus those whose every member was filtered: the groups that are,
+        or will be, admitted for training (O(1) on a ledger kept up to date)."""
+        self._open()
+        filtered: int = self.__dict__["_open_filtered"][0]
+        return len(self.prompts) - filtered
 
     def trained_after(self, step: int) -> dict[int, list[MemberRef]]:
         """Members trained at a step after ``step``, by step: what a trainer restored from the
@@ -251,7 +296,13 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
                     out.setdefault(m.step, []).append((row.position, m.index))
         return dict(sorted(out.items()))
 
-    def admit(self, weight_version: int, max_staleness: int, limit: int) -> Admission:
+    def admit(
+        self,
+        weight_version: int,
+        max_staleness: int,
+        limit: int,
+        exclude: Container[int] = (),
+    ) -> Admission:
         """Complete groups to train at trainer version ``weight_version``, oldest first.
 
         A group is complete when each member is scored or filtered and one is scored. At most
@@ -260,22 +311,11 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
         ``wait_for`` names it and nothing is admitted: the trainer waits for the slow group
         instead of stepping past it (none is discarded for being slow), which also paces
         generation. A complete group already past the bound is admitted (oldest first) and
-        listed in ``stale``, never dropped.
+        listed in ``stale``, never dropped. Positions in ``exclude`` (groups already admitted
+        and not yet trained) are passed over.
         """
-        if max_staleness < 0 or limit < 1:
-            raise ValueError(
-                f"admit needs max_staleness >= 0 and limit >= 1, got {max_staleness}, {limit}"
-            )
-        bound = weight_version - max_staleness
-        ready: list[PromptRow] = []
-        for row in self.pending():
-            if _complete(row):
-                ready.append(row)
-            elif 0 <= row.weight_version <= bound:
-                return Admission(wait_for=row)
-        groups = tuple(ready[:limit])
-        stale = tuple(r.position for r in groups if 0 <= r.weight_version < bound)
-        return Admission(groups=groups, stale=stale)
+        rows = (row for row in self.pending() if row.position not in exclude)
+        return admit_rows(rows, weight_version, max_staleness, limit)
 
     def overdue(self, now: float, cap_s: float) -> list[MemberRef]:
         """Members still generating (issued or captured) whose attempt started ``cap_s`` or
@@ -362,7 +402,7 @@ class StreamLedger(msgspec.Struct, kw_only=True, dict=True):
             )
             for i in range(n)
         )
-        self.prompts.append(
+        self._append(
             PromptRow(
                 position=position,
                 prompt_key=prompt_key,
@@ -478,3 +518,24 @@ def _json_safe(value: Any, what: str) -> Any:
         raise ValueError(
             f"{what} is not JSON-safe ({exc}); map it to dicts, lists, strings and numbers"
         ) from None
+
+
+def admit_rows(
+    rows: Iterable[PromptRow], weight_version: int, max_staleness: int, limit: int
+) -> Admission:
+    """:meth:`StreamLedger.admit` over ``rows``: prompts in flight, oldest first (a caller
+    may lower their ``weight_version`` first, e.g. to their rollouts' oldest)."""
+    if max_staleness < 0 or limit < 1:
+        raise ValueError(
+            f"admit needs max_staleness >= 0 and limit >= 1, got {max_staleness}, {limit}"
+        )
+    bound = weight_version - max_staleness
+    ready: list[PromptRow] = []
+    for row in rows:
+        if _complete(row):
+            ready.append(row)
+        elif 0 <= row.weight_version <= bound:
+            return Admission(wait_for=row)
+    groups = tuple(ready[:limit])
+    stale = tuple(r.position for r in groups if 0 <= r.weight_version < bound)
+    return Admission(groups=groups, stale=stale)

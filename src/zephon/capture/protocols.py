@@ -10,9 +10,9 @@ lack them; check with ``isinstance(obj, SupportsBeginCall)`` (they are runtime-c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from zephon.capture.ledger import MemberRef, PromptMember, PromptRow, PromptState, StreamLedger
 from zephon.capture.records import (
@@ -335,3 +335,16 @@ class CaptureStore(
     """Everything a zephon store implements over one backend (what ``open_store`` returns)."""
 
     def describe(self) -> str: ...
+
+
+T = TypeVar("T")
+
+
+async def view_stream(store: PromptLedger, stream: str, view: Callable[[StreamLedger], T]) -> T:
+    """``view`` of the stream's ledger: in place where the store can (``read_stream`` of the
+    zephon stores: O(new moves) to bring it up to date), else on a copy of the whole ledger."""
+    read = getattr(store, "read_stream", None)
+    if read is not None:
+        result: T = await read(stream, view)
+        return result
+    return view(await store.stream_ledger(stream))

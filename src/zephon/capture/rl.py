@@ -26,12 +26,12 @@ from zephon.capture.ledger import (
     StreamLedger,
     validate_stream,
 )
-from zephon.capture.protocols import PromptLedger
+from zephon.capture.protocols import PromptLedger, view_stream
 from zephon.errors import ConfigError
 from zephon.pipeline import Pipeline
 from zephon.types import SampleBatch, StreamItem
 
-__all__ = ["PromptGroup", "PromptSource"]
+__all__ = ["PromptGroup", "PromptSource", "view_stream"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +122,13 @@ class PromptSource:
         self._next += 1
         return PromptGroup(row.position, row.prompt_key, row.payload, row.members)
 
-    async def backfill(self, in_flight: int, weight_version: int = -1) -> list[PromptGroup]:
+    async def backfill(
+        self,
+        in_flight: int,
+        weight_version: int = -1,
+        *,
+        pace: tuple[int, int] | None = None,
+    ) -> list[PromptGroup]:
         """The groups to generate now so the stream holds ``in_flight`` prompts not yet trained
         or filtered: every prompt the ledger still owes, then new prompts of the pipeline.
 
@@ -131,12 +137,27 @@ class PromptSource:
         of a :class:`~zephon.capture.batching.StepBatcher` keep their budget; the prompts it
         draws are the pipeline's, in order, so the run stays replayable. Fewer (or none) once
         the pipeline is exhausted.
+
+        ``pace=(groups_per_step, max_staleness)`` (those of the trainer's
+        :class:`~zephon.capture.streaming.StreamingCaptureSource`) also holds new prompts back
+        while the stream holds ``groups_per_step * (weight_version + max_staleness + 1)``
+        groups not wholly filtered: a prompt issued at version ``v`` then always finds a slot
+        among the admissions trained by version ``v + max_staleness``, so it is never trained
+        staler than the bound, even when the trainer's pipeline reads ahead (without it, a
+        prompt issued at the trainer's version after the source admitted the groups of
+        later steps is trained late, listed in the admission's ``stale``).
         """
         if isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1:
             raise ConfigError(f"backfill in_flight is {in_flight!r}: use an int >= 1")
         out = [await self._resume(self._owed.pop(0)) for _ in range(len(self._owed))]
-        ledger = await self.store.stream_ledger(self.stream)
-        for _ in range(in_flight - len(ledger.pending())):
+        open_now, unfiltered = await view_stream(
+            self.store, self.stream, lambda led: (len(led.pending()), led.unfiltered)
+        )
+        room = in_flight - open_now
+        if pace is not None:
+            per_step, staleness = pace
+            room = min(room, per_step * (max(weight_version, 0) + staleness + 1) - unfiltered)
+        for _ in range(room):
             group = await self.next_group(weight_version)
             if group is None:
                 break

@@ -32,13 +32,15 @@ from zephon.capture.group_ops import store_at
 from zephon.capture.ledger import (
     MAX_STREAM_CHARS,
     LedgerTransitionError,
+    MemberRef,
     PromptRow,
     PromptState,
     StreamLedger,
+    admit_rows,
     member_rollout_id,
     validate_stream,
 )
-from zephon.capture.protocols import PromptLedger
+from zephon.capture.protocols import PromptLedger, view_stream
 from zephon.capture.stores import open_store
 from zephon.errors import CheckpointError, ConfigError, DataError
 from zephon.io import Dataset, Shard
@@ -75,9 +77,12 @@ class _Core:
         self.opts = options
         self.lock = threading.Lock()
         self.log: list[dict[str, Any]] = []
+        self.taken: set[int] = set()  # positions admitted (in the log)
         self.loaded = False
         self.records: dict[int, dict[str, Any]] = {}
         self.versions = OldestVersions(store)
+        self.timings = {"ledger_s": 0.0, "engine_wait_s": 0.0, "build_s": 0.0}
+        self.timings_lock = threading.Lock()
         self.dataset = Dataset(options["name"], [_GroupShard(self)])
 
     # -- the admission log -----------------------------------------------------------------
@@ -98,45 +103,69 @@ class _Core:
     def _reload(self) -> None:
         ledger = run_sync(self.store.stream_ledger(self.log_stream))
         self.log = [dict(row.payload) for row in ledger.prompts]
+        self.taken = {int(e["position"]) for e in self.log}
 
     def _admit_next(self) -> bool:
+        """Decide admission ``len(self.log)``. Each look is a view of the store's own ledger
+        (:func:`~zephon.capture.protocols.view_stream`): the store reads only the moves since its
+        last look and the view only the prompts in flight, so an admission costs O(new moves
+        + groups in flight)."""
         opts = self.opts
         while True:
-            ledger: StreamLedger = run_sync(self.store.stream_ledger(self.stream))
-            taken = {int(e["position"]) for e in self.log}
-            if opts["cap_s"] is not None:
-                self._filter_overdue(ledger)
             g = len(self.log)
             version = opts["first_version"] + g // opts["groups_per_step"]
-            pending = [r for r in ledger.prompts if r.position not in taken and not r.done]
-            view = StreamLedger(stream=self.stream, prompts=run_sync(self.versions.rows(pending)))
-            admission = view.admit(version, opts["max_staleness"], 1)
-            if admission.groups:
-                oldest = admission.groups[0]
-                issued = next(r for r in pending if r.position == oldest.position)
-                return self._append(g, issued, version, oldest.weight_version)
-            if self._ended(ledger, taken):
+            began = time.perf_counter()
+            rows, overdue, ended = run_sync(view_stream(self.store, self.stream, self._look))
+            if overdue:
+                self._filter_overdue(overdue)
+            elif (chosen := self._choose(rows, version)) is not None:
+                appended = self._append(g, *chosen, version)
+                self._count("ledger_s", time.perf_counter() - began)
+                return appended
+            self._count("ledger_s", time.perf_counter() - began)
+            if ended:
                 return False
-            time.sleep(opts["poll_s"])  # generation is still running: poll the ledger
+            if not overdue:
+                began = time.perf_counter()
+                time.sleep(opts["poll_s"])  # generation is still running: poll the ledger
+                self._count("engine_wait_s", time.perf_counter() - began)
 
-    def _filter_overdue(self, ledger: StreamLedger) -> None:
-        cap = self.opts["cap_s"]
-        refs = ledger.overdue(time.time(), cap)
-        if refs:
-            reason = f"over the {cap:g} s cap"
-            for ref in refs:  # one by one: a member that moved meanwhile is left alone
-                try:
-                    run_sync(self.store.advance(self.stream, [ref], "filtered", reason=reason))
-                except LedgerTransitionError:
-                    continue
+    def _count(self, what: str, seconds: float) -> None:
+        with self.timings_lock:
+            self.timings[what] += seconds
 
-    def _ended(self, ledger: StreamLedger, taken: set[int]) -> bool:
-        total = self.opts["prompts"]
-        if total is None or ledger.next_position < total:
-            return False
-        return all(r.done or r.position in taken for r in ledger.prompts[:total])
+    def _look(self, ledger: StreamLedger) -> _Look:
+        """The prompts in flight not admitted yet, members overdue, and whether the pass
+        ended: what one poll reads of the store's ledger (rows are frozen: safe to keep)."""
+        opts, taken = self.opts, self.taken
+        cap = opts["cap_s"]
+        overdue = ledger.overdue(time.time(), cap) if cap is not None else []
+        rows = [r for r in ledger.pending() if r.position not in taken]
+        total = opts["prompts"]
+        ended = total is not None and ledger.next_position >= total
+        ended = ended and all(r.position >= total for r in rows)
+        return rows, overdue, ended
 
-    def _append(self, g: int, row: PromptRow, version: int, oldest: int) -> bool:
+    def _choose(self, rows: list[PromptRow], version: int) -> tuple[PromptRow, int] | None:
+        """The group to admit at ``version`` and its rollouts' oldest weight version: the
+        staleness bound counts from the oldest version a finished member was generated with."""
+        aged = run_sync(self.versions.rows(rows))
+        admission = admit_rows(aged, version, self.opts["max_staleness"], 1)
+        if not admission.groups:
+            return None
+        oldest = admission.groups[0]
+        issued = next(r for r in rows if r.position == oldest.position)
+        return issued, oldest.weight_version
+
+    def _filter_overdue(self, refs: list[MemberRef]) -> None:
+        reason = f"over the {self.opts['cap_s']:g} s cap"
+        for ref in refs:  # one by one: a member that moved meanwhile is left alone
+            try:
+                run_sync(self.store.advance(self.stream, [ref], "filtered", reason=reason))
+            except LedgerTransitionError:
+                continue
+
+    def _append(self, g: int, row: PromptRow, oldest: int, version: int) -> bool:
         entry = {
             "position": row.position,
             "prompt_key": row.prompt_key,
@@ -155,6 +184,7 @@ class _Core:
             self._reload()  # another source admitted g first: serve what it logged
             return len(self.log) > g
         self.log.append(entry)
+        self.taken.add(row.position)
         return True
 
     # -- the served records ----------------------------------------------------------------
@@ -170,7 +200,9 @@ class _Core:
         entry = log[g] if g < len(log) else self.entry(g)
         if entry is None:
             raise DataError(f"{self.log_stream}: admission {g} was never made")
+        began = time.perf_counter()
         record = run_sync(self._build(entry, g))
+        self._count("build_s", time.perf_counter() - began)
         self.records[g] = record
         return record
 
@@ -211,6 +243,11 @@ class _Core:
                 )
             return scores[0].reward if scores else None
         return next((s.reward for s in scores if s.verifier == verifier), None)
+
+
+_Look = tuple[list[PromptRow], list[MemberRef], bool]
+"""One look at the ledger: the group to admit (if any), members over the cap, and whether the
+stream ended (every prompt issued and each served or done)."""
 
 
 class _GroupShard(Shard):
@@ -297,7 +334,7 @@ class StreamingCaptureSource(WorkSource):
         first_version: int = 0,
         verifier: str | None = None,
         cap_s: float | None = None,
-        poll_s: float = 0.05,
+        poll_s: float = 0.01,
         name: str = "stream",
     ) -> None:
         if len(validate_stream(stream)) > MAX_STREAM_CHARS - len(LOG_SUFFIX):
@@ -333,6 +370,15 @@ class StreamingCaptureSource(WorkSource):
         (a flush after every chunk): without it the engine's micro-batches hold groups back,
         and a trainer that paces generation would wait for groups it never receives."""
         return Pipeline(self).options(flush_every_k_chunks=1)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Seconds this source spent so far: ``ledger_s`` reading the ledger and writing the
+        admission log, ``engine_wait_s`` waiting for generation (no complete group yet),
+        ``build_s`` reading and building the admitted groups' captures. They run on the
+        pipeline's source thread, so a trainer waits on them only when nothing is ready."""
+        with self._core.timings_lock:
+            return dict(self._core.timings)
 
     @property
     def admissions(self) -> list[dict[str, Any]]:

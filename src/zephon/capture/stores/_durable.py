@@ -427,6 +427,15 @@ class DurableStore:
         ledger: StreamLedger = await self._stream(stream, StreamLedger.copy, write=False)
         return ledger
 
+    async def read_stream(self, stream: str, view: Callable[[StreamLedger], T]) -> T:
+        """``view(ledger)`` on the stream's current ledger, under its lock, without copying it:
+        a client that keeps its ledger reads only the moves since its last look, so a view
+        that reads the prompts in flight (``pending``, ``admit``) costs O(new moves + prompts
+        in flight), where :meth:`stream_ledger` copies every prompt. ``view`` must not change
+        the ledger (AssertionError) nor keep a reference to it."""
+        result: T = await self._stream(stream, view, write=False)
+        return result
+
     # -- lineage ----------------------------------------------------------------------------
 
     async def resolve(

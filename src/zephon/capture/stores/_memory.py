@@ -15,10 +15,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
+from zephon.capture.ledger import StreamLedger
 from zephon.capture.records import TokenCaptureSnapshot, TokenEntry
-from zephon.capture.stores._durable import Decide, DurableStore, StreamOp, decide_stream
+from zephon.capture.stores._durable import Decide, DurableStore, StreamOp
 from zephon.capture.stores._events import Delete, Event, Put, Retire
 from zephon.capture.stores._state import RolloutState, Transition
+from zephon.capture.stores._streamlog import replay, run_tracked
 
 __all__ = ["MemoryStore", "drop_memory_backend"]
 
@@ -33,7 +35,8 @@ class _Backend:
         self.payloads: dict[str, dict[str, TokenEntry]] = {}
         self.events: dict[str, list[Event]] = {}
         self.snapshots: dict[str, TokenCaptureSnapshot] = {}
-        self.streams: dict[str, bytes] = {}
+        self.streams: dict[str, tuple[StreamLedger, list[bytes]]] = {}
+        """Per stream: the live ledger and its log of encoded deltas, one per move."""
 
 
 _BACKENDS: dict[str, _Backend] = {}
@@ -150,14 +153,27 @@ class MemoryStore(DurableStore):
         return state.snapshot(payloads[cid] for cid in state.entry_keys)
 
     def transact_stream(self, stream: str, op: StreamOp, *, write: bool = True) -> Any:
+        """Run ``op`` on the stream's live ledger and append what it changed to the stream's
+        log: a move costs O(members moved), like the file store's append, never a rewrite of
+        the whole ledger. A failed op leaves the ledger as its log rebuilds it."""
         b = self._backend
         with b.lock:
-            new, result = decide_stream(stream, b.streams.get(stream), op)
-            if new is not None:
-                if not write:
-                    raise AssertionError(f"a read of stream {stream!r} changed its ledger")
-                b.streams[stream] = new
+            ledger, log = b.streams.get(stream) or (StreamLedger(stream=stream), [])
+            try:
+                delta, result = run_tracked(ledger, op, write=write)
+            except BaseException:
+                if stream in b.streams:
+                    b.streams[stream] = (replay(StreamLedger(stream=stream), log), log)
+                raise
+            if delta is not None:
+                log.append(delta)
+                b.streams[stream] = (ledger, log)
             return result
+
+    def stream_log(self, stream: str) -> list[bytes]:
+        """The stream's encoded deltas, oldest first (tests and audit)."""
+        with self._backend.lock:
+            return list(self._backend.streams.get(stream, (None, []))[1])
 
     def fetch_lineage(
         self, rollout_id: str, select: Callable[[Mapping[str, str]], Iterable[str]]

@@ -9,7 +9,9 @@
   built-in store (:func:`store_kinds` derives it; a store without a kind is an error);
 * :func:`sample_commit` - a valid ledger row to record;
 * :func:`run_flood` - hostile clients against a running capture proxy while a well-behaved
-  one works (latencies, acknowledged calls, peak memory).
+  one works (latencies, acknowledged calls, peak memory);
+* :func:`run_chaos` / :class:`ProcessRole` - random SIGKILLs of an RL loop's processes,
+  each triggered by the ledger's progress (:func:`ledger_progress`), on a seeded schedule.
 
 Importable without pytest.
 """
@@ -38,6 +40,13 @@ from zephon.capture.conformance import (
 from zephon.capture.conformance import (
     run_conformance_sync as run_conformance_sync,
 )
+from zephon.capture.testing._chaos import (
+    ChaosError,
+    ChaosRole,
+    ProcessRole,
+    ledger_progress,
+    run_chaos,
+)
 from zephon.capture.testing._flood import FloodPlan, FloodReport, run_flood
 from zephon.capture.testing._kinds import STORE_KINDS, StoreKind, durable_kinds, store_kinds
 from zephon.capture.testing._mutations import (
@@ -59,19 +68,24 @@ from zephon.capture.testing._powerloss import (
 __all__ = [
     "MUTATIONS",
     "STORE_KINDS",
+    "ChaosError",
+    "ChaosRole",
     "FloodPlan",
     "FloodReport",
     "Image",
     "Mutation",
     "Op",
+    "ProcessRole",
     "RecordingFileSystem",
     "StoreKind",
     "Wrapper",
     "assert_mutation_caught",
     "durable_kinds",
+    "ledger_progress",
     "marks_before",
     "mutated_factory",
     "power_loss_images",
+    "run_chaos",
     "run_flood",
     "run_mutation",
     "sample_commit",
