@@ -70,7 +70,6 @@ def _command(venv_bin: Path, *args: str, extra_env: dict[str, str] | None = None
     )  # fmt: skip
 
 
-@pytest.mark.usefixtures("default_sigint")
 @pytest.mark.parametrize(("name", "code", "status"), [
     ("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated"),
 ])  # fmt: skip
@@ -145,7 +144,6 @@ def _env_that_signals_during_its_probe(folder: Path, signal_to: str) -> dict[str
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.usefixtures("default_sigint")
 @pytest.mark.parametrize(("signal_to", "code", "status"), [
     ("-s INT -- -$PPID", 130, "interrupted"),  # Ctrl-C: the group, the probe dies of it too
     ("-s INT $PPID", 130, "interrupted"),
@@ -231,7 +229,6 @@ def _stop_at(venv_bin: Path, folder: Path, delay: float, signum: signal.Signals)
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.usefixtures("default_sigint")
 def test_fifty_random_stop_signals_in_the_first_half_second_all_exit_130_or_143(
     venv_bin, preempt_dir
 ):
