@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from typing import Any
 
 import pytest
 
 from tests.engine._sources import RangeSource
 from tests.runners._faulty import KillWorkerOp
+from tests.runners._gated import GatedSource
 from tests.runners._leaks import children_of, cmdline_of, wait_gone
 from tests.runners._pipes import digest, key
 from zephon import Dataset, Pipeline
@@ -18,10 +20,19 @@ from zephon._engine.workers.pools import WorkerCrashedError
 from zephon._engine.workers.process_pool import ProcessWorkerPool
 
 
-def faulty(docs: list[dict[str, Any]], op: KillWorkerOp, runner: str, **opts: Any) -> Pipeline:
+def faulty(
+    docs: list[dict[str, Any]],
+    op: KillWorkerOp,
+    runner: str,
+    gate: threading.Event | None = None,
+    **opts: Any,
+) -> Pipeline:
+    """decode -> ``op`` -> tokenize -> batch, two lanes; with ``gate``, each lane's source
+    deals two chunks (80 records) and waits for the gate before the rest."""
     ds = Dataset.from_records("docs", docs, shard_size=50)
+    source = RangeSource([ds], chunk_size=40) if gate is None else GatedSource([ds], 40, gate, 2)
     return (
-        Pipeline(RangeSource([ds], chunk_size=40))
+        Pipeline(source)
         .decode_text(parallelism=2)
         .add_op(op, parallelism=2)
         .tokenize("bytes", max_length=40, parallelism=2)
@@ -55,21 +66,31 @@ def kill_every_worker(pipe: Pipeline) -> set[Any]:
     return fleets
 
 
-def killed_from_outside(docs: list[dict[str, Any]], tmp_path: Any) -> tuple[list[Any], Pipeline]:
-    """The inline reference and a process pipeline whose operator kills nothing itself."""
+def killed_from_outside(
+    docs: list[dict[str, Any]], tmp_path: Any, gate: threading.Event
+) -> tuple[list[Any], Pipeline]:
+    """The inline reference and a process pipeline whose operator kills nothing itself, its
+    records after the first 80 of each lane held back until ``gate`` opens (the workers
+    killed mid-run then have work left, however far the engine ran ahead of the test)."""
     op = KillWorkerOp(tmp_path / "unused", victim=-1)
-    return digest(faulty(docs, op, "inline")), faulty(docs, op, "process", queue_size=2)
+    expected = digest(faulty(docs, op, "inline"))
+    return expected, faulty(docs, op, "process", gate, queue_size=2)
 
 
 @pytest.mark.timeout(90)
 def test_kill_9_of_every_worker_from_outside_mid_run(docs, tmp_path):
-    expected, pipe = killed_from_outside(docs, tmp_path)
+    gate = threading.Event()
+    expected, pipe = killed_from_outside(docs, tmp_path, gate)
     got = []
     fleets: set[Any] = set()
-    for item in pipe:
-        got.append(key(item))
-        if not fleets:
-            fleets = kill_every_worker(pipe)
+    try:
+        for item in pipe:
+            got.append(key(item))
+            if not fleets:
+                fleets = kill_every_worker(pipe)
+                gate.set()
+    finally:
+        gate.set()
     assert got == expected
     assert sum(f.respawns for f in fleets) >= 1
 
@@ -82,19 +103,24 @@ def forkservers() -> list[int]:
 @pytest.mark.timeout(90)
 def test_kill_9_of_the_forkserver_then_of_every_worker_mid_run(docs, tmp_path):
     """Running workers outlive their forkserver; the respawns start a new one."""
-    expected, pipe = killed_from_outside(docs, tmp_path)
+    gate = threading.Event()
+    expected, pipe = killed_from_outside(docs, tmp_path, gate)
     got = []
     servers: list[int] = []
     fleets: set[Any] = set()
-    for item in pipe:
-        got.append(key(item))
-        if len(got) == 1:
-            servers = forkservers()
-            assert len(servers) == 1
-            os.kill(servers[0], signal.SIGKILL)
-            assert wait_gone(servers, timeout=30) == []
-        if len(got) == 3:  # the workers went on serving without their server
-            fleets = kill_every_worker(pipe)
+    try:
+        for item in pipe:
+            got.append(key(item))
+            if len(got) == 1:
+                servers = forkservers()
+                assert len(servers) == 1
+                os.kill(servers[0], signal.SIGKILL)
+                assert wait_gone(servers, timeout=30) == []
+            if len(got) == 3:  # the workers went on serving without their server
+                fleets = kill_every_worker(pipe)
+                gate.set()
+    finally:
+        gate.set()
     assert got == expected
     assert sum(f.respawns for f in fleets) >= 1
     assert len(forkservers()) == 1 and forkservers() != servers
