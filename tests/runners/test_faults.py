@@ -10,14 +10,15 @@ from typing import Any
 
 import pytest
 
-from tests.engine._sources import RangeSource
+from tests.engine._sources import GatedSource, RangeSource
 from tests.runners._faulty import KillWorkerOp
-from tests.runners._gated import GatedSource
 from tests.runners._leaks import children_of, cmdline_of, wait_gone
 from tests.runners._pipes import digest, key
 from zephon import Dataset, Pipeline
 from zephon._engine.workers.pools import WorkerCrashedError
 from zephon._engine.workers.process_pool import ProcessWorkerPool
+
+CHUNK = 40
 
 
 def faulty(
@@ -27,10 +28,12 @@ def faulty(
     gate: threading.Event | None = None,
     **opts: Any,
 ) -> Pipeline:
-    """decode -> ``op`` -> tokenize -> batch, two lanes; with ``gate``, each lane's source
-    deals two chunks (80 records) and waits for the gate before the rest."""
+    """decode -> ``op`` -> tokenize -> batch, two lanes; with ``gate``, the source holds the
+    last chunk of lane 0 back until the gate opens (what comes before it makes the first
+    items: an earlier hold could starve them)."""
     ds = Dataset.from_records("docs", docs, shard_size=50)
-    source = RangeSource([ds], chunk_size=40) if gate is None else GatedSource([ds], 40, gate, 2)
+    last = (len(docs) - 1) // CHUNK // 2 * 2  # lane 0 deals the even chunks
+    source = RangeSource([ds], CHUNK) if gate is None else GatedSource(gate, last, [ds], CHUNK)
     return (
         Pipeline(source)
         .decode_text(parallelism=2)
@@ -69,9 +72,9 @@ def kill_every_worker(pipe: Pipeline) -> set[Any]:
 def killed_from_outside(
     docs: list[dict[str, Any]], tmp_path: Any, gate: threading.Event
 ) -> tuple[list[Any], Pipeline]:
-    """The inline reference and a process pipeline whose operator kills nothing itself, its
-    records after the first 80 of each lane held back until ``gate`` opens (the workers
-    killed mid-run then have work left, however far the engine ran ahead of the test)."""
+    """The inline reference and a process pipeline whose operator kills nothing itself, the
+    rest of its lane 0 held back until ``gate`` opens (the workers killed mid-run then have
+    work left, however far the engine ran ahead of the test)."""
     op = KillWorkerOp(tmp_path / "unused", victim=-1)
     expected = digest(faulty(docs, op, "inline"))
     return expected, faulty(docs, op, "process", gate, queue_size=2)
