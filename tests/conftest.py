@@ -27,6 +27,15 @@ from zephon._engine.handoff import shm
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Every process the tests start gets SIGINT at its default, as a job at a terminal does.
+    A suite started with SIGINT ignored (a shell script's background job) would pass that on,
+    and a Ctrl-C test would see its command ignore the Ctrl-C; Python's own handler is not
+    inherited (exec resets a handler to the default)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(scope="session")
 def docs() -> list[dict[str, object]]:
     return make_docs(600)

@@ -11,12 +11,13 @@ other program installs nothing.
 The ``zephon`` script (``bin/zephon``, the command pip installs) starts Python with SIGINT and
 SIGTERM blocked (GNU ``env --block-signal``): a stop signal during Python's own start-up
 (site, .pth files) waits until :func:`install_if_command` lets it in, the handlers in place.
-Before the block (sh starting) it kills the process; where ``env`` cannot block, and under
-``python -m zephon``, Python's start-up runs with Python's handlers, where Ctrl-C is a
-``KeyboardInterrupt`` traceback (docs/cli.md says how long). This module adds as little as it
-can to that: no ``from __future__`` (itself an import), and the C half of :mod:`signal` (the
-module builds enums, 1 to 2 ms); ``os``, ``sys``, ``time`` and ``types`` are loaded before
-any entry point imports zephon.
+While sh runs, the script catches a stop signal and hands it on (:data:`PENDING_SIGNAL_ENV`),
+raised again here; only one before its traps or during its ``exec`` kills the process. Where
+``env`` cannot block, and under ``python -m zephon``, Python's start-up runs with Python's
+handlers, where Ctrl-C is a ``KeyboardInterrupt`` traceback (docs/cli.md says how long). This
+module adds as little as it can to that: no ``from __future__`` (itself an import), and the
+C half of :mod:`signal` (the module builds enums, 1 to 2 ms); ``os``, ``sys``, ``time`` and
+``types`` are loaded before any entry point imports zephon.
 """
 
 import _signal  # type: ignore[import-not-found]  # typeshed has no stub for the C module
@@ -32,6 +33,8 @@ EXIT_CODES: dict[int, int] = {SIGINT: 130, SIGTERM: 143}
 COMMANDS = frozenset({"run"})
 """The subcommands whose start a stop signal ends with a summary (the others have none)."""
 ENTRY_MODULES = frozenset({"zephon.__main__", "zephon.cli.__main__"})
+PENDING_SIGNAL_ENV = "ZEPHON_PENDING_SIGNAL"
+"""Set by the ``zephon`` script to "INT" or "TERM" when that signal came while sh ran."""
 
 
 class Startup:
@@ -119,4 +122,14 @@ def install_if_command() -> None:
         return
     if is_command(sys.argv):
         install_startup_handlers()
+    _raise_pending_signal()
     _signal.pthread_sigmask(_signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def _raise_pending_signal() -> None:
+    """Raise again the stop signal the ``zephon`` script caught while sh ran (before it could
+    block it): the handlers, or Python's, then see it as if it had come now."""
+    name = os.environ.pop(PENDING_SIGNAL_ENV, "")
+    signum = {"INT": SIGINT, "TERM": SIGTERM}.get(name)
+    if signum is not None:
+        _signal.raise_signal(signum)  # blocked by the script: pending until the unblock

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import shutil
-import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,16 +60,3 @@ def without_cut_warning(stderr: str) -> str:
     """``stderr`` without the warning that tokenize has cut many tokens: PIPELINE_YAML
     truncates the demo corpus on purpose, and the tests that use it are about other lines."""
     return "".join(line for line in stderr.splitlines(True) if " has cut " not in line)
-
-
-@pytest.fixture
-def default_sigint() -> Iterator[None]:
-    """Children start with SIGINT at its default, as a job in a terminal's foreground: one
-    ignored here (pytest started in the background by a shell) stays ignored in them until
-    the command's handlers replace it, and a SIGINT before then would be lost."""
-    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
-    if ignored:
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # exec resets it to SIG_DFL
-    yield
-    if ignored:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)

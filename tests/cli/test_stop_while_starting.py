@@ -187,7 +187,6 @@ def _check_stops_from_the_start(preempt_dir, delays: list[float]) -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.usefixtures("default_sigint")
 def test_stop_signals_from_the_first_moment_of_the_process_never_show_a_zephon_traceback(
     preempt_dir,
 ):

@@ -70,7 +70,6 @@ def _command(venv_bin: Path, *args: str, extra_env: dict[str, str] | None = None
     )  # fmt: skip
 
 
-@pytest.mark.usefixtures("default_sigint")
 @pytest.mark.parametrize(("name", "code", "status"), [
     ("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated"),
 ])  # fmt: skip
@@ -129,6 +128,38 @@ def test_an_env_that_cannot_block_signals_still_runs_the_command(venv_bin, tmp_p
     proc = _command(venv_bin, "--version", extra_env={"PATH": path})
     assert proc.returncode == 0 and proc.stdout.startswith("zephon "), proc.stderr
     assert proc.stderr == ""
+
+
+def _env_that_signals_during_its_probe(folder: Path, signal_to: str) -> dict[str, str]:
+    """A PATH whose ``env`` sends ``signal_to`` (kill's arguments) from the script's probe
+    ``env --block-signal=INT --version``: the signal lands while sh waits on a child."""
+    folder.mkdir()
+    fake = folder / "env"
+    fake.write_text(
+        f'#!/bin/sh\ncase "$2" in --version) kill {signal_to} ;; esac\n'
+        f'exec {shutil.which("env")} "$@"\n'
+    )
+    fake.chmod(0o755)
+    return {"PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("signal_to", "code", "status"), [
+    ("-s INT -- -$PPID", 130, "interrupted"),  # Ctrl-C: the group, the probe dies of it too
+    ("-s INT $PPID", 130, "interrupted"),
+    ("-s TERM $PPID", 143, "terminated"),
+])  # fmt: skip
+def test_a_stop_signal_while_sh_runs_is_handed_on_to_the_handlers(
+    venv_bin, preempt_dir, tmp_path, signal_to, code, status
+):
+    path = _env_that_signals_during_its_probe(tmp_path / "bin", signal_to)
+    proc = subprocess.run(
+        [venv_bin / "zephon", "run", "p.yaml", "--quiet"], cwd=preempt_dir,
+        env={**env(), **path}, capture_output=True, text=True, timeout=120,
+        start_new_session=True,
+    )  # fmt: skip
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout.startswith(f"{status}: 0 items while starting") and proc.stderr == ""
 
 
 @pytest.mark.timeout(300)
@@ -198,7 +229,6 @@ def _stop_at(venv_bin: Path, folder: Path, delay: float, signum: signal.Signals)
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.usefixtures("default_sigint")
 def test_fifty_random_stop_signals_in_the_first_half_second_all_exit_130_or_143(
     venv_bin, preempt_dir
 ):

@@ -1,11 +1,13 @@
 """A minimal custom WorkSource for engine tests: shows the extension point and needs no I/O.
 
 Chunks of ``chunk_size`` consecutive pointers over one dataset are dealt to lanes modulo
-``canonical_replicas``; the final chunk may be short.
+``canonical_replicas``; the final chunk may be short. :class:`GatedSource` holds one chunk
+back until the test opens a gate: work is then surely left when the test acts mid-run.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,3 +56,28 @@ class RangeSource(WorkSource):
 
     def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> RangeSource:
         return RangeSource(self._datasets, self.chunk_size, lane_id, canonical_replicas)
+
+
+GATE_S = 60.0
+"""How long a held source waits for its gate: a test that failed before opening it ends."""
+
+
+class GatedSource(RangeSource):
+    """Holds the source thread at chunk ``hold_at`` until ``gate`` opens: the run cannot end
+    (nor its engine threads finish their work) before the test lets it."""
+
+    def __init__(self, gate: threading.Event, hold_at: int, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = gate
+        self.hold_at = hold_at
+
+    def next_chunk(self) -> WorkChunk | None:
+        if self.next_global == self.hold_at:
+            assert self.gate.wait(GATE_S), "the test never opened the gate"
+        return super().next_chunk()
+
+    def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> GatedSource:
+        base = super().clone_for_lane(lane_id, canonical_replicas)
+        return GatedSource(
+            self.gate, self.hold_at, base.datasets, base.chunk_size, lane_id, canonical_replicas
+        )

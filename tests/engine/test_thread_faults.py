@@ -18,11 +18,10 @@ from typing import Any
 
 import pytest
 
-from tests.engine._sources import RangeSource
+from tests.engine._sources import GatedSource, RangeSource
 from zephon import Dataset, Pipeline
 from zephon._engine.workers.pools import WorkerCrashedError
 from zephon.types import StreamItem
-from zephon.work import WorkChunk
 
 DEADLINE_S = 60.0
 
@@ -47,27 +46,6 @@ def threads_named(prefix: str) -> list[threading.Thread]:
 def source(n: int = 20000) -> RangeSource:
     rows = [{"id": i, "text": f"document number {i}"} for i in range(n)]
     return RangeSource([Dataset.from_records("docs", rows, shard_size=500)], 50)
-
-
-class GatedSource(RangeSource):
-    """Holds the source thread at chunk ``hold_at`` until ``gate`` opens: the run cannot end
-    (nor its engine threads finish their work) before the test lets it."""
-
-    def __init__(self, gate: threading.Event, hold_at: int, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.gate = gate
-        self.hold_at = hold_at
-
-    def next_chunk(self) -> WorkChunk | None:
-        if self.next_global == self.hold_at:
-            assert self.gate.wait(DEADLINE_S), "the test never opened the gate"
-        return super().next_chunk()
-
-    def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> GatedSource:
-        base = super().clone_for_lane(lane_id, canonical_replicas)
-        return GatedSource(
-            self.gate, self.hold_at, base.datasets, base.chunk_size, lane_id, canonical_replicas
-        )
 
 
 def gated_source(gate: threading.Event) -> GatedSource:

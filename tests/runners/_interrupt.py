@@ -1,10 +1,10 @@
 """Ctrl-C at chosen moments of a program's process-runner start-up.
 
 Each program starts in its own process group, as a job at a terminal. Its first child process
-(the resource tracker, then the forkserver and the workers) says that the start-up of its
-workers has begun; the moment under test is a delay from there. SIGINT then goes to the whole
-group (Ctrl-C at a terminal) or to the program alone (``kill -INT``), in turn. What comes back
-is how the program ended and what it left behind.
+that Python started (the resource tracker, then the forkserver and the workers) says that the
+start-up of its workers has begun; the moment under test is a delay from there. SIGINT then
+goes to the whole group (Ctrl-C at a terminal) or to the program alone (``kill -INT``), in
+turn. What comes back is how the program ended and what it left behind.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.cli._preempt import wait_for
-from tests.runners._leaks import children_of, group_members, our_segments
+from tests.runners._leaks import children_of, comm_of, group_members, our_segments
 
 #: How long the processes of a program's group may take to exit after it did (a loaded
 #: machine reaps a forkserver and its workers in well under a second).
@@ -44,6 +44,16 @@ class Interrupted:
         )
 
 
+LAUNCHER_COMMS = frozenset({"env", "zephon", "sh", ""})
+"""What the ``zephon`` script's sh forks before it execs Python (its ``env --block-signal``
+probe, a copy of sh on its way to exec; "": gone already): not the start-up under test."""
+
+
+def started_children(pid: int) -> list[int]:
+    """The children of ``pid`` that its Python started (the resource tracker, the forkserver)."""
+    return [child for child in children_of(pid) if comm_of(child) not in LAUNCHER_COMMS]
+
+
 def interrupt_at(
     command: list[str], *, cwd: Path, env: dict[str, str], delay: float, whole_group: bool
 ) -> Interrupted:
@@ -53,7 +63,7 @@ def interrupt_at(
         start_new_session=True,
     )  # fmt: skip
     try:
-        wait_for(lambda: proc.poll() is not None or bool(children_of(proc.pid)))
+        wait_for(lambda: proc.poll() is not None or bool(started_children(proc.pid)))
         time.sleep(delay)  # the moment under test, not a wait for anything
         if whole_group:
             os.killpg(proc.pid, signal.SIGINT)

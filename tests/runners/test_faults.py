@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from typing import Any
 
 import pytest
 
-from tests.engine._sources import RangeSource
+from tests.engine._sources import GatedSource, RangeSource
 from tests.runners._faulty import KillWorkerOp
 from tests.runners._leaks import children_of, cmdline_of, wait_gone
 from tests.runners._pipes import digest, key
@@ -17,11 +18,24 @@ from zephon import Dataset, Pipeline
 from zephon._engine.workers.pools import WorkerCrashedError
 from zephon._engine.workers.process_pool import ProcessWorkerPool
 
+CHUNK = 40
 
-def faulty(docs: list[dict[str, Any]], op: KillWorkerOp, runner: str, **opts: Any) -> Pipeline:
+
+def faulty(
+    docs: list[dict[str, Any]],
+    op: KillWorkerOp,
+    runner: str,
+    gate: threading.Event | None = None,
+    **opts: Any,
+) -> Pipeline:
+    """decode -> ``op`` -> tokenize -> batch, two lanes; with ``gate``, the source holds the
+    last chunk of lane 0 back until the gate opens (what comes before it makes the first
+    items: an earlier hold could starve them)."""
     ds = Dataset.from_records("docs", docs, shard_size=50)
+    last = (len(docs) - 1) // CHUNK // 2 * 2  # lane 0 deals the even chunks
+    source = RangeSource([ds], CHUNK) if gate is None else GatedSource(gate, last, [ds], CHUNK)
     return (
-        Pipeline(RangeSource([ds], chunk_size=40))
+        Pipeline(source)
         .decode_text(parallelism=2)
         .add_op(op, parallelism=2)
         .tokenize("bytes", max_length=40, parallelism=2)
@@ -55,21 +69,31 @@ def kill_every_worker(pipe: Pipeline) -> set[Any]:
     return fleets
 
 
-def killed_from_outside(docs: list[dict[str, Any]], tmp_path: Any) -> tuple[list[Any], Pipeline]:
-    """The inline reference and a process pipeline whose operator kills nothing itself."""
+def killed_from_outside(
+    docs: list[dict[str, Any]], tmp_path: Any, gate: threading.Event
+) -> tuple[list[Any], Pipeline]:
+    """The inline reference and a process pipeline whose operator kills nothing itself, the
+    rest of its lane 0 held back until ``gate`` opens (the workers killed mid-run then have
+    work left, however far the engine ran ahead of the test)."""
     op = KillWorkerOp(tmp_path / "unused", victim=-1)
-    return digest(faulty(docs, op, "inline")), faulty(docs, op, "process", queue_size=2)
+    expected = digest(faulty(docs, op, "inline"))
+    return expected, faulty(docs, op, "process", gate, queue_size=2)
 
 
 @pytest.mark.timeout(90)
 def test_kill_9_of_every_worker_from_outside_mid_run(docs, tmp_path):
-    expected, pipe = killed_from_outside(docs, tmp_path)
+    gate = threading.Event()
+    expected, pipe = killed_from_outside(docs, tmp_path, gate)
     got = []
     fleets: set[Any] = set()
-    for item in pipe:
-        got.append(key(item))
-        if not fleets:
-            fleets = kill_every_worker(pipe)
+    try:
+        for item in pipe:
+            got.append(key(item))
+            if not fleets:
+                fleets = kill_every_worker(pipe)
+                gate.set()
+    finally:
+        gate.set()
     assert got == expected
     assert sum(f.respawns for f in fleets) >= 1
 
@@ -82,19 +106,24 @@ def forkservers() -> list[int]:
 @pytest.mark.timeout(90)
 def test_kill_9_of_the_forkserver_then_of_every_worker_mid_run(docs, tmp_path):
     """Running workers outlive their forkserver; the respawns start a new one."""
-    expected, pipe = killed_from_outside(docs, tmp_path)
+    gate = threading.Event()
+    expected, pipe = killed_from_outside(docs, tmp_path, gate)
     got = []
     servers: list[int] = []
     fleets: set[Any] = set()
-    for item in pipe:
-        got.append(key(item))
-        if len(got) == 1:
-            servers = forkservers()
-            assert len(servers) == 1
-            os.kill(servers[0], signal.SIGKILL)
-            assert wait_gone(servers, timeout=30) == []
-        if len(got) == 3:  # the workers went on serving without their server
-            fleets = kill_every_worker(pipe)
+    try:
+        for item in pipe:
+            got.append(key(item))
+            if len(got) == 1:
+                servers = forkservers()
+                assert len(servers) == 1
+                os.kill(servers[0], signal.SIGKILL)
+                assert wait_gone(servers, timeout=30) == []
+            if len(got) == 3:  # the workers went on serving without their server
+                fleets = kill_every_worker(pipe)
+                gate.set()
+    finally:
+        gate.set()
     assert got == expected
     assert sum(f.respawns for f in fleets) >= 1
     assert len(forkservers()) == 1 and forkservers() != servers
