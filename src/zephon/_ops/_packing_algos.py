@@ -195,8 +195,8 @@ class FitPacker(LanePacker):
         limits = self.limits
         capacity = limits.max_length - length
         bins = self.bins
-        images, vision = counts = limits.counts(record)
         capped = limits.images_of is not None or limits.vision_of is not None
+        images, vision = counts = limits.counts(record) if capped else (0, 0)
         chosen = -1
         if self.best:
             best_used = -1
@@ -218,8 +218,18 @@ class FitPacker(LanePacker):
             chosen = len(bins) - 1
         else:
             target = bins[chosen]
-        target.put(record, 0, length, True, images, vision)
-        if limits.full(target):
+        if capped:
+            target.put(record, 0, length, True, images, vision)
+            full = limits.full(target)
+        else:  # Bin.put and Limits.full without the counts: once per record, on the serial path
+            segments = target.segments
+            segments.append([record, 0, length, True])
+            used = target.used = target.used + length
+            target._saved = None
+            full = limits.max_length - used < limits.min_remaining or (
+                len(segments) >= limits.max_sequences
+            )
+        if full:
             del bins[chosen]
             closed.append(target)
         return closed

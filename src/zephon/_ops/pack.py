@@ -37,6 +37,7 @@ from zephon._ops._pack_images import (
     marked_offsets,
     row_layout,
 )
+from zephon._ops._pack_rows import RowLayout, assemble_rows
 from zephon._ops._packing_algos import (
     ALGORITHMS,
     Bin,
@@ -817,6 +818,7 @@ class PackFlatOp(PackOpBase):
         self.emit_positions = emit_positions
         self.emit_document_ids = emit_document_ids
         self._ramp_array: np.ndarray | None = None  # built by the first assemble
+        self._layout: RowLayout | None = None  # built by the first process_many
 
     def config(self) -> Mapping[str, Any]:
         return {
@@ -834,6 +836,13 @@ class PackFlatOp(PackOpBase):
 
     def extract(self, record: SampleRecord) -> tuple[Any, int]:
         payload = record.payload
+        if type(payload) is dict and len(payload) == 1 and self.aligned_fields is None:
+            # the token field alone (what input_projection leaves): nothing else to check
+            ((name, tokens),) = payload.items()
+            if name == self.tokens_field or (
+                self.tokens_field == "auto" and name in TOKEN_FIELD_CANDIDATES
+            ):
+                return {name: tokens}, len(tokens)
         sample = record.meta.sample_id
         for grids in GRID_FIELDS:
             held = payload.get(grids) if isinstance(payload, Mapping) else None
@@ -899,6 +908,24 @@ class PackFlatOp(PackOpBase):
                 ids[-1] = -1
             out["document_ids"] = np.repeat(ids, runs)
         return out
+
+    def process_many(self, elems: list[StreamItem]) -> list[StreamItem]:
+        """The rows of the micro-batch's bins in one pass (``assemble_rows``), bin by bin
+        where that pass cannot promise the same rows."""
+        bins = [e for e in elems if isinstance(e.payload, DeferredBin)]
+        layout = self._layout
+        if layout is None:
+            layout = self._layout = RowLayout(
+                self.max_length,
+                self.pad_token_id,
+                positions=self.emit_positions,
+                document_ids=self.emit_document_ids,
+            )
+        rows = assemble_rows(layout, [b.payload.segments for b in bins])
+        if rows is None:
+            return super().process_many(elems)
+        built = {id(b): SampleRecord(b.meta, row) for b, row in zip(bins, rows, strict=True)}
+        return [built.get(id(e), e) for e in elems]
 
     def _ramp(self) -> np.ndarray:
         """``0, 1, ..., max_length - 1`` (int32, read-only): each run's positions are a prefix."""
