@@ -56,6 +56,8 @@ def _columns(items: Sequence[StreamItem], max_bytes: int) -> tuple[list[str], li
     first = items[0]
     if type(first) is not SampleRecord or type(first.payload) is not dict:
         return None
+    if not any(type(value) is np.ndarray for value in first.payload.values()):
+        return None  # nothing to gain: the first record holds no array
     keys = list(first.payload)
     for item in items:
         if type(item) is not SampleRecord or type(item.payload) is not dict:
