@@ -121,3 +121,9 @@ def test_an_array_over_the_shared_memory_threshold_still_crosses_by_segment():
     refs = [r.payload["input_ids"] for r in got]
     assert all(isinstance(ref, shm.ShmArrayRef) for ref in refs)
     np.testing.assert_array_equal(refs[1].resolve(), big + 1)
+
+
+def test_a_micro_batch_of_empty_arrays_reads_back_empty_and_writeable():
+    items = [SampleRecord(meta(i), {"input_ids": np.zeros(0, dtype=np.int32)}) for i in range(3)]
+    got, _ = through_pipe(items)
+    assert describe(got) == describe(items)
