@@ -239,6 +239,62 @@ class FitPacker(LanePacker):
         self.bins = [Bin.from_state(b, self.limits) for b in state["bins"]]
 
 
+class SortedFitPacker(FitPacker):
+    """``best_fit`` without image or vision caps (every text pipeline): the open bins are also
+    kept sorted by fill, so the fullest bin with room is one bisect away instead of a scan of
+    every open bin; this runs once per record on the engine's serial path. It decides every
+    bin exactly as :class:`FitPacker` does and saves the same state."""
+
+    def __init__(self, limits: Limits) -> None:
+        super().__init__(limits, best=True)
+        # (used, -opened) of each open bin, ascending: the last key with used <= room is the
+        # fullest bin that fits and, among equally full ones, the first opened (FitPacker's
+        # scan keeps the first of equals, and bins are in opening order)
+        self._keys: list[tuple[int, int]] = []
+        self._open: dict[int, Bin] = {}
+
+    def add(self, record: SampleRecord, length: int) -> list[Bin]:
+        limits = self.limits
+        keys = self._keys
+        closed: list[Bin] = []
+        i = bisect.bisect_right(keys, (limits.max_length - length, 0)) - 1
+        if i >= 0:
+            target = self._open[-keys.pop(i)[1]]
+        else:
+            if len(self.bins) >= limits.num_bins:
+                closed.append(self._evict())
+            target = self._new_bin()
+            self.bins.append(target)
+            self._open[target.opened] = target
+        target.put(record, 0, length, True)
+        if limits.full(target):
+            self.bins.remove(target)
+            del self._open[target.opened]
+            closed.append(target)
+        else:
+            bisect.insort(keys, (target.used, -target.opened))
+        return closed
+
+    def _evict(self) -> Bin:
+        if self.limits.strategy == "fifo":
+            b = self.bins.pop(0)
+            self._keys.remove((b.used, -b.opened))
+        else:  # the fullest, the first opened of equals: the last key
+            b = self._open[-self._keys.pop()[1]]
+            self.bins.remove(b)
+        del self._open[b.opened]
+        return b
+
+    def drain(self) -> list[Bin]:
+        self._keys, self._open = [], {}
+        return super().drain()
+
+    def _load_open(self, state: dict[str, Any]) -> None:
+        super()._load_open(state)
+        self._open = {b.opened: b for b in self.bins}
+        self._keys = sorted((b.used, -b.opened) for b in self.bins)
+
+
 class WrapPacker(LanePacker):
     """One window filled in stream order; records are split at the window edge."""
 
@@ -378,7 +434,8 @@ def make_packer(
     if algorithm == "first_fit":
         return FitPacker(limits, best=False)
     if algorithm == "best_fit":
-        return FitPacker(limits, best=True)
+        uncapped = limits.images_of is None and limits.vision_of is None
+        return SortedFitPacker(limits) if uncapped else FitPacker(limits, best=True)
     if algorithm == "wrap":
         return WrapPacker(limits)
     return BestFitWrapPacker(limits, pool_size, max_age)

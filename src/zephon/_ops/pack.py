@@ -291,6 +291,7 @@ class PackAccumulator(Accumulator):
         lengths: list[int] = []
         extract = op.extract
         target = None
+        new_tuple = tuple.__new__
         for record, start, stop, last in segments:
             meta = record.meta
             own = meta.tags
@@ -299,7 +300,10 @@ class PackAccumulator(Accumulator):
                 target = own[TAG_TARGET_MIXTURE]
             plain = not own or TAG_CONTRIBUTORS not in own  # a 1:1 record: its own cursor
             if last:
-                refs.extend(tracker.settle(meta) if not plain else (ContributorRef(cursor, True),))
+                if plain:  # tuple.__new__: ContributorRef(cursor, True) at half the cost
+                    refs.append(new_tuple(ContributorRef, (cursor, True)))
+                else:
+                    refs.extend(tracker.settle(meta))
                 if meta.component_counts is None:
                     counts[meta.component_id] = counts.get(meta.component_id, 0) + 1
                 else:
@@ -834,6 +838,13 @@ class PackFlatOp(PackOpBase):
 
     def extract(self, record: SampleRecord) -> tuple[Any, int]:
         payload = record.payload
+        if type(payload) is dict and len(payload) == 1 and self.aligned_fields is None:
+            # the token field alone (what input_projection leaves): nothing else to check
+            ((name, tokens),) = payload.items()
+            if name == self.tokens_field or (
+                self.tokens_field == "auto" and name in TOKEN_FIELD_CANDIDATES
+            ):
+                return {name: tokens}, len(tokens)
         sample = record.meta.sample_id
         for grids in GRID_FIELDS:
             held = payload.get(grids) if isinstance(payload, Mapping) else None

@@ -30,6 +30,7 @@ from typing import Any, assert_never
 import cloudpickle
 
 from zephon._engine.handoff import shm
+from zephon._engine.handoff.columnar import ColumnarItems
 from zephon._engine.handoff.messages import (
     REPLIES,
     REQUESTS,
@@ -349,7 +350,8 @@ class ProcessFleet:
             job.future.set_exception(error)
             return
         if job.data is None:
-            job.data, job.keep = encoder.dumps(REQUESTS.wire(Run(job.stage, job.elems)))
+            elems = ColumnarItems(job.elems, encoder.min_bytes)
+            job.data, job.keep = encoder.dumps(REQUESTS.wire(Run(job.stage, elems)))
         while True:
             conn = self._conns[slot]
             if conn is None:

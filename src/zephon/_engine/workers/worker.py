@@ -19,6 +19,7 @@ from typing import assert_never
 import cloudpickle
 
 from zephon._engine.handoff import shm
+from zephon._engine.handoff.columnar import ColumnarItems
 from zephon._engine.handoff.messages import (
     REPLIES,
     REQUESTS,
@@ -122,7 +123,8 @@ class _Worker:
             out = call_process_many(op, elems)
             counts = op.take_counts() if isinstance(op, (FusedOp, ProjectedOp)) else None
             io = (io_totals() - before).to_dict()  # what reading this micro-batch cost
-            reply = Ok(out, counts, io if any(io.values()) else None)
+            items = ColumnarItems(out, self.encoder.min_bytes)
+            reply = Ok(items, counts, io if any(io.values()) else None)
             data, _ = self.encoder.dumps(REPLIES.wire(reply))
             return data
         except BaseException as exc:
