@@ -74,10 +74,18 @@ def measure(items: Iterator[Any]) -> tuple[float, float, int]:
     return time.thread_time() - thread, process_cpu() - proc, batches
 
 
+def training(pipe: Pipeline) -> Iterator[Any]:
+    yield from pipe.iter_training(return_tensors="pt")
+
+
 MODES: dict[str, Callable[[int], Iterator[Any]]] = {
     "in process (threads)": lambda docs: direct(build(docs, runner="threads")),
     "engine_process": lambda docs: direct(build(docs, runner="threads", engine_process=True)),
+    "iter_training": lambda docs: training(build(docs, runner="threads")),
     "PipelineDataLoader, 0 workers": lambda docs: loader(build(docs, runner="threads"), 0),
+    "PipelineDataLoader, 0 workers, engine_process": lambda docs: loader(
+        build(docs, runner="threads", engine_process=True), 0
+    ),
     "PipelineDataLoader, 2 workers": lambda docs: loader(build(docs, runner="inline"), 2),
 }
 
@@ -104,9 +112,9 @@ def main() -> None:
         )
     print(f"cores: {os.cpu_count()}  batch: 8x2048  docs: {args.docs}")
     cols = ["mode", "batches", "thread_us", "process_us"]
-    print(" | ".join(f"{c:>30}" for c in cols))
+    print(" | ".join(f"{c:>46}" for c in cols))
     for row in rows:
-        print(" | ".join(f"{row[c]:>30}" for c in cols))
+        print(" | ".join(f"{row[c]:>46}" for c in cols))
     print(json.dumps({"benchmark": "consumer_cpu", "cores": os.cpu_count(), "rows": rows}))
 
 
