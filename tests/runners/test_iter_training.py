@@ -136,7 +136,7 @@ def test_a_transform_that_cannot_reach_the_engine_process_is_named(docs, hf_toke
         with lock:
             return batch.to_training()
 
-    with pytest.raises(ConfigError, match="the transform .*locked.* cannot be sent"):
+    with pytest.raises(ConfigError, match=r"the transform .*locked.* cannot be sent"):
         next(iter(build(docs, hf_tokenizer_dir).iter_training(locked)))
 
 

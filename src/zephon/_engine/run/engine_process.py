@@ -77,24 +77,34 @@ def _transferable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}\n\nengine process traceback:\n{text}")
 
 
-# -- positions: operator states are sent only when they change ------------------------------
+# -- positions: lane states are sent only when they change ----------------------------------
 
 UNCHANGED = {"$unchanged": True}
-"""Stands for "the lane's operator state of the previous position" in a sent position (the
-open state of a buffer is large and stays the same until the next snapshot is delivered)."""
+"""Stands for "the lane's state of the previous position" in a sent position: the open state
+of a buffer is large and stays the same until the next snapshot is delivered, the source
+state until the next chunk."""
+THINNED = ("operator_state", "source_state")
+"""The fields of a lane's position sent as :data:`UNCHANGED` when they are."""
 
 
-def thin(position: Position, sent: dict[int, Any]) -> Position:
-    """``position`` with each lane's operator state replaced by :data:`UNCHANGED` when it is
-    the object already sent (``sent``: lane -> the last operator state sent, updated)."""
+def _unchanged(state: Any) -> bool:
+    """Whether a received state is :data:`UNCHANGED` (states may hold arrays: no ``==``)."""
+    return type(state) is dict and len(state) == 1 and state.get("$unchanged") is True
+
+
+def thin(position: Position, sent: dict[tuple[int, str], Any]) -> Position:
+    """``position`` with each lane state replaced by :data:`UNCHANGED` when it is the object
+    already sent (``sent``: (lane, field) -> the last state sent, updated)."""
     lanes = []
     for lc in position.lanes:
-        state = lc.operator_state
-        if state is not None and sent.get(lc.lane) is state:
-            lc = replace(lc, operator_state=UNCHANGED)
-        else:
-            sent[lc.lane] = state
-        lanes.append(lc)
+        same: dict[str, Any] = {}
+        for field in THINNED:
+            state, key = getattr(lc, field), (lc.lane, field)
+            if state is not None and sent.get(key) is state:
+                same[field] = UNCHANGED
+            else:
+                sent[key] = state
+        lanes.append(replace(lc, **same) if same else lc)
     return replace(position, lanes=lanes)
 
 
@@ -103,28 +113,31 @@ class Thickened:
     one received, built only when asked for (most items' positions are never read)."""
 
     def __init__(self) -> None:
-        self._states: dict[int, Any] = {}  # lane -> the last operator state sent
+        self._states: dict[tuple[int, str], Any] = {}  # the last state sent, by (lane, field)
         self._thin: Position | None = None
         self._full: Position | None = None
 
     def received(self, position: Position) -> None:
+        states = self._states
         for lc in position.lanes:
-            if lc.operator_state != UNCHANGED:
-                self._states[lc.lane] = lc.operator_state
+            for field in THINNED:
+                state = getattr(lc, field)
+                if not _unchanged(state):
+                    states[lc.lane, field] = state
         self._thin, self._full = position, None
 
     def position(self) -> Position | None:
         """The full position received last (None before the first)."""
         if self._full is None and self._thin is not None:
-            states = self._states
-            lanes = [
-                replace(lc, operator_state=states[lc.lane])
-                if lc.operator_state == UNCHANGED
-                else lc
-                for lc in self._thin.lanes
-            ]
+            lanes = [self._full_lane(lc) for lc in self._thin.lanes]
             self._full = replace(self._thin, lanes=lanes)
         return self._full
+
+    def _full_lane(self, lc: Any) -> Any:
+        same = [field for field in THINNED if _unchanged(getattr(lc, field))]
+        if not same:
+            return lc
+        return replace(lc, **{field: self._states[lc.lane, field] for field in same})
 
 
 # -- the child -------------------------------------------------------------------------------
@@ -136,7 +149,7 @@ def _pump(engine: Engine, sender: Sender, transform: Transform | None) -> None:
     items = engine.stream()
     track = engine.options.track_stats
     next_stats = time.monotonic() + STATS_EVERY_S
-    sent: dict[int, Any] = {}
+    sent: dict[tuple[int, str], Any] = {}
     try:
         for item in items:
             stats = None
