@@ -55,6 +55,7 @@ NAME_PREFIX = "zephon-shm-"
 LOCK_SUFFIX = "lock"  # DIR/<session prefix>lock: flocked by the live engine of that session
 DEFAULT_MIN_BYTES = 64 * 1024
 RECYCLED = "r"  # the last letter of a recycled segment's name
+RECYCLED_MIN_BYTES = 1024  # the size from which an array goes to a recycled segment
 _ALIGN = 64
 
 
@@ -328,12 +329,14 @@ class Encoder:
 
     ``recycle=True`` (the hand-off to a final consumer): a segment the receiver says it has
     released (:meth:`release`: no view of it is left there) is written again for a later
-    message, so the consumer maps each file once and a message costs it no mapping.
+    message, so the consumer maps each file once and a message costs it no mapping; arrays
+    from :data:`RECYCLED_MIN_BYTES` up then go there too (pickled, they would be copied
+    through the pipe).
     """
 
     def __init__(self, prefix: str, min_bytes: int, *, recycle: bool = False) -> None:
         self.prefix = prefix
-        self.min_bytes = max(1, min_bytes)
+        self.min_bytes = max(1, min(min_bytes, RECYCLED_MIN_BYTES) if recycle else min_bytes)
         self._counter = itertools.count()
         self.keep: list[Any] = []
         self._name: str | None = None

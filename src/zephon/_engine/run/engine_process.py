@@ -192,7 +192,8 @@ def child_main(
     transform: Transform | None = cloudpickle.loads(blobs[1])
     options = run.options
     session = shm.ShmSession(options.shm_min_bytes or _NO_SHM)
-    sender = Sender(conn, session.encoder("h", recycle=True), options.queue_size)
+    recycle = options.shm_min_bytes is not None  # None: no shared memory at all
+    sender = Sender(conn, session.encoder("h", recycle=recycle), options.queue_size)
     threading.Thread(target=sender.serve, name="zephon-engine-handoff", daemon=True).start()
     engine: Engine | None = None
     try:
