@@ -53,6 +53,7 @@ from zephon._engine.workers.worker_start import (
 )
 from zephon._exit import at_exit
 from zephon._running import running_operators
+from zephon.checkpoints import LaneCheckpoint
 from zephon.errors import ConfigError, EngineProcessError, WaitInterrupted, ZephonError
 from zephon.types import StreamItem
 
@@ -83,8 +84,6 @@ UNCHANGED = {"$unchanged": True}
 """Stands for "the lane's state of the previous position" in a sent position: the open state
 of a buffer is large and stays the same until the next snapshot is delivered, the source
 state until the next chunk."""
-THINNED = ("operator_state", "source_state")
-"""The fields of a lane's position sent as :data:`UNCHANGED` when they are."""
 
 
 def _unchanged(state: Any) -> bool:
@@ -93,13 +92,16 @@ def _unchanged(state: Any) -> bool:
 
 
 def thin(position: Position, sent: dict[tuple[int, str], Any]) -> Position:
-    """``position`` with each lane state replaced by :data:`UNCHANGED` when it is the object
-    already sent (``sent``: (lane, field) -> the last state sent, updated)."""
+    """``position`` with each lane's operator and source state replaced by :data:`UNCHANGED`
+    when it is the object already sent (``sent``: (lane, field) -> the last state sent)."""
     lanes = []
     for lc in position.lanes:
         same: dict[str, Any] = {}
-        for field in THINNED:
-            state, key = getattr(lc, field), (lc.lane, field)
+        for field, state in (
+            ("operator_state", lc.operator_state),
+            ("source_state", lc.source_state),
+        ):
+            key = (lc.lane, field)
             if state is not None and sent.get(key) is state:
                 same[field] = UNCHANGED
             else:
@@ -120,10 +122,10 @@ class Thickened:
     def received(self, position: Position) -> None:
         states = self._states
         for lc in position.lanes:
-            for field in THINNED:
-                state = getattr(lc, field)
-                if not _unchanged(state):
-                    states[lc.lane, field] = state
+            if not _unchanged(lc.operator_state):
+                states[lc.lane, "operator_state"] = lc.operator_state
+            if not _unchanged(lc.source_state):
+                states[lc.lane, "source_state"] = lc.source_state
         self._thin, self._full = position, None
 
     def position(self) -> Position | None:
@@ -133,11 +135,13 @@ class Thickened:
             self._full = replace(self._thin, lanes=lanes)
         return self._full
 
-    def _full_lane(self, lc: Any) -> Any:
-        same = [field for field in THINNED if _unchanged(getattr(lc, field))]
-        if not same:
-            return lc
-        return replace(lc, **{field: self._states[lc.lane, field] for field in same})
+    def _full_lane(self, lc: LaneCheckpoint) -> LaneCheckpoint:
+        same: dict[str, Any] = {}
+        if _unchanged(lc.operator_state):
+            same["operator_state"] = self._states[lc.lane, "operator_state"]
+        if _unchanged(lc.source_state):
+            same["source_state"] = self._states[lc.lane, "source_state"]
+        return replace(lc, **same) if same else lc
 
 
 # -- the child -------------------------------------------------------------------------------
