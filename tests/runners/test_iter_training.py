@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+import zephon
 from tests.runners._leaks import our_segments, wait_gone
 from tests.runners._pipes import stateful
 from zephon import Pipeline
@@ -146,3 +150,47 @@ def test_an_error_building_the_inputs_reaches_the_consumer(docs, hf_tokenizer_di
     with pytest.raises(MissingFieldError, match="extra field 'nope'"):
         for _ in pipe.iter_training(extra_fields=["nope"]):
             pass
+
+
+CONSUMER = textwrap.dedent(
+    """
+    import sys
+    from zephon import Dataset, Pipeline, StaticMixtureWorkSource
+
+    if __name__ == "__main__":
+        rows = [{"text": "row %d " % i * (1 + i % 9)} for i in range(3000)]
+        source = StaticMixtureWorkSource([Dataset.from_records("r", rows)], chunk_size=64)
+        pipe = (
+            Pipeline(source).decode_text().tokenize("bytes").pack_flat(256, 0).batch(4)
+            .options(canonical_replicas=2, queue_size=4)
+        )
+        it = pipe.iter_training(return_tensors="pt")
+        held = [next(it) for _ in range(3)]  # mapped here, blocks of the engine process
+        print("READY", pipe._engine.pid, flush=True)
+        sys.stdin.readline()  # killed while it waits
+    """
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_consumer_leaves_no_block_its_engine_process_stops(tmp_path: Path):
+    script = tmp_path / "consumer.py"
+    script.write_text(CONSUMER)
+    src = str(Path(zephon.__file__).resolve().parents[1])
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        env={**os.environ, "PYTHONPATH": src},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    line = proc.stdout.readline().split()
+    assert line and line[0] == "READY", proc.stderr.read()
+    engine = int(line[1])
+    assert our_segments(engine)  # the blocks the consumer holds
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert wait_gone([engine], timeout=60) == []  # it sees the pipe close and stops
+    assert our_segments(engine) == []
