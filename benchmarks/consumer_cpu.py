@@ -5,8 +5,9 @@ inputs (``to_training(return_tensors="pt")``): the receive, unpickle and map of 
 process's hand-off, the engine's own threads when it runs in the training process, the
 DataLoader's queue and the checkpoint stamp each item carries. ``iter_training`` and the
 DataLoader without workers over an ``engine_process=True`` pipeline build the inputs in the
-engine process; the other modes build them on the consumer's side (or in DataLoader workers). Pipeline: generated documents
-through decode_text -> tokenize (bytes) -> pack_flat(2048) -> batch(8).
+engine process; the other modes build them on the consumer's side (or in DataLoader workers).
+Pipeline: generated documents through decode_text -> tokenize (bytes) -> pack_flat(2048) ->
+batch(8).
 
 Columns, per batch after the first (steady state), medians over rounds that interleave the
 modes: ``thread_us``, the CPU of the consuming thread alone (``time.thread_time``: the time
