@@ -3,8 +3,11 @@
 A training loop's data cost is the CPU its own process spends to get each batch as model
 inputs (``to_training(return_tensors="pt")``): the receive, unpickle and map of an engine
 process's hand-off, the engine's own threads when it runs in the training process, the
-DataLoader's queue and the checkpoint stamp each item carries. Pipeline: generated documents
-through decode_text -> tokenize (bytes) -> pack_flat(2048) -> batch(8).
+DataLoader's queue and the checkpoint stamp each item carries. ``iter_training`` and the
+DataLoader without workers over an ``engine_process=True`` pipeline build the inputs in the
+engine process; the other modes build them on the consumer's side (or in DataLoader workers).
+Pipeline: generated documents through decode_text -> tokenize (bytes) -> pack_flat(2048) ->
+batch(8).
 
 Columns, per batch after the first (steady state), medians over rounds that interleave the
 modes: ``thread_us``, the CPU of the consuming thread alone (``time.thread_time``: the time
@@ -74,10 +77,18 @@ def measure(items: Iterator[Any]) -> tuple[float, float, int]:
     return time.thread_time() - thread, process_cpu() - proc, batches
 
 
+def training(pipe: Pipeline) -> Iterator[Any]:
+    yield from pipe.iter_training(return_tensors="pt")
+
+
 MODES: dict[str, Callable[[int], Iterator[Any]]] = {
     "in process (threads)": lambda docs: direct(build(docs, runner="threads")),
     "engine_process": lambda docs: direct(build(docs, runner="threads", engine_process=True)),
+    "iter_training": lambda docs: training(build(docs, runner="threads")),
     "PipelineDataLoader, 0 workers": lambda docs: loader(build(docs, runner="threads"), 0),
+    "PipelineDataLoader, 0 workers, engine_process": lambda docs: loader(
+        build(docs, runner="threads", engine_process=True), 0
+    ),
     "PipelineDataLoader, 2 workers": lambda docs: loader(build(docs, runner="inline"), 2),
 }
 
@@ -104,9 +115,9 @@ def main() -> None:
         )
     print(f"cores: {os.cpu_count()}  batch: 8x2048  docs: {args.docs}")
     cols = ["mode", "batches", "thread_us", "process_us"]
-    print(" | ".join(f"{c:>30}" for c in cols))
+    print(" | ".join(f"{c:>46}" for c in cols))
     for row in rows:
-        print(" | ".join(f"{row[c]:>30}" for c in cols))
+        print(" | ".join(f"{row[c]:>46}" for c in cols))
     print(json.dumps({"benchmark": "consumer_cpu", "cores": os.cpu_count(), "rows": rows}))
 
 

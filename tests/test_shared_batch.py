@@ -9,7 +9,15 @@ import numpy as np
 import torch
 
 from zephon._engine.handoff.shm import segment_files
-from zephon._shared_batch import SharedPayload, new_prefix, pack, remove_left, unpack
+from zephon._shared_batch import (
+    SharedPayload,
+    new_prefix,
+    pack,
+    pinned,
+    pinned_items,
+    remove_left,
+    unpack,
+)
 
 
 def payload() -> dict[str, object]:
@@ -133,3 +141,37 @@ def test_the_files_of_a_killed_training_process_are_swept_by_the_next_engine() -
     assert segment_files(prefix) != []  # nothing removed them at the kill
     assert set(segment_files(prefix)) <= set(sweep_stale())
     assert segment_files(prefix) == []
+
+
+def test_pinning_copies_an_item_into_one_block_with_its_values() -> None:
+    original = payload()
+    blocks: list[torch.Tensor] = []
+
+    def allocate(size: int) -> torch.Tensor:  # page-locked on a GPU host: plain memory here
+        blocks.append(torch.empty(size, dtype=torch.uint8))
+        return blocks[-1]
+
+    got = pinned(original, allocate)
+    assert list(got) == list(original) and len(blocks) == 1
+    start, end = blocks[0].data_ptr(), blocks[0].data_ptr() + blocks[0].nbytes
+    for key, value in original.items():
+        out = got[key]
+        assert type(out) is type(value), key
+        if isinstance(value, torch.Tensor) and value.dtype != torch.bfloat16:
+            assert out.dtype == value.dtype and torch.equal(out, value), key
+            assert out.nbytes == 0 or start <= out.data_ptr() < end, key  # a view of the block
+        elif isinstance(value, np.ndarray):
+            assert np.array_equal(out, value) and start <= out.ctypes.data < end, key
+        elif key != "bf16":
+            assert out == value, key
+    assert got["bf16"] is original["bf16"]  # no numpy dtype: left as it was
+    assert pinned([1, 2], allocate) == [1, 2] and len(blocks) == 1  # not a dict: unchanged
+
+
+def test_pinned_items_pin_where_cuda_is_and_pass_items_through_where_it_is_not() -> None:
+    items = iter([payload(), payload()])
+    got = pinned_items(items)
+    if torch.cuda.is_available():
+        assert all(t.is_pinned() for p in got for t in p.values() if torch.is_tensor(t))
+    else:
+        assert got is items  # no device to copy to: nothing to pin

@@ -447,3 +447,35 @@ def test_items_the_workers_wrote_but_the_loader_never_handed_out_leave_no_file()
     assert prefix.startswith(f"zephon-shm-{os.getpid()}-loader")
     it.close()  # prefetched items the workers wrote are never received
     assert segment_files(prefix) == []
+
+
+def ids_and_pid(batch: Any) -> tuple[Any, ...]:
+    return (*ids(batch), os.getpid())
+
+
+@pytest.mark.timeout(180)
+def test_without_workers_an_engine_process_runs_the_transform_and_states_stay_exact() -> None:
+    reference = [ids(b) for b in build()]
+    loader = PipelineDataLoader(build().options(engine_process=True), ids_and_pid, history=3)
+    head, it = take(loader, 6)
+    assert {pid for *_, pid in head} != {os.getpid()}  # built in the engine process
+    state, last = loader.state_dict(upto=3), loader.state_dict()
+    rest = [item[:-1] for item in head[4:] + list(it)]
+    assert [item[:-1] for item in head[:4]] + rest == reference
+    for saved, after in ((state, 4), (last, 6)):
+        resumed = PipelineDataLoader(build(), ids)
+        resumed.load_state_dict(json.loads(json.dumps(saved)))
+        assert list(resumed) == reference[after:]
+
+
+@pytest.mark.timeout(120)
+def test_without_workers_history_gives_the_checkpoint_of_its_item_taken_later() -> None:
+    pipe = build()
+    loader = PipelineDataLoader(pipe, ids, history=100)
+    taken = []
+    for _ in loader:  # what checkpoint() said right after each item was handed out
+        taken.append(json.dumps(pipe.checkpoint(), sort_keys=True))
+    assert len(taken) > 10
+    for index, expected in enumerate(taken):
+        state = loader.state_dict(upto=index)["checkpoints"][0]
+        assert json.dumps(state, sort_keys=True) == expected, f"after item {index}"

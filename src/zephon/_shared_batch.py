@@ -20,8 +20,8 @@ import itertools
 import mmap
 import os
 import secrets
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -113,25 +113,78 @@ def _write(path: str, size: int, arrays: dict[str, np.ndarray], slots: dict[str,
         os.close(fd)
 
 
-def pack(payload: Any, prefix: str) -> Any:
-    """``payload`` with its arrays in one shm file named from ``prefix`` when it is a dict
-    holding at least two of them (one array gains nothing); anything else unchanged."""
-    if type(payload) is not dict:
-        return payload
-    arrays = {key: a for key, value in payload.items() if (a := _as_array(value)) is not None}
-    if len(arrays) < 2:
-        return payload
+def _layout(payload: dict[str, Any], arrays: dict[str, np.ndarray]) -> SharedPayload:
+    """Where each of ``arrays`` (of ``payload``) lies in one block (its file still unnamed)."""
     slots: dict[str, _Slot] = {}
     size = 0
     for key, array in arrays.items():
         tensor = isinstance(payload[key], torch.Tensor)
         slots[key] = _Slot(size, array.nbytes, array.dtype, array.shape, tensor)
         size += -(-array.nbytes // _ALIGN) * _ALIGN
-    size = max(size, _ALIGN)
-    name = f"{prefix}{os.getpid()}-{next(_COUNTER)}"
-    _write(os.path.join(_dir(), name), size, arrays, slots)
     rest = {key: value for key, value in payload.items() if key not in slots}
-    return SharedPayload(name, size, slots, rest, tuple(payload))
+    return SharedPayload("", max(size, _ALIGN), slots, rest, tuple(payload))
+
+
+def _arrays(payload: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {key: a for key, value in payload.items() if (a := _as_array(value)) is not None}
+
+
+def pack(payload: Any, prefix: str) -> Any:
+    """``payload`` with its arrays in one shm file named from ``prefix`` when it is a dict
+    holding at least two of them (one array gains nothing); anything else unchanged."""
+    if type(payload) is not dict:
+        return payload
+    arrays = _arrays(payload)
+    if len(arrays) < 2:
+        return payload
+    layout = _layout(payload, arrays)
+    name = f"{prefix}{os.getpid()}-{next(_COUNTER)}"
+    _write(os.path.join(_dir(), name), layout.size, arrays, layout.slots)
+    return replace(layout, name=name)
+
+
+def _pinned_block(size: int) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+
+def pinned(
+    payload: Any, allocate: Callable[[int], torch.Tensor] = _pinned_block
+) -> dict[str, Any] | Any:
+    """A dict ``payload`` with its arrays and CPU tensors copied into one block from
+    ``allocate(size)`` (page-locked by default): one allocation and one pass of copies per
+    item, every tensor a view of the block; anything else unchanged."""
+    if type(payload) is not dict:
+        return payload
+    arrays = _arrays(payload)
+    if not arrays:
+        return payload
+    layout = _layout(payload, arrays)
+    block = allocate(layout.size)
+    flat = block.numpy()
+    for key, array in arrays.items():
+        slot = layout.slots[key]
+        flat[slot.offset : slot.offset + slot.nbytes].view(array.dtype).reshape(array.shape)[
+            ...
+        ] = array
+    return _views(layout, flat, lambda slot: _torch_view(block, slot))
+
+
+def pinned_items(items: Iterator[Any]) -> Iterator[Any]:
+    """``items`` each in page-locked memory (:func:`pinned`) when CUDA is available; as they
+    are without it (there is no device to copy them to without blocking)."""
+    if not torch.cuda.is_available():
+        return items
+    return _pinning(items)
+
+
+def _pinning(items: Iterator[Any]) -> Iterator[Any]:
+    try:
+        for item in items:
+            yield pinned(item)
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:  # stop the pipeline with the consumer
+            close()
 
 
 def _map(name: str, size: int) -> mmap.mmap:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -39,7 +40,7 @@ from zephon.checkpoints import format as ckpt
 from zephon.checkpoints.passes import split_later, start_of_pass, with_lanes
 from zephon.errors import CheckpointError, ConfigError
 from zephon.ops import BaseOp
-from zephon.options import RuntimeOptions
+from zephon.options import ENGINE_PROCESS_RUNNERS, RuntimeOptions
 from zephon.types import SampleBatch, StreamItem
 from zephon.work import MixtureSpec, TokenMeasuredSource, WorkSource, source_mixture
 
@@ -680,6 +681,53 @@ class Pipeline:
         return [s.op for s in self._all_specs()]
 
     def __iter__(self) -> Iterator[StreamItem]:
+        yield from self._run(None, self._options.engine_process)
+
+    def iter_training(
+        self,
+        transform: Callable[[StreamItem], Any] | None = None,
+        /,
+        *,
+        engine_process: bool | None = None,
+        pin_memory: bool = False,
+        **to_training: Any,
+    ) -> Iterator[Any]:
+        """Iterate model inputs: ``batch.to_training(**to_training)`` (or ``transform(batch)``)
+        of each delivered item, built outside the training process.
+
+        The engine runs in a child process (``engine_process=None``: whenever the runner can,
+        see the ``engine_process`` option) and builds the inputs there, so this process only
+        maps them: every array and CPU tensor of an item arrives in one shared-memory block,
+        as the same dtypes, shapes and values, without a copy. ``pin_memory=True`` copies each
+        item into one page-locked block when CUDA is available (tensors ready for
+        ``.to("cuda", non_blocking=True)``; without CUDA it does nothing). ``checkpoint()`` is
+        the position right after the last inputs received, as for ``iter(pipeline)``.
+        ``transform`` must pickle (cloudpickle) when it runs in the engine process.
+        """
+        if transform is None:
+            from zephon.training import TrainingOptions
+            from zephon.training import to_training as build
+
+            TrainingOptions(**to_training)  # a wrong keyword is refused here, not per batch
+            transform = functools.partial(build, **to_training)
+        elif to_training:
+            raise ConfigError(
+                f"iter_training: pass a transform or to_training keywords, not both (got "
+                f"{sorted(to_training)} with {transform!r})"
+            )
+        if engine_process is None:
+            engine_process = self._options.runner in ENGINE_PROCESS_RUNNERS
+        items = self._run(transform, engine_process)
+        if not pin_memory:
+            return items
+        from zephon._shared_batch import pinned_items
+
+        return pinned_items(items)
+
+    def _run(
+        self, transform: Callable[[StreamItem], Any] | None, engine_process: bool
+    ) -> Iterator[Any]:
+        """The items (as ``transform`` makes them, in the engine process when there is one)."""
         if not self._engine_done:
             raise RuntimeError(
                 "this pipeline is already being iterated; finish or close that iterator first"
@@ -699,7 +747,7 @@ class Pipeline:
         assert isinstance(fetch, FetchOp)
         fetch.pin_files()
         run = compile_run(self._source(), specs, self._options, self._resume)
-        engine = EngineProcess(run) if self._options.engine_process else Engine(run)
+        engine = EngineProcess(run, transform) if engine_process else Engine(run)
         engine.interrupt = self._interrupt
         self._resume = None
         self._engine = engine
@@ -710,7 +758,7 @@ class Pipeline:
             for item in engine:
                 if isinstance(item, SampleBatch):
                     item._origin = origin
-                yield item
+                yield item if transform is None or engine_process else transform(item)
         finally:
             self._engine_done = True
 
@@ -844,6 +892,21 @@ class Pipeline:
             engine.prepare()
         state = engine.checkpoint(held_records=held_records)
         return with_lanes(state, self._later) if self._later else state
+
+    def _mark(self) -> Callable[[], dict[str, Any]]:
+        """The checkpoint of the position now, built only when called (taking the mark costs
+        no encoding): for a consumer that keeps a position per item it hands out and asks
+        for few of them (``PipelineDataLoader(history=...)``). Taken while iterating."""
+        engine, later = self._engine, self._later
+        if engine is None or not engine.prepared:
+            raise CheckpointError("a position mark is taken after an item was received")
+        position = engine.position()
+
+        def build() -> dict[str, Any]:
+            state = engine.checkpoint_at(position)
+            return with_lanes(state, later) if later else state
+
+        return build
 
     def restore(self, state: Mapping[str, Any]) -> Pipeline:
         """Resume from ``state`` at the next iteration; validated now, applied at ``iter()``.

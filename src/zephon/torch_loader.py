@@ -56,8 +56,9 @@ class _WorkerDone:
 
 _WORKER_DONE = _WorkerDone()
 # A view's checkpoint after an item: a worker sends it pickled, and the training process
-# unpickles only the one a state_dict() asks for, not one per item.
-_Stamp = dict[str, Any] | bytes
+# unpickles only the one a state_dict() asks for, not one per item; without workers, a mark
+# of the pipeline that builds it when asked for.
+_Stamp = dict[str, Any] | bytes | Callable[[], dict[str, Any]]
 # What a worker sends: (worker id, lane, its view's checkpoint after the item, the item).
 _Stamped = tuple[int, int, _Stamp | None, Any]
 
@@ -88,17 +89,25 @@ class _StampedDataset(IterableDataset):  # type: ignore[misc,type-arg]
             pending = pending[worker]
         if pending is not None:
             pipe.restore(pending)
-        transform, stamp = self.transform, workers or self.stamp
+        if not workers:
+            yield from self._in_process(pipe)
+            return
+        transform = self.transform
         for item in pipe:
-            state: _Stamp | None = pipe.checkpoint() if stamp else None
-            if workers:
-                state = pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+            state = pickle.dumps(pipe.checkpoint(), protocol=pickle.HIGHEST_PROTOCOL)
             payload = item if transform is None else transform(item)
-            if workers:
-                payload = _shared_batch.pack(payload, self.shm_prefix)
+            payload = _shared_batch.pack(payload, self.shm_prefix)
             yield worker, item.lane_id, state, payload
-        if workers:
-            yield worker, -1, None, _WORKER_DONE
+        yield worker, -1, None, _WORKER_DONE
+
+    def _in_process(self, pipe: Pipeline) -> Iterator[_Stamped]:
+        """Without workers: the transform runs where the engine does (in its engine process
+        with ``engine_process=True``), and an item's state is a mark built when asked for."""
+        items = pipe.iter_training(
+            self.transform or _identity, engine_process=pipe.runtime_options.engine_process
+        )
+        for payload in items:
+            yield 0, -1, pipe._mark() if self.stamp else None, payload
 
 
 class _RankRotation:
@@ -448,6 +457,8 @@ class PipelineDataLoader:
 
 def _unstamped(state: _Stamp) -> dict[str, Any]:
     """A view's checkpoint as a dict the caller owns (a worker's comes pickled)."""
+    if callable(state):
+        return state()
     loaded: dict[str, Any] = (
         pickle.loads(state) if isinstance(state, bytes) else copy.deepcopy(state)
     )

@@ -264,9 +264,11 @@ def test_the_engine_process_runs_the_pickled_compiled_run(
     run = compile(*_parts(build(docs, "threads", engine_process=True)))
     engine = EngineProcess(run)
     try:
-        child: CompiledRun = cloudpickle.loads(engine._blob)
+        child: CompiledRun = cloudpickle.loads(engine._blobs[0])
+        transform = cloudpickle.loads(engine._blobs[1])
     finally:
         engine.close()
+    assert transform is None  # items are sent as they are
     assert isinstance(child, CompiledRun)
     assert child.plan == run.plan
     assert child.config_fingerprint == run.config_fingerprint

@@ -3,14 +3,17 @@
 Every message is a pickle whose large numpy arrays travel in shared-memory segments (see
 ``shm.py``): arrays that workers wrote pass on as the same segment, so token arrays are never
 copied on their way to the consumer. The consumer acknowledges what it has received (every
-``window // 2`` messages). That bounds what the engine runs ahead to ``window`` messages, and
-tells it which segments the consumer has mapped, so it stops keeping them alive. Closing the
+``window // 2`` messages). That bounds what the engine runs ahead to ``window`` messages, tells
+it which segments the consumer has mapped, so it stops keeping them alive, and names the
+segments of which the consumer holds no view any more: the engine writes later messages into
+them, so the consumer maps each segment once, not once per message. Closing the
 pipe is how the consumer says it is done; the engine process then stops.
 """
 
 from __future__ import annotations
 
 import contextlib
+import select
 import threading
 import time
 from collections import deque
@@ -48,8 +51,10 @@ class Sender:
             except (EOFError, OSError):
                 data = b""
             with self._cond:
-                if len(data) == _ACK_BYTES:
-                    self._acked = int.from_bytes(data, "little")
+                if len(data) >= _ACK_BYTES:
+                    self._acked = int.from_bytes(data[:_ACK_BYTES], "little")
+                    if len(data) > _ACK_BYTES:
+                        self._encoder.release(data[_ACK_BYTES:].decode().split("\0"))
                     while self._keep and self._keep[0][0] <= self._acked:
                         self._keep.popleft()
                 else:
@@ -89,9 +94,14 @@ class Receiver:
 
     def __init__(self, conn: Connection, window: int) -> None:
         self._conn = conn
+        self._poll = select.poll()  # one poller for the run: Connection.poll builds one a call
+        self._poll.register(conn.fileno(), select.POLLIN)
         self._every = max(1, window // 2)
         self._received = 0
         self._acked = 0
+        self.released: list[str] = []
+        """Recycled segments the consumer holds no view of (``shm.loads_resolved`` appends
+        them); each acknowledgement hands them back to the sender."""
 
     def recv(
         self,
@@ -103,7 +113,7 @@ class Receiver:
         try:
             if idle is not None:
                 since = time.monotonic()
-                while not self._conn.poll(WAIT_SLICE_S):
+                while not self._poll.poll(WAIT_SLICE_S * 1000):
                     idle(time.monotonic() - since)
             data = self._conn.recv_bytes()
         except OSError as exc:
@@ -112,8 +122,11 @@ class Receiver:
         self._received += 1
         if self._received - self._acked >= self._every:
             self._acked = self._received
+            names = self.released[:]  # callbacks may append meanwhile
+            del self.released[: len(names)]
+            ack = self._acked.to_bytes(_ACK_BYTES, "little") + "\0".join(names).encode()
             with contextlib.suppress(OSError):  # gone: the next recv says so
-                self._conn.send_bytes(self._acked.to_bytes(_ACK_BYTES, "little"))
+                self._conn.send_bytes(ack)
         return message
 
     @property

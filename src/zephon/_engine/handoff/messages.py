@@ -139,9 +139,10 @@ ThreadMessage: TypeAlias = Data | Done | End | Failed | Stop
 
 
 class HandoffItem(msgspec.Struct, frozen=True, gc=False):
-    """A delivered item, the consumer position right after it, and statistics now and then."""
+    """A delivered item (or the model inputs the consumer's transform made of it), the
+    consumer position right after it, and statistics now and then."""
 
-    item: StreamItem
+    item: Any
     position: Position
     stats: RunStats | None = None
 

@@ -24,11 +24,14 @@ the next engine starts, and the live segments of a run in another PID namespace 
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import ctypes
 import fcntl
 import functools
 import io
 import itertools
+import math
 import mmap
 import os
 import pickle
@@ -51,6 +54,8 @@ from zephon.types import SampleBatch, SampleRecord, StreamItem
 NAME_PREFIX = "zephon-shm-"
 LOCK_SUFFIX = "lock"  # DIR/<session prefix>lock: flocked by the live engine of that session
 DEFAULT_MIN_BYTES = 64 * 1024
+RECYCLED = "r"  # the last letter of a recycled segment's name
+RECYCLED_MIN_BYTES = 1024  # the size from which an array goes to a recycled segment
 _ALIGN = 64
 
 
@@ -94,13 +99,18 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
+@functools.cache
+def _dir() -> str:
+    return str(shm_dir())
+
+
 def _map(name: str) -> mmap.mmap:
     """This process's mapping of segment ``name`` (shared by every view and handle on it)."""
     with _LOCK:
         mm = _MAPS.get(name)
         if mm is not None:
             return mm
-        path = str(shm_dir() / name)
+        path = os.path.join(_dir(), name)
         fd = os.open(path, os.O_RDWR)
         try:
             mm = mmap.mmap(fd, os.fstat(fd).st_size)
@@ -123,11 +133,66 @@ def _forget_view(key: int, wr: weakref.ref[Any]) -> None:
 
 def _view(args: tuple[Any, ...]) -> np.ndarray:
     name, offset, dtype, shape = args
+    if _RESOLVING.on and name[-1] == RECYCLED:
+        dt = np.dtype(dtype)
+        end = offset + math.prod(shape) * dt.itemsize
+        return np.ndarray(shape, dt, buffer=_block(name, end), offset=offset)
     arr: np.ndarray = np.ndarray(shape, np.dtype(dtype), buffer=_map(name), offset=offset)
+    if _RESOLVING.on:  # the final consumer: it never sends the view on
+        return arr
     key = id(arr)
     wr: weakref.ref[np.ndarray] = weakref.ref(arr, functools.partial(_forget_view, key))
     _VIEWS[key] = (wr, args)
     return arr
+
+
+# -- recycled segments, on the final consumer's side ----------------------------------------
+
+_HELD: dict[str, mmap.mmap] = {}  # this process's mapping of each recycled segment it got
+_HOLDERS: dict[str, int] = {}  # recycled segment -> buffers of it with views left
+_REFS: dict[int, weakref.ref[Any]] = {}  # by id: a buffer (and so its ref) is unhashable
+_HOLD_LOCK = threading.RLock()  # weakref callbacks may run inside a locked section
+
+
+def _block(name: str, end: int) -> Any:
+    """This message's buffer on recycled segment ``name`` (``end`` bytes at least): when no
+    view of it is left, the name goes to the receiver's released list."""
+    blocks = _RESOLVING.blocks
+    block = blocks.get(name)
+    if block is not None and len(block) >= end:
+        return block
+    mm = _HELD.get(name)
+    if mm is None or len(mm) < end:  # first seen, or grown by the engine since
+        path = os.path.join(_dir(), name)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            mm = _HELD[name] = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+    block = blocks[name] = (ctypes.c_char * len(mm)).from_buffer(mm)
+    released = _RESOLVING.released
+    with _HOLD_LOCK:
+        _HOLDERS[name] = _HOLDERS.get(name, 0) + 1
+        ref = weakref.ref(block, functools.partial(_let_go, name, released))
+        _REFS[id(ref)] = ref
+    return block
+
+
+def _let_go(name: str, released: list[str], ref: weakref.ref[Any]) -> None:
+    with _HOLD_LOCK:
+        _REFS.pop(id(ref), None)
+        left = _HOLDERS[name] = _HOLDERS[name] - 1
+        if not left:
+            del _HOLDERS[name]
+            released.append(name)
+
+
+def forget_held(prefix: str) -> None:
+    """Drop this process's mappings of the recycled segments of ``prefix`` (their engine
+    process is gone; views still held keep their memory)."""
+    with _HOLD_LOCK:
+        for name in [n for n in _HELD if n.startswith(prefix)]:
+            del _HELD[name]
 
 
 class ShmArrayRef:
@@ -173,9 +238,12 @@ register_array_view(ShmArrayRef, ShmArrayRef.resolve)  # a held payload's array,
 
 
 class _Resolving(threading.local):
-    """Per thread: whether ``loads_resolved()`` is unpickling (arrays become views)."""
+    """Per thread: whether ``loads_resolved()`` is unpickling (arrays become views), the
+    buffers of the message's recycled segments, and where their releases go."""
 
     on = False
+    blocks: dict[str, Any] = {}
+    released: list[str] = []
 
 
 _RESOLVING = _Resolving()
@@ -195,6 +263,34 @@ def _load_array(name: str, offset: int, dtype: Any, shape: tuple[int, ...]) -> A
         return _view(args)
     _HANDLES_MADE = True
     return ShmArrayRef(_map(name), args)
+
+
+def _load_tensor(name: str, offset: int, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """Unpickle hook of a torch tensor: a tensor sharing the segment's memory, everywhere."""
+    import torch
+
+    return torch.from_numpy(_view((name, offset, dtype, shape)))
+
+
+def _tensor_from(array: np.ndarray) -> Any:
+    """Unpickle hook of a small torch tensor sent as a numpy array."""
+    import torch
+
+    return torch.from_numpy(array)
+
+
+def _tensor_array(obj: Any) -> np.ndarray | None:
+    """The numpy view of a plain CPU tensor (torch is imported already: ``obj`` is one);
+    None for what torch must pickle itself (autograd, sparse, bfloat16, conjugate views)."""
+    import torch
+
+    if obj.requires_grad or obj.device.type != "cpu" or obj.layout != torch.strided:
+        return None
+    try:
+        array: np.ndarray = obj.numpy()
+    except (TypeError, RuntimeError):
+        return None
+    return array
 
 
 # -- encoding --------------------------------------------------------------------------------
@@ -223,20 +319,45 @@ class _Pickler(pickle.Pickler):
         if cls is ShmArrayRef:
             self.encoder.keep.append(obj._mm)
             return (_load_array, obj.args)
+        if cls.__name__ == "Tensor" and cls.__module__ == "torch":
+            return self.encoder._tensor(obj)
         return NotImplemented
 
 
 class Encoder:
-    """Pickles messages, moving large arrays into one new segment per message."""
+    """Pickles messages, moving large arrays into one segment per message.
 
-    def __init__(self, prefix: str, min_bytes: int) -> None:
+    ``recycle=True`` (the hand-off to a final consumer): a segment the receiver says it has
+    released (:meth:`release`: no view of it is left there) is written again for a later
+    message, so the consumer maps each file once and a message costs it no mapping; arrays
+    from :data:`RECYCLED_MIN_BYTES` up then go there too (pickled, they would be copied
+    through the pipe).
+    """
+
+    def __init__(self, prefix: str, min_bytes: int, *, recycle: bool = False) -> None:
         self.prefix = prefix
-        self.min_bytes = max(1, min_bytes)
+        self.min_bytes = max(1, min(min_bytes, RECYCLED_MIN_BYTES) if recycle else min_bytes)
         self._counter = itertools.count()
         self.keep: list[Any] = []
         self._name: str | None = None
         self._size = 0
         self._pending: list[tuple[int, np.ndarray]] = []
+        self._recycle = recycle
+        self._sizes: dict[str, int] = {}  # recycled segments written so far, and their sizes
+        self._free: collections.deque[str] = collections.deque()  # released by the receiver
+
+    def release(self, names: Iterable[str]) -> None:
+        """The receiver holds no view of segments ``names`` any more (from any thread)."""
+        self._free.extend(name for name in names if name in self._sizes)
+
+    def _new_name(self) -> str:
+        if not self._recycle:
+            return f"{self.prefix}{next(self._counter)}"
+        if self._free:
+            return self._free.popleft()
+        name = f"{self.prefix}{next(self._counter)}{RECYCLED}"
+        self._sizes[name] = 0
+        return name
 
     def _array(self, arr: np.ndarray) -> Any:
         if arr.nbytes < self.min_bytes or arr.dtype.hasobject:
@@ -246,11 +367,23 @@ class Encoder:
             self.keep.append(arr)  # passthrough: same segment, no copy
             return (_load_array, entry[1])
         if self._name is None:
-            self._name = f"{self.prefix}{next(self._counter)}"
+            self._name = self._new_name()
         offset = -(-self._size // _ALIGN) * _ALIGN
         self._size = offset + arr.nbytes
         self._pending.append((offset, arr))
         return (_load_array, (self._name, offset, _dtype_token(arr.dtype), arr.shape))
+
+    def _tensor(self, obj: Any) -> Any:
+        """A torch tensor travels as its numpy array (in the segment when large) and arrives
+        as a tensor on that memory: a transform run in an engine process hands over model
+        inputs at no copy, and small ones cost a numpy pickle, not torch's own."""
+        array = _tensor_array(obj)
+        if array is None:
+            return NotImplemented
+        reduced = self._array(array)
+        if reduced is NotImplemented:
+            return (_tensor_from, (array,))
+        return (_load_tensor, reduced[1])
 
     def dumps(self, obj: Any) -> tuple[bytes, list[Any]]:
         """The pickle of ``obj`` and what must stay alive until the receiver has mapped it."""
@@ -263,6 +396,7 @@ class Encoder:
                 self.keep.append(self._write())
         except BaseException:
             if self._name is not None:
+                self._sizes.pop(self._name, None)
                 _unlink(str(shm_dir() / self._name))
             raise
         keep = self.keep
@@ -271,15 +405,21 @@ class Encoder:
 
     def _write(self) -> Any:
         assert self._name is not None
-        path = str(shm_dir() / self._name)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        path = os.path.join(_dir(), self._name)
+        size = self._sizes.get(self._name)
+        flags = os.O_RDWR if size else os.O_CREAT | os.O_EXCL | os.O_RDWR
+        fd = os.open(path, flags, 0o600)
         try:
-            os.ftruncate(fd, self._size)
+            if size is None or size < self._size:  # a recycled segment only grows
+                os.ftruncate(fd, self._size)
             for offset, arr in self._pending:
                 flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
                 _pwrite_all(fd, flat.data, offset)
         finally:
             os.close(fd)
+        if size is not None:  # lives until the session closes: nothing to keep alive
+            self._sizes[self._name] = max(size, self._size)
+            return self._name
         return _map(self._name) if _OWNER else self._name
 
 
@@ -287,14 +427,17 @@ def loads(data: bytes) -> Any:
     return pickle.loads(data)
 
 
-def loads_resolved(data: bytes) -> Any:
+def loads_resolved(data: bytes, released: list[str] | None = None) -> Any:
     """Unpickle with every array as a view on its segment (for a final consumer: no handles
-    to resolve afterwards, so no walk over the payloads)."""
+    to resolve afterwards, so no walk over the payloads). The names of recycled segments
+    whose views are all gone are appended to ``released`` (for the sender to reuse)."""
     _RESOLVING.on = True
+    _RESOLVING.blocks, _RESOLVING.released = {}, [] if released is None else released
     try:
         return pickle.loads(data)
     finally:
         _RESOLVING.on = False
+        _RESOLVING.blocks = {}
 
 
 # -- resolving handles where payloads are read ----------------------------------------------
@@ -494,9 +637,9 @@ class ShmSession:
         _SESSIONS.add(self)
         _install_handlers()
 
-    def encoder(self, tag: str) -> Encoder:
+    def encoder(self, tag: str, *, recycle: bool = False) -> Encoder:
         """An encoder whose segment names are unique within this session."""
-        return Encoder(f"{self.prefix}{tag}{next(self._ids)}-", self.min_bytes)
+        return Encoder(f"{self.prefix}{tag}{next(self._ids)}-", self.min_bytes, recycle=recycle)
 
     def files(self) -> list[str]:
         """This engine's segments (its lock file aside)."""

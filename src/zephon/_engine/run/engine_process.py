@@ -7,11 +7,16 @@ checkpoint records right after it, through the hand-off (``handoff.py``). The co
 the position of the last item it received, so ``checkpoint()`` is exact wherever the child
 has got to, and stays exact after the child dies: the items received are delivered, the rest
 is regenerated on restore.
+
+A ``transform`` (``Pipeline.iter_training``'s ``to_training``) runs in the child on each item
+before it is sent, so the consumer receives finished model inputs: their arrays and tensors
+in one shared-memory segment per item, mapped without a copy.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -49,6 +54,7 @@ from zephon._engine.workers.worker_start import (
 )
 from zephon._exit import at_exit
 from zephon._running import running_operators
+from zephon.checkpoints import LaneCheckpoint
 from zephon.errors import ConfigError, EngineProcessError, WaitInterrupted, ZephonError
 from zephon.types import StreamItem
 
@@ -57,6 +63,8 @@ STATS_EVERY_S = 0.5
 ASK_WAIT_S = 5.0
 """How long the consumer waits for the engine process to say which operators it runs."""
 _NO_SHM = 1 << 62
+Transform = Callable[[StreamItem], Any]
+"""What the child does to each item before sending it (model inputs from a batch)."""
 
 log = logging.getLogger("zephon")
 
@@ -71,53 +79,90 @@ def _transferable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}\n\nengine process traceback:\n{text}")
 
 
-# -- positions: operator states are sent only when they change ------------------------------
+# -- positions: lane states are sent only when they change ----------------------------------
 
 UNCHANGED = {"$unchanged": True}
-"""Stands for "the lane's operator state of the previous position" in a sent position (the
-open state of a buffer is large and stays the same until the next snapshot is delivered)."""
+"""Stands for "the lane's state of the previous position" in a sent position: the open state
+of a buffer is large and stays the same until the next snapshot is delivered, the source
+state until the next chunk."""
 
 
-def thin(position: Position, sent: dict[int, Any]) -> Position:
-    """``position`` with each lane's operator state replaced by :data:`UNCHANGED` when it is
-    the object already sent (``sent``: lane -> the last operator state sent, updated)."""
+def _unchanged(state: Any) -> bool:
+    """Whether a received state is :data:`UNCHANGED` (states may hold arrays: no ``==``)."""
+    return type(state) is dict and len(state) == 1 and state.get("$unchanged") is True
+
+
+def thin(position: Position, sent: dict[tuple[int, str], Any]) -> Position:
+    """``position`` with each lane's operator and source state replaced by :data:`UNCHANGED`
+    when it is the object already sent (``sent``: (lane, field) -> the last state sent)."""
     lanes = []
     for lc in position.lanes:
-        state = lc.operator_state
-        if state is not None and sent.get(lc.lane) is state:
-            lc = replace(lc, operator_state=UNCHANGED)
-        else:
-            sent[lc.lane] = state
-        lanes.append(lc)
+        same: dict[str, Any] = {}
+        for field, state in (
+            ("operator_state", lc.operator_state),
+            ("source_state", lc.source_state),
+        ):
+            key = (lc.lane, field)
+            if state is not None and sent.get(key) is state:
+                same[field] = UNCHANGED
+            else:
+                sent[key] = state
+        lanes.append(replace(lc, **same) if same else lc)
     return replace(position, lanes=lanes)
 
 
-def thicken(position: Position, previous: Position | None) -> Position:
-    """The inverse of :func:`thin`, given the previous full position."""
-    before = {lc.lane: lc.operator_state for lc in previous.lanes} if previous else {}
-    lanes = [
-        replace(lc, operator_state=before[lc.lane]) if lc.operator_state == UNCHANGED else lc
-        for lc in position.lanes
-    ]
-    return replace(position, lanes=lanes)
+class Thickened:
+    """The inverse of :func:`thin` on the consumer's side: the full position of the last thin
+    one received, built only when asked for (most items' positions are never read)."""
+
+    def __init__(self) -> None:
+        self._states: dict[tuple[int, str], Any] = {}  # the last state sent, by (lane, field)
+        self._thin: Position | None = None
+        self._full: Position | None = None
+
+    def received(self, position: Position) -> None:
+        states = self._states
+        for lc in position.lanes:
+            if not _unchanged(lc.operator_state):
+                states[lc.lane, "operator_state"] = lc.operator_state
+            if not _unchanged(lc.source_state):
+                states[lc.lane, "source_state"] = lc.source_state
+        self._thin, self._full = position, None
+
+    def position(self) -> Position | None:
+        """The full position received last (None before the first)."""
+        if self._full is None and self._thin is not None:
+            lanes = [self._full_lane(lc) for lc in self._thin.lanes]
+            self._full = replace(self._thin, lanes=lanes)
+        return self._full
+
+    def _full_lane(self, lc: LaneCheckpoint) -> LaneCheckpoint:
+        same: dict[str, Any] = {}
+        if _unchanged(lc.operator_state):
+            same["operator_state"] = self._states[lc.lane, "operator_state"]
+        if _unchanged(lc.source_state):
+            same["source_state"] = self._states[lc.lane, "source_state"]
+        return replace(lc, **same) if same else lc
 
 
 # -- the child -------------------------------------------------------------------------------
 
 
-def _pump(engine: Engine, sender: Sender) -> None:
-    """Send every item with its position, then the end (or the error) and wait for the close."""
+def _pump(engine: Engine, sender: Sender, transform: Transform | None) -> None:
+    """Send every item (as ``transform`` makes it) with its position, then the end (or the
+    error) and wait for the close."""
     items = engine.stream()
     track = engine.options.track_stats
     next_stats = time.monotonic() + STATS_EVERY_S
-    sent: dict[int, Any] = {}
+    sent: dict[tuple[int, str], Any] = {}
     try:
         for item in items:
             stats = None
             if track and time.monotonic() >= next_stats:
                 next_stats = time.monotonic() + STATS_EVERY_S
                 stats = engine.snapshot()
-            if not sender.send(HandoffItem(item, thin(engine.position(), sent), stats)):
+            payload = item if transform is None else transform(item)
+            if not sender.send(HandoffItem(payload, thin(engine.position(), sent), stats)):
                 return
         final: HandoffMessage = HandoffEnd(thin(engine.position(), sent), engine.snapshot())
     except BaseException as exc:
@@ -139,22 +184,26 @@ def _answer_running(report: Connection) -> None:
             return
 
 
-def child_main(conn: Connection, report: Connection, blob: bytes, environ: dict[str, str]) -> None:
+def child_main(
+    conn: Connection, report: Connection, blobs: tuple[bytes, bytes], environ: dict[str, str]
+) -> None:
     """The engine process: build the engine from the pickled pipeline and run it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the consumer decides when to stop
     threading.Thread(
         target=_answer_running, args=(report,), name="zephon-engine-report", daemon=True
     ).start()
     adopt_environment(environ)  # forked from the forkserver: its environment is older
-    run: CompiledRun = cloudpickle.loads(blob)
+    run: CompiledRun = cloudpickle.loads(blobs[0])
+    transform: Transform | None = cloudpickle.loads(blobs[1])
     options = run.options
     session = shm.ShmSession(options.shm_min_bytes or _NO_SHM)
-    sender = Sender(conn, session.encoder("h"), options.queue_size)
+    recycle = options.shm_min_bytes is not None  # None: no shared memory at all
+    sender = Sender(conn, session.encoder("h", recycle=recycle), options.queue_size)
     threading.Thread(target=sender.serve, name="zephon-engine-handoff", daemon=True).start()
     engine: Engine | None = None
     try:
         engine = Engine(run)
-        _pump(engine, sender)
+        _pump(engine, sender, transform)
     except BaseException as exc:
         if sender.send(HandoffError(_transferable(exc))):
             sender.wait_closed()
@@ -168,6 +217,27 @@ def child_main(conn: Connection, report: Connection, blob: bytes, environ: dict[
 
 
 # -- the consumer ----------------------------------------------------------------------------
+
+
+def _child_blobs(run: CompiledRun, transform: Transform | None) -> tuple[bytes, bytes]:
+    """The pickles of what the child runs: the pipeline, and the transform of its items."""
+    try:
+        run_blob = cloudpickle.dumps(run.for_child())
+    except Exception as exc:
+        raise ConfigError(
+            f"the pipeline cannot be sent to the engine process (engine_process=True): "
+            f"{type(exc).__name__}: {exc}. Keep no open files, locks, sockets or generators "
+            "in operators and sources (create them in setup()), or drop engine_process"
+        ) from exc
+    try:
+        return run_blob, cloudpickle.dumps(transform)
+    except Exception as exc:
+        raise ConfigError(
+            f"the transform {transform!r} cannot be sent to the engine process, which runs it "
+            f"on each item: {type(exc).__name__}: {exc}. Pass a function that keeps no open "
+            "files, locks or sockets, or use engine_process=False"
+        ) from exc
+
 
 _LIVE: weakref.WeakSet[EngineProcess] = weakref.WeakSet()
 
@@ -185,7 +255,7 @@ def _close_live() -> None:
 class EngineProcess:
     """The consumer's side of an engine running in a child process (same shape as Engine)."""
 
-    def __init__(self, run: CompiledRun) -> None:
+    def __init__(self, run: CompiledRun, transform: Transform | None = None) -> None:
         self.local = Engine(run)  # builds checkpoints (and stats before the child's first)
         remote = [s.op_name for s in run.plan.stages if not lookup(s.runner).in_engine_process]
         if remote:
@@ -195,18 +265,11 @@ class EngineProcess:
                 "drop engine_process or keep those operators local"
             )
         options = run.options
-        try:
-            self._blob: bytes = cloudpickle.dumps(run.for_child())
-        except Exception as exc:
-            raise ConfigError(
-                f"the pipeline cannot be sent to the engine process (engine_process=True): "
-                f"{type(exc).__name__}: {exc}. Keep no open files, locks, sockets or generators "
-                "in operators and sources (create them in setup()), or drop engine_process"
-            ) from exc
+        self._blobs = _child_blobs(run, transform)
         self.options = options
         self.stats = self.local.stats
         self._window = options.queue_size
-        self._position: Position | None = None
+        self._position = Thickened()
         self._last_stats: RunStats | None = None
         self._proc: Any = None
         self._pid: int | None = None
@@ -233,10 +296,18 @@ class EngineProcess:
         The child sends operator states with records by meta only, so ``held_records`` adds
         no payloads here: a restore rebuilds those records (exactly, as from any checkpoint).
         """
-        if self._position is None:
+        return self.local.checkpoint_at(self.position())
+
+    def position(self) -> Position:
+        """The position right after the last item received (the start before the first)."""
+        position = self._position.position()
+        if position is None:
             self.local.prepare()
-            return self.local.checkpoint()
-        return self.local.checkpoint_at(self._position)
+            return self.local.position()
+        return position
+
+    def checkpoint_at(self, position: Position) -> dict[str, Any]:
+        return self.local.checkpoint_at(position)
 
     def snapshot(self) -> RunStats:
         """The engine process's latest statistics (sent about every half second)."""
@@ -249,7 +320,7 @@ class EngineProcess:
         self._report, report = mp.Pipe(duplex=True)
         self._proc = mp.Process(
             target=child_main,
-            args=(child, report, self._blob, dict(os.environ)),
+            args=(child, report, self._blobs, dict(os.environ)),
             name=PROCESS_NAME,
             daemon=False,
         )
@@ -264,10 +335,11 @@ class EngineProcess:
     def __iter__(self) -> Iterator[StreamItem]:
         check_not_bootstrapping()
         receiver = self._start()
+        decode = functools.partial(shm.loads_resolved, released=receiver.released)
         try:
             while True:
                 try:
-                    message = receiver.recv(shm.loads_resolved, self._idle)
+                    message = receiver.recv(decode, self._idle)
                 except EOFError:
                     raise self._died(receiver.received) from None
                 except FileNotFoundError:
@@ -280,12 +352,12 @@ class EngineProcess:
                     raise self._died(receiver.received) from None
                 match message:
                     case HandoffItem():
-                        self._position = thicken(message.position, self._position)
+                        self._position.received(message.position)
                         if message.stats is not None:
                             self._last_stats = message.stats
                         yield message.item
                     case HandoffEnd():
-                        self._position = thicken(message.position, self._position)
+                        self._position.received(message.position)
                         self._last_stats = message.stats
                         return
                     case HandoffError():
@@ -363,7 +435,9 @@ class EngineProcess:
         if proc.is_alive():
             proc.kill()
             proc.join(timeout=30)
-        for name in shm.segment_files(f"{shm.NAME_PREFIX}{proc.pid}-"):
+        prefix = f"{shm.NAME_PREFIX}{proc.pid}-"
+        shm.forget_held(prefix)
+        for name in shm.segment_files(prefix):
             with contextlib.suppress(FileNotFoundError):
                 (shm.shm_dir() / name).unlink()
         if self._report is not None:
