@@ -30,7 +30,7 @@ from transformers import TrainerCallback
 from zephon.capture.dataset import run_sync
 from zephon.capture.group_ops import store_at
 from zephon.capture.ledger import MemberRef
-from zephon.capture.stores import open_store
+from zephon.capture.store_handle import StoreHandle
 from zephon.errors import CheckpointError
 
 __all__ = ["CapturedRollouts"]
@@ -70,12 +70,15 @@ class CapturedRollouts:
         if num_generations < 2:
             raise ValueError(f"num_generations is {num_generations}: GRPO needs groups of >= 2")
         location = store_at(store)
-        self._store = open_store(location) if isinstance(location, str) else location
+        self._handle = (
+            StoreHandle(url=location) if isinstance(location, str) else StoreHandle(store=location)
+        )
         self._source = records
         self._records: Iterator[Any] | None = None  # iterated from the first group on
         self.num_generations = num_generations
         self.served: list[dict[str, Any]] = []  # every group handed to TRL, in order
         self._unmarked: list[dict[str, Any]] = []
+        self._closed = False
 
     def train_dataset(self, groups: int) -> Any:
         """A ``datasets.Dataset`` of ``groups`` placeholder prompts (TRL samples from it;
@@ -110,6 +113,11 @@ class CapturedRollouts:
         return out
 
     def _next_group(self) -> dict[str, Any]:
+        if self._closed:
+            raise RuntimeError(
+                "CapturedRollouts was closed: make a new one over the pipeline and resume() it "
+                "from the last TRL checkpoint"
+            )
         if self._records is None:
             self._records = iter(self._source)
         record = next(self._records, None)
@@ -132,6 +140,23 @@ class CapturedRollouts:
         self._unmarked.append(group)
         return group
 
+    def close(self) -> None:
+        """End the pipeline's iteration (its workers and store clients) and close the store
+        client opened from a URL; a store object passed in stays open (it is the caller's).
+        Groups served but not marked stay unmarked: a resume serves them again."""
+        records, self._records = self._records, None
+        self._closed = True
+        close = getattr(records, "close", None)
+        if close is not None:
+            close()
+        self._handle.close()
+
+    def __enter__(self) -> CapturedRollouts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def reward(
         self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any
     ) -> list[float]:
@@ -145,9 +170,8 @@ class CapturedRollouts:
             refs: list[MemberRef] = [
                 (group["position"], m["index"], m["attempt"]) for m in group["members"]
             ]
-            run_sync(
-                self._store.advance(group["stream"], refs, "trained", step=group["trained_version"])
-            )
+            store = self._handle.get()
+            run_sync(store.advance(group["stream"], refs, "trained", step=group["trained_version"]))
         self._unmarked = []
 
     def save(self, checkpoint_dir: str | os.PathLike[str]) -> None:
