@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
-from tests.capture._pg import pg_dsn, pg_url  # noqa: F401
+from tests.capture._pg import connections, drained, pg_dsn, pg_url, tagged  # noqa: F401
 from tests.capture._procs import store_url
 from tests.capture._stream_fill import issue, roll
 from zephon.capture.store_handle import StoreHandle
@@ -25,7 +22,6 @@ from zephon.capture.stores import open_store
 from zephon.capture.streaming import StreamingCaptureSource
 
 PROMPTS = 6
-DRAIN_S = 120  # a closed client's server process ends asynchronously; generous when loaded
 pytestmark = [
     pytest.mark.timeout(600),  # worker processes start slowly on a loaded machine
     pytest.mark.filterwarnings("error::ResourceWarning"),
@@ -47,29 +43,6 @@ def _pipe(store: Any, runner: str = "inline") -> Any:
     source = StreamingCaptureSource(store, "s", groups_per_step=1, max_staleness=8, prompts=PROMPTS)
     pipe = source.pipeline().drop_equal_rewards(store).keep_per_prompt(store, 1)
     return pipe.options(runner=runner)
-
-
-def _tagged(url: str) -> tuple[str, str]:
-    """``url`` with an ``application_name`` of its own, and that name."""
-    name = f"zt-{uuid.uuid4().hex[:12]}"
-    return f"{url}&application_name={name}", name
-
-
-def _connections(dsn: str, name: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def _drained(dsn: str, name: str) -> int:
-    """The connections named ``name`` once none is left, or the count at the deadline."""
-    deadline = time.monotonic() + DRAIN_S
-    while (count := _connections(dsn, name)) and time.monotonic() < deadline:
-        time.sleep(0.1)  # polling the server: its backends exit after the client's goodbye
-    return count
 
 
 @pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])
@@ -111,32 +84,32 @@ def test_a_finished_iteration_leaves_no_postgres_connection_open(
     pg_dsn: str,  # noqa: F811
     pg_url: str,  # noqa: F811
 ) -> None:
-    url, name = _tagged(pg_url)
+    url, name = tagged(pg_url)
     _fill(url)
-    assert _drained(pg_dsn, name) == 0
+    assert drained(pg_dsn, name) == 0
     pipe = _pipe(url, runner)
     records = list(pipe)
     assert records
-    assert _drained(pg_dsn, name) == 0
+    assert drained(pg_dsn, name) == 0
     again = list(pipe.restore(pipe.checkpoint()))  # a closed client reopens for a new run
-    assert again == [] and _drained(pg_dsn, name) == 0
+    assert again == [] and drained(pg_dsn, name) == 0
 
 
 def test_a_stopped_iteration_closes_its_clients_when_closed_or_collected(
     pg_dsn: str,  # noqa: F811
     pg_url: str,  # noqa: F811
 ) -> None:
-    url, name = _tagged(pg_url)
+    url, name = tagged(pg_url)
     _fill(url)
     it = iter(_pipe(url))
     next(it)
-    assert _connections(pg_dsn, name) >= 1
+    assert connections(pg_dsn, name) >= 1
     it.close()  # type: ignore[attr-defined]
-    assert _drained(pg_dsn, name) == 0
+    assert drained(pg_dsn, name) == 0
     pipe = _pipe(url)
     it = iter(pipe)
     next(it)
-    assert _connections(pg_dsn, name) >= 1
+    assert connections(pg_dsn, name) >= 1
     del it, pipe
     gc.collect()
-    assert _drained(pg_dsn, name) == 0
+    assert drained(pg_dsn, name) == 0

@@ -14,7 +14,11 @@ the served groups ``trained`` in the prompt ledger after the optimizer step that
 and saves the pipeline's position with each TRL checkpoint (``zephon_rollouts.json``), so a
 run resumed from that checkpoint (:meth:`CapturedRollouts.resume`) serves the next group.
 
-One process only (each accelerate process would draw its own groups from one stream).
+Under several data-parallel processes (``accelerate launch``, ``torchrun``) each rank trains a
+disjoint, deterministic share of the groups: admission ``g`` goes to rank ``g % world_size``
+(the pipeline's lanes, :class:`~zephon.options.RuntimeOptions` ``dp_rank``/``dp_world_size``,
+set from ``torch.distributed`` once its process group is up), and each rank saves its own
+position (``zephon_rollouts-rank<R>.json``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,23 @@ __all__ = ["CapturedRollouts"]
 
 SLOT_PROMPT = "zephon group slot {i}"
 STATE_FILE = "zephon_rollouts.json"
+RANK_STATE_FILE = "zephon_rollouts-rank{rank}.json"
+
+
+def data_parallel() -> tuple[int, int]:
+    """This process's rank and the world size: ``torch.distributed``'s when its process group
+    is initialised (accelerate and TRL initialise it), else the launcher's ``RANK`` and
+    ``WORLD_SIZE``, else one process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def state_file(rank: int, world: int) -> str:
+    """The name of a rank's position file in a TRL checkpoint folder."""
+    return STATE_FILE if world == 1 else RANK_STATE_FILE.format(rank=rank)
 
 
 def _split(member: Mapping[str, Any]) -> tuple[list[int], list[int], list[float], list[int]]:
@@ -79,6 +100,31 @@ class CapturedRollouts:
         self.served: list[dict[str, Any]] = []  # every group handed to TRL, in order
         self._unmarked: list[dict[str, Any]] = []
         self._closed = False
+        self.rank, self.world_size = 0, 1
+        self._placed = False  # the rank's share chosen (on first use, once ranks are up)
+
+    def _place(self) -> None:
+        """Give this rank its share of the groups: the pipeline's lanes ``rank::world``."""
+        if self._placed:
+            return
+        self._placed = True
+        self.rank, self.world_size = rank, world = data_parallel()
+        if world == 1:
+            return
+        options = getattr(self._source, "runtime_options", None)
+        if options is None:
+            raise TypeError(
+                f"CapturedRollouts runs on {world} processes: pass the Pipeline over the "
+                "streaming source (not an iterable of its records) so each rank gets its share"
+            )
+        if options.dp_world_size not in (1, world) or options.dp_rank not in (0, rank):
+            raise ValueError(
+                f"the pipeline is set for rank {options.dp_rank} of {options.dp_world_size}, "
+                f"this process is rank {rank} of {world}: leave dp_rank/dp_world_size unset "
+                "(CapturedRollouts sets them)"
+            )
+        replicas = options.canonical_replicas if options.canonical_replicas > 1 else world
+        self._source.options(canonical_replicas=replicas, dp_rank=rank, dp_world_size=world)  # type: ignore[attr-defined]
 
     def train_dataset(self, groups: int) -> Any:
         """A ``datasets.Dataset`` of ``groups`` placeholder prompts (TRL samples from it;
@@ -119,6 +165,7 @@ class CapturedRollouts:
                 "from the last TRL checkpoint"
             )
         if self._records is None:
+            self._place()
             self._records = iter(self._source)
         record = next(self._records, None)
         if record is None:
@@ -180,8 +227,10 @@ class CapturedRollouts:
         checkpoint = getattr(self._source, "checkpoint", None)
         if checkpoint is None:
             raise TypeError("CapturedRollouts can save its position only over a Pipeline")
+        self._place()
         state = {"served": len(self.served), "pipeline": checkpoint()}
-        path = os.path.join(checkpoint_dir, STATE_FILE)
+        os.makedirs(checkpoint_dir, exist_ok=True)  # another rank may not have made it yet
+        path = os.path.join(checkpoint_dir, state_file(self.rank, self.world_size))
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(state, f)
             f.flush()
@@ -191,7 +240,8 @@ class CapturedRollouts:
     def resume(self, checkpoint_dir: str | os.PathLike[str]) -> None:
         """Continue after the groups served before TRL's checkpoint ``checkpoint_dir`` (call it
         before ``trainer.train(resume_from_checkpoint=checkpoint_dir)``)."""
-        path = os.path.join(checkpoint_dir, STATE_FILE)
+        self._place()
+        path = os.path.join(checkpoint_dir, state_file(self.rank, self.world_size))
         try:
             with open(path, encoding="utf-8") as f:
                 state = json.load(f)
