@@ -70,6 +70,7 @@ EXPECTED: dict[str, list[str]] = {
     "zephon.capture.proxy.server": _names("bind_socket exposure_problem"),
     "zephon.capture.rl": _names("PromptGroup PromptSource view_stream"),
     "zephon.capture.streaming": _names("LOG_SUFFIX StreamingCaptureSource"),
+    "zephon.capture.store_handle": _names("StoreHandle"),
     "zephon.capture.group_ops": _names("DifficultyPool DropEqualRewards KeepPerPrompt store_at"),
     "zephon.capture.batching": _names("StepBatcher StepBudget TrainStep"),
     "zephon.capture.scores": _names(""),

@@ -8,6 +8,7 @@ With ``ZEPHON_TEST_POSTGRES_DSN`` set, that server is used instead of starting o
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -16,7 +17,9 @@ import pytest
 
 from tests.capture._pgserver import EmbeddedPostgres
 
-__all__ = ["fresh_schema_url", "pg_dsn", "pg_url"]
+__all__ = ["connections", "drained", "fresh_schema_url", "pg_dsn", "pg_url", "tagged"]
+
+DRAIN_S = 120  # a closed client's server process ends asynchronously; generous when loaded
 
 
 # Every test module that imports ``pg_dsn`` gets its own session-scoped fixture definition, so
@@ -60,3 +63,27 @@ def fresh_schema_url(dsn: str) -> str:
 def pg_url(pg_dsn: str) -> str:
     """A store URL whose tables live in a schema of their own, for test isolation."""
     return fresh_schema_url(pg_dsn)
+
+
+def tagged(url: str) -> tuple[str, str]:
+    """``url`` with an ``application_name`` of its own, and that name."""
+    name = f"zt-{uuid.uuid4().hex[:12]}"
+    return f"{url}&application_name={name}", name
+
+
+def connections(dsn: str, name: str) -> int:
+    """How many of the server's connections carry ``application_name`` ``name``."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def drained(dsn: str, name: str) -> int:
+    """The connections named ``name`` once none is left, or the count at the deadline."""
+    deadline = time.monotonic() + DRAIN_S
+    while (count := connections(dsn, name)) and time.monotonic() < deadline:
+        time.sleep(0.1)  # polling the server: its backends exit after the client's goodbye
+    return count

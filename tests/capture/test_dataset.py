@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.capture._pg import drained, pg_dsn, pg_url, tagged  # noqa: F401
 from zephon import Pipeline
 from zephon.capture.dataset import CaptureSource
 from zephon.capture.protocols import RolloutRetiredError
@@ -56,6 +57,7 @@ def fill(url: str, n: int, *, masked: tuple[int, ...] = ()) -> tuple[list[str], 
                 await store.mark_incomplete(rid, "lost")
             ids.append(rid)
             expect[rid] = (p1 + g1 + tool + g2, [0, 0, 1, 0, 0, 1, 1])
+        await store.close()
 
     asyncio.run(go())
     return ids, expect
@@ -193,3 +195,28 @@ def test_a_group_is_a_row_per_sample_and_retires_once_all_are_delivered(url: str
     rest = [b.records[0].payload for b in it]
     assert [p["rollout_id"] for p in rest] == ["grp", "r000"]
     assert source.covered(pipe.checkpoint()) == ["grp", "r000"]
+
+
+@pytest.mark.filterwarnings("error::ResourceWarning")
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_a_source_given_a_url_closes_its_clients_and_one_given_a_store_leaves_it_open(
+    pg_dsn: str,  # noqa: F811
+    pg_url: str,  # noqa: F811
+) -> None:
+    url, name = tagged(pg_url)
+    ids, _ = fill(url, 8)
+    assert drained(pg_dsn, name) == 0
+    source = CaptureSource(url, ids, chunk_size=2)
+    assert drained(pg_dsn, name) == 0  # built: the rows are held, the client closed
+    pipe = Pipeline(source).batch(2)
+    it = iter(pipe)
+    for _ in range(3):
+        next(it)
+    report = source.retire_consumed(pipe.checkpoint())
+    it.close()  # type: ignore[attr-defined]
+    assert report.dropped and drained(pg_dsn, name) == 0
+    store = open_store(url)
+    given = CaptureSource(store, ids[6:], chunk_size=2)
+    assert len(rows_of(Pipeline(given).batch(2))) == 2
+    assert asyncio.run(store.freeze(ids[7])).entries  # still open: the caller closes it
+    asyncio.run(store.close())

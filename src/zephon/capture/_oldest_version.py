@@ -24,6 +24,7 @@ class OldestVersions:
     """Rows of a prompt ledger with ``weight_version`` lowered to their rollouts' oldest."""
 
     def __init__(self, store: Any) -> None:
+        self.store = store
         self._store: SupportsPeek | None = store if isinstance(store, SupportsPeek) else None
         self._known: dict[str, int | None] = {}  # rollout id (one per attempt) -> oldest
 

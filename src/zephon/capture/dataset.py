@@ -134,7 +134,7 @@ class _Core:
     ) -> None:
         if chunk_size < 1:
             raise ConfigError(f"CaptureSource: chunk_size must be >= 1, got {chunk_size}")
-        self.store = store
+        self.store = store  # the store object passed in, or its URL
         self.rows = rows
         self.builds = builds
         self.masked = masked
@@ -224,8 +224,14 @@ class CaptureSource(WorkSource):
         if len(set(ids)) != len(ids):
             dupes = sorted({r for r in ids if ids.count(r) > 1})
             raise ConfigError(f"CaptureSource: rollout ids repeat: {dupes}")
-        store = _open(store)
-        rows, builds, masked = run_sync(_freeze_and_build(store, ids, terminals or {}, _expected))
+        client = _open(store)
+        try:
+            rows, builds, masked = run_sync(
+                _freeze_and_build(client, ids, terminals or {}, _expected)
+            )
+        finally:
+            if client is not store:  # opened from the URL here: retiring reopens it
+                run_sync(client.close())
         self._core = _Core(store, rows, builds, masked, chunk_size, shuffle_seed, name)
         self._lane, self._lanes, self._next = 0, 1, 0
 
@@ -356,16 +362,21 @@ class CaptureSource(WorkSource):
         report = RetirementReport()
         covered = self.covered(checkpoint)
         by_id = {r.rollout_id: r for r in core.rows}
-        for rid in covered:
-            if rid in core.retired:
-                continue
-            row = by_id[rid]
-            ok = await core.store.drop(rid, snapshot_id=row.snapshot_id, version=row.version)
-            if ok:
-                core.retired.add(rid)
-                report.dropped.append(rid)
-            else:
-                report.stale.append(rid)
+        store = _open(core.store)  # a URL's client is opened for this call and closed after
+        try:
+            for rid in covered:
+                if rid in core.retired:
+                    continue
+                row = by_id[rid]
+                ok = await store.drop(rid, snapshot_id=row.snapshot_id, version=row.version)
+                if ok:
+                    core.retired.add(rid)
+                    report.dropped.append(rid)
+                else:
+                    report.stale.append(rid)
+        finally:
+            if store is not core.store:
+                await store.close()
         rollouts = {r.rollout_id for r in core.rows}
         report.pending = len(rollouts) - len(core.retired) - len(report.stale)
         return report

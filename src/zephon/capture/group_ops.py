@@ -20,7 +20,7 @@ from typing import Any
 from zephon.capture.dataset import run_sync
 from zephon.capture.ledger import MemberRef
 from zephon.capture.protocols import PromptLedger
-from zephon.capture.stores import open_store
+from zephon.capture.store_handle import StoreHandle
 from zephon.errors import ConfigError, DataError
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext, OpTraits
 from zephon.types import SampleRecord, StreamItem, record_tokens, tombstone_meta
@@ -60,9 +60,13 @@ class _GroupOp(BaseOp):
     def __init__(self, store: Any, *, name: str | None = None) -> None:
         super().__init__(name=name)
         store = store_at(store)
-        self._url = store if isinstance(store, str) else None
-        self._store: Any = open_store(store) if isinstance(store, str) else store
-        if not isinstance(self._store, PromptLedger):
+        if isinstance(store, str):
+            self._handle = StoreHandle(url=store)
+            store = self._handle.get()
+        else:
+            self._handle = StoreHandle(store=store)
+        self._handle.close()  # checked; the copies that run reopen it (and close it)
+        if not isinstance(store, PromptLedger):
             raise ConfigError(
                 f"{self.name}: store is a {type(store).__name__}, not a capture store keeping "
                 "prompt ledgers; pass open_store(url) or the URL"
@@ -70,17 +74,12 @@ class _GroupOp(BaseOp):
 
     @property
     def store(self) -> Any:
-        if self._store is None:  # sent to a worker process: reopen from the URL
-            self._store = open_store(self._url or "")
-        return self._store
+        """The store the drops are filed in (a worker process opens its own from the URL)."""
+        return self._handle.get()
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Given a URL, the operator travels without its client (a process opens its own);
-        given a store object, that object must pickle."""
-        state = dict(self.__dict__)
-        if self._url is not None:
-            state["_store"] = None
-        return state
+    def teardown(self) -> None:
+        """Close the client opened from the URL (the next run reopens it)."""
+        self._handle.close()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _GroupOp:
         """Worker copies share the store (its connection and locks); the op keeps no state."""

@@ -41,7 +41,7 @@ from zephon.capture.ledger import (
     validate_stream,
 )
 from zephon.capture.protocols import PromptLedger, view_stream
-from zephon.capture.stores import open_store
+from zephon.capture.store_handle import StoreHandle
 from zephon.errors import CheckpointError, ConfigError, DataError
 from zephon.io import Dataset, Shard
 from zephon.pipeline import Pipeline
@@ -61,16 +61,10 @@ class _Core:
     source's process logged (durably, before handing their chunks out) and builds them."""
 
     def __init__(
-        self,
-        store: Any,
-        stream: str,
-        options: dict[str, Any],
-        *,
-        url: str | None = None,
-        admits: bool = True,
+        self, handle: StoreHandle, stream: str, options: dict[str, Any], *, admits: bool = True
     ) -> None:
-        self.store = store
-        self.url = url
+        self.handle = handle
+        self.url = handle.url
         self.admits = admits
         self.stream = stream
         self.log_stream = stream + LOG_SUFFIX
@@ -80,10 +74,27 @@ class _Core:
         self.taken: set[int] = set()  # positions admitted (in the log)
         self.loaded = False
         self.records: dict[int, dict[str, Any]] = {}
-        self.versions = OldestVersions(store)
+        self.versions = OldestVersions(None)  # made for the open client by oldest_versions()
         self.timings = {"ledger_s": 0.0, "engine_wait_s": 0.0, "build_s": 0.0}
         self.timings_lock = threading.Lock()
         self.dataset = Dataset(options["name"], [_GroupShard(self)])
+
+    @property
+    def store(self) -> Any:
+        """The store client (reopened from the URL after :meth:`close`)."""
+        return self.handle.get()
+
+    def oldest_versions(self) -> OldestVersions:
+        """The oldest-version cache over the client open now (a reopened client starts one)."""
+        store = self.store
+        if self.versions.store is not store:
+            self.versions = OldestVersions(store)
+        return self.versions
+
+    def close(self) -> None:
+        """Close the client opened from the URL; the log and built groups stay."""
+        with self.lock:
+            self.handle.close()
 
     # -- the admission log -----------------------------------------------------------------
 
@@ -149,7 +160,7 @@ class _Core:
     def _choose(self, rows: list[PromptRow], version: int) -> tuple[PromptRow, int] | None:
         """The group to admit at ``version`` and its rollouts' oldest weight version: the
         staleness bound counts from the oldest version a finished member was generated with."""
-        aged = run_sync(self.versions.rows(rows))
+        aged = run_sync(self.oldest_versions().rows(rows))
         admission = admit_rows(aged, version, self.opts["max_staleness"], 1)
         if not admission.groups:
             return None
@@ -266,6 +277,10 @@ class _GroupShard(Shard):
     def read(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         return [dict(self._core.record(int(i))) for i in indices]
 
+    def release(self) -> None:
+        """Close the store client opened from the URL (the reader was torn down)."""
+        self._core.close()
+
     def __deepcopy__(self, memo: dict[int, Any]) -> _GroupShard:
         """Worker copies share the core (its log and built groups)."""
         return self
@@ -289,7 +304,7 @@ class _GroupShard(Shard):
 
 def _reader_shard(url: str, stream: str, options: dict[str, Any]) -> _GroupShard:
     """A worker process's shard: a reading core over its own client of the store at ``url``."""
-    core = _Core(open_store(url), stream, options, url=url, admits=False)
+    core = _Core(StoreHandle(url=url), stream, options, admits=False)
     return _GroupShard(core)
 
 
@@ -343,11 +358,11 @@ class StreamingCaptureSource(WorkSource):
                 f"use at most {MAX_STREAM_CHARS - len(LOG_SUFFIX)} characters"
             )
         url = store_at(store) if isinstance(store, str) else None
-        if url is not None:
-            store = open_store(url)
-        if not isinstance(store, PromptLedger):
+        handle = StoreHandle(url=url) if url is not None else StoreHandle(store=store)
+        if not isinstance(opened := handle.get(), PromptLedger):
+            handle.close()
             raise TypeError(
-                f"{type(store).__name__} keeps no prompt ledger: open a zephon capture store "
+                f"{type(opened).__name__} keeps no prompt ledger: open a zephon capture store "
                 "with open_store(url)"
             )
         if cap_s is not None and not cap_s > 0:
@@ -362,7 +377,7 @@ class StreamingCaptureSource(WorkSource):
             "poll_s": float(poll_s),
             "name": name,
         }
-        self._core = _Core(store, stream, options, url=url)
+        self._core = _Core(handle, stream, options)
         self._lane, self._lanes, self._next = 0, 1, 0
 
     def pipeline(self) -> Pipeline:
@@ -414,6 +429,10 @@ class StreamingCaptureSource(WorkSource):
         clone._core = self._core
         clone._lane, clone._lanes, clone._next = lane_id, canonical_replicas, 0
         return clone
+
+    def release(self) -> None:
+        """Close the store client opened from the URL (the iteration ended)."""
+        self._core.close()
 
     def chunk_size_hint(self) -> int | None:
         return 1

@@ -14,7 +14,11 @@ the served groups ``trained`` in the prompt ledger after the optimizer step that
 and saves the pipeline's position with each TRL checkpoint (``zephon_rollouts.json``), so a
 run resumed from that checkpoint (:meth:`CapturedRollouts.resume`) serves the next group.
 
-One process only (each accelerate process would draw its own groups from one stream).
+Under several data-parallel processes (``accelerate launch``, ``torchrun``) each rank trains a
+disjoint, deterministic share of the groups: admission ``g`` goes to rank ``g % world_size``
+(the pipeline's lanes, :class:`~zephon.options.RuntimeOptions` ``dp_rank``/``dp_world_size``,
+set from ``torch.distributed`` once its process group is up), and each rank saves its own
+position (``zephon_rollouts-rank<R>.json``).
 """
 
 from __future__ import annotations
@@ -30,13 +34,30 @@ from transformers import TrainerCallback
 from zephon.capture.dataset import run_sync
 from zephon.capture.group_ops import store_at
 from zephon.capture.ledger import MemberRef
-from zephon.capture.stores import open_store
+from zephon.capture.store_handle import StoreHandle
 from zephon.errors import CheckpointError
 
 __all__ = ["CapturedRollouts"]
 
 SLOT_PROMPT = "zephon group slot {i}"
 STATE_FILE = "zephon_rollouts.json"
+RANK_STATE_FILE = "zephon_rollouts-rank{rank}.json"
+
+
+def data_parallel() -> tuple[int, int]:
+    """This process's rank and the world size: ``torch.distributed``'s when its process group
+    is initialised (accelerate and TRL initialise it), else the launcher's ``RANK`` and
+    ``WORLD_SIZE``, else one process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def state_file(rank: int, world: int) -> str:
+    """The name of a rank's position file in a TRL checkpoint folder."""
+    return STATE_FILE if world == 1 else RANK_STATE_FILE.format(rank=rank)
 
 
 def _split(member: Mapping[str, Any]) -> tuple[list[int], list[int], list[float], list[int]]:
@@ -70,12 +91,40 @@ class CapturedRollouts:
         if num_generations < 2:
             raise ValueError(f"num_generations is {num_generations}: GRPO needs groups of >= 2")
         location = store_at(store)
-        self._store = open_store(location) if isinstance(location, str) else location
+        self._handle = (
+            StoreHandle(url=location) if isinstance(location, str) else StoreHandle(store=location)
+        )
         self._source = records
         self._records: Iterator[Any] | None = None  # iterated from the first group on
         self.num_generations = num_generations
         self.served: list[dict[str, Any]] = []  # every group handed to TRL, in order
         self._unmarked: list[dict[str, Any]] = []
+        self._closed = False
+        self.rank, self.world_size = 0, 1
+        self._placed = False  # the rank's share chosen (on first use, once ranks are up)
+
+    def _place(self) -> None:
+        """Give this rank its share of the groups: the pipeline's lanes ``rank::world``."""
+        if self._placed:
+            return
+        self._placed = True
+        self.rank, self.world_size = rank, world = data_parallel()
+        if world == 1:
+            return
+        options = getattr(self._source, "runtime_options", None)
+        if options is None:
+            raise TypeError(
+                f"CapturedRollouts runs on {world} processes: pass the Pipeline over the "
+                "streaming source (not an iterable of its records) so each rank gets its share"
+            )
+        if options.dp_world_size not in (1, world) or options.dp_rank not in (0, rank):
+            raise ValueError(
+                f"the pipeline is set for rank {options.dp_rank} of {options.dp_world_size}, "
+                f"this process is rank {rank} of {world}: leave dp_rank/dp_world_size unset "
+                "(CapturedRollouts sets them)"
+            )
+        replicas = options.canonical_replicas if options.canonical_replicas > 1 else world
+        self._source.options(canonical_replicas=replicas, dp_rank=rank, dp_world_size=world)  # type: ignore[attr-defined]
 
     def train_dataset(self, groups: int) -> Any:
         """A ``datasets.Dataset`` of ``groups`` placeholder prompts (TRL samples from it;
@@ -110,7 +159,13 @@ class CapturedRollouts:
         return out
 
     def _next_group(self) -> dict[str, Any]:
+        if self._closed:
+            raise RuntimeError(
+                "CapturedRollouts was closed: make a new one over the pipeline and resume() it "
+                "from the last TRL checkpoint"
+            )
         if self._records is None:
+            self._place()
             self._records = iter(self._source)
         record = next(self._records, None)
         if record is None:
@@ -132,6 +187,23 @@ class CapturedRollouts:
         self._unmarked.append(group)
         return group
 
+    def close(self) -> None:
+        """End the pipeline's iteration (its workers and store clients) and close the store
+        client opened from a URL; a store object passed in stays open (it is the caller's).
+        Groups served but not marked stay unmarked: a resume serves them again."""
+        records, self._records = self._records, None
+        self._closed = True
+        close = getattr(records, "close", None)
+        if close is not None:
+            close()
+        self._handle.close()
+
+    def __enter__(self) -> CapturedRollouts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def reward(
         self, prompts: Sequence[Any], completions: Sequence[Any], **kwargs: Any
     ) -> list[float]:
@@ -145,9 +217,8 @@ class CapturedRollouts:
             refs: list[MemberRef] = [
                 (group["position"], m["index"], m["attempt"]) for m in group["members"]
             ]
-            run_sync(
-                self._store.advance(group["stream"], refs, "trained", step=group["trained_version"])
-            )
+            store = self._handle.get()
+            run_sync(store.advance(group["stream"], refs, "trained", step=group["trained_version"]))
         self._unmarked = []
 
     def save(self, checkpoint_dir: str | os.PathLike[str]) -> None:
@@ -156,8 +227,10 @@ class CapturedRollouts:
         checkpoint = getattr(self._source, "checkpoint", None)
         if checkpoint is None:
             raise TypeError("CapturedRollouts can save its position only over a Pipeline")
+        self._place()
         state = {"served": len(self.served), "pipeline": checkpoint()}
-        path = os.path.join(checkpoint_dir, STATE_FILE)
+        os.makedirs(checkpoint_dir, exist_ok=True)  # another rank may not have made it yet
+        path = os.path.join(checkpoint_dir, state_file(self.rank, self.world_size))
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(state, f)
             f.flush()
@@ -167,7 +240,8 @@ class CapturedRollouts:
     def resume(self, checkpoint_dir: str | os.PathLike[str]) -> None:
         """Continue after the groups served before TRL's checkpoint ``checkpoint_dir`` (call it
         before ``trainer.train(resume_from_checkpoint=checkpoint_dir)``)."""
-        path = os.path.join(checkpoint_dir, STATE_FILE)
+        self._place()
+        path = os.path.join(checkpoint_dir, state_file(self.rank, self.world_size))
         try:
             with open(path, encoding="utf-8") as f:
                 state = json.load(f)

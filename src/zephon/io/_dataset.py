@@ -45,6 +45,11 @@ class Shard(abc.ABC):
         every process compares against the same files. Nothing to record by default."""
         return
 
+    def release(self) -> None:
+        """Close what reading opened (a store client, say); called when a run's reader is
+        torn down, in every process that read. A later read reopens it. Nothing by default."""
+        return
+
     def check_unchanged(self) -> None:
         """Raise ``DataError`` naming the file when it is no longer what :meth:`pin` saw
         (called after every read of a micro-batch). Checks nothing by default."""

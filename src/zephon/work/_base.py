@@ -106,6 +106,11 @@ class WorkSource(abc.ABC):
         """Mixture component names by component id (the dataset names by default)."""
         return [d.name for d in self.datasets]
 
+    def release(self) -> None:
+        """Close what producing chunks opened (a store client, say); called when an iteration
+        over the source ends. A later iteration reopens it. Nothing by default."""
+        return
+
     def chunk_size_hint(self) -> int | None:
         """Typical chunk length, used to size buffers; ``None`` when unknown."""
         return None

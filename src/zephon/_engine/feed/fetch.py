@@ -48,6 +48,11 @@ class FetchOp(BaseOp):
             for shard in dataset.shards:
                 shard.pin()
 
+    def teardown(self) -> None:
+        for dataset in self.datasets:
+            for shard in dataset.shards:
+                shard.release()
+
     def accumulator(self, *, deterministic: bool, ctx: OpContext) -> Accumulator:
         return CountingAccumulator(self.max_batch, None if deterministic else FETCH_LATENCY_MS)
 

@@ -484,6 +484,7 @@ class Engine:
         self.quarantine.close()
         self.states.close()
         self.resources.teardown()
+        self.source.release()
 
 
 def mixture_target(source: WorkSource) -> MixtureStats | None:

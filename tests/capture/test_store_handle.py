@@ -1,0 +1,115 @@
+"""Every store client zephon opens from a URL is closed by zephon: when a pipeline's iteration
+ends (in its process and in its worker processes), when it is garbage-collected, and when an
+operator is torn down; a store object the caller passed in is never closed by zephon.
+
+The PostgreSQL tests count the server's connections that carry the test's own
+``application_name`` (part of the store URL), before and after."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.capture._pg import connections, drained, pg_dsn, pg_url, tagged  # noqa: F401
+from tests.capture._procs import store_url
+from tests.capture._stream_fill import issue, roll
+from zephon.capture.store_handle import StoreHandle
+from zephon.capture.stores import open_store
+from zephon.capture.streaming import StreamingCaptureSource
+
+PROMPTS = 6
+pytestmark = [
+    pytest.mark.timeout(600),  # worker processes start slowly on a loaded machine
+    pytest.mark.filterwarnings("error::ResourceWarning"),
+    pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning"),
+]
+
+
+def _fill(url: str) -> None:
+    async def go() -> None:
+        store = open_store(url)
+        for group in await issue(store, "s", PROMPTS, version=0):
+            await roll(store, "s", group)
+        await store.close()
+
+    asyncio.run(go())
+
+
+def _pipe(store: Any, runner: str = "inline") -> Any:
+    source = StreamingCaptureSource(store, "s", groups_per_step=1, max_staleness=8, prompts=PROMPTS)
+    pipe = source.pipeline().drop_equal_rewards(store).keep_per_prompt(store, 1)
+    return pipe.options(runner=runner)
+
+
+@pytest.mark.parametrize("kind", ["file", "sqlite", "postgres"])
+def test_a_handle_closes_the_client_it_opened_and_reopens_it_on_next_use(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url(kind, tmp_path, request)
+    _fill(url)
+    handle = StoreHandle(url=url)
+    first = handle.get()
+    assert handle.owned and handle.is_open and handle.get() is first
+    handle.close()
+    assert not handle.is_open
+    handle.close()  # twice is fine
+    ledger = asyncio.run(handle.get().stream_ledger("s"))  # a fresh client
+    assert handle.get() is not first and len(ledger.prompts) == PROMPTS
+    handle.close()
+
+
+def test_a_store_passed_in_is_never_closed_by_zephon(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url = store_url("sqlite", tmp_path, request)
+    _fill(url)
+    store = open_store(url)
+    handle = StoreHandle(store=store)
+    handle.close()
+    assert not handle.owned and handle.get() is store
+    served = list(_pipe(store))
+    assert served
+    ledger = asyncio.run(store.stream_ledger("s"))  # still open after the run
+    assert ledger.counts()["filtered"] > 0
+    asyncio.run(store.close())
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads", "process"])
+def test_a_finished_iteration_leaves_no_postgres_connection_open(
+    runner: str,
+    pg_dsn: str,  # noqa: F811
+    pg_url: str,  # noqa: F811
+) -> None:
+    url, name = tagged(pg_url)
+    _fill(url)
+    assert drained(pg_dsn, name) == 0
+    pipe = _pipe(url, runner)
+    records = list(pipe)
+    assert records
+    assert drained(pg_dsn, name) == 0
+    again = list(pipe.restore(pipe.checkpoint()))  # a closed client reopens for a new run
+    assert again == [] and drained(pg_dsn, name) == 0
+
+
+def test_a_stopped_iteration_closes_its_clients_when_closed_or_collected(
+    pg_dsn: str,  # noqa: F811
+    pg_url: str,  # noqa: F811
+) -> None:
+    url, name = tagged(pg_url)
+    _fill(url)
+    it = iter(_pipe(url))
+    next(it)
+    assert connections(pg_dsn, name) >= 1
+    it.close()  # type: ignore[attr-defined]
+    assert drained(pg_dsn, name) == 0
+    pipe = _pipe(url)
+    it = iter(pipe)
+    next(it)
+    assert connections(pg_dsn, name) >= 1
+    del it, pipe
+    gc.collect()
+    assert drained(pg_dsn, name) == 0
