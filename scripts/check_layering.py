@@ -86,13 +86,7 @@ the rule of ``LAYERS``: ``state`` (the stage core and what a restore starts from
 plan and the hand-off messages, those under the worker pools that carry them out, and those
 under ``run`` (the runners, the engine and the engine process, which drive them all)."""
 
-ENGINE_UPWARD_ALLOWED = {
-    ("_engine/plan/plan.py", "run"): (
-        "the plan places each stage by the traits of the runners in REGISTRY (run/runners.py), "
-        "whose runners run a Plan"
-    ),
-    ("_engine/plan/compile.py", "run"): "a CompiledRun names its runner in REGISTRY",
-}
+ENGINE_UPWARD_ALLOWED: dict[tuple[str, str], str] = {}
 """``(module of _engine, part it imports from the same or a higher layer): why``."""
 
 PAST_PIPELINE = {"capture": ("_engine",), "cli": ("_engine",)}

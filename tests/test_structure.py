@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -202,7 +204,9 @@ def test_the_layers_name_every_unit_once_and_each_exception_goes_upward() -> Non
         assert f"zephon.{target}" in (ROOT / "src" / "zephon" / rel).read_text(), (rel, target)
 
 
-def test_an_engine_part_importing_one_not_below_it_is_reported(tmp_path: Path) -> None:
+def test_an_engine_part_importing_one_not_below_it_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     package = _tree(
         tmp_path,
         {
@@ -217,7 +221,7 @@ def test_an_engine_part_importing_one_not_below_it_is_reported(tmp_path: Path) -
     n = layering._ENGINE_LAYER
     fix = "which is not below it; move what it needs down, or list the import in "
     fix += "ENGINE_UPWARD_ALLOWED with why"
-    assert ("_engine/plan/plan.py", "run") in layering.ENGINE_UPWARD_ALLOWED
+    monkeypatch.setitem(layering.ENGINE_UPWARD_ALLOWED, ("_engine/plan/plan.py", "run"), "why")
     assert layering.violations(package) == [
         "_engine/cache/e.py:1: _engine part cache has no place in ENGINE_LAYERS; add it to its "
         "layer",

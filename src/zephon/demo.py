@@ -16,7 +16,7 @@ from rich.table import Table
 
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 from zephon._console import PipeConsole
-from zephon._engine.run.runners import REGISTRY
+from zephon._engine.plan.runner_traits import REGISTRY
 from zephon._progress import of_total, progress_bar
 from zephon.types import SampleBatch
 

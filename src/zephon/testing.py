@@ -22,7 +22,7 @@ from typing import Any
 
 import cloudpickle
 
-from zephon._engine.run.runners import REFERENCE, REGISTRY, available
+from zephon._engine.plan.runner_traits import REFERENCE, REGISTRY, available
 from zephon.checkpoints import merge_checkpoints
 from zephon.errors import ConfigError, ContractError, ZephonError
 from zephon.ops import BaseOp, OpContext

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from zephon._engine.run.runners import REFERENCE, REGISTRY
+from zephon._engine.plan.runner_traits import REFERENCE, REGISTRY
 from zephon._optional import require
 from zephon.errors import CheckpointError, ConfigError
 

@@ -16,8 +16,9 @@ import pytest
 from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline, options
 from zephon._engine.plan.compile import CompiledRun, compile
+from zephon._engine.plan.runner_traits import REFERENCE, REGISTRY, available, docs_table
 from zephon._engine.run.engine_process import EngineProcess
-from zephon._engine.run.runners import REFERENCE, REGISTRY, ThreadsRunner, available, docs_table
+from zephon._engine.run.runners import RUNNERS_BY_NAME, ThreadsRunner
 from zephon.errors import ConfigError
 from zephon.io import io_totals
 from zephon.ops import BaseOp, OpContext, OpTraits
@@ -99,11 +100,19 @@ def test_the_typing_literal_and_the_option_names_are_the_registry() -> None:
         Pipeline(RangeSource([], 1)).options(runner="thread")
 
 
+def test_each_runner_is_the_subclass_of_its_traits_in_the_registry() -> None:
+    """The plan reads the traits, the engine runs the runner: the two must be one class."""
+    assert list(RUNNERS_BY_NAME) == list(REGISTRY)
+    for name, runner in RUNNERS_BY_NAME.items():
+        assert isinstance(runner, type(REGISTRY[name])), name
+        assert runner.name == name
+
+
 def test_the_docs_table_is_the_registry() -> None:
     text = DOCS.read_text()
     start = text.index("<!-- runner-table")
     table = text[text.index("\n", start) + 1 : text.index("<!-- /runner-table -->")].strip()
-    assert table == docs_table(), "regenerate with zephon._engine.run.runners.docs_table()"
+    assert table == docs_table(), "regenerate with zephon._engine.plan.runner_traits.docs_table()"
     for name in REGISTRY:
         assert f'| `"{name}"` |' in table
 
@@ -166,17 +175,19 @@ def test_the_plan_takes_stage_runners_fusion_and_driver_units_from_the_registry(
         assert not plan.on_driver or runner.width_one_on_driver
 
 
-def test_a_runner_is_one_registry_entry(
+def test_a_runner_is_one_entry_in_each_registry(
     docs: list[dict[str, object]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A new runner class in the registry, its name in the options' names, is a valid
+    """A new runner class in both registries, its name in the options' names, is a valid
     option, planned, run and checked."""
 
     class Spare(ThreadsRunner):
         name = "spare"
         summary = "threads under another name"
 
-    monkeypatch.setitem(REGISTRY, "spare", Spare())
+    spare = Spare()
+    monkeypatch.setitem(REGISTRY, "spare", spare)
+    monkeypatch.setitem(RUNNERS_BY_NAME, "spare", spare)
     monkeypatch.setattr(options, "RUNNERS", (*RUNNERS, "spare"))
     monkeypatch.setattr(options, "ENGINE_PROCESS_RUNNERS", (*ENGINE_PROCESS_RUNNERS, "spare"))
     pipe = build(docs, "spare")  # type: ignore[arg-type]

@@ -25,7 +25,6 @@ from zephon._engine.plan.plan import (
     flush_every,
     is_monotone,
 )
-from zephon._engine.run.runners import REGISTRY, Runner
 from zephon._engine.state.replay_filter import ReplayFilterOp
 from zephon._engine.state.snapshots import SnapshotPlan, plan_snapshots, snapshots_off
 from zephon._engine.stats import OpStats
@@ -88,11 +87,6 @@ class CompiledRun:
         """Fresh accumulators for an engine: the ones the plan was decided with the first
         time (so an iteration builds each once), new ones after."""
         return self.built.take() or accumulators_for(self.specs, self.contexts, self.options)
-
-    @property
-    def runner(self) -> Runner:
-        """The runner of ``options.runner``."""
-        return REGISTRY[self.options.runner]
 
     def state_key(self, index: int) -> str:
         """A stage's key in ``operator_state``: its index in the configuration's operators

@@ -10,7 +10,7 @@ from typing import Any
 import xxhash
 
 from zephon._engine.plan.fusion import driver_chains, fusible, fusion_groups, single_worker_units
-from zephon._engine.run.runners import REGISTRY, lookup
+from zephon._engine.plan.runner_traits import REGISTRY, lookup
 from zephon._engine.stats import OpStats
 from zephon.errors import ConfigError
 from zephon.ops import Accumulator, BaseOp, CountingAccumulator, OpContext

@@ -16,7 +16,7 @@ from zephon._engine.plan.compile import CompiledRun
 from zephon._engine.plan.plan import stalls_sentinels
 from zephon._engine.run import waiting
 from zephon._engine.run.quarantine import Quarantine
-from zephon._engine.run.runners import RunJob, RunResources
+from zephon._engine.run.runners import RUNNERS_BY_NAME, RunJob, RunResources
 from zephon._engine.state.global_order import regrouping
 from zephon._engine.state.lane_state import RestartPoint, has_lane_state
 from zephon._engine.state.mixture_counts import MixtureCounts
@@ -437,7 +437,7 @@ class Engine:
             self.resources,
             self._idle,
         )
-        yield from self.run.runner.run(job)
+        yield from RUNNERS_BY_NAME[self.run.options.runner].run(job)
 
     def _deliver(self, mux: LaneMux) -> Iterator[StreamItem]:
         evict = None

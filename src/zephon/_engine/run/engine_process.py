@@ -37,9 +37,9 @@ from zephon._engine.handoff import shm
 from zephon._engine.handoff.handoff import Receiver, Sender
 from zephon._engine.handoff.messages import HandoffEnd, HandoffError, HandoffItem, HandoffMessage
 from zephon._engine.plan.compile import CompiledRun
+from zephon._engine.plan.runner_traits import lookup
 from zephon._engine.run import waiting
 from zephon._engine.run.engine import Engine
-from zephon._engine.run.runners import lookup
 from zephon._engine.state.position import Position
 from zephon._engine.stats import RunStats
 from zephon._engine.workers import oom

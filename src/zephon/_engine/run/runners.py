@@ -1,25 +1,21 @@
-"""Runners: where each operator's ``process_many`` runs. One class per runner, one registry.
+"""Runners: how each drives a run (its worker pools and threads). One class per runner.
 
-Everything that differs between runners is a method or a class attribute here: the option
-name (``RuntimeOptions.runner``), the docs table (docs/runners.md), which widths
-``zephon.testing.check_operator`` tries, where a stage runs and how wide (the plan), whether
-its stages fuse, which worker pools it builds and how a run is driven. Adding a runner is
-adding a class to :data:`REGISTRY`. No runner changes what comes out: every one gives the
-inline runner's output, byte for byte.
-
-A stage's runner in the plan is a registry name or ``"driver"``: an operator that
-``runs_in_driver`` stays on its driver thread under every runner but inline.
+What the plan and the checks read of a runner (its option name, where a stage runs and how
+wide, whether its stages fuse, ...) is its traits class in ``plan/runner_traits.py``; the
+runner here subclasses it with the worker pools it builds and how it drives a run. Adding a
+runner is adding a traits class to ``runner_traits.REGISTRY`` and its runner class to
+:data:`RUNNERS_BY_NAME`. No runner changes what comes out: every one gives the inline
+runner's output, byte for byte.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, assert_never
+from typing import TYPE_CHECKING, Any, assert_never
 
 from zephon._engine.handoff.handoff import WAIT_SLICE_S
 from zephon._engine.handoff.messages import Data, Done, End, Failed, MessageError, Stop
@@ -27,6 +23,14 @@ from zephon._engine.handoff.shm import ShmSession, resolve_items
 from zephon._engine.plan.driver_chain import run_tasks
 from zephon._engine.plan.fusion import Unit, build_units
 from zephon._engine.plan.projection import projected
+from zephon._engine.plan.runner_traits import (
+    InlineTraits,
+    ProcessTraits,
+    RayTraits,
+    RunnerTraits,
+    ThreadsTraits,
+    lookup,
+)
 from zephon._engine.run.rebalance import Rebalancer
 from zephon._engine.run.threaded import Channel, EngineThread, OpDriver, SourceThread
 from zephon._engine.state.stage import StageCore
@@ -44,9 +48,6 @@ if TYPE_CHECKING:
     from zephon._engine.handoff.tail import LaneMux
     from zephon._engine.plan.plan import Plan, StagePlan
     from zephon.options import RuntimeOptions
-
-DRIVER = "driver"
-"""The plan's runner of a stage that runs on its driver thread (``runs_in_driver``)."""
 
 
 @dataclass(frozen=True)
@@ -153,51 +154,8 @@ class RunJob:
     ``WAIT_SLICE_S`` (the engine logs what it waits for, and may stop waiting by raising)."""
 
 
-class Runner:
-    """A runner: class attributes say what the plan, fusion and tests need to know of it."""
-
-    name: ClassVar[str]
-    summary: ClassVar[str]
-    """One line for the docs table."""
-    pooled: ClassVar[bool] = False
-    """Its stages run on a worker pool fed by a driver thread."""
-    fuses: ClassVar[bool] = False
-    """Adjacent element-wise stages share one worker task (their counters must reach
-    ``stats()``: process workers send theirs back with each reply)."""
-    width_one_on_driver: ClassVar[bool] = False
-    """A unit of width one runs on its driver thread (one worker would only add hand-offs)."""
-    shares_memory: ClassVar[bool] = False
-    """Its stages need a shared-memory session (large arrays cross process boundaries)."""
-    ships_payloads: ClassVar[bool] = False
-    """Its workers send payloads back through a pipe or the network: they drop the fields
-    the next operator does not read first (``BaseOp.input_projection``)."""
-    in_engine_process: ClassVar[bool] = True
-    """It may run inside ``engine_process=True``."""
-    starts_processes: ClassVar[bool] = False
-    """It starts child processes (which a daemonic process, a DataLoader worker, cannot)."""
-    remote: ClassVar[bool] = False
-    """Stages added with ``placement="remote"`` run on it, and its actors ask for the
-    operator's ``resources``."""
-    requires: ClassVar[str | None] = None
-    """A module it needs (an optional extra); ``check_operator`` skips it when missing."""
-    reference: ClassVar[bool] = False
-    """The runner the others are compared with."""
-
-    def available(self) -> bool:
-        """Whether what it needs is installed."""
-        return self.requires is None or importlib.util.find_spec(self.requires) is not None
-
-    def stage(self, op: BaseOp, placement: str, parallelism: int) -> tuple[str, int]:
-        """Where an operator's ``process_many`` runs under this runner, and how many copies."""
-        if op.traits().runs_in_driver:
-            return DRIVER, 1
-        if placement == "remote":
-            return REMOTE, parallelism
-        return self.name, parallelism
-
-    def check_widths(self, workers: Sequence[int]) -> Sequence[int]:
-        """The worker counts ``check_operator`` runs it with (``workers``: the caller's)."""
-        return (2,)
+class Runner(RunnerTraits):
+    """A runner: its traits (what the plan reads), the pools it builds and how it runs."""
 
     def pools(self, stages: Sequence[StagePlan], spec: PoolSpec) -> dict[int, WorkerPool]:
         """A worker pool per stage of this runner (by stage index)."""
@@ -208,15 +166,8 @@ class Runner:
         raise NotImplementedError
 
 
-class InlineRunner(Runner):
+class InlineRunner(InlineTraits, Runner):
     """Everything on the calling thread, stage after stage: the reference."""
-
-    name = "inline"
-    summary = "everything on the calling thread, one stage after another (the reference)"
-    reference = True
-
-    def stage(self, op: BaseOp, placement: str, parallelism: int) -> tuple[str, int]:
-        return self.name, 1
 
     def run(self, job: RunJob) -> Iterator[StreamItem]:
         cores, feeder, mux = job.cores, job.feeder, job.mux
@@ -274,8 +225,6 @@ class _IdleClock:
 
 class DriverThreadsRunner(Runner):
     """A source thread and one driver thread per unit; each unit's work on its pool."""
-
-    pooled = True
 
     def pools(self, stages: Sequence[StagePlan], spec: PoolSpec) -> dict[int, WorkerPool]:
         return {s.index: self.pool(s, spec) for s in stages}
@@ -376,15 +325,7 @@ def _start_drivers(job: RunJob, units: list[Unit], channels: list[Channel]) -> N
             balancer.attach(unit.first, driver, busy)
 
 
-class ThreadsRunner(DriverThreadsRunner):
-    name = "threads"
-    summary = "a thread pool per operator in this process (the default)"
-    fuses = True
-    width_one_on_driver = True
-
-    def check_widths(self, workers: Sequence[int]) -> Sequence[int]:
-        return workers
-
+class ThreadsRunner(ThreadsTraits, DriverThreadsRunner):
     def pool(self, stage: StagePlan, spec: PoolSpec) -> WorkerPool:
         op, context = spec.ops[stage.index], spec.contexts[stage.index]
         return ThreadWorkerPool(
@@ -392,14 +333,7 @@ class ThreadsRunner(DriverThreadsRunner):
         )
 
 
-class ProcessRunner(DriverThreadsRunner):
-    name = "process"
-    summary = "worker processes (one shared set by default); large arrays through shared memory"
-    fuses = True
-    shares_memory = True
-    ships_payloads = True
-    starts_processes = True
-
+class ProcessRunner(ProcessTraits, DriverThreadsRunner):
     def pools(self, stages: Sequence[StagePlan], spec: PoolSpec) -> dict[int, WorkerPool]:
         ops, contexts, options, session = spec.ops, spec.contexts, spec.options, spec.session
         assert session is not None  # shares_memory: build_pools made one
@@ -420,14 +354,7 @@ class ProcessRunner(DriverThreadsRunner):
         return pools
 
 
-class RayRunner(DriverThreadsRunner):
-    name = "ray"
-    summary = "Ray actors (`placement='remote'` puts one operator there under any runner)"
-    in_engine_process = False
-    remote = True
-    ships_payloads = True
-    requires = "ray"
-
+class RayRunner(RayTraits, DriverThreadsRunner):
     def pool(self, stage: StagePlan, spec: PoolSpec) -> WorkerPool:
         from zephon._engine.workers.ray_pool import RayWorkerPool
 
@@ -436,26 +363,11 @@ class RayRunner(DriverThreadsRunner):
         return RayWorkerPool(op, stage.parallelism, context, max_retries=retries)
 
 
-REGISTRY: dict[str, Runner] = {
+RUNNERS_BY_NAME: dict[str, Runner] = {
     runner.name: runner
     for runner in (InlineRunner(), ThreadsRunner(), ProcessRunner(), RayRunner())
 }
-"""Every runner by option name, in the order docs and checks list them."""
-
-
-class _DriverStage(Runner):
-    """The plan's runner of a ``runs_in_driver`` stage: no pool, no fusion (not an option)."""
-
-    name = DRIVER
-    summary = "the stage's driver thread"
-
-
-_DRIVER_STAGE = _DriverStage()
-
-
-def lookup(stage_runner: str) -> Runner:
-    """The runner of a stage of the plan (``"driver"`` included)."""
-    return REGISTRY.get(stage_runner, _DRIVER_STAGE)
+"""Every runner by option name, in the order of ``runner_traits.REGISTRY``."""
 
 
 def build_pools(
@@ -471,9 +383,9 @@ def build_pools(
     """
     groups: dict[str, list[StagePlan]] = {}
     for s in stages:
-        if s.runner in REGISTRY:
+        if s.runner in RUNNERS_BY_NAME:
             groups.setdefault(s.runner, []).append(s)
-    runners = sorted((REGISTRY[name] for name in groups), key=lambda r: not r.shares_memory)
+    runners = sorted((RUNNERS_BY_NAME[name] for name in groups), key=lambda r: not r.shares_memory)
     pools: dict[int, WorkerPool] = {}
     session: ShmSession | None = None
     try:
@@ -490,24 +402,3 @@ def build_pools(
             session.close()
         raise
     return pools, session
-
-
-def docs_table() -> str:
-    """The runner table of docs/runners.md (a test keeps the two equal)."""
-    lines = ["| runner | where `process_many` runs | needs |", "|---|---|---|"]
-    for runner in REGISTRY.values():
-        needs = f"`zephon[{runner.requires}]`" if runner.requires else "-"
-        lines.append(f'| `"{runner.name}"` | {runner.summary} | {needs} |')
-    return "\n".join(lines)
-
-
-REMOTE = next(name for name, runner in REGISTRY.items() if runner.remote)
-"""The runner of ``placement="remote"`` stages."""
-
-REFERENCE = next(name for name, runner in REGISTRY.items() if runner.reference)
-"""The runner every other one must equal."""
-
-
-def available() -> tuple[str, ...]:
-    """The runners whose needs are installed, in registry order."""
-    return tuple(name for name, runner in REGISTRY.items() if runner.available())

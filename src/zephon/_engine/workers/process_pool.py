@@ -14,10 +14,7 @@ naming the operator. Numpy payloads travel through shared memory (see ``shm.py``
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import pickle
 import queue
 import threading
 import time
@@ -35,33 +32,25 @@ from zephon._engine.handoff.messages import (
     REPLIES,
     REQUESTS,
     Failed,
-    Load,
     MessageError,
     Ok,
     Ready,
     Run,
-    Unload,
     Unloaded,
 )
 from zephon._engine.plan.fusion import FusedOp
 from zephon._engine.plan.projection import unwrapped
 from zephon._engine.state.stage import annotate, safe_annotate
 from zephon._engine.workers import oom
-from zephon._engine.workers.deadlines import STARTUP, StageDeadlines, Watchdog
 from zephon._engine.workers.joins import CLOSE_WAIT_S, join_all, stuck_error
 from zephon._engine.workers.pools import WorkerCrashedError, WorkerPool, WorkerStartError
-from zephon._engine.workers.worker import worker_main
-from zephon._engine.workers.worker_registry import FLEETS, keep_idle, take_idle
+from zephon._engine.workers.process_slots import SetupFailed, WorkerSlots
+from zephon._engine.workers.worker_registry import FLEETS
 from zephon._engine.workers.worker_start import (
     MAIN_GUARD_EXIT,
-    THREADS_VARIABLE,
-    WORKER_NAME_PREFIX,
     describe_exit,
     main_guard_message,
     retries_spent_message,
-    start_deaf_to_ctrl_c,
-    usable_cores,
-    worker_context,
 )
 from zephon.errors import ConfigError, ZephonError
 from zephon.io import SourceStats
@@ -83,14 +72,6 @@ def _pickle_op(op: BaseOp, ctx: OpContext) -> bytes:
         ) from exc
 
 
-class _SetupFailed(Exception):
-    """An operator's ``setup`` raised in a worker (not a crash: respawning would not help)."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 @dataclass
 class _Job:
     stage: int
@@ -101,11 +82,40 @@ class _Job:
     keep: list[Any] = field(default_factory=list)
 
 
+class _Tally:
+    """What the workers count for the engine: the counters of fused chains (added to the
+    engine-side ones) and the I/O of each stage (bytes, requests, retries, cache events)."""
+
+    def __init__(self, specs: Mapping[int, tuple[BaseOp, OpContext]]) -> None:
+        inner = {stage: unwrapped(op) for stage, (op, _) in specs.items()}
+        self._counters = {
+            stage: op.counters
+            for stage, op in inner.items()
+            if isinstance(op, FusedOp) and op.counters is not None
+        }
+        self._lock = threading.Lock()
+        self._io: dict[int, SourceStats] = {}
+
+    def add(self, stage: int, reply: Ok) -> None:
+        counters = self._counters.get(stage)
+        if counters is not None and reply.counts is not None:
+            counters.add(reply.counts)
+        if reply.io is not None:
+            with self._lock:
+                self._io.setdefault(stage, SourceStats())
+                self._io[stage] += SourceStats(**reply.io)
+
+    def io(self, stage: int) -> SourceStats:
+        with self._lock:
+            return SourceStats(**self._io.get(stage, SourceStats()).to_dict())
+
+
 class ProcessFleet:
     """Spawned worker processes hosting the operators of one or more stages.
 
     One thread per worker slot sends a micro-batch, waits for its result and, if the process
-    died, respawns it and sends the same micro-batch again (bounded by ``max_retries``).
+    died, respawns it and sends the same micro-batch again (bounded by ``max_retries``). The
+    processes themselves (start, stop, kill, reap) are :class:`WorkerSlots`'.
     """
 
     def __init__(
@@ -119,39 +129,30 @@ class ProcessFleet:
         deadline_s: float | None = None,
     ) -> None:
         self._names = {stage: op.name for stage, (op, _) in specs.items()}
-        # fused chains: the engine-side counters that the workers' counts are added to
-        inner = {stage: unwrapped(op) for stage, (op, _) in specs.items()}
-        self._counters = {
-            stage: op.counters
-            for stage, op in inner.items()
-            if isinstance(op, FusedOp) and op.counters is not None
-        }
-        self._blobs = {stage: (op.name, _pickle_op(op, ctx)) for stage, (op, ctx) in specs.items()}
+        self._tally = _Tally(specs)
+        blobs = {stage: (op.name, _pickle_op(op, ctx)) for stage, (op, ctx) in specs.items()}
         self._session = session
         self._max_retries = max_retries
-        self._reuse = reuse
-        self._mp = worker_context()
+        self._stopping = threading.Event()
+        self._label = label = "+".join(sorted(set(self._names.values())))
+        self._slots = WorkerSlots(
+            blobs,
+            size,
+            session=session,
+            reuse=reuse,
+            stopping=self._stopping,
+            deadline_s=deadline_s,
+            watch_name=f"zephon-engine-watch-{label}",
+        )
+        self._watchdog = self._slots.watchdog
         oom.watch()
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._stopping = threading.Event()
-        self._lock = threading.Lock()
-        self._procs: list[Any] = [None] * size
-        self._conns: list[Connection | None] = [None] * size
         self._ready = [False] * size
         self._setup_errors: list[BaseException | None] = [None] * size
-        # The operators for a freshly spawned worker, sent by its serving thread: a worker
-        # that is slow to start (or dies while starting) then never blocks the engine.
-        self._pending_load: list[bytes | None] = [None] * size
         self.respawns = 0
-        # I/O of the workers (bytes, requests, retries, cache events) by stage, summed
-        self._io: dict[int, SourceStats] = {}
         FLEETS.add(self)
-        label = "+".join(sorted(set(self._names.values())))
-        self._watchdog = Watchdog(
-            StageDeadlines(deadline_s), self._stopping, self._kill, f"zephon-engine-watch-{label}"
-        )
         for slot in range(size):
-            self._spawn(slot)
+            self._slots.spawn(slot)
         self._faults: list[BaseException | None] = [None] * size
         self._threads = [
             threading.Thread(
@@ -165,129 +166,18 @@ class ProcessFleet:
         for thread in self._threads:
             thread.start()
 
-    # -- processes -------------------------------------------------------------------------
-
-    def _spawn(self, slot: int) -> None:
-        """Give ``slot`` a worker (an idle one when reusing) and send it the operators."""
-        session = self._session
-        load = pickle.dumps(
-            REQUESTS.wire(
-                Load(self._blobs, slot, session.prefix, session.min_bytes, self._environ())
-            )
-        )
-        while self._reuse:
-            idle = take_idle()
-            if idle is None:
-                break
-            proc, parent = idle
-            try:
-                if not proc.is_alive():
-                    raise OSError("idle worker died")
-                parent.send_bytes(load)
-            except OSError:
-                parent.close()
-                proc.join(timeout=5)
-                continue
-            with self._lock:
-                self._procs[slot] = proc
-                self._conns[slot] = parent
-            return
-        parent, child = self._mp.Pipe(duplex=True)
-        proc = self._mp.Process(
-            target=worker_main,
-            args=(child, session.prefix, session.min_bytes),
-            name=f"{WORKER_NAME_PREFIX}{slot}",
-            daemon=True,
-        )
-        start_deaf_to_ctrl_c(proc)
-        child.close()
-        with self._lock:
-            self._procs[slot] = proc
-            self._conns[slot] = parent
-            self._pending_load[slot] = load
-            stopping = self._stopping.is_set()
-        if stopping:  # respawned while the engine closed: shutdown may have passed this slot
-            proc.kill()
-
-    def _environ(self) -> dict[str, str]:
-        """The environment a worker adopts: the engine process's, with a share of the cores
-        for each worker's native thread pool unless the user set one."""
-        environ = dict(os.environ)
-        environ.setdefault(THREADS_VARIABLE, str(max(1, usable_cores() // len(self._procs))))
-        return environ
-
-    def _await_ready(self, slot: int) -> None:
-        conn = self._conns[slot]
-        assert conn is not None
-        load = self._pending_load[slot]
-        if load is not None:
-            self._pending_load[slot] = None
-            conn.send_bytes(load)
-        # a worker stopped while starting would never answer: a deadline as for micro-batches
-        self._watchdog.begin(slot, STARTUP)
-        try:
-            data = conn.recv_bytes()
-        finally:
-            took = self._watchdog.end(slot)
-        self._watchdog.deadlines.observe(STARTUP, took)
-        reply = REPLIES.read(pickle.loads(data))
-        match reply:
-            case Ready():
-                return
-            case Failed():
-                raise _SetupFailed(reply.error)
-            case Ok() | Unloaded():
-                raise MessageError(f"a starting worker replied {reply!r:.80}")
-            case _:
-                assert_never(reply)
-
-    def _reap(self, slot: int) -> int | None:
-        proc, conn = self._procs[slot], self._conns[slot]
-        if conn is not None:
-            conn.close()
-        if proc is None:
-            return None
-        try:
-            proc.join(timeout=5)
-        except ValueError:  # closed: reaped by a serving thread that died before forgetting it
-            proc = None
-        if proc is None:
-            code = None
-        elif proc.is_alive():
-            proc.kill()
-            proc.join(timeout=30)  # SIGKILL ends it; a loaded machine may take a while to reap
-        if proc is not None:
-            code = proc.exitcode
-            if code is not None:
-                proc.close()
-            else:  # still not reaped: leave it to the resource tracker rather than fail the run
-                log.warning("zephon: worker process %s did not exit after SIGKILL", proc.pid)
-        with self._lock:
-            self._procs[slot] = None
-            self._conns[slot] = None
-        return code
-
     def busy(self) -> list[tuple[str, int | None, float]]:
         """(operator, worker pid, seconds) of each micro-batch a worker is running now
         (operator "start-up": the worker is setting its operators up)."""
-        out = []
-        for slot, (stage, seconds) in self._watchdog.busy().items():
-            proc = self._procs[slot]
-            name = self._names.get(stage, "start-up")
-            out.append((name, proc.pid if proc is not None else None, seconds))
-        return out
+        return self._slots.busy(self._names)
 
     def pids(self) -> list[int]:
         """Process ids of the live workers (for tests and diagnostics)."""
-        with self._lock:
-            return [p.pid for p in self._procs if p is not None and p.pid is not None]
-
-    # -- serving ---------------------------------------------------------------------------
+        return self._slots.pids()
 
     def io(self, stage: int) -> SourceStats:
         """What the workers read for ``stage`` so far (a copy)."""
-        with self._lock:
-            return SourceStats(**self._io.get(stage, SourceStats()).to_dict())
+        return self._tally.io(stage)
 
     def submit(self, stage: int, elems: list[StreamItem]) -> Future[list[StreamItem]]:
         future: Future[list[StreamItem]] = Future()
@@ -309,11 +199,10 @@ class ProcessFleet:
             return
         for slot, thread in enumerate(self._threads):
             if thread.ident is not None and not thread.is_alive():
-                label = "+".join(sorted(set(self._names.values())))
                 fault = self._faults[slot]
                 if fault is None:
                     fault = WorkerCrashedError(f"serving thread {thread.name} ended")
-                raise safe_annotate(fault, label)
+                raise safe_annotate(fault, self._label)
 
     def _serve(self, slot: int) -> None:
         encoder = self._session.encoder(f"p{slot}")
@@ -327,20 +216,11 @@ class ProcessFleet:
             try:
                 self._run(slot, job, encoder)
             except BaseException as exc:  # e.g. a respawn failed: fail the job, never hang
-                self._abandon(slot)
+                self._slots.abandon(slot)
                 if job.future.done():  # not the job's error: this thread dies of it, and
                     raise  # check_alive ends the run with it (its callback may never have run)
                 job.future.set_exception(safe_annotate(exc, self._names[job.stage]))
-        self._stop_worker(slot, self._ready[slot])
-
-    def _abandon(self, slot: int) -> None:
-        """An error left the request in ``slot`` half sent or half read: kill its worker, so
-        nothing waits on that pipe (the next micro-batch there respawns it)."""
-        with self._lock:
-            proc = self._procs[slot]
-        if proc is not None:
-            with contextlib.suppress(Exception):
-                proc.kill()
+        self._slots.stop_worker(slot, self._ready[slot])
 
     def _run(self, slot: int, job: _Job, encoder: shm.Encoder) -> None:
         """Run ``job`` on the worker in ``slot``, respawning it as often as allowed."""
@@ -353,12 +233,12 @@ class ProcessFleet:
             elems = ColumnarItems(job.elems, encoder.min_bytes)
             job.data, job.keep = encoder.dumps(REQUESTS.wire(Run(job.stage, elems)))
         while True:
-            conn = self._conns[slot]
+            conn = self._slots.conns[slot]
             if conn is None:
                 raise WorkerCrashedError(f"operator {name!r}: worker slot {slot} has no process")
             try:
                 if not self._ready[slot]:
-                    self._await_ready(slot)
+                    self._slots.await_ready(slot)
                     self._ready[slot] = True
                 reply = self._exchange(slot, job, conn)
             except (EOFError, OSError):
@@ -369,7 +249,7 @@ class ProcessFleet:
                 if self._crashed(slot, job, starting=starting, how=how):
                     return
                 continue
-            except _SetupFailed as failed:  # an operator's setup raised in the worker
+            except SetupFailed as failed:  # an operator's setup raised in the worker
                 error = annotate(failed.error, name)
                 self._setup_errors[slot] = error
                 job.future.set_exception(error)
@@ -391,20 +271,10 @@ class ProcessFleet:
         watchdog.deadlines.observe(job.stage, took)
         return reply
 
-    def _kill(self, slot: int) -> int | None:
-        """SIGKILL the worker in ``slot`` (stopped or hung: it cannot exit by itself); its pid."""
-        proc = self._procs[slot]
-        if proc is None:
-            return None
-        with contextlib.suppress(Exception):
-            proc.kill()
-        pid: int | None = proc.pid
-        return pid
-
     def _crashed(self, slot: int, job: _Job, *, starting: bool, how: str | None = None) -> bool:
         """The worker in ``slot`` died (or was killed as stalled: ``how`` says so); respawn
         it. True when ``job`` is finished (failed)."""
-        code = self._reap(slot)
+        code = self._slots.reap(slot)
         name = self._names[job.stage]
         if self._stopping.is_set():
             job.future.set_exception(
@@ -416,7 +286,7 @@ class ProcessFleet:
             return True
         job.crashes += 1
         stalled, how = how is not None, how or describe_exit(code)
-        self._spawn(slot)
+        self._slots.spawn(slot)
         self.respawns += 1
         if job.crashes > self._max_retries:
             why = retries_spent_message(
@@ -446,13 +316,7 @@ class ProcessFleet:
             job.data, job.keep, job.elems = None, [], []
         match reply:
             case Ok():
-                counters = self._counters.get(job.stage)
-                if counters is not None and reply.counts is not None:
-                    counters.add(reply.counts)
-                if reply.io is not None:
-                    with self._lock:
-                        self._io.setdefault(job.stage, SourceStats())
-                        self._io[job.stage] += SourceStats(**reply.io)
+                self._tally.add(job.stage, reply)
                 job.future.set_result(reply.out)
             case Failed():
                 job.future.set_exception(annotate(reply.error, name))
@@ -462,29 +326,6 @@ class ProcessFleet:
                 )
             case _:
                 assert_never(reply)
-
-    def _stop_worker(self, slot: int, ready: bool) -> None:
-        conn, proc = self._conns[slot], self._procs[slot]
-        if self._reuse and ready and conn is not None and proc is not None:
-            try:
-                conn.send_bytes(pickle.dumps(REQUESTS.wire(Unload())))
-                reply = REPLIES.read(pickle.loads(conn.recv_bytes()))
-                if isinstance(reply, Unloaded) and keep_idle(proc, conn):
-                    with self._lock:
-                        self._procs[slot] = None
-                        self._conns[slot] = None
-                    return
-            except (EOFError, OSError, MessageError):
-                pass
-        if conn is not None:
-            try:
-                if not ready and self._pending_load[slot] is None:
-                    self._await_ready(slot)
-                self._pending_load[slot] = None
-                conn.send_bytes(b"")
-            except BaseException:
-                pass
-        self._reap(slot)
 
     def shutdown(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Cancel queued micro-batches, let running ones finish within ``wait_s``, stop every
@@ -508,21 +349,10 @@ class ProcessFleet:
                 thread.join(timeout=0.2)
         stuck = [t for t in self._threads if t.is_alive()]
         if stuck:  # waiting on a worker that never answers: killing it ends the wait
-            for name, pid, seconds in self.busy():
-                log.warning(
-                    "zephon: operator %r did not return within %.0f s of the run closing "
-                    "(worker pid %s, busy for %.0f s): killing its worker",
-                    name,
-                    wait_s,
-                    pid,
-                    seconds,
-                )
-            self.kill_all()
+            self._slots.kill_busy(self._names, wait_s)
             stuck = join_all(stuck, CLOSE_WAIT_S)
         stuck += self._watchdog.stop()
-        self.kill_all()
-        for slot in range(len(self._procs)):
-            self._reap(slot)
+        self._slots.reap_all()
         FLEETS.discard(self)
         if stuck:
             raise ZephonError(stuck_error(stuck, CLOSE_WAIT_S))
@@ -531,12 +361,7 @@ class ProcessFleet:
         """SIGKILL every worker and close the pipes, without waiting (also at interpreter
         exit, for a fleet never shut down: multiprocessing then joins its workers, and a
         worker waiting on an open pipe would never end)."""
-        self._stopping.set()
-        with self._lock:
-            procs = [p for p in self._procs if p is not None]
-        for proc in procs:
-            with contextlib.suppress(Exception):
-                proc.kill()
+        self._slots.kill_all()
 
 
 class ProcessWorkerPool(WorkerPool):
