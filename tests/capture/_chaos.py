@@ -98,6 +98,9 @@ def run_campaign(
                 roles,
                 kills=kills,
                 seed=seed,
+                # 1-3 moves between kills: a kill and restart lets the other roles move on
+                # (more so on a loaded machine), and every kill must land before the pass ends
+                moves=(1, 3),
                 finished=lambda: trainer.exit_code() == 0,
                 timeout_s=timeout,
             )
