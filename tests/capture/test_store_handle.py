@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +114,34 @@ def test_a_stopped_iteration_closes_its_clients_when_closed_or_collected(
     del it, pipe
     gc.collect()
     assert drained(pg_dsn, name) == 0
+
+
+def test_a_handle_collected_inside_a_thread_pools_submit_closes_its_client_without_deadlock(
+    tmp_path: Path,
+) -> None:
+    """The garbage collector may run a finaliser in a thread that holds a thread pool's
+    locks (inside ``submit``); closing the client there needs those locks: it must be left
+    to the closer thread."""
+    from concurrent.futures import thread as pool_thread
+
+    from zephon.capture import store_handle
+
+    handle = StoreHandle(url=store_url("file", tmp_path, None))
+    store = handle.get()
+    with pool_thread._global_shutdown_lock:  # as in ThreadPoolExecutor.submit
+        del handle
+        gc.collect()  # closed here before: run_sync -> submit -> this very lock
+    store_handle._drain()  # what the closer thread has not taken yet is closed now
+    deadline = time.monotonic() + 60  # or the closer thread is closing it: wait for that
+    while not _closed(store):
+        assert time.monotonic() < deadline, "the collected handle's client was never closed"
+        time.sleep(0.01)
+
+
+def _closed(store: Any) -> bool:
+    try:
+        asyncio.run(store.stream_ledger("s"))
+    except RuntimeError as error:
+        assert "client is closed" in str(error)
+        return True
+    return False
