@@ -38,7 +38,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "zephon"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "_startup", "_exit", "_console", "_chat_encode", "_atomic", "_image_fields"),
+    (
+        "errors",
+        "_startup",
+        "_exit",
+        "_console",
+        "_chat_encode",
+        "_atomic",
+        "_image_fields",
+        "_fingerprint",
+    ),
     ("_optional", "options", "_operator_defs", "_pixel_values", "_mrope", "_tokenizers"),
     ("io",),
     ("types",),

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from tests.capture._rl_loop import GROUP, prompt_pipeline
 from tests.capture._workload import make_entry
 from zephon.capture.rl import PromptGroup, PromptSource
 from zephon.capture.scores import RolloutScore
+from zephon.capture.stores import open_store
 
-__all__ = ["issue", "reward_of", "roll"]
+__all__ = ["fill", "issue", "reward_of", "roll"]
 
 
 def reward_of(i: int, index: int) -> float:
@@ -36,3 +38,16 @@ async def roll(store: Any, stream: str, group: PromptGroup) -> None:
         reward = reward_of(group.payload["i"], m.index)
         await store.put_score(RolloutScore(rollout_id=m.rollout_id, verifier="sum", reward=reward))
         await store.advance(stream, ref, "scored")
+
+
+def fill(url: str, prompts: int) -> None:
+    """Issue ``prompts`` groups at version 0 in stream ``s`` of the store at ``url``, and
+    generate, capture and score every member (a client of its own, closed after)."""
+
+    async def go() -> None:
+        store = open_store(url)
+        for group in await issue(store, "s", prompts, version=0):
+            await roll(store, "s", group)
+        await store.close()
+
+    asyncio.run(go())

@@ -11,7 +11,7 @@ import pytest
 
 from tests.capture._pg import fresh_schema_url, pg_dsn, pg_url  # noqa: F401
 from tests.capture._procs import store_url
-from tests.capture._stream_fill import issue, roll
+from tests.capture._stream_fill import fill
 from zephon import Pipeline
 from zephon.capture.stores import open_store
 from zephon.capture.streaming import StreamingCaptureSource
@@ -20,16 +20,6 @@ from zephon.errors import ConfigError
 PROMPTS = 9
 RUNNERS = ("inline", "threads", "process")
 pytestmark = pytest.mark.timeout(600)  # worker processes start slowly on a loaded machine
-
-
-def _fill(url: str) -> None:
-    async def go() -> None:
-        store = open_store(url)
-        for group in await issue(store, "s", PROMPTS, version=0):
-            await roll(store, "s", group)
-        await store.close()
-
-    asyncio.run(go())
 
 
 def _pipe(url: str, runner: str) -> Pipeline:
@@ -59,7 +49,7 @@ def test_every_runner_serves_and_files_the_same_groups_across_a_restore(
             url = fresh_schema_url(request.getfixturevalue("pg_dsn"))
         else:
             url = store_url(kind, tmp_path / runner, request)
-        _fill(url)
+        fill(url, PROMPTS)
         if runner == "inline":
             outputs[runner] = [_full(r) for r in _pipe(url, runner)]
         else:  # stop after two groups, restore in a fresh pipeline
@@ -80,7 +70,7 @@ def test_every_runner_serves_and_files_the_same_groups_across_a_restore(
 
 def test_a_store_worker_processes_cannot_share_is_refused_naming_the_fix(tmp_path: Path) -> None:
     url = (tmp_path / "c").as_uri()
-    _fill(url)
+    fill(url, PROMPTS)
     store = open_store(url)
     given_object = StreamingCaptureSource(
         store, "s", groups_per_step=1, max_staleness=1, prompts=PROMPTS
@@ -89,7 +79,7 @@ def test_a_store_worker_processes_cannot_share_is_refused_naming_the_fix(tmp_pat
         list(given_object.pipeline().drop_equal_rewards(url).options(runner="process"))
     asyncio.run(store.close())
     memory = "memory://runners"
-    _fill(memory)
+    fill(memory, PROMPTS)
     in_memory = StreamingCaptureSource(
         memory, "s", groups_per_step=1, max_staleness=1, prompts=PROMPTS
     )

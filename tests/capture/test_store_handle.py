@@ -17,7 +17,7 @@ import pytest
 
 from tests.capture._pg import connections, drained, pg_dsn, pg_url, tagged  # noqa: F401
 from tests.capture._procs import store_url
-from tests.capture._stream_fill import issue, roll
+from tests.capture._stream_fill import fill
 from zephon.capture.store_handle import StoreHandle
 from zephon.capture.stores import open_store
 from zephon.capture.streaming import StreamingCaptureSource
@@ -28,16 +28,6 @@ pytestmark = [
     pytest.mark.filterwarnings("error::ResourceWarning"),
     pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning"),
 ]
-
-
-def _fill(url: str) -> None:
-    async def go() -> None:
-        store = open_store(url)
-        for group in await issue(store, "s", PROMPTS, version=0):
-            await roll(store, "s", group)
-        await store.close()
-
-    asyncio.run(go())
 
 
 def _pipe(store: Any, runner: str = "inline") -> Any:
@@ -51,7 +41,7 @@ def test_a_handle_closes_the_client_it_opened_and_reopens_it_on_next_use(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     url = store_url(kind, tmp_path, request)
-    _fill(url)
+    fill(url, PROMPTS)
     handle = StoreHandle(url=url)
     first = handle.get()
     assert handle.owned and handle.is_open and handle.get() is first
@@ -67,7 +57,7 @@ def test_a_store_passed_in_is_never_closed_by_zephon(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     url = store_url("sqlite", tmp_path, request)
-    _fill(url)
+    fill(url, PROMPTS)
     store = open_store(url)
     handle = StoreHandle(store=store)
     handle.close()
@@ -86,7 +76,7 @@ def test_a_finished_iteration_leaves_no_postgres_connection_open(
     pg_url: str,  # noqa: F811
 ) -> None:
     url, name = tagged(pg_url)
-    _fill(url)
+    fill(url, PROMPTS)
     assert drained(pg_dsn, name) == 0
     pipe = _pipe(url, runner)
     records = list(pipe)
@@ -101,7 +91,7 @@ def test_a_stopped_iteration_closes_its_clients_when_closed_or_collected(
     pg_url: str,  # noqa: F811
 ) -> None:
     url, name = tagged(pg_url)
-    _fill(url)
+    fill(url, PROMPTS)
     it = iter(_pipe(url))
     next(it)
     assert connections(pg_dsn, name) >= 1

@@ -51,6 +51,7 @@ from typing import Any
 import msgspec
 import xxhash
 
+from zephon._fingerprint import fingerprint
 from zephon.errors import CheckpointError
 from zephon.types import SampleCursor
 
@@ -98,11 +99,6 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     return f"<{type(value).__name__}>"
-
-
-def fingerprint(config: Mapping[str, Any]) -> str:
-    """xxh64 of a configuration's JSON with sorted keys (what a restore must match)."""
-    return xxhash.xxh64(json.dumps(config, sort_keys=True).encode()).hexdigest()
 
 
 def checksum(state: Mapping[str, Any], *, plain_json: bool = False) -> str:

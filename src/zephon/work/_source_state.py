@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import xxhash
 
+from zephon._fingerprint import fingerprint
 from zephon.errors import CheckpointError
 from zephon.work._schedule import check_past
 
@@ -57,10 +58,6 @@ def source_config(
         "reshuffle_on_repeat": options.reshuffle_on_repeat,
         **({"epoch": epoch} if epoch else {}),  # epoch 0 keeps old fingerprints
     }
-
-
-def fingerprint(config: dict[str, Any]) -> str:
-    return xxhash.xxh64_hexdigest(json.dumps(config, sort_keys=True).encode())
 
 
 class LaneCursor(NamedTuple):

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from zephon._fingerprint import fingerprint
 from zephon.errors import ConfigError
 from zephon.work._base import WorkChunk, WorkSource
 from zephon.work._chunks import ChunkSequence
@@ -40,7 +41,6 @@ from zephon.work._source_options import (
 )
 from zephon.work._source_state import (
     LaneCursor,
-    fingerprint,
     load_state_dict,
     source_config,
     state_dict,
