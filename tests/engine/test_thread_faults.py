@@ -111,11 +111,21 @@ def idle(thread: threading.Thread) -> bool:
 def test_a_pool_worker_that_dies_between_micro_batches_fails_the_run_naming_it():
     """Raised while a worker waits for work, the exception kills the executor's thread itself
     (no micro-batch is there to fail): the micro-batch it takes next would never end."""
-    pipe = Pipeline(source()).map_transform(add_one, parallelism=2).batch(8)
-    items = iter(pipe.options(runner="threads", queue_size=1, max_inflight=2))
+    met, first_call = threading.Barrier(2, timeout=DEADLINE_S), threading.local()
+
+    def add_one_once_both_workers_run(payload: dict[str, Any]) -> dict[str, Any]:
+        """Each worker's first call waits for the other's: both threads start (one worker
+        alone would leave the pool room to start a replacement for a killed one)."""
+        if not getattr(first_call, "done", False):
+            first_call.done = True
+            met.wait()
+        return add_one(payload)
+
+    pipe = Pipeline(source()).map_transform(add_one_once_both_workers_run, parallelism=2)
+    items = iter(pipe.batch(8).options(runner="threads", queue_size=1, max_inflight=2))
     next(items)  # the consumer now stops: backpressure idles the workers
-    workers = threads_named("zephon-engine-worker-")  # started as work came: one or two
-    assert workers
+    workers = threads_named("zephon-engine-worker-")
+    assert len(workers) == 2
     deadline = time.monotonic() + DEADLINE_S
     while not all(idle(t) for t in workers):
         assert time.monotonic() < deadline
