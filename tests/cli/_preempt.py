@@ -85,10 +85,14 @@ def uninterrupted(folder: Path, runner: str) -> bytes:
 
 
 def catches_sigterm(pid: int) -> bool:
-    """Whether ``pid`` has a handler for SIGTERM installed (``SigCgt`` in /proc)."""
+    """Whether ``pid`` is Python with a handler for SIGTERM installed (``SigCgt`` in /proc);
+    the ``zephon`` script's sh traps stop signals too, but only to hand them on to Python."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return True  # gone: let the caller see how it ended
-    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if not fields.get("Name", "").strip().startswith("python"):
+        return False
+    mask = fields["SigCgt"].split()[0]
     return bool(int(mask, 16) >> (signal.SIGTERM - 1) & 1)
