@@ -79,6 +79,15 @@ class RuntimeOptions:
     down. Checkpoints stay exact: they are taken where you receive the items. See
     docs/runners.md.
 
+    ``lane_workers``: run whole lanes in that many worker processes (``"auto"``: as many as
+    the cores this process may use, at most one per lane; None: off). Each worker runs every
+    operator of its share of the rank's lanes (lanes ``w::lane_workers``) inline, from
+    fetch to ``batch``, and this process only takes their finished items in the rank's
+    round-robin, so the engine's serial work is per item, not per document. The output is
+    the rank's, byte for byte, whatever the count: the unit of parallel work is the lane, so
+    give the rank lanes to share (``canonical_replicas``; 64 serves a 16-64-core node).
+    Operators and the ``iter_training`` transform travel to the workers with cloudpickle.
+
     ``quarantine``: a JSONL file that receives one line per record skipped with
     ``on_error="skip"`` (dataset, shard, row, file, line, reason), each record once even across
     restores. Skipped records are logged and counted in ``stats()`` with or without it.
@@ -106,6 +115,7 @@ class RuntimeOptions:
     snapshot_every_chunks: int = 1
     snapshot_every_records: int | None = 32
     engine_process: bool = False
+    lane_workers: int | Literal["auto"] | None = None
     # (worker, workers): this view runs the rank's lanes ``worker::workers`` (a DataLoader
     # worker's share; set by zephon.torch_data.worker_pipeline, never by users)
     _worker_share: tuple[int, int] = (0, 1)
@@ -123,6 +133,7 @@ class RuntimeOptions:
     def validate(self) -> None:
         self._validate_runner()
         self._validate_topology()
+        self._validate_lane_workers()
         if self.queue_size < 1:
             raise ConfigError(f"queue_size must be >= 1, got {self.queue_size}")
         if self.max_inflight is not None and self.max_inflight < 1:
@@ -163,6 +174,20 @@ class RuntimeOptions:
             raise ConfigError(
                 f"on_error must be 'raise' or 'skip', got {self.on_error!r}"
                 + did_you_mean(self.on_error, ("raise", "skip"))
+            )
+
+    def _validate_lane_workers(self) -> None:
+        value = self.lane_workers
+        if value is None or value == "auto":
+            pass
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(
+                f"lane_workers must be an integer >= 1, 'auto' or None (off), got {value!r}"
+            )
+        if value is not None and self.runner == "ray":
+            raise ConfigError(
+                "lane_workers runs whole lanes in worker processes of this machine; it cannot "
+                "run with runner='ray': drop one of the two"
             )
 
     def _validate_topology(self) -> None:

@@ -16,6 +16,7 @@ from zephon._engine.plan.compile import compile as compile_run
 from zephon._engine.plan.plan import OpSpec, Plan, Resources, ray_resources
 from zephon._engine.run.engine import Engine
 from zephon._engine.run.engine_process import EngineProcess
+from zephon._engine.run.lane_workers import LaneWorkers
 from zephon._engine.stats import RunStats
 from zephon._operator_defs import register_builder
 from zephon._ops._chat_spans import LossScope, SpanSource
@@ -100,7 +101,7 @@ class Pipeline:
         self._options = RuntimeOptions()
         self.last_stats: RunStats | None = None
         self._batched = False
-        self._engine: Engine | EngineProcess | None = None
+        self._engine: Engine | EngineProcess | LaneWorkers | None = None
         self._engine_done = True
         self._resume: ckpt.ParsedCheckpoint | None = None
         # this view's lanes restored in a later pass than the current one, until their pass
@@ -747,7 +748,14 @@ class Pipeline:
         assert isinstance(fetch, FetchOp)
         fetch.pin_files()
         run = compile_run(self._source(), specs, self._options, self._resume)
-        engine = EngineProcess(run, transform) if engine_process else Engine(run)
+        engine: Engine | EngineProcess | LaneWorkers
+        if run.plan.lane_workers:
+            engine = LaneWorkers(run, transform)
+        elif engine_process:
+            engine = EngineProcess(run, transform)
+        else:
+            engine = Engine(run)
+        transform_here = None if run.plan.lane_workers or engine_process else transform
         engine.interrupt = self._interrupt
         self._resume = None
         self._engine = engine
@@ -758,7 +766,7 @@ class Pipeline:
             for item in engine:
                 if isinstance(item, SampleBatch):
                     item._origin = origin
-                yield item if transform is None or engine_process else transform(item)
+                yield item if transform_here is None else transform_here(item)
         finally:
             self._engine_done = True
 

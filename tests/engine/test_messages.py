@@ -82,7 +82,7 @@ def test_a_worker_answers_every_request_kind_and_names_a_message_it_cannot_read(
 
 @pytest.mark.parametrize(
     "wire",
-    [(7, None), (-1, None), (0,), (0, 1, 2, 3, 4), ("0", None), [1, None], None],
+    [(7, None), (-1, None), (0,), (0, 1, 2, 3, 4, 5), ("0", None), [1, None], None],
     ids=repr,
 )
 def test_a_wire_tuple_of_no_known_kind_or_arity_is_refused_by_name(wire):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from zephon.io import SourceStats
@@ -243,3 +244,63 @@ class RunStats:
             f"({self.items_per_s:.0f}/s), {self.samples_read} samples read, "
             f"{self.tombstones} tombstones{', ' + losses if losses else ''}{tail}"
         )
+
+
+_SUMMED_OP_FIELDS = tuple(
+    f.name for f in fields(OpStats) if f.type in ("int", int) and f.name != "parallelism"
+)
+_SUMMED_RUN_FIELDS = (
+    "tombstones",
+    "skipped",
+    "samples_read",
+    "samples_refetched",
+    "samples_done",
+    "chunks",
+)
+
+
+def summed(parts: Sequence[RunStats], delivered: int) -> RunStats:
+    """One run's statistics from those of processes that each ran some of its lanes
+    (``lane_workers``): counters and worker counts add up, lanes are put together;
+    ``delivered`` is what the consumer received (the processes may have sent more)."""
+    total = RunStats(delivered=delivered)
+    for part in parts:
+        for name in _SUMMED_RUN_FIELDS:
+            setattr(total, name, getattr(total, name) + getattr(part, name))
+        total.dropped = _dropped_sum(total.dropped, part.dropped)
+        total.skipped_examples.extend(part.skipped_examples)
+        total.elapsed_s = max(total.elapsed_s, part.elapsed_s)
+        total.io += part.io
+        total.lanes.update(part.lanes)
+        total.mixture = _mixture_sum(total.mixture, part.mixture)
+        if not total.operators:
+            total.operators = [
+                OpStats(op.name, op.runner, 0, auto=op.auto) for op in part.operators
+            ]
+        for mine, theirs in zip(total.operators, part.operators, strict=False):
+            mine.parallelism += theirs.parallelism
+            for name in _SUMMED_OP_FIELDS:
+                setattr(mine, name, getattr(mine, name) + getattr(theirs, name))
+    return total
+
+
+def _dropped_sum(a: DropCounts, b: DropCounts) -> DropCounts:
+    total = a.copy()
+    total.records += b.records
+    total.tokens += b.tokens
+    total.cut_records += b.cut_records
+    total.cut_tokens += b.cut_tokens
+    for mine, theirs in ((total.by_reason, b.by_reason), (total.cut_by_reason, b.cut_by_reason)):
+        for key, count in theirs.items():
+            mine[key] = mine.get(key, 0) + count
+    return total
+
+
+def _mixture_sum(a: MixtureStats | None, b: MixtureStats | None) -> MixtureStats | None:
+    if a is None or b is None:
+        return a or b
+    return replace(
+        a,
+        samples={k: v + b.samples.get(k, 0) for k, v in a.samples.items()},
+        tokens={k: v + b.tokens.get(k, 0) for k, v in a.tokens.items()},
+    )

@@ -140,11 +140,13 @@ ThreadMessage: TypeAlias = Data | Done | End | Failed | Stop
 
 class HandoffItem(msgspec.Struct, frozen=True, gc=False):
     """A delivered item (or the model inputs the consumer's transform made of it), the
-    consumer position right after it, and statistics now and then."""
+    consumer position right after it, statistics now and then, and the item's lane."""
 
     item: Any
     position: Position
     stats: RunStats | None = None
+    lane: int = -1
+    """The lane the item came from (a transformed item no longer says)."""
 
 
 class HandoffEnd(msgspec.Struct, frozen=True, gc=False):

@@ -29,7 +29,7 @@ from zephon._engine.state.replay_filter import ReplayFilterOp
 from zephon._engine.state.snapshots import SnapshotPlan, plan_snapshots, snapshots_off
 from zephon._engine.stats import OpStats
 from zephon.checkpoints import format as ckpt
-from zephon.errors import CheckpointError
+from zephon.errors import CheckpointError, ConfigError
 from zephon.ops import Accumulator, OpContext
 from zephon.options import RuntimeOptions
 from zephon.types import SampleCursor
@@ -107,6 +107,9 @@ def compile(
     """The compiled run of ``specs`` over ``source``; raises ``CheckpointError`` when
     ``resume`` was taken with another configuration or lacks this view's lanes."""
     lanes = view_lanes(options)
+    lane_workers, lane_workers_why = lane_worker_count(options, lanes)
+    if lane_workers:  # each lane worker runs every stage inline; so does this plan
+        options = replace(options, runner="inline", engine_process=False)
     monotone = is_monotone(specs)
     k = flush_every(options, monotone)
     config = pipeline_config(source, specs, options, k)
@@ -123,6 +126,8 @@ def compile(
     snapshot_plan = _snapshot_plan(all_specs, accs, options, monotone)
     if not monotone:
         plan = replace(plan, snapshots=snapshot_note(snapshot_plan, options))
+    if lane_workers:
+        plan = replace(plan, lane_workers=lane_workers, lane_workers_why=lane_workers_why)
     return CompiledRun(
         source=source,
         operators=list(specs),
@@ -203,6 +208,25 @@ def view_lanes(options: RuntimeOptions) -> list[int]:
         options.dp_rank, options.dp_world_size, options.canonical_replicas, options.mapping
     )
     return lanes[worker::workers]
+
+
+def lane_worker_count(options: RuntimeOptions, lanes: list[int]) -> tuple[int, str]:
+    """How many lane worker processes run ``lanes`` (0: none), and why that many."""
+    wanted = options.lane_workers
+    if wanted is None or options._worker_share != (0, 1):  # a DataLoader worker runs inline
+        return 0, ""
+    if wanted != "auto":
+        if wanted > len(lanes):
+            raise ConfigError(
+                f"lane_workers={wanted} but this rank runs {len(lanes)} lane(s) "
+                f"(canonical_replicas={options.canonical_replicas}, "
+                f"dp_world_size={options.dp_world_size}): a lane is the unit a worker runs, so "
+                "use at most one worker per lane, raise canonical_replicas, or use 'auto'"
+            )
+        return wanted, "as configured"
+    cores = usable_cores()
+    count = max(1, min(cores.count, len(lanes)))
+    return count, f"auto: {cores.count} usable cores ({cores.why}), {len(lanes)} lane(s)"
 
 
 def pipeline_config(

@@ -104,9 +104,22 @@ class Plan:
     driver thread, without a pool."""
     snapshots: str = ""
     """Where a restore starts, for a plan that is not monotone (see ``compile.snapshot_note``)."""
+    lane_workers: int = 0
+    """Worker processes that each run whole lanes, every stage inline (0: none)."""
+    lane_workers_why: str = ""
+    """How that count was chosen."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def _lane_worker_lines(self) -> list[str]:
+        if not self.lane_workers:
+            return []
+        return [
+            f"lane_workers={self.lane_workers}: each worker process runs lanes "
+            f"w::{self.lane_workers} of {self.lanes} whole, every operator inline "
+            f"({self.lane_workers_why})"
+        ]
 
     def __str__(self) -> str:
         lines = [
@@ -114,6 +127,7 @@ class Plan:
             f"lanes={self.lanes} (rank {self.dp_rank}/{self.dp_world_size}, "
             f"canonical_replicas={self.canonical_replicas})",
             f"monotone={self.monotone} flush_every_k_chunks={self.flush_every_k_chunks}",
+            *self._lane_worker_lines(),
             f"{'#':>2} {'operator':<18} {'runner':<8} {'workers':>7} {'micro':>6} "
             f"{'queue':>5} {'inflight':>8} order",
         ]

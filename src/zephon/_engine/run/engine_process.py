@@ -26,7 +26,7 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any, assert_never
@@ -162,7 +162,8 @@ def _pump(engine: Engine, sender: Sender, transform: Transform | None) -> None:
                 next_stats = time.monotonic() + STATS_EVERY_S
                 stats = engine.snapshot()
             payload = item if transform is None else transform(item)
-            if not sender.send(HandoffItem(payload, thin(engine.position(), sent), stats)):
+            message = HandoffItem(payload, thin(engine.position(), sent), stats, item.lane_id)
+            if not sender.send(message):
                 return
         final: HandoffMessage = HandoffEnd(thin(engine.position(), sent), engine.snapshot())
     except BaseException as exc:
@@ -255,7 +256,14 @@ def _close_live() -> None:
 class EngineProcess:
     """The consumer's side of an engine running in a child process (same shape as Engine)."""
 
-    def __init__(self, run: CompiledRun, transform: Transform | None = None) -> None:
+    def __init__(
+        self,
+        run: CompiledRun,
+        transform: Transform | None = None,
+        *,
+        role: str = "the engine process (engine_process=True",
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
         self.local = Engine(run)  # builds checkpoints (and stats before the child's first)
         remote = [s.op_name for s in run.plan.stages if not lookup(s.runner).in_engine_process]
         if remote:
@@ -280,6 +288,8 @@ class EngineProcess:
         """Asked while the consumer waits for an item; True stops the wait (see _idle)."""
         self._interrupted = False
         self._last_log = time.monotonic()
+        self._role = role  # how errors name this process, before ", pid N)"
+        self._environ = dict(environ or {})  # set in the child on top of this environment
 
     @property
     def prepared(self) -> bool:
@@ -320,7 +330,7 @@ class EngineProcess:
         self._report, report = mp.Pipe(duplex=True)
         self._proc = mp.Process(
             target=child_main,
-            args=(child, report, self._blobs, dict(os.environ)),
+            args=(child, report, self._blobs, {**os.environ, **self._environ}),
             name=PROCESS_NAME,
             daemon=False,
         )
@@ -333,44 +343,57 @@ class EngineProcess:
         return Receiver(parent, self._window)
 
     def __iter__(self) -> Iterator[StreamItem]:
-        check_not_bootstrapping()
-        receiver = self._start()
-        decode = functools.partial(shm.loads_resolved, released=receiver.released)
         try:
-            while True:
-                try:
-                    message = receiver.recv(decode, self._idle)
-                except EOFError:
-                    raise self._died(receiver.received) from None
-                except FileNotFoundError:
-                    # A message sent just before the child died names segments its workers
-                    # removed when they saw it go: that item was never handed over. (They
-                    # see it go as its pipes close, a moment before it can be reaped.)
-                    self._proc.join(timeout=10)
-                    if self._proc.exitcode is None:
-                        raise
-                    raise self._died(receiver.received) from None
-                match message:
-                    case HandoffItem():
-                        self._position.received(message.position)
-                        if message.stats is not None:
-                            self._last_stats = message.stats
-                        yield message.item
-                    case HandoffEnd():
-                        self._position.received(message.position)
-                        self._last_stats = message.stats
-                        return
-                    case HandoffError():
-                        if message.stats is not None:
-                            self._last_stats = message.stats
-                        raise message.error
-                    case _:
-                        assert_never(message)
+            for message in self.messages():
+                self.received(message)
+                if isinstance(message, HandoffItem):
+                    yield message.item
         except Exception as exc:  # the run's error is the one the consumer sees
             self._close_after(exc)
             raise
         finally:
             self.close()
+
+    def received(self, message: HandoffItem | HandoffEnd) -> None:
+        """Take ``message``'s position as the consumer's: its item was handed out."""
+        self._position.received(message.position)
+
+    def messages(self) -> Iterator[HandoffItem | HandoffEnd]:
+        """Start the engine process now and return its items and end, in order, as they
+        arrive (its error is raised); :meth:`received` says which were handed out."""
+        check_not_bootstrapping()
+        return self._messages(self._start())
+
+    def _messages(self, receiver: Receiver) -> Iterator[HandoffItem | HandoffEnd]:
+        decode = functools.partial(shm.loads_resolved, released=receiver.released)
+        while True:
+            try:
+                message = receiver.recv(decode, self._idle)
+            except EOFError:
+                raise self._died(receiver.received) from None
+            except FileNotFoundError:
+                # A message sent just before the child died names segments its workers
+                # removed when they saw it go: that item was never handed over. (They
+                # see it go as its pipes close, a moment before it can be reaped.)
+                self._proc.join(timeout=10)
+                if self._proc.exitcode is None:
+                    raise
+                raise self._died(receiver.received) from None
+            match message:
+                case HandoffItem():
+                    if message.stats is not None:
+                        self._last_stats = message.stats
+                    yield message
+                case HandoffEnd():
+                    self._last_stats = message.stats
+                    yield message
+                    return
+                case HandoffError():
+                    if message.stats is not None:
+                        self._last_stats = message.stats
+                    raise message.error
+                case _:
+                    assert_never(message)
 
     def _close_after(self, error: BaseException) -> None:
         """Close after ``error``; a failure to close is noted on it rather than replacing it."""
@@ -410,7 +433,7 @@ class EngineProcess:
                 exitcode=code,
             )
         return EngineProcessError(
-            f"the engine process (engine_process=True, pid {proc.pid}) {describe_exit(code)}"
+            f"{self._role}, pid {proc.pid}) {describe_exit(code)}"
             f" after handing over {received} item(s). What you received stays "
             "delivered: pipeline.checkpoint() is the position right after it; restore that "
             "into a new pipeline (pipe.restore(state)) and iterate to go on from there",
