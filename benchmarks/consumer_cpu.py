@@ -5,7 +5,8 @@ inputs (``to_training(return_tensors="pt")``): the receive, unpickle and map of 
 process's hand-off, the engine's own threads when it runs in the training process, the
 DataLoader's queue and the checkpoint stamp each item carries. ``iter_training`` and the
 DataLoader without workers over an ``engine_process=True`` pipeline build the inputs in the
-engine process; the other modes build them on the consumer's side (or in DataLoader workers).
+engine process, with ``lane_workers`` in the lane worker processes; the other modes build them
+on the consumer's side (or in DataLoader workers).
 Pipeline: generated documents through decode_text -> tokenize (bytes) -> pack_flat(2048) ->
 batch(8).
 
@@ -90,6 +91,10 @@ MODES: dict[str, Callable[[int], Iterator[Any]]] = {
         build(docs, runner="threads", engine_process=True), 0
     ),
     "PipelineDataLoader, 2 workers": lambda docs: loader(build(docs, runner="inline"), 2),
+    "iter_training, lane_workers=2": lambda docs: training(build(docs, lane_workers=2)),
+    "PipelineDataLoader, 0 workers, lane_workers=2": lambda docs: loader(
+        build(docs, lane_workers=2), 0
+    ),
 }
 
 

@@ -2,8 +2,10 @@
 
 Reference pipeline: fetch -> decode_text -> tokenize (byte-level BPE, 8,192 ids, max_length
 2048) -> pack_flat(2048) -> batch(8) over JSONL shards (``benchmarks/engine.py``'s corpus),
-every operator on ``W`` workers, with the threads runner and with the process runner, each
-configuration a fresh pipeline; tokens/s are counted from the start of iteration.
+each configuration a fresh pipeline, tokens/s counted from the start of iteration, on three
+runners at each worker count ``W``: the threads runner and the process runner (every operator
+on ``W`` workers, one lane), and lane workers (``lane_workers=W`` over 64 lanes, chunks small
+enough that each lane gets four or more, every operator inline in its lane's worker).
 ``--pipeline no-pack`` leaves pack_flat out (``reference`` is the same as ``pack``).
 
 Measured in the same run (once a round, before the pipelines), as the ceiling: the raw
@@ -12,12 +14,14 @@ tokenizer on ``os.cpu_count()`` processes, each reading its share of the shards,
 thread per process): tokens/s from when all of them are ready, and ``native_us_per_doc``,
 the CPU per document of ``encode_batch_fast`` alone.
 
-Per document, for the process runner at the largest W that fits the cores, from its first
-batch to its last (start-up left out): ``engine_us_per_doc`` (the engine process),
-``workers_us_per_doc`` (its worker processes), their ratios to ``native_us_per_doc``; then
-``process_vs_threads`` (tokens/s) and ``zephon_vs_ceiling`` (the faster runner's tokens/s over
-the ceiling's). No projection to other core counts: an earlier one predicted 16,000-19,600
-documents/s on 16 cores where a 16-core machine measured 4,500-6,250.
+Per document, for the process runner and for the lane workers at the largest W that fits the
+cores, from the first batch to the last (start-up left out): ``engine_us_per_doc`` (the engine
+process; for lane workers the process that merges their batches), ``workers_us_per_doc`` (its
+worker processes), their ratios to ``native_us_per_doc`` (``lanes_*`` for lane workers); then
+``process_vs_threads`` and ``lanes_vs_threads`` (tokens/s) and ``zephon_vs_ceiling`` (the
+fastest runner's tokens/s over the ceiling's). No projection to other core counts: an earlier
+one predicted 16,000-19,600 documents/s on 16 cores where a 16-core machine measured
+4,500-6,250.
 
 ``--grain-python PATH`` adds Grain (``_grain_pipeline.py`` run by PATH, an interpreter with
 ``grain``, ``tokenizers`` and ``numpy``: ``mp_prefetch`` with W workers, the same tokenizer
@@ -49,22 +53,31 @@ from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 from zephon.types import TAG_PACKING, SampleRecord
 
 WORKERS = (1, 2, 4, 8, 16)
+LANES = 64  # lanes of the lane-worker runs (the unit they share out)
+RUNNERS = ("threads", "process", "lanes")
 PACK_LENGTH = 2048
 GRAIN_SCRIPT = Path(__file__).with_name("_grain_pipeline.py")
 
 
 def reference(
-    folder: Path, tok_path: Path, runner: str, workers: int, pack: bool = True
+    folder: Path, tok_path: Path, runner: str, workers: int, pack: bool = True, docs: int = 0
 ) -> Pipeline:
+    """The reference pipeline on ``runner`` (``"lanes"``: ``lane_workers=workers`` over
+    ``LANES`` lanes, chunks small enough that every lane gets at least four of the ``docs``)."""
+    lanes = runner == "lanes"
+    chunk_size = max(16, min(1000, docs // (LANES * 4))) if lanes else 1000
     dataset = Dataset.from_path("bench", folder)
     source = StaticMixtureWorkSource(
-        datasets=[dataset], mixture=MixtureSpec({"bench": 1.0}), chunk_size=1000, seed=42
+        datasets=[dataset], mixture=MixtureSpec({"bench": 1.0}), chunk_size=chunk_size, seed=42
     )
     pipe = Pipeline(source).fetch(parallelism=workers).decode_text(parallelism=workers)
     pipe = pipe.tokenize(tok_path, max_length=PACK_LENGTH, parallelism=workers)
     if pack:
         pipe = pipe.pack_flat(PACK_LENGTH, 0, parallelism=workers)
-    return pipe.batch(8, drop_last=False).options(runner=runner)
+    pipe = pipe.batch(8, drop_last=False)
+    if lanes:
+        return pipe.options(lane_workers=workers, canonical_replicas=LANES)
+    return pipe.options(runner=runner)
 
 
 def docs_and_tokens(record: SampleRecord) -> tuple[int, int]:
@@ -182,33 +195,39 @@ def median(values: Any) -> float:
     return statistics.median(list(values))
 
 
-def row(workers: int, threads: list[Run], procs: list[Run], ceiling: float) -> dict[str, Any]:
+def _steady_us(runs: list[Run], field: str) -> float:
+    """The median CPU per document of ``field`` (``steady_cpu``/``steady_others``), in us."""
+    return round(median(getattr(r, field) / max(r.steady_docs, 1) for r in runs) * 1e6, 1)
+
+
+def row(workers: int, runs: dict[str, list[Run]], ceiling: float) -> dict[str, Any]:
     """The figures of one worker count (medians over rounds)."""
-    t_tokens = median(r.tokens / r.wall for r in threads)
-    p_tokens = median(r.tokens / r.wall for r in procs)
+    tokens = {runner: median(r.tokens / r.wall for r in got) for runner, got in runs.items()}
+    t_tokens, p_tokens, l_tokens = (tokens[runner] for runner in RUNNERS)
     return {
         "workers": workers,
         "threads_tokens_per_s": round(t_tokens),
         "process_tokens_per_s": round(p_tokens),
+        "lanes_tokens_per_s": round(l_tokens),
         "process_vs_threads": round(p_tokens / t_tokens, 2),
-        "zephon_vs_ceiling": round(max(p_tokens, t_tokens) / ceiling, 2),
-        "threads_cpu_us_per_doc": round(median(r.cpu / r.docs for r in threads) * 1e6, 1),
-        "engine_us_per_doc": round(
-            median(r.steady_cpu / max(r.steady_docs, 1) for r in procs) * 1e6, 1
-        ),
-        "workers_us_per_doc": round(
-            median(r.steady_others / max(r.steady_docs, 1) for r in procs) * 1e6, 1
-        ),
+        "lanes_vs_threads": round(l_tokens / t_tokens, 2),
+        "zephon_vs_ceiling": round(max(tokens.values()) / ceiling, 2),
+        "threads_cpu_us_per_doc": round(median(r.cpu / r.docs for r in runs["threads"]) * 1e6, 1),
+        "engine_us_per_doc": _steady_us(runs["process"], "steady_cpu"),
+        "workers_us_per_doc": _steady_us(runs["process"], "steady_others"),
+        "lanes_engine_us_per_doc": _steady_us(runs["lanes"], "steady_cpu"),
+        "lanes_workers_us_per_doc": _steady_us(runs["lanes"], "steady_others"),
     }
 
 
 def per_document(rows: list[dict[str, Any]], native: float) -> dict[str, Any]:
-    """The process runner's CPU per document against the tokenizer's, at the largest W that
-    fits this machine's cores."""
+    """CPU per document against the tokenizer's at the largest W that fits this machine's
+    cores: the process runner's (``engine_*``) and the lane workers' (``lanes_*``)."""
     cores = os.cpu_count() or 1
     at = max((r for r in rows if r["workers"] <= cores), key=lambda r: r["workers"], default=None)
     at = at or rows[0]
     engine, workers = at["engine_us_per_doc"], at["workers_us_per_doc"]
+    lanes, lane_workers = at["lanes_engine_us_per_doc"], at["lanes_workers_us_per_doc"]
     return {
         "at_workers": at["workers"],
         "engine_us_per_doc": engine,
@@ -216,7 +235,12 @@ def per_document(rows: list[dict[str, Any]], native: float) -> dict[str, Any]:
         "native_us_per_doc": native,
         "engine_pct_of_native": round(engine / native * 100, 1),
         "engine_and_workers_x_native": round((engine + workers) / native, 2),
+        "lanes_engine_us_per_doc": lanes,
+        "lanes_workers_us_per_doc": lane_workers,
+        "lanes_engine_pct_of_native": round(lanes / native * 100, 1),
+        "lanes_engine_and_workers_x_native": round((lanes + lane_workers) / native, 2),
         "process_vs_threads": at["process_vs_threads"],
+        "lanes_vs_threads": at["lanes_vs_threads"],
         "zephon_vs_ceiling": at["zephon_vs_ceiling"],
     }
 
@@ -245,8 +269,8 @@ def runs_for(args: argparse.Namespace, corpus: Path, tok_path: Path, docs: int) 
     for _ in range(args.rounds):
         ceilings.append(raw_ceiling(corpus, tok_path, os.cpu_count() or 1))
         for workers in args.workers:
-            for runner in ("threads", "process"):
-                pipe = reference(corpus, tok_path, runner, workers, pack)
+            for runner in RUNNERS:
+                pipe = reference(corpus, tok_path, runner, workers, pack, docs)
                 runs.setdefault((runner, workers), []).append(measure(pipe, docs))
             if args.grain_python:
                 got = grain_run(args.grain_python, corpus, tok_path, workers)
@@ -279,7 +303,7 @@ def main() -> None:
     load_before = load_average()
     runs, ceiling, grain = runs_for(args, corpus, tok_path, len(texts))
     rows = [
-        row(w, runs[("threads", w)], runs[("process", w)], ceiling["tokens_per_s"])
+        row(w, {runner: runs[(runner, w)] for runner in RUNNERS}, ceiling["tokens_per_s"])
         for w in args.workers
     ]
     skipped = {grain["skipped"]} if "skipped" in grain else set()

@@ -27,11 +27,18 @@ def test_scaling_reports_cpu_per_document_the_ceiling_and_the_ratios(tmp_path: P
     assert row["process_vs_threads"] == round(
         row["process_tokens_per_s"] / row["threads_tokens_per_s"], 2
     )
-    best = max(row["process_tokens_per_s"], row["threads_tokens_per_s"])
+    assert row["lanes_vs_threads"] == round(
+        row["lanes_tokens_per_s"] / row["threads_tokens_per_s"], 2
+    )
+    runners = ("process", "threads", "lanes")
+    best = max(row[f"{runner}_tokens_per_s"] for runner in runners)
     assert abs(row["zephon_vs_ceiling"] - best / ceiling["tokens_per_s"]) < 0.01
     assert row["engine_us_per_doc"] > 0 and row["workers_us_per_doc"] > 0
+    assert row["lanes_engine_us_per_doc"] > 0 and row["lanes_workers_us_per_doc"] > 0
     native = result["native_us_per_doc"]
     assert result["engine_pct_of_native"] == round(row["engine_us_per_doc"] / native * 100, 1)
+    lanes = row["lanes_engine_us_per_doc"]
+    assert result["lanes_engine_pct_of_native"] == round(lanes / native * 100, 1)
     assert result["pipeline"] == "pack" and "load average" in result["load"]
     assert result["grain"] == {"skipped": "no --grain-python given"}
     assert "grain: skipped: no --grain-python given" in out

@@ -37,20 +37,29 @@ from zephon.types import StreamItem
 
 def view_run(run: CompiledRun, worker: int, order: list[int], turn: int) -> CompiledRun:
     """What lane worker ``worker`` runs: the rank's lanes ``worker::N``, every stage inline,
-    resuming where ``run`` does with the rank's ``order`` and ``turn`` restricted to them."""
+    resuming where ``run`` does with the rank's ``order`` and ``turn`` restricted to them.
+
+    It may run two rounds of its lanes (or ``queue_size`` items) ahead of what was taken from
+    it: an inline engine finishes its lanes' batches in bursts, and a smaller window stalls
+    it while this process waits on another worker's lane."""
     count = run.plan.lane_workers
+    lanes = run.lanes[worker::count]
     options = replace(
-        run.options, lane_workers=None, runner="inline", _worker_share=(worker, count)
+        run.options,
+        lane_workers=None,
+        runner="inline",
+        _worker_share=(worker, count),
+        queue_size=max(run.options.queue_size, 2 * len(lanes)),
     )
     resume = run.resume
     if resume is not None:
-        mine = set(run.lanes[worker::count])
+        mine = set(lanes)
         view_order = [lane for lane in order if lane in mine]
         rotated = order[turn:] + order[:turn]
         first = next((lane for lane in rotated if lane in mine), None)
         resume = replace(
             resume,
-            tail_lanes=run.lanes[worker::count],
+            tail_lanes=lanes,
             tail_order=view_order,
             tail_turn=view_order.index(first) if first is not None else 0,
         )
