@@ -92,21 +92,40 @@ def _unchanged(state: Any) -> bool:
     return type(state) is dict and len(state) == 1 and state.get("$unchanged") is True
 
 
-def thin(position: Position, sent: dict[tuple[int, str], Any]) -> Position:
-    """``position`` with each lane's operator and source state replaced by :data:`UNCHANGED`
-    when it is the object already sent (``sent``: (lane, field) -> the last state sent)."""
+def _same_lane(a: LaneCheckpoint, b: LaneCheckpoint) -> bool:
+    """Whether ``b`` says what ``a`` said (states compared by identity: the engine returns the
+    same object while a state stays)."""
+    return (
+        a.delivered == b.delivered
+        and a.start_chunk_id == b.start_chunk_id
+        and a.start_offset == b.start_offset
+        and a.done == b.done
+        and a.operator_state is b.operator_state
+        and a.source_state is b.source_state
+        and a.replay_cursor == b.replay_cursor
+        and a.mixture == b.mixture
+        and a.held_payloads == b.held_payloads
+        and a.epoch == b.epoch
+        and a.fingerprint == b.fingerprint
+    )
+
+
+def thin(position: Position, sent: dict[int, LaneCheckpoint]) -> Position:
+    """``position`` with only the lanes whose checkpoint changed since the last one sent
+    (``sent``: lane -> it), each operator and source state that is the object already sent
+    replaced by :data:`UNCHANGED`. The first position sent has every lane."""
     lanes = []
     for lc in position.lanes:
+        before = sent.get(lc.lane)
+        if before is not None and _same_lane(before, lc):
+            continue
+        sent[lc.lane] = lc
         same: dict[str, Any] = {}
-        for field, state in (
-            ("operator_state", lc.operator_state),
-            ("source_state", lc.source_state),
-        ):
-            key = (lc.lane, field)
-            if state is not None and sent.get(key) is state:
-                same[field] = UNCHANGED
-            else:
-                sent[key] = state
+        if before is not None:
+            if lc.operator_state is not None and before.operator_state is lc.operator_state:
+                same["operator_state"] = UNCHANGED
+            if lc.source_state is not None and before.source_state is lc.source_state:
+                same["source_state"] = UNCHANGED
         lanes.append(replace(lc, **same) if same else lc)
     return replace(position, lanes=lanes)
 
@@ -116,33 +135,26 @@ class Thickened:
     one received, built only when asked for (most items' positions are never read)."""
 
     def __init__(self) -> None:
-        self._states: dict[tuple[int, str], Any] = {}  # the last state sent, by (lane, field)
+        self._lanes: dict[int, LaneCheckpoint] = {}  # every lane's latest, in the engine's order
         self._thin: Position | None = None
         self._full: Position | None = None
 
     def received(self, position: Position) -> None:
-        states = self._states
+        lanes = self._lanes
         for lc in position.lanes:
-            if not _unchanged(lc.operator_state):
-                states[lc.lane, "operator_state"] = lc.operator_state
-            if not _unchanged(lc.source_state):
-                states[lc.lane, "source_state"] = lc.source_state
+            same: dict[str, Any] = {}
+            if _unchanged(lc.operator_state):
+                same["operator_state"] = lanes[lc.lane].operator_state
+            if _unchanged(lc.source_state):
+                same["source_state"] = lanes[lc.lane].source_state
+            lanes[lc.lane] = replace(lc, **same) if same else lc
         self._thin, self._full = position, None
 
     def position(self) -> Position | None:
         """The full position received last (None before the first)."""
         if self._full is None and self._thin is not None:
-            lanes = [self._full_lane(lc) for lc in self._thin.lanes]
-            self._full = replace(self._thin, lanes=lanes)
+            self._full = replace(self._thin, lanes=list(self._lanes.values()))
         return self._full
-
-    def _full_lane(self, lc: LaneCheckpoint) -> LaneCheckpoint:
-        same: dict[str, Any] = {}
-        if _unchanged(lc.operator_state):
-            same["operator_state"] = self._states[lc.lane, "operator_state"]
-        if _unchanged(lc.source_state):
-            same["source_state"] = self._states[lc.lane, "source_state"]
-        return replace(lc, **same) if same else lc
 
 
 # -- the child -------------------------------------------------------------------------------
@@ -154,7 +166,7 @@ def _pump(engine: Engine, sender: Sender, transform: Transform | None) -> None:
     items = engine.stream()
     track = engine.options.track_stats
     next_stats = time.monotonic() + STATS_EVERY_S
-    sent: dict[tuple[int, str], Any] = {}
+    sent: dict[int, LaneCheckpoint] = {}
     try:
         for item in items:
             stats = None
