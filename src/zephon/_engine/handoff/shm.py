@@ -344,6 +344,7 @@ class Encoder:
         self._pending: list[tuple[int, np.ndarray]] = []
         self._recycle = recycle
         self._sizes: dict[str, int] = {}  # recycled segments written so far, and their sizes
+        self._mapped: dict[str, mmap.mmap] = {}  # this encoder's mapping of each of them
         self._free: collections.deque[str] = collections.deque()  # released by the receiver
 
     def release(self, names: Iterable[str]) -> None:
@@ -405,22 +406,39 @@ class Encoder:
 
     def _write(self) -> Any:
         assert self._name is not None
-        path = os.path.join(_dir(), self._name)
         size = self._sizes.get(self._name)
-        flags = os.O_RDWR if size else os.O_CREAT | os.O_EXCL | os.O_RDWR
-        fd = os.open(path, flags, 0o600)
+        if size is not None:
+            self._write_recycled(self._name, size)
+            return self._name
+        path = os.path.join(_dir(), self._name)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            if size is None or size < self._size:  # a recycled segment only grows
-                os.ftruncate(fd, self._size)
+            os.ftruncate(fd, self._size)
             for offset, arr in self._pending:
                 flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
                 _pwrite_all(fd, flat.data, offset)
         finally:
             os.close(fd)
-        if size is not None:  # lives until the session closes: nothing to keep alive
-            self._sizes[self._name] = max(size, self._size)
-            return self._name
         return _map(self._name) if _OWNER else self._name
+
+    def _write_recycled(self, name: str, size: int) -> None:
+        """Copy the pending arrays into recycled segment ``name`` through this encoder's own
+        mapping of it (kept while it lives: a copy per array, no system call per array)."""
+        mapped = self._mapped.get(name)
+        if mapped is None or len(mapped) < self._size:
+            path = os.path.join(_dir(), name)
+            flags = os.O_RDWR if size else os.O_CREAT | os.O_EXCL | os.O_RDWR
+            fd = os.open(path, flags, 0o600)
+            try:
+                if size < self._size:  # a recycled segment only grows
+                    os.ftruncate(fd, self._size)
+                mapped = self._mapped[name] = mmap.mmap(fd, max(size, self._size))
+            finally:
+                os.close(fd)
+        for offset, arr in self._pending:
+            flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            np.frombuffer(mapped, np.uint8, len(flat), offset)[:] = flat
+        self._sizes[name] = max(size, self._size)
 
 
 def loads(data: bytes) -> Any:
