@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from torch.utils.data import DataLoader
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ from tests.runners.conftest import no_leaks  # noqa: F401  (used below by name)
 from zephon import merge_checkpoints
 from zephon.errors import ConfigError, EngineProcessError
 from zephon.pipeline import Pipeline
+from zephon.torch_loader import PipelineDataLoader
 from zephon.training import to_training
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -326,3 +328,36 @@ def test_more_lane_workers_than_lanes_is_refused(
         pipe.explain() if stage == "explain" else next(iter(pipe))
     assert "lane_workers=3 but this rank runs 2 lane(s) (canonical_replicas=4" in str(info.value)
     assert "raise canonical_replicas, or use 'auto'" in str(info.value)
+
+
+def identity(item: Any) -> Any:
+    return item
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("workers", [0, 1, 2])
+def test_a_data_loader_over_lane_workers_gives_the_rank_output_and_resumes(
+    corpora: Path, hf_tokenizer_dir: Path, workers: int
+) -> None:
+    """DataLoader workers are daemonic and run inline views; without them (0) the lane
+    workers run under the loader's process."""
+    expected = digest(lanes.packed(corpora, hf_tokenizer_dir, runner="inline"))
+    loader = PipelineDataLoader(
+        lanes.packed(corpora, hf_tokenizer_dir, lane_workers=2), key, num_workers=workers
+    )
+    assert list(loader) == expected
+    it = iter(loader := PipelineDataLoader(loader.pipeline, key, num_workers=workers))
+    head = [next(it) for _ in range(9)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    pipe = lanes.packed(corpora, hf_tokenizer_dir, lane_workers=3)
+    resumed = PipelineDataLoader(pipe, key, num_workers=2 - workers // 2)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == expected
+    # a plain DataLoader interleaves its workers' items: the same as over the inline run
+    loaded = [
+        list(DataLoader(ds, batch_size=None, num_workers=workers, collate_fn=identity))
+        for options in ({"runner": "inline"}, {"lane_workers": 2})
+        for ds in [lanes.packed(corpora, hf_tokenizer_dir, **options).to_torch_dataset(key)]
+    ]
+    assert loaded[0] == loaded[1] and sorted(map(repr, loaded[1])) == sorted(map(repr, expected))
