@@ -29,7 +29,7 @@ def write_jsonl(folder: Path, docs: list[dict[str, Any]], shard_rows: int) -> Pa
 def write_corpora(root: Path) -> Path:
     """Two datasets ("web", 240 documents; "code", 120) and "tiny" (5 documents)."""
     write_jsonl(root / "web", make_docs(240, seed=11), 60)
-    code = [{**doc, "id": 1000 + int(doc["id"])} for doc in make_docs(120, seed=12)]  # type: ignore[call-overload]
+    code = [{**doc, "id": 1000 + i} for i, doc in enumerate(make_docs(120, seed=12))]
     write_jsonl(root / "code", code, 40)
     write_jsonl(root / "tiny", make_docs(5, seed=13), 5)
     return root

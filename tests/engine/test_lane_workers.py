@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from torch.utils.data import DataLoader
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch.utils.data import DataLoader
 
 from tests.engine import _lanes as lanes
-from tests.runners._pipes import describe, digest, key, run_with_stops
 from tests.runners._leaks import our_segments, wait_gone
+from tests.runners._pipes import describe, digest, key, run_with_stops
 from tests.runners.conftest import no_leaks  # noqa: F401  (used below by name)
 from zephon import merge_checkpoints
 from zephon.errors import ConfigError, EngineProcessError
@@ -202,6 +202,9 @@ def test_stats_add_up_over_the_lane_workers_and_explain_names_them(
     stats = pipe.stats()
     assert stats is not None and stats.delivered == count
     assert counted(pipe) == counted(plain)
+    totals = ("tombstones", "samples_read", "samples_done", "chunks", "skipped")
+    inline = plain.stats()
+    assert [getattr(stats, n) for n in totals] == [getattr(inline, n) for n in totals]
     assert sorted(stats.lanes) == [0, 1, 2, 3]
     assert "lane_workers=3: each worker process runs lanes w::3 of" in str(pipe.explain())
 
@@ -268,7 +271,8 @@ def test_a_killed_lane_worker_is_named_and_the_checkpoint_loses_nothing(
     corpora: Path, hf_tokenizer_dir: Path
 ) -> None:
     expected = digest(lanes.packed(corpora, hf_tokenizer_dir, runner="inline"))
-    pipe = lanes.packed(corpora, hf_tokenizer_dir, lane_workers=2, **SHM_ALL)
+    # a window of two items: the worker killed cannot have sent all its items before
+    pipe = lanes.packed(corpora, hf_tokenizer_dir, lane_workers=2, queue_size=2, **SHM_ALL)
     got: list[Any] = []
     pids: list[int | None] = []
     with pytest.raises(EngineProcessError) as info:
@@ -351,7 +355,7 @@ def test_a_data_loader_over_lane_workers_gives_the_rank_output_and_resumes(
     state = json.loads(json.dumps(loader.state_dict()))
     del it
     pipe = lanes.packed(corpora, hf_tokenizer_dir, lane_workers=3)
-    resumed = PipelineDataLoader(pipe, key, num_workers=2 - workers // 2)
+    resumed = PipelineDataLoader(pipe, key, num_workers={0: 2, 1: 0, 2: 1}[workers])
     resumed.load_state_dict(state)
     assert head + list(resumed) == expected
     # a plain DataLoader interleaves its workers' items: the same as over the inline run
