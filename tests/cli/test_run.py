@@ -31,6 +31,8 @@ def _zephon(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
          "options.canonical_replicas: canonical_replicas must be >= 1, got -2"),
         ("datasets: [{name: web, path: my-data}]\noptions: {dp_world_size: 0}",
          "options.dp_world_size: dp_world_size must be >= 1, got 0"),
+        ("datasets: [{name: web, path: my-data}]\noptions: {lane_workers: 0}",
+         "options.lane_workers: lane_workers must be an integer >= 1, 'auto' or None (off)"),
     ],
 )  # fmt: skip
 def test_bad_configs_exit_2_with_one_line(workdir: Path, text: str, needle: str) -> None:
