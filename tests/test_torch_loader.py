@@ -119,6 +119,20 @@ def test_the_batch_order_does_not_depend_on_the_worker_count(opts: dict[str, Any
         assert list(loader) == reference, f"num_workers={workers}"
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("opts", [{"runner": "process"}, {"engine_process": True}])
+def test_one_data_loader_worker_runs_a_pipeline_that_would_start_processes(
+    opts: dict[str, Any],
+) -> None:
+    """The only DataLoader worker is daemonic too: it runs an inline view, as two do."""
+    reference = [ids(b) for b in build_tail()]
+    loader = PipelineDataLoader(build_tail().options(**opts), ids, num_workers=1)
+    assert list(loader) == reference
+    dataset = build_tail().options(**opts).to_torch_dataset(ids)
+    loaded = DataLoader(dataset, batch_size=None, num_workers=1, collate_fn=identity)
+    assert list(loaded) == reference
+
+
 def test_the_tail_case_is_real() -> None:
     lengths = [sum(1 for lane, _ in map(ids, build_tail()) if lane == n) for n in range(4)]
     assert lengths[3] < lengths[0] == lengths[1] == lengths[2]

@@ -65,7 +65,7 @@ def worker_pipeline(pipeline: Pipeline, worker_id: int, num_workers: int) -> Pip
     the workers together deliver each lane once, and reading one item from each worker in turn
     is the rank's own round-robin: the batch order does not depend on the worker count.
     """
-    if num_workers <= 1:
+    if num_workers < 1:  # no DataLoader workers: the pipeline runs in the consumer's process
         return pipeline
     opts = pipeline.runtime_options
     lanes_per_rank = opts.canonical_replicas // opts.dp_world_size
@@ -74,10 +74,13 @@ def worker_pipeline(pipeline: Pipeline, worker_id: int, num_workers: int) -> Pip
             f"{num_workers} DataLoader workers cannot split the {lanes_per_rank} lanes of this "
             "rank evenly; use a worker count that divides it"
         )
-    # a DataLoader worker is daemonic: it cannot start processes, so it runs the reference
+    # a DataLoader worker (even the only one) is daemonic: it cannot start processes, so it
+    # runs the reference, without lane workers or an engine process of its own
     runner = REFERENCE if REGISTRY[opts.runner].starts_processes else opts.runner
     return copy.copy(pipeline).options(
         runner=runner,
+        lane_workers=None,
+        engine_process=False,
         _worker_share=(worker_id, num_workers),
     )
 
@@ -157,9 +160,9 @@ class PipelineDataset(IterableDataset):  # type: ignore[misc,type-arg]
 
     def _pipeline_for_worker(self) -> Pipeline:
         info = get_worker_info() if get_worker_info is not None else None
-        if info is None or info.num_workers == 1:
+        if info is None:
             return self.pipeline
-        if self.accumulation_steps > 1:
+        if self.accumulation_steps > 1 and info.num_workers > 1:
             raise ConfigError(
                 f"to_torch_dataset(accumulation_steps={self.accumulation_steps}) with "
                 f"{info.num_workers} DataLoader workers: the DataLoader interleaves the workers' "

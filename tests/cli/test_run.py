@@ -31,6 +31,8 @@ def _zephon(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
          "options.canonical_replicas: canonical_replicas must be >= 1, got -2"),
         ("datasets: [{name: web, path: my-data}]\noptions: {dp_world_size: 0}",
          "options.dp_world_size: dp_world_size must be >= 1, got 0"),
+        ("datasets: [{name: web, path: my-data}]\noptions: {lane_workers: 0}",
+         "options.lane_workers: lane_workers must be an integer >= 1, 'auto' or None (off)"),
     ],
 )  # fmt: skip
 def test_bad_configs_exit_2_with_one_line(workdir: Path, text: str, needle: str) -> None:
@@ -174,3 +176,25 @@ def test_epochs_from_the_file_and_the_command_line_resume_within_their_epoch(
     assert "middle of epoch 1; call set_epoch(1)" in capsys.readouterr().err
     assert run("--resume", *common) == 0  # no --epoch: the checkpoint's epoch goes on
     assert samples(workdir / "parts.jsonl") == e0 + e1
+
+
+def test_lane_workers_from_the_config_file_record_the_inline_run_and_resume(
+    workdir: Path,
+) -> None:
+    """``options.lane_workers`` passes through; a checkpoint moves between counts."""
+    config = workdir / "pipeline.yaml"
+    text = config.read_text().replace("canonical_replicas: 2", "canonical_replicas: 4")
+    assert "canonical_replicas: 4" in text
+
+    def run(option: str, *extra: str) -> int:
+        config.write_text(text + option)
+        return main(["run", str(config), "--quiet", "--json", *extra])
+
+    assert run("  lane_workers: null\n", "--record", str(workdir / "full.jsonl")) == 0
+    common = ("--checkpoint-dir", str(workdir / "ck"), "--record", str(workdir / "parts.jsonl"))
+    assert run("  lane_workers: 2\n", "--max-batches", "9", *common) == 0
+    assert run("  lane_workers: auto\n", "--resume", "--max-batches", "4", *common) == 0
+    assert run("  lane_workers: 3\n", "--resume", *common) == 0
+    full = _ids(workdir / "full.jsonl")
+    assert len(full) > 13
+    assert _ids(workdir / "parts.jsonl") == full
