@@ -171,24 +171,34 @@ from zephon import Dataset, Pipeline, StaticMixtureWorkSource
 
 rows = [{"text": f"doc {i}"} for i in range(200)]
 source = StaticMixtureWorkSource([Dataset.from_records("d", rows)], chunk_size=32)
-pipe = Pipeline(source).decode_text().batch(4).options(engine_process=True)
+pipe = Pipeline(source).decode_text().batch(4).options(OPTIONS)
 print(sum(1 for _ in pipe))
 """
 
 
 @pytest.mark.timeout(60)
-def test_a_script_without_main_guard_gets_the_fix(tmp_path: Path):
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ("engine_process=True", "the engine process (engine_process=True) could not start: "),
+        ("lane_workers=2, canonical_replicas=2", "lane worker 0 of 2 (lanes [0]) could not start"),
+    ],
+)
+def test_a_script_without_main_guard_gets_the_fix(tmp_path: Path, options: str, named: str):
     script = tmp_path / "train_no_guard.py"
-    script.write_text(NO_GUARD)
+    no_guard = NO_GUARD.replace("OPTIONS", options)
+    script.write_text(no_guard)
     done = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=50, cwd=tmp_path
     )
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("zephon.errors.EngineProcessError: ")
+    assert named in last
     assert f"{script} starts the pipeline when imported; put that code under `if __name__" in last
+    assert "failed too" not in done.stderr  # closing what never started adds nothing
     guarded = tmp_path / "train.py"
-    body = "".join(f"    {line}\n" for line in NO_GUARD.splitlines())
+    body = "".join(f"    {line}\n" for line in no_guard.splitlines())
     guarded.write_text(f"def main():\n{body}\n\nif __name__ == '__main__':\n    main()\n")
     done = subprocess.run(
         [sys.executable, str(guarded)], capture_output=True, text=True, timeout=50, cwd=tmp_path

@@ -340,14 +340,14 @@ class EngineProcess:
         oom.watch()
         parent, child = mp.Pipe(duplex=True)
         self._report, report = mp.Pipe(duplex=True)
-        self._proc = mp.Process(
+        proc = mp.Process(
             target=child_main,
             args=(child, report, self._blobs, {**os.environ, **self._environ}),
             name=PROCESS_NAME,
             daemon=False,
         )
-        self._proc.start()
-        self._pid = self._proc.pid
+        proc.start()  # kept only once started: close() joins it
+        self._proc, self._pid = proc, proc.pid
         child.close()
         report.close()
         self._conn = parent
@@ -439,9 +439,9 @@ class EngineProcess:
         code = proc.exitcode
         if code == MAIN_GUARD_EXIT:
             return EngineProcessError(
-                f"the engine process (engine_process=True) could not start: {main_script()} "
-                "starts the pipeline when imported; put that code under `if __name__ == "
-                '"__main__":` (the engine process imports the main script)',
+                f"{self._role}) could not start: {main_script()} starts the pipeline when "
+                'imported; put that code under `if __name__ == "__main__":` (the process '
+                "imports the main script)",
                 exitcode=code,
             )
         return EngineProcessError(
