@@ -13,7 +13,9 @@ CUDA). Modes, each a fresh pipeline:
 * ``ceiling``: the first batch, kept on the device, trained on at every step;
 * ``in-process``: the process runner with W workers, the engine in the training process;
 * ``engine_process``: the same with ``engine_process=True``;
-* ``PipelineDataLoader``: ``PipelineDataLoader`` with 4 workers (inline runner in each).
+* ``PipelineDataLoader``: ``PipelineDataLoader`` with 4 workers (inline runner in each);
+* ``lane_workers``: ``lane_workers=min(W, 4)`` over the 4 lanes and ``iter_training``: the
+  inputs are built in the lane workers, the training process maps them (and pins them on CUDA).
 
 Each mode runs ``--warmup`` steps (start-up), then ``--steps`` timed steps; ``vs_ceiling`` is
 its mean step time over the ceiling's. On CPU the pipeline and the model share the cores, so
@@ -109,6 +111,12 @@ def feeds(corpus: Path, tok: Path, args: argparse.Namespace, device: torch.devic
         for inputs in items:
             yield {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
 
+    def lanes() -> Iterator[dict[str, Any]]:
+        pipe = pipeline(corpus, tok, args, lane_workers=max(1, min(args.workers, 4)))
+        cuda = device.type == "cuda"
+        for inputs in pipe.iter_training(to_model, pin_memory=cuda):
+            yield {k: v.to(device, non_blocking=True) for k, v in inputs.items()}
+
     def ceiling() -> Iterator[dict[str, Any]]:
         stream = live(runner="inline")()
         first = next(stream)
@@ -121,6 +129,7 @@ def feeds(corpus: Path, tok: Path, args: argparse.Namespace, device: torch.devic
         "in-process": live(runner="process"),
         "engine_process": live(runner="process", engine_process=True),
         "PipelineDataLoader": loader,
+        "lane_workers": lanes,
     }
 
 
