@@ -18,7 +18,8 @@ def test_gpu_feed_times_every_mode_against_the_ceiling_on_cpu(tmp_path: Path) ->
     assert result["device"] == "cpu" and result["model_size"] == "tiny"
     assert 0 < result["parameters"] < 2_000_000 and result["batch"] == [2, 128]
     modes = [row["mode"] for row in result["rows"]]
-    assert modes == ["ceiling", "in-process", "engine_process", "PipelineDataLoader", "lane_workers"]
+    expected = ["ceiling", "in-process", "engine_process", "PipelineDataLoader", "lane_workers"]
+    assert modes == expected
     ceiling = result["rows"][0]["step_ms"]
     for row in result["rows"]:
         assert row["step_ms"] > 0 and row["vs_ceiling"] == round(row["step_ms"] / ceiling, 3)
