@@ -16,7 +16,7 @@ from tests.benchmarks._scripts import BENCHMARKS, run_script
 @pytest.mark.timeout(900)
 def test_scaling_reports_cpu_per_document_the_ceiling_and_the_ratios(tmp_path: Path) -> None:
     result, out = run_script(
-        "scaling", "--docs", "160", "--workers", "1", "--rounds", "1", "--data", str(tmp_path),
+        "scaling", "--docs", "480", "--workers", "1", "--rounds", "1", "--data", str(tmp_path),
         cwd=tmp_path,
     )  # fmt: skip
     ceiling = result["ceiling"]
