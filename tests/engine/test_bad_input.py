@@ -115,3 +115,31 @@ def test_a_changed_dataset_refuses_resume_and_says_what_to_do(tmp_path: Path):
     message = str(info.value)
     assert "source.datasets[0].rows: checkpoint has 30, pipeline has 29" in message
     assert "on_error: skip" in message and "restore the file" in message
+
+
+@pytest.mark.timeout(120)
+def test_lane_workers_share_one_quarantine_file_cut_clean_first(tmp_path: Path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    lines = [json.dumps({"id": i, "text": f"row {i}"}) for i in range(64)]
+    bad = [3, 13, 22, 37, 50, 61]  # spread over the lanes
+    for i in bad:
+        lines[i] = f'{{"id": {i}, "text": "unterminated'
+    (folder / "a.jsonl").write_text("\n".join(lines) + "\n")
+    quarantine = tmp_path / "quarantine.jsonl"
+    earlier = {"sample_id": [9, 9, 9], "reason": "from an earlier run"}
+    quarantine.write_text(json.dumps(earlier) + "\n" + '{"sample_id": [0, 0, ')  # then a crash
+
+    def build(**options) -> Pipeline:
+        ds = Dataset.from_path("rows", folder)
+        source = StaticMixtureWorkSource(
+            datasets=[ds], mixture=MixtureSpec({"rows": 1.0}), chunk_size=4, seed=0
+        )
+        return Pipeline(source).decode_text().options(canonical_replicas=4, **options)
+
+    ids = [r.payload["id"] for r in build(lane_workers=2, on_error="skip", quarantine=quarantine)]
+    assert ids == [r.payload["id"] for r in build(runner="inline", on_error="skip")]
+    assert sorted(ids) == [i for i in range(64) if i not in bad]
+    entries = [json.loads(line) for line in quarantine.read_text().splitlines()]
+    assert entries[0] == earlier
+    assert sorted(e["line"] for e in entries[1:]) == [i + 1 for i in bad]

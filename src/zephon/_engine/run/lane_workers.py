@@ -21,6 +21,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from zephon._engine.handoff.messages import HandoffEnd, HandoffItem
@@ -29,6 +30,7 @@ from zephon._engine.plan.compile import compile as compile_run
 from zephon._engine.plan.cores import usable_cores
 from zephon._engine.run.engine import Engine
 from zephon._engine.run.engine_process import EngineProcess, Transform
+from zephon._engine.run.quarantine import drop_torn_tail
 from zephon._engine.state.position import Position
 from zephon._engine.stats import RunStats, summed
 from zephon._engine.workers.worker_start import THREADS_VARIABLE
@@ -72,6 +74,8 @@ class LaneWorkers:
 
     def __init__(self, run: CompiledRun, transform: Transform | None = None) -> None:
         self.local = Engine(run)  # the rank's tail order and turn, and its checkpoints
+        if run.options.quarantine is not None:
+            drop_torn_tail(Path(run.options.quarantine))
         self.local.prepare()
         mux = self.local.mux
         assert mux is not None

@@ -79,7 +79,7 @@ class Quarantine:
         if self._fh is None:
             assert self.path is not None
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            _drop_torn_tail(self.path)
+            drop_torn_tail(self.path)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
         self._fh.write(json.dumps(entry) + "\n")
         self._fh.flush()
@@ -93,8 +93,11 @@ class Quarantine:
             self._fh = None
 
 
-def _drop_torn_tail(path: Path) -> None:
-    """Cut a last line without its newline (a crash mid-write) so new lines start clean."""
+def drop_torn_tail(path: Path) -> None:
+    """Cut a last line without its newline (a crash mid-write) so new lines start clean.
+
+    Lane workers append to one file from several processes: the process that starts them
+    cuts it first, so none of them cuts a line another has just appended."""
     if not path.exists():
         return
     with open(path, "rb+") as fh:
