@@ -232,6 +232,15 @@ def child_main(
 # -- the consumer ----------------------------------------------------------------------------
 
 
+def close_after(close: Callable[[], None], error: BaseException, what: str) -> None:
+    """``close()`` after ``error``; a failure to close is noted on it rather than replacing it."""
+    try:
+        close()
+    except Exception as exc:
+        with contextlib.suppress(BaseException):
+            error.add_note(f"closing {what} then failed too: {type(exc).__name__}: {exc}")
+
+
 def _child_blobs(run: CompiledRun, transform: Transform | None) -> tuple[bytes, bytes]:
     """The pickles of what the child runs: the pipeline, and the transform of its items."""
     try:
@@ -408,12 +417,7 @@ class EngineProcess:
                     assert_never(message)
 
     def _close_after(self, error: BaseException) -> None:
-        """Close after ``error``; a failure to close is noted on it rather than replacing it."""
-        try:
-            self.close()
-        except Exception as exc:
-            with contextlib.suppress(BaseException):
-                error.add_note(f"closing the engine then failed too: {type(exc).__name__}: {exc}")
+        close_after(self.close, error, "the engine")
 
     def _idle(self, waited: float) -> None:
         """No item for ``waited`` seconds: say so every ``log_every_s``, and stop waiting when

@@ -17,7 +17,6 @@ and turn.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -29,7 +28,7 @@ from zephon._engine.plan.compile import CompiledRun
 from zephon._engine.plan.compile import compile as compile_run
 from zephon._engine.plan.cores import usable_cores
 from zephon._engine.run.engine import Engine
-from zephon._engine.run.engine_process import EngineProcess, Transform
+from zephon._engine.run.engine_process import EngineProcess, Transform, close_after
 from zephon._engine.run.quarantine import drop_torn_tail
 from zephon._engine.state.position import Position
 from zephon._engine.stats import RunStats, summed
@@ -140,7 +139,7 @@ class LaneWorkers:
             streams = [worker.messages() for worker in self._workers]
             yield from self._in_turn(streams)
         except Exception as exc:  # the run's error is the one the consumer sees
-            self._close_after(exc)
+            close_after(self.close, exc, "the lane workers")
             raise
         finally:
             self.close()
@@ -171,13 +170,6 @@ class LaneWorkers:
                     "had ended"
                 )
             self._workers[worker].received(message)
-
-    def _close_after(self, error: BaseException) -> None:
-        try:
-            self.close()
-        except Exception as exc:
-            with contextlib.suppress(BaseException):
-                error.add_note(f"closing the lane workers then failed too: {exc}")
 
     def close(self) -> None:
         """Stop every lane worker; the first failure to close is raised after all are."""
