@@ -1,8 +1,10 @@
-"""The threads runner moves worker share toward the bottleneck "auto" stage; output unchanged."""
+"""The threads runner and the shared process pool move worker share toward the bottleneck
+"auto" stage; output unchanged."""
 
 from __future__ import annotations
 
 import time
+from itertools import islice
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline
 from zephon._engine.stats import OpStats
+from zephon._engine.workers.process_pool import ProcessWorkerPool
 
 
 def fast(payload: dict[str, Any]) -> dict[str, Any]:
@@ -60,16 +63,57 @@ def test_an_explicit_inflight_cap_turns_it_off(monkeypatch: pytest.MonkeyPatch) 
     assert ops["fast"].rebalanced == ops["slow"].rebalanced == 0
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize(("pool", "width"), [("shared", 4), ("per_op", 2)])
-def test_the_process_runner_keeps_its_widths(
-    monkeypatch: pytest.MonkeyPatch, pool: str, width: int
+@pytest.mark.timeout(240)
+def test_the_shared_process_pool_moves_share_to_the_slow_stage(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """One shared worker set balances by itself (a free worker takes any stage's work), so
-    each stage may use every core; separate sets keep the split."""
+    """One worker set of 4 processes; the shares are the stages' in-flight caps on it."""
     monkeypatch.setenv("ZEPHON_CPUS", "4")
     reference, _ = run(build("inline"))
-    out, ops = run(build("process", process_pool=pool))
+    plan = {s.op_name: s.parallelism for s in build("process").explain().stages}
+    assert (plan["fast"], plan["slow"]) == (2, 2)
+    fixed, _ = run(build("process", max_inflight=4))
+    assert fixed == reference
+    out, ops = run(build("process"))
     assert out == reference
-    assert ops["slow"].parallelism == ops["fast"].parallelism == width
-    assert ops["slow"].rebalanced == 0
+    assert ops["slow"].parallelism == 3 and ops["fast"].parallelism == 1
+    assert ops["slow"].rebalanced >= 1 and ops["fast"].rebalanced >= 1
+    assert ops["slow"].auto == "auto: 3 of 4 cores, moved toward the bottleneck slow"
+
+
+@pytest.mark.timeout(240)
+def test_a_restore_mid_rebalancing_is_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZEPHON_CPUS", "4")
+    reference, _ = run(build("inline"))
+    first = build("process")
+    it = iter(first)
+    head = [(r.meta.cursor, r.payload["fast"], r.payload["slow"]) for r in islice(it, 350)]
+    engine = first._engine
+    assert engine is not None
+    fleets = {
+        id(p.fleet): p.fleet for p in engine.resources.pools if isinstance(p, ProcessWorkerPool)
+    }
+    assert [len(f.pids()) for f in fleets.values()] == [4]  # one set: every share at once
+    ckpt = first.checkpoint()
+    it.close()
+    moved = first.stats()
+    assert moved is not None and sum(o.rebalanced for o in moved.operators) > 0
+    second = build("process")
+    second.restore(ckpt)
+    tail, _ = run(second)
+    assert head + tail == reference
+
+
+@pytest.mark.timeout(120)
+def test_per_op_process_pools_keep_their_widths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool each: growing one stage's share would mean more processes for every stage."""
+    monkeypatch.setenv("ZEPHON_CPUS", "4")
+    reference, _ = run(build("inline"))
+    stages = {s.op_name: s for s in build("process", process_pool="per_op").explain().stages}
+    assert stages["slow"].auto.endswith(
+        "; kept while running (process_pool='per_op': each stage has its own workers)"
+    )
+    out, ops = run(build("process", process_pool="per_op"))
+    assert out == reference
+    assert ops["slow"].parallelism == ops["fast"].parallelism == 2
+    assert ops["slow"].rebalanced == ops["fast"].rebalanced == 0
