@@ -11,6 +11,7 @@ import pytest
 
 from tests.engine._sources import RangeSource
 from zephon import Dataset, Pipeline
+from zephon._engine.run.threaded import OpDriver
 from zephon._engine.stats import OpStats
 from zephon._engine.workers.process_pool import ProcessWorkerPool
 
@@ -102,6 +103,23 @@ def test_a_restore_mid_rebalancing_is_exact(monkeypatch: pytest.MonkeyPatch) -> 
     second.restore(ckpt)
     tail, _ = run(second)
     assert head + tail == reference
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("runner", ["threads", "process"])
+def test_it_moves_without_stats_too(monkeypatch: pytest.MonkeyPatch, runner: str) -> None:
+    """The busy times come from the pools, not the stats: a run without them still moves
+    (else the slow stage would keep half of a shared worker set)."""
+    monkeypatch.setenv("ZEPHON_CPUS", "4")
+    pipe = build(runner, track_stats=False)
+    it = iter(pipe)
+    head = list(islice(it, 450))
+    engine = pipe._engine
+    assert engine is not None
+    caps = {t.role: t.max_inflight for t in engine.resources.threads if isinstance(t, OpDriver)}
+    it.close()
+    assert len(head) == 450
+    assert caps["slow"] > caps["fast"]  # 2 in flight per share; 2 + 2 shares at the start
 
 
 @pytest.mark.timeout(120)

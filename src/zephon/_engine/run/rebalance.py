@@ -53,7 +53,8 @@ class Busy(Protocol):
 class _Share:
     name: str
     stats: list[OpStats]
-    """The unit's stages' counters (a fused unit's work is counted per stage)."""
+    """The unit's stages' counters (a fused unit's work is counted per stage; none when
+    stats are not tracked)."""
     auto_stats: list[OpStats]
     share: int
     busy_seen: int = 0
@@ -107,8 +108,8 @@ class Rebalancer:
         shared_fleet: bool,
     ) -> Rebalancer | None:
         """One for ``units`` when two or more of them run ``"auto"`` stages on thread pools or
-        on the process runner's shared fleet (``shared_fleet``) and stats are tracked (they
-        are what it reads)."""
+        on the process runner's shared fleet (``shared_fleet``); it reads the pools' busy
+        times, and writes the stats where they are tracked."""
         movable = {"threads", "process"} if shared_fleet else {"threads"}
         shares: dict[int, _Share] = {}
         for unit in units:
@@ -117,8 +118,6 @@ class Rebalancer:
                 continue
             stats = [s for i in group if (s := cores[i].stats) is not None]
             auto_stats = [s for i in group if (s := cores[i].stats) is not None and stages[i].auto]
-            if not stats:
-                return None
             name = " + ".join(stages[i].op_name for i in group if stages[i].auto)
             shares[unit.first] = _Share(name, stats, auto_stats, unit.stage.parallelism)
         return cls(shares) if len(shares) > 1 else None
