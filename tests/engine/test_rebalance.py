@@ -57,11 +57,32 @@ def test_share_moves_to_the_slow_stage(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_an_explicit_inflight_cap_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("runner", ["threads", "process"])
+def test_an_explicit_inflight_cap_turns_it_off(
+    monkeypatch: pytest.MonkeyPatch, runner: str
+) -> None:
     monkeypatch.setenv("ZEPHON_CPUS", "4")
-    _, ops = run(build("threads", max_inflight=2))
+    _, ops = run(build(runner, max_inflight=2))
     assert (ops["fast"].parallelism, ops["slow"].parallelism) == (2, 2)
     assert ops["fast"].rebalanced == ops["slow"].rebalanced == 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("options", [{}, {"max_inflight": 2}, {"track_stats": False}])
+def test_the_shared_worker_set_has_a_worker_per_share(
+    monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    """The shares split one worker set, whether they move or not."""
+    monkeypatch.setenv("ZEPHON_CPUS", "4")
+    pipe = build("process", **options)
+    it = iter(pipe)
+    assert len(list(islice(it, 10))) == 10
+    engine = pipe._engine
+    assert engine is not None
+    pools = [p for p in engine.resources.pools if isinstance(p, ProcessWorkerPool)]
+    assert len({id(p.fleet) for p in pools}) == 1
+    assert len(pools[0].fleet.pids()) == 4
+    it.close()
 
 
 @pytest.mark.timeout(240)
@@ -89,12 +110,6 @@ def test_a_restore_mid_rebalancing_is_exact(monkeypatch: pytest.MonkeyPatch) -> 
     first = build("process")
     it = iter(first)
     head = [(r.meta.cursor, r.payload["fast"], r.payload["slow"]) for r in islice(it, 350)]
-    engine = first._engine
-    assert engine is not None
-    fleets = {
-        id(p.fleet): p.fleet for p in engine.resources.pools if isinstance(p, ProcessWorkerPool)
-    }
-    assert [len(f.pids()) for f in fleets.values()] == [4]  # one set: every share at once
     ckpt = first.checkpoint()
     it.close()
     moved = first.stats()
