@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import multiprocessing
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +281,32 @@ def test_accumulators_see_handles_unless_they_declare_reads_payload():
     assert lazy.seen == ["ShmArrayRef"] * 16  # metadata-only accumulators: nothing mapped
     assert eager.seen == ["ndarray"] * 16  # reads_payload=True: resolved first
     assert all(type(r.payload["pixels"]) is np.ndarray for r in out)  # and at the tail
+
+
+def _nap(payload: dict[str, Any]) -> dict[str, Any]:
+    time.sleep(0.005)
+    return payload
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("pool", ["shared", "per_op"])
+def test_the_fleet_reports_each_stage_s_busy_time(pool: str) -> None:
+    """What the rebalancer reads: the time workers ran a stage's micro-batches, per stage."""
+    rows = [{"text": f"row {i}"} for i in range(48)]
+    pipe = (
+        Pipeline(RangeSource([Dataset.from_records("d", rows)], chunk_size=4))
+        .map_transform(_nap, parallelism=2, name="nap")
+        .map_transform(lambda p: p, parallelism=2, name="quick")
+        .options(runner="process", process_pool=pool, fuse=False)
+    )
+    it = iter(pipe)
+    head = list(itertools.islice(it, 40))
+    engine = pipe._engine
+    assert engine is not None
+    pools = {p.stage: p for p in engine.resources.pools if isinstance(p, ProcessWorkerPool)}
+    by_name = {s.op_name: pools.get(s.index) for s in pipe.explain().stages}
+    nap, quick = by_name["nap"], by_name["quick"]
+    assert nap is not None and quick is not None
+    assert nap.busy_ns() >= len(head) * 5_000_000  # each delivered row slept 5 ms in a worker
+    assert quick.busy_ns() > 0
+    it.close()

@@ -2,9 +2,9 @@
 
 The usable cores (:mod:`~zephon._engine.plan.cores`) are split among the stages configured
 ``"auto"``: CPU-heavy work (decode, tokenize, operators whose traits say ``"auto"``). The split
-is only where a run starts: the threads runner moves shares toward the busiest stage while
-it runs (:mod:`~zephon._engine.run.rebalance`). Output never depends on worker counts, so no
-choice made here can change what a run delivers.
+is only where a run starts: the threads runner, and the process runner's shared worker set,
+move shares toward the busiest stage while they run (:mod:`~zephon._engine.run.rebalance`).
+Output never depends on worker counts, so no choice made here can change what a run delivers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ Parallelism = int | Literal["auto"]
 """A worker count, or ``"auto"``: a share of the usable cores."""
 
 AUTO = "auto"
+
+_PER_OP_KEPT = "kept while running (process_pool='per_op': each stage has its own workers)"
 
 
 def checked_width(name: str, parallelism: Parallelism | None, default: Parallelism) -> int | None:
@@ -70,17 +72,14 @@ def resolve_auto(
 ) -> list[OpSpec]:
     """``specs`` with each ``"auto"`` stage's worker count and why it was chosen; ``fused``:
     the plan's fused groups of stage indices, once known. ``shared_pool``: the process
-    runner's one worker set serves every stage (as wide as the widest), so each ``"auto"``
-    stage may use all the cores and a free worker takes whichever stage has work."""
+    runner's one worker set serves every stage; the shares are then the stages' in-flight
+    caps on it (moved while running), else each stage's own workers (kept as compiled)."""
     auto = [i for i, spec in enumerate(specs) if spec.auto]
     if not auto:
         return specs
     found = f"{cores.count} usable core{'s' if cores.count != 1 else ''} ({cores.why})"
     if runner == "inline":
         return _same_for_all(specs, auto, 1, f"auto: inline runs one copy; {found}")
-    if runner == "process" and shared_pool:
-        why = f"auto: {found}, one worker set shared by the process stages"
-        return _same_for_all(specs, auto, cores.count, why)
     out = list(specs)
     units = _units(auto, fused)
     names = [" + ".join(specs[i].op.name for i in unit) for unit in units]
@@ -88,6 +87,8 @@ def resolve_auto(
         others = [n for n in names if n != name]
         shared = f", shared with {', '.join(others)}" if others else ""
         why = f"auto: {share} of {found}{shared}"
+        if runner == "process" and not shared_pool and others:
+            why += f"; {_PER_OP_KEPT}"
         for i in unit:
             out[i] = replace(specs[i], parallelism=share, why=why)
     return out

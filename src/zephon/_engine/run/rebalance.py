@@ -1,13 +1,16 @@
-"""Move worker share between the threads runner's ``parallelism="auto"`` units while it runs.
+"""Move worker share between a run's ``parallelism="auto"`` units while it runs.
 
 Compile splits the usable cores evenly among the ``"auto"`` units (a stage, or a fused group
 holding one); which of them is the bottleneck shows only once data flows. Every
 :data:`LOOK_EVERY` completed micro-batches this compares each unit's utilisation (the time its
 workers ran micro-batches per worker share since the last look) and moves one share from the
-least busy unit to the busiest, by raising or lowering the units' in-flight caps; each unit's
-pool has threads for the largest share it can get. Only how many micro-batches run at once
-changes, never what they hold or the order they leave in, so the output is the same whatever
-moves.
+least busy unit to the busiest, by raising or lowering the units' in-flight caps. On the
+threads runner each unit's pool has threads for the largest share it can get; on the process
+runner's shared worker set (``process_pool="shared"``) the shares split one fleet of workers
+as wide as all of them together. Process stages with a pool each (``"per_op"``) keep their
+compiled widths: growing one would mean starting more processes for every stage. Only how
+many micro-batches run at once changes, never what they hold or the order they leave in, so
+the output is the same whatever moves.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from zephon._engine.plan.fusion import Unit
@@ -50,7 +53,8 @@ class Busy(Protocol):
 class _Share:
     name: str
     stats: list[OpStats]
-    """The unit's stages' counters (a fused unit's work is counted per stage)."""
+    """The unit's stages' counters (a fused unit's work is counted per stage; none when
+    stats are not tracked)."""
     auto_stats: list[OpStats]
     share: int
     busy_seen: int = 0
@@ -61,8 +65,31 @@ class _Share:
         return 0 if self.pool is None else self.pool.busy_ns()
 
 
+def pool_stages(
+    units: Sequence[Unit],
+    stages: Sequence[StagePlan],
+    balancer: Rebalancer | None,
+    *,
+    shared_fleet: bool,
+) -> list[StagePlan]:
+    """Each unit's stage as its pool is built from: a thread pool wide enough for the largest
+    share its unit may get, and a shared process fleet (``shared_fleet``) as wide as the
+    shares of its ``"auto"`` units together (a fleet is as wide as its widest stage; the
+    in-flight caps split its workers)."""
+    auto = {u.first for u in units if any(stages[i].auto for i in range(u.first, u.last + 1))}
+    on_fleet = {u.first for u in units if shared_fleet and u.stage.runner == "process"}
+    fleet = sum(u.stage.parallelism for u in units if u.first in on_fleet and u.first in auto)
+    out = []
+    for unit in units:
+        width = unit.stage.parallelism if balancer is None else balancer.pool_width(unit)
+        if unit.first in on_fleet:
+            width = max(width, fleet)
+        out.append(replace(unit.stage, parallelism=width))
+    return out
+
+
 class Rebalancer:
-    """The ``"auto"`` units of one threads run and their shares of the cores."""
+    """The ``"auto"`` units of one run and their shares of the cores."""
 
     def __init__(self, shares: dict[int, _Share]) -> None:
         self._shares = shares
@@ -73,20 +100,24 @@ class Rebalancer:
 
     @classmethod
     def of(
-        cls, units: Sequence[Unit], stages: Sequence[StagePlan], cores: Sequence[StageCore]
+        cls,
+        units: Sequence[Unit],
+        stages: Sequence[StagePlan],
+        cores: Sequence[StageCore],
+        *,
+        shared_fleet: bool,
     ) -> Rebalancer | None:
-        """One for ``units`` when two or more of them run ``"auto"`` stages on a thread pool
-        of their own (a unit on its driver thread has no workers to move) and stats are
-        tracked (they are what it reads)."""
+        """One for ``units`` when two or more of them run ``"auto"`` stages on thread pools or
+        on the process runner's shared fleet (``shared_fleet``); it reads the pools' busy
+        times, and writes the stats where they are tracked."""
+        movable = {"threads", "process"} if shared_fleet else {"threads"}
         shares: dict[int, _Share] = {}
         for unit in units:
             group = range(unit.first, unit.last + 1)
-            if unit.stage.runner != "threads" or not any(stages[i].auto for i in group):
+            if unit.stage.runner not in movable or not any(stages[i].auto for i in group):
                 continue
             stats = [s for i in group if (s := cores[i].stats) is not None]
             auto_stats = [s for i in group if (s := cores[i].stats) is not None and stages[i].auto]
-            if not stats:
-                return None
             name = " + ".join(stages[i].op_name for i in group if stages[i].auto)
             shares[unit.first] = _Share(name, stats, auto_stats, unit.stage.parallelism)
         return cls(shares) if len(shares) > 1 else None

@@ -31,7 +31,7 @@ from zephon._engine.plan.runner_traits import (
     ThreadsTraits,
     lookup,
 )
-from zephon._engine.run.rebalance import Rebalancer
+from zephon._engine.run.rebalance import Rebalancer, pool_stages
 from zephon._engine.run.threaded import Channel, EngineThread, OpDriver, SourceThread
 from zephon._engine.state.stage import StageCore
 from zephon._engine.workers.joins import CLOSE_WAIT_S, join_all, stuck_error
@@ -294,10 +294,11 @@ def _start_drivers(job: RunJob, units: list[Unit], channels: list[Channel]) -> N
         contexts[unit.first] = replace(
             contexts[unit.first], op_name=unit.core.op.name, num_workers=unit.stage.parallelism
         )
-    balancer = None if job.options.max_inflight else Rebalancer.of(units, job.plan.stages, cores)
-    stages = [u.stage for u in units]
-    if balancer is not None:  # a pool wide enough for the largest share its unit may get
-        stages = [replace(u.stage, parallelism=balancer.pool_width(u)) for u in units]
+    shared = job.options.process_pool == "shared"
+    balancer = None
+    if not job.options.max_inflight:
+        balancer = Rebalancer.of(units, job.plan.stages, cores, shared_fleet=shared)
+    stages = pool_stages(units, job.plan.stages, balancer, shared_fleet=shared)
     pools, res.shm = build_pools(stages, ops, contexts, job.options)
     res.pools.extend(pools.values())
     for i, unit in enumerate(units):
@@ -321,7 +322,7 @@ def _start_drivers(job: RunJob, units: list[Unit], channels: list[Channel]) -> N
         )
         res.threads.append(driver)
         if balancer is not None:
-            busy = pool if isinstance(pool, ThreadWorkerPool) else None
+            busy = pool if isinstance(pool, (ThreadWorkerPool, ProcessWorkerPool)) else None
             balancer.attach(unit.first, driver, busy)
 
 

@@ -84,7 +84,8 @@ class _Job:
 
 class _Tally:
     """What the workers count for the engine: the counters of fused chains (added to the
-    engine-side ones) and the I/O of each stage (bytes, requests, retries, cache events)."""
+    engine-side ones), the I/O of each stage (bytes, requests, retries, cache events) and the
+    time workers spent on it (what the rebalancer of ``parallelism="auto"`` reads)."""
 
     def __init__(self, specs: Mapping[int, tuple[BaseOp, OpContext]]) -> None:
         inner = {stage: unwrapped(op) for stage, (op, _) in specs.items()}
@@ -95,6 +96,16 @@ class _Tally:
         }
         self._lock = threading.Lock()
         self._io: dict[int, SourceStats] = {}
+        self._busy: dict[int, int] = {}
+
+    def ran(self, stage: int, ns: int) -> None:
+        """A worker spent ``ns`` on a micro-batch of ``stage`` (sending it to reading its reply)."""
+        with self._lock:
+            self._busy[stage] = self._busy.get(stage, 0) + ns
+
+    def busy_ns(self, stage: int) -> int:
+        with self._lock:
+            return self._busy.get(stage, 0)
 
     def add(self, stage: int, reply: Ok) -> None:
         counters = self._counters.get(stage)
@@ -178,6 +189,11 @@ class ProcessFleet:
     def io(self, stage: int) -> SourceStats:
         """What the workers read for ``stage`` so far (a copy)."""
         return self._tally.io(stage)
+
+    def busy_ns(self, stage: int) -> int:
+        """Time the workers spent on ``stage``'s micro-batches, from sending one to reading its
+        reply (waits for work and for the engine excluded), summed over the workers."""
+        return self._tally.busy_ns(stage)
 
     def submit(self, stage: int, elems: list[StreamItem]) -> Future[list[StreamItem]]:
         future: Future[list[StreamItem]] = Future()
@@ -263,11 +279,13 @@ class ProcessFleet:
         assert job.data is not None
         watchdog = self._watchdog
         watchdog.begin(slot, job.stage)
+        start = time.perf_counter_ns()
         try:
             conn.send_bytes(job.data)
             reply = conn.recv_bytes()
         finally:
             took = watchdog.end(slot)
+            self._tally.ran(job.stage, time.perf_counter_ns() - start)
         watchdog.deadlines.observe(job.stage, took)
         return reply
 
@@ -381,3 +399,7 @@ class ProcessWorkerPool(WorkerPool):
 
     def check_alive(self) -> None:
         self.fleet.check_alive()
+
+    def busy_ns(self) -> int:
+        """Time the fleet's workers spent on this stage's micro-batches."""
+        return self.fleet.busy_ns(self.stage)
