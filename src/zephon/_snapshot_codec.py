@@ -250,17 +250,29 @@ def _record(value: SampleRecord, where: str, held: HeldPayloads | None) -> Any:
     return {_RECORD: encode_meta(value.meta)}
 
 
+_PLAIN = frozenset({bool, int, str, type(None)})
+"""Types :func:`encode` returns as they are: containers test for them inline, since a state
+is mostly such values (a buffer's offsets, lengths and flags) and a call each costs more
+than the test."""
+
+
+def _list(value: Any, where: str, held: HeldPayloads | None) -> list[Any]:
+    plain = _PLAIN
+    return [v if type(v) in plain else encode(v, where, held) for v in value]
+
+
 def _tuple(value: tuple[Any, ...], where: str, held: HeldPayloads | None) -> Any:
     if value and type(value[0]) is ContributorRef:
         return {_REFS: [[*_cursor(r.cursor), bool(r.is_last_child)] for r in value]}
     if value and type(value[0]) is tuple and value[0] and type(value[0][0]) is SampleCursor:
         return {_SEGMENTS: [[*_cursor(c), start, stop] for c, start, stop in value]}
-    return {_TUPLE: [encode(v, where, held) for v in value]}
+    return {_TUPLE: _list(value, where, held)}
 
 
 def _mapping(value: Mapping[Any, Any], where: str, held: HeldPayloads | None) -> Any:
     if all(type(k) is str and k not in _TAGS for k in value):
-        return {k: encode(v, where, held) for k, v in value.items()}
+        plain = _PLAIN
+        return {k: v if type(v) in plain else encode(v, where, held) for k, v in value.items()}
     return {_DICT: [[encode(k, where, held), encode(v, where, held)] for k, v in value.items()]}
 
 
@@ -270,12 +282,12 @@ def _float(value: float, where: str, held: HeldPayloads | None) -> Any:
 
 _ENCODERS: dict[type, Callable[[Any, str, HeldPayloads | None], Any]] = {
     float: _float,
-    list: lambda value, where, held: [encode(v, where, held) for v in value],
+    list: _list,
     SampleRecord: _record,
     SampleCursor: lambda value, where, held: {_CURSOR: _cursor(value)},
     ContributorRef: lambda value, where, held: {_REF: [_cursor(value.cursor), value.is_last_child]},
     tuple: _tuple,
-    deque: lambda value, where, held: {_DEQUE: [encode(v, where, held) for v in value]},
+    deque: lambda value, where, held: {_DEQUE: _list(value, where, held)},
     dict: _mapping,
     EncodedTag: lambda value, where, held: value.raw,  # never decoded: already in checkpoint form
 }

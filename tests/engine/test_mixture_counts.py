@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 
 from zephon import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource, merge_checkpoints
+from zephon._engine.state.mixture_counts import MixtureCounts
 from zephon.checkpoints import parse_checkpoint
 from zephon.errors import CheckpointError
+from zephon.types import SampleMeta, SampleRecord
 
 NAMES = ("web", "code")
 
@@ -169,3 +171,20 @@ def test_unbatched_records_are_counted_one_by_one(datasets):
     mixture = pipe.stats().mixture
     assert mixture is not None
     assert dict(mixture.samples) == samples and dict(mixture.tokens) == tokens
+
+
+def test_frozen_counts_stay_one_object_until_the_lane_counts_another_item():
+    def record(lane: int, component: int, tokens: int) -> SampleRecord:
+        meta = SampleMeta((component, 0, 0), lane, 0, 0, (), component)
+        return SampleRecord(meta, {"input_ids": [1] * tokens})
+
+    counts = MixtureCounts(2, [0, 1], {1: ([4, 0], [40, 0])})
+    first = counts.frozen(0)
+    assert first == ((0, 0), (0, 0)) and counts.frozen(0) is first
+    assert counts.frozen(1) == ((4, 0), (40, 0))
+    counts.add(record(1, 1, 5))  # another lane's item leaves lane 0's counts as they were
+    assert counts.frozen(0) is first
+    assert counts.frozen(1) == ((4, 1), (40, 5))
+    counts.add(record(0, 0, 3))
+    assert counts.frozen(0) == ((1, 0), (3, 0))
+    assert counts.frozen(0) == tuple(map(tuple, counts.lane(0)))

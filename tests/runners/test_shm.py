@@ -19,7 +19,7 @@ from tests.runners._shm_child import CHILD, dead_pid
 from zephon._engine.handoff import shm
 from zephon._engine.handoff.messages import REPLIES, Failed
 from zephon._engine.workers import worker
-from zephon.types import SampleRecord
+from zephon.types import ContributorRef, SampleCursor, SampleMeta, SampleRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -197,6 +197,23 @@ def test_every_dtype_layout_and_nesting_round_trips_bit_exact():
         gc.collect()
     finally:
         session.close()
+
+
+def test_cursors_and_contributor_refs_come_back_equal_typed_and_shared():
+    cursor = SampleCursor(3, 7, (1, 0), (0, 2, 9))
+    refs = (ContributorRef(cursor, True), ContributorRef(SampleCursor(3, 8, (), (0, 2, 10)), False))
+    meta = SampleMeta((0, 2, 9), 1, 3, 7, tags={"_contributors": refs})
+    session = shm.ShmSession()
+    try:
+        data, _keep = session.encoder("c").dumps([meta, cursor, refs])
+    finally:
+        session.close()
+    got_meta, got_cursor, got_refs = shm.loads(data)
+    assert got_meta == meta and got_refs == refs and got_cursor == cursor
+    assert [type(r) for r in got_refs] == [ContributorRef, ContributorRef]
+    assert type(got_refs[0].cursor) is SampleCursor and type(got_cursor) is SampleCursor
+    assert got_refs[0].cursor is got_cursor  # one object sent once stays one object
+    assert got_cursor.sample_id == (0, 2, 9) and got_refs[1].is_last_child is False
 
 
 def test_a_micro_batch_whose_segment_was_removed_is_one_clear_error_not_a_crash():

@@ -49,7 +49,7 @@ import numpy as np
 
 from zephon._exit import at_exit
 from zephon._snapshot_codec import register_array_view
-from zephon.types import SampleBatch, SampleRecord, StreamItem
+from zephon.types import ContributorRef, SampleBatch, SampleCursor, SampleRecord, StreamItem
 
 NAME_PREFIX = "zephon-shm-"
 LOCK_SUFFIX = "lock"  # DIR/<session prefix>lock: flocked by the live engine of that session
@@ -316,6 +316,10 @@ class _Pickler(pickle.Pickler):
         cls = type(obj)
         if cls is np.ndarray:
             return self.encoder._array(obj)
+        if cls is SampleCursor or cls is ContributorRef:
+            # a packed row names each of its documents by both: built by tuple.__new__ on
+            # either side, not by the named tuple's own Python-level __getnewargs__/__new__
+            return (tuple.__new__, (cls, tuple(obj)))
         if cls is ShmArrayRef:
             self.encoder.keep.append(obj._mm)
             return (_load_array, obj.args)

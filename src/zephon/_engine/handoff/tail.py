@@ -194,6 +194,11 @@ class LaneMux:
             return None
         return self.delivered[lane] - mark[1]
 
+    def mark(self, lane: int) -> tuple[tuple[int, int], int, SampleCursor | None] | None:
+        """``lane``'s newest restart point, with the items it had delivered and its replay
+        cursor then (what :meth:`deliveries_since` and :meth:`cursor_at` answer from)."""
+        return self._marks.get(lane)
+
     def cursor_at(self, lane: int, position: tuple[int, int]) -> SampleCursor | None:
         """The replay cursor ``lane`` had when it reached ``position`` (its newest restart
         point), or its current one."""

@@ -75,6 +75,8 @@ class Engine:
         self.mixture: MixtureCounts | None = None
         self.quarantine = Quarantine(self.options.quarantine)
         self._restart: dict[int, RestartPoint] = {}  # lane -> newest delivered restart point
+        self._lane_positions: dict[int, tuple[tuple[Any, ...], LaneCheckpoint]] = {}
+        """lane -> (what its last checkpoint was computed from, that checkpoint)"""
         self.states = OperatorStates(
             self._lane_starts(),
             None if run.resume is None else self.restored,
@@ -304,39 +306,58 @@ class Engine:
         if feeder is None or mux is None:
             raise CheckpointError("the engine has not started")
         mux.settle()
-        lanes = []
-        for lane in self.lanes:
-            start_cid, state = self._lane_start(lane)
-            offset = self._restart_point(lane, start_cid)[1]
-            done = lane in mux.finished_lanes
-            since = mux.deliveries_since(lane, (start_cid, offset))
-            drained = since != 0
-            operator_state, payloads = (
-                (None, False)
-                if done
-                else self._operator_state(lane, (start_cid, offset), held_records, drained=drained)
-            )
-            lanes.append(
-                ckpt.LaneCheckpoint(
-                    lane=lane,
-                    start_chunk_id=start_cid,
-                    source_state=state,
-                    replay_cursor=self._replay_cursor(mux, lane, (start_cid, offset), since),
-                    delivered=mux.delivered[lane],
-                    done=done,
-                    operator_state=operator_state,
-                    start_offset=offset,
-                    held_payloads=payloads,
-                    mixture=self._lane_mixture(lane),
-                )
-            )
+        lanes = [self._lane_position(mux, lane, held_records) for lane in self.lanes]
         return Position(lanes, list(mux.order), mux.turn)
 
-    def _lane_mixture(self, lane: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        if self.mixture is None:
-            return None
-        samples, tokens = self.mixture.lane(lane)
-        return tuple(samples), tuple(tokens)
+    def _lane_position(self, mux: LaneMux, lane: int, held_records: bool) -> LaneCheckpoint:
+        """One lane's checkpoint; the one built before while nothing it is made of changed
+        (a position is taken after every item an engine process sends, and most lanes of a
+        lane worker did not move since the last)."""
+        start_cid, state = self._lane_start(lane)
+        offset = self._restart_point(lane, start_cid)[1]
+        done = lane in mux.finished_lanes
+        mixture = None if self.mixture is None else self.mixture.frozen(lane)
+        # everything the checkpoint is computed from; the operator state at a restart point
+        # never changes once recorded (OperatorStates.at caches it by the same point)
+        key = (
+            start_cid,
+            offset,
+            done,
+            mux.delivered[lane],
+            mux.replay_cursor.get(lane),
+            mux.mark(lane),
+            mixture,
+            bool(self.states.logs),
+        )
+        cached = self._lane_positions.get(lane)
+        if (
+            not held_records
+            and cached is not None
+            and cached[1].source_state is state
+            and cached[0] == key
+        ):
+            return cached[1]
+        since = mux.deliveries_since(lane, (start_cid, offset))
+        operator_state, payloads = (
+            (None, False)
+            if done
+            else self._operator_state(lane, (start_cid, offset), held_records, drained=since != 0)
+        )
+        lc = ckpt.LaneCheckpoint(
+            lane=lane,
+            start_chunk_id=start_cid,
+            source_state=state,
+            replay_cursor=self._replay_cursor(mux, lane, (start_cid, offset), since),
+            delivered=mux.delivered[lane],
+            done=done,
+            operator_state=operator_state,
+            start_offset=offset,
+            held_payloads=payloads,
+            mixture=mixture,
+        )
+        if not held_records:
+            self._lane_positions[lane] = (key, lc)
+        return lc
 
     def _replay_cursor(
         self, mux: LaneMux, lane: int, start: RestartPoint, since: int | None

@@ -117,7 +117,7 @@ def thin(position: Position, sent: dict[int, LaneCheckpoint]) -> Position:
     lanes = []
     for lc in position.lanes:
         before = sent.get(lc.lane)
-        if before is not None and _same_lane(before, lc):
+        if before is lc or (before is not None and _same_lane(before, lc)):
             continue
         sent[lc.lane] = lc
         same: dict[str, Any] = {}

@@ -45,13 +45,17 @@ class MixtureCounts:
         for lane, (samples, tokens) in (start or {}).items():
             if lane in self._lanes and len(samples) == len(tokens) == components:
                 self._lanes[lane] = ([int(n) for n in samples], [int(n) for n in tokens])
+        self._frozen: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        """lane -> its counts as tuples, until the lane's next item is counted"""
 
     def add(self, item: StreamItem) -> None:
         """Count one delivered item (a record or a batch of one lane)."""
         records: Sequence[SampleRecord] = item.records if isinstance(item, SampleBatch) else (item,)
         if not records:
             return
-        samples, tokens = self._lanes[records[0].meta.lane_id]
+        lane = records[0].meta.lane_id
+        samples, tokens = self._lanes[lane]
+        self._frozen.pop(lane, None)
         field = self._field
         for record in records:
             meta = record.meta
@@ -90,6 +94,15 @@ class MixtureCounts:
         """``(samples, tokens)`` by component id that ``lane`` delivered (copies)."""
         samples, tokens = self._lanes[lane]
         return list(samples), list(tokens)
+
+    def frozen(self, lane: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """:meth:`lane` as tuples: the same object until the lane's next item is counted (a
+        checkpoint compares it to the one it was built from)."""
+        out = self._frozen.get(lane)
+        if out is None:
+            samples, tokens = self._lanes[lane]
+            out = self._frozen[lane] = (tuple(samples), tuple(tokens))
+        return out
 
     def totals(self) -> tuple[list[int], list[int]]:
         """``(samples, tokens)`` by component id over every lane."""
