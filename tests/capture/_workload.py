@@ -74,6 +74,8 @@ async def _run(url: str, plan: dict[str, Any]) -> None:
         else:
             out.write(f"ok {rid} {cid}\n")
         out.flush()
+    if plan.get("hold"):  # stay alive until stdin closes: a kill never finds the child gone
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     await store.close()
     out.write("done\n")
     out.flush()
