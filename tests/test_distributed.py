@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,16 +13,11 @@ from typing import Any
 
 import pytest
 
+from tests._ports import free_port
 from tests.engine.test_checkpoint_stateful import REFERENCE_CFG, build, key
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINT_AT = 3  # batches per rank on 4 ranks: 3 per lane, a window boundary
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def launch(out: Path, world: int, steps: int, mode: str) -> list[subprocess.Popen[str]]:

@@ -15,12 +15,13 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+
+from tests._ports import free_port
 
 __all__ = ["EmbeddedPostgres", "EmbeddedPostgresError", "postgres_bin_dir"]
 
@@ -57,13 +58,6 @@ def _shutdown(proc: subprocess.Popen[bytes], timeout: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _run_user() -> pwd.struct_passwd | None:
@@ -155,7 +149,7 @@ class EmbeddedPostgres:
             )
         deadline = time.monotonic() + timeout
         for _attempt in range(5):
-            self.port = _free_port()
+            self.port = free_port()
             if self._launch(bin_dir, data, kwargs, deadline):
                 return self.dsn
         raise EmbeddedPostgresError(

@@ -25,12 +25,19 @@ def slow(payload: dict[str, Any]) -> dict[str, Any]:
     return {**payload, "slow": payload["text"].upper()}
 
 
-def build(runner: str, **options: Any) -> Pipeline:
+def slower(payload: dict[str, Any]) -> dict[str, Any]:
+    """``slow`` for the process runner: its workers' busy time counts the pipe and a loaded
+    machine's scheduling delays, so the bottleneck must stand out further."""
+    time.sleep(0.008)
+    return {**payload, "slow": payload["text"].upper()}
+
+
+def build(runner: str, slow_stage: Any = slow, **options: Any) -> Pipeline:
     records = [{"text": f"row {i}"} for i in range(600)]
     return (
         Pipeline(RangeSource([Dataset.from_records("d", records)], chunk_size=4))
         .map_transform(fast, parallelism="auto", name="fast")
-        .map_transform(slow, parallelism="auto", name="slow")
+        .map_transform(slow_stage, parallelism="auto", name="slow")
         .options(runner=runner, fuse=False, **options)
     )
 
@@ -94,9 +101,9 @@ def test_the_shared_process_pool_moves_share_to_the_slow_stage(
     reference, _ = run(build("inline"))
     plan = {s.op_name: s.parallelism for s in build("process").explain().stages}
     assert (plan["fast"], plan["slow"]) == (2, 2)
-    fixed, _ = run(build("process", max_inflight=4))
+    fixed, _ = run(build("process", slower, max_inflight=4))
     assert fixed == reference
-    out, ops = run(build("process"))
+    out, ops = run(build("process", slower))
     assert out == reference
     assert ops["slow"].parallelism == 3 and ops["fast"].parallelism == 1
     assert ops["slow"].rebalanced >= 1 and ops["fast"].rebalanced >= 1
@@ -107,14 +114,14 @@ def test_the_shared_process_pool_moves_share_to_the_slow_stage(
 def test_a_restore_mid_rebalancing_is_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZEPHON_CPUS", "4")
     reference, _ = run(build("inline"))
-    first = build("process")
+    first = build("process", slower)
     it = iter(first)
     head = [(r.meta.cursor, r.payload["fast"], r.payload["slow"]) for r in islice(it, 350)]
     ckpt = first.checkpoint()
     it.close()
     moved = first.stats()
     assert moved is not None and sum(o.rebalanced for o in moved.operators) > 0
-    second = build("process")
+    second = build("process", slower)
     second.restore(ckpt)
     tail, _ = run(second)
     assert head + tail == reference
@@ -126,7 +133,7 @@ def test_it_moves_without_stats_too(monkeypatch: pytest.MonkeyPatch, runner: str
     """The busy times come from the pools, not the stats: a run without them still moves
     (else the slow stage would keep half of a shared worker set)."""
     monkeypatch.setenv("ZEPHON_CPUS", "4")
-    pipe = build(runner, track_stats=False)
+    pipe = build(runner, slower if runner == "process" else slow, track_stats=False)
     it = iter(pipe)
     head = list(islice(it, 450))
     engine = pipe._engine

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import traceback
@@ -16,16 +15,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests._ports import free_port
 from zephon.distributed import exit_rank
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 240  # a quiet job takes about 10 s here
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def job_env() -> dict[str, str]:
