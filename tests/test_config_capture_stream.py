@@ -9,22 +9,12 @@ from typing import Any
 import pytest
 
 from tests.capture._rl_loop import GROUP
-from tests.capture._stream_fill import issue, roll
+from tests.capture._stream_fill import fill
 from zephon.capture.stores import open_store
 from zephon.capture.streaming import StreamingCaptureSource
 from zephon.config import ConfigFileError, load_config, parse_config
 
 PROMPTS = 6
-
-
-def _fill(url: str) -> None:
-    async def go() -> None:
-        store = open_store(url)
-        for group in await issue(store, "grpo", PROMPTS, version=0):
-            await roll(store, "grpo", group)
-        await store.close()
-
-    asyncio.run(go())
 
 
 def _rows(pipe: Any) -> list[tuple[int, list[tuple[str, float]]]]:
@@ -39,8 +29,8 @@ def test_a_capture_stream_source_in_yaml_serves_what_the_python_pipeline_does(
     tmp_path: Path, runner: str
 ) -> None:
     python_url, yaml_url = (tmp_path / "py").as_uri(), (tmp_path / "yaml").as_uri()
-    _fill(python_url)
-    _fill(yaml_url)
+    fill(python_url, PROMPTS, "grpo")
+    fill(yaml_url, PROMPTS, "grpo")
     config_file = tmp_path / "rl.yaml"
     config_file.write_text(
         f"""

@@ -40,14 +40,14 @@ async def roll(store: Any, stream: str, group: PromptGroup) -> None:
         await store.advance(stream, ref, "scored")
 
 
-def fill(url: str, prompts: int) -> None:
-    """Issue ``prompts`` groups at version 0 in stream ``s`` of the store at ``url``, and
+def fill(url: str, prompts: int, stream: str = "s") -> None:
+    """Issue ``prompts`` groups at version 0 in ``stream`` of the store at ``url``, and
     generate, capture and score every member (a client of its own, closed after)."""
 
     async def go() -> None:
         store = open_store(url)
-        for group in await issue(store, "s", prompts, version=0):
-            await roll(store, "s", group)
+        for group in await issue(store, stream, prompts, version=0):
+            await roll(store, stream, group)
         await store.close()
 
     asyncio.run(go())
