@@ -28,10 +28,10 @@ from tests.runners._pipes import (
     stateful,
 )
 from zephon import Dataset, Pipeline
+from zephon._engine.plan.cores import usable_cores
 from zephon._engine.workers import worker_registry
 from zephon._engine.workers.process_pool import ProcessWorkerPool
 from zephon._engine.workers.worker_registry import shutdown_idle_workers
-from zephon._engine.workers.worker_start import usable_cores
 from zephon.ops import BaseOp, CountingAccumulator, OpTraits
 
 # shm_min_bytes=1 sends every array through shared memory, so the small token arrays of the
@@ -179,7 +179,7 @@ def test_workers_see_the_environment_the_engine_has_when_they_get_their_operator
     monkeypatch.delenv("ZEPHON_TEST_SET_LATER", raising=False)
     monkeypatch.setenv("ZEPHON_TEST_UNSET_LATER", "before")
     monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
-    share = str(max(1, usable_cores() // 2))
+    share = str(max(1, usable_cores().count // 2))
     try:
         first = list(marks_pipe())
         marks = {(r.payload["set"], r.payload["gone"], r.payload["threads"]) for r in first}

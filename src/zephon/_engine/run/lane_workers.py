@@ -17,7 +17,6 @@ and turn.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -26,14 +25,18 @@ from typing import Any
 from zephon._engine.handoff.messages import HandoffEnd, HandoffItem
 from zephon._engine.plan.compile import CompiledRun
 from zephon._engine.plan.compile import compile as compile_run
-from zephon._engine.plan.cores import usable_cores
 from zephon._engine.run.engine import Engine
 from zephon._engine.run.engine_process import EngineProcess, Transform, close_after
 from zephon._engine.run.quarantine import drop_torn_tail
 from zephon._engine.state.position import Position
 from zephon._engine.stats import RunStats, summed
-from zephon._engine.workers.worker_start import THREADS_VARIABLE
+from zephon._engine.workers.worker_start import native_threads
 from zephon.types import StreamItem
+
+
+def _first_due(order: list[int], turn: int, counts: Callable[[int], bool]) -> int | None:
+    """The first lane of the round-robin ``order`` from ``turn`` on that ``counts``."""
+    return next((lane for lane in order[turn:] + order[:turn] if counts(lane)), None)
 
 
 def view_run(run: CompiledRun, worker: int, order: list[int], turn: int) -> CompiledRun:
@@ -56,8 +59,7 @@ def view_run(run: CompiledRun, worker: int, order: list[int], turn: int) -> Comp
     if resume is not None:
         mine = set(lanes)
         view_order = [lane for lane in order if lane in mine]
-        rotated = order[turn:] + order[:turn]
-        first = next((lane for lane in rotated if lane in mine), None)
+        first = _first_due(order, turn, lambda lane: lane in mine)
         resume = replace(
             resume,
             tail_lanes=lanes,
@@ -84,18 +86,12 @@ class LaneWorkers:
         count = run.plan.lane_workers
         self._order, self._turn = list(mux.order), mux.turn
         self._owner = {lane: i % count for i, lane in enumerate(run.lanes)}
-        # the tokenizers' thread pool: the cores shared out, unless the user set it
-        threads = (
-            {}
-            if THREADS_VARIABLE in os.environ
-            else {THREADS_VARIABLE: str(max(1, usable_cores().count // count))}
-        )
         self._workers = [
             EngineProcess(
                 view_run(run, w, self._order, self._turn),
                 transform,
                 role=f"lane worker {w} of {count} (lanes {run.lanes[w::count]}",
-                environ=threads,
+                environ=native_threads(count),
             )
             for w in range(count)
         ]
@@ -116,8 +112,7 @@ class LaneWorkers:
         lanes = sorted((lc for view in views for lc in view.lanes), key=lambda lc: lc.lane)
         done = {lc.lane for lc in lanes if lc.done}
         order = [lane for lane in self._order if lane not in done]
-        rotated = self._order[self._turn :] + self._order[: self._turn]
-        due = next((lane for lane in rotated if lane not in done), None)
+        due = _first_due(self._order, self._turn, lambda lane: lane not in done)
         return Position(lanes, order, order.index(due) if due is not None else 0)
 
     def checkpoint_at(self, position: Position) -> dict[str, Any]:

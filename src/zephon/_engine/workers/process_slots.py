@@ -32,10 +32,9 @@ from zephon._engine.workers.deadlines import STARTUP, StageDeadlines, Watchdog
 from zephon._engine.workers.worker import worker_main
 from zephon._engine.workers.worker_registry import keep_idle, take_idle
 from zephon._engine.workers.worker_start import (
-    THREADS_VARIABLE,
     WORKER_NAME_PREFIX,
+    native_threads,
     start_deaf_to_ctrl_c,
-    usable_cores,
     worker_context,
 )
 
@@ -126,9 +125,7 @@ class WorkerSlots:
     def _environ(self) -> dict[str, str]:
         """The environment a worker adopts: the engine process's, with a share of the cores
         for each worker's native thread pool unless the user set one."""
-        environ = dict(os.environ)
-        environ.setdefault(THREADS_VARIABLE, str(max(1, usable_cores() // len(self.procs))))
-        return environ
+        return {**os.environ, **native_threads(len(self.procs))}
 
     def await_ready(self, slot: int) -> None:
         """Send a fresh worker its operators (when not sent yet) and wait until it set them up;

@@ -16,6 +16,7 @@ from multiprocessing import resource_tracker
 from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import Any
 
+from zephon._engine.plan import cores
 from zephon._engine.workers import oom
 from zephon.errors import ZephonError
 
@@ -136,10 +137,12 @@ _PRELOAD = ["zephon._engine.workers.process_pool", "tokenizers"]
 THREADS_VARIABLE = "RAYON_NUM_THREADS"
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity where the platform has one)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+def native_threads(workers: int) -> dict[str, str]:
+    """The tokenizers' pool size for each of ``workers`` processes that share the cores this
+    process may use (affinity and cgroup quota), or nothing when the user set one."""
+    if THREADS_VARIABLE in os.environ:
+        return {}
+    return {THREADS_VARIABLE: str(max(1, cores.usable_cores().count // max(1, workers)))}
 
 
 def adopt_environment(environ: Mapping[str, str]) -> None:
