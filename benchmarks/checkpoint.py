@@ -1,10 +1,10 @@
 """Bounded recovery: checkpoint size and restore-to-first-batch time.
 
 Table 0 (per step): ``pipeline.checkpoint()`` after every batch of the reference pipeline
-(tokenize, shuffle 256, pack_flat 256, batch 4; 4 lanes, chunks of 64, inline), as a training
-loop that checkpoints every step calls it: per-call cost (median, mean, p90, max in ms) and
-JSON size (``json.dumps``, median and max in KB) over the steps after a warm-up, and the time
-to the first batch of a restore from one of them.
+(tokenize, shuffle 256, pack_flat 256, batch 4; 4 lanes or ``--step-lanes``, chunks of 64,
+inline), as a training loop that checkpoints every step calls it: per-call cost (median, mean,
+p90, max in ms) and JSON size (``json.dumps``, median and max in KB) over the steps after a
+warm-up, and the time to the first batch of a restore from one of them.
 
 Table 1 (a monotone pipeline): after 10, 100, 1000 steps; both must stay flat, since a
 checkpoint holds per-lane cursors and source states, never the history.
@@ -25,7 +25,7 @@ Its restores take 10-25 ms, so besides the wall-time ratio it gives the ratio of
 (every thread of the process), medians of ``--repeats`` starts per stop point.
 ``--snapshot-every-records`` overrides the option (default: the option's default).
 Usage: ``python benchmarks/checkpoint.py [--docs 240000] [--skip-monotone] [--per-step-only]
-[--user-only] [--repeats 5] [--snapshot-every-records N]``.
+[--step-lanes 4] [--user-only] [--repeats 5] [--snapshot-every-records N]``.
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from zephon._snapshot_codec import unpack_state
 from zephon.checkpoints import refetch_counts
 
 
-def per_step(steps: int, warmup: int) -> dict[str, Any]:
+def per_step(steps: int, warmup: int, lanes: int = 4) -> dict[str, Any]:
     """``checkpoint()`` after every batch: cost and size at steady state."""
-    pipe = reference_pipeline()
+    pipe = reference_pipeline().options(canonical_replicas=lanes)
     costs: list[float] = []
     sizes: list[int] = []
     it = iter(pipe)
@@ -65,10 +65,12 @@ def per_step(steps: int, warmup: int) -> dict[str, Any]:
             saved = state
     expected = next(it).ids
     it.close()  # type: ignore[attr-defined]
-    restore_s, first = first_batch_s(reference_pipeline().restore(json.loads(json.dumps(saved))))
+    restored = reference_pipeline().options(canonical_replicas=lanes)
+    restore_s, first = first_batch_s(restored.restore(json.loads(json.dumps(saved))))
     assert first.ids == expected, "restore did not continue where the checkpoint was taken"
     costs.sort()
     return {
+        "lanes": lanes,
         "steps": len(costs),
         "ms_median": round(statistics.median(costs) * 1e3, 3),
         "ms_mean": round(statistics.fmean(costs) * 1e3, 3),
@@ -347,6 +349,7 @@ def main() -> None:
     parser.add_argument("--skip-monotone", action="store_true")
     parser.add_argument("--per-step-only", action="store_true", help="only table 0")
     parser.add_argument("--steps", type=int, default=400, help="table 0: batches")
+    parser.add_argument("--step-lanes", type=int, default=4, help="table 0: lanes")
     parser.add_argument("--user-only", action="store_true", help="only table 3")
     parser.add_argument("--user-docs", type=int, default=20_000, help="documents of table 3")
     args = parser.parse_args()
@@ -357,8 +360,8 @@ def main() -> None:
         )
         print(json.dumps(out))
         return
-    step = per_step(args.steps, warmup=50)
-    print("checkpoint() per step, reference pipeline (4 lanes):")
+    step = per_step(args.steps, warmup=50, lanes=args.step_lanes)
+    print(f"checkpoint() per step, reference pipeline ({args.step_lanes} lanes):")
     print_table([step])
     out["per_step"] = step
     if args.per_step_only:

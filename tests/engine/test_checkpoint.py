@@ -432,3 +432,35 @@ def test_a_version_3_checkpoint_with_the_json_module_checksum_still_restores():
     old["lanes"]["0"]["delivered"] += 1  # and the old checksum still guards the content
     with pytest.raises(CheckpointError, match="does not match its checksum"):
         build(cfg).restore(old)
+
+
+def _eight_lanes(seed: int = 3, **opts: Any) -> Pipeline:
+    source = StaticMixtureWorkSource(
+        [Dataset.from_records("docs", ROWS, shard_size=50)], chunk_size=20, seed=seed
+    )
+    pipe = Pipeline(source).decode_text().tokenize("bytes").batch(3)
+    return pipe.options(canonical_replicas=8, **opts)
+
+
+def _ids(batches: Any) -> list[str]:
+    return sorted(str(b.ids) for b in batches)
+
+
+def test_each_rank_checkpoint_names_the_source_settings_once_and_restores_on_any_rank_count():
+    ranks = [_eight_lanes(dp_rank=r, dp_world_size=2) for r in range(2)]
+    iters = [iter(p) for p in ranks]
+    for _ in range(4):
+        for it in iters:
+            next(it)
+    states = [json.loads(json.dumps(p.checkpoint())) for p in ranks]
+    for rank, state in enumerate(states):
+        lanes = state["lanes"]
+        assert [k for k, lane in lanes.items() if "config" in lane["source_state"]] == [str(rank)]
+        assert len({lane["source_state"]["fingerprint"] for lane in lanes.values()}) == 1
+    rest = _ids(b for it in iters for b in it)
+    merged = merge_checkpoints(states)
+    for world in (1, 4):
+        views = [_eight_lanes(dp_rank=r, dp_world_size=world) for r in range(world)]
+        assert _ids(b for p in views for b in p.restore(merged)) == rest
+    with pytest.raises(CheckpointError, match=r"source\.seed: checkpoint has 3, pipeline has 4"):
+        _eight_lanes(seed=4, dp_rank=1, dp_world_size=2).restore(states[1])

@@ -12,13 +12,21 @@ from tests.engine.test_snapshots import build
 from zephon._engine.plan.compile import compile as compile_run
 from zephon._engine.run.engine import Engine
 
-# sha256 of every checkpoint (sorted-key JSON) taken after each of the 122 items of
-# build(records=5, canonical_replicas=4), written by the engine before lane positions
+# sha256 of every checkpoint (sorted-key JSON, without the source settings summary that only
+# some lanes repeat, and so without the checksum over it) taken after each of the 122 items
+# of build(records=5, canonical_replicas=4), written by the engine before lane positions
 # were cached: a cache that misses a change writes another checkpoint somewhere
 GOLDEN = {
-    "inline": "b8b3d573942f2061abebd1bb5d7ac8203da095e34e05a4334026de6913d007d4",
-    "lane_workers": "48cc4c29bb74a20de67fe74af09feac24ca8f142b8c91d92ac44b604cb44acc5",
+    "inline": "93d2f237658f97e78f155fe9ca628ff9829bade789b80f43f81186d8b3be194e",
+    "lane_workers": "b529a4881a201cc86c5bedb6b582a1267620d152893a3df922f71afc9acc9b5e",
 }
+
+
+def _comparable(state: dict[str, Any]) -> dict[str, Any]:
+    for lane in state["lanes"].values():
+        lane["source_state"].pop("config", None)
+    del state["checksum"]
+    return state
 
 
 def _digest(**options: Any) -> tuple[str, int]:
@@ -26,7 +34,7 @@ def _digest(**options: Any) -> tuple[str, int]:
     digest, items = hashlib.sha256(), 0
     for _ in pipe:
         items += 1
-        digest.update(json.dumps(pipe.checkpoint(), sort_keys=True).encode())
+        digest.update(json.dumps(_comparable(pipe.checkpoint()), sort_keys=True).encode())
     return digest.hexdigest(), items
 
 

@@ -67,6 +67,20 @@ def test_state_from_other_config_is_refused() -> None:
         make(40, chunk_size=4).load_state_dict(state)
 
 
+def test_lean_state_continues_identically_and_refuses_another_config() -> None:
+    src = make(40, chunk_size=3, seed=1).clone_for_lane(1, 4)
+    assert src.next_chunk() is not None
+    lean = json.loads(json.dumps(src.lean_state_dict()))
+    assert "config" not in lean
+    assert lean == {k: v for k, v in src.state_dict().items() if k != "config"}
+    rest = [c.pointers.tolist() for c in drain(src)]
+    fresh = make(40, chunk_size=3, seed=1).clone_for_lane(1, 4)
+    fresh.load_state_dict(lean)
+    assert [c.pointers.tolist() for c in drain(fresh)] == rest
+    with pytest.raises(CheckpointError, match="carries no configuration summary"):
+        make(40, chunk_size=3, seed=2).clone_for_lane(1, 4).load_state_dict(lean)
+
+
 def test_mixture_naming_unknown_dataset() -> None:
     ds = Dataset.from_records("a", [{"i": 1}])
     with pytest.raises(ConfigError, match=r"unknown dataset\(s\) \['b'\]"):

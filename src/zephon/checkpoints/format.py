@@ -26,7 +26,11 @@ json module, are still accepted). A pass other than the first (``Pipeline.set_ep
 Since version 5 the records an operator state names may carry their payloads
 (``checkpoint(held_records=True)``), so a restore reads them back instead of rebuilding them
 from the source. Only such a checkpoint is written as version 5; every other one is still
-version 4, byte for byte as before, and older readers refuse a version 5 file naming it.
+version 4, and older readers refuse a version 5 file naming it.
+
+In any version, only the first lane of a rank's checkpoint repeats the work source's settings
+summary in its ``source_state`` (the rest keep its fingerprint): a 64-lane checkpoint is half
+the size, and every reader checks a lane's source state by the fingerprint alone.
 
 Since version 6 a lane may carry its own ``epoch``: data-parallel ranks whose passes differ in
 length are in different passes at the same step, and their merged checkpoint keeps each lane's

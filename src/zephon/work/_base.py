@@ -79,6 +79,13 @@ class WorkSource(abc.ABC):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state produced by ``state_dict`` of an identically configured source."""
 
+    def lean_state_dict(self) -> dict[str, Any]:
+        """``state_dict`` without what the configuration alone determines, for the lanes of a
+        pipeline checkpoint after its first (one summary of the settings is enough to name a
+        difference; every lane's fingerprint still pins them). ``load_state_dict`` must take
+        it. The default is the whole state."""
+        return self.state_dict()
+
     @abc.abstractmethod
     def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> WorkSource:
         """A fresh source yielding the chunks dealt to ``lane_id`` out of ``canonical_replicas``."""

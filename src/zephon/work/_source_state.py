@@ -2,7 +2,9 @@
 
 A state is small and JSON-safe: the configuration summary and its fingerprint (a state from
 another configuration is refused, naming what differs), the lane it belongs to, and the chunk
-sequence's cursor. The chunk sequence itself is recomputed from the configuration.
+sequence's cursor. The chunk sequence itself is recomputed from the configuration. A lean state
+(the lanes of a pipeline checkpoint after its first) leaves the summary out: the fingerprint
+alone refuses another configuration.
 """
 
 from __future__ import annotations
@@ -146,7 +148,10 @@ def _check_header(state: Any, config: dict[str, Any], lane: LaneCursor) -> None:
 def _config_diff(saved: Any, current: dict[str, Any]) -> str:
     """Human-readable differences between two configuration summaries."""
     if not isinstance(saved, Mapping):
-        return "the state carries no configuration summary"
+        return (
+            "the state carries no configuration summary (a pipeline checkpoint keeps it in "
+            "one lane only); compare the settings with the run that wrote it"
+        )
     diffs = []
     absent = {"epoch": 0}  # keys left out at their default value
     for key in sorted(set(saved) | set(current)):

@@ -266,6 +266,12 @@ class StaticMixtureWorkSource(WorkSource):
         scheduled = self._mixture.schedule is not None
         return state_dict(self._config, self._lane, self._chunks, scheduled)
 
+    def lean_state_dict(self) -> dict[str, Any]:
+        """The state without its configuration summary (the fingerprint stays)."""
+        state = self.state_dict()
+        del state["config"]
+        return state
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         scheduled = self._mixture.schedule is not None
         self._lane = load_state_dict(state, self._config, self._lane, self._chunks, scheduled)

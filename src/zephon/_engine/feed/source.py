@@ -92,6 +92,12 @@ class LaneState:
     # records of the first regenerated chunk already inside a restored snapshot
     resume_offset: int = 0
     resumed_at: tuple[int, int] | None = None
+    # the source states this lane records leave out the configuration summary (every lane
+    # of a feeder but its first: a checkpoint needs the summary once)
+    lean: bool = False
+
+    def source_state(self) -> dict[str, Any]:
+        return self.source.lean_state_dict() if self.lean else self.source.state_dict()
 
 
 class SourceFeeder:
@@ -106,7 +112,9 @@ class SourceFeeder:
         starts: Mapping[int, LaneStart] | None = None,
         snapshots: SnapshotPolicy | None = None,
     ) -> None:
-        self.lanes = [LaneState(lane, src) for lane, src in lane_sources]
+        self.lanes = [
+            LaneState(lane, src, lean=i > 0) for i, (lane, src) in enumerate(lane_sources)
+        ]
         self._by_lane = {lane.lane_id: lane for lane in self.lanes}
         self.flush_every_k_chunks = flush_every_k_chunks
         self.interleave = max(1, interleave)
@@ -123,7 +131,7 @@ class SourceFeeder:
             lane.resume_offset = start.offset
             lane.resumed_at = (start.chunk_id, start.offset)
         for lane in self.lanes:
-            lane.frontier = (lane.frontier[0], lane.source.state_dict())
+            lane.frontier = (lane.frontier[0], lane.source_state())
 
     # -- chunk admission -------------------------------------------------------------------
 
@@ -136,7 +144,7 @@ class SourceFeeder:
                 with self._lock:
                     lane.exhausted = True
                 return False
-            after = lane.source.state_dict()
+            after = lane.source_state()
             with self._lock:
                 lane.frontier = (cid + 1, after)
                 if len(chunk) == 0:
