@@ -149,6 +149,44 @@ def test_timings_split_what_the_source_spent_on_the_ledger_the_engine_and_builds
     assert spent["ledger_s"] > 0 and spent["build_s"] > 0
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_a_run_closed_while_the_source_waits_for_generation_closes_and_resumes_exactly(
+    lanes: int,
+) -> None:
+    """Generation stalls after 4 groups; the trainer takes them and stops while the source
+    thread waits for the 5th. Closing must not wait for generation (the source held the lock
+    the close takes, for ever), and the checkpoint taken then resumes exactly."""
+    url = f"memory://stall-{lanes}"
+    writer = open_store(url)
+    groups = asyncio.run(issue(writer, "s", PROMPTS, version=0))
+    for group in groups[:4]:
+        asyncio.run(roll(writer, "s", group))
+
+    def pipe() -> tuple[StreamingCaptureSource, Pipeline]:
+        source = StreamingCaptureSource(
+            open_store(url), "s", groups_per_step=1, max_staleness=100, prompts=PROMPTS
+        )
+        return source, source.pipeline().options(canonical_replicas=lanes)
+
+    source, first = pipe()
+    items = iter(first)
+    taken = [_key(next(items)) for _ in range(4)]
+    deadline = time.monotonic() + 120
+    while source.timings["engine_wait_s"] == 0.0:  # the source thread waits for group 5
+        assert time.monotonic() < deadline
+        time.sleep(0.001)  # polling a condition of the source thread
+    items.close()  # type: ignore[attr-defined]
+    assert [t.name for t in threading.enumerate() if t.name.startswith("zephon-engine")] == []
+    state = first.checkpoint()
+    for group in groups[4:]:
+        asyncio.run(roll(writer, "s", group))
+    rest = [_key(r) for r in pipe()[1].restore(state)]
+    whole = [_key(r) for r in pipe()[1]]
+    assert [p for p, _ in whole] == list(range(PROMPTS))
+    assert taken + rest == whole
+
+
 def test_a_too_long_stream_and_bad_options_are_refused() -> None:
     store = open_store("memory://streaming-options")
     with pytest.raises(ConfigError, match="admission log"):

@@ -42,7 +42,7 @@ from zephon.capture.ledger import (
 )
 from zephon.capture.protocols import PromptLedger, view_stream
 from zephon.capture.store_handle import StoreHandle
-from zephon.errors import CheckpointError, ConfigError, DataError
+from zephon.errors import CheckpointError, ConfigError, DataError, ZephonError
 from zephon.io import Dataset, Shard
 from zephon.pipeline import Pipeline
 from zephon.work import WorkChunk, WorkSource
@@ -77,6 +77,7 @@ class _Core:
         self.versions = OldestVersions(None)  # made for the open client by oldest_versions()
         self.timings = {"ledger_s": 0.0, "engine_wait_s": 0.0, "build_s": 0.0}
         self.timings_lock = threading.Lock()
+        self.interrupted = threading.Event()  # the run is closing: stop waiting for generation
         self.dataset = Dataset(options["name"], [_GroupShard(self)])
 
     @property
@@ -92,9 +93,16 @@ class _Core:
         return self.versions
 
     def close(self) -> None:
-        """Close the client opened from the URL; the log and built groups stay."""
+        """Close the client opened from the URL; the log and built groups stay. A wait for
+        generation still running is woken first (it holds the lock: see :meth:`interrupt`)."""
+        self.interrupt()
         with self.lock:
             self.handle.close()
+            self.interrupted.clear()  # a later iteration admits again
+
+    def interrupt(self) -> None:
+        """Wake an admission that waits for generation: it raises, and the lock is free."""
+        self.interrupted.set()
 
     # -- the admission log -----------------------------------------------------------------
 
@@ -138,8 +146,13 @@ class _Core:
                 return False
             if not overdue:
                 began = time.perf_counter()
-                time.sleep(opts["poll_s"])  # generation is still running: poll the ledger
+                closing = self.interrupted.wait(opts["poll_s"])  # generation still runs: poll
                 self._count("engine_wait_s", time.perf_counter() - began)
+                if closing:
+                    raise ZephonError(
+                        f"stream {self.stream!r}: the run closed while admission {g} waited "
+                        "for generation; nothing was admitted"
+                    )
 
     def _count(self, what: str, seconds: float) -> None:
         with self.timings_lock:
@@ -433,6 +446,10 @@ class StreamingCaptureSource(WorkSource):
     def release(self) -> None:
         """Close the store client opened from the URL (the iteration ended)."""
         self._core.close()
+
+    def interrupt(self) -> None:
+        """Wake the source thread if it waits for generation (the run is closing)."""
+        self._core.interrupt()
 
     def chunk_size_hint(self) -> int | None:
         return 1

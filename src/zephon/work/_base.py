@@ -118,6 +118,14 @@ class WorkSource(abc.ABC):
         over the source ends. A later iteration reopens it. Nothing by default."""
         return
 
+    def interrupt(self) -> None:
+        """Wake a ``next_chunk`` that waits for data to arrive (a stream whose producer is
+        still running, say): it should raise or return soon after. Called from another thread
+        on the source a pipeline was built with when its iteration closes, before the engine
+        waits for its threads; lane clones that wait on their own must hear it from there.
+        Nothing by default."""
+        return
+
     def chunk_size_hint(self) -> int | None:
         """Typical chunk length, used to size buffers; ``None`` when unknown."""
         return None

@@ -501,6 +501,7 @@ class Engine:
             return
         self._closed = True
         _LIVE.discard(self)
+        self.source.interrupt()  # a source thread waiting for data would hold the close up
         self.resources.close(waiting.close_wait(self.interrupt, self.interrupted))
         self.quarantine.close()
         self.states.close()
