@@ -176,6 +176,7 @@ def test_a_run_closed_while_the_source_waits_for_generation_closes_and_resumes_e
     while source.timings["engine_wait_s"] == 0.0:  # the source thread waits for group 5
         assert time.monotonic() < deadline
         time.sleep(0.001)  # polling a condition of the source thread
+    assert [e["position"] for e in source.admissions] == [0, 1, 2, 3]  # read while it waits
     items.close()  # type: ignore[attr-defined]
     assert [t.name for t in threading.enumerate() if t.name.startswith("zephon-engine")] == []
     state = first.checkpoint()

@@ -411,8 +411,9 @@ class StreamingCaptureSource(WorkSource):
     @property
     def admissions(self) -> list[dict[str, Any]]:
         """The admission log read or written so far (position, members, versions), in order."""
-        with self._core.lock:
-            return [dict(e) for e in self._core.log]
+        # without the core's lock: the source thread holds it while it waits for generation,
+        # and a list is appended to or replaced whole, so a copy of it is consistent
+        return [dict(e) for e in list(self._core.log)]
 
     # -- WorkSource -------------------------------------------------------------------------
 
