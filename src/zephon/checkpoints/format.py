@@ -108,14 +108,15 @@ def to_jsonable(value: Any) -> Any:
 def checksum(state: Mapping[str, Any], *, plain_json: bool = False) -> str:
     """xxh64 of the canonical JSON of ``state`` without its ``checksum`` entry.
 
-    The state is normalised through JSON first (integer keys become strings, tuples lists), so
-    the checksum of a state is the same before and after a JSON round trip; ``plain_json``
+    The state is normalised to what a JSON round trip gives first (integer keys become strings,
+    tuples lists), so the checksum of a state is the same before and after one; ``plain_json``
     says it came from ``json.loads`` already, so there is nothing to normalise. Canonical JSON
-    is msgspec's with sorted keys (C speed: a checkpoint per training step stays cheap).
+    is msgspec's with sorted keys (C speed: a checkpoint per training step stays cheap;
+    ``to_builtins`` normalises without encoding and decoding the whole state once more).
     """
     body: Any = {k: v for k, v in state.items() if k != CHECKSUM_KEY}
     if not plain_json:
-        body = msgspec.json.decode(msgspec.json.encode(body))
+        body = msgspec.to_builtins(body, str_keys=True)
     return xxhash.xxh64(msgspec.json.encode(body, order="sorted")).hexdigest()
 
 
