@@ -8,9 +8,10 @@ with PATH. The pipeline matches scaling.py's reference pipeline: read a JSONL li
 per-slice pipeline in its workers). Each worker's tokenizer pool gets the cores divided by W,
 as zephon's process workers do.
 
-Prints one JSON line: tokens and documents delivered, seconds from the start of iteration, the
-CPU seconds of this process and its workers over the same span, and from the first batch to
-the last (``steady_*``: the workers' start-up left out, as scaling.py does for zephon's).
+Prints one JSON line: tokens and documents delivered, seconds from the start of iteration and
+to the first batch, and the CPU seconds of this process and its workers over the whole pass
+(scaling.py runs it on the corpus and on its start-up subset and takes the difference, as it
+does for zephon's).
 Usage: ``PYTHON _grain_pipeline.py --corpus DIR --tokenizer FILE --workers W``.
 """
 
@@ -132,22 +133,21 @@ def main() -> None:
     args = parser.parse_args()
     ds = dataset(args.corpus, args.tokenizer, args.workers, args.length)
     cpu, start = tree_cpu_s(), time.perf_counter()
-    tokens = docs = first_docs = 0
-    first = first_cpu = 0.0
+    tokens = docs = 0
+    first = 0.0
     iterator = iter(ds)
     for batch in iterator:
         segments = batch["input_ids_segment_ids"]
         tokens += int((segments > 0).sum())
         docs += sum(len(set(row[row > 0].tolist())) for row in segments)
-        if not first_docs:  # steady state starts after the first batch
-            first, first_docs, first_cpu = time.perf_counter() - start, docs, tree_cpu_s()
+        if not first:
+            first = time.perf_counter() - start
     seconds = time.perf_counter() - start
     del iterator  # stops and reaps the workers, so their CPU is counted
     gc.collect()
     end_cpu = tree_cpu_s()
     out = {"grain": grain.__version__, "tokens": tokens, "docs": docs, "seconds": seconds}
-    out |= {"first_s": first, "cpu_s": end_cpu - cpu, "steady_docs": docs - first_docs}
-    print(json.dumps({**out, "steady_cpu_s": end_cpu - first_cpu}))
+    print(json.dumps({**out, "first_s": first, "cpu_s": end_cpu - cpu}))
 
 
 if __name__ == "__main__":

@@ -15,21 +15,24 @@ thread per process): tokens/s from when all of them are ready, and ``native_us_p
 the CPU per document of ``encode_batch_fast`` alone.
 
 Per document, for the process runner and for the lane workers at the largest W that fits the
-cores, from the first batch to the last (start-up left out): ``engine_us_per_doc`` (the engine
-process; for lane workers the process that merges their batches), ``workers_us_per_doc`` (its
-worker processes), their ratios to ``native_us_per_doc`` (``lanes_*`` for lane workers); then
-``process_vs_threads`` and ``lanes_vs_threads`` (tokens/s) and ``zephon_vs_ceiling`` (the
-fastest runner's tokens/s over the ceiling's). No projection to other core counts: an earlier
-one predicted 16,000-19,600 documents/s on 16 cores where a 16-core machine measured
-4,500-6,250.
+cores: ``engine_us_per_doc`` (the engine process; for lane workers the process that merges
+their batches), ``workers_us_per_doc`` (its worker processes), their ratios to
+``native_us_per_doc`` (``lanes_*`` for lane workers); then ``process_vs_threads`` and
+``lanes_vs_threads`` (tokens/s) and ``zephon_vs_ceiling`` (the fastest runner's tokens/s over
+the ceiling's). CPU per document is marginal: every configuration also runs over the first
+quarter of the shards (the start-up subset, ``start-up/`` beside the corpus), and the figure
+is the CPU of the whole pass less that of the subset's, over the documents between them. So
+start-up is left out, and so is nothing else: workers that run ahead of the first batch (lane
+workers may run two rounds of their lanes ahead) did that work for documents counted here.
+No projection to other core counts: an earlier one predicted 16,000-19,600 documents/s on 16
+cores where a 16-core machine measured 4,500-6,250.
 
 ``--grain-python PATH`` adds Grain (``_grain_pipeline.py`` run by PATH, an interpreter with
 ``grain``, ``tokenizers`` and ``numpy``: ``mp_prefetch`` with W workers, the same tokenizer
 calls, Grain's best-fit packing to 2048) at each W; without it, or when PATH cannot run it,
-the Grain rows are skipped with the reason printed. Its CPU per document is counted from the
-first batch as zephon's is; both leave out what the workers prepared ahead of that batch, and
-Grain's workers run further ahead (``cpu_us_per_doc_with_start`` in the JSON line counts from
-the start of iteration, its workers' start-up included).
+the Grain rows are skipped with the reason printed. Its CPU per document is marginal as
+zephon's is (``cpu_us_per_doc_with_start`` in the JSON line is the whole pass's over its
+documents, its workers' start-up included).
 
 Prints a table and a final JSON line. Usage: ``python benchmarks/scaling.py [--docs N]
 [--workers 1,2] [--pipeline pack|reference|no-pack] [--grain-python PATH]``.
@@ -41,6 +44,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import shutil
 import statistics
 import subprocess
 import time
@@ -89,33 +93,40 @@ def docs_and_tokens(record: SampleRecord) -> tuple[int, int]:
 
 
 class Run(NamedTuple):
-    """One pass over the corpus; ``steady_*`` from the first batch to the last."""
+    """One pass over a corpus, CPU counted from the start of iteration to the last batch."""
 
     wall: float  # seconds from the start of iteration
-    cpu: float  # CPU seconds of this process, every thread
+    cpu: float  # CPU seconds of this process, every thread (for process runs: the engine)
+    others: float  # CPU seconds of the processes below this one (workers, lane workers)
     docs: int
     tokens: int
-    steady_docs: int
-    steady_cpu: float  # this process (for the process runner: the engine process)
-    steady_others: float  # the processes below this one (process workers)
+
+
+class Pair(NamedTuple):
+    """A pass over the corpus and one over its start-up subset, made one after the other."""
+
+    full: Run
+    small: Run
+
+    def marginal_us(self, field: str) -> float:
+        """CPU per document of ``field`` beyond the start-up subset, in us: what each further
+        document costs, start-up and the work done ahead of the first batch left out."""
+        extra = getattr(self.full, field) - getattr(self.small, field)
+        return extra / max(self.full.docs - self.small.docs, 1) * 1e6
 
 
 def measure(pipe: Pipeline, expected_docs: int) -> Run:
     before = descendants_cpu_s()
     cpu, wall = time.process_time(), time.perf_counter()
-    docs = tokens = first_docs = 0
-    others = first_cpu = first_others = 0.0
+    docs = tokens = 0
+    others = 0.0
     for batch in pipe:
         for record in batch:
             n_docs, n_tokens = docs_and_tokens(record)
             docs, tokens = docs + n_docs, tokens + n_tokens
-        if not first_docs:
-            first_docs, first_cpu, first_others = docs, time.process_time(), cpu_since(before)
         if docs == expected_docs:  # the last batch: the workers live until the iteration ends
             others = cpu_since(before)
-    end_cpu = time.process_time()
-    steady = (docs - first_docs, end_cpu - first_cpu, others - first_others)
-    return Run(time.perf_counter() - wall, end_cpu - cpu, docs, tokens, *steady)
+    return Run(time.perf_counter() - wall, time.process_time() - cpu, others, docs, tokens)
 
 
 def _raw_tokenizer(job: tuple[list[str], str, Any, Any]) -> tuple[int, int, float, float, float]:
@@ -168,7 +179,8 @@ def raw_ceiling(corpus: Path, tok_path: Path, processes: int) -> dict[str, Any]:
 
 
 def grain_run(python: str, corpus: Path, tok_path: Path, workers: int) -> dict[str, Any]:
-    """Grain at ``workers`` workers, or ``{"skipped": reason}`` when ``python`` cannot run it."""
+    """Grain's JSON line at ``workers`` workers, or ``{"skipped": reason}`` when ``python``
+    cannot run it."""
     cmd = [python, str(GRAIN_SCRIPT), "--corpus", str(corpus), "--tokenizer", str(tok_path)]
     try:
         proc = subprocess.run(
@@ -180,14 +192,21 @@ def grain_run(python: str, corpus: Path, tok_path: Path, workers: int) -> dict[s
     if proc.returncode or not lines:
         why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"skipped": f"--grain-python {python} could not run the grain pipeline: {why}"}
-    got = json.loads(lines[-1])
+    return dict(json.loads(lines[-1]))
+
+
+def grain_figures(full: dict[str, Any], small: dict[str, Any]) -> dict[str, Any]:
+    """Grain's tokens/s over the corpus and its CPU per further document (as zephon's)."""
+    if "skipped" in full or "skipped" in small:
+        return full if "skipped" in full else small
+    extra_docs = max(full["docs"] - small["docs"], 1)
     return {
-        "grain": got["grain"],
-        "tokens_per_s": round(got["tokens"] / got["seconds"]),
-        "docs_per_s": round(got["docs"] / got["seconds"]),
-        "cpu_us_per_doc": round(got["steady_cpu_s"] / max(got["steady_docs"], 1) * 1e6, 1),
-        "cpu_us_per_doc_with_start": round(got["cpu_s"] / got["docs"] * 1e6, 1),
-        "first_batch_s": round(got["first_s"], 2),
+        "grain": full["grain"],
+        "tokens_per_s": round(full["tokens"] / full["seconds"]),
+        "docs_per_s": round(full["docs"] / full["seconds"]),
+        "cpu_us_per_doc": round((full["cpu_s"] - small["cpu_s"]) / extra_docs * 1e6, 1),
+        "cpu_us_per_doc_with_start": round(full["cpu_s"] / full["docs"] * 1e6, 1),
+        "first_batch_s": round(full["first_s"], 2),
     }
 
 
@@ -195,14 +214,17 @@ def median(values: Any) -> float:
     return statistics.median(list(values))
 
 
-def _steady_us(runs: list[Run], field: str) -> float:
-    """The median CPU per document of ``field`` (``steady_cpu``/``steady_others``), in us."""
-    return round(median(getattr(r, field) / max(r.steady_docs, 1) for r in runs) * 1e6, 1)
+def _marginal_us(pairs: list[Pair], field: str) -> float:
+    """The median CPU per further document of ``field`` (``cpu``/``others``), in us."""
+    return round(median(pair.marginal_us(field) for pair in pairs), 1)
 
 
-def row(workers: int, runs: dict[str, list[Run]], ceiling: float) -> dict[str, Any]:
-    """The figures of one worker count (medians over rounds)."""
-    tokens = {runner: median(r.tokens / r.wall for r in got) for runner, got in runs.items()}
+def row(workers: int, runs: dict[str, list[Pair]], ceiling: float) -> dict[str, Any]:
+    """The figures of one worker count (medians over rounds): tokens/s over the whole corpus,
+    CPU per further document."""
+    tokens = {
+        runner: median(p.full.tokens / p.full.wall for p in got) for runner, got in runs.items()
+    }
     t_tokens, p_tokens, l_tokens = (tokens[runner] for runner in RUNNERS)
     return {
         "workers": workers,
@@ -212,11 +234,11 @@ def row(workers: int, runs: dict[str, list[Run]], ceiling: float) -> dict[str, A
         "process_vs_threads": round(p_tokens / t_tokens, 2),
         "lanes_vs_threads": round(l_tokens / t_tokens, 2),
         "zephon_vs_ceiling": round(max(tokens.values()) / ceiling, 2),
-        "threads_cpu_us_per_doc": round(median(r.cpu / r.docs for r in runs["threads"]) * 1e6, 1),
-        "engine_us_per_doc": _steady_us(runs["process"], "steady_cpu"),
-        "workers_us_per_doc": _steady_us(runs["process"], "steady_others"),
-        "lanes_engine_us_per_doc": _steady_us(runs["lanes"], "steady_cpu"),
-        "lanes_workers_us_per_doc": _steady_us(runs["lanes"], "steady_others"),
+        "threads_cpu_us_per_doc": _marginal_us(runs["threads"], "cpu"),
+        "engine_us_per_doc": _marginal_us(runs["process"], "cpu"),
+        "workers_us_per_doc": _marginal_us(runs["process"], "others"),
+        "lanes_engine_us_per_doc": _marginal_us(runs["lanes"], "cpu"),
+        "lanes_workers_us_per_doc": _marginal_us(runs["lanes"], "others"),
     }
 
 
@@ -260,21 +282,44 @@ def medians(results: list[dict[str, Any]]) -> dict[str, Any]:
     return {**first, **{k: type(first[k])(round(v, 1)) for k, v in values.items()}}
 
 
-def runs_for(args: argparse.Namespace, corpus: Path, tok_path: Path, docs: int) -> Any:
-    """Every pipeline run, the ceiling and Grain, rounds interleaving them (this machine's
-    load moves between runs)."""
+def start_up_subset(corpus: Path, into: Path) -> Path:
+    """The first quarter of ``corpus``'s shards (at least one), copied into ``into``: each
+    configuration runs on both, and the difference is the cost of the other documents."""
+    shards = sorted(corpus.glob("part-*.jsonl"))
+    into.mkdir(parents=True, exist_ok=True)
+    for stale in into.glob("part-*.jsonl"):
+        stale.unlink()
+    for shard in shards[: max(1, len(shards) // 4)]:
+        shutil.copyfile(shard, into / shard.name)
+    return into
+
+
+def line_count(corpus: Path) -> int:
+    return sum(path.read_bytes().count(b"\n") for path in corpus.glob("part-*.jsonl"))
+
+
+def runs_for(args: argparse.Namespace, corpus: Path, small: Path, tok_path: Path) -> Any:
+    """Every pipeline run (each on the corpus, then on its start-up subset), the ceiling and
+    Grain, rounds interleaving them (this machine's load moves between runs)."""
     pack = args.pipeline != "no-pack"
-    runs: dict[tuple[str, int], list[Run]] = {}
+    docs, small_docs = line_count(corpus), line_count(small)
+    # what happens once per process (the forkserver, lazy imports) before anything is measured
+    for runner in RUNNERS:
+        measure(reference(small, tok_path, runner, 1, pack, docs), small_docs)
+    runs: dict[tuple[str, int], list[Pair]] = {}
     ceilings, grain = [], {}
     for _ in range(args.rounds):
         ceilings.append(raw_ceiling(corpus, tok_path, os.cpu_count() or 1))
         for workers in args.workers:
             for runner in RUNNERS:
-                pipe = reference(corpus, tok_path, runner, workers, pack, docs)
-                runs.setdefault((runner, workers), []).append(measure(pipe, docs))
+                pair = Pair(
+                    measure(reference(corpus, tok_path, runner, workers, pack, docs), docs),
+                    measure(reference(small, tok_path, runner, workers, pack, docs), small_docs),
+                )
+                runs.setdefault((runner, workers), []).append(pair)
             if args.grain_python:
-                got = grain_run(args.grain_python, corpus, tok_path, workers)
-                grain.setdefault(str(workers), []).append(got)
+                got = [grain_run(args.grain_python, c, tok_path, workers) for c in (corpus, small)]
+                grain.setdefault(str(workers), []).append(grain_figures(*got))
     if not args.grain_python:
         return runs, medians(ceilings), {"skipped": "no --grain-python given"}
     return runs, medians(ceilings), {w: medians(got) for w, got in grain.items()}
@@ -300,8 +345,9 @@ def main() -> None:
         stale.unlink()
     texts = make_corpus(corpus, args.docs, shards=max(8, cores))
     train_tokenizer(texts, tok_path)
+    small = start_up_subset(corpus, args.data / "start-up")
     load_before = load_average()
-    runs, ceiling, grain = runs_for(args, corpus, tok_path, len(texts))
+    runs, ceiling, grain = runs_for(args, corpus, small, tok_path)
     rows = [
         row(w, {runner: runs[(runner, w)] for runner in RUNNERS}, ceiling["tokens_per_s"])
         for w in args.workers
