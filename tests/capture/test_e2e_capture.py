@@ -74,6 +74,8 @@ def capture(url: str) -> dict[str, list[dict[str, Any]]]:
             w.stdin.close()
         for w in workers:
             assert w.wait(timeout=30) == 0
+            assert w.stdout is not None
+            w.stdout.close()
     return calls
 
 
