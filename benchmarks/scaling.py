@@ -21,9 +21,9 @@ their batches), ``workers_us_per_doc`` (its worker processes), their ratios to
 ``lanes_vs_threads`` (tokens/s) and ``zephon_vs_ceiling`` (the fastest runner's tokens/s over
 the ceiling's). CPU per document is marginal: every configuration also runs over the first
 quarter of the shards (the start-up subset, ``start-up/`` beside the corpus), and the figure
-is the CPU of the whole pass less that of the subset's, over the documents between them. So
-start-up is left out, and so is nothing else: workers that run ahead of the first batch (lane
-workers may run two rounds of their lanes ahead) did that work for documents counted here.
+is the CPU of the whole pass less that of the subset's, over the documents between them.
+Start-up cancels out, while the work that workers do ahead of the first batch (lane workers
+may run two rounds of their lanes ahead) is counted.
 No projection to other core counts: an earlier one predicted 16,000-19,600 documents/s on 16
 cores where a 16-core machine measured 4,500-6,250.
 
